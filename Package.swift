@@ -1,0 +1,62 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+/// Sign in with Apple server-to-server notifications: receiver, worker and operator tool.
+///
+/// No package dependencies: SwiftPM cannot fetch here. C libraries come from Debian and are bridged
+/// by the `.systemLibrary` targets below; what does not import into Swift lives in `CHTTPShim`.
+let package = Package(
+    name: "siwa-notifications",
+    platforms: [.macOS(.v14)],
+    products: [
+        .executable(name: "siwa-receiver", targets: ["siwa-receiver"]),
+        .executable(name: "siwa-worker", targets: ["siwa-worker"]),
+        .executable(name: "siwactl", targets: ["siwactl"]),
+        .library(name: "AppleNotifications", targets: ["AppleNotifications"]),
+    ],
+    targets: [
+        // C bridges: thin, at the edge.
+        .systemLibrary(
+            name: "CLibPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
+        .systemLibrary(
+            name: "COpenSSL", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
+        .systemLibrary(
+            name: "CMicroHTTPD", pkgConfig: "libmicrohttpd", providers: [.apt(["libmicrohttpd-dev"])]),
+        .target(name: "CHTTPShim", dependencies: ["CMicroHTTPD"]),
+
+        // Libraries.
+        .target(name: "AppleNotifications", dependencies: ["COpenSSL"]),
+        .target(name: "Postgres", dependencies: ["CLibPQ"]),
+        .target(name: "HTTPServer", dependencies: ["CHTTPShim"]),
+        .target(name: "ServiceSupport"),
+        .target(
+            name: "Receiver",
+            dependencies: ["AppleNotifications", "Postgres", "HTTPServer", "ServiceSupport"]),
+        .target(name: "Worker", dependencies: ["Postgres", "ServiceSupport", "HTTPServer"]),
+
+        // Executables: parse configuration, wire, run.
+        .executableTarget(name: "siwa-receiver", dependencies: ["Receiver", "ServiceSupport"]),
+        .executableTarget(name: "siwa-worker", dependencies: ["Worker", "ServiceSupport"]),
+        .executableTarget(
+            name: "siwactl",
+            dependencies: ["AppleNotifications", "Postgres", "ServiceSupport", "HTTPServer"]),
+
+        // Shared test fixtures: a throwaway PostgreSQL cluster, a local JWKS server, a signer.
+        .target(name: "TestSupport", dependencies: ["AppleNotifications", "Postgres", "HTTPServer"]),
+
+        .testTarget(name: "AppleNotificationsTests", dependencies: ["AppleNotifications", "TestSupport"]),
+        .testTarget(name: "PostgresTests", dependencies: ["Postgres", "TestSupport"]),
+        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport"]),
+        .testTarget(name: "ReceiverTests", dependencies: ["Receiver", "TestSupport"]),
+        .testTarget(name: "WorkerTests", dependencies: ["Worker", "Receiver", "TestSupport"]),
+    ]
+)
+
+// One place for language settings: strict concurrency everywhere Swift is compiled.
+let cTargets: Set<String> = ["CHTTPShim"]
+for target in package.targets where target.type != .system && !cTargets.contains(target.name) {
+    var settings = target.swiftSettings ?? []
+    settings.append(.swiftLanguageMode(.v6))
+    settings.append(.enableUpcomingFeature("ExistentialAny"))
+    target.swiftSettings = settings
+}

@@ -1,0 +1,2 @@
+// Placeholder for the AppleNotifications module.
+import COpenSSL

@@ -1,0 +1,2 @@
+// Placeholder for the HTTPServer module.
+import CHTTPShim

@@ -1,0 +1,2 @@
+// Placeholder for the Postgres module.
+import CLibPQ
