@@ -1,0 +1,509 @@
+-- Sign in with Apple server-to-server notifications: the database.
+--
+-- Re-runnable: `psql -v ON_ERROR_STOP=1 -f schema.sql` on an empty or an existing database brings it to
+-- the current version and never drops data. `siwactl migrate` applies this same file (it is embedded in
+-- the binary). Everything lives in schema `siwa`.
+--
+-- Admins read history from the view siwa.event_history; see docs/sql.md for a cookbook.
+
+SET client_min_messages = warning;
+
+CREATE SCHEMA IF NOT EXISTS siwa;
+COMMENT ON SCHEMA siwa IS
+    'Sign in with Apple server-to-server notifications: the verified notification log, the queue the worker drains, and the account state it maintains.';
+
+-- ---------------------------------------------------------------------------------------------------
+-- Schema version
+-- ---------------------------------------------------------------------------------------------------
+
+CREATE TABLE IF NOT EXISTS siwa.schema_version (
+    version     integer     PRIMARY KEY,
+    description text        NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE siwa.schema_version IS 'One row per schema version applied to this database; the highest is current.';
+COMMENT ON COLUMN siwa.schema_version.version IS 'Schema version number (increases by one per change to schema.sql).';
+COMMENT ON COLUMN siwa.schema_version.description IS 'What this version added.';
+COMMENT ON COLUMN siwa.schema_version.applied_at IS 'When this version was first applied here.';
+
+INSERT INTO siwa.schema_version (version, description)
+VALUES (1, 'notification log, queue, accounts, sessions, refresh tokens, event history')
+ON CONFLICT (version) DO NOTHING;
+
+-- ---------------------------------------------------------------------------------------------------
+-- Settings the database itself acts on (one row)
+-- ---------------------------------------------------------------------------------------------------
+
+CREATE TABLE IF NOT EXISTS siwa.settings (
+    singleton                     boolean  PRIMARY KEY DEFAULT true CHECK (singleton),
+    erase_personal_data_after     interval NOT NULL DEFAULT interval '0' CHECK (erase_personal_data_after >= interval '0')
+);
+COMMENT ON TABLE siwa.settings IS
+    'Settings read by the database functions; exactly one row. Change with UPDATE siwa.settings SET ….';
+COMMENT ON COLUMN siwa.settings.singleton IS 'Always true: keeps this table to a single row.';
+COMMENT ON COLUMN siwa.settings.erase_personal_data_after IS
+    'How long after an account-delete event the account''s personal data (email, raw tokens) is kept. 0 (default): erased in the same transaction that applies the deletion; otherwise erased by the worker''s maintenance pass once deleted_at + this interval has passed.';
+INSERT INTO siwa.settings DEFAULT VALUES ON CONFLICT DO NOTHING;
+
+-- ---------------------------------------------------------------------------------------------------
+-- The notification log (and the worker's queue)
+-- ---------------------------------------------------------------------------------------------------
+
+CREATE TABLE IF NOT EXISTS siwa.notifications (
+    id                      bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    jti                     text        NOT NULL,
+    event_type              text        NOT NULL,
+    sub                     text        NOT NULL,
+    audience                text        NOT NULL,
+    email                   text,
+    is_private_email        boolean,
+    event_time              timestamptz NOT NULL,
+    issued_at               timestamptz NOT NULL,
+    expires_at              timestamptz,
+    raw_token               text,
+    received_at             timestamptz NOT NULL DEFAULT now(),
+    state                   text        NOT NULL DEFAULT 'pending',
+    attempts                integer     NOT NULL DEFAULT 0,
+    next_attempt_at         timestamptz NOT NULL DEFAULT now(),
+    applied_at              timestamptz,
+    last_error              text,
+    personal_data_erased_at timestamptz,
+    CONSTRAINT notifications_jti_key UNIQUE (jti),
+    CONSTRAINT notifications_state_check CHECK (state IN ('pending', 'applied', 'skipped', 'dead')),
+    CONSTRAINT notifications_sub_check CHECK (sub <> ''),
+    CONSTRAINT notifications_jti_check CHECK (jti <> '')
+);
+COMMENT ON TABLE siwa.notifications IS
+    'One row per verified notification from Apple, unique by jti (Apple may deliver one several times). Written by siwa-receiver, drained by siwa-worker. Read it through siwa.event_history.';
+COMMENT ON COLUMN siwa.notifications.id IS 'Surrogate key, in order of arrival.';
+COMMENT ON COLUMN siwa.notifications.jti IS 'The token''s unique identifier (jti claim): deduplicates redeliveries.';
+COMMENT ON COLUMN siwa.notifications.event_type IS
+    'Canonical event type: email-disabled, email-enabled, consent-revoked, account-delete (Apple''s spelling account-deleted is normalised), or an unknown type exactly as received.';
+COMMENT ON COLUMN siwa.notifications.sub IS 'The user''s team-scoped Apple identifier (events.sub).';
+COMMENT ON COLUMN siwa.notifications.audience IS 'The client ID (bundle ID or Services ID) the token was addressed to and matched.';
+COMMENT ON COLUMN siwa.notifications.email IS 'Email address from the event (email events only); NULL once personal data is erased.';
+COMMENT ON COLUMN siwa.notifications.is_private_email IS 'Whether the address is an Apple private relay address (email events only).';
+COMMENT ON COLUMN siwa.notifications.event_time IS 'When the event happened at Apple (events.event_time).';
+COMMENT ON COLUMN siwa.notifications.issued_at IS 'The token''s iat claim.';
+COMMENT ON COLUMN siwa.notifications.expires_at IS 'The token''s exp claim, when present.';
+COMMENT ON COLUMN siwa.notifications.raw_token IS
+    'The signed token as received, for audit (re-verify with siwactl verify --at). NULL once pruned by retention or erased with the account''s personal data.';
+COMMENT ON COLUMN siwa.notifications.received_at IS 'When the receiver committed this row (the 200 to Apple follows the commit).';
+COMMENT ON COLUMN siwa.notifications.state IS
+    'Processing state: pending (waiting for its first or next attempt), applied (effects committed), skipped (verified but nothing to do, e.g. an unknown event type; see last_error), dead (gave up after the maximum attempts; see last_error, requeue with siwactl replay).';
+COMMENT ON COLUMN siwa.notifications.attempts IS 'How many times the worker has tried to apply it.';
+COMMENT ON COLUMN siwa.notifications.next_attempt_at IS 'When a pending notification is next due (backoff after a failure).';
+COMMENT ON COLUMN siwa.notifications.applied_at IS 'When it reached applied or skipped.';
+COMMENT ON COLUMN siwa.notifications.last_error IS 'The last failure (or the reason it was skipped).';
+COMMENT ON COLUMN siwa.notifications.personal_data_erased_at IS 'When email and raw token were erased after an account deletion.';
+
+CREATE INDEX IF NOT EXISTS notifications_due_idx
+    ON siwa.notifications (next_attempt_at, id) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS notifications_sub_idx ON siwa.notifications (sub, event_time);
+CREATE INDEX IF NOT EXISTS notifications_received_idx ON siwa.notifications (received_at);
+CREATE INDEX IF NOT EXISTS notifications_type_received_idx ON siwa.notifications (event_type, received_at);
+CREATE INDEX IF NOT EXISTS notifications_dead_idx ON siwa.notifications (received_at) WHERE state = 'dead';
+CREATE INDEX IF NOT EXISTS notifications_applied_idx ON siwa.notifications (applied_at) WHERE applied_at IS NOT NULL;
+
+-- Wake the workers when there is new work: one NOTIFY per statement that inserts rows or puts rows back
+-- to pending, sent by PostgreSQL at commit (so never for work that was rolled back).
+CREATE OR REPLACE FUNCTION siwa.notify_workers() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM changed WHERE state = 'pending') THEN
+        PERFORM pg_notify('siwa_notifications', '');
+    END IF;
+    RETURN NULL;
+END;
+$$;
+COMMENT ON FUNCTION siwa.notify_workers() IS
+    'Statement trigger: NOTIFY siwa_notifications when a statement inserts pending rows or makes rows pending again.';
+
+DROP TRIGGER IF EXISTS notifications_notify_insert ON siwa.notifications;
+CREATE TRIGGER notifications_notify_insert
+    AFTER INSERT ON siwa.notifications
+    REFERENCING NEW TABLE AS changed
+    FOR EACH STATEMENT EXECUTE FUNCTION siwa.notify_workers();
+DROP TRIGGER IF EXISTS notifications_notify_update ON siwa.notifications;
+CREATE TRIGGER notifications_notify_update
+    AFTER UPDATE ON siwa.notifications
+    REFERENCING NEW TABLE AS changed
+    FOR EACH STATEMENT EXECUTE FUNCTION siwa.notify_workers();
+
+-- ---------------------------------------------------------------------------------------------------
+-- State the app can use
+-- ---------------------------------------------------------------------------------------------------
+
+CREATE TABLE IF NOT EXISTS siwa.accounts (
+    sub                text        PRIMARY KEY,
+    email              text,
+    is_private_email   boolean,
+    email_status       text,
+    email_status_at    timestamptz,
+    consent_revoked_at timestamptz,
+    deleted_at         timestamptz,
+    personal_data_erased_at timestamptz,
+    created_at         timestamptz NOT NULL DEFAULT now(),
+    updated_at         timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT accounts_email_status_check CHECK (email_status IN ('enabled', 'disabled'))
+);
+COMMENT ON TABLE siwa.accounts IS
+    'One row per Apple user (sub) seen in a notification or created by the app: relay-email status, consent and deletion as Apple last told us.';
+COMMENT ON COLUMN siwa.accounts.sub IS 'The user''s team-scoped Apple identifier.';
+COMMENT ON COLUMN siwa.accounts.email IS 'The latest email address Apple reported (often a private relay address); NULL once erased.';
+COMMENT ON COLUMN siwa.accounts.is_private_email IS 'Whether email is an Apple private relay address.';
+COMMENT ON COLUMN siwa.accounts.email_status IS
+    'enabled or disabled: whether Apple forwards mail to the relay address (NULL until an email event arrives). Last writer wins by event_time.';
+COMMENT ON COLUMN siwa.accounts.email_status_at IS 'event_time of the email event that set email_status.';
+COMMENT ON COLUMN siwa.accounts.consent_revoked_at IS 'event_time of the latest consent-revoked event (the user stopped using Sign in with Apple with this app).';
+COMMENT ON COLUMN siwa.accounts.deleted_at IS 'event_time of the account-delete event (the user deleted the Apple account).';
+COMMENT ON COLUMN siwa.accounts.personal_data_erased_at IS 'When the account''s personal data was erased after deletion.';
+COMMENT ON COLUMN siwa.accounts.created_at IS 'When this row was created.';
+COMMENT ON COLUMN siwa.accounts.updated_at IS 'When this row last changed.';
+
+CREATE TABLE IF NOT EXISTS siwa.sessions (
+    id            bigint      GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+    sub           text        NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    revoked_at    timestamptz,
+    revoke_reason text
+);
+COMMENT ON TABLE siwa.sessions IS
+    'The app''s sign-in sessions for Apple users. The app inserts (sub, created_at) at sign-in and treats a row with revoked_at set as signed out.';
+COMMENT ON COLUMN siwa.sessions.id IS 'Session identifier.';
+COMMENT ON COLUMN siwa.sessions.sub IS 'The Apple user the session belongs to (no foreign key: the app may sign a user in before any notification).';
+COMMENT ON COLUMN siwa.sessions.created_at IS 'When the user signed in; consent-revoked revokes sessions created at or before its event_time.';
+COMMENT ON COLUMN siwa.sessions.revoked_at IS 'When the session was revoked; NULL while valid.';
+COMMENT ON COLUMN siwa.sessions.revoke_reason IS 'Why: consent-revoked, account-delete, or the app''s own reason.';
+CREATE INDEX IF NOT EXISTS sessions_sub_idx ON siwa.sessions (sub) WHERE revoked_at IS NULL;
+
+CREATE TABLE IF NOT EXISTS siwa.refresh_tokens (
+    id               bigint      GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+    sub              text        NOT NULL,
+    client_id        text,
+    token_sha256     bytea,
+    token_ciphertext bytea,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    revoked_at       timestamptz,
+    revoke_reason    text,
+    CONSTRAINT refresh_tokens_sha256_key UNIQUE (token_sha256)
+);
+COMMENT ON TABLE siwa.refresh_tokens IS
+    'Apple refresh tokens the app holds. Store the token encrypted by the app (token_ciphertext) and its SHA-256 for lookup; never the plaintext.';
+COMMENT ON COLUMN siwa.refresh_tokens.id IS 'Row identifier.';
+COMMENT ON COLUMN siwa.refresh_tokens.sub IS 'The Apple user the token belongs to.';
+COMMENT ON COLUMN siwa.refresh_tokens.client_id IS 'The client ID the token was issued to (needed to call Apple''s revoke endpoint).';
+COMMENT ON COLUMN siwa.refresh_tokens.token_sha256 IS 'SHA-256 of the token, for lookup without the plaintext.';
+COMMENT ON COLUMN siwa.refresh_tokens.token_ciphertext IS 'The token encrypted by the app with a key the database never sees; erased (NULL) when revoked by account deletion.';
+COMMENT ON COLUMN siwa.refresh_tokens.created_at IS 'When the app obtained the token.';
+COMMENT ON COLUMN siwa.refresh_tokens.revoked_at IS 'When the token was revoked; NULL while usable.';
+COMMENT ON COLUMN siwa.refresh_tokens.revoke_reason IS 'Why: consent-revoked, account-delete, or the app''s own reason.';
+CREATE INDEX IF NOT EXISTS refresh_tokens_sub_idx ON siwa.refresh_tokens (sub) WHERE revoked_at IS NULL;
+
+-- ---------------------------------------------------------------------------------------------------
+-- The admins' hook
+-- ---------------------------------------------------------------------------------------------------
+
+-- Created only when missing: admins replace it with CREATE OR REPLACE FUNCTION, and re-running this file
+-- must not undo that.
+DO $$
+BEGIN
+    IF to_regprocedure('siwa.on_event(text, text, timestamptz, text, text)') IS NULL THEN
+        CREATE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz, email text, jti text)
+        RETURNS void LANGUAGE plpgsql AS $body$
+        BEGIN
+            -- No-op by default. Replace to touch your own tables; runs in the worker's transaction.
+        END;
+        $body$;
+        COMMENT ON FUNCTION siwa.on_event(text, text, timestamptz, text, text) IS
+            'Hook called by the worker for every known event, inside the transaction that applies it (after the built-in effects). A no-op by default; replace it with CREATE OR REPLACE FUNCTION to update your own tables. If it raises, nothing of that application is kept and the event is retried.';
+    END IF;
+END;
+$$;
+
+-- ---------------------------------------------------------------------------------------------------
+-- Applying notifications (called by siwa-worker)
+-- ---------------------------------------------------------------------------------------------------
+
+-- Erases one account's personal data: its email, its notifications' emails and raw tokens, and the
+-- encrypted refresh tokens.
+CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_sub text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE siwa.accounts
+       SET email = NULL, is_private_email = NULL, personal_data_erased_at = now(), updated_at = now()
+     WHERE sub = p_sub;
+    UPDATE siwa.notifications
+       SET email = NULL, raw_token = NULL, personal_data_erased_at = now()
+     WHERE sub = p_sub AND (email IS NOT NULL OR raw_token IS NOT NULL);
+    UPDATE siwa.refresh_tokens SET token_ciphertext = NULL
+     WHERE sub = p_sub AND token_ciphertext IS NOT NULL;
+END;
+$$;
+COMMENT ON FUNCTION siwa.erase_personal_data(text) IS
+    'Erases one account''s personal data: email in siwa.accounts, email and raw token in every stored notification of that sub, encrypted refresh tokens.';
+
+-- Applies the effects of one notification. Raises on failure; the caller owns the transaction and the
+-- notification's state. Returns 'applied', or 'skipped: <reason>' for a notification with nothing to do.
+CREATE OR REPLACE FUNCTION siwa.apply_notification(n siwa.notifications) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_account siwa.accounts;
+BEGIN
+    IF n.event_type NOT IN ('email-disabled', 'email-enabled', 'consent-revoked', 'account-delete') THEN
+        RETURN 'skipped: unknown event type ' || quote_literal(left(n.event_type, 100));
+    END IF;
+
+    -- Accounts are created on first sight of a sub, and the row lock orders work on one user.
+    INSERT INTO siwa.accounts (sub) VALUES (n.sub) ON CONFLICT (sub) DO NOTHING;
+    SELECT * INTO v_account FROM siwa.accounts WHERE sub = n.sub FOR UPDATE;
+
+    IF n.event_type IN ('email-disabled', 'email-enabled') THEN
+        -- Last writer wins by event_time: an older event delivered late never overrides a newer one.
+        UPDATE siwa.accounts
+           SET email            = CASE WHEN personal_data_erased_at IS NULL THEN coalesce(n.email, email) END,
+               is_private_email = CASE WHEN personal_data_erased_at IS NULL
+                                       THEN coalesce(n.is_private_email, is_private_email) END,
+               email_status     = CASE n.event_type WHEN 'email-enabled' THEN 'enabled' ELSE 'disabled' END,
+               email_status_at  = n.event_time,
+               updated_at       = now()
+         WHERE sub = n.sub AND (email_status_at IS NULL OR email_status_at <= n.event_time);
+        IF v_account.personal_data_erased_at IS NOT NULL THEN
+            -- The account's data was already erased: do not keep this late event's address either.
+            UPDATE siwa.notifications
+               SET email = NULL, raw_token = NULL, personal_data_erased_at = now()
+             WHERE id = n.id;
+        END IF;
+    ELSIF n.event_type = 'consent-revoked' THEN
+        UPDATE siwa.sessions SET revoked_at = now(), revoke_reason = 'consent-revoked'
+         WHERE sub = n.sub AND revoked_at IS NULL AND created_at <= n.event_time;
+        UPDATE siwa.refresh_tokens SET revoked_at = now(), revoke_reason = 'consent-revoked'
+         WHERE sub = n.sub AND revoked_at IS NULL AND created_at <= n.event_time;
+        UPDATE siwa.accounts
+           SET consent_revoked_at = greatest(consent_revoked_at, n.event_time), updated_at = now()
+         WHERE sub = n.sub;
+    ELSE -- account-delete
+        UPDATE siwa.sessions SET revoked_at = now(), revoke_reason = 'account-delete'
+         WHERE sub = n.sub AND revoked_at IS NULL;
+        UPDATE siwa.refresh_tokens SET revoked_at = now(), revoke_reason = 'account-delete'
+         WHERE sub = n.sub AND revoked_at IS NULL;
+        UPDATE siwa.accounts
+           SET deleted_at = least(deleted_at, n.event_time), updated_at = now()
+         WHERE sub = n.sub;
+        IF (SELECT erase_personal_data_after FROM siwa.settings) = interval '0' THEN
+            PERFORM siwa.erase_personal_data(n.sub);
+        END IF;
+    END IF;
+
+    PERFORM siwa.on_event(n.event_type, n.sub, n.event_time,
+                          (SELECT email FROM siwa.notifications WHERE id = n.id), n.jti);
+    RETURN 'applied';
+END;
+$$;
+COMMENT ON FUNCTION siwa.apply_notification(siwa.notifications) IS
+    'Applies one notification''s effects (sessions, refresh tokens, account state, the on_event hook). Raises on failure; does not change the notification''s state.';
+
+-- Claims up to p_limit due notifications and applies each in its own subtransaction, all in the caller's
+-- transaction: the claim (row locks, FOR UPDATE SKIP LOCKED) disappears with a crashed worker's
+-- connection, and effects commit together with the state change that marks them applied.
+-- A per-sub advisory lock (tried, never waited for) keeps two events of one user from being applied
+-- concurrently by two workers.
+CREATE OR REPLACE FUNCTION siwa.process_due_notifications(
+    p_limit integer, p_max_attempts integer, p_retry_base_delay interval)
+RETURNS TABLE (id bigint, jti text, event_type text, outcome text, error text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    n        siwa.notifications;
+    v_result text;
+    v_error  text;
+    v_delay  interval;
+BEGIN
+    FOR n IN
+        SELECT q.* FROM siwa.notifications q
+         WHERE q.state = 'pending' AND q.next_attempt_at <= now()
+         ORDER BY q.next_attempt_at, q.id
+         LIMIT p_limit
+         FOR UPDATE SKIP LOCKED
+    LOOP
+        IF NOT pg_try_advisory_xact_lock(hashtextextended('siwa.sub:' || n.sub, 0)) THEN
+            CONTINUE; -- another worker holds an event of this user; it stays due for the next pass
+        END IF;
+        BEGIN
+            v_result := siwa.apply_notification(n);
+            IF v_result = 'applied' THEN
+                UPDATE siwa.notifications AS t
+                   SET state = 'applied', attempts = t.attempts + 1, applied_at = now(), last_error = NULL
+                 WHERE t.id = n.id;
+                id := n.id; jti := n.jti; event_type := n.event_type; outcome := 'applied'; error := NULL;
+            ELSE
+                UPDATE siwa.notifications AS t
+                   SET state = 'skipped', attempts = t.attempts + 1, applied_at = now(),
+                       last_error = substr(v_result, 10)
+                 WHERE t.id = n.id;
+                id := n.id; jti := n.jti; event_type := n.event_type; outcome := 'skipped';
+                error := substr(v_result, 10);
+            END IF;
+        EXCEPTION WHEN OTHERS THEN
+            v_error := left(SQLSTATE || ': ' || SQLERRM, 2000);
+            outcome := siwa.record_failure(n.id, v_error, p_max_attempts, p_retry_base_delay);
+            id := n.id; jti := n.jti; event_type := n.event_type; error := v_error;
+        END;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION siwa.process_due_notifications(integer, integer, interval) IS
+    'Worker entry point: claims up to p_limit due notifications (FOR UPDATE SKIP LOCKED), applies each in a subtransaction, and marks it applied, skipped, retried with backoff, or dead. One row per notification handled.';
+
+-- Records a failed attempt: back off exponentially with jitter, or give up (dead) after p_max_attempts.
+CREATE OR REPLACE FUNCTION siwa.record_failure(
+    p_id bigint, p_error text, p_max_attempts integer, p_retry_base_delay interval)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_attempts integer;
+BEGIN
+    UPDATE siwa.notifications SET attempts = attempts + 1, last_error = left(p_error, 2000)
+     WHERE id = p_id AND state = 'pending'
+    RETURNING attempts INTO v_attempts;
+    IF v_attempts IS NULL THEN
+        RETURN 'gone';
+    ELSIF v_attempts >= p_max_attempts THEN
+        UPDATE siwa.notifications SET state = 'dead' WHERE id = p_id;
+        RETURN 'dead';
+    ELSE
+        -- base × 2^(attempts−1), capped at one hour, times a random factor in [0.5, 1).
+        UPDATE siwa.notifications
+           SET next_attempt_at = now() + least(p_retry_base_delay * power(2, least(v_attempts - 1, 30)),
+                                               interval '1 hour') * (0.5 + random() / 2)
+         WHERE id = p_id;
+        RETURN 'retry';
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION siwa.record_failure(bigint, text, integer, interval) IS
+    'Records a failed attempt at one pending notification: schedules a retry with exponential backoff and jitter, or marks it dead after p_max_attempts. Returns retry, dead, or gone (not pending).';
+
+-- Erases personal data of deleted accounts whose retention period has passed (see siwa.settings).
+CREATE OR REPLACE FUNCTION siwa.erase_due_personal_data(p_limit integer DEFAULT 100) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_sub   text;
+    v_count integer := 0;
+BEGIN
+    FOR v_sub IN
+        SELECT a.sub FROM siwa.accounts a, siwa.settings s
+         WHERE a.deleted_at IS NOT NULL AND a.personal_data_erased_at IS NULL
+           AND a.deleted_at + s.erase_personal_data_after <= now()
+         LIMIT p_limit
+         FOR UPDATE OF a SKIP LOCKED
+    LOOP
+        PERFORM siwa.erase_personal_data(v_sub);
+        v_count := v_count + 1;
+    END LOOP;
+    RETURN v_count;
+END;
+$$;
+COMMENT ON FUNCTION siwa.erase_due_personal_data(integer) IS
+    'Maintenance: erases the personal data of up to p_limit deleted accounts whose siwa.settings.erase_personal_data_after has passed. Returns how many.';
+
+-- Retention: raw tokens and finished rows older than the given ages, in small batches.
+CREATE OR REPLACE FUNCTION siwa.prune(
+    p_tokens_older_than interval, p_rows_older_than interval, p_batch integer DEFAULT 1000)
+RETURNS TABLE (tokens_pruned integer, rows_pruned integer)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    tokens_pruned := 0;
+    rows_pruned := 0;
+    IF p_tokens_older_than IS NOT NULL THEN
+        WITH batch AS (
+            SELECT q.id FROM siwa.notifications q
+             WHERE q.raw_token IS NOT NULL AND q.state IN ('applied', 'skipped')
+               AND q.received_at < now() - p_tokens_older_than
+             ORDER BY q.received_at LIMIT p_batch FOR UPDATE SKIP LOCKED)
+        UPDATE siwa.notifications t SET raw_token = NULL FROM batch WHERE t.id = batch.id;
+        GET DIAGNOSTICS tokens_pruned = ROW_COUNT;
+    END IF;
+    IF p_rows_older_than IS NOT NULL THEN
+        WITH batch AS (
+            SELECT q.id FROM siwa.notifications q
+             WHERE q.state IN ('applied', 'skipped') AND q.received_at < now() - p_rows_older_than
+             ORDER BY q.received_at LIMIT p_batch FOR UPDATE SKIP LOCKED)
+        DELETE FROM siwa.notifications t USING batch WHERE t.id = batch.id;
+        GET DIAGNOSTICS rows_pruned = ROW_COUNT;
+    END IF;
+    RETURN NEXT;
+END;
+$$;
+COMMENT ON FUNCTION siwa.prune(interval, interval, integer) IS
+    'Retention, one small batch per call: clears raw tokens of finished notifications older than p_tokens_older_than and deletes finished rows older than p_rows_older_than (NULL: keep). Call until both counts are 0.';
+
+-- Requeues notifications (dead ones, or one by jti) for another round of attempts.
+CREATE OR REPLACE FUNCTION siwa.requeue(p_jti text DEFAULT NULL, p_state text DEFAULT NULL,
+                                        p_since timestamptz DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    IF p_jti IS NULL AND p_state IS NULL THEN
+        RAISE EXCEPTION 'requeue needs a jti or a state';
+    END IF;
+    UPDATE siwa.notifications
+       SET state = 'pending', attempts = 0, next_attempt_at = now(), last_error = NULL, applied_at = NULL
+     WHERE (p_jti IS NULL OR jti = p_jti)
+       AND (p_state IS NULL OR state = p_state)
+       AND (p_since IS NULL OR received_at >= p_since)
+       AND state <> 'pending';
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END;
+$$;
+COMMENT ON FUNCTION siwa.requeue(text, text, timestamptz) IS
+    'Puts finished notifications back to pending (attempts reset): one by jti, or all in a state (e.g. dead) received since a time. Returns how many.';
+
+-- ---------------------------------------------------------------------------------------------------
+-- What admins read
+-- ---------------------------------------------------------------------------------------------------
+
+CREATE OR REPLACE VIEW siwa.event_history AS
+SELECT n.jti,
+       n.event_type,
+       n.sub,
+       n.audience,
+       n.email,
+       n.is_private_email,
+       n.event_time,
+       n.received_at,
+       n.state,
+       n.attempts,
+       n.applied_at,
+       n.last_error,
+       n.issued_at,
+       n.expires_at,
+       n.next_attempt_at,
+       n.personal_data_erased_at,
+       n.id
+  FROM siwa.notifications n;
+COMMENT ON VIEW siwa.event_history IS
+    'Every verified notification, one row each, newest last by id: the one place to read what Apple told us and what the worker did with it.';
+COMMENT ON COLUMN siwa.event_history.jti IS 'The token''s unique identifier.';
+COMMENT ON COLUMN siwa.event_history.event_type IS
+    'email-disabled, email-enabled, consent-revoked, account-delete, or an unknown type as received.';
+COMMENT ON COLUMN siwa.event_history.sub IS 'The user''s team-scoped Apple identifier.';
+COMMENT ON COLUMN siwa.event_history.audience IS 'The client ID the notification was for.';
+COMMENT ON COLUMN siwa.event_history.email IS 'Email from the event; NULL for other events and once erased.';
+COMMENT ON COLUMN siwa.event_history.is_private_email IS 'Whether the email is a private relay address.';
+COMMENT ON COLUMN siwa.event_history.event_time IS 'When the event happened at Apple.';
+COMMENT ON COLUMN siwa.event_history.received_at IS 'When we stored it (the 200 to Apple follows).';
+COMMENT ON COLUMN siwa.event_history.state IS 'pending, applied, skipped or dead (see siwa.notifications.state).';
+COMMENT ON COLUMN siwa.event_history.attempts IS 'Attempts made to apply it.';
+COMMENT ON COLUMN siwa.event_history.applied_at IS 'When it was applied or skipped.';
+COMMENT ON COLUMN siwa.event_history.last_error IS 'Last failure, or why it was skipped.';
+COMMENT ON COLUMN siwa.event_history.issued_at IS 'The token''s iat.';
+COMMENT ON COLUMN siwa.event_history.expires_at IS 'The token''s exp, when present.';
+COMMENT ON COLUMN siwa.event_history.next_attempt_at IS 'When a pending notification is next due.';
+COMMENT ON COLUMN siwa.event_history.personal_data_erased_at IS 'When its personal data was erased.';
+COMMENT ON COLUMN siwa.event_history.id IS 'Arrival order.';
