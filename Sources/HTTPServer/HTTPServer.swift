@@ -286,7 +286,8 @@ private final class Dispatcher: Sendable {
             query: query,
             headers: HTTPHeaders(fields),
             body: body,
-            remoteAddress: String(decoding: address.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
+            remoteAddress: String(
+                decoding: address.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
     }
 
     private func send(_ response: HTTPResponse, on exchange: OpaquePointer) -> Int32 {

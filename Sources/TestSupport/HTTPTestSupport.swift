@@ -191,7 +191,11 @@ public final class RawHTTPConnection {
         while clock.now < deadline {
             var descriptor = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
             let remaining = deadline - clock.now
-            let milliseconds = max(1, Int32(remaining.components.seconds * 1000 + remaining.components.attoseconds / 1_000_000_000_000_000))
+            let milliseconds = max(
+                1,
+                Int32(
+                    remaining.components.seconds * 1000 + remaining.components.attoseconds
+                        / 1_000_000_000_000_000))
             let ready = poll(&descriptor, 1, milliseconds)
             if ready < 0 && errno == EINTR { continue }
             if ready <= 0 { continue }
@@ -340,8 +344,9 @@ public final class StaticHTTPServer: Sendable {
             shared.served.add(1, ordering: .sequentiallyConsistent)
             let behavior = shared.behavior.withLock { $0 }
             if behavior.delay > .zero {
-                Thread.sleep(forTimeInterval: Double(behavior.delay.components.seconds)
-                    + Double(behavior.delay.components.attoseconds) / 1e18)
+                Thread.sleep(
+                    forTimeInterval: Double(behavior.delay.components.seconds)
+                        + Double(behavior.delay.components.attoseconds) / 1e18)
             }
             guard request.path == servedPath else { return .error(status: 404, "not found") }
             if let status = behavior.failureStatus { return .error(status: status, "failure injected") }

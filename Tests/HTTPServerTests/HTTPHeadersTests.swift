@@ -3,7 +3,9 @@ import Testing
 
 @Suite("HTTPHeaders")
 struct HTTPHeadersTests {
-    @Test("lookup ignores case and returns the first value", arguments: ["content-type", "CONTENT-TYPE", "Content-Type"])
+    @Test(
+        "lookup ignores case and returns the first value",
+        arguments: ["content-type", "CONTENT-TYPE", "Content-Type"])
     func caseInsensitive(name: String) {
         let headers: HTTPHeaders = ["Content-Type": "application/json", "content-type": "text/plain"]
 
