@@ -146,3 +146,43 @@ struct LimitsTests {
         #expect(blocked.value == 200)
     }
 }
+
+@Suite("HTTPServer hostile input")
+struct HostileInputTests {
+    @Test("headers larger than the per-connection memory are refused without calling the handler")
+    func oversizedHeaders() throws {
+        let handled = Atomic<Int>(0)
+        let server = try startServer { _ in
+            handled.add(1, ordering: .sequentiallyConsistent)
+            return .text("should not run")
+        }
+        defer { server.shutdown() }
+        let connection = try RawHTTPConnection(host: "127.0.0.1", port: server.port ?? 0)
+        let huge = String(repeating: "a", count: 64 * 1024)
+
+        try connection.send("GET / HTTP/1.1\r\nHost: x\r\nX-Huge: \(huge)\r\n\r\n")
+        let response = try connection.readResponse()
+
+        #expect((400...499).contains(response.status))
+        #expect(handled.load(ordering: .sequentiallyConsistent) == 0)
+    }
+
+    @Test(
+        "a malformed or absurd Content-Length is refused without calling the handler",
+        arguments: [("12abc", 400), ("-5", 400), ("99999999999999999999999", 413)])
+    func badContentLength(value: String, expectedStatus: Int) throws {
+        let handled = Atomic<Int>(0)
+        let server = try startServer { _ in
+            handled.add(1, ordering: .sequentiallyConsistent)
+            return .text("should not run")
+        }
+        defer { server.shutdown() }
+        let connection = try RawHTTPConnection(host: "127.0.0.1", port: server.port ?? 0)
+
+        try connection.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: \(value)\r\n\r\n")
+        let response = try connection.readResponse()
+
+        #expect(response.status == expectedStatus)
+        #expect(handled.load(ordering: .sequentiallyConsistent) == 0)
+    }
+}
