@@ -167,6 +167,29 @@ struct HostileInputTests {
         #expect(handled.load(ordering: .sequentiallyConsistent) == 0)
     }
 
+    @Test("a client that disconnects mid-body leaves no request in flight")
+    func disconnectMidBody() throws {
+        let handled = Atomic<Int>(0)
+        let server = try startServer { _ in
+            handled.add(1, ordering: .sequentiallyConsistent)
+            return .text("should not run")
+        }
+        defer { server.shutdown() }
+
+        do {
+            let connection = try RawHTTPConnection(host: "127.0.0.1", port: server.port ?? 0)
+            try connection.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\nsome")
+            withExtendedLifetime(connection) {
+                #expect(eventually { server.inFlightRequests == 1 })
+            }
+        }  // The connection is closed here.
+
+        #expect(eventually { server.inFlightRequests == 0 })
+        #expect(handled.load(ordering: .sequentiallyConsistent) == 0)
+        #expect(try TestHTTPClient.get(server.url("/")).status == 200)
+        #expect(handled.load(ordering: .sequentiallyConsistent) == 1)
+    }
+
     @Test(
         "a malformed or absurd Content-Length is refused without calling the handler",
         arguments: [("12abc", 400), ("-5", 400), ("99999999999999999999999", 413)])
