@@ -17,6 +17,12 @@ public struct JSONWebKeySet: Sendable {
         /// A fixed, human-readable reason (e.g. `kty is not RSA`).
         public var reason: String
 
+        /// Records a skipped entry.
+        public init(keyID: String?, reason: String) {
+            self.keyID = keyID
+            self.reason = reason
+        }
+
         public var description: String { "\(keyID ?? "(no kid)"): \(reason)" }
     }
 

@@ -1,0 +1,173 @@
+import AppleNotifications
+import Foundation
+import Testing
+import TestSupport
+
+@Suite("Verifier accepts what Apple sends")
+struct VerifierAcceptanceTests {
+    @Test(
+        "accepts each documented event type",
+        arguments: [EventType.emailDisabled, .emailEnabled, .consentRevoked, .accountDelete])
+    func eachType(type: EventType) throws {
+        let isEmail = type == .emailDisabled || type == .emailEnabled
+        let claims = appleClaims(
+            type: type.rawValue, email: isEmail ? "abc@privaterelay.appleid.com" : nil, jti: "jti-\(type)")
+        let notification = try verify(appleToken(claims: claims))
+        #expect(notification.eventType == type)
+        #expect(notification.eventType.isKnown)
+        #expect(notification.subject == "001234.abcdef.0001")
+        #expect(notification.jti == "jti-\(type)")
+        #expect(notification.audience == TestSigning.audience)
+        #expect(notification.audiences == [TestSigning.audience])
+        #expect(notification.issuedAt == fixedNow)
+        #expect(notification.expiresAt == fixedNow.addingTimeInterval(86_400))
+        #expect(notification.eventTime == fixedNow.addingTimeInterval(-5))
+        if isEmail {
+            #expect(notification.email == "abc@privaterelay.appleid.com")
+            #expect(notification.isPrivateEmail == true)
+        } else {
+            #expect(notification.email == nil)
+            #expect(notification.isPrivateEmail == nil)
+        }
+    }
+
+    @Test("accepts events as an object, as Apple's documentation shows it")
+    func eventsObject() throws {
+        var claims = appleClaims()
+        claims["events"] = ["type": "consent-revoked", "sub": "001.x", "event_time": 1_699_999_000]
+        let notification = try verify(appleToken(claims: claims))
+        #expect(notification.eventType == .consentRevoked)
+        #expect(notification.subject == "001.x")
+    }
+
+    @Test("reads event_time in milliseconds as captured from real traffic")
+    func eventTimeMilliseconds() throws {
+        var claims = appleClaims()
+        claims["events"] = #"{"type":"consent-revoked","sub":"001.x","event_time":1630085403648}"#
+        let notification = try verify(appleToken(claims: claims))
+        #expect(notification.eventTime == Date(timeIntervalSince1970: 1_630_085_403.648))
+    }
+
+    @Test("reads event_time in seconds as in Apple's documentation example")
+    func eventTimeSeconds() throws {
+        var claims = appleClaims()
+        claims["events"] = #"{"type":"consent-revoked","sub":"001.x","event_time":1630085403}"#
+        let notification = try verify(appleToken(claims: claims))
+        #expect(notification.eventTime == Date(timeIntervalSince1970: 1_630_085_403))
+    }
+
+    @Test(
+        "reads is_private_email as a string or a boolean",
+        arguments: [
+            (#""true""#, true), (#""false""#, false), ("true", true), ("false", false),
+        ])
+    func privateEmailForms(raw: String, expected: Bool) throws {
+        var claims = appleClaims()
+        claims["events"] =
+            #"{"type":"email-enabled","sub":"001.x","event_time":1630085403648,"email":"a@b.example","is_private_email":\#(raw)}"#
+        let notification = try verify(appleToken(claims: claims))
+        #expect(notification.isPrivateEmail == expected)
+        #expect(notification.email == "a@b.example")
+    }
+
+    @Test("normalises account-deleted to account-delete")
+    func accountDeleted() throws {
+        let notification = try verify(appleToken(claims: appleClaims(type: "account-deleted")))
+        #expect(notification.eventType == .accountDelete)
+        #expect(notification.eventType.rawValue == "account-delete")
+    }
+
+    @Test("accepts Apple's documentation example shape: object events, seconds, no exp, account-deleted")
+    func documentationExample() throws {
+        let claims: [String: Any] = [
+            "iss": "https://appleid.apple.com", "aud": TestSigning.audience, "iat": 1_699_999_990,
+            "jti": "doc-example",
+            "events": ["type": "account-deleted", "sub": "820417.faa325acbc78e1be1668ba852d492d8a.0219",
+                "event_time": 1_699_999_900],
+        ]
+        let notification = try verify(appleToken(claims: claims))
+        #expect(notification.eventType == .accountDelete)
+        #expect(notification.expiresAt == nil)
+        #expect(notification.eventTime == Date(timeIntervalSince1970: 1_699_999_900))
+    }
+
+    @Test("accepts aud as an array and reports the configured client ID it matched")
+    func audienceArray() throws {
+        var claims = appleClaims()
+        claims["aud"] = ["com.someone.else", TestSigning.audience]
+        let notification = try verify(appleToken(claims: claims))
+        #expect(notification.audience == TestSigning.audience)
+        #expect(notification.audiences == ["com.someone.else", TestSigning.audience])
+    }
+
+    @Test("matches any of several configured client IDs")
+    func severalAudiences() throws {
+        let verifier = try NotificationVerifier(audiences: ["com.example.web", TestSigning.audience])
+        let notification = try verifier.verify(
+            token: appleToken(), keys: TestSigning.appleKeySet, now: fixedNow)
+        #expect(notification.audience == TestSigning.audience)
+    }
+
+    @Test("keeps an unknown event type with its raw string instead of failing")
+    func unknownType() throws {
+        let notification = try verify(appleToken(claims: appleClaims(type: "account-frozen")))
+        #expect(notification.eventType.rawValue == "account-frozen")
+        #expect(!notification.eventType.isKnown)
+    }
+
+    @Test("accepts fractional NumericDates for iat and exp")
+    func fractionalTimes() throws {
+        var claims = appleClaims()
+        claims["iat"] = 1_699_999_999.5
+        claims["exp"] = 1_700_086_399.5
+        let notification = try verify(appleToken(claims: claims))
+        #expect(notification.issuedAt == Date(timeIntervalSince1970: 1_699_999_999.5))
+    }
+
+    @Test("tolerates 60 seconds of clock skew on iat and exp")
+    func leeway() throws {
+        var claims = appleClaims()
+        claims["iat"] = 1_700_000_059
+        claims["exp"] = 1_699_999_941
+        _ = try verify(appleToken(claims: claims))
+    }
+
+    @Test("verifies through a key lookup closure")
+    func closureLookup() throws {
+        let jws = try CompactJWS(appleToken())
+        var asked: [String] = []
+        let notification = try TestSigning.verifier.verify(jws, now: fixedNow) { kid throws(NotificationError) in
+            asked.append(kid)
+            return TestSigning.apple.publicKey()
+        }
+        #expect(asked == [TestSigning.apple.keyID])
+        #expect(notification.eventType == .consentRevoked)
+    }
+
+    @Test("encodes and decodes a notification losslessly")
+    func codable() throws {
+        let notification = try verify(appleToken(claims: appleClaims(type: "account-deleted")))
+        let decoded = try JSONDecoder().decode(ServerNotification.self, from: JSONEncoder().encode(notification))
+        #expect(decoded == notification)
+    }
+
+    @Test("signer tokens loaded back from PEM still verify")
+    func pemRoundTrip() throws {
+        let reloaded = try NotificationSigner(privateKeyPEM: TestSigning.apple.privateKeyPEM, keyID: "reloaded")
+        #expect(TestSigning.apple.privateKeyPEM.hasPrefix("-----BEGIN PRIVATE KEY-----"))
+        let token = try reloaded.sign(
+            type: "consent-revoked", subject: "001.x", audience: TestSigning.audience, issuedAt: fixedNow)
+        let notification = try verify(token, keys: TestSigning.apple.keySet().merging(id: "reloaded"))
+        #expect(notification.subject == "001.x")
+    }
+}
+
+extension JSONWebKeySet {
+    /// The same keys, with the first one also published under `id`.
+    fileprivate func merging(id: String) -> JSONWebKeySet {
+        var keys: [String: RSAPublicKey] = [:]
+        for kid in keyIDs { keys[kid] = key(id: kid) }
+        keys[id] = key(id: keyIDs[0])
+        return JSONWebKeySet(keys: keys)
+    }
+}
