@@ -34,7 +34,9 @@ enum JSONValue: Sendable, Equatable, Decodable {
         } catch {
             throw .malformed(.badJSON, "\(what) is not JSON")
         }
-        guard case .object(let object) = value else { throw .malformed(.badJSON, "\(what) is not a JSON object") }
+        guard case .object(let object) = value else {
+            throw .malformed(.badJSON, "\(what) is not a JSON object")
+        }
         return object
     }
 

@@ -1,7 +1,7 @@
 import AppleNotifications
 import Foundation
-import Testing
 import TestSupport
+import Testing
 
 @Suite("Compact JWS parsing")
 struct CompactJWSTests {
@@ -21,7 +21,9 @@ struct CompactJWSTests {
         #expect(jws.algorithm == "RS256")
         #expect(jws.headerNames == ["kid", "alg"])
         #expect(jws.signature.count == 256)
-        #expect(String(decoding: jws.header, as: UTF8.self) == #"{"kid":"\#(TestSigning.apple.keyID)","alg":"RS256"}"#)
+        #expect(
+            String(decoding: jws.header, as: UTF8.self)
+                == #"{"kid":"\#(TestSigning.apple.keyID)","alg":"RS256"}"#)
     }
 
     @Test("refuses two segments")

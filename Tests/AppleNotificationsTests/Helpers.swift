@@ -17,7 +17,8 @@ func appleClaims(
     isPrivateEmail: Bool? = nil, jti: String = "jti-1"
 ) -> [String: Any] {
     TestSigning.apple.claims(
-        type: type, subject: subject, audience: TestSigning.audience, email: email, isPrivateEmail: isPrivateEmail,
+        type: type, subject: subject, audience: TestSigning.audience, email: email,
+        isPrivateEmail: isPrivateEmail,
         eventTime: fixedNow.addingTimeInterval(-5), issuedAt: fixedNow, jti: jti)
 }
 
@@ -68,13 +69,15 @@ struct ProcessResult {
 struct ProcessTimedOut: Error {}
 
 /// Runs an executable with optional stdin, waiting at most `timeout` seconds for it to exit.
-func runProcess(_ executable: URL, _ arguments: [String], stdin: Data? = nil, timeout: TimeInterval = 60) throws
+func runProcess(_ executable: URL, _ arguments: [String], stdin: Data? = nil, timeout: TimeInterval = 60)
+    throws
     -> ProcessResult
 {
     let process = Process()
     process.executableURL = executable
     process.arguments = arguments
-    let scratch = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-proc-\(UUID().uuidString)")
+    let scratch = FileManager.default.temporaryDirectory.appendingPathComponent(
+        "siwa-proc-\(UUID().uuidString)")
     try FileManager.default.createDirectory(at: scratch, withIntermediateDirectories: true)
     defer { try? FileManager.default.removeItem(at: scratch) }
     let outURL = scratch.appendingPathComponent("out")

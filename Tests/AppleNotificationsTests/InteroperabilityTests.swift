@@ -1,7 +1,7 @@
 import AppleNotifications
 import Foundation
-import Testing
 import TestSupport
+import Testing
 
 /// Tokens signed by `openssl dgst -sha256 -sign` (Tests/Fixtures/openssl-sign.sh) with the
 /// TEST ONLY fixture key: proves the verifier accepts RS256 produced by another implementation.
@@ -55,10 +55,12 @@ struct InteroperabilityTests {
     func opensslSignedTampered() throws {
         let token = try opensslSign(header: #"{"kid":"fixture-1","alg":"RS256"}"#, claims: claims)
         var parts = token.split(separator: ".").map(String.init)
-        parts[1] = Base64URL.encode(Data(claims.replacingOccurrences(of: "openssl-1", with: "openssl-2").utf8))
+        parts[1] = Base64URL.encode(
+            Data(claims.replacingOccurrences(of: "openssl-1", with: "openssl-2").utf8))
         let keys = try fixtureKeys(kid: "fixture-1")
         do {
-            _ = try TestSigning.verifier.verify(token: parts.joined(separator: "."), keys: keys, now: fixedNow)
+            _ = try TestSigning.verifier.verify(
+                token: parts.joined(separator: "."), keys: keys, now: fixedNow)
             Issue.record("a tampered token verified")
         } catch {
             #expect(error.code == .badSignature)

@@ -1,7 +1,7 @@
 import AppleNotifications
 import Foundation
-import Testing
 import TestSupport
+import Testing
 
 @Suite("JSON Web Key Set")
 struct JSONWebKeySetTests {
@@ -96,7 +96,8 @@ struct JSONWebKeySetTests {
 
     @Test("refuses a 1 MB document by size")
     func refusesHuge() {
-        let huge = Data(#"{"keys":["#.utf8) + Data(repeating: UInt8(ascii: " "), count: 1_000_000) + Data("]}".utf8)
+        let huge =
+            Data(#"{"keys":["#.utf8) + Data(repeating: UInt8(ascii: " "), count: 1_000_000) + Data("]}".utf8)
         do {
             _ = try JSONWebKeySet(jsonData: huge)
             Issue.record("a 1 MB key set was accepted")

@@ -45,7 +45,8 @@ struct SiwactlTests {
         #expect((attributes[.posixPermissions] as? NSNumber)?.intValue == 0o600)
 
         let sign = try siwactl([
-            "sign", "--key", keyPath, "--kid", kid, "--audience", "com.example.app", "--type", "email-disabled",
+            "sign", "--key", keyPath, "--kid", kid, "--audience", "com.example.app", "--type",
+            "email-disabled",
             "--sub", "001.abc", "--email", "x@privaterelay.appleid.com",
         ])
         #expect(sign.status == 0)
@@ -70,7 +71,9 @@ struct SiwactlTests {
         // A bare token as an argument, verified as of a past instant: a day and a half later it has expired.
         let token = try #require(body["payload"])
         let later = ISO8601DateFormatter().string(from: Date().addingTimeInterval(36 * 3600))
-        let expired = try siwactl(["verify", "--jwks", jwks, "--audience", "com.example.app", "--at", later, token])
+        let expired = try siwactl([
+            "verify", "--jwks", jwks, "--audience", "com.example.app", "--at", later, token,
+        ])
         #expect(expired.status == 1)
         #expect(expired.stderr.contains("expired"))
     }
@@ -84,12 +87,14 @@ struct SiwactlTests {
             "sign", "--key", directory.appendingPathComponent("private-key.pem").path, "--kid", "k1",
             "--audience", "com.example.app", "--type", "consent-revoked", "--sub", "001.abc",
         ])
-        let body = try #require(try JSONSerialization.jsonObject(with: Data(sign.stdout.utf8)) as? [String: String])
+        let body = try #require(
+            try JSONSerialization.jsonObject(with: Data(sign.stdout.utf8)) as? [String: String])
         var parts = try #require(body["payload"]).split(separator: ".").map(String.init)
         parts[2] = String(parts[2].reversed())
         let tampered = parts.joined(separator: ".")
         let verify = try siwactl([
-            "verify", "--jwks", directory.appendingPathComponent("jwks.json").path, "--audience", "com.example.app",
+            "verify", "--jwks", directory.appendingPathComponent("jwks.json").path, "--audience",
+            "com.example.app",
             tampered,
         ])
         #expect(verify.status == 1)

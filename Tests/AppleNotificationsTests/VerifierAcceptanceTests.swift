@@ -1,7 +1,7 @@
 import AppleNotifications
 import Foundation
-import Testing
 import TestSupport
+import Testing
 
 @Suite("Verifier accepts what Apple sends")
 struct VerifierAcceptanceTests {
@@ -82,8 +82,10 @@ struct VerifierAcceptanceTests {
         let claims: [String: Any] = [
             "iss": "https://appleid.apple.com", "aud": TestSigning.audience, "iat": 1_699_999_990,
             "jti": "doc-example",
-            "events": ["type": "account-deleted", "sub": "820417.faa325acbc78e1be1668ba852d492d8a.0219",
-                "event_time": 1_699_999_900],
+            "events": [
+                "type": "account-deleted", "sub": "820417.faa325acbc78e1be1668ba852d492d8a.0219",
+                "event_time": 1_699_999_900,
+            ],
         ]
         let notification = try verify(appleToken(claims: claims))
         #expect(notification.eventType == .accountDelete)
@@ -136,7 +138,8 @@ struct VerifierAcceptanceTests {
     func closureLookup() throws {
         let jws = try CompactJWS(appleToken())
         var asked: [String] = []
-        let notification = try TestSigning.verifier.verify(jws, now: fixedNow) { kid throws(NotificationError) in
+        let notification = try TestSigning.verifier.verify(jws, now: fixedNow) {
+            kid throws(NotificationError) in
             asked.append(kid)
             return TestSigning.apple.publicKey()
         }
@@ -147,13 +150,15 @@ struct VerifierAcceptanceTests {
     @Test("encodes and decodes a notification losslessly")
     func codable() throws {
         let notification = try verify(appleToken(claims: appleClaims(type: "account-deleted")))
-        let decoded = try JSONDecoder().decode(ServerNotification.self, from: JSONEncoder().encode(notification))
+        let decoded = try JSONDecoder().decode(
+            ServerNotification.self, from: JSONEncoder().encode(notification))
         #expect(decoded == notification)
     }
 
     @Test("signer tokens loaded back from PEM still verify")
     func pemRoundTrip() throws {
-        let reloaded = try NotificationSigner(privateKeyPEM: TestSigning.apple.privateKeyPEM, keyID: "reloaded")
+        let reloaded = try NotificationSigner(
+            privateKeyPEM: TestSigning.apple.privateKeyPEM, keyID: "reloaded")
         #expect(TestSigning.apple.privateKeyPEM.hasPrefix("-----BEGIN PRIVATE KEY-----"))
         let token = try reloaded.sign(
             type: "consent-revoked", subject: "001.x", audience: TestSigning.audience, issuedAt: fixedNow)

@@ -1,7 +1,7 @@
 import AppleNotifications
 import Foundation
-import Testing
 import TestSupport
+import Testing
 
 @Suite("Verifier rejects what Apple would not send")
 struct VerifierRejectionTests {
@@ -113,7 +113,8 @@ struct VerifierRejectionTests {
     @Test("never parses claims of a token that fails the signature check")
     func claimsNotParsedBeforeSignature() throws {
         // Garbage claims, signed by the wrong key: the signature error wins over the JSON error.
-        let token = try TestSigning.other.sign(headerJSON: json(appleHeader), claimsJSON: Data("not json".utf8))
+        let token = try TestSigning.other.sign(
+            headerJSON: json(appleHeader), claimsJSON: Data("not json".utf8))
         #expect(rejection(token)?.code == .badSignature)
     }
 
@@ -216,8 +217,10 @@ struct VerifierRejectionTests {
     @Test(
         "refuses malformed events",
         arguments: [
-            "{not json", "[]", #"{"sub":"001.x","event_time":1}"#, #"{"type":"consent-revoked","event_time":1}"#,
-            #"{"type":"consent-revoked","sub":"001.x"}"#, #"{"type":"consent-revoked","sub":"001.x","event_time":"1"}"#,
+            "{not json", "[]", #"{"sub":"001.x","event_time":1}"#,
+            #"{"type":"consent-revoked","event_time":1}"#,
+            #"{"type":"consent-revoked","sub":"001.x"}"#,
+            #"{"type":"consent-revoked","sub":"001.x","event_time":"1"}"#,
             #"{"type":"consent-revoked","sub":"001.x","event_time":-5}"#,
             #"{"type":"consent-revoked","sub":"001.x","event_time":1e300}"#,
             #"{"type":"email-enabled","sub":"001.x","event_time":1,"is_private_email":"yes"}"#,
@@ -248,7 +251,8 @@ struct VerifierRejectionTests {
 
     @Test("refuses signed claims that are not JSON")
     func claimsNotJSON() throws {
-        let token = try TestSigning.apple.sign(headerJSON: json(appleHeader), claimsJSON: Data("{\"iss\":".utf8))
+        let token = try TestSigning.apple.sign(
+            headerJSON: json(appleHeader), claimsJSON: Data("{\"iss\":".utf8))
         let error = rejection(token)
         #expect(error?.kind == .malformed)
         #expect(error?.code == .badJSON)
@@ -257,7 +261,8 @@ struct VerifierRejectionTests {
     @Test("fails fast on 1 MB of input, broken base64 and broken JSON")
     func garbageInputs() {
         let inputs = [
-            String(repeating: "eyJ", count: 350_000), "!!!.???.***", "e30.e30", "eyJhbGciOiJSUzI1NiJ9.e30.AAAB.",
+            String(repeating: "eyJ", count: 350_000), "!!!.???.***", "e30.e30",
+            "eyJhbGciOiJSUzI1NiJ9.e30.AAAB.",
             Base64URL.encode(Data("{\"alg\":".utf8)) + ".e30.AAAA",
         ]
         for input in inputs {
