@@ -69,13 +69,14 @@ struct ProcessResult {
 struct ProcessTimedOut: Error {}
 
 /// Runs an executable with optional stdin, waiting at most `timeout` seconds for it to exit.
-func runProcess(_ executable: URL, _ arguments: [String], stdin: Data? = nil, timeout: TimeInterval = 60)
-    throws
-    -> ProcessResult
-{
+func runProcess(
+    _ executable: URL, _ arguments: [String], stdin: Data? = nil, environment: [String: String]? = nil,
+    timeout: TimeInterval = 60
+) throws -> ProcessResult {
     let process = Process()
     process.executableURL = executable
     process.arguments = arguments
+    if let environment { process.environment = environment }
     let scratch = FileManager.default.temporaryDirectory.appendingPathComponent(
         "siwa-proc-\(UUID().uuidString)")
     try FileManager.default.createDirectory(at: scratch, withIntermediateDirectories: true)

@@ -1,3 +1,4 @@
+import AppleNotifications
 import Foundation
 import Testing
 
@@ -21,9 +22,12 @@ struct SiwactlTests {
         return nil
     }()
 
-    private func siwactl(_ arguments: [String], stdin: Data? = nil) throws -> ProcessResult {
+    private func siwactl(_ arguments: [String], stdin: Data? = nil, environment: [String: String]? = nil)
+        throws
+        -> ProcessResult
+    {
         let binary = try #require(Self.binary, "siwactl not found beside the tests; run `swift build` first")
-        return try runProcess(binary, arguments, stdin: stdin)
+        return try runProcess(binary, arguments, stdin: stdin, environment: environment)
     }
 
     private func scratchDirectory() throws -> URL {
@@ -116,5 +120,28 @@ struct SiwactlTests {
         let verbHelp = try siwactl(["sign", "--help"])
         #expect(verbHelp.status == 0)
         #expect(verbHelp.stdout.contains("--audience AUD"))
+    }
+
+    @Test("signs Apple's exact header and reads the JWKS and audiences from SIWA_* variables")
+    func appleShapeAndEnvironment() throws {
+        let directory = try scratchDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        #expect(try siwactl(["keygen", "--out=\(directory.path)", "--kid", "apple-like"]).status == 0)
+        let sign = try siwactl([
+            "sign", "--key", directory.appendingPathComponent("private-key.pem").path, "--kid=apple-like",
+            "--audience", "com.example.app", "--type", "account-delete", "--sub", "001.abc",
+        ])
+        let body = try #require(
+            try JSONSerialization.jsonObject(with: Data(sign.stdout.utf8)) as? [String: String])
+        let jws = try CompactJWS(try #require(body["payload"]))
+        #expect(String(decoding: jws.header, as: UTF8.self) == #"{"kid":"apple-like","alg":"RS256"}"#)
+
+        let environment = [
+            "SIWA_JWKS_URL": directory.appendingPathComponent("jwks.json").path,
+            "SIWA_AUDIENCES": "com.other, com.example.app",
+        ]
+        let verify = try siwactl(["verify", "-"], stdin: Data(sign.stdout.utf8), environment: environment)
+        #expect(verify.status == 0, "stderr: \(verify.stderr)")
+        #expect(verify.stdout.contains(#""type":"account-delete""#))
     }
 }

@@ -176,3 +176,71 @@ extension JSONWebKeySet {
         return JSONWebKeySet(keys: keys)
     }
 }
+
+@Suite("Signer output and key handling")
+struct SignerTests {
+    @Test("signs in Apple's exact shape: kid-first header, exp = iat + 24 h, events as a JSON string")
+    func appleShape() throws {
+        let token = try TestSigning.apple.sign(
+            type: "email-disabled", subject: "001.x", audience: "com.example.app",
+            email: "a@privaterelay.appleid.com",
+            eventTime: Date(timeIntervalSince1970: 1_630_085_403.648), issuedAt: fixedNow, jti: "j1")
+        let jws = try CompactJWS(token)
+        #expect(
+            String(decoding: jws.header, as: UTF8.self)
+                == #"{"kid":"\#(TestSigning.apple.keyID)","alg":"RS256"}"#)
+        let claims = try #require(try JSONSerialization.jsonObject(with: jws.payload) as? [String: Any])
+        #expect(Set(claims.keys) == ["iss", "aud", "iat", "exp", "jti", "events"])
+        #expect(claims["aud"] as? String == "com.example.app")
+        #expect((claims["exp"] as? Int) == (claims["iat"] as? Int).map { $0 + 86_400 })
+        let events = try #require(claims["events"] as? String)
+        let event = try #require(try JSONSerialization.jsonObject(with: Data(events.utf8)) as? [String: Any])
+        #expect(event["event_time"] as? Int == 1_630_085_403_648)
+        #expect(event["is_private_email"] as? String == "true")
+        #expect(event["email"] as? String == "a@privaterelay.appleid.com")
+    }
+
+    @Test("omits email fields for events that have none")
+    func noEmailFields() throws {
+        let token = try TestSigning.apple.sign(type: "consent-revoked", subject: "001.x", audience: "a")
+        let claims = try #require(
+            try JSONSerialization.jsonObject(with: CompactJWS(token).payload) as? [String: Any])
+        let events = try #require(claims["events"] as? String)
+        #expect(!events.contains("email"))
+    }
+
+    @Test("derives a stable default kid from the public key, the same after a PEM round trip")
+    func stableDefaultKid() throws {
+        let signer = try NotificationSigner.generate()
+        #expect(signer.keyID == signer.publicKey().thumbprintKeyID)
+        #expect(signer.keyID.count == 16)
+        let reloaded = try NotificationSigner(privateKeyPEM: signer.privateKeyPEM)
+        #expect(reloaded.keyID == signer.keyID)
+        #expect(reloaded.publicKey().modulus == signer.publicKey().modulus)
+        #expect(signer.keyID != TestSigning.apple.publicKey().thumbprintKeyID)
+    }
+
+    @Test("refuses a PEM that is not a private key")
+    func refusesBadPEM() throws {
+        let publicPEM = try String(
+            contentsOf: fixturesDirectory.appendingPathComponent("TEST-ONLY-rsa-2048-public-key.pem"),
+            encoding: .utf8)
+        #expect(throws: (any Error).self) { try NotificationSigner(privateKeyPEM: publicPEM, keyID: "x") }
+        #expect(throws: (any Error).self) { try NotificationSigner(privateKeyPEM: "garbage", keyID: "x") }
+    }
+
+    @Test("one key verifies many tokens concurrently")
+    func concurrentVerification() async throws {
+        let tokens = (0..<64).map { index in appleToken(claims: appleClaims(jti: "c-\(index)")) }
+        let keys = TestSigning.appleKeySet
+        let jtis = try await withThrowingTaskGroup(of: String.self) { group in
+            for token in tokens {
+                group.addTask { try TestSigning.verifier.verify(token: token, keys: keys, now: fixedNow).jti }
+            }
+            var seen: Set<String> = []
+            for try await jti in group { seen.insert(jti) }
+            return seen
+        }
+        #expect(jtis.count == 64)
+    }
+}
