@@ -227,6 +227,10 @@ struct SignerTests {
             encoding: .utf8)
         #expect(throws: (any Error).self) { try NotificationSigner(privateKeyPEM: publicPEM, keyID: "x") }
         #expect(throws: (any Error).self) { try NotificationSigner(privateKeyPEM: "garbage", keyID: "x") }
+        let encrypted = try String(
+            contentsOf: fixturesDirectory.appendingPathComponent("TEST-ONLY-encrypted-private-key.pem"),
+            encoding: .utf8)
+        #expect(throws: (any Error).self) { try NotificationSigner(privateKeyPEM: encrypted, keyID: "x") }
     }
 
     @Test("one key verifies many tokens concurrently")
