@@ -122,7 +122,8 @@ public final class PostgresConnection: @unchecked Sendable {
     ///
     /// With a statement cache (the default), the statement is prepared on first use and reused.
     @discardableResult
-    public func query(_ sql: String, _ parameters: [PostgresData?] = []) throws(PostgresError) -> PostgresRows {
+    public func query(_ sql: String, _ parameters: [PostgresData?] = []) throws(PostgresError) -> PostgresRows
+    {
         if configuration.statementCacheCapacity > 0 && !parameters.isEmpty {
             return try runCached(sql, parameters)
         }
@@ -157,7 +158,8 @@ public final class PostgresConnection: @unchecked Sendable {
 
     /// Runs the statement prepared as `name` and returns the number of rows it affected.
     @discardableResult
-    public func executePrepared(name: String, _ parameters: [PostgresData?] = []) throws(PostgresError) -> Int {
+    public func executePrepared(name: String, _ parameters: [PostgresData?] = []) throws(PostgresError) -> Int
+    {
         try queryPrepared(name: name, parameters).affectedRows
     }
 
@@ -312,7 +314,8 @@ public final class PostgresConnection: @unchecked Sendable {
             })
     }
 
-    private func runCached(_ sql: String, _ parameters: [PostgresData?]) throws(PostgresError) -> PostgresRows {
+    private func runCached(_ sql: String, _ parameters: [PostgresData?]) throws(PostgresError) -> PostgresRows
+    {
         let handle = try openHandle()
         let values = try ParameterValues(parameters)
         defer { values.release() }
@@ -351,7 +354,8 @@ public final class PostgresConnection: @unchecked Sendable {
     }
 
     private func lastResult(_ results: [PostgresRows]) -> PostgresRows {
-        results.last ?? PostgresRows(columns: [], columnTypes: [], values: [], affectedRows: 0, commandTag: "")
+        results.last
+            ?? PostgresRows(columns: [], columnTypes: [], values: [], affectedRows: 0, commandTag: "")
     }
 
     /// Sends one command with `send`, then reads every result until libpq returns NULL.
@@ -418,7 +422,8 @@ public final class PostgresConnection: @unchecked Sendable {
     private func connectionLost(_ handle: OpaquePointer) -> PostgresError {
         let message = String(cString: PQerrorMessage(handle)).trimmingWhitespace()
         return PostgresError(
-            code: .connectionLost, message: message.isEmpty ? "the connection to the server was lost" : message)
+            code: .connectionLost,
+            message: message.isEmpty ? "the connection to the server was lost" : message)
     }
 
     private func drainNotifications(_ handle: OpaquePointer) -> [PostgresNotification] {
@@ -452,7 +457,8 @@ public final class PostgresConnection: @unchecked Sendable {
                 } else {
                     let length = Int(PQgetlength(result, Int32(row), Int32(field)))
                     let raw = UnsafeRawPointer(PQgetvalue(result, Int32(row), Int32(field))!)
-                    let bytes = UnsafeBufferPointer(start: raw.assumingMemoryBound(to: UInt8.self), count: length)
+                    let bytes = UnsafeBufferPointer(
+                        start: raw.assumingMemoryBound(to: UInt8.self), count: length)
                     values.append(String(decoding: bytes, as: UTF8.self))
                 }
             }
@@ -490,7 +496,9 @@ private struct ParameterValues {
                 for pointer in pointers { free(UnsafeMutablePointer(mutating: pointer)) }
                 throw PostgresError(
                     code: .queryFailed,
-                    message: "parameter $\(position + 1) contains a NUL character, which PostgreSQL text cannot hold")
+                    message:
+                        "parameter $\(position + 1) contains a NUL character, which PostgreSQL text cannot hold"
+                )
             }
             pointers.append(UnsafePointer(strdup(text)))
             types.append(parameter.typeOID)

@@ -101,10 +101,11 @@ public final class PostgresCluster: Sendable {
     /// Starts the server again after `stop(mode:)`, on the same port and socket; waits until it
     /// accepts connections. Does nothing if it is running.
     public func start() throws {
-        guard try state.withLock({ state throws -> Bool in
-            if state.destroyed { throw ClusterError(description: "the cluster has been destroyed") }
-            return !state.running
-        })
+        guard
+            try state.withLock({ state throws -> Bool in
+                if state.destroyed { throw ClusterError(description: "the cluster has been destroyed") }
+                return !state.running
+            })
         else { return }
         try run(
             binDirectory + "/pg_ctl",
@@ -115,7 +116,8 @@ public final class PostgresCluster: Sendable {
 
     /// Stops the server (`pg_ctl stop -m fast|immediate`) and waits until it has exited.
     public func stop(mode: StopMode = .fast) throws {
-        try run(binDirectory + "/pg_ctl", ["-D", dataDirectory, "-m", mode.name, "-w", "-t", "60", "-s", "stop"])
+        try run(
+            binDirectory + "/pg_ctl", ["-D", dataDirectory, "-m", mode.name, "-w", "-t", "60", "-s", "stop"])
         state.withLock { $0.running = false }
     }
 
@@ -141,7 +143,9 @@ public final class PostgresCluster: Sendable {
     }
 
     /// A configuration for `database` over the unix socket.
-    public func configuration(database: String, applicationName: String? = nil) throws -> PostgresConfiguration {
+    public func configuration(database: String, applicationName: String? = nil) throws
+        -> PostgresConfiguration
+    {
         try PostgresConfiguration(url(database: database), applicationName: applicationName)
     }
 
@@ -214,32 +218,18 @@ public final class PostgresCluster: Sendable {
     /// Runs a PostgreSQL tool (as `postgres` via runuser when we are root); throws with its output
     /// when it fails.
     private func run(_ executable: String, _ arguments: [String]) throws {
-        let process = Process()
-        if runAsPostgres {
-            process.executableURL = URL(fileURLWithPath: Self.runuserPath())
-            process.arguments = ["-u", "postgres", "--", executable] + arguments
-        } else {
-            process.executableURL = URL(fileURLWithPath: executable)
-            process.arguments = arguments
-        }
-        process.environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("PG") }
-        process.currentDirectoryURL = URL(fileURLWithPath: socketDirectory)
-        let outputPath = socketDirectory + "/tool-\(UUID().uuidString).log"
-        _ = FileManager.default.createFile(atPath: outputPath, contents: nil)
-        defer { try? FileManager.default.removeItem(atPath: outputPath) }
-        let output = try FileHandle(forWritingTo: URL(fileURLWithPath: outputPath))
-        process.standardOutput = output
-        process.standardError = output
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
-        process.waitUntilExit()
-        try? output.close()
-        guard process.terminationStatus == 0 else {
-            let text = (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? ""
+        let command = runAsPostgres ? Self.runuserPath() : executable
+        let commandArguments = runAsPostgres ? ["-u", "postgres", "--", executable] + arguments : arguments
+        let result = try Subprocess.run(
+            command, commandArguments,
+            environment: ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("PG") },
+            workingDirectory: socketDirectory)
+        guard result.status == 0 else {
             let log = (try? String(contentsOfFile: socketDirectory + "/server.log", encoding: .utf8)) ?? ""
             throw ClusterError(
                 description: "\((executable as NSString).lastPathComponent) \(arguments.last ?? "") failed "
-                    + "(status \(process.terminationStatus)): \(text)\nserver log tail: \(log.suffix(2000))")
+                    + "(status \(result.status)): \(result.standardOutput)\(result.standardError)\n"
+                    + "server log tail: \(log.suffix(2000))")
         }
     }
 
@@ -256,16 +246,8 @@ public final class PostgresCluster: Sendable {
         let fileManager = FileManager.default
         for directory in ["/usr/bin", "/usr/local/bin", "/usr/local/pgsql/bin"]
         where fileManager.isExecutableFile(atPath: directory + "/pg_config") {
-            let process = Process()
-            let pipe = Pipe()
-            process.executableURL = URL(fileURLWithPath: directory + "/pg_config")
-            process.arguments = ["--bindir"]
-            process.standardOutput = pipe
-            process.standardError = FileHandle.nullDevice
-            if (try? process.run()) != nil {
-                let data = pipe.fileHandleForReading.readDataToEndOfFile()
-                process.waitUntilExit()
-                let bin = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+            if let result = try? Subprocess.run(directory + "/pg_config", ["--bindir"]), result.status == 0 {
+                let bin = result.standardOutput.trimmingCharacters(in: .whitespacesAndNewlines)
                 if fileManager.isExecutableFile(atPath: bin + "/initdb") { return bin }
             }
         }
@@ -289,9 +271,11 @@ public final class PostgresCluster: Sendable {
         try Data("\(getpid())\n".utf8).write(to: URL(fileURLWithPath: root + "/owner.pid"))
         if geteuid() == 0 {
             guard let user = getpwnam("postgres") else {
-                throw ClusterError(description: "running as root but there is no 'postgres' user to run the server")
+                throw ClusterError(
+                    description: "running as root but there is no 'postgres' user to run the server")
             }
-            for path in [root, root + "/owner.pid"] where chown(path, user.pointee.pw_uid, user.pointee.pw_gid) != 0 {
+            for path in [root, root + "/owner.pid"]
+            where chown(path, user.pointee.pw_uid, user.pointee.pw_gid) != 0 {
                 throw ClusterError(description: "chown \(path) failed with errno \(errno)")
             }
         }
@@ -354,7 +338,8 @@ private enum Registry {
     /// SIGQUIT to the postmaster (immediate shutdown), wait for it to exit (bounded), remove the files.
     private static func shutDown(root: String, dataDirectory: String) {
         if let text = try? String(contentsOfFile: dataDirectory + "/postmaster.pid", encoding: .utf8),
-            let line = text.split(separator: "\n").first, let pid = pid_t(line.trimmingCharacters(in: .whitespaces)),
+            let line = text.split(separator: "\n").first,
+            let pid = pid_t(line.trimmingCharacters(in: .whitespaces)),
             pid > 0
         {
             kill(pid, SIGQUIT)
@@ -383,7 +368,8 @@ public enum RepositoryRoot {
     public static let url: URL = {
         var directory = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
         while directory.path != "/" {
-            if FileManager.default.fileExists(atPath: directory.appendingPathComponent("Package.swift").path) {
+            if FileManager.default.fileExists(atPath: directory.appendingPathComponent("Package.swift").path)
+            {
                 return directory
             }
             directory.deleteLastPathComponent()

@@ -66,44 +66,12 @@ struct ProcessResult {
     var stderr: String
 }
 
-struct ProcessTimedOut: Error {}
-
 /// Runs an executable with optional stdin, waiting at most `timeout` seconds for it to exit.
 func runProcess(
     _ executable: URL, _ arguments: [String], stdin: Data? = nil, environment: [String: String]? = nil,
     timeout: TimeInterval = 60
 ) throws -> ProcessResult {
-    let process = Process()
-    process.executableURL = executable
-    process.arguments = arguments
-    if let environment { process.environment = environment }
-    let scratch = FileManager.default.temporaryDirectory.appendingPathComponent(
-        "siwa-proc-\(UUID().uuidString)")
-    try FileManager.default.createDirectory(at: scratch, withIntermediateDirectories: true)
-    defer { try? FileManager.default.removeItem(at: scratch) }
-    let outURL = scratch.appendingPathComponent("out")
-    let errURL = scratch.appendingPathComponent("err")
-    _ = FileManager.default.createFile(atPath: outURL.path, contents: nil)
-    _ = FileManager.default.createFile(atPath: errURL.path, contents: nil)
-    let out = try FileHandle(forWritingTo: outURL)
-    let err = try FileHandle(forWritingTo: errURL)
-    process.standardOutput = out
-    process.standardError = err
-    let input = Pipe()
-    process.standardInput = input
-    let exited = DispatchSemaphore(value: 0)
-    process.terminationHandler = { _ in exited.signal() }
-    try process.run()
-    if let stdin { input.fileHandleForWriting.write(stdin) }
-    try input.fileHandleForWriting.close()
-    if exited.wait(timeout: .now() + timeout) == .timedOut {
-        process.terminate()
-        throw ProcessTimedOut()
-    }
-    try out.close()
-    try err.close()
-    return ProcessResult(
-        status: process.terminationStatus,
-        stdout: String(decoding: try Data(contentsOf: outURL), as: UTF8.self),
-        stderr: String(decoding: try Data(contentsOf: errURL), as: UTF8.self))
+    let result = try Subprocess.run(
+        executable.path, arguments, environment: environment, input: stdin, timeout: .seconds(timeout))
+    return ProcessResult(status: result.status, stdout: result.standardOutput, stderr: result.standardError)
 }
