@@ -317,37 +317,43 @@ public final class PostgresConnection: @unchecked Sendable {
         let values = try ParameterValues(parameters)
         defer { values.release() }
         let key = values.types.map(String.init).joined(separator: ",") + "|" + sql
-        let name: String
-        if let cached = statementCache[key] {
-            name = cached
-        } else {
-            if statementCacheOrder.count >= configuration.statementCacheCapacity {
-                let evicted = statementCacheOrder.removeFirst()
-                if let evictedName = statementCache.removeValue(forKey: evicted), !isInTransaction {
-                    _ = try? simpleQuery("DEALLOCATE " + evictedName)
-                }
-            }
-            statementCounter += 1
-            let newName = "siwa_stmt_\(statementCounter)"
-            _ = try collectResults {
-                PQsendPrepare(handle, newName, sql, Int32(values.count), values.types)
-            }
-            statementCache[key] = newName
-            statementCacheOrder.append(key)
-            name = newName
-        }
-        do {
-            return try lastResult(
-                collectResults {
-                    PQsendQueryPrepared(handle, name, Int32(values.count), values.pointers, nil, nil, 0)
-                })
-        } catch {
-            if error.sqlState == "26000" {  // The statement vanished (DEALLOCATE ALL / DISCARD ALL).
+        var retried = false
+        while true {
+            let name = try preparedName(for: key, sql: sql, values: values, handle: handle)
+            do {
+                return try lastResult(
+                    collectResults {
+                        PQsendQueryPrepared(handle, name, Int32(values.count), values.pointers, nil, nil, 0)
+                    })
+            } catch {
+                // The statement vanished (DEALLOCATE ALL / DISCARD ALL): forget it and, outside a
+                // transaction (where the failure aborted nothing), prepare it again once.
+                guard error.sqlState == "26000" else { throw error }
                 statementCache.removeValue(forKey: key)
                 statementCacheOrder.removeAll { $0 == key }
+                if retried || isInTransaction { throw error }
+                retried = true
             }
-            throw error
         }
+    }
+
+    /// The cached statement name for `key`, preparing (and evicting the oldest) on a miss.
+    private func preparedName(
+        for key: String, sql: String, values: ParameterValues, handle: OpaquePointer
+    ) throws(PostgresError) -> String {
+        if let cached = statementCache[key] { return cached }
+        if statementCacheOrder.count >= configuration.statementCacheCapacity {
+            let evicted = statementCacheOrder.removeFirst()
+            if let evictedName = statementCache.removeValue(forKey: evicted), !isInTransaction {
+                _ = try? simpleQuery("DEALLOCATE " + evictedName)
+            }
+        }
+        statementCounter += 1
+        let name = "siwa_stmt_\(statementCounter)"
+        _ = try collectResults { PQsendPrepare(handle, name, sql, Int32(values.count), values.types) }
+        statementCache[key] = name
+        statementCacheOrder.append(key)
+        return name
     }
 
     private func lastResult(_ results: [PostgresRows]) -> PostgresRows {
