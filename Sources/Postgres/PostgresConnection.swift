@@ -61,11 +61,17 @@ public final class PostgresConnection: @unchecked Sendable {
     /// Set once a statement failed at the connection level (the server may not have closed the socket
     /// yet, but the connection must not be reused).
     private var sawConnectionError = false
+    /// Set by the notice receiver when the server reports a FATAL error outside any statement (e.g.
+    /// "terminating connection due to administrator command" sent to an idle session). Owned here,
+    /// deallocated in `deinit` after the handle is finished.
+    private let serverEndedSession: UnsafeMutablePointer<Bool>
 
     /// Opens a connection, failing after `configuration.connectTimeout` at the latest.
     /// - Throws: `.connectionFailed` with libpq's reason.
     public init(configuration: PostgresConfiguration) throws(PostgresError) {
         self.configuration = configuration
+        serverEndedSession = .allocate(capacity: 1)
+        serverEndedSession.initialize(to: false)
         let parameters = configuration.connectionParameters
         let keywords = parameters.map { UnsafePointer(strdup($0.0)) } + [nil]
         let values = parameters.map { UnsafePointer(strdup($0.1)) } + [nil]
@@ -80,12 +86,24 @@ public final class PostgresConnection: @unchecked Sendable {
             PQfinish(connection)
             throw PostgresError(code: .connectionFailed, message: message)
         }
-        PQsetNoticeProcessor(connection, { _, _ in }, nil)
+        // Notices are not printed (libraries never print); a FATAL one marks the session as ended.
+        PQsetNoticeReceiver(
+            connection,
+            { flag, result in
+                guard let flag, let result, let severity = PQresultErrorField(result, Int32(UInt8(ascii: "V")))
+                else { return }
+                let level = String(cString: severity)
+                if level == "FATAL" || level == "PANIC" { flag.assumingMemoryBound(to: Bool.self).pointee = true }
+            }, serverEndedSession)
         handle = connection
         try ensureSessionSettings()
     }
 
-    deinit { close() }
+    deinit {
+        close()
+        serverEndedSession.deinitialize(count: 1)
+        serverEndedSession.deallocate()
+    }
 
     /// Closes the connection (idempotent). Later calls throw `.connectionClosed`.
     public func close() {
@@ -97,7 +115,8 @@ public final class PostgresConnection: @unchecked Sendable {
     /// The connection's state.
     public var status: Status {
         guard let handle else { return .closed }
-        return PQstatus(handle) == CONNECTION_OK && !sawConnectionError ? .connected : .broken
+        let usable = PQstatus(handle) == CONNECTION_OK && !sawConnectionError && !serverEndedSession.pointee
+        return usable ? .connected : .broken
     }
 
     /// True when the connection is open and libpq considers it usable.
@@ -256,11 +275,15 @@ public final class PostgresConnection: @unchecked Sendable {
         guard let handle, PQstatus(handle) == CONNECTION_OK, !sawConnectionError else { return false }
         let socket = PQsocket(handle)
         guard socket >= 0 else { return false }
-        var descriptor = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
-        if poll(&descriptor, 1, 0) > 0 {
+        // A server that ended the session sent an error and then closed the socket: keep reading
+        // while input is pending until libpq sees the end of the stream (bounded, never blocking).
+        for _ in 0..<8 {
+            var descriptor = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
+            guard poll(&descriptor, 1, 0) > 0 else { break }
             if PQconsumeInput(handle) == 0 { return false }
         }
-        return PQstatus(handle) == CONNECTION_OK && PQtransactionStatus(handle) == PQTRANS_IDLE
+        return PQstatus(handle) == CONNECTION_OK && !serverEndedSession.pointee
+            && PQtransactionStatus(handle) == PQTRANS_IDLE
     }
 
     // MARK: Internals
