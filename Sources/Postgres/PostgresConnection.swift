@@ -281,6 +281,7 @@ public final class PostgresConnection: @unchecked Sendable {
             var descriptor = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
             guard poll(&descriptor, 1, 0) > 0 else { break }
             if PQconsumeInput(handle) == 0 { return false }
+            _ = PQisBusy(handle)  // Parses what was read, so a FATAL notice reaches the receiver.
         }
         return PQstatus(handle) == CONNECTION_OK && !serverEndedSession.pointee
             && PQtransactionStatus(handle) == PQTRANS_IDLE

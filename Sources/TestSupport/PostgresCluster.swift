@@ -7,7 +7,7 @@ import Synchronization
 #endif
 
 /// A throwaway PostgreSQL server for tests: `initdb` into a fresh directory under /tmp, a unix socket
-/// there plus 127.0.0.1 on a random free port, `fsync=off`.
+/// there plus 127.0.0.1 on a random free port, `fsync=off` (commits still survive an immediate stop).
 ///
 /// Use `PostgresCluster.shared` (started once per test process) with one `createDatabase()` per test;
 /// suites that stop the server make their own with `PostgresCluster.start()`. Every cluster is shut
@@ -180,8 +180,8 @@ public final class PostgresCluster: Sendable {
             port = \(port)
             listen_addresses = '127.0.0.1'
             unix_socket_directories = '\(socketDirectory)'
+            # fsync only matters when the OS crashes; commits stay durable across stop -m immediate.
             fsync = off
-            synchronous_commit = off
             full_page_writes = off
             max_connections = 300
             shared_buffers = 32MB
