@@ -90,10 +90,13 @@ public final class PostgresConnection: @unchecked Sendable {
         PQsetNoticeReceiver(
             connection,
             { flag, result in
-                guard let flag, let result, let severity = PQresultErrorField(result, Int32(UInt8(ascii: "V")))
+                guard let flag, let result,
+                    let severity = PQresultErrorField(result, Int32(UInt8(ascii: "V")))
                 else { return }
                 let level = String(cString: severity)
-                if level == "FATAL" || level == "PANIC" { flag.assumingMemoryBound(to: Bool.self).pointee = true }
+                if level == "FATAL" || level == "PANIC" {
+                    flag.assumingMemoryBound(to: Bool.self).pointee = true
+                }
             }, serverEndedSession)
         handle = connection
         try ensureSessionSettings()
@@ -141,7 +144,8 @@ public final class PostgresConnection: @unchecked Sendable {
     ///
     /// With a statement cache (the default), the statement is prepared on first use and reused.
     @discardableResult
-    public func query(_ sql: String, _ parameters: [PostgresData?] = []) throws(PostgresError) -> PostgresRows {
+    public func query(_ sql: String, _ parameters: [PostgresData?] = []) throws(PostgresError) -> PostgresRows
+    {
         if configuration.statementCacheCapacity > 0 && !parameters.isEmpty {
             return try runCached(sql, parameters)
         }
@@ -176,7 +180,8 @@ public final class PostgresConnection: @unchecked Sendable {
 
     /// Runs the statement prepared as `name` and returns the number of rows it affected.
     @discardableResult
-    public func executePrepared(name: String, _ parameters: [PostgresData?] = []) throws(PostgresError) -> Int {
+    public func executePrepared(name: String, _ parameters: [PostgresData?] = []) throws(PostgresError) -> Int
+    {
         try queryPrepared(name: name, parameters).affectedRows
     }
 
@@ -336,7 +341,8 @@ public final class PostgresConnection: @unchecked Sendable {
             })
     }
 
-    private func runCached(_ sql: String, _ parameters: [PostgresData?]) throws(PostgresError) -> PostgresRows {
+    private func runCached(_ sql: String, _ parameters: [PostgresData?]) throws(PostgresError) -> PostgresRows
+    {
         let handle = try openHandle()
         let values = try ParameterValues(parameters)
         defer { values.release() }
@@ -381,7 +387,8 @@ public final class PostgresConnection: @unchecked Sendable {
     }
 
     private func lastResult(_ results: [PostgresRows]) -> PostgresRows {
-        results.last ?? PostgresRows(columns: [], columnTypes: [], values: [], affectedRows: 0, commandTag: "")
+        results.last
+            ?? PostgresRows(columns: [], columnTypes: [], values: [], affectedRows: 0, commandTag: "")
     }
 
     /// Sends one command with `send`, then reads every result until libpq returns NULL.
@@ -448,7 +455,8 @@ public final class PostgresConnection: @unchecked Sendable {
     private func connectionLost(_ handle: OpaquePointer) -> PostgresError {
         let message = String(cString: PQerrorMessage(handle)).trimmingWhitespace()
         return PostgresError(
-            code: .connectionLost, message: message.isEmpty ? "the connection to the server was lost" : message)
+            code: .connectionLost,
+            message: message.isEmpty ? "the connection to the server was lost" : message)
     }
 
     private func drainNotifications(_ handle: OpaquePointer) -> [PostgresNotification] {
@@ -482,7 +490,8 @@ public final class PostgresConnection: @unchecked Sendable {
                 } else {
                     let length = Int(PQgetlength(result, Int32(row), Int32(field)))
                     let raw = UnsafeRawPointer(PQgetvalue(result, Int32(row), Int32(field))!)
-                    let bytes = UnsafeBufferPointer(start: raw.assumingMemoryBound(to: UInt8.self), count: length)
+                    let bytes = UnsafeBufferPointer(
+                        start: raw.assumingMemoryBound(to: UInt8.self), count: length)
                     values.append(String(decoding: bytes, as: UTF8.self))
                 }
             }
@@ -520,7 +529,9 @@ private struct ParameterValues {
                 for pointer in pointers { free(UnsafeMutablePointer(mutating: pointer)) }
                 throw PostgresError(
                     code: .queryFailed,
-                    message: "parameter $\(position + 1) contains a NUL character, which PostgreSQL text cannot hold")
+                    message:
+                        "parameter $\(position + 1) contains a NUL character, which PostgreSQL text cannot hold"
+                )
             }
             pointers.append(UnsafePointer(strdup(text)))
             types.append(parameter.typeOID)

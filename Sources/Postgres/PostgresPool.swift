@@ -55,7 +55,9 @@ public final class PostgresPool: Sendable {
     /// - Throws: `.poolExhausted` after waiting `timeout`, `.poolClosed`, `.connectionFailed` when a
     ///   new connection cannot be opened, or whatever `body` throws.
     @discardableResult
-    public func withConnection<T>(timeout: Duration? = nil, _ body: (PostgresConnection) throws -> T) throws -> T {
+    public func withConnection<T>(timeout: Duration? = nil, _ body: (PostgresConnection) throws -> T) throws
+        -> T
+    {
         let connection = try acquire(timeout: timeout ?? acquireTimeout)
         defer { release(connection) }
         return try body(connection)
@@ -90,7 +92,8 @@ public final class PostgresPool: Sendable {
     private func acquire(timeout: Duration) throws(PostgresError) -> PostgresConnection {
         if state.withLock({ $0.closed }) { throw Self.closedError }
         let (seconds, attoseconds) = timeout.components
-        let nanoseconds = Int(clamping: max(0, seconds).multipliedReportingOverflow(by: 1_000_000_000).partialValue)
+        let nanoseconds =
+            Int(clamping: max(0, seconds).multipliedReportingOverflow(by: 1_000_000_000).partialValue)
             + Int(max(0, attoseconds) / 1_000_000_000)
         guard permits.wait(timeout: .now() + .nanoseconds(nanoseconds)) == .success else {
             throw PostgresError(

@@ -101,10 +101,11 @@ public final class PostgresCluster: Sendable {
     /// Starts the server again after `stop(mode:)`, on the same port and socket; waits until it
     /// accepts connections. Does nothing if it is running.
     public func start() throws {
-        guard try state.withLock({ state throws -> Bool in
-            if state.destroyed { throw ClusterError(description: "the cluster has been destroyed") }
-            return !state.running
-        })
+        guard
+            try state.withLock({ state throws -> Bool in
+                if state.destroyed { throw ClusterError(description: "the cluster has been destroyed") }
+                return !state.running
+            })
         else { return }
         try run(
             binDirectory + "/pg_ctl",
@@ -115,7 +116,8 @@ public final class PostgresCluster: Sendable {
 
     /// Stops the server (`pg_ctl stop -m fast|immediate`) and waits until it has exited.
     public func stop(mode: StopMode = .fast) throws {
-        try run(binDirectory + "/pg_ctl", ["-D", dataDirectory, "-m", mode.name, "-w", "-t", "60", "-s", "stop"])
+        try run(
+            binDirectory + "/pg_ctl", ["-D", dataDirectory, "-m", mode.name, "-w", "-t", "60", "-s", "stop"])
         state.withLock { $0.running = false }
     }
 
@@ -141,7 +143,9 @@ public final class PostgresCluster: Sendable {
     }
 
     /// A configuration for `database` over the unix socket.
-    public func configuration(database: String, applicationName: String? = nil) throws -> PostgresConfiguration {
+    public func configuration(database: String, applicationName: String? = nil) throws
+        -> PostgresConfiguration
+    {
         try PostgresConfiguration(url(database: database), applicationName: applicationName)
     }
 
@@ -215,7 +219,8 @@ public final class PostgresCluster: Sendable {
     /// when it fails.
     private func run(_ executable: String, _ arguments: [String]) throws {
         let command =
-            runAsPostgres ? [Self.runuserPath(), "-u", "postgres", "--", executable] + arguments : [executable] + arguments
+            runAsPostgres
+            ? [Self.runuserPath(), "-u", "postgres", "--", executable] + arguments : [executable] + arguments
         let outputPath = socketDirectory + "/tool-\(UUID().uuidString).log"
         defer { try? FileManager.default.removeItem(atPath: outputPath) }
         let status = try Self.spawnAndWait(command, outputPath: outputPath, directory: socketDirectory)
@@ -230,7 +235,8 @@ public final class PostgresCluster: Sendable {
 
     /// posix_spawn + waitpid (Foundation's `Process.waitUntilExit` can stall when the test runner's
     /// threads are all busy). Output goes to `outputPath`; PG* variables are not passed on.
-    private static func spawnAndWait(_ tool: [String], outputPath: String, directory: String) throws -> Int32 {
+    private static func spawnAndWait(_ tool: [String], outputPath: String, directory: String) throws -> Int32
+    {
         let command = ["/usr/bin/env", "-C", directory] + tool  // Start in a directory the tool may read.
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
@@ -271,7 +277,8 @@ public final class PostgresCluster: Sendable {
         where fileManager.isExecutableFile(atPath: directory + "/pg_config") {
             let outputPath = NSTemporaryDirectory() + "/siwa-pg-config-\(UUID().uuidString)"
             defer { try? fileManager.removeItem(atPath: outputPath) }
-            if (try? spawnAndWait([directory + "/pg_config", "--bindir"], outputPath: outputPath, directory: "/")) == 0,
+            if (try? spawnAndWait(
+                [directory + "/pg_config", "--bindir"], outputPath: outputPath, directory: "/")) == 0,
                 let text = try? String(contentsOfFile: outputPath, encoding: .utf8)
             {
                 let bin = text.trimmingCharacters(in: .whitespacesAndNewlines)
@@ -298,9 +305,11 @@ public final class PostgresCluster: Sendable {
         try Data("\(getpid())\n".utf8).write(to: URL(fileURLWithPath: root + "/owner.pid"))
         if geteuid() == 0 {
             guard let user = getpwnam("postgres") else {
-                throw ClusterError(description: "running as root but there is no 'postgres' user to run the server")
+                throw ClusterError(
+                    description: "running as root but there is no 'postgres' user to run the server")
             }
-            for path in [root, root + "/owner.pid"] where chown(path, user.pointee.pw_uid, user.pointee.pw_gid) != 0 {
+            for path in [root, root + "/owner.pid"]
+            where chown(path, user.pointee.pw_uid, user.pointee.pw_gid) != 0 {
                 throw ClusterError(description: "chown \(path) failed with errno \(errno)")
             }
         }
@@ -363,7 +372,8 @@ private enum Registry {
     /// SIGQUIT to the postmaster (immediate shutdown), wait for it to exit (bounded), remove the files.
     private static func shutDown(root: String, dataDirectory: String) {
         if let text = try? String(contentsOfFile: dataDirectory + "/postmaster.pid", encoding: .utf8),
-            let line = text.split(separator: "\n").first, let pid = pid_t(line.trimmingCharacters(in: .whitespaces)),
+            let line = text.split(separator: "\n").first,
+            let pid = pid_t(line.trimmingCharacters(in: .whitespaces)),
             pid > 0
         {
             kill(pid, SIGQUIT)
@@ -392,7 +402,8 @@ public enum RepositoryRoot {
     public static let url: URL = {
         var directory = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
         while directory.path != "/" {
-            if FileManager.default.fileExists(atPath: directory.appendingPathComponent("Package.swift").path) {
+            if FileManager.default.fileExists(atPath: directory.appendingPathComponent("Package.swift").path)
+            {
                 return directory
             }
             directory.deleteLastPathComponent()

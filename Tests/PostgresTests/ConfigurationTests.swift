@@ -6,9 +6,15 @@ struct ConfigurationTests {
     @Test(
         "accepts URL and conninfo forms and reads their parts",
         arguments: [
-            ("postgresql://app:secret@/siwa?host=/run/postgresql&port=5433", "app", "siwa", "/run/postgresql", "5433"),
+            (
+                "postgresql://app:secret@/siwa?host=/run/postgresql&port=5433", "app", "siwa",
+                "/run/postgresql", "5433"
+            ),
             ("postgres://app:secret@db.internal:6543/siwa", "app", "siwa", "db.internal", "6543"),
-            ("host=/run/postgresql port=5433 dbname=siwa user=app password=secret", "app", "siwa", "/run/postgresql", "5433"),
+            (
+                "host=/run/postgresql port=5433 dbname=siwa user=app password=secret", "app", "siwa",
+                "/run/postgresql", "5433"
+            ),
         ])
     func parses(url: String, user: String, database: String, host: String, port: String) throws {
         let configuration = try PostgresConfiguration(url)
@@ -21,7 +27,8 @@ struct ConfigurationTests {
     @Test("never shows the password in its description")
     func descriptionHidesPassword() throws {
         for text in [
-            "postgresql://app:hunter2@/siwa?host=/run/postgresql", "host=localhost password=hunter2 dbname=siwa",
+            "postgresql://app:hunter2@/siwa?host=/run/postgresql",
+            "host=localhost password=hunter2 dbname=siwa",
         ] {
             let configuration = try PostgresConfiguration(text)
             #expect(!configuration.description.contains("hunter2"))

@@ -9,7 +9,9 @@ func freshConnection(applying sql: String? = nil) throws -> PostgresConnection {
 
 /// Runs `body` on `count` new threads and waits for all of them (bounded by `timeout`).
 /// Returns false if they did not all finish in time.
-func onThreads(_ count: Int, timeout: Duration = .seconds(60), _ body: @escaping @Sendable (Int) -> Void) -> Bool {
+func onThreads(_ count: Int, timeout: Duration = .seconds(60), _ body: @escaping @Sendable (Int) -> Void)
+    -> Bool
+{
     let group = DispatchGroup()
     for index in 0..<count {
         group.enter()

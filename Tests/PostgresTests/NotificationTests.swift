@@ -59,7 +59,9 @@ struct NotificationTests {
         let listener = try freshConnection()
         try listener.listen("doomed")
         let admin = try PostgresConnection(configuration: listener.configuration)
-        #expect(try admin.query("SELECT pg_terminate_backend($1::int)", [.int(Int64(listener.backendProcessID))])[0][0, as: Bool.self])
+        #expect(
+            try admin.query("SELECT pg_terminate_backend($1::int)", [.int(Int64(listener.backendProcessID))])[
+                0][0, as: Bool.self])
         let error = postgresError { _ = try listener.waitForNotifications(timeout: .seconds(10)) }
         #expect(error?.code == .connectionLost)
         #expect(!listener.isHealthy)

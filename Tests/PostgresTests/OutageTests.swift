@@ -31,7 +31,9 @@ struct OutageTests {
         // Pooled calls fail fast with a connection-level error.
         for _ in 0..<3 {
             let started = ContinuousClock.now
-            let error = postgresError { _ = try pool.withConnection { try $0.execute("INSERT INTO t VALUES (99)") } }
+            let error = postgresError {
+                _ = try pool.withConnection { try $0.execute("INSERT INTO t VALUES (99)") }
+            }
             #expect(error?.isConnectionError == true, "\(String(describing: error))")
             #expect(error?.isRetryable == true)
             #expect(ContinuousClock.now - started < .seconds(3))

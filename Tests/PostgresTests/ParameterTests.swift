@@ -15,7 +15,9 @@ struct ParameterTests {
         let rows = try connection.query("SELECT name FROM items")
         #expect(rows.count == 1)
         #expect(try rows[0][0, as: String.self] == value)
-        #expect(try connection.query("SELECT count(*) FROM items WHERE name = $1", [.text(value)])[0][0, as: Int.self] == 1)
+        #expect(
+            try connection.query("SELECT count(*) FROM items WHERE name = $1", [.text(value)])[0][
+                0, as: Int.self] == 1)
     }
 
     @Test("every parameter type round trips through a typed column")
@@ -60,7 +62,9 @@ struct ParameterTests {
         #expect(postgresError { _ = try row["a", as: Int.self] }?.code == .decoding)
     }
 
-    @Test("special doubles and dates far from now round trip", arguments: [0.0, -0.25, 1e300, .infinity, -.infinity])
+    @Test(
+        "special doubles and dates far from now round trip",
+        arguments: [0.0, -0.25, 1e300, .infinity, -.infinity])
     func doubles(value: Double) throws {
         let connection = try freshConnection()
         let row = try #require(try connection.query("SELECT $1::float8", [.double(value)]).first)
@@ -73,7 +77,8 @@ struct ParameterTests {
     func dates(seconds: Double) throws {
         let connection = try freshConnection()
         let date = Date(timeIntervalSince1970: seconds)
-        let row = try #require(try connection.query("SELECT $1::timestamptz, $1::timestamptz::text", [.date(date)]).first)
+        let row = try #require(
+            try connection.query("SELECT $1::timestamptz, $1::timestamptz::text", [.date(date)]).first)
         let decoded = try row[0, as: Date.self]
         let text = try row[1, as: String.self]
         #expect(abs(decoded.timeIntervalSince1970 - seconds) < 0.000_001, "server text: \(text)")

@@ -55,7 +55,8 @@ struct PoolTests {
                 do {
                     try pool.withConnection { connection in
                         try connection.execute(
-                            "INSERT INTO hits VALUES ($1, $2, pg_backend_pid())", [.int(Int64(thread)), .int(Int64(n))])
+                            "INSERT INTO hits VALUES ($1, $2, pg_backend_pid())",
+                            [.int(Int64(thread)), .int(Int64(n))])
                     }
                 } catch {
                     failures.withLock { $0.append("\(error)") }
@@ -94,19 +95,23 @@ struct PoolTests {
         try admin.query("SELECT pg_terminate_backend($1::int)", [.int(Int64(victim))])
         // Wait (bounded) until the backend is really gone, then use the pool.
         let deadline = ContinuousClock.now + .seconds(10)
-        while try admin.query("SELECT count(*) FROM pg_stat_activity WHERE pid = $1::int", [.int(Int64(victim))])[0][
-            0, as: Int.self] > 0, ContinuousClock.now < deadline
+        while try admin.query(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1::int", [.int(Int64(victim))])[0][
+                0, as: Int.self] > 0, ContinuousClock.now < deadline
         {
             _ = try admin.waitForNotifications(timeout: .milliseconds(20))
         }
-        let replacement = try pool.withConnection { try $0.query("SELECT pg_backend_pid()")[0][0, as: Int32.self] }
+        let replacement = try pool.withConnection {
+            try $0.query("SELECT pg_backend_pid()")[0][0, as: Int32.self]
+        }
         #expect(replacement != victim)
     }
 
     @Test("a transaction left open by the body is rolled back before reuse")
     func rollsBackLeftovers() throws {
         let pool = try PostgresPool(
-            configuration: PostgresCluster.shared.createDatabase(applying: "CREATE TABLE t (id int)"), maxConnections: 1)
+            configuration: PostgresCluster.shared.createDatabase(applying: "CREATE TABLE t (id int)"),
+            maxConnections: 1)
         try pool.withConnection { connection in
             try connection.simpleQuery("BEGIN")
             try connection.execute("INSERT INTO t VALUES (1)")

@@ -7,7 +7,8 @@ import Testing
 struct StatementTests {
     @Test("a duplicate key is classified as uniqueViolation without echoing the value")
     func uniqueViolation() throws {
-        let connection = try freshConnection(applying: "CREATE TABLE n (jti text CONSTRAINT n_jti PRIMARY KEY)")
+        let connection = try freshConnection(
+            applying: "CREATE TABLE n (jti text CONSTRAINT n_jti PRIMARY KEY)")
         try connection.execute("INSERT INTO n VALUES ($1)", ["token-abc-123"])
         let error = postgresError { try connection.execute("INSERT INTO n VALUES ($1)", ["token-abc-123"]) }
         #expect(error?.code == .uniqueViolation)
@@ -92,7 +93,8 @@ struct StatementTests {
 
     @Test("a serializable conflict surfaces as a retryable serializationFailure")
     func serializationFailure() throws {
-        let first = try freshConnection(applying: "CREATE TABLE c (id int PRIMARY KEY, n int); INSERT INTO c VALUES (1, 0)")
+        let first = try freshConnection(
+            applying: "CREATE TABLE c (id int PRIMARY KEY, n int); INSERT INTO c VALUES (1, 0)")
         let second = try PostgresConnection(configuration: first.configuration)
         try first.simpleQuery("BEGIN ISOLATION LEVEL SERIALIZABLE")
         try second.simpleQuery("BEGIN ISOLATION LEVEL SERIALIZABLE")
@@ -134,7 +136,8 @@ struct StatementTests {
     func statementCacheBounds() throws {
         let cluster = try PostgresCluster.shared
         let database = try #require(try cluster.createDatabase().database)
-        let configuration = try PostgresConfiguration(cluster.url(database: database), statementCacheCapacity: 2)
+        let configuration = try PostgresConfiguration(
+            cluster.url(database: database), statementCacheCapacity: 2)
         let connection = try PostgresConnection(configuration: configuration)
         for index in 0..<5 { _ = try connection.query("SELECT $1::int + \(index)", [1]) }
         let count = try connection.query("SELECT count(*) FROM pg_prepared_statements")[0][0, as: Int.self]
