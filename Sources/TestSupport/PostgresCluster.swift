@@ -26,7 +26,7 @@ public final class PostgresCluster: Sendable {
         public static let immediate = StopMode("immediate")
     }
 
-    /// An error from starting or controlling the server; `output` holds the tool's output.
+    /// An error from starting or controlling the server, with the tool output and server log tail.
     public struct ClusterError: Error, CustomStringConvertible {
         public let description: String
     }
