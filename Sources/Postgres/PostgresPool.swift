@@ -13,6 +13,12 @@ public final class PostgresPool: Sendable {
         public var idle: Int
         /// Connections currently lent to callers.
         public var inUse: Int
+
+        /// Creates statistics (for comparisons in tests and metrics).
+        public init(idle: Int, inUse: Int) {
+            self.idle = idle
+            self.inUse = inUse
+        }
     }
 
     private struct State: Sendable {
@@ -48,6 +54,7 @@ public final class PostgresPool: Sendable {
     /// - Parameter timeout: how long to wait for a free connection (default `acquireTimeout`).
     /// - Throws: `.poolExhausted` after waiting `timeout`, `.poolClosed`, `.connectionFailed` when a
     ///   new connection cannot be opened, or whatever `body` throws.
+    @discardableResult
     public func withConnection<T>(timeout: Duration? = nil, _ body: (PostgresConnection) throws -> T) throws
         -> T
     {

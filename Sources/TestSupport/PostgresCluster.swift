@@ -7,7 +7,7 @@ import Synchronization
 #endif
 
 /// A throwaway PostgreSQL server for tests: `initdb` into a fresh directory under /tmp, a unix socket
-/// there plus 127.0.0.1 on a random free port, `fsync=off`.
+/// there plus 127.0.0.1 on a random free port, `fsync=off` (commits still survive an immediate stop).
 ///
 /// Use `PostgresCluster.shared` (started once per test process) with one `createDatabase()` per test;
 /// suites that stop the server make their own with `PostgresCluster.start()`. Every cluster is shut
@@ -26,7 +26,7 @@ public final class PostgresCluster: Sendable {
         public static let immediate = StopMode("immediate")
     }
 
-    /// An error from starting or controlling the server; `output` holds the tool's output.
+    /// An error from starting or controlling the server, with the tool output and server log tail.
     public struct ClusterError: Error, CustomStringConvertible {
         public let description: String
     }
@@ -184,8 +184,8 @@ public final class PostgresCluster: Sendable {
             port = \(port)
             listen_addresses = '127.0.0.1'
             unix_socket_directories = '\(socketDirectory)'
+            # fsync only matters when the OS crashes; commits stay durable across stop -m immediate.
             fsync = off
-            synchronous_commit = off
             full_page_writes = off
             max_connections = 300
             shared_buffers = 32MB
@@ -215,8 +215,8 @@ public final class PostgresCluster: Sendable {
         }
     }
 
-    /// Runs a PostgreSQL tool (as `postgres` via runuser when we are root); throws with its output
-    /// when it fails.
+    /// Runs a PostgreSQL tool (as `postgres` via runuser when we are root) from the socket directory
+    /// (a directory the tool may read), without PG* variables; throws with its output when it fails.
     private func run(_ executable: String, _ arguments: [String]) throws {
         let command = runAsPostgres ? Self.runuserPath() : executable
         let commandArguments = runAsPostgres ? ["-u", "postgres", "--", executable] + arguments : arguments
