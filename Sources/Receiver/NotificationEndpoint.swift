@@ -151,8 +151,12 @@ public final class ReceiverMetrics: Sendable {
     public let registry: MetricsRegistry
     /// Requests to the notification endpoint being handled now.
     public let inFlight: Gauge
-    /// Time to commit one notification.
+    /// Time from queuing a notification to its commit, as the request sees it.
     public let storageSeconds: Histogram
+    /// Rows per group-commit transaction.
+    public let batchSize: Histogram
+    /// Time to execute one group-commit transaction.
+    public let batchSeconds: Histogram
     let jwksSuccess: Counter
     let jwksFailure: Counter
 
@@ -161,6 +165,11 @@ public final class ReceiverMetrics: Sendable {
         inFlight = registry.gauge("siwa_requests_in_flight", help: "Notification requests being handled.")
         storageSeconds = registry.histogram(
             "siwa_storage_duration_seconds", help: "Time to commit one notification to PostgreSQL.")
+        batchSize = registry.histogram(
+            "siwa_commit_batch_size", help: "Notifications per group-commit transaction.",
+            buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
+        batchSeconds = registry.histogram(
+            "siwa_commit_batch_duration_seconds", help: "Time to execute one group-commit transaction.")
         jwksSuccess = registry.counter(
             "siwa_jwks_fetches_total", help: "Fetches of Apple's key set, by result.",
             labels: [("result", "success")])
@@ -184,6 +193,13 @@ public final class ReceiverMetrics: Sendable {
         registry.counter(
             "siwa_verification_failures_total", help: "Notifications refused (401) by reason.",
             labels: [("reason", reason)])
+    }
+
+    /// Records one committed batch.
+    public func recordBatch(size: Int, duration: Duration) {
+        batchSize.observe(Double(size))
+        let (seconds, attoseconds) = duration.components
+        batchSeconds.observe(Double(seconds) + Double(attoseconds) / 1e18)
     }
 
     /// Counts one key-set fetch.

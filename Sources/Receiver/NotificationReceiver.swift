@@ -22,6 +22,8 @@ public struct ReceiverConfiguration: Sendable {
     public var poolSize: Int
     /// How long a request may wait for a database connection before answering 503.
     public var poolTimeout: Duration
+    /// Group commit: committer threads, batch size, commit timeout.
+    public var storage: NotificationStore.Configuration
     /// HTTP limits: body size, connections, timeouts, threads.
     public var http: HTTPServer.Configuration
     /// How long shutdown waits for requests in flight.
@@ -31,14 +33,17 @@ public struct ReceiverConfiguration: Sendable {
     public init(
         host: String = "127.0.0.1", port: Int = 8080, database: PostgresConfiguration, audiences: Set<String>,
         jwks: JWKSSource, keys: KeyStore.Configuration = KeyStore.Configuration(), poolSize: Int = 16,
-        poolTimeout: Duration = .seconds(5), http: HTTPServer.Configuration = HTTPServer.Configuration(),
+        poolTimeout: Duration = .seconds(5), storage: NotificationStore.Configuration = .init(),
+        http: HTTPServer.Configuration = HTTPServer.Configuration(),
         shutdownGracePeriod: Duration = .seconds(10)
     ) throws {
         let audiences = Set(audiences.map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty })
         guard !audiences.isEmpty else {
             throw ConfigurationError("at least one audience (client ID) is required")
         }
-        guard poolSize > 0 else { throw ConfigurationError("the pool size must be at least 1") }
+        guard poolSize >= storage.committers else {
+            throw ConfigurationError("the pool size must be at least the number of committers")
+        }
         self.host = host
         self.port = port
         self.database = database
@@ -47,6 +52,7 @@ public struct ReceiverConfiguration: Sendable {
         self.keys = keys
         self.poolSize = poolSize
         self.poolTimeout = poolTimeout
+        self.storage = storage
         self.http = http
         self.shutdownGracePeriod = shutdownGracePeriod
     }
@@ -63,6 +69,7 @@ public final class NotificationReceiver: Sendable {
     public let metrics: ReceiverMetrics
     private let keys: KeyStore
     private let pool: PostgresPool
+    private let store: NotificationStore
     private let server: HTTPServer
     private let logger: Logger
 
@@ -87,9 +94,12 @@ public final class NotificationReceiver: Sendable {
         pool = PostgresPool(
             configuration: configuration.database, maxConnections: configuration.poolSize,
             acquireTimeout: configuration.poolTimeout)
+        store = NotificationStore(pool: pool, configuration: configuration.storage) { size, duration in
+            metrics.recordBatch(size: size, duration: duration)
+        }
         let endpoint = NotificationEndpoint(
             verifier: try NotificationVerifier(audiences: configuration.audiences), keys: keys,
-            store: NotificationStore(pool: pool), logger: logger, metrics: metrics)
+            store: store, logger: logger, metrics: metrics)
         var http = configuration.http
         http.host = configuration.host
         http.port = configuration.port
@@ -116,6 +126,7 @@ public final class NotificationReceiver: Sendable {
     @discardableResult
     public func shutdown() -> Bool {
         let drained = server.shutdown(gracePeriod: configuration.shutdownGracePeriod)
+        store.close()
         keys.stop()
         pool.close()
         logger.info("siwa-receiver stopped", ["drained": .bool(drained)])

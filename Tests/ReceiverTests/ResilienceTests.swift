@@ -122,3 +122,41 @@ final class ConcurrentResults: @unchecked Sendable {
     func set(_ index: Int, _ value: Int) { lock.withLock { storage[index] = value } }
     var values: [Int] { lock.withLock { storage } }
 }
+
+@Suite("Group commit")
+struct GroupCommitTests {
+    @Test("the same notification delivered 20 times at once is accepted once and stored once")
+    func concurrentDuplicates() throws {
+        let harness = try ReceiverHarness()
+        let jti = UUID().uuidString
+        let token = TestSigning.token(jti: jti)
+        let bodies = ConcurrentResults(count: 20)
+        let accepted = ConcurrentResults(count: 20)
+        DispatchQueue.concurrentPerform(iterations: 20) { i in
+            let response = try? harness.deliver(token)
+            bodies.set(i, response?.status ?? -1)
+            accepted.set(i, response?.text == #"{"status":"accepted"}"# ? 1 : 0)
+        }
+        #expect(bodies.values.allSatisfy { $0 == 200 })
+        #expect(accepted.values.reduce(0, +) == 1)
+        #expect(try harness.rowCount(jti: jti) == 1)
+    }
+
+    @Test("a row the database refuses fails alone; the rest of its batch is stored")
+    func poisonedRowIsIsolated() throws {
+        let harness = try ReceiverHarness(poolSize: 4)
+        // PostgreSQL text cannot hold U+0000; Apple never sends it, but the batch must not suffer.
+        let tokens = (0..<40).map { i in TestSigning.token(subject: i == 7 ? "bad\u{0}sub" : "001.batch.\(i)")
+        }
+        let statuses = ConcurrentResults(count: tokens.count)
+        DispatchQueue.concurrentPerform(iterations: tokens.count) { i in
+            statuses.set(i, (try? harness.deliver(tokens[i]).status) ?? -1)
+        }
+        let values = statuses.values
+        #expect(values[7] == 503)
+        #expect(values.enumerated().allSatisfy { $0.offset == 7 || $0.element == 200 })
+        #expect(try harness.totalRows() == 39)
+        let metrics = try harness.get("/metrics").text
+        #expect(metrics.contains("siwa_commit_batch_size_count"))
+    }
+}
