@@ -40,6 +40,7 @@ let package = Package(
         .executableTarget(
             name: "siwactl",
             dependencies: ["AppleNotifications", "Postgres", "ServiceSupport", "HTTPServer"]),
+        .executableTarget(name: "siwa-bench", dependencies: ["AppleNotifications"]),
 
         // Shared test fixtures: a throwaway PostgreSQL cluster, a local JWKS server, a signer.
         .target(name: "TestSupport", dependencies: ["AppleNotifications", "Postgres", "HTTPServer"]),
