@@ -50,7 +50,7 @@ let package = Package(
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport"]),
         .testTarget(name: "ReceiverTests", dependencies: ["Receiver", "TestSupport"]),
         .testTarget(name: "WorkerTests", dependencies: ["Worker", "Receiver", "TestSupport"]),
-        .testTarget(name: "AdminSQLTests", dependencies: ["Postgres", "TestSupport"]),
+        .testTarget(name: "AdminSQLTests", dependencies: ["Postgres", "Receiver", "TestSupport"]),
     ]
 )
 

@@ -1,5 +1,7 @@
+import AppleNotifications
 import Foundation
 import Postgres
+import Receiver
 import TestSupport
 
 /// The group roles schema.sql creates, each with a login role (member of it) that tests connect as.
@@ -57,12 +59,16 @@ struct AdminDatabase: Sendable {
         try PostgresConnection(configuration: superuser)
     }
 
+    /// A configuration for `role`'s login role.
+    func configuration(as role: AdminRole) throws -> PostgresConfiguration {
+        let cluster = try PostgresCluster.shared
+        return try PostgresConfiguration(
+            "host=\(cluster.socketDirectory) port=\(cluster.port) dbname=\(name) user=\(role.loginName)")
+    }
+
     /// A connection as `role`'s login role.
     func connect(as role: AdminRole) throws -> PostgresConnection {
-        let cluster = try PostgresCluster.shared
-        let configuration = try PostgresConfiguration(
-            "host=\(cluster.socketDirectory) port=\(cluster.port) dbname=\(name) user=\(role.loginName)")
-        return try PostgresConnection(configuration: configuration)
+        try PostgresConnection(configuration: configuration(as: role))
     }
 }
 
@@ -81,24 +87,23 @@ func sqlState(_ body: () throws -> Void) -> String? {
 /// insufficient_privilege.
 let permissionDenied = "42501"
 
-/// The receiver's INSERT, in the shape of `NotificationStore.insertSQL`.
-let receiverInsertSQL = """
-    INSERT INTO siwa.notifications
-        (jti, event_type, sub, audience, email, is_private_email, event_time, issued_at, expires_at, raw_token)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-    ON CONFLICT (jti) DO NOTHING
-    """
-
-/// Parameters for `receiverInsertSQL`, typed like the receiver's.
-func receiverInsertParameters(jti: String, sub: String, eventType: String = "consent-revoked")
-    -> [PostgresData?]
-{
+/// Stores a notification exactly as siwa-receiver does (its `NotificationStore`), connected as `role`.
+@discardableResult
+func storeAsReceiver(
+    _ database: AdminDatabase, jti: String, sub: String, eventType: String = "consent-revoked",
+    role: AdminRole = .receiver
+) throws -> NotificationStore.Outcome {
+    let pool = PostgresPool(configuration: try database.configuration(as: role), maxConnections: 1)
+    defer { pool.close() }
+    let store = NotificationStore(pool: pool, configuration: .init(committers: 1))
+    defer { store.close() }
     let now = Date()
-    return [
-        .text(jti), .text(eventType), .text(sub), .text("com.example.app"), nil, nil,
-        .date(now.addingTimeInterval(-60)), .date(now), .date(now.addingTimeInterval(86_400)),
-        .text("header.payload.signature"),
-    ]
+    let notification = ServerNotification(
+        eventType: EventType(rawValue: eventType), subject: sub, eventTime: now.addingTimeInterval(-60),
+        jti: jti,
+        audience: "com.example.app", audiences: ["com.example.app"], issuedAt: now,
+        expiresAt: now.addingTimeInterval(86_400))
+    return try store.store(notification, rawToken: "header.payload.signature")
 }
 
 /// The users of the seeded data set, and what happened to them.

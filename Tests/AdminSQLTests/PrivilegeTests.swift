@@ -74,13 +74,12 @@ struct PrivilegeTests {
         defer { receiver.close() }
         #expect(try receiver.query("SELECT 1").first?[0, as: Int.self] == 1)
 
-        let parameters = receiverInsertParameters(jti: "jti-receiver-1", sub: "001000.rita")
-        #expect(try receiver.execute(receiverInsertSQL, parameters) == 1)
+        #expect(try storeAsReceiver(database, jti: "jti-receiver-1", sub: "001000.rita") == .accepted)
         let woken = try listener.waitForNotifications(timeout: .seconds(10))
         #expect(woken.map(\.channel) == ["siwa_notifications"])
 
         // A redelivery writes nothing and wakes nobody: the next notification is our marker.
-        #expect(try receiver.execute(receiverInsertSQL, parameters) == 0)
+        #expect(try storeAsReceiver(database, jti: "jti-receiver-1", sub: "001000.rita") == .duplicate)
         try receiver.notify("siwa_notifications", payload: "marker")
         let next = try listener.waitForNotifications(timeout: .seconds(10))
         #expect(next.map(\.payload) == ["marker"])
@@ -125,9 +124,7 @@ struct PrivilegeTests {
             INSERT INTO siwa.refresh_tokens (sub, token_sha256, token_ciphertext, created_at)
                 VALUES ('001000.walt', '\\x0a', '\\x0b', now() - interval '1 day');
             """)
-        let receiver = try database.connect(as: .receiver)
-        defer { receiver.close() }
-        try receiver.execute(receiverInsertSQL, receiverInsertParameters(jti: "jti-walt", sub: "001000.walt"))
+        try storeAsReceiver(database, jti: "jti-walt", sub: "001000.walt")
 
         let worker = try database.connect(as: .worker)
         defer { worker.close() }
