@@ -1,19 +1,28 @@
 import Foundation
 import Postgres
-import Testing
 import TestSupport
+import Testing
 
 @Suite("siwactl events")
 struct EventsTests {
     /// Six notifications of two users, in every state, received over the last three days.
     static func seeded() throws -> TestDatabase {
         let database = try TestDatabase()
-        try database.insert(jti: "e1", type: "email-disabled", sub: "alice", state: "applied", receivedAgo: 3 * 86400, appliedAfter: 1)
-        try database.insert(jti: "e2", type: "consent-revoked", sub: "bob", state: "dead", attempts: 10, receivedAgo: 2 * 86400, lastError: "boom")
-        try database.insert(jti: "e3", type: "account-delete", sub: "alice", state: "skipped", receivedAgo: 5 * 3600, appliedAfter: 1)
-        try database.insert(jti: "e4", type: "consent-revoked", sub: "alice", state: "pending", receivedAgo: 3600)
-        try database.insert(jti: "e5", type: "email-enabled", sub: "bob", state: "applied", receivedAgo: 600, appliedAfter: 2)
-        try database.insert(jti: "e6", type: "consent-revoked", sub: "bob", state: "dead", attempts: 10, receivedAgo: 60)
+        try database.insert(
+            jti: "e1", type: "email-disabled", sub: "alice", state: "applied", receivedAgo: 3 * 86400,
+            appliedAfter: 1)
+        try database.insert(
+            jti: "e2", type: "consent-revoked", sub: "bob", state: "dead", attempts: 10,
+            receivedAgo: 2 * 86400, lastError: "boom")
+        try database.insert(
+            jti: "e3", type: "account-delete", sub: "alice", state: "skipped", receivedAgo: 5 * 3600,
+            appliedAfter: 1)
+        try database.insert(
+            jti: "e4", type: "consent-revoked", sub: "alice", state: "pending", receivedAgo: 3600)
+        try database.insert(
+            jti: "e5", type: "email-enabled", sub: "bob", state: "applied", receivedAgo: 600, appliedAfter: 2)
+        try database.insert(
+            jti: "e6", type: "consent-revoked", sub: "bob", state: "dead", attempts: 10, receivedAgo: 60)
         return database
     }
 
@@ -33,7 +42,10 @@ struct EventsTests {
             (["--state", "dead"], ["e6", "e2"]),
             (["--since", "2h"], ["e6", "e5", "e4"]),
             (["--since", "1d", "--sub", "bob"], ["e6", "e5"]),
-            (["--state", "dead", "--sub", "bob", "--type", "consent-revoked", "--since", "3d"], ["e6", "e2"]),
+            (
+                ["--state", "dead", "--sub", "bob", "--type", "consent-revoked", "--since", "3d"],
+                ["e6", "e2"]
+            ),
             (["--limit", "2"], ["e6", "e5"]),
             (["--sub", "alice' OR '1'='1"], []),
         ])
@@ -51,7 +63,9 @@ struct EventsTests {
     @Test("JSON lines carry every column an operator needs")
     func jsonShape() throws {
         let database = try Self.seeded()
-        let result = try siwactl(["events", "--database-url", database.url, "--json", "--sub", "bob", "--state", "dead"])
+        let result = try siwactl([
+            "events", "--database-url", database.url, "--json", "--sub", "bob", "--state", "dead",
+        ])
         let rows = try jsonLines(result.standardOutput)
         let old = try #require(rows.last)
         #expect(old["jti"] as? String == "e2")
@@ -73,7 +87,10 @@ struct EventsTests {
         let typeColumn = try #require(lines[0].range(of: "TYPE")).lowerBound.utf16Offset(in: lines[0])
         for line in lines.dropFirst() {
             let index = line.index(line.startIndex, offsetBy: typeColumn)
-            #expect(["email-disabled", "account-delete", "consent-revoked"].contains { line[index...].hasPrefix($0) })
+            #expect(
+                ["email-disabled", "account-delete", "consent-revoked"].contains {
+                    line[index...].hasPrefix($0)
+                })
         }
         #expect(lines[1].contains("e4") && lines[3].contains("e1"))
     }
@@ -97,14 +114,17 @@ struct ReplayTests {
         #expect(result.standardOutput == "requeued 1 notification\n")
         #expect(try database.state(of: "e2") == "pending")
         #expect(try database.state(of: "e6") == "dead")
-        let attempts = try database.query("SELECT attempts FROM siwa.notifications WHERE jti = 'e2'")[0][0, as: Int.self]
+        let attempts = try database.query("SELECT attempts FROM siwa.notifications WHERE jti = 'e2'")[0][
+            0, as: Int.self]
         #expect(attempts == 0)
     }
 
     @Test("requeues every dead notification, or only those received since a time")
     func byState() throws {
         let database = try EventsTests.seeded()
-        let recent = try siwactl(["replay", "--database-url", database.url, "--state", "dead", "--since", "1h"])
+        let recent = try siwactl([
+            "replay", "--database-url", database.url, "--state", "dead", "--since", "1h",
+        ])
         #expect(recent.standardOutput == "requeued 1 notification\n")
         #expect(try database.state(of: "e6") == "pending")
         #expect(try database.state(of: "e2") == "dead")
@@ -129,7 +149,9 @@ struct ReplayTests {
 
     @Test(
         "needs exactly one of --jti and --state",
-        arguments: [[], ["--jti", "a", "--state", "dead"], ["--state", "applied"], ["--jti", "a", "--since", "1h"]])
+        arguments: [
+            [], ["--jti", "a", "--state", "dead"], ["--state", "applied"], ["--jti", "a", "--since", "1h"],
+        ])
     func usage(arguments: [String]) throws {
         let result = try siwactl(["replay", "--database-url", "postgresql://nobody@/none"] + arguments)
         #expect(result.status == 2)

@@ -3,8 +3,8 @@ import Foundation
 import Postgres
 import Receiver
 import ServiceSupport
-import Testing
 import TestSupport
+import Testing
 
 /// `siwactl fake-apple` running as a child process, serving DIR/jwks.json.
 final class FakeApple {
@@ -70,7 +70,9 @@ final class InProcessReceiver {
         try receiver.start()
     }
 
-    var notificationURL: String { "http://127.0.0.1:\(receiver.port!)\(NotificationEndpoint.notificationPath)" }
+    var notificationURL: String {
+        "http://127.0.0.1:\(receiver.port!)\(NotificationEndpoint.notificationPath)"
+    }
 
     func deliver(_ token: String) throws -> TestHTTPResponse {
         try TestHTTPClient.post(
@@ -195,7 +197,8 @@ struct SimulateTests {
         #expect(result.standardOutput.contains("1/2 jti="))
         #expect(result.standardOutput.contains(" 401 "))
         #expect(result.standardOutput.contains("sent 2: 0 answered 200, 2 did not"))
-        #expect(try receiver.database.query("SELECT count(*) FROM siwa.notifications")[0][0, as: Int.self] == 0)
+        #expect(
+            try receiver.database.query("SELECT count(*) FROM siwa.notifications")[0][0, as: Int.self] == 0)
     }
 
     @Test("an unreachable receiver is reported per notification and fails")

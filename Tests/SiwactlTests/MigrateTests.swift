@@ -1,8 +1,8 @@
 import Foundation
 import Postgres
 import SiwaSchema
-import Testing
 import TestSupport
+import Testing
 
 @Suite("siwactl migrate")
 struct MigrateTests {
@@ -41,7 +41,9 @@ struct MigrateTests {
         try FileManager.default.copyItem(at: ExecutableLocator.url(named: "siwactl"), to: copy)
         let result = try Subprocess.run(
             copy.path, ["migrate"],
-            environment: ProcessInfo.processInfo.environment.merging(["SIWA_DATABASE_URL": database.url]) { $1 },
+            environment: ProcessInfo.processInfo.environment.merging(["SIWA_DATABASE_URL": database.url]) {
+                $1
+            },
             workingDirectory: directory.path)
         #expect(result.status == 0, "\(result.standardError)")
         #expect(try database.query("SELECT count(*) FROM siwa.event_history")[0][0, as: Int.self] == 0)

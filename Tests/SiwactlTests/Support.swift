@@ -52,19 +52,22 @@ struct TestDatabase {
                     now() - make_interval(secs => $4) + make_interval(secs => $8::float8), $9)
             """,
             [
-                .text(jti), .text(type), .text(sub), .double(receivedAgo), .text(state), .int(Int64(attempts)),
+                .text(jti), .text(type), .text(sub), .double(receivedAgo), .text(state),
+                .int(Int64(attempts)),
                 .double(dueIn), appliedAfter.map(PostgresData.double), lastError.map(PostgresData.text),
             ])
     }
 
     func state(of jti: String) throws -> String? {
-        try query("SELECT state FROM siwa.notifications WHERE jti = $1", [.text(jti)]).first?[0, as: String.self]
+        try query("SELECT state FROM siwa.notifications WHERE jti = $1", [.text(jti)]).first?[
+            0, as: String.self]
     }
 }
 
 /// A scratch directory removed by the caller.
 func scratchDirectory() throws -> URL {
-    let url = FileManager.default.temporaryDirectory.appendingPathComponent("siwactl-tests-\(UUID().uuidString)")
+    let url = FileManager.default.temporaryDirectory.appendingPathComponent(
+        "siwactl-tests-\(UUID().uuidString)")
     try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
     return url
 }
