@@ -21,24 +21,6 @@ enum StatsVerb {
         }
     }
 
-    /// The same columns as `siwa.queue_health`, computed directly, for databases whose schema predates
-    /// that view.
-    static let fallbackQuery = """
-        SELECT count(*) FILTER (WHERE state = 'pending') AS pending,
-               count(*) FILTER (WHERE state = 'pending' AND next_attempt_at <= now()) AS due,
-               count(*) FILTER (WHERE state = 'pending' AND attempts > 0) AS retrying,
-               count(*) FILTER (WHERE state = 'dead') AS dead,
-               extract(epoch FROM now() - min(received_at) FILTER (WHERE state = 'pending'))::float8
-                   AS oldest_pending_seconds,
-               count(*) FILTER (WHERE received_at >= now() - interval '1 hour') AS received_last_hour,
-               count(*) FILTER (WHERE applied_at >= now() - interval '1 hour') AS applied_last_hour,
-               extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY applied_at - received_at)
-                   FILTER (WHERE applied_at >= now() - interval '1 hour'))::float8 AS apply_latency_p50_seconds,
-               extract(epoch FROM percentile_cont(0.99) WITHIN GROUP (ORDER BY applied_at - received_at)
-                   FILTER (WHERE applied_at >= now() - interval '1 hour'))::float8 AS apply_latency_p99_seconds
-          FROM siwa.notifications
-        """
-
     /// The view's columns, in order.
     struct Health {
         var pending: Int
@@ -96,11 +78,11 @@ enum StatsVerb {
     static func run(_ parsed: ParsedCommand) throws {
         let connection = try connect(parsed)
         defer { connection.close() }
-        let health = try database("reading the queue's health") {
-            let sql =
-                try relationExists("siwa.queue_health", on: connection)
-                ? "SELECT * FROM siwa.queue_health" : fallbackQuery
-            return try Health(connection.query(sql)[0])
+        let health = try database("reading siwa.queue_health") {
+            guard try relationExists("siwa.queue_health", on: connection) else {
+                throw ToolFailure("the database has no siwa.queue_health view; run 'siwactl migrate' first")
+            }
+            return try Health(connection.query("SELECT * FROM siwa.queue_health")[0])
         }
         writeOut(parsed.flag("json") ? jsonLine(health.json) : health.text)
     }

@@ -198,6 +198,14 @@ struct StatsTests {
         #expect(text.standardOutput.contains("2.500 s"))
     }
 
+    @Test("a database without the schema is reported with the fix")
+    func unmigrated() throws {
+        let database = try TestDatabase(withSchema: false)
+        let result = try siwactl(["stats", "--database-url", database.url])
+        #expect(result.status == 1)
+        #expect(result.standardError.contains("siwactl migrate"))
+    }
+
     @Test("an empty queue has no ages or latencies")
     func empty() throws {
         let database = try TestDatabase()
