@@ -34,12 +34,17 @@ let package = Package(
             dependencies: ["AppleNotifications", "Postgres", "HTTPServer", "ServiceSupport"]),
         .target(name: "Worker", dependencies: ["Postgres", "ServiceSupport", "HTTPServer"]),
 
+        // schema.sql embedded as a Swift constant at build time (schema.sql stays the only source).
+        .target(name: "SiwaSchema", plugins: ["EmbedSchema"]),
+        .plugin(name: "EmbedSchema", capability: .buildTool(), dependencies: ["embed-schema"]),
+        .executableTarget(name: "embed-schema"),
+
         // Executables: parse configuration, wire, run.
         .executableTarget(name: "siwa-receiver", dependencies: ["Receiver", "ServiceSupport"]),
         .executableTarget(name: "siwa-worker", dependencies: ["Worker", "ServiceSupport"]),
         .executableTarget(
             name: "siwactl",
-            dependencies: ["AppleNotifications", "Postgres", "ServiceSupport", "HTTPServer"]),
+            dependencies: ["AppleNotifications", "Postgres", "ServiceSupport", "HTTPServer", "SiwaSchema"]),
         .executableTarget(name: "siwa-bench", dependencies: ["AppleNotifications"]),
 
         // Shared test fixtures: a throwaway PostgreSQL cluster, a local JWKS server, a signer.
@@ -51,12 +56,14 @@ let package = Package(
         .testTarget(name: "ReceiverTests", dependencies: ["Receiver", "TestSupport"]),
         .testTarget(name: "WorkerTests", dependencies: ["Worker", "Receiver", "TestSupport"]),
         .testTarget(name: "AdminSQLTests", dependencies: ["Postgres", "Receiver", "TestSupport"]),
+        .testTarget(name: "SiwactlTests", dependencies: ["SiwaSchema", "Receiver", "TestSupport"]),
     ]
 )
 
 // One place for language settings: strict concurrency everywhere Swift is compiled.
 let cTargets: Set<String> = ["CHTTPShim"]
-for target in package.targets where target.type != .system && !cTargets.contains(target.name) {
+for target in package.targets
+where target.type != .system && target.type != .plugin && !cTargets.contains(target.name) {
     var settings = target.swiftSettings ?? []
     settings.append(.swiftLanguageMode(.v6))
     settings.append(.enableUpcomingFeature("ExistentialAny"))

@@ -10,6 +10,7 @@
 #include <openssl/rand.h>
 #include <openssl/bio.h>
 #include <openssl/rsa.h>
+#include <openssl/ec.h>
 
 /* Macros and constants that do not import into Swift, as functions. */
 static inline const char *siwa_ossl_pkey_param_rsa_n(void) { return OSSL_PKEY_PARAM_RSA_N; }

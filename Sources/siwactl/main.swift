@@ -4,7 +4,10 @@ import ServiceSupport
 // siwactl: the operator's tool. One file per verb; this file only dispatches.
 // Exit codes: 0 success, 1 failure (e.g. a token that does not verify), 2 usage error.
 
-let verbs: [Verb] = [KeygenVerb.verb, SignVerb.verb, VerifyVerb.verb]
+let verbs: [Verb] = [
+    KeygenVerb.verb, SignVerb.verb, VerifyVerb.verb, ClientSecretVerb.verb, MigrateVerb.verb, EventsVerb.verb,
+    ReplayVerb.verb, StatsVerb.verb, FakeAppleVerb.verb, SimulateVerb.verb,
+]
 
 func topLevelHelp() -> String {
     var text =

@@ -1,0 +1,134 @@
+import AppleNotifications
+import Foundation
+import ServiceSupport
+
+/// `siwactl client-secret`: the ES256 `client_secret` for Apple's token endpoint, and a health check
+/// of an existing one (an expired secret is the most common production outage).
+enum ClientSecretVerb {
+    static let makeSpec = CommandSpec(
+        name: "siwactl client-secret",
+        abstract: """
+            Print the client_secret JWT for Apple's token and revoke endpoints, signed (ES256) with the
+            P-256 key of your AuthKey_KEYID.p8. It expires after --days (Apple allows at most about 6
+            months). Check one later with 'siwactl client-secret check TOKEN'.
+            """,
+        options: [
+            CommandOption("team-id", valueName: "T", help: "Your Apple team ID (iss).", isRequired: true),
+            CommandOption("key-id", valueName: "K", help: "The key's ID (kid).", isRequired: true),
+            CommandOption(
+                "client-id", valueName: "C", help: "The client ID: bundle ID or Services ID (sub).",
+                isRequired: true),
+            CommandOption(
+                "key", valueName: "P8", help: "The private key file (PKCS#8 PEM).", isRequired: true),
+            CommandOption(
+                "days", valueName: "N", help: "Lifetime in days, 1 to 180.", defaultValue: "180"),
+        ])
+
+    static let checkSpec = CommandSpec(
+        name: "siwactl client-secret check",
+        abstract: """
+            Print how many days a client_secret has left and its header and claims (never the signature).
+            Exit status 1 when it has expired, expires within --min-days, or is not what Apple accepts;
+            with --key, also when its signature does not match the key.
+            """,
+        options: [
+            CommandOption(
+                "min-days", valueName: "N", help: "Fail when fewer than N days remain.", defaultValue: "30"),
+            CommandOption(
+                "key", valueName: "P8", help: "Also verify the signature with this key's public half."),
+        ],
+        positionals: [CommandPositional("TOKEN", help: "The client_secret, or '-' to read it from stdin.")])
+
+    static let verb = Verb(
+        name: "client-secret", abstract: "Make or check the client_secret for Apple's token API."
+    ) {
+        arguments, environment in
+        if arguments.first == "check" {
+            switch parse(checkSpec, Array(arguments.dropFirst()), environment) {
+            case .failure(let exit): return exit.status
+            case .success(let parsed):
+                guard let minimumDays = Double(parsed.value("min-days") ?? ""), minimumDays >= 0,
+                    minimumDays.isFinite
+                else {
+                    writeError("\(checkSpec.name): --min-days must be a number of days, 0 or more")
+                    return ExitStatus.usage
+                }
+                return await runReportingFailure(checkSpec.name) {
+                    try check(parsed, minimumDays: minimumDays)
+                }
+            }
+        }
+        switch parse(makeSpec, arguments, environment) {
+        case .failure(let exit): return exit.status
+        case .success(let parsed):
+            guard let days = Int(parsed.value("days") ?? ""), (1...180).contains(days) else {
+                writeError(
+                    "\(makeSpec.name): --days must be a whole number from 1 to 180 (Apple's limit is 15777000 s)"
+                )
+                return ExitStatus.usage
+            }
+            return await runReportingFailure(makeSpec.name) { try make(parsed, days: days) }
+        }
+    }
+
+    static func make(_ parsed: ParsedCommand, days: Int) throws {
+        let signer = try ClientSecretSigner(privateKeyPEM: try readText(path: parsed.value("key")!))
+        let now = Date()
+        let token = try signer.sign(
+            teamID: parsed.value("team-id")!, keyID: parsed.value("key-id")!,
+            clientID: parsed.value("client-id")!,
+            issuedAt: now, lifetime: TimeInterval(days) * 86400)
+        writeOut(token + "\n")
+        writeError(
+            "expires \(VerifyVerb.formatISO8601(now.addingTimeInterval(TimeInterval(days) * 86400))) (in \(days) days)"
+        )
+    }
+
+    static func check(_ parsed: ParsedCommand, minimumDays: Double) throws {
+        var token = parsed.positionals[0]
+        if token == "-" {
+            token = String(decoding: FileHandle.standardInput.readDataToEndOfFile(), as: UTF8.self)
+        }
+        token = token.trimmingCharacters(in: .whitespacesAndNewlines)
+        let claims = try ClientSecretClaims(decoding: token)
+        let now = Date()
+        let days = claims.remaining(now: now) / 86400
+        var problems: [String] = []
+        writeOut(
+            """
+            expires: \(VerifyVerb.formatISO8601(claims.expiresAt)) (\(String(format: "%.1f", days)) days \
+            \(days < 0 ? "ago" : "from now"))
+            alg: \(claims.algorithm)
+            kid: \(claims.keyID)
+            iss (team ID): \(claims.teamID)
+            sub (client ID): \(claims.clientID)
+            aud: \(claims.audience)
+            iat: \(VerifyVerb.formatISO8601(claims.issuedAt))
+
+            """)
+        if days < 0 {
+            problems.append("it has expired")
+        } else if days < minimumDays {
+            problems.append(
+                "it expires in \(String(format: "%.1f", days)) days, fewer than \(String(format: "%g", minimumDays))"
+            )
+        }
+        if claims.algorithm != "ES256" { problems.append("alg is not ES256") }
+        if claims.audience != ClientSecretSigner.audience {
+            problems.append("aud is not \(ClientSecretSigner.audience)")
+        }
+        if claims.expiresAt.timeIntervalSince(claims.issuedAt) > ClientSecretSigner.maximumLifetime {
+            problems.append("exp - iat exceeds Apple's limit of \(Int(ClientSecretSigner.maximumLifetime)) s")
+        }
+        if let keyPath = parsed.value("key") {
+            let signer = try ClientSecretSigner(privateKeyPEM: try readText(path: keyPath))
+            if signer.verifySignature(of: token) {
+                writeOut("signature: valid for \(keyPath)\n")
+            } else {
+                writeOut("signature: INVALID for \(keyPath)\n")
+                problems.append("the signature does not match \(keyPath)")
+            }
+        }
+        if !problems.isEmpty { throw ToolFailure(problems.joined(separator: "; ")) }
+    }
+}

@@ -1,0 +1,114 @@
+import Foundation
+import Postgres
+import ServiceSupport
+
+/// The `--database-url` option shared by the verbs that read or change the database.
+let databaseOption = CommandOption(
+    "database-url", valueName: "URL", help: "PostgreSQL URL or conninfo.", isRequired: true,
+    environmentVariable: "SIWA_DATABASE_URL")
+
+/// Opens one connection from `--database-url`; failures become one line without the password.
+func connect(_ parsed: ParsedCommand) throws -> PostgresConnection {
+    let configuration: PostgresConfiguration
+    do {
+        configuration = try PostgresConfiguration(
+            parsed.value("database-url") ?? "", applicationName: "siwactl")
+    } catch {
+        throw ToolFailure("invalid --database-url: \(error.message)")
+    }
+    do {
+        return try PostgresConnection(configuration: configuration)
+    } catch {
+        throw ToolFailure("cannot connect to \(configuration): \(error.message)")
+    }
+}
+
+/// Runs `body`, turning database errors into one line naming what was being done.
+func database<T>(_ what: String, _ body: () throws -> T) throws -> T {
+    do {
+        return try body()
+    } catch let error as PostgresError {
+        throw ToolFailure("\(what) failed: \(error.message)")
+    }
+}
+
+/// Whether a relation (table or view) such as `siwa.queue_health` exists.
+func relationExists(_ name: String, on connection: PostgresConnection) throws -> Bool {
+    try connection.query("SELECT to_regclass($1) IS NOT NULL", [.text(name)])[0][0, as: Bool.self]
+}
+
+/// Parses `--since`: an ISO 8601 date-time or date, or a relative age such as `90s`, `15m`, `2h`,
+/// `3d`, `1w` (that long before `now`).
+func parseSince(_ text: String, now: Date = Date()) -> Date? {
+    let trimmed = text.trimmingCharacters(in: .whitespaces)
+    if let unit = trimmed.last, let count = Double(trimmed.dropLast()), count.isFinite, count >= 0 {
+        let seconds: Double? =
+            switch unit {
+            case "s": 1
+            case "m": 60
+            case "h": 3600
+            case "d": 86400
+            case "w": 7 * 86400
+            default: nil
+            }
+        if let seconds { return now.addingTimeInterval(-count * seconds) }
+    }
+    if let date = VerifyVerb.parseISO8601(trimmed) { return date }
+    let dateOnly = ISO8601DateFormatter()
+    dateOnly.formatOptions = [.withFullDate]
+    return dateOnly.date(from: trimmed)
+}
+
+/// `2026-01-31 12:00:05Z`: second precision, for tables.
+func formatShort(_ date: Date) -> String {
+    let formatter = ISO8601DateFormatter()
+    formatter.formatOptions = [
+        .withFullDate, .withTime, .withColonSeparatorInTime, .withSpaceBetweenDateAndTime,
+    ]
+    return formatter.string(from: date) + "Z"
+}
+
+/// A duration for people: `42s`, `3m 05s`, `2h 10m`, `3d 4h`.
+func formatAge(_ seconds: Double) -> String {
+    let total = Int(seconds.rounded(.down))
+    if total < 60 { return "\(total)s" }
+    if total < 3600 { return "\(total / 60)m \(String(format: "%02d", total % 60))s" }
+    if total < 86400 { return "\(total / 3600)h \(String(format: "%02d", total % 3600 / 60))m" }
+    return "\(total / 86400)d \(total % 86400 / 3600)h"
+}
+
+/// Left-aligned columns separated by two spaces, with a header row.
+func renderTable(header: [String], rows: [[String]]) -> String {
+    var widths = header.map(\.count)
+    for row in rows {
+        for (index, cell) in row.enumerated() { widths[index] = max(widths[index], cell.count) }
+    }
+    func line(_ cells: [String]) -> String {
+        var text = ""
+        for (index, cell) in cells.enumerated() {
+            if index == cells.count - 1 {
+                text += cell
+            } else {
+                text += cell + String(repeating: " ", count: widths[index] - cell.count + 2)
+            }
+        }
+        return text.trimmingTrailingSpaces() + "\n"
+    }
+    return ([header] + rows).map(line).joined()
+}
+
+/// One JSON object per line, keys sorted, slashes unescaped.
+func jsonLine(_ object: [String: Any]) -> String {
+    let data =
+        (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]))
+        ?? Data("{}".utf8)
+    return String(decoding: data, as: UTF8.self) + "\n"
+}
+
+extension String {
+    fileprivate func trimmingTrailingSpaces() -> String {
+        var copy = self
+        while copy.last == " " { copy.removeLast() }
+        return copy
+    }
+}

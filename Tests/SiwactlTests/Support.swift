@@ -1,0 +1,93 @@
+import Foundation
+import Postgres
+import SiwaSchema
+import TestSupport
+
+/// Runs the built `siwactl` with a clean environment (no SIWA_* variables from the caller).
+func siwactl(
+    _ arguments: [String], environment extra: [String: String] = [:], input: Data? = nil,
+    executable: URL = ExecutableLocator.url(named: "siwactl")
+) throws -> ExecutableLocator.Result {
+    var environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") }
+    environment.merge(extra) { $1 }
+    return try ExecutableLocator.run(
+        executable, arguments: arguments, environment: environment, input: input, timeout: .seconds(60))
+}
+
+/// A fresh database in the shared cluster, optionally with the schema applied, and its URL.
+struct TestDatabase {
+    let configuration: PostgresConfiguration
+    let url: String
+
+    init(withSchema: Bool = true) throws {
+        let cluster = try PostgresCluster.shared
+        configuration = try cluster.createDatabase(applying: withSchema ? SiwaSchema.sql : nil)
+        url = cluster.url(database: configuration.database!)
+    }
+
+    func connect() throws -> PostgresConnection { try PostgresConnection(configuration: configuration) }
+
+    func query(_ sql: String, _ parameters: [PostgresData?] = []) throws -> PostgresRows {
+        let connection = try connect()
+        defer { connection.close() }
+        return try connection.query(sql, parameters)
+    }
+
+    /// Inserts one notification as the receiver and worker would have left it.
+    /// - Parameters:
+    ///   - receivedAgo: seconds before now that it was received.
+    ///   - appliedAfter: seconds after receipt that it was applied (nil: not applied).
+    ///   - dueIn: seconds from now until its next attempt.
+    func insert(
+        jti: String, type: String = "consent-revoked", sub: String = "001.sub", state: String = "pending",
+        attempts: Int = 0, receivedAgo: Double = 0, appliedAfter: Double? = nil, dueIn: Double = 0,
+        lastError: String? = nil
+    ) throws {
+        try query(
+            """
+            INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at, received_at,
+                                            state, attempts, next_attempt_at, applied_at, last_error)
+            VALUES ($1, $2, $3, 'com.example.app', now(), now(), now() - make_interval(secs => $4), $5, $6,
+                    now() + make_interval(secs => $7),
+                    now() - make_interval(secs => $4) + make_interval(secs => $8::float8), $9)
+            """,
+            [
+                .text(jti), .text(type), .text(sub), .double(receivedAgo), .text(state),
+                .int(Int64(attempts)),
+                .double(dueIn), appliedAfter.map(PostgresData.double), lastError.map(PostgresData.text),
+            ])
+    }
+
+    func state(of jti: String) throws -> String? {
+        try query("SELECT state FROM siwa.notifications WHERE jti = $1", [.text(jti)]).first?[
+            0, as: String.self]
+    }
+}
+
+/// A scratch directory removed by the caller.
+func scratchDirectory() throws -> URL {
+    let url = FileManager.default.temporaryDirectory.appendingPathComponent(
+        "siwactl-tests-\(UUID().uuidString)")
+    try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+    return url
+}
+
+/// Parses JSON lines into objects.
+func jsonLines(_ text: String) throws -> [[String: Any]] {
+    try text.split(separator: "\n").map {
+        guard let object = try JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] else {
+            throw ExecutableError("not a JSON object: \($0)")
+        }
+        return object
+    }
+}
+
+/// Polls `condition` until it holds or `timeout` passes.
+func waitUntil(timeout: Duration = .seconds(10), _ condition: () throws -> Bool) rethrows -> Bool {
+    let deadline = ContinuousClock.now + timeout
+    while ContinuousClock.now < deadline {
+        if try condition() { return true }
+        Thread.sleep(forTimeInterval: 0.01)
+    }
+    return try condition()
+}
