@@ -9,10 +9,11 @@ BUILD_FLAGS = -c $(CONFIG)
 BIN         = $(shell $(SWIFT) build $(BUILD_FLAGS) --show-bin-path 2>/dev/null)
 
 # What building and testing need from Debian (PostgreSQL server binaries for the test cluster, the
-# openssl CLI for interoperability fixtures).
-DEB_PACKAGES = pkg-config libpq-dev libssl-dev libmicrohttpd-dev postgresql openssl ca-certificates
+# openssl CLI for interoperability fixtures; nginx, systemd-analyze and PyYAML for validate-deploy).
+DEB_PACKAGES = pkg-config libpq-dev libssl-dev libmicrohttpd-dev postgresql openssl ca-certificates \
+               nginx systemd python3-yaml
 
-.PHONY: all deps build release test lint format demo coverage clean
+.PHONY: all deps build release test lint format demo coverage clean validate-deploy
 
 all: build
 
@@ -31,7 +32,7 @@ lint:
 format:
 	$(SWIFT) format -i -r Sources Tests Package.swift
 
-test: deps lint
+test: deps lint validate-deploy
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
 
@@ -40,6 +41,11 @@ coverage: deps
 	llvm-cov report "$$($(SWIFT) build --show-bin-path)/siwa-notificationsPackageTests.xctest" \
 	  -instr-profile="$$($(SWIFT) build --show-bin-path)/codecov/default.profdata" \
 	  -ignore-filename-regex='(\.build|Tests)/'
+
+# Static and loopback checks of deploy/ (systemd units, nginx site, Kubernetes YAML, Dockerfile, env
+# names against the binaries' --help).
+validate-deploy: build
+	./scripts/validate-deploy "$(BIN)"
 
 demo: build
 	@./scripts/demo "$(BIN)"
