@@ -9,10 +9,11 @@ BUILD_FLAGS = -c $(CONFIG)
 BIN         = $(shell $(SWIFT) build $(BUILD_FLAGS) --show-bin-path 2>/dev/null)
 
 # What building and testing need from Debian (PostgreSQL server binaries for the test cluster, the
-# openssl CLI for interoperability fixtures).
-DEB_PACKAGES = pkg-config libpq-dev libssl-dev libmicrohttpd-dev postgresql openssl ca-certificates
+# openssl CLI for interoperability fixtures; nginx, systemd-analyze and PyYAML for validate-deploy).
+DEB_PACKAGES = pkg-config libpq-dev libssl-dev libmicrohttpd-dev postgresql openssl ca-certificates \
+               nginx systemd python3-yaml
 
-.PHONY: all deps build release test lint format demo coverage bench clean
+.PHONY: all deps build release test lint format demo coverage bench clean validate-deploy
 
 all: build
 
@@ -26,12 +27,12 @@ release:
 	$(MAKE) build CONFIG=release
 
 lint:
-	$(SWIFT) format lint --strict -r Sources Tests Package.swift
+	$(SWIFT) format lint --strict -r Sources Tests Plugins Package.swift
 
 format:
-	$(SWIFT) format -i -r Sources Tests Package.swift
+	$(SWIFT) format -i -r Sources Tests Plugins Package.swift
 
-test: deps lint
+test: deps lint validate-deploy
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
 
@@ -47,6 +48,11 @@ bench: deps
 	@./scripts/ensure-debian-packages wrk postgresql-client
 	$(SWIFT) build -c release
 	python3 scripts/bench.py $(BENCH_ARGS)
+
+# Static and loopback checks of deploy/ (systemd units, nginx site, Kubernetes YAML, Dockerfile, env
+# names against the binaries' --help).
+validate-deploy: build
+	./scripts/validate-deploy "$(BIN)"
 
 demo: build
 	@./scripts/demo "$(BIN)"
