@@ -1,2 +1,0 @@
-// Placeholder for the Postgres module.
-import CLibPQ

@@ -1,0 +1,106 @@
+import CLibPQ
+
+/// How to reach a PostgreSQL server: a connection URL (`postgresql://user:pw@/db?host=/run/postgresql`)
+/// or a conninfo string (`host=/run/postgresql dbname=app`), plus a few client settings.
+///
+/// The connection string is handed to libpq unchanged; it is validated (parsed, not connected) when the
+/// configuration is created. `description` never shows a password.
+public struct PostgresConfiguration: Sendable, CustomStringConvertible {
+    /// The connection string exactly as given (may contain a password: do not log it).
+    let connectionString: String
+    /// `application_name` reported to the server (visible in `pg_stat_activity`), unless the
+    /// connection string sets one.
+    public var applicationName: String?
+    /// How long opening a connection may take before it fails (libpq's `connect_timeout`, which has
+    /// a resolution of whole seconds and a minimum of 2 s), unless the connection string sets one.
+    public var connectTimeout: Duration
+    /// How many distinct parameterised statements each connection prepares and keeps, keyed by SQL
+    /// text; `0` disables the automatic statement cache.
+    public var statementCacheCapacity: Int
+
+    /// The database name from the connection string, if it names one.
+    public let database: String?
+    /// The user name from the connection string, if it names one.
+    public let user: String?
+    /// The host (name, address or socket directory) from the connection string, if it names one.
+    public let host: String?
+    /// The port from the connection string, if it names one.
+    public let port: String?
+
+    /// Parses and validates `connectionString` (URL or conninfo form) without connecting.
+    /// - Throws: `PostgresError` with code `.invalidConfiguration` when libpq cannot parse it.
+    public init(
+        _ connectionString: String,
+        applicationName: String? = nil,
+        connectTimeout: Duration = .seconds(5),
+        statementCacheCapacity: Int = 64
+    ) throws(PostgresError) {
+        var errorMessage: UnsafeMutablePointer<CChar>? = nil
+        guard let options = PQconninfoParse(connectionString, &errorMessage) else {
+            var message = "invalid connection string"
+            if let errorMessage {
+                message += ": " + String(cString: errorMessage).trimmingWhitespace()
+                PQfreemem(errorMessage)
+            }
+            throw PostgresError(code: .invalidConfiguration, message: message)
+        }
+        defer { PQconninfoFree(options) }
+        var values: [String: String] = [:]
+        var cursor = options
+        while let keyword = cursor.pointee.keyword {
+            if let value = cursor.pointee.val { values[String(cString: keyword)] = String(cString: value) }
+            cursor += 1
+        }
+        guard connectTimeout > .zero, statementCacheCapacity >= 0 else {
+            throw PostgresError(
+                code: .invalidConfiguration,
+                message: "connectTimeout must be positive and statementCacheCapacity not negative")
+        }
+        self.connectionString = connectionString
+        self.applicationName = applicationName
+        self.connectTimeout = connectTimeout
+        self.statementCacheCapacity = statementCacheCapacity
+        self.database = values["dbname"]
+        self.user = values["user"]
+        self.host = values["host"] ?? values["hostaddr"]
+        self.port = values["port"]
+    }
+
+    /// A summary such as `postgresql://app@/siwa?host=/run/postgresql&port=5432`, without any password.
+    public var description: String {
+        var text = "postgresql://"
+        if let user { text += user + "@" }
+        let hostIsSocket = host?.hasPrefix("/") ?? false
+        if let host, !hostIsSocket { text += host }
+        if let port, !hostIsSocket { text += ":" + port }
+        text += "/" + (database ?? "")
+        var query: [String] = []
+        if let host, hostIsSocket { query.append("host=" + host) }
+        if let port, hostIsSocket { query.append("port=" + port) }
+        if !query.isEmpty { text += "?" + query.joined(separator: "&") }
+        return text
+    }
+
+    /// Keyword/value pairs for `PQconnectdbParams` with `expand_dbname = 1`. Defaults come first so
+    /// that anything the connection string sets explicitly wins; the string itself is passed as-is.
+    var connectionParameters: [(String, String)] {
+        let seconds = connectTimeout.components.seconds + (connectTimeout.components.attoseconds > 0 ? 1 : 0)
+        var parameters: [(String, String)] = [
+            ("connect_timeout", String(max(2, seconds))),
+            ("client_encoding", "UTF8"),
+            ("options", "-c DateStyle=ISO,MDY -c TimeZone=UTC -c IntervalStyle=postgres"),
+        ]
+        if let applicationName { parameters.append(("application_name", applicationName)) }
+        parameters.append(("dbname", connectionString))
+        return parameters
+    }
+}
+
+extension String {
+    func trimmingWhitespace() -> String {
+        var scalars = Substring(self)
+        while let last = scalars.last, last.isWhitespace { scalars.removeLast() }
+        while let first = scalars.first, first.isWhitespace { scalars.removeFirst() }
+        return String(scalars)
+    }
+}

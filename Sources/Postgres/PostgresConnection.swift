@@ -1,0 +1,495 @@
+import CLibPQ
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// A notification received on a channel this connection listens to.
+public struct PostgresNotification: Sendable, Hashable {
+    /// The channel name.
+    public let channel: String
+    /// The payload given to `NOTIFY`/`pg_notify` (empty when none).
+    public let payload: String
+    /// The process ID of the server backend that sent it.
+    public let senderProcessID: Int32
+}
+
+/// A transaction isolation level for `PostgresConnection.transaction(isolation:_:)`.
+public struct PostgresIsolationLevel: Sendable, Hashable, CustomStringConvertible {
+    let sql: String
+    private init(_ sql: String) { self.sql = sql }
+
+    public var description: String { sql }
+
+    /// `READ COMMITTED` (PostgreSQL's default).
+    public static let readCommitted = PostgresIsolationLevel("READ COMMITTED")
+    /// `REPEATABLE READ`.
+    public static let repeatableRead = PostgresIsolationLevel("REPEATABLE READ")
+    /// `SERIALIZABLE`: conflicts surface as `.serializationFailure`, which is retryable.
+    public static let serializable = PostgresIsolationLevel("SERIALIZABLE")
+}
+
+/// One synchronous connection to PostgreSQL over libpq.
+///
+/// Use it from one thread at a time (it is `Sendable` so it can be handed between threads, e.g. by
+/// `PostgresPool`, but it does no locking). Every statement is sent with its parameters separately
+/// (never interpolated); results are fully read before a call returns.
+public final class PostgresConnection: @unchecked Sendable {
+    /// The connection's state as libpq sees it.
+    public struct Status: Hashable, Sendable, CustomStringConvertible {
+        private let name: String
+        private init(_ name: String) { self.name = name }
+        public var description: String { name }
+
+        /// Connected and usable.
+        public static let connected = Status("connected")
+        /// The connection broke; it cannot be used again.
+        public static let broken = Status("broken")
+        /// `close()` was called.
+        public static let closed = Status("closed")
+    }
+
+    /// The configuration this connection was opened with.
+    public let configuration: PostgresConfiguration
+    /// The owned libpq handle; `PQfinish` is called exactly once, by `close()` or `deinit`.
+    private var handle: OpaquePointer?
+    private var statementCache: [String: String] = [:]
+    private var statementCacheOrder: [String] = []
+    private var statementCounter = 0
+
+    /// Opens a connection, failing after `configuration.connectTimeout` at the latest.
+    /// - Throws: `.connectionFailed` with libpq's reason.
+    public init(configuration: PostgresConfiguration) throws(PostgresError) {
+        self.configuration = configuration
+        let parameters = configuration.connectionParameters
+        let keywords = parameters.map { UnsafePointer(strdup($0.0)) } + [nil]
+        let values = parameters.map { UnsafePointer(strdup($0.1)) } + [nil]
+        defer {
+            for pointer in keywords + values { free(UnsafeMutablePointer(mutating: pointer)) }
+        }
+        guard let connection = PQconnectdbParams(keywords, values, 1) else {
+            throw PostgresError(code: .connectionFailed, message: "libpq could not allocate a connection")
+        }
+        guard PQstatus(connection) == CONNECTION_OK else {
+            let message = String(cString: PQerrorMessage(connection)).trimmingWhitespace()
+            PQfinish(connection)
+            throw PostgresError(code: .connectionFailed, message: message)
+        }
+        PQsetNoticeProcessor(connection, { _, _ in }, nil)
+        handle = connection
+        try ensureSessionSettings()
+    }
+
+    deinit { close() }
+
+    /// Closes the connection (idempotent). Later calls throw `.connectionClosed`.
+    public func close() {
+        guard let handle else { return }
+        self.handle = nil
+        PQfinish(handle)
+    }
+
+    /// The connection's state.
+    public var status: Status {
+        guard let handle else { return .closed }
+        return PQstatus(handle) == CONNECTION_OK ? .connected : .broken
+    }
+
+    /// True when the connection is open and libpq considers it usable.
+    public var isHealthy: Bool { status == .connected }
+
+    /// True inside a transaction block (including one aborted by an error).
+    public var isInTransaction: Bool {
+        guard let handle else { return false }
+        let state = PQtransactionStatus(handle)
+        return state == PQTRANS_INTRANS || state == PQTRANS_INERROR
+    }
+
+    /// The process ID of the server backend serving this connection (0 when closed).
+    public var backendProcessID: Int32 {
+        guard let handle else { return 0 }
+        return PQbackendPID(handle)
+    }
+
+    // MARK: Statements
+
+    /// Runs one statement with `$1…$n` parameters and returns its rows.
+    ///
+    /// With a statement cache (the default), the statement is prepared on first use and reused.
+    @discardableResult
+    public func query(_ sql: String, _ parameters: [PostgresData?] = []) throws(PostgresError) -> PostgresRows {
+        if configuration.statementCacheCapacity > 0 && !parameters.isEmpty {
+            return try runCached(sql, parameters)
+        }
+        return try runUnprepared(sql, parameters)
+    }
+
+    /// Runs one statement and returns the number of rows it affected.
+    @discardableResult
+    public func execute(_ sql: String, _ parameters: [PostgresData?] = []) throws(PostgresError) -> Int {
+        try query(sql, parameters).affectedRows
+    }
+
+    /// Prepares `sql` under `name` on this connection (once); run it with `queryPrepared`/`executePrepared`.
+    public func prepare(name: String, sql: String) throws(PostgresError) {
+        let handle = try openHandle()
+        _ = try collectResults { PQsendPrepare(handle, name, sql, 0, nil) }
+    }
+
+    /// Runs the statement prepared as `name` and returns its rows.
+    @discardableResult
+    public func queryPrepared(name: String, _ parameters: [PostgresData?] = []) throws(PostgresError)
+        -> PostgresRows
+    {
+        let handle = try openHandle()
+        let values = try ParameterValues(parameters)
+        defer { values.release() }
+        return try lastResult(
+            collectResults {
+                PQsendQueryPrepared(handle, name, Int32(values.count), values.pointers, nil, nil, 0)
+            })
+    }
+
+    /// Runs the statement prepared as `name` and returns the number of rows it affected.
+    @discardableResult
+    public func executePrepared(name: String, _ parameters: [PostgresData?] = []) throws(PostgresError) -> Int {
+        try queryPrepared(name: name, parameters).affectedRows
+    }
+
+    /// Runs a script of one or more statements without parameters (e.g. a schema file), returning the
+    /// rows of each statement in order.
+    @discardableResult
+    public func simpleQuery(_ sql: String) throws(PostgresError) -> [PostgresRows] {
+        let handle = try openHandle()
+        return try collectResults { PQsendQuery(handle, sql) }
+    }
+
+    /// Runs `body` inside `BEGIN … COMMIT`; rolls back and rethrows if `body` throws.
+    ///
+    /// - Throws: the error from `body`, or a `PostgresError` from BEGIN/COMMIT (a serializable
+    ///   conflict at commit is `.serializationFailure`), or `.queryFailed` if the transaction had
+    ///   been aborted by an earlier error that `body` swallowed (the server then rolls back).
+    public func transaction<T>(
+        isolation: PostgresIsolationLevel? = nil, _ body: (PostgresConnection) throws -> T
+    ) throws -> T {
+        try simpleQuery(isolation.map { "BEGIN ISOLATION LEVEL \($0.sql)" } ?? "BEGIN")
+        let value: T
+        do {
+            value = try body(self)
+        } catch {
+            if isHealthy && isInTransaction { _ = try? simpleQuery("ROLLBACK") }
+            throw error
+        }
+        let commit = try simpleQuery("COMMIT")
+        if commit.last?.commandTag == "ROLLBACK" {
+            throw PostgresError(
+                code: .queryFailed,
+                message: "the transaction was aborted by an earlier error and has been rolled back")
+        }
+        return value
+    }
+
+    // MARK: LISTEN / NOTIFY
+
+    /// Starts listening on `channel` (quoted safely as an identifier).
+    public func listen(_ channel: String) throws(PostgresError) {
+        try simpleQuery("LISTEN " + quotedIdentifier(channel))
+    }
+
+    /// Stops listening on `channel`.
+    public func unlisten(_ channel: String) throws(PostgresError) {
+        try simpleQuery("UNLISTEN " + quotedIdentifier(channel))
+    }
+
+    /// Sends a notification with `SELECT pg_notify($1, $2)`; delivered when the current transaction
+    /// (if any) commits.
+    public func notify(_ channel: String, payload: String = "") throws(PostgresError) {
+        try runUnprepared("SELECT pg_notify($1, $2)", [.text(channel), .text(payload)])
+    }
+
+    /// Waits until at least one notification has arrived or `timeout` passes.
+    ///
+    /// Returns the notifications received so far (possibly several), or `[]` on timeout.
+    /// - Throws: `.connectionLost` when the server closes the connection while waiting.
+    public func waitForNotifications(timeout: Duration) throws(PostgresError) -> [PostgresNotification] {
+        let handle = try openHandle()
+        let deadline = ContinuousClock.now + timeout
+        if PQconsumeInput(handle) == 0 || PQstatus(handle) != CONNECTION_OK {
+            throw connectionLost(handle)
+        }
+        var notifications = drainNotifications(handle)
+        while notifications.isEmpty {
+            let remaining = deadline - ContinuousClock.now
+            guard remaining > .zero else { return [] }
+            let socket = PQsocket(handle)
+            guard socket >= 0 else { throw connectionLost(handle) }
+            var descriptor = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
+            let ready = poll(&descriptor, 1, Self.milliseconds(remaining))
+            if ready < 0 {
+                if errno == EINTR { continue }
+                throw PostgresError(code: .connectionLost, message: "poll() failed with errno \(errno)")
+            }
+            guard ready > 0 else { continue }
+            if PQconsumeInput(handle) == 0 || PQstatus(handle) != CONNECTION_OK {
+                throw connectionLost(handle)
+            }
+            notifications = drainNotifications(handle)
+        }
+        return notifications
+    }
+
+    // MARK: Pool support
+
+    /// For pools: true when an idle connection still looks alive. Reads anything the server sent
+    /// (e.g. a shutdown notice followed by end-of-file) without blocking.
+    func isAliveWhenIdle() -> Bool {
+        guard let handle, PQstatus(handle) == CONNECTION_OK else { return false }
+        let socket = PQsocket(handle)
+        guard socket >= 0 else { return false }
+        var descriptor = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
+        if poll(&descriptor, 1, 0) > 0 {
+            if PQconsumeInput(handle) == 0 { return false }
+        }
+        return PQstatus(handle) == CONNECTION_OK && PQtransactionStatus(handle) == PQTRANS_IDLE
+    }
+
+    // MARK: Internals
+
+    private func openHandle() throws(PostgresError) -> OpaquePointer {
+        guard let handle else {
+            throw PostgresError(code: .connectionClosed, message: "the connection has been closed")
+        }
+        return handle
+    }
+
+    /// The connect options ask for UTF-8, ISO dates and UTC; a connection string may override
+    /// them, so check what the server reports and fix it up.
+    private func ensureSessionSettings() throws(PostgresError) {
+        let handle = try openHandle()
+        func setting(_ name: String) -> String? {
+            PQparameterStatus(handle, name).map { String(cString: $0) }
+        }
+        var statements: [String] = []
+        if setting("client_encoding") != "UTF8" { statements.append("SET client_encoding = 'UTF8'") }
+        if !(setting("DateStyle")?.hasPrefix("ISO") ?? false) { statements.append("SET DateStyle = 'ISO'") }
+        if setting("TimeZone") != "UTC" { statements.append("SET TimeZone = 'UTC'") }
+        if !statements.isEmpty { try simpleQuery(statements.joined(separator: "; ")) }
+    }
+
+    private func quotedIdentifier(_ identifier: String) throws(PostgresError) -> String {
+        let handle = try openHandle()
+        let length = identifier.utf8.count
+        guard let quoted = PQescapeIdentifier(handle, identifier, length) else {
+            throw PostgresError(
+                code: .queryFailed,
+                message: String(cString: PQerrorMessage(handle)).trimmingWhitespace())
+        }
+        defer { PQfreemem(quoted) }
+        return String(cString: quoted)
+    }
+
+    @discardableResult
+    private func runUnprepared(_ sql: String, _ parameters: [PostgresData?]) throws(PostgresError)
+        -> PostgresRows
+    {
+        let handle = try openHandle()
+        let values = try ParameterValues(parameters)
+        defer { values.release() }
+        return try lastResult(
+            collectResults {
+                PQsendQueryParams(
+                    handle, sql, Int32(values.count), values.types, values.pointers, nil, nil, 0)
+            })
+    }
+
+    private func runCached(_ sql: String, _ parameters: [PostgresData?]) throws(PostgresError) -> PostgresRows {
+        let handle = try openHandle()
+        let values = try ParameterValues(parameters)
+        defer { values.release() }
+        let key = values.types.map(String.init).joined(separator: ",") + "|" + sql
+        let name: String
+        if let cached = statementCache[key] {
+            name = cached
+        } else {
+            if statementCacheOrder.count >= configuration.statementCacheCapacity {
+                let evicted = statementCacheOrder.removeFirst()
+                if let evictedName = statementCache.removeValue(forKey: evicted), !isInTransaction {
+                    _ = try? simpleQuery("DEALLOCATE " + evictedName)
+                }
+            }
+            statementCounter += 1
+            let newName = "siwa_stmt_\(statementCounter)"
+            _ = try collectResults {
+                PQsendPrepare(handle, newName, sql, Int32(values.count), values.types)
+            }
+            statementCache[key] = newName
+            statementCacheOrder.append(key)
+            name = newName
+        }
+        do {
+            return try lastResult(
+                collectResults {
+                    PQsendQueryPrepared(handle, name, Int32(values.count), values.pointers, nil, nil, 0)
+                })
+        } catch {
+            if error.sqlState == "26000" {  // The statement vanished (DEALLOCATE ALL / DISCARD ALL).
+                statementCache.removeValue(forKey: key)
+                statementCacheOrder.removeAll { $0 == key }
+            }
+            throw error
+        }
+    }
+
+    private func lastResult(_ results: [PostgresRows]) -> PostgresRows {
+        results.last ?? PostgresRows(columns: [], columnTypes: [], values: [], affectedRows: 0, commandTag: "")
+    }
+
+    /// Sends one command with `send`, then reads every result until libpq returns NULL.
+    private func collectResults(_ send: () -> Int32) throws(PostgresError) -> [PostgresRows] {
+        let handle = try openHandle()
+        guard send() == 1 else {
+            let message = String(cString: PQerrorMessage(handle)).trimmingWhitespace()
+            let code: PostgresError.Code = PQstatus(handle) == CONNECTION_OK ? .queryFailed : .connectionLost
+            throw PostgresError(code: code, message: message)
+        }
+        var results: [PostgresRows] = []
+        var firstError: PostgresError?
+        while let result = PQgetResult(handle) {
+            defer { PQclear(result) }
+            let state = PQresultStatus(result)
+            if state == PGRES_COMMAND_OK || state == PGRES_TUPLES_OK || state == PGRES_EMPTY_QUERY {
+                results.append(Self.rows(from: result))
+            } else if state == PGRES_COPY_IN {
+                _ = PQputCopyEnd(handle, "COPY FROM STDIN is not supported by this client")
+                firstError = firstError ?? Self.unsupportedCopy
+            } else if state == PGRES_COPY_OUT {
+                var buffer: UnsafeMutablePointer<CChar>? = nil
+                while PQgetCopyData(handle, &buffer, 0) > 0 {
+                    PQfreemem(buffer)
+                    buffer = nil
+                }
+                firstError = firstError ?? Self.unsupportedCopy
+            } else if state == PGRES_COPY_BOTH {
+                firstError = firstError ?? Self.unsupportedCopy
+                close()
+                break
+            } else {
+                firstError = firstError ?? error(from: result, handle: handle)
+            }
+        }
+        if self.handle == nil || PQstatus(handle) != CONNECTION_OK {
+            let base = firstError?.message ?? String(cString: PQerrorMessage(handle)).trimmingWhitespace()
+            throw PostgresError(code: .connectionLost, message: base, sqlState: firstError?.sqlState)
+        }
+        if let firstError { throw firstError }
+        return results
+    }
+
+    private static let unsupportedCopy = PostgresError(
+        code: .unsupported, message: "COPY is not supported by this client")
+
+    private func error(from result: OpaquePointer, handle: OpaquePointer) -> PostgresError {
+        func field(_ code: Unicode.Scalar) -> String? {
+            PQresultErrorField(result, Int32(UInt8(ascii: code))).map { String(cString: $0) }
+        }
+        let sqlState = field("C")
+        let primary =
+            field("M") ?? String(cString: PQresultErrorMessage(result)).trimmingWhitespace()
+        let code =
+            PQstatus(handle) == CONNECTION_OK
+            ? PostgresError.code(forSQLState: sqlState) : .connectionLost
+        return PostgresError(
+            code: code, message: PostgresError.redacted(primary, sqlState: sqlState), sqlState: sqlState,
+            constraintName: field("n"))
+    }
+
+    private func connectionLost(_ handle: OpaquePointer) -> PostgresError {
+        let message = String(cString: PQerrorMessage(handle)).trimmingWhitespace()
+        return PostgresError(
+            code: .connectionLost, message: message.isEmpty ? "the connection to the server was lost" : message)
+    }
+
+    private func drainNotifications(_ handle: OpaquePointer) -> [PostgresNotification] {
+        var notifications: [PostgresNotification] = []
+        while let notify = PQnotifies(handle) {
+            notifications.append(
+                PostgresNotification(
+                    channel: String(cString: notify.pointee.relname),
+                    payload: notify.pointee.extra.map { String(cString: $0) } ?? "",
+                    senderProcessID: notify.pointee.be_pid))
+            PQfreemem(notify)
+        }
+        return notifications
+    }
+
+    private static func rows(from result: OpaquePointer) -> PostgresRows {
+        let fieldCount = Int(PQnfields(result))
+        let rowCount = Int(PQntuples(result))
+        var columns: [String] = []
+        var types: [UInt32] = []
+        for field in 0..<fieldCount {
+            columns.append(String(cString: PQfname(result, Int32(field))))
+            types.append(UInt32(PQftype(result, Int32(field))))
+        }
+        var values: [String?] = []
+        values.reserveCapacity(rowCount * fieldCount)
+        for row in 0..<rowCount {
+            for field in 0..<fieldCount {
+                if PQgetisnull(result, Int32(row), Int32(field)) == 1 {
+                    values.append(nil)
+                } else {
+                    let length = Int(PQgetlength(result, Int32(row), Int32(field)))
+                    let raw = UnsafeRawPointer(PQgetvalue(result, Int32(row), Int32(field))!)
+                    let bytes = UnsafeBufferPointer(start: raw.assumingMemoryBound(to: UInt8.self), count: length)
+                    values.append(String(decoding: bytes, as: UTF8.self))
+                }
+            }
+        }
+        let tag = String(cString: PQcmdStatus(result))
+        let affected = Int(String(cString: PQcmdTuples(result))) ?? rowCount
+        return PostgresRows(
+            columns: columns, columnTypes: types, values: values, affectedRows: affected, commandTag: tag)
+    }
+
+    private static func milliseconds(_ duration: Duration) -> Int32 {
+        let (seconds, attoseconds) = duration.components
+        let total = seconds * 1000 + (attoseconds + 999_999_999_999_999) / 1_000_000_000_000_000
+        return Int32(clamping: max(0, total))
+    }
+}
+
+/// C strings for one statement's parameters; owned here and released with `release()`.
+private struct ParameterValues {
+    let pointers: [UnsafePointer<CChar>?]
+    let types: [UInt32]
+    var count: Int { pointers.count }
+
+    init(_ parameters: [PostgresData?]) throws(PostgresError) {
+        var pointers: [UnsafePointer<CChar>?] = []
+        var types: [UInt32] = []
+        for (position, parameter) in parameters.enumerated() {
+            guard let parameter else {
+                pointers.append(nil)
+                types.append(0)
+                continue
+            }
+            let text = parameter.textValue
+            if text.utf8.contains(0) {
+                for pointer in pointers { free(UnsafeMutablePointer(mutating: pointer)) }
+                throw PostgresError(
+                    code: .queryFailed,
+                    message: "parameter $\(position + 1) contains a NUL character, which PostgreSQL text cannot hold")
+            }
+            pointers.append(UnsafePointer(strdup(text)))
+            types.append(parameter.typeOID)
+        }
+        self.pointers = pointers
+        self.types = types
+    }
+
+    func release() {
+        for pointer in pointers { free(UnsafeMutablePointer(mutating: pointer)) }
+    }
+}
