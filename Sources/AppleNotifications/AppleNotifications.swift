@@ -1,2 +1,0 @@
-// Placeholder for the AppleNotifications module.
-import COpenSSL

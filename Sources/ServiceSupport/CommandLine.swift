@@ -1,0 +1,274 @@
+/// A small declarative command-line parser shared by the executables.
+///
+/// Supports `--name value`, `--name=value`, boolean flags, positional arguments, `--` to end
+/// options, `-h`/`--help`, and `SIWA_*` environment variable equivalents. The environment is a
+/// parameter so libraries never read it themselves; the command line wins over the environment.
+
+/// An option taking a value, e.g. `--audience AUD`.
+public struct CommandOption: Sendable {
+    /// The long name without dashes (`audience` for `--audience`).
+    public var name: String
+    /// The placeholder shown in help (`AUD`).
+    public var valueName: String
+    /// One line of help.
+    public var help: String
+    /// Whether the option may be given several times; from the environment it is comma-separated.
+    public var isRepeatable: Bool
+    /// Whether parsing fails when the option has no value from any source.
+    public var isRequired: Bool
+    /// An environment variable supplying the value when the option is absent (e.g. `SIWA_AUDIENCE`).
+    public var environmentVariable: String?
+    /// The value used when neither the command line nor the environment gives one.
+    public var defaultValue: String?
+
+    /// Declares an option.
+    public init(
+        _ name: String, valueName: String = "VALUE", help: String, isRepeatable: Bool = false,
+        isRequired: Bool = false, environmentVariable: String? = nil, defaultValue: String? = nil
+    ) {
+        self.name = name
+        self.valueName = valueName
+        self.help = help
+        self.isRepeatable = isRepeatable
+        self.isRequired = isRequired
+        self.environmentVariable = environmentVariable
+        self.defaultValue = defaultValue
+    }
+}
+
+/// A boolean flag, e.g. `--verbose`.
+public struct CommandFlag: Sendable {
+    /// The long name without dashes.
+    public var name: String
+    /// One line of help.
+    public var help: String
+    /// An environment variable (`1`/`true`/`yes` or `0`/`false`/`no`) used when the flag is absent.
+    public var environmentVariable: String?
+
+    /// Declares a flag.
+    public init(_ name: String, help: String, environmentVariable: String? = nil) {
+        self.name = name
+        self.help = help
+        self.environmentVariable = environmentVariable
+    }
+}
+
+/// A positional argument.
+public struct CommandPositional: Sendable {
+    /// The placeholder shown in usage (`TOKEN`).
+    public var name: String
+    /// One line of help.
+    public var help: String
+    /// Whether it may be omitted.
+    public var isOptional: Bool
+
+    /// Declares a positional argument.
+    public init(_ name: String, help: String, isOptional: Bool = false) {
+        self.name = name
+        self.help = help
+        self.isOptional = isOptional
+    }
+}
+
+/// A usage error: unknown or missing option, missing value, too many arguments.
+public struct CommandLineError: Error, Sendable, CustomStringConvertible {
+    /// Machine-readable reason.
+    public struct Code: Hashable, Sendable {
+        /// A short snake_case label.
+        public let rawValue: String
+        private init(_ rawValue: String) { self.rawValue = rawValue }
+        /// An option or flag that was not declared.
+        public static let unknownOption = Code("unknown_option")
+        /// An option given without its value.
+        public static let missingValue = Code("missing_value")
+        /// A required option or positional argument is absent.
+        public static let missingArgument = Code("missing_argument")
+        /// More positional arguments than declared, or a single-valued option given twice.
+        public static let unexpectedArgument = Code("unexpected_argument")
+        /// A value that cannot be interpreted (e.g. a flag's environment variable).
+        public static let invalidValue = Code("invalid_value")
+    }
+
+    /// The reason.
+    public var code: Code
+    /// A one-line message for the user.
+    public var message: String
+
+    /// Creates an error.
+    public init(_ code: Code, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { message }
+}
+
+/// The result of parsing: option values, flags and positionals.
+public struct ParsedCommand: Sendable {
+    /// Whether `-h` or `--help` was given (nothing else is validated then).
+    public var helpRequested: Bool
+    /// Values per option name, in order given (or from the environment, or the default).
+    public var options: [String: [String]]
+    /// Flags that are set.
+    public var flags: Set<String>
+    /// Positional arguments, in order.
+    public var positionals: [String]
+
+    /// The (last) value of an option.
+    public func value(_ name: String) -> String? { options[name]?.last }
+    /// All values of a repeatable option.
+    public func values(_ name: String) -> [String] { options[name] ?? [] }
+    /// Whether a flag is set.
+    public func flag(_ name: String) -> Bool { flags.contains(name) }
+}
+
+/// A command's declaration: name, summary, options, flags and positionals.
+public struct CommandSpec: Sendable {
+    /// The command as typed (`siwactl verify`).
+    public var name: String
+    /// One or two lines saying what it does.
+    public var abstract: String
+    /// Declared options.
+    public var options: [CommandOption]
+    /// Declared flags.
+    public var flags: [CommandFlag]
+    /// Declared positionals, in order; optional ones must come last.
+    public var positionals: [CommandPositional]
+
+    /// Declares a command.
+    public init(
+        name: String, abstract: String, options: [CommandOption] = [], flags: [CommandFlag] = [],
+        positionals: [CommandPositional] = []
+    ) {
+        self.name = name
+        self.abstract = abstract
+        self.options = options
+        self.flags = flags
+        self.positionals = positionals
+    }
+
+    /// Parses arguments (without the program name) with the given environment as fallback.
+    public func parse(_ arguments: [String], environment: [String: String] = [:]) throws(CommandLineError)
+        -> ParsedCommand
+    {
+        var parsed = ParsedCommand(helpRequested: false, options: [:], flags: [], positionals: [])
+        var index = 0
+        var optionsEnded = false
+        while index < arguments.count {
+            let argument = arguments[index]
+            index += 1
+            if optionsEnded || argument == "-" || !argument.hasPrefix("-") {
+                parsed.positionals.append(argument)
+                continue
+            }
+            if argument == "--" {
+                optionsEnded = true
+                continue
+            }
+            if argument == "-h" || argument == "--help" {
+                parsed.helpRequested = true
+                return parsed
+            }
+            guard argument.hasPrefix("--") else {
+                throw CommandLineError(.unknownOption, "unknown option '\(argument)' (see --help)")
+            }
+            var name = String(argument.dropFirst(2))
+            var inlineValue: String?
+            if let equals = name.firstIndex(of: "=") {
+                inlineValue = String(name[name.index(after: equals)...])
+                name = String(name[..<equals])
+            }
+            if let option = options.first(where: { $0.name == name }) {
+                let value: String
+                if let inlineValue {
+                    value = inlineValue
+                } else {
+                    guard index < arguments.count else {
+                        throw CommandLineError(.missingValue, "option --\(name) needs a \(option.valueName)")
+                    }
+                    value = arguments[index]
+                    index += 1
+                }
+                if !option.isRepeatable, parsed.options[name] != nil {
+                    throw CommandLineError(.unexpectedArgument, "option --\(name) given more than once")
+                }
+                parsed.options[name, default: []].append(value)
+            } else if flags.contains(where: { $0.name == name }) {
+                guard inlineValue == nil else {
+                    throw CommandLineError(.invalidValue, "flag --\(name) takes no value")
+                }
+                parsed.flags.insert(name)
+            } else {
+                throw CommandLineError(.unknownOption, "unknown option '--\(name)' (see --help)")
+            }
+        }
+
+        for option in options where parsed.options[option.name] == nil {
+            if let variable = option.environmentVariable, let value = environment[variable], !value.isEmpty {
+                parsed.options[option.name] =
+                    option.isRepeatable
+                    ? value.split(separator: ",").map { String($0) } : [value]
+            } else if let defaultValue = option.defaultValue {
+                parsed.options[option.name] = [defaultValue]
+            } else if option.isRequired {
+                var message = "missing required option --\(option.name) \(option.valueName)"
+                if let variable = option.environmentVariable { message += " (or \(variable))" }
+                throw CommandLineError(.missingArgument, message)
+            }
+        }
+        for flag in flags where !parsed.flags.contains(flag.name) {
+            guard let variable = flag.environmentVariable, let value = environment[variable] else { continue }
+            switch value.lowercased() {
+            case "1", "true", "yes", "on": parsed.flags.insert(flag.name)
+            case "", "0", "false", "no", "off": break
+            default: throw CommandLineError(.invalidValue, "\(variable) must be true or false")
+            }
+        }
+
+        let required = positionals.filter { !$0.isOptional }.count
+        if parsed.positionals.count < required {
+            let missing = positionals[parsed.positionals.count]
+            throw CommandLineError(.missingArgument, "missing argument \(missing.name)")
+        }
+        if parsed.positionals.count > positionals.count {
+            throw CommandLineError(.unexpectedArgument, "unexpected argument (see --help)")
+        }
+        return parsed
+    }
+
+    /// The `--help` text: usage line, summary, then every option, flag and positional.
+    public func helpText() -> String {
+        var usage = "usage: \(name)"
+        for option in options {
+            var part = "--\(option.name) \(option.valueName)"
+            if option.isRepeatable { part += " ..." }
+            usage += option.isRequired ? " \(part)" : " [\(part)]"
+        }
+        for flag in flags { usage += " [--\(flag.name)]" }
+        for positional in positionals {
+            usage += positional.isOptional ? " [\(positional.name)]" : " \(positional.name)"
+        }
+        var lines = [usage, "", abstract]
+        var rows: [(String, String)] = []
+        for positional in positionals { rows.append((positional.name, positional.help)) }
+        for option in options {
+            var help = option.help
+            if option.isRepeatable { help += " (repeatable)" }
+            if let variable = option.environmentVariable { help += " [env: \(variable)]" }
+            if let defaultValue = option.defaultValue { help += " [default: \(defaultValue)]" }
+            rows.append(("--\(option.name) \(option.valueName)", help))
+        }
+        for flag in flags {
+            var help = flag.help
+            if let variable = flag.environmentVariable { help += " [env: \(variable)]" }
+            rows.append(("--\(flag.name)", help))
+        }
+        rows.append(("-h, --help", "Show this help."))
+        let width = rows.map(\.0.count).max() ?? 0
+        lines.append("")
+        for (left, right) in rows {
+            lines.append("  " + left + String(repeating: " ", count: width - left.count + 2) + right)
+        }
+        return lines.joined(separator: "\n") + "\n"
+    }
+}

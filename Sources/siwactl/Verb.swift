@@ -1,0 +1,73 @@
+import Foundation
+import ServiceSupport
+
+/// One `siwactl` verb: its name, a one-line summary and its entry point.
+struct Verb: Sendable {
+    var name: String
+    var abstract: String
+    var run: @Sendable (_ arguments: [String], _ environment: [String: String]) async -> Int32
+}
+
+/// Process exit statuses shared by all verbs.
+enum ExitStatus {
+    static let success: Int32 = 0
+    static let failure: Int32 = 1
+    static let usage: Int32 = 2
+}
+
+/// A failure to report on one line of stderr, with exit status 1.
+struct ToolFailure: Error, CustomStringConvertible {
+    var description: String
+    init(_ description: String) { self.description = description }
+}
+
+func writeOut(_ text: String) {
+    FileHandle.standardOutput.write(Data(text.utf8))
+}
+
+func writeError(_ line: String) {
+    FileHandle.standardError.write(Data((line + "\n").utf8))
+}
+
+/// Parses a verb's arguments, or prints help / a usage error and returns the exit status.
+func parse(_ spec: CommandSpec, _ arguments: [String], _ environment: [String: String]) -> Result<
+    ParsedCommand, ExitCode
+> {
+    do {
+        let parsed = try spec.parse(arguments, environment: environment)
+        if parsed.helpRequested {
+            writeOut(spec.helpText())
+            return .failure(ExitCode(ExitStatus.success))
+        }
+        return .success(parsed)
+    } catch {
+        writeError("\(spec.name): \(error.message)")
+        return .failure(ExitCode(ExitStatus.usage))
+    }
+}
+
+/// An exit status carried through `Result` when a verb stops before running.
+struct ExitCode: Error {
+    var status: Int32
+    init(_ status: Int32) { self.status = status }
+}
+
+/// Runs a verb body, mapping its errors to one stderr line and exit status 1.
+func runReportingFailure(_ name: String, _ body: () async throws -> Void) async -> Int32 {
+    do {
+        try await body()
+        return ExitStatus.success
+    } catch {
+        writeError("\(name): \(error)")
+        return ExitStatus.failure
+    }
+}
+
+/// Reads a whole file as text, with a one-line error naming the path.
+func readText(path: String) throws -> String {
+    do {
+        return try String(contentsOfFile: path, encoding: .utf8)
+    } catch {
+        throw ToolFailure("cannot read \(path)")
+    }
+}

@@ -1,0 +1,124 @@
+import AppleNotifications
+import Foundation
+import ServiceSupport
+
+#if canImport(FoundationNetworking)
+    import FoundationNetworking
+#endif
+
+/// `siwactl verify`: verify one notification token and print what it says.
+enum VerifyVerb {
+    static let spec = CommandSpec(
+        name: "siwactl verify",
+        abstract: """
+            Verify one token (a bare JWS or a {"payload":...} body; '-' reads stdin) against a JWKS file
+            or URL and print the notification as JSON. On failure: one line on stderr, exit status 1.
+            """,
+        options: [
+            CommandOption(
+                "jwks", valueName: "FILE_OR_URL", help: "Key set: a file, or an http(s) URL.", isRequired: true,
+                environmentVariable: "SIWA_JWKS_URL"),
+            CommandOption(
+                "audience", valueName: "AUD", help: "Accepted client ID.", isRepeatable: true, isRequired: true,
+                environmentVariable: "SIWA_AUDIENCES"),
+            CommandOption("at", valueName: "ISO8601", help: "Verify as of this instant instead of now."),
+        ],
+        positionals: [CommandPositional("TOKEN", help: "The token or body, or '-' for stdin.")])
+
+    static let verb = Verb(name: "verify", abstract: "Verify a notification token and print it.") {
+        arguments, environment in
+        switch parse(spec, arguments, environment) {
+        case .failure(let exit): return exit.status
+        case .success(let parsed):
+            var now = Date()
+            if let at = parsed.value("at") {
+                guard let date = parseISO8601(at) else {
+                    writeError("\(spec.name): --at must be an ISO 8601 date-time, e.g. 2026-01-31T12:00:00Z")
+                    return ExitStatus.usage
+                }
+                now = date
+            }
+            return await runReportingFailure(spec.name) { try await run(parsed, now: now) }
+        }
+    }
+
+    static func run(_ parsed: ParsedCommand, now: Date) async throws {
+        let verifier = try NotificationVerifier(audiences: Set(parsed.values("audience")))
+        let input = parsed.positionals[0]
+        let raw: String
+        if input == "-" {
+            let data = FileHandle.standardInput.readDataToEndOfFile()
+            raw = String(decoding: data, as: UTF8.self)
+        } else {
+            raw = input
+        }
+        let token = try extractToken(raw.trimmingCharacters(in: .whitespacesAndNewlines))
+        let keys = try JSONWebKeySet(jsonData: try await loadKeySet(parsed.value("jwks")!))
+        let notification = try verifier.verify(token: token, keys: keys, now: now)
+        writeOut(render(notification) + "\n")
+    }
+
+    /// Accepts a bare JWS or Apple's body `{"payload":"<JWS>"}`.
+    static func extractToken(_ text: String) throws -> String {
+        guard text.hasPrefix("{") else { return text }
+        guard text.utf8.count <= 64 * 1024,
+            let object = try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any],
+            let payload = object["payload"] as? String
+        else { throw ToolFailure("body is not {\"payload\": \"<JWS>\"}") }
+        return payload
+    }
+
+    static func loadKeySet(_ location: String) async throws -> Data {
+        if location.hasPrefix("https://") || location.hasPrefix("http://") {
+            guard let url = URL(string: location) else { throw ToolFailure("invalid JWKS URL") }
+            var request = URLRequest(url: url, timeoutInterval: 15)
+            request.setValue("application/json", forHTTPHeaderField: "Accept")
+            let (data, response): (Data, URLResponse)
+            do {
+                (data, response) = try await URLSession.shared.data(for: request)
+            } catch {
+                throw ToolFailure("cannot fetch JWKS from \(url.host ?? "URL"): \(error.localizedDescription)")
+            }
+            guard let http = response as? HTTPURLResponse, http.statusCode == 200 else {
+                throw ToolFailure("JWKS fetch did not answer 200")
+            }
+            return data
+        }
+        guard let data = FileManager.default.contents(atPath: location) else {
+            throw ToolFailure("cannot read \(location)")
+        }
+        return data
+    }
+
+    static func render(_ notification: ServerNotification) -> String {
+        let object: [String: Any] = [
+            "type": notification.eventType.rawValue,
+            "known_type": notification.eventType.isKnown,
+            "sub": notification.subject,
+            "email": notification.email ?? NSNull(),
+            "is_private_email": notification.isPrivateEmail ?? NSNull(),
+            "event_time": formatISO8601(notification.eventTime),
+            "jti": notification.jti,
+            "aud": notification.audience,
+            "iat": formatISO8601(notification.issuedAt),
+            "exp": notification.expiresAt.map(formatISO8601) ?? NSNull(),
+        ]
+        let data =
+            (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]))
+            ?? Data()
+        return String(decoding: data, as: UTF8.self)
+    }
+
+    static func parseISO8601(_ text: String) -> Date? {
+        let formatter = ISO8601DateFormatter()
+        if let date = formatter.date(from: text) { return date }
+        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        return formatter.date(from: text)
+    }
+
+    static func formatISO8601(_ date: Date) -> String {
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        return formatter.string(from: date)
+    }
+}
