@@ -1,2 +1,347 @@
-// Placeholder for the HTTPServer module.
 import CHTTPShim
+import Foundation
+import Synchronization
+
+/// A small HTTP/1.1 server on libmicrohttpd with an internal epoll thread pool.
+///
+/// The handler is called synchronously on a pool thread once the whole request body has arrived,
+/// and may block (e.g. on the database): other requests keep being served by the other threads.
+/// Bodies larger than ``Configuration/maxBodyBytes`` are answered with 413 by the server itself.
+public final class HTTPServer: Sendable {
+    /// How the server listens and what it tolerates. Build once; every field has a default.
+    public struct Configuration: Sendable {
+        /// A numeric IPv4/IPv6 address to bind, or `localhost` (meaning 127.0.0.1).
+        public var host: String
+        /// The TCP port; 0 picks a free ephemeral port (read it from ``HTTPServer/port`` after start).
+        public var port: Int
+        /// Threads in the pool; each runs its own epoll loop and calls the handler.
+        public var threadCount: Int
+        /// The largest accepted request body; larger ones get 413 without being buffered.
+        public var maxBodyBytes: Int
+        /// The most simultaneous connections; further ones are refused.
+        public var connectionLimit: Int
+        /// Idle time after which a connection is closed (slow clients are cut off); whole seconds,
+        /// rounded up.
+        public var connectionTimeout: Duration
+        /// Memory per connection for request line and headers; larger headers are refused.
+        public var connectionMemoryLimit: Int
+        /// The listen backlog passed to `listen(2)`.
+        public var listenBacklog: Int
+
+        /// The default pool size: twice the core count, at least 8.
+        public static var defaultThreadCount: Int {
+            max(8, 2 * ProcessInfo.processInfo.activeProcessorCount)
+        }
+
+        /// Creates a configuration; every parameter has a production-sensible default.
+        public init(
+            host: String = "127.0.0.1",
+            port: Int = 8080,
+            threadCount: Int = Configuration.defaultThreadCount,
+            maxBodyBytes: Int = 64 * 1024,
+            connectionLimit: Int = 1024,
+            connectionTimeout: Duration = .seconds(10),
+            connectionMemoryLimit: Int = 32 * 1024,
+            listenBacklog: Int = 511
+        ) {
+            self.host = host
+            self.port = port
+            self.threadCount = threadCount
+            self.maxBodyBytes = maxBodyBytes
+            self.connectionLimit = connectionLimit
+            self.connectionTimeout = connectionTimeout
+            self.connectionMemoryLimit = connectionMemoryLimit
+            self.listenBacklog = listenBacklog
+        }
+
+        /// The bind address with `localhost` resolved to its IPv4 loopback literal.
+        var numericHost: String {
+            host.lowercased() == "localhost" ? "127.0.0.1" : host
+        }
+
+        var timeoutSeconds: Int {
+            let (seconds, attoseconds) = connectionTimeout.components
+            return Int(seconds) + (attoseconds > 0 ? 1 : 0)
+        }
+
+        func validate() throws(HTTPServerError) {
+            func invalid(_ message: String) -> HTTPServerError {
+                HTTPServerError(code: .invalidConfiguration, message: message)
+            }
+            guard (0...65535).contains(port) else { throw invalid("port \(port) is out of range") }
+            guard (1...1024).contains(threadCount) else {
+                throw invalid("threadCount must be between 1 and 1024")
+            }
+            guard maxBodyBytes >= 0 else { throw invalid("maxBodyBytes must not be negative") }
+            guard (1...Int(UInt32.max)).contains(connectionLimit) else {
+                throw invalid("connectionLimit must be positive")
+            }
+            guard (1...86_400).contains(timeoutSeconds) else {
+                throw invalid("connectionTimeout must be between 1 second and 1 day")
+            }
+            guard connectionMemoryLimit >= 4096 else {
+                throw invalid("connectionMemoryLimit must be at least 4096 bytes")
+            }
+            guard (1...65535).contains(listenBacklog) else {
+                throw invalid("listenBacklog must be between 1 and 65535")
+            }
+        }
+    }
+
+    private enum Phase {
+        case idle
+        case running(OpaquePointer, port: Int)
+        case draining(OpaquePointer, port: Int)
+        case stopped
+    }
+
+    /// The configuration the server was created with.
+    public let configuration: Configuration
+    private let dispatcher: Dispatcher
+    private let phase = Mutex<Phase>(.idle)
+
+    /// Creates a server; nothing listens until ``start()``.
+    ///
+    /// - Parameters:
+    ///   - onResponse: called after each handler response is queued, with the request, the
+    ///     response and the handler's duration (for access logs and metrics). Responses the server
+    ///     generates itself (413, 400) are not reported.
+    ///   - handler: answers a complete request; called on a pool thread, may block.
+    public init(
+        configuration: Configuration = Configuration(),
+        onResponse: (@Sendable (HTTPRequest, HTTPResponse, Duration) -> Void)? = nil,
+        handler: @escaping @Sendable (HTTPRequest) -> HTTPResponse
+    ) {
+        self.configuration = configuration
+        self.dispatcher = Dispatcher(handler: handler, onResponse: onResponse)
+    }
+
+    deinit {
+        let daemon: OpaquePointer? = phase.withLock { phase in
+            switch phase {
+            case .running(let daemon, _), .draining(let daemon, _):
+                phase = .stopped
+                return daemon
+            case .idle, .stopped:
+                return nil
+            }
+        }
+        if let daemon { siwa_http_stop(daemon) }
+    }
+
+    /// Binds the listen socket and starts serving.
+    ///
+    /// - Throws: ``HTTPServerError`` with code `.addressInUse` when the port is taken,
+    ///   `.invalidConfiguration`, `.listenFailed`, `.startFailed`, or `.invalidState` when the
+    ///   server already started.
+    public func start() throws(HTTPServerError) {
+        try configuration.validate()
+        try phase.withLock { phase throws(HTTPServerError) in
+            guard case .idle = phase else {
+                throw HTTPServerError(code: .invalidState, message: "the server was already started")
+            }
+            let daemon = try startDaemon()
+            phase = .running(daemon, port: Int(siwa_http_port(daemon)))
+        }
+    }
+
+    private func startDaemon() throws(HTTPServerError) -> OpaquePointer {
+        let host = configuration.numericHost
+        var error: Int32 = 0
+        var systemError: Int32 = 0
+        let context = Unmanaged.passUnretained(dispatcher).toOpaque()
+        let daemon = host.withCString { hostPointer in
+            var config = siwa_http_config(
+                host: hostPointer,
+                port: UInt16(configuration.port),
+                thread_count: UInt32(configuration.threadCount),
+                max_body_bytes: configuration.maxBodyBytes,
+                connection_limit: UInt32(configuration.connectionLimit),
+                connection_timeout_seconds: UInt32(configuration.timeoutSeconds),
+                connection_memory_limit: configuration.connectionMemoryLimit,
+                listen_backlog: Int32(configuration.listenBacklog))
+            return siwa_http_start(&config, handleRequest, context, &error, &systemError)
+        }
+        if let daemon { return daemon }
+
+        let address = host.contains(":") ? "[\(host)]:\(configuration.port)" : "\(host):\(configuration.port)"
+        let reason = HTTPServerError.systemMessage(systemError)
+        switch Int(error) {
+        case Int(SIWA_HTTP_ERROR_INVALID_ADDRESS):
+            throw HTTPServerError(
+                code: .invalidConfiguration,
+                message: "host \"\(configuration.host)\" is not a numeric IPv4/IPv6 address or localhost")
+        case Int(SIWA_HTTP_ERROR_BIND) where systemError == EADDRINUSE:
+            throw HTTPServerError(
+                code: .addressInUse, message: "cannot listen on \(address): address already in use")
+        case Int(SIWA_HTTP_ERROR_SOCKET), Int(SIWA_HTTP_ERROR_BIND), Int(SIWA_HTTP_ERROR_LISTEN):
+            throw HTTPServerError(code: .listenFailed, message: "cannot listen on \(address): \(reason)")
+        default:
+            throw HTTPServerError(
+                code: .startFailed, message: "libmicrohttpd could not start on \(address)")
+        }
+    }
+
+    /// The bound port while running (the real one when 0 was configured); `nil` otherwise.
+    public var port: Int? {
+        phase.withLock { phase in
+            switch phase {
+            case .running(_, let port), .draining(_, let port): port
+            case .idle, .stopped: nil
+            }
+        }
+    }
+
+    /// Requests received but not yet finished (including ones still uploading), for metrics.
+    public var inFlightRequests: Int {
+        phase.withLock { phase in
+            switch phase {
+            case .running(let daemon, _), .draining(let daemon, _): Int(siwa_http_in_flight(daemon))
+            case .idle, .stopped: 0
+            }
+        }
+    }
+
+    /// Stops gracefully: stops accepting connections, lets in-flight requests finish for up to
+    /// `gracePeriod`, then closes everything. Must not be called from inside the handler.
+    ///
+    /// - Returns: `true` when every in-flight request finished within the grace period.
+    @discardableResult
+    public func shutdown(gracePeriod: Duration = .seconds(10)) -> Bool {
+        let daemon: OpaquePointer? = phase.withLock { phase in
+            switch phase {
+            case .running(let daemon, let port):
+                siwa_http_quiesce(daemon)
+                phase = .draining(daemon, port: port)
+                return daemon
+            case .idle:
+                phase = .stopped
+                return nil
+            case .draining, .stopped:
+                return nil
+            }
+        }
+        guard let daemon else { return true }
+
+        let clock = ContinuousClock()
+        let deadline = clock.now.advanced(by: gracePeriod)
+        var drained = siwa_http_in_flight(daemon) == 0
+        while !drained && clock.now < deadline {
+            Thread.sleep(forTimeInterval: 0.002)
+            drained = siwa_http_in_flight(daemon) == 0
+        }
+        phase.withLock { $0 = .stopped }
+        siwa_http_stop(daemon)
+        return drained
+    }
+}
+
+/// Holds the handler for the C callback; the server keeps it alive for as long as the daemon runs.
+private final class Dispatcher: Sendable {
+    let handler: @Sendable (HTTPRequest) -> HTTPResponse
+    let onResponse: (@Sendable (HTTPRequest, HTTPResponse, Duration) -> Void)?
+
+    init(
+        handler: @escaping @Sendable (HTTPRequest) -> HTTPResponse,
+        onResponse: (@Sendable (HTTPRequest, HTTPResponse, Duration) -> Void)?
+    ) {
+        self.handler = handler
+        self.onResponse = onResponse
+    }
+
+    func serve(_ exchange: OpaquePointer, _ view: siwa_http_request_view) -> Int32 {
+        let request = makeRequest(exchange, view)
+        let clock = ContinuousClock()
+        let started = clock.now
+        let response = handler(request)
+        let elapsed = clock.now - started
+        let queued = send(response, on: exchange)
+        onResponse?(request, response, elapsed)
+        return queued
+    }
+
+    private func makeRequest(_ exchange: OpaquePointer, _ view: siwa_http_request_view) -> HTTPRequest {
+        var fields: [(String, String)] = []
+        withUnsafeMutablePointer(to: &fields) { pointer in
+            siwa_http_each_header(exchange, collectHeader, pointer)
+        }
+        var query: String?
+        if let rawURI = view.raw_uri {
+            let uri = String(cString: rawURI)
+            if let mark = uri.firstIndex(of: "?") {
+                query = String(uri[uri.index(after: mark)...])
+            }
+        }
+        var body: [UInt8] = []
+        if let bytes = view.body, view.body_length > 0 {
+            body = Array(UnsafeBufferPointer(start: bytes, count: view.body_length))
+        }
+        var address = [CChar](repeating: 0, count: 64)
+        address.withUnsafeMutableBufferPointer { buffer in
+            siwa_http_remote_address(exchange, buffer.baseAddress, buffer.count)
+        }
+        return HTTPRequest(
+            method: view.method.map { String(cString: $0) } ?? "",
+            path: view.path.map { String(cString: $0) } ?? "/",
+            query: query,
+            headers: HTTPHeaders(fields),
+            body: body,
+            remoteAddress: String(decoding: address.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
+    }
+
+    private func send(_ response: HTTPResponse, on exchange: OpaquePointer) -> Int32 {
+        var block: [UInt8] = []
+        var count = 0
+        for field in response.headers where Self.isSendable(field) {
+            block.append(contentsOf: field.name.utf8)
+            block.append(0)
+            block.append(contentsOf: field.value.utf8)
+            block.append(0)
+            count += 1
+        }
+        let status = (100...999).contains(response.status) ? UInt32(response.status) : 500
+        return block.withUnsafeBufferPointer { headers in
+            response.body.withUnsafeBufferPointer { body in
+                headers.withMemoryRebound(to: CChar.self) { names in
+                    siwa_http_respond(
+                        exchange, status, names.baseAddress, count, body.baseAddress, body.count)
+                }
+            }
+        }
+    }
+
+    /// Drops fields that could split the response or that the server computes itself.
+    private static func isSendable(_ field: HTTPHeaders.Field) -> Bool {
+        let forbidden: Set<UInt8> = [0, 10, 13]
+        guard !field.name.isEmpty,
+            !field.name.utf8.contains(where: { forbidden.contains($0) || $0 == 58 || $0 == 32 }),
+            !field.value.utf8.contains(where: forbidden.contains)
+        else { return false }
+        let lowered = field.name.lowercased()
+        return lowered != "content-length" && lowered != "transfer-encoding"
+    }
+}
+
+/// The C entry point for complete requests; `context` is the server's `Dispatcher`.
+private func handleRequest(
+    _ context: UnsafeMutableRawPointer?, _ exchange: OpaquePointer?,
+    _ view: UnsafePointer<siwa_http_request_view>?
+) -> Int32 {
+    guard let context, let exchange, let view else { return 0 }
+    let dispatcher = Unmanaged<Dispatcher>.fromOpaque(context).takeUnretainedValue()
+    return dispatcher.serve(exchange, view.pointee)
+}
+
+/// The C callback for one request header; `context` points at the `[(String, String)]` being filled.
+private func collectHeader(
+    _ context: UnsafeMutableRawPointer?, _ name: UnsafePointer<CChar>?, _ nameLength: Int,
+    _ value: UnsafePointer<CChar>?, _ valueLength: Int
+) {
+    guard let context, let name else { return }
+    let fields = context.assumingMemoryBound(to: [(String, String)].self)
+    let nameText = String(decoding: UnsafeRawBufferPointer(start: name, count: nameLength), as: UTF8.self)
+    let valueText =
+        value.map { String(decoding: UnsafeRawBufferPointer(start: $0, count: valueLength), as: UTF8.self) }
+        ?? ""
+    fields.pointee.append((nameText, valueText))
+}

@@ -1,5 +1,96 @@
 #ifndef SIWA_CHTTPSHIM_H
 #define SIWA_CHTTPSHIM_H
-/* Placeholder: the libmicrohttpd shim (daemon start with options, response helpers). */
-int siwa_http_shim_version(void);
+/*
+ * A thin C layer over libmicrohttpd for the HTTPServer module.
+ *
+ * Everything that does not import into Swift lives here: the variadic MHD_start_daemon, the option
+ * and flag enums, the per-request state machine of the access handler (body accumulation with a size
+ * limit, early 413), and response construction. Swift sees only opaque handles and plain C types.
+ */
+#include <stddef.h>
+#include <stdint.h>
+
+/** A running daemon; owned by the caller of siwa_http_start until siwa_http_stop frees it. */
+typedef struct siwa_http_daemon siwa_http_daemon;
+
+/** One request in progress; owned by the daemon, valid only during the handler call. */
+typedef struct siwa_http_exchange siwa_http_exchange;
+
+/** How to run the daemon. `host` must be a numeric IPv4 or IPv6 address. */
+typedef struct siwa_http_config {
+    const char *host;
+    uint16_t port;
+    unsigned int thread_count;
+    size_t max_body_bytes;
+    unsigned int connection_limit;
+    unsigned int connection_timeout_seconds;
+    size_t connection_memory_limit;
+    int listen_backlog;
+} siwa_http_config;
+
+/** A complete request, handed to the handler once the whole body has arrived. */
+typedef struct siwa_http_request_view {
+    const char *method;
+    const char *path;
+    const char *raw_uri; /* as sent, including any query string; may be NULL */
+    const char *version;
+    const uint8_t *body; /* may be NULL when body_length is 0 */
+    size_t body_length;
+} siwa_http_request_view;
+
+/**
+ * Called on a daemon pool thread with a complete request. Must call siwa_http_respond and return
+ * its result (1 queued, 0 failed: the connection is then closed).
+ */
+typedef int (*siwa_http_handler_fn)(void *context, siwa_http_exchange *exchange,
+                                    const siwa_http_request_view *request);
+
+/** Receives one request header; the strings are valid only during the call. */
+typedef void (*siwa_http_header_fn)(void *context, const char *name, size_t name_length,
+                                    const char *value, size_t value_length);
+
+/** Why siwa_http_start failed (with errno in `*system_error` where one applies). */
+enum {
+    SIWA_HTTP_OK = 0,
+    SIWA_HTTP_ERROR_INVALID_ADDRESS = 1,
+    SIWA_HTTP_ERROR_SOCKET = 2,
+    SIWA_HTTP_ERROR_BIND = 3,
+    SIWA_HTTP_ERROR_LISTEN = 4,
+    SIWA_HTTP_ERROR_DAEMON = 5,
+    SIWA_HTTP_ERROR_OUT_OF_MEMORY = 6
+};
+
+/**
+ * Binds and listens on the configured address, then starts libmicrohttpd with an internal epoll
+ * thread pool. Returns NULL on failure with `*error` set to one of the SIWA_HTTP_ERROR_* values.
+ * `context` is passed to `handler` unchanged and must outlive the daemon.
+ */
+siwa_http_daemon *siwa_http_start(const siwa_http_config *config, siwa_http_handler_fn handler,
+                                  void *context, int *error, int *system_error);
+
+/** The port the daemon is bound to (the real one when 0 was configured). */
+uint16_t siwa_http_port(const siwa_http_daemon *daemon);
+
+/** Requests received but not yet completed (including ones still uploading their body). */
+long siwa_http_in_flight(const siwa_http_daemon *daemon);
+
+/** Stops accepting new connections; existing ones continue and are asked to close after a response. */
+void siwa_http_quiesce(siwa_http_daemon *daemon);
+
+/** Stops the daemon (closing all connections), closes the listen socket, and frees `daemon`. */
+void siwa_http_stop(siwa_http_daemon *daemon);
+
+/** Calls `each` for every request header, in arrival order. */
+void siwa_http_each_header(siwa_http_exchange *exchange, siwa_http_header_fn each, void *context);
+
+/** Writes the client's numeric address into `buffer` (NUL-terminated, empty when unknown). */
+void siwa_http_remote_address(siwa_http_exchange *exchange, char *buffer, size_t capacity);
+
+/**
+ * Queues the response. `headers` holds `header_count` pairs as consecutive NUL-terminated strings
+ * ("name\0value\0name\0value\0"). The body is copied. Returns 1 when queued, 0 otherwise.
+ */
+int siwa_http_respond(siwa_http_exchange *exchange, unsigned int status, const char *headers,
+                      size_t header_count, const uint8_t *body, size_t body_length);
+
 #endif

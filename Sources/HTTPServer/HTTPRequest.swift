@@ -1,0 +1,43 @@
+import Foundation
+
+/// A complete HTTP request, delivered to the handler once the whole body has arrived.
+public struct HTTPRequest: Sendable {
+    /// The method as sent, e.g. `GET` or `POST`.
+    public var method: String
+    /// The path without the query string, percent-decoded by the server.
+    public var path: String
+    /// The raw query string after `?` (not decoded), or `nil` when there was none.
+    public var query: String?
+    /// The request header fields; lookup by name is case-insensitive.
+    public var headers: HTTPHeaders
+    /// The request body (empty when there was none).
+    public var body: [UInt8]
+    /// The client's numeric IP address, or an empty string when unknown.
+    public var remoteAddress: String
+    /// A random identifier (16 lowercase hex characters) assigned by the server, for logs.
+    public var id: String
+
+    /// Creates a request; the server builds these, tests and other handlers may too.
+    public init(
+        method: String, path: String, query: String? = nil, headers: HTTPHeaders = [:],
+        body: [UInt8] = [], remoteAddress: String = "", id: String = HTTPRequest.makeID()
+    ) {
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+        self.remoteAddress = remoteAddress
+        self.id = id
+    }
+
+    /// The body as `Data`.
+    public var data: Data { Data(body) }
+
+    /// A fresh random request identifier: 16 lowercase hexadecimal characters.
+    public static func makeID() -> String {
+        let value = UInt64.random(in: .min ... .max)
+        let hex = String(value, radix: 16)
+        return String(repeating: "0", count: 16 - hex.count) + hex
+    }
+}
