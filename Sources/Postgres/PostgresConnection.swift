@@ -58,6 +58,9 @@ public final class PostgresConnection: @unchecked Sendable {
     private var statementCache: [String: String] = [:]
     private var statementCacheOrder: [String] = []
     private var statementCounter = 0
+    /// Set once a statement failed at the connection level (the server may not have closed the socket
+    /// yet, but the connection must not be reused).
+    private var sawConnectionError = false
 
     /// Opens a connection, failing after `configuration.connectTimeout` at the latest.
     /// - Throws: `.connectionFailed` with libpq's reason.
@@ -94,7 +97,7 @@ public final class PostgresConnection: @unchecked Sendable {
     /// The connection's state.
     public var status: Status {
         guard let handle else { return .closed }
-        return PQstatus(handle) == CONNECTION_OK ? .connected : .broken
+        return PQstatus(handle) == CONNECTION_OK && !sawConnectionError ? .connected : .broken
     }
 
     /// True when the connection is open and libpq considers it usable.
@@ -217,6 +220,7 @@ public final class PostgresConnection: @unchecked Sendable {
         let handle = try openHandle()
         let deadline = ContinuousClock.now + timeout
         if PQconsumeInput(handle) == 0 || PQstatus(handle) != CONNECTION_OK {
+            sawConnectionError = true
             throw connectionLost(handle)
         }
         var notifications = drainNotifications(handle)
@@ -224,7 +228,10 @@ public final class PostgresConnection: @unchecked Sendable {
             let remaining = deadline - ContinuousClock.now
             guard remaining > .zero else { return [] }
             let socket = PQsocket(handle)
-            guard socket >= 0 else { throw connectionLost(handle) }
+            guard socket >= 0 else {
+                sawConnectionError = true
+                throw connectionLost(handle)
+            }
             var descriptor = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
             let ready = poll(&descriptor, 1, Self.milliseconds(remaining))
             if ready < 0 {
@@ -233,6 +240,7 @@ public final class PostgresConnection: @unchecked Sendable {
             }
             guard ready > 0 else { continue }
             if PQconsumeInput(handle) == 0 || PQstatus(handle) != CONNECTION_OK {
+                sawConnectionError = true
                 throw connectionLost(handle)
             }
             notifications = drainNotifications(handle)
@@ -245,7 +253,7 @@ public final class PostgresConnection: @unchecked Sendable {
     /// For pools: true when an idle connection still looks alive. Reads anything the server sent
     /// (e.g. a shutdown notice followed by end-of-file) without blocking.
     func isAliveWhenIdle() -> Bool {
-        guard let handle, PQstatus(handle) == CONNECTION_OK else { return false }
+        guard let handle, PQstatus(handle) == CONNECTION_OK, !sawConnectionError else { return false }
         let socket = PQsocket(handle)
         guard socket >= 0 else { return false }
         var descriptor = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
@@ -352,6 +360,7 @@ public final class PostgresConnection: @unchecked Sendable {
         guard send() == 1 else {
             let message = String(cString: PQerrorMessage(handle)).trimmingWhitespace()
             let code: PostgresError.Code = PQstatus(handle) == CONNECTION_OK ? .queryFailed : .connectionLost
+            if code == .connectionLost { sawConnectionError = true }
             throw PostgresError(code: code, message: message)
         }
         var results: [PostgresRows] = []
@@ -379,7 +388,8 @@ public final class PostgresConnection: @unchecked Sendable {
                 firstError = firstError ?? error(from: result, handle: handle)
             }
         }
-        if self.handle == nil || PQstatus(handle) != CONNECTION_OK {
+        if self.handle == nil || PQstatus(handle) != CONNECTION_OK || firstError?.code == .connectionLost {
+            sawConnectionError = true
             let base = firstError?.message ?? String(cString: PQerrorMessage(handle)).trimmingWhitespace()
             throw PostgresError(code: .connectionLost, message: base, sqlState: firstError?.sqlState)
         }

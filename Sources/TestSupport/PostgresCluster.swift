@@ -1,0 +1,393 @@
+import Foundation
+import Postgres
+import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// A throwaway PostgreSQL server for tests: `initdb` into a fresh directory under /tmp, a unix socket
+/// there plus 127.0.0.1 on a random free port, `fsync=off`.
+///
+/// Use `PostgresCluster.shared` (started once per test process) with one `createDatabase()` per test;
+/// suites that stop the server make their own with `PostgresCluster.start()`. Every cluster is shut
+/// down (immediate mode) and its directory removed when the process exits; clusters left behind by a
+/// crashed test process are removed by the next one.
+public final class PostgresCluster: Sendable {
+    /// How `stop(mode:)` shuts the server down.
+    public struct StopMode: Sendable, Hashable, CustomStringConvertible {
+        let name: String
+        private init(_ name: String) { self.name = name }
+        public var description: String { name }
+
+        /// Disconnect clients (they receive an admin-shutdown error) and shut down cleanly.
+        public static let fast = StopMode("fast")
+        /// Kill everything at once, like a crash; the next start runs crash recovery.
+        public static let immediate = StopMode("immediate")
+    }
+
+    /// An error from starting or controlling the server; `output` holds the tool's output.
+    public struct ClusterError: Error, CustomStringConvertible {
+        public let description: String
+    }
+
+    /// The TCP port (on 127.0.0.1) and the unix socket's port number.
+    public let port: Int
+    /// The directory holding the unix socket (also the cluster's root directory).
+    public let socketDirectory: String
+    /// The data directory.
+    public let dataDirectory: String
+    /// Where the PostgreSQL server binaries are.
+    public let binDirectory: String
+    private let runAsPostgres: Bool
+    private let state = Mutex(State())
+
+    private struct State {
+        var running = false
+        var destroyed = false
+        var databaseCounter = 0
+    }
+
+    // MARK: Lifecycle
+
+    private static let sharedCluster = Mutex<Result<PostgresCluster, any Error>?>(nil)
+
+    /// The cluster shared by every test in this process, started on first use.
+    public static var shared: PostgresCluster {
+        get throws {
+            try sharedCluster.withLock { cached in
+                if let cached { return try cached.get() }
+                let result = Result { try PostgresCluster.start() }
+                cached = result
+                return try result.get()
+            }
+        }
+    }
+
+    /// Creates and starts a new, independent cluster (for tests that stop and restart the server).
+    public static func start() throws -> PostgresCluster {
+        Registry.prepare()
+        let binDirectory = try findBinDirectory()
+        let root = try makeRootDirectory()
+        let runAsPostgres = geteuid() == 0
+        var lastError: any Error = ClusterError(description: "the server did not start")
+        for _ in 0..<3 {
+            let port = try freePort()
+            let cluster = PostgresCluster(
+                root: root, port: port, binDirectory: binDirectory, runAsPostgres: runAsPostgres)
+            Registry.add(root: root, dataDirectory: cluster.dataDirectory)
+            do {
+                if !FileManager.default.fileExists(atPath: cluster.dataDirectory + "/PG_VERSION") {
+                    try cluster.initialize()
+                }
+                try cluster.writeSettings()
+                try cluster.start()
+                return cluster
+            } catch {
+                lastError = error  // Most likely the port was taken meanwhile: try another.
+            }
+        }
+        throw lastError
+    }
+
+    private init(root: String, port: Int, binDirectory: String, runAsPostgres: Bool) {
+        self.socketDirectory = root
+        self.dataDirectory = root + "/data"
+        self.port = port
+        self.binDirectory = binDirectory
+        self.runAsPostgres = runAsPostgres
+    }
+
+    /// Starts the server again after `stop(mode:)`, on the same port and socket; waits until it
+    /// accepts connections. Does nothing if it is running.
+    public func start() throws {
+        guard try state.withLock({ state throws -> Bool in
+            if state.destroyed { throw ClusterError(description: "the cluster has been destroyed") }
+            return !state.running
+        })
+        else { return }
+        try run(
+            binDirectory + "/pg_ctl",
+            ["-D", dataDirectory, "-l", socketDirectory + "/server.log", "-w", "-t", "60", "-s", "start"])
+        try waitUntilAcceptingConnections(timeout: .seconds(30))
+        state.withLock { $0.running = true }
+    }
+
+    /// Stops the server (`pg_ctl stop -m fast|immediate`) and waits until it has exited.
+    public func stop(mode: StopMode = .fast) throws {
+        try run(binDirectory + "/pg_ctl", ["-D", dataDirectory, "-m", mode.name, "-w", "-t", "60", "-s", "stop"])
+        state.withLock { $0.running = false }
+    }
+
+    /// Stops the server immediately and deletes its directory. The cluster cannot be used afterwards.
+    public func destroy() {
+        state.withLock {
+            $0.destroyed = true
+            $0.running = false
+        }
+        Registry.destroy(root: socketDirectory)
+    }
+
+    // MARK: Databases
+
+    /// A URL for `database` over the unix socket, e.g. `postgresql://postgres@/db?host=/tmp/…&port=…`.
+    public func url(database: String) -> String {
+        "postgresql://postgres@/\(database)?host=\(socketDirectory)&port=\(port)"
+    }
+
+    /// A URL for `database` over TCP on 127.0.0.1.
+    public func tcpURL(database: String) -> String {
+        "postgresql://postgres@127.0.0.1:\(port)/\(database)"
+    }
+
+    /// A configuration for `database` over the unix socket.
+    public func configuration(database: String, applicationName: String? = nil) throws -> PostgresConfiguration {
+        try PostgresConfiguration(url(database: database), applicationName: applicationName)
+    }
+
+    /// Creates a fresh, uniquely named database (optionally running `sql` in it, e.g. schema.sql) and
+    /// returns a configuration for it. Safe to call from parallel tests.
+    public func createDatabase(applying sql: String? = nil) throws -> PostgresConfiguration {
+        let name = try state.withLock { state throws -> String in
+            state.databaseCounter += 1
+            let name = "test_\(getpid())_\(state.databaseCounter)"
+            let admin = try PostgresConnection(configuration: configuration(database: "postgres"))
+            defer { admin.close() }
+            try admin.simpleQuery("CREATE DATABASE \(name) TEMPLATE template0 ENCODING 'UTF8' LOCALE 'C'")
+            return name
+        }
+        let result = try configuration(database: name)
+        if let sql {
+            let connection = try PostgresConnection(configuration: result)
+            defer { connection.close() }
+            try connection.simpleQuery(sql)
+        }
+        return result
+    }
+
+    // MARK: Setup
+
+    private func initialize() throws {
+        try run(
+            binDirectory + "/initdb",
+            ["-D", dataDirectory, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8", "--locale=C"])
+    }
+
+    private func writeSettings() throws {
+        let settings = """
+
+            # Test cluster settings (appended by PostgresCluster).
+            port = \(port)
+            listen_addresses = '127.0.0.1'
+            unix_socket_directories = '\(socketDirectory)'
+            fsync = off
+            synchronous_commit = off
+            full_page_writes = off
+            max_connections = 300
+            shared_buffers = 32MB
+            log_min_messages = warning
+
+            """
+        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: dataDirectory + "/postgresql.conf"))
+        defer { try? handle.close() }
+        try handle.seekToEnd()
+        try handle.write(contentsOf: Data(settings.utf8))
+    }
+
+    private func waitUntilAcceptingConnections(timeout: Duration) throws {
+        let deadline = ContinuousClock.now + timeout
+        let configuration = try PostgresConfiguration(url(database: "postgres"), connectTimeout: .seconds(2))
+        while true {
+            do {
+                let connection = try PostgresConnection(configuration: configuration)
+                connection.close()
+                return
+            } catch {
+                if ContinuousClock.now >= deadline {
+                    throw ClusterError(description: "PostgreSQL did not accept connections in time: \(error)")
+                }
+                Thread.sleep(forTimeInterval: 0.05)  // Poll interval, not a wait-and-hope.
+            }
+        }
+    }
+
+    /// Runs a PostgreSQL tool (as `postgres` via runuser when we are root); throws with its output
+    /// when it fails.
+    private func run(_ executable: String, _ arguments: [String]) throws {
+        let process = Process()
+        if runAsPostgres {
+            process.executableURL = URL(fileURLWithPath: Self.runuserPath())
+            process.arguments = ["-u", "postgres", "--", executable] + arguments
+        } else {
+            process.executableURL = URL(fileURLWithPath: executable)
+            process.arguments = arguments
+        }
+        process.environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("PG") }
+        process.currentDirectoryURL = URL(fileURLWithPath: socketDirectory)
+        let outputPath = socketDirectory + "/tool-\(UUID().uuidString).log"
+        _ = FileManager.default.createFile(atPath: outputPath, contents: nil)
+        defer { try? FileManager.default.removeItem(atPath: outputPath) }
+        let output = try FileHandle(forWritingTo: URL(fileURLWithPath: outputPath))
+        process.standardOutput = output
+        process.standardError = output
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+        process.waitUntilExit()
+        try? output.close()
+        guard process.terminationStatus == 0 else {
+            let text = (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? ""
+            let log = (try? String(contentsOfFile: socketDirectory + "/server.log", encoding: .utf8)) ?? ""
+            throw ClusterError(
+                description: "\((executable as NSString).lastPathComponent) \(arguments.last ?? "") failed "
+                    + "(status \(process.terminationStatus)): \(text)\nserver log tail: \(log.suffix(2000))")
+        }
+    }
+
+    private static func runuserPath() -> String {
+        for path in ["/usr/sbin/runuser", "/sbin/runuser", "/usr/bin/runuser"]
+        where FileManager.default.isExecutableFile(atPath: path) {
+            return path
+        }
+        return "/usr/sbin/runuser"
+    }
+
+    /// `pg_config --bindir` when it has the server binaries, else the newest /usr/lib/postgresql/*/bin.
+    private static func findBinDirectory() throws -> String {
+        let fileManager = FileManager.default
+        for directory in ["/usr/bin", "/usr/local/bin", "/usr/local/pgsql/bin"]
+        where fileManager.isExecutableFile(atPath: directory + "/pg_config") {
+            let process = Process()
+            let pipe = Pipe()
+            process.executableURL = URL(fileURLWithPath: directory + "/pg_config")
+            process.arguments = ["--bindir"]
+            process.standardOutput = pipe
+            process.standardError = FileHandle.nullDevice
+            if (try? process.run()) != nil {
+                let data = pipe.fileHandleForReading.readDataToEndOfFile()
+                process.waitUntilExit()
+                let bin = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+                if fileManager.isExecutableFile(atPath: bin + "/initdb") { return bin }
+            }
+        }
+        let base = "/usr/lib/postgresql"
+        let versions = ((try? fileManager.contentsOfDirectory(atPath: base)) ?? [])
+            .compactMap { Int($0) }.sorted(by: >)
+        for version in versions where fileManager.isExecutableFile(atPath: "\(base)/\(version)/bin/initdb") {
+            return "\(base)/\(version)/bin"
+        }
+        throw ClusterError(
+            description: "PostgreSQL server binaries not found (install the Debian package 'postgresql')")
+    }
+
+    /// A new directory /tmp/siwa-pg-XXXXXX (short, for the socket path), owned by `postgres` when root.
+    private static func makeRootDirectory() throws -> String {
+        var template = Array("/tmp/siwa-pg-XXXXXX".utf8CString)
+        guard let pointer = mkdtemp(&template) else {
+            throw ClusterError(description: "mkdtemp failed with errno \(errno)")
+        }
+        let root = String(cString: pointer)
+        try Data("\(getpid())\n".utf8).write(to: URL(fileURLWithPath: root + "/owner.pid"))
+        if geteuid() == 0 {
+            guard let user = getpwnam("postgres") else {
+                throw ClusterError(description: "running as root but there is no 'postgres' user to run the server")
+            }
+            for path in [root, root + "/owner.pid"] where chown(path, user.pointee.pw_uid, user.pointee.pw_gid) != 0 {
+                throw ClusterError(description: "chown \(path) failed with errno \(errno)")
+            }
+        }
+        return root
+    }
+
+    /// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, close).
+    private static func freePort() throws -> Int {
+        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard descriptor >= 0 else { throw ClusterError(description: "socket() failed: errno \(errno)") }
+        defer { Glibc.close(descriptor) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = 0
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { socketAddress in
+                bind(descriptor, socketAddress, length) == 0
+                    && getsockname(descriptor, socketAddress, &length) == 0
+            }
+        }
+        guard bound else { throw ClusterError(description: "bind() failed: errno \(errno)") }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+}
+
+/// Clusters started by this process, shut down at exit; also sweeps clusters of dead processes.
+private enum Registry {
+    private static let roots = Mutex<[String: String]>([:])
+    private static let prepared = Mutex(false)
+
+    static func prepare() {
+        let first = prepared.withLock { done in
+            defer { done = true }
+            return !done
+        }
+        guard first else { return }
+        sweepAbandoned()
+        atexit { Registry.destroyAll() }
+    }
+
+    static func add(root: String, dataDirectory: String) {
+        roots.withLock { $0[root] = dataDirectory }
+    }
+
+    static func destroy(root: String) {
+        guard let data = roots.withLock({ $0.removeValue(forKey: root) }) else { return }
+        shutDown(root: root, dataDirectory: data)
+    }
+
+    static func destroyAll() {
+        let all = roots.withLock { roots in
+            defer { roots.removeAll() }
+            return roots
+        }
+        for (root, data) in all { shutDown(root: root, dataDirectory: data) }
+    }
+
+    /// SIGQUIT to the postmaster (immediate shutdown), wait for it to exit (bounded), remove the files.
+    private static func shutDown(root: String, dataDirectory: String) {
+        if let text = try? String(contentsOfFile: dataDirectory + "/postmaster.pid", encoding: .utf8),
+            let line = text.split(separator: "\n").first, let pid = pid_t(line.trimmingCharacters(in: .whitespaces)),
+            pid > 0
+        {
+            kill(pid, SIGQUIT)
+            let deadline = ContinuousClock.now + .seconds(10)
+            while kill(pid, 0) == 0 && ContinuousClock.now < deadline { usleep(10_000) }
+        }
+        try? FileManager.default.removeItem(atPath: root)
+    }
+
+    /// Removes /tmp/siwa-pg-* directories whose owning test process no longer exists.
+    private static func sweepAbandoned() {
+        let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/tmp")) ?? []
+        for entry in entries where entry.hasPrefix("siwa-pg-") {
+            let root = "/tmp/" + entry
+            guard let text = try? String(contentsOfFile: root + "/owner.pid", encoding: .utf8),
+                let owner = pid_t(text.trimmingCharacters(in: .whitespacesAndNewlines)), owner > 0
+            else { continue }
+            if kill(owner, 0) != 0 && errno == ESRCH { shutDown(root: root, dataDirectory: root + "/data") }
+        }
+    }
+}
+
+/// The repository's root directory (the one holding Package.swift), e.g. to find schema.sql.
+public enum RepositoryRoot {
+    /// Found by walking up from this source file.
+    public static let url: URL = {
+        var directory = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+        while directory.path != "/" {
+            if FileManager.default.fileExists(atPath: directory.appendingPathComponent("Package.swift").path) {
+                return directory
+            }
+            directory.deleteLastPathComponent()
+        }
+        return URL(fileURLWithPath: FileManager.default.currentDirectoryPath)
+    }()
+}
