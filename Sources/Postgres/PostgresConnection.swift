@@ -61,11 +61,17 @@ public final class PostgresConnection: @unchecked Sendable {
     /// Set once a statement failed at the connection level (the server may not have closed the socket
     /// yet, but the connection must not be reused).
     private var sawConnectionError = false
+    /// Set by the notice receiver when the server reports a FATAL error outside any statement (e.g.
+    /// "terminating connection due to administrator command" sent to an idle session). Owned here,
+    /// deallocated in `deinit` after the handle is finished.
+    private let serverEndedSession: UnsafeMutablePointer<Bool>
 
     /// Opens a connection, failing after `configuration.connectTimeout` at the latest.
     /// - Throws: `.connectionFailed` with libpq's reason.
     public init(configuration: PostgresConfiguration) throws(PostgresError) {
         self.configuration = configuration
+        serverEndedSession = .allocate(capacity: 1)
+        serverEndedSession.initialize(to: false)
         let parameters = configuration.connectionParameters
         let keywords = parameters.map { UnsafePointer(strdup($0.0)) } + [nil]
         let values = parameters.map { UnsafePointer(strdup($0.1)) } + [nil]
@@ -80,12 +86,27 @@ public final class PostgresConnection: @unchecked Sendable {
             PQfinish(connection)
             throw PostgresError(code: .connectionFailed, message: message)
         }
-        PQsetNoticeProcessor(connection, { _, _ in }, nil)
+        // Notices are not printed (libraries never print); a FATAL one marks the session as ended.
+        PQsetNoticeReceiver(
+            connection,
+            { flag, result in
+                guard let flag, let result,
+                    let severity = PQresultErrorField(result, Int32(UInt8(ascii: "V")))
+                else { return }
+                let level = String(cString: severity)
+                if level == "FATAL" || level == "PANIC" {
+                    flag.assumingMemoryBound(to: Bool.self).pointee = true
+                }
+            }, serverEndedSession)
         handle = connection
         try ensureSessionSettings()
     }
 
-    deinit { close() }
+    deinit {
+        close()
+        serverEndedSession.deinitialize(count: 1)
+        serverEndedSession.deallocate()
+    }
 
     /// Closes the connection (idempotent). Later calls throw `.connectionClosed`.
     public func close() {
@@ -97,7 +118,8 @@ public final class PostgresConnection: @unchecked Sendable {
     /// The connection's state.
     public var status: Status {
         guard let handle else { return .closed }
-        return PQstatus(handle) == CONNECTION_OK && !sawConnectionError ? .connected : .broken
+        let usable = PQstatus(handle) == CONNECTION_OK && !sawConnectionError && !serverEndedSession.pointee
+        return usable ? .connected : .broken
     }
 
     /// True when the connection is open and libpq considers it usable.
@@ -122,7 +144,8 @@ public final class PostgresConnection: @unchecked Sendable {
     ///
     /// With a statement cache (the default), the statement is prepared on first use and reused.
     @discardableResult
-    public func query(_ sql: String, _ parameters: [PostgresData?] = []) throws(PostgresError) -> PostgresRows {
+    public func query(_ sql: String, _ parameters: [PostgresData?] = []) throws(PostgresError) -> PostgresRows
+    {
         if configuration.statementCacheCapacity > 0 && !parameters.isEmpty {
             return try runCached(sql, parameters)
         }
@@ -157,7 +180,8 @@ public final class PostgresConnection: @unchecked Sendable {
 
     /// Runs the statement prepared as `name` and returns the number of rows it affected.
     @discardableResult
-    public func executePrepared(name: String, _ parameters: [PostgresData?] = []) throws(PostgresError) -> Int {
+    public func executePrepared(name: String, _ parameters: [PostgresData?] = []) throws(PostgresError) -> Int
+    {
         try queryPrepared(name: name, parameters).affectedRows
     }
 
@@ -256,11 +280,16 @@ public final class PostgresConnection: @unchecked Sendable {
         guard let handle, PQstatus(handle) == CONNECTION_OK, !sawConnectionError else { return false }
         let socket = PQsocket(handle)
         guard socket >= 0 else { return false }
-        var descriptor = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
-        if poll(&descriptor, 1, 0) > 0 {
+        // A server that ended the session sent an error and then closed the socket: keep reading
+        // while input is pending until libpq sees the end of the stream (bounded, never blocking).
+        for _ in 0..<8 {
+            var descriptor = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
+            guard poll(&descriptor, 1, 0) > 0 else { break }
             if PQconsumeInput(handle) == 0 { return false }
+            _ = PQisBusy(handle)  // Parses what was read, so a FATAL notice reaches the receiver.
         }
-        return PQstatus(handle) == CONNECTION_OK && PQtransactionStatus(handle) == PQTRANS_IDLE
+        return PQstatus(handle) == CONNECTION_OK && !serverEndedSession.pointee
+            && PQtransactionStatus(handle) == PQTRANS_IDLE
     }
 
     // MARK: Internals
@@ -312,46 +341,54 @@ public final class PostgresConnection: @unchecked Sendable {
             })
     }
 
-    private func runCached(_ sql: String, _ parameters: [PostgresData?]) throws(PostgresError) -> PostgresRows {
+    private func runCached(_ sql: String, _ parameters: [PostgresData?]) throws(PostgresError) -> PostgresRows
+    {
         let handle = try openHandle()
         let values = try ParameterValues(parameters)
         defer { values.release() }
         let key = values.types.map(String.init).joined(separator: ",") + "|" + sql
-        let name: String
-        if let cached = statementCache[key] {
-            name = cached
-        } else {
-            if statementCacheOrder.count >= configuration.statementCacheCapacity {
-                let evicted = statementCacheOrder.removeFirst()
-                if let evictedName = statementCache.removeValue(forKey: evicted), !isInTransaction {
-                    _ = try? simpleQuery("DEALLOCATE " + evictedName)
-                }
-            }
-            statementCounter += 1
-            let newName = "siwa_stmt_\(statementCounter)"
-            _ = try collectResults {
-                PQsendPrepare(handle, newName, sql, Int32(values.count), values.types)
-            }
-            statementCache[key] = newName
-            statementCacheOrder.append(key)
-            name = newName
-        }
-        do {
-            return try lastResult(
-                collectResults {
-                    PQsendQueryPrepared(handle, name, Int32(values.count), values.pointers, nil, nil, 0)
-                })
-        } catch {
-            if error.sqlState == "26000" {  // The statement vanished (DEALLOCATE ALL / DISCARD ALL).
+        var retried = false
+        while true {
+            let name = try preparedName(for: key, sql: sql, values: values, handle: handle)
+            do {
+                return try lastResult(
+                    collectResults {
+                        PQsendQueryPrepared(handle, name, Int32(values.count), values.pointers, nil, nil, 0)
+                    })
+            } catch {
+                // The statement vanished (DEALLOCATE ALL / DISCARD ALL): forget it and, outside a
+                // transaction (where the failure aborted nothing), prepare it again once.
+                guard error.sqlState == "26000" else { throw error }
                 statementCache.removeValue(forKey: key)
                 statementCacheOrder.removeAll { $0 == key }
+                if retried || isInTransaction { throw error }
+                retried = true
             }
-            throw error
         }
     }
 
+    /// The cached statement name for `key`, preparing (and evicting the oldest) on a miss.
+    private func preparedName(
+        for key: String, sql: String, values: ParameterValues, handle: OpaquePointer
+    ) throws(PostgresError) -> String {
+        if let cached = statementCache[key] { return cached }
+        if statementCacheOrder.count >= configuration.statementCacheCapacity {
+            let evicted = statementCacheOrder.removeFirst()
+            if let evictedName = statementCache.removeValue(forKey: evicted), !isInTransaction {
+                _ = try? simpleQuery("DEALLOCATE " + evictedName)
+            }
+        }
+        statementCounter += 1
+        let name = "siwa_stmt_\(statementCounter)"
+        _ = try collectResults { PQsendPrepare(handle, name, sql, Int32(values.count), values.types) }
+        statementCache[key] = name
+        statementCacheOrder.append(key)
+        return name
+    }
+
     private func lastResult(_ results: [PostgresRows]) -> PostgresRows {
-        results.last ?? PostgresRows(columns: [], columnTypes: [], values: [], affectedRows: 0, commandTag: "")
+        results.last
+            ?? PostgresRows(columns: [], columnTypes: [], values: [], affectedRows: 0, commandTag: "")
     }
 
     /// Sends one command with `send`, then reads every result until libpq returns NULL.
@@ -418,7 +455,8 @@ public final class PostgresConnection: @unchecked Sendable {
     private func connectionLost(_ handle: OpaquePointer) -> PostgresError {
         let message = String(cString: PQerrorMessage(handle)).trimmingWhitespace()
         return PostgresError(
-            code: .connectionLost, message: message.isEmpty ? "the connection to the server was lost" : message)
+            code: .connectionLost,
+            message: message.isEmpty ? "the connection to the server was lost" : message)
     }
 
     private func drainNotifications(_ handle: OpaquePointer) -> [PostgresNotification] {
@@ -452,7 +490,8 @@ public final class PostgresConnection: @unchecked Sendable {
                 } else {
                     let length = Int(PQgetlength(result, Int32(row), Int32(field)))
                     let raw = UnsafeRawPointer(PQgetvalue(result, Int32(row), Int32(field))!)
-                    let bytes = UnsafeBufferPointer(start: raw.assumingMemoryBound(to: UInt8.self), count: length)
+                    let bytes = UnsafeBufferPointer(
+                        start: raw.assumingMemoryBound(to: UInt8.self), count: length)
                     values.append(String(decoding: bytes, as: UTF8.self))
                 }
             }
@@ -490,7 +529,9 @@ private struct ParameterValues {
                 for pointer in pointers { free(UnsafeMutablePointer(mutating: pointer)) }
                 throw PostgresError(
                     code: .queryFailed,
-                    message: "parameter $\(position + 1) contains a NUL character, which PostgreSQL text cannot hold")
+                    message:
+                        "parameter $\(position + 1) contains a NUL character, which PostgreSQL text cannot hold"
+                )
             }
             pointers.append(UnsafePointer(strdup(text)))
             types.append(parameter.typeOID)

@@ -60,7 +60,7 @@ public enum PostgresData: Sendable, Hashable {
     }
 }
 
-extension PostgresData: ExpressibleByStringLiteral {
+extension PostgresData: ExpressibleByStringInterpolation {
     public init(stringLiteral value: String) { self = .text(value) }
 }
 

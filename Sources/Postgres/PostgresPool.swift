@@ -13,6 +13,12 @@ public final class PostgresPool: Sendable {
         public var idle: Int
         /// Connections currently lent to callers.
         public var inUse: Int
+
+        /// Creates statistics (for comparisons in tests and metrics).
+        public init(idle: Int, inUse: Int) {
+            self.idle = idle
+            self.inUse = inUse
+        }
     }
 
     private struct State: Sendable {
@@ -48,7 +54,10 @@ public final class PostgresPool: Sendable {
     /// - Parameter timeout: how long to wait for a free connection (default `acquireTimeout`).
     /// - Throws: `.poolExhausted` after waiting `timeout`, `.poolClosed`, `.connectionFailed` when a
     ///   new connection cannot be opened, or whatever `body` throws.
-    public func withConnection<T>(timeout: Duration? = nil, _ body: (PostgresConnection) throws -> T) throws -> T {
+    @discardableResult
+    public func withConnection<T>(timeout: Duration? = nil, _ body: (PostgresConnection) throws -> T) throws
+        -> T
+    {
         let connection = try acquire(timeout: timeout ?? acquireTimeout)
         defer { release(connection) }
         return try body(connection)
@@ -83,7 +92,8 @@ public final class PostgresPool: Sendable {
     private func acquire(timeout: Duration) throws(PostgresError) -> PostgresConnection {
         if state.withLock({ $0.closed }) { throw Self.closedError }
         let (seconds, attoseconds) = timeout.components
-        let nanoseconds = Int(clamping: max(0, seconds).multipliedReportingOverflow(by: 1_000_000_000).partialValue)
+        let nanoseconds =
+            Int(clamping: max(0, seconds).multipliedReportingOverflow(by: 1_000_000_000).partialValue)
             + Int(max(0, attoseconds) / 1_000_000_000)
         guard permits.wait(timeout: .now() + .nanoseconds(nanoseconds)) == .success else {
             throw PostgresError(

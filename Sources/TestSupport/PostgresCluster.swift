@@ -7,7 +7,7 @@ import Synchronization
 #endif
 
 /// A throwaway PostgreSQL server for tests: `initdb` into a fresh directory under /tmp, a unix socket
-/// there plus 127.0.0.1 on a random free port, `fsync=off`.
+/// there plus 127.0.0.1 on a random free port, `fsync=off` (commits still survive an immediate stop).
 ///
 /// Use `PostgresCluster.shared` (started once per test process) with one `createDatabase()` per test;
 /// suites that stop the server make their own with `PostgresCluster.start()`. Every cluster is shut
@@ -26,7 +26,7 @@ public final class PostgresCluster: Sendable {
         public static let immediate = StopMode("immediate")
     }
 
-    /// An error from starting or controlling the server; `output` holds the tool's output.
+    /// An error from starting or controlling the server, with the tool output and server log tail.
     public struct ClusterError: Error, CustomStringConvertible {
         public let description: String
     }
@@ -101,10 +101,11 @@ public final class PostgresCluster: Sendable {
     /// Starts the server again after `stop(mode:)`, on the same port and socket; waits until it
     /// accepts connections. Does nothing if it is running.
     public func start() throws {
-        guard try state.withLock({ state throws -> Bool in
-            if state.destroyed { throw ClusterError(description: "the cluster has been destroyed") }
-            return !state.running
-        })
+        guard
+            try state.withLock({ state throws -> Bool in
+                if state.destroyed { throw ClusterError(description: "the cluster has been destroyed") }
+                return !state.running
+            })
         else { return }
         try run(
             binDirectory + "/pg_ctl",
@@ -115,7 +116,8 @@ public final class PostgresCluster: Sendable {
 
     /// Stops the server (`pg_ctl stop -m fast|immediate`) and waits until it has exited.
     public func stop(mode: StopMode = .fast) throws {
-        try run(binDirectory + "/pg_ctl", ["-D", dataDirectory, "-m", mode.name, "-w", "-t", "60", "-s", "stop"])
+        try run(
+            binDirectory + "/pg_ctl", ["-D", dataDirectory, "-m", mode.name, "-w", "-t", "60", "-s", "stop"])
         state.withLock { $0.running = false }
     }
 
@@ -141,7 +143,9 @@ public final class PostgresCluster: Sendable {
     }
 
     /// A configuration for `database` over the unix socket.
-    public func configuration(database: String, applicationName: String? = nil) throws -> PostgresConfiguration {
+    public func configuration(database: String, applicationName: String? = nil) throws
+        -> PostgresConfiguration
+    {
         try PostgresConfiguration(url(database: database), applicationName: applicationName)
     }
 
@@ -180,8 +184,8 @@ public final class PostgresCluster: Sendable {
             port = \(port)
             listen_addresses = '127.0.0.1'
             unix_socket_directories = '\(socketDirectory)'
+            # fsync only matters when the OS crashes; commits stay durable across stop -m immediate.
             fsync = off
-            synchronous_commit = off
             full_page_writes = off
             max_connections = 300
             shared_buffers = 32MB
@@ -214,33 +218,48 @@ public final class PostgresCluster: Sendable {
     /// Runs a PostgreSQL tool (as `postgres` via runuser when we are root); throws with its output
     /// when it fails.
     private func run(_ executable: String, _ arguments: [String]) throws {
-        let process = Process()
-        if runAsPostgres {
-            process.executableURL = URL(fileURLWithPath: Self.runuserPath())
-            process.arguments = ["-u", "postgres", "--", executable] + arguments
-        } else {
-            process.executableURL = URL(fileURLWithPath: executable)
-            process.arguments = arguments
-        }
-        process.environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("PG") }
-        process.currentDirectoryURL = URL(fileURLWithPath: socketDirectory)
+        let command =
+            runAsPostgres
+            ? [Self.runuserPath(), "-u", "postgres", "--", executable] + arguments : [executable] + arguments
         let outputPath = socketDirectory + "/tool-\(UUID().uuidString).log"
-        _ = FileManager.default.createFile(atPath: outputPath, contents: nil)
         defer { try? FileManager.default.removeItem(atPath: outputPath) }
-        let output = try FileHandle(forWritingTo: URL(fileURLWithPath: outputPath))
-        process.standardOutput = output
-        process.standardError = output
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
-        process.waitUntilExit()
-        try? output.close()
-        guard process.terminationStatus == 0 else {
+        let status = try Self.spawnAndWait(command, outputPath: outputPath, directory: socketDirectory)
+        guard status == 0 else {
             let text = (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? ""
             let log = (try? String(contentsOfFile: socketDirectory + "/server.log", encoding: .utf8)) ?? ""
             throw ClusterError(
                 description: "\((executable as NSString).lastPathComponent) \(arguments.last ?? "") failed "
-                    + "(status \(process.terminationStatus)): \(text)\nserver log tail: \(log.suffix(2000))")
+                    + "(status \(status)): \(text)\nserver log tail: \(log.suffix(2000))")
         }
+    }
+
+    /// posix_spawn + waitpid (Foundation's `Process.waitUntilExit` can stall when the test runner's
+    /// threads are all busy). Output goes to `outputPath`; PG* variables are not passed on.
+    private static func spawnAndWait(_ tool: [String], outputPath: String, directory: String) throws -> Int32
+    {
+        let command = ["/usr/bin/env", "-C", directory] + tool  // Start in a directory the tool may read.
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, outputPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        posix_spawn_file_actions_adddup2(&actions, 1, 2)
+        let environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("PG") }
+            .map { "\($0.key)=\($0.value)" }
+        let argv = command.map { strdup($0) } + [nil]
+        let envp = environment.map { strdup($0) } + [nil]
+        defer { for pointer in argv + envp { free(pointer) } }
+        var pid: pid_t = 0
+        let spawned = posix_spawn(&pid, command[0], &actions, nil, argv, envp)
+        guard spawned == 0 else {
+            throw ClusterError(description: "could not start \(command[0]): error \(spawned)")
+        }
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) < 0 {
+            guard errno == EINTR else { throw ClusterError(description: "waitpid failed: errno \(errno)") }
+        }
+        // WIFEXITED / WEXITSTATUS are macros; decode the classic wait status by hand.
+        return status & 0x7f == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
     }
 
     private static func runuserPath() -> String {
@@ -256,16 +275,13 @@ public final class PostgresCluster: Sendable {
         let fileManager = FileManager.default
         for directory in ["/usr/bin", "/usr/local/bin", "/usr/local/pgsql/bin"]
         where fileManager.isExecutableFile(atPath: directory + "/pg_config") {
-            let process = Process()
-            let pipe = Pipe()
-            process.executableURL = URL(fileURLWithPath: directory + "/pg_config")
-            process.arguments = ["--bindir"]
-            process.standardOutput = pipe
-            process.standardError = FileHandle.nullDevice
-            if (try? process.run()) != nil {
-                let data = pipe.fileHandleForReading.readDataToEndOfFile()
-                process.waitUntilExit()
-                let bin = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+            let outputPath = NSTemporaryDirectory() + "/siwa-pg-config-\(UUID().uuidString)"
+            defer { try? fileManager.removeItem(atPath: outputPath) }
+            if (try? spawnAndWait(
+                [directory + "/pg_config", "--bindir"], outputPath: outputPath, directory: "/")) == 0,
+                let text = try? String(contentsOfFile: outputPath, encoding: .utf8)
+            {
+                let bin = text.trimmingCharacters(in: .whitespacesAndNewlines)
                 if fileManager.isExecutableFile(atPath: bin + "/initdb") { return bin }
             }
         }
@@ -289,9 +305,11 @@ public final class PostgresCluster: Sendable {
         try Data("\(getpid())\n".utf8).write(to: URL(fileURLWithPath: root + "/owner.pid"))
         if geteuid() == 0 {
             guard let user = getpwnam("postgres") else {
-                throw ClusterError(description: "running as root but there is no 'postgres' user to run the server")
+                throw ClusterError(
+                    description: "running as root but there is no 'postgres' user to run the server")
             }
-            for path in [root, root + "/owner.pid"] where chown(path, user.pointee.pw_uid, user.pointee.pw_gid) != 0 {
+            for path in [root, root + "/owner.pid"]
+            where chown(path, user.pointee.pw_uid, user.pointee.pw_gid) != 0 {
                 throw ClusterError(description: "chown \(path) failed with errno \(errno)")
             }
         }
@@ -354,7 +372,8 @@ private enum Registry {
     /// SIGQUIT to the postmaster (immediate shutdown), wait for it to exit (bounded), remove the files.
     private static func shutDown(root: String, dataDirectory: String) {
         if let text = try? String(contentsOfFile: dataDirectory + "/postmaster.pid", encoding: .utf8),
-            let line = text.split(separator: "\n").first, let pid = pid_t(line.trimmingCharacters(in: .whitespaces)),
+            let line = text.split(separator: "\n").first,
+            let pid = pid_t(line.trimmingCharacters(in: .whitespaces)),
             pid > 0
         {
             kill(pid, SIGQUIT)
@@ -383,7 +402,8 @@ public enum RepositoryRoot {
     public static let url: URL = {
         var directory = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
         while directory.path != "/" {
-            if FileManager.default.fileExists(atPath: directory.appendingPathComponent("Package.swift").path) {
+            if FileManager.default.fileExists(atPath: directory.appendingPathComponent("Package.swift").path)
+            {
                 return directory
             }
             directory.deleteLastPathComponent()
