@@ -96,7 +96,7 @@ struct Lane {
                     reconnectDelay = configuration.reconnectDelay
                 }
                 try drain(active, into: &summary)
-                if index == 0, worker.isStopping == false || once {
+                if index == 0 && !worker.isStopping {
                     let now = ContinuousClock.now
                     if once || lastMaintenance.map({ now - $0 >= configuration.maintenanceInterval }) ?? true
                     {
@@ -247,7 +247,7 @@ struct Lane {
             "lane": .int(index),
         ]
         if let latency = notification.latency {
-            fields["latency_ms"] = .double((latency * 1000).rounded() / 1)
+            fields["latency_ms"] = .double((latency * 10_000).rounded() / 10)
         }
         switch notification.outcome {
         case .applied, .skipped:

@@ -75,9 +75,11 @@ struct EffectsTests {
     func accountDeleteErasesPersonalData() throws {
         let db = try TestDatabase()
         try db.connection.execute(
-            "INSERT INTO siwa.sessions (sub, created_at) VALUES ('u', now() + interval '1 day'), ('keep', now())")
+            "INSERT INTO siwa.sessions (sub, created_at) VALUES ('u', now() + interval '1 day'), ('keep', now())"
+        )
         try db.connection.execute(
-            "INSERT INTO siwa.refresh_tokens (sub, token_sha256, token_ciphertext) VALUES ('u', '\\x01', '\\x99')")
+            "INSERT INTO siwa.refresh_tokens (sub, token_sha256, token_ciphertext) VALUES ('u', '\\x01', '\\x99')"
+        )
         try db.insert(jti: "e1", type: "email-enabled", sub: "u", email: "a@privaterelay.appleid.com")
         try db.insert(jti: "e2", type: "email-enabled", sub: "keep", email: "b@privaterelay.appleid.com")
         let worker = try db.worker()
@@ -85,19 +87,28 @@ struct EffectsTests {
         try db.insert(jti: "d1", type: "account-delete", sub: "u")
         _ = try worker.drainOnce()
 
-        #expect(try db.value("SELECT count(*) FROM siwa.sessions WHERE revoked_at IS NULL", as: Int.self) == 1)
-        #expect(try db.value("SELECT revoke_reason FROM siwa.sessions WHERE sub = 'u'", as: String.self) == "account-delete")
+        #expect(
+            try db.value("SELECT count(*) FROM siwa.sessions WHERE revoked_at IS NULL", as: Int.self) == 1)
+        #expect(
+            try db.value("SELECT revoke_reason FROM siwa.sessions WHERE sub = 'u'", as: String.self)
+                == "account-delete")
         #expect(
             try db.value(
-                "SELECT revoked_at IS NOT NULL AND token_ciphertext IS NULL FROM siwa.refresh_tokens", as: Bool.self))
+                "SELECT revoked_at IS NOT NULL AND token_ciphertext IS NULL FROM siwa.refresh_tokens",
+                as: Bool.self))
         let account = try #require(
-            try db.connection.query("SELECT email, deleted_at IS NOT NULL FROM siwa.accounts WHERE sub = 'u'").first)
+            try db.connection.query("SELECT email, deleted_at IS NOT NULL FROM siwa.accounts WHERE sub = 'u'")
+                .first)
         #expect(try account[0, as: String?.self] == nil)
         #expect(try account[1, as: Bool.self])
         #expect(
             try db.value(
-                "SELECT count(*) FROM siwa.event_history WHERE sub = 'u' AND (email IS NOT NULL OR raw_token IS NOT NULL)",
+                "SELECT count(*) FROM siwa.notifications WHERE sub = 'u' AND (email IS NOT NULL OR raw_token IS NOT NULL)",
                 as: Int.self) == 0)
+        #expect(
+            try db.value(
+                "SELECT count(*) FROM siwa.event_history WHERE sub = 'u' AND email IS NOT NULL", as: Int.self)
+                == 0)
         #expect(
             try db.value("SELECT email FROM siwa.event_history WHERE sub = 'keep'", as: String?.self)
                 == "b@privaterelay.appleid.com")
@@ -114,7 +125,8 @@ struct EffectsTests {
             email: "late@privaterelay.appleid.com")
         _ = try worker.drainOnce()
         #expect(try db.value("SELECT email FROM siwa.accounts", as: String?.self) == nil)
-        #expect(try db.value("SELECT email FROM siwa.event_history WHERE jti = 'late'", as: String?.self) == nil)
+        #expect(
+            try db.value("SELECT email FROM siwa.event_history WHERE jti = 'late'", as: String?.self) == nil)
     }
 
     @Test("with erase_personal_data_after set, the email is kept until that time has passed")
@@ -128,9 +140,11 @@ struct EffectsTests {
         _ = try db.worker().drainOnce()  // Applies, then the maintenance pass erases what is due.
 
         #expect(try db.value("SELECT email FROM siwa.accounts WHERE sub = 'recent'", as: String?.self) != nil)
-        #expect(try db.value("SELECT email FROM siwa.event_history WHERE jti = 'e1'", as: String?.self) != nil)
+        #expect(
+            try db.value("SELECT email FROM siwa.event_history WHERE jti = 'e1'", as: String?.self) != nil)
         #expect(try db.value("SELECT email FROM siwa.accounts WHERE sub = 'old'", as: String?.self) == nil)
-        #expect(try db.value("SELECT email FROM siwa.event_history WHERE jti = 'e2'", as: String?.self) == nil)
+        #expect(
+            try db.value("SELECT email FROM siwa.event_history WHERE jti = 'e2'", as: String?.self) == nil)
         #expect(try db.value("SELECT siwa.erase_due_personal_data()", as: Int.self) == 0)
     }
 

@@ -5,7 +5,9 @@ import Worker
 
 @Suite("Failures, retries and retention")
 struct FailureTests {
-    @Test("a hook that raises keeps nothing of that application and goes dead after max attempts while others flow")
+    @Test(
+        "a hook that raises keeps nothing of that application and goes dead after max attempts while others flow"
+    )
     func poisonedEventGoesDead() throws {
         let db = try TestDatabase()
         try db.connection.simpleQuery(
@@ -18,7 +20,8 @@ struct FailureTests {
             END;
             $$;
             """)
-        try db.connection.execute("INSERT INTO siwa.sessions (sub, created_at) VALUES ('poison', now() - interval '1 day')")
+        try db.connection.execute(
+            "INSERT INTO siwa.sessions (sub, created_at) VALUES ('poison', now() - interval '1 day')")
         try db.insert(jti: "bad", type: "consent-revoked", sub: "poison")
         for index in 0..<20 {
             try db.insert(jti: "good-\(index)", type: "consent-revoked", sub: "user-\(index)")
@@ -31,9 +34,13 @@ struct FailureTests {
         #expect(
             try db.value("SELECT last_error FROM siwa.notifications WHERE jti = 'bad'", as: String.self)
                 == "P0001: refusing bad")
-        #expect(try db.value("SELECT count(*) FROM siwa.notifications WHERE state = 'applied'", as: Int.self) == 20)
+        #expect(
+            try db.value("SELECT count(*) FROM siwa.notifications WHERE state = 'applied'", as: Int.self)
+                == 20)
         // The built-in effects of the failed attempts were rolled back with the hook.
-        #expect(try db.value("SELECT count(*) FROM siwa.sessions WHERE revoked_at IS NOT NULL", as: Int.self) == 0)
+        #expect(
+            try db.value("SELECT count(*) FROM siwa.sessions WHERE revoked_at IS NOT NULL", as: Int.self) == 0
+        )
         #expect(try db.value("SELECT count(*) FROM siwa.accounts WHERE sub = 'poison'", as: Int.self) == 0)
     }
 
@@ -57,7 +64,8 @@ struct FailureTests {
         let first = try worker.drainOnce()
         #expect(first.retried == 1)
         let delay = try db.value(
-            "SELECT extract(epoch FROM next_attempt_at - now())::float8 FROM siwa.notifications", as: Double.self)
+            "SELECT extract(epoch FROM next_attempt_at - now())::float8 FROM siwa.notifications",
+            as: Double.self)
         #expect(delay > 25 && delay <= 60)  // base × 2^0 × jitter in [0.5, 1)
         try db.connection.execute("UPDATE gate SET open = true")
         try db.connection.execute("UPDATE siwa.notifications SET next_attempt_at = now()")
@@ -92,7 +100,9 @@ struct FailureTests {
         #expect(
             try db.value("SELECT last_error FROM siwa.notifications WHERE jti = 'slow'", as: String.self)
                 .hasPrefix("57014:"))
-        #expect(try db.value("SELECT count(*) FROM siwa.notifications WHERE state = 'applied'", as: Int.self) == 10)
+        #expect(
+            try db.value("SELECT count(*) FROM siwa.notifications WHERE state = 'applied'", as: Int.self)
+                == 10)
     }
 
     @Test("retention clears old raw tokens and deletes old finished rows, never pending ones")
@@ -108,7 +118,8 @@ struct FailureTests {
         try db.connection.execute(
             "UPDATE siwa.notifications SET received_at = now() - interval '40 days', next_attempt_at = now() + interval '1 day' WHERE jti <> 'recent'"
         )
-        try db.connection.execute("UPDATE siwa.notifications SET received_at = now() - interval '10 days' WHERE jti = 'recent'")
+        try db.connection.execute(
+            "UPDATE siwa.notifications SET received_at = now() - interval '10 days' WHERE jti = 'recent'")
 
         let pruning = try db.worker(retainTokens: .seconds(7 * 86_400), retainEvents: .seconds(30 * 86_400))
         _ = try pruning.drainOnce()

@@ -42,7 +42,9 @@ final class TestDatabase: @unchecked Sendable {
     }
 
     /// The first column of the first row, decoded as `T`.
-    func value<T: PostgresDecodable>(_ sql: String, _ parameters: [PostgresData?] = [], as type: T.Type = T.self)
+    func value<T: PostgresDecodable>(
+        _ sql: String, _ parameters: [PostgresData?] = [], as type: T.Type = T.self
+    )
         throws -> T
     {
         guard let row = try connection.query(sql, parameters).first else {
@@ -58,7 +60,8 @@ final class TestDatabase: @unchecked Sendable {
 
     /// A worker on this database with test-friendly timings.
     func worker(
-        maxAttempts: Int = 3, retryBaseDelay: Duration = .milliseconds(5), statementTimeout: Duration? = .seconds(30),
+        maxAttempts: Int = 3, retryBaseDelay: Duration = .milliseconds(5),
+        statementTimeout: Duration? = .seconds(30),
         retainTokens: Duration? = nil, retainEvents: Duration? = nil, logger: Logger = quietLogger
     ) throws -> Worker {
         Worker(
@@ -74,7 +77,8 @@ final class TestDatabase: @unchecked Sendable {
     func drainUntilSettled(_ worker: Worker, timeout: Duration = .seconds(30)) throws -> Bool {
         try eventually(timeout: timeout) {
             _ = try worker.drainOnce()
-            return try value("SELECT count(*) FROM siwa.notifications WHERE state = 'pending'", as: Int.self) == 0
+            return try value("SELECT count(*) FROM siwa.notifications WHERE state = 'pending'", as: Int.self)
+                == 0
         }
     }
 }
@@ -109,8 +113,9 @@ final class WorkerProcess: @unchecked Sendable {
     let logURL: URL
 
     init(_ arguments: [String], databaseURL: String) throws {
-        logURL = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-worker-\(UUID().uuidString).log")
-        FileManager.default.createFile(atPath: logURL.path, contents: nil)
+        logURL = FileManager.default.temporaryDirectory.appendingPathComponent(
+            "siwa-worker-\(UUID().uuidString).log")
+        _ = FileManager.default.createFile(atPath: logURL.path, contents: nil)
         process.executableURL = workerExecutable
         process.arguments = arguments
         var environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") }
