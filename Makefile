@@ -12,7 +12,7 @@ BIN         = $(shell $(SWIFT) build $(BUILD_FLAGS) --show-bin-path 2>/dev/null)
 # openssl CLI for interoperability fixtures).
 DEB_PACKAGES = pkg-config libpq-dev libssl-dev libmicrohttpd-dev postgresql openssl ca-certificates
 
-.PHONY: all deps build release test lint format demo coverage clean
+.PHONY: all deps build release test lint format demo coverage bench clean
 
 all: build
 
@@ -40,6 +40,13 @@ coverage: deps
 	llvm-cov report "$$($(SWIFT) build --show-bin-path)/siwa-notificationsPackageTests.xctest" \
 	  -instr-profile="$$($(SWIFT) build --show-bin-path)/codecov/default.profdata" \
 	  -ignore-filename-regex='(\.build|Tests)/'
+
+# Benchmarks (not part of `make test`): release binaries, a throwaway PostgreSQL with fsync on, wrk and
+# pgbench side by side. Pass options with BENCH_ARGS, e.g. `make bench BENCH_ARGS=--quick`.
+bench: deps
+	@./scripts/ensure-debian-packages wrk postgresql-client
+	$(SWIFT) build -c release
+	python3 scripts/bench.py $(BENCH_ARGS)
 
 demo: build
 	@./scripts/demo "$(BIN)"

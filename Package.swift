@@ -40,6 +40,7 @@ let package = Package(
         .executableTarget(
             name: "siwactl",
             dependencies: ["AppleNotifications", "Postgres", "ServiceSupport", "HTTPServer"]),
+        .executableTarget(name: "siwa-bench", dependencies: ["AppleNotifications"]),
 
         // Shared test fixtures: a throwaway PostgreSQL cluster, a local JWKS server, a signer.
         .target(name: "TestSupport", dependencies: ["AppleNotifications", "Postgres", "HTTPServer"]),
@@ -49,6 +50,7 @@ let package = Package(
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport"]),
         .testTarget(name: "ReceiverTests", dependencies: ["Receiver", "TestSupport"]),
         .testTarget(name: "WorkerTests", dependencies: ["Worker", "Receiver", "TestSupport"]),
+        .testTarget(name: "AdminSQLTests", dependencies: ["Postgres", "TestSupport"]),
     ]
 )
 

@@ -597,3 +597,223 @@ COMMENT ON COLUMN siwa.event_history.expires_at IS 'The token''s exp, when prese
 COMMENT ON COLUMN siwa.event_history.next_attempt_at IS 'When a pending notification is next due.';
 COMMENT ON COLUMN siwa.event_history.personal_data_erased_at IS 'When its personal data was erased.';
 COMMENT ON COLUMN siwa.event_history.id IS 'Arrival order.';
+
+-- ---------------------------------------------------------------------------------------------------
+-- Admin views and roles
+-- ---------------------------------------------------------------------------------------------------
+--
+-- Three views are what people read (siwa.event_history above, siwa.account_overview, siwa.queue_health);
+-- three NOLOGIN group roles say who may do what. An administrator grants a group role to a login role:
+--
+--     CREATE ROLE alice LOGIN IN ROLE siwa_admin;            -- a person reading history (docs/sql.md)
+--     CREATE ROLE receiver LOGIN PASSWORD '…' IN ROLE siwa_receiver;
+--     CREATE ROLE worker LOGIN PASSWORD '…' IN ROLE siwa_worker;
+--
+-- Functions run with the caller's rights (SECURITY INVOKER, PostgreSQL's default): each role is granted
+-- exactly the tables its functions touch, nothing runs with more rights than its caller has, and no
+-- search_path tricks apply. The consequence: a replaced siwa.on_event hook runs as the worker, so grant
+-- siwa_worker what the hook touches in your own tables. Views, in contrast, read their tables with the
+-- rights of their owner (the role that ran this file): that is how siwa_admin reads history without any
+-- access to the tables themselves, and why the views never show raw tokens or refresh tokens.
+--
+-- Roles are cluster-wide: they are created only when missing and never altered or dropped, so passwords
+-- and memberships set by an administrator stay. Applying this file as an owner without CREATEROLE still
+-- works: missing roles are reported with a warning and their grants skipped.
+
+-- One row per account, with the counts an admin asks for first.
+CREATE OR REPLACE VIEW siwa.account_overview AS
+SELECT a.sub,
+       a.email,
+       a.is_private_email,
+       a.email_status,
+       a.email_status_at,
+       a.consent_revoked_at,
+       a.deleted_at,
+       a.personal_data_erased_at,
+       s.open_sessions,
+       t.open_refresh_tokens,
+       last_event.event_type AS last_event_type,
+       last_event.event_time AS last_event_time,
+       e.last_received_at,
+       e.event_count,
+       e.pending_events,
+       e.dead_events,
+       s.last_session_created_at,
+       r.revoked_sessions_by_reason
+  FROM siwa.accounts a
+  CROSS JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE ss.revoked_at IS NULL) AS open_sessions,
+               max(ss.created_at) AS last_session_created_at
+          FROM siwa.sessions ss
+         WHERE ss.sub = a.sub) AS s
+  CROSS JOIN LATERAL (
+        SELECT coalesce(jsonb_object_agg(g.reason, g.sessions), '{}'::jsonb) AS revoked_sessions_by_reason
+          FROM (SELECT coalesce(ss.revoke_reason, 'unknown') AS reason, count(*) AS sessions
+                  FROM siwa.sessions ss
+                 WHERE ss.sub = a.sub AND ss.revoked_at IS NOT NULL
+                 GROUP BY 1) AS g) AS r
+  CROSS JOIN LATERAL (
+        SELECT count(*) AS open_refresh_tokens
+          FROM siwa.refresh_tokens rt
+         WHERE rt.sub = a.sub AND rt.revoked_at IS NULL) AS t
+  CROSS JOIN LATERAL (
+        SELECT max(n.received_at) AS last_received_at,
+               count(*) AS event_count,
+               count(*) FILTER (WHERE n.state = 'pending') AS pending_events,
+               count(*) FILTER (WHERE n.state = 'dead') AS dead_events
+          FROM siwa.notifications n
+         WHERE n.sub = a.sub) AS e
+  LEFT JOIN LATERAL (
+        SELECT n.event_type, n.event_time
+          FROM siwa.notifications n
+         WHERE n.sub = a.sub
+         ORDER BY n.event_time DESC, n.id DESC
+         LIMIT 1) AS last_event ON true;
+COMMENT ON VIEW siwa.account_overview IS
+    'One row per account (siwa.accounts): what Apple last told us about the user, their open sessions and refresh tokens, and a summary of their notifications. A user whose notifications are all still pending has no account row yet: see siwa.event_history.';
+COMMENT ON COLUMN siwa.account_overview.sub IS 'The user''s team-scoped Apple identifier.';
+COMMENT ON COLUMN siwa.account_overview.email IS 'Latest email address Apple reported; NULL if none or erased.';
+COMMENT ON COLUMN siwa.account_overview.is_private_email IS 'Whether email is an Apple private relay address.';
+COMMENT ON COLUMN siwa.account_overview.email_status IS
+    'enabled or disabled: whether Apple forwards mail to the relay address; NULL until an email event arrives.';
+COMMENT ON COLUMN siwa.account_overview.email_status_at IS 'event_time of the email event that set email_status.';
+COMMENT ON COLUMN siwa.account_overview.consent_revoked_at IS 'event_time of the latest consent-revoked event, if any.';
+COMMENT ON COLUMN siwa.account_overview.deleted_at IS 'event_time of the account-delete event, if any.';
+COMMENT ON COLUMN siwa.account_overview.personal_data_erased_at IS 'When the account''s personal data was erased.';
+COMMENT ON COLUMN siwa.account_overview.open_sessions IS 'Sessions of this user not revoked (siwa.sessions.revoked_at IS NULL).';
+COMMENT ON COLUMN siwa.account_overview.open_refresh_tokens IS 'Refresh tokens of this user not revoked.';
+COMMENT ON COLUMN siwa.account_overview.last_event_type IS 'Type of the user''s latest notification by event_time (any state).';
+COMMENT ON COLUMN siwa.account_overview.last_event_time IS 'event_time of that latest notification.';
+COMMENT ON COLUMN siwa.account_overview.last_received_at IS 'When we last stored a notification for this user.';
+COMMENT ON COLUMN siwa.account_overview.event_count IS 'Notifications stored for this user (pruned rows no longer count).';
+COMMENT ON COLUMN siwa.account_overview.pending_events IS 'Of those, still pending (waiting for the worker).';
+COMMENT ON COLUMN siwa.account_overview.dead_events IS 'Of those, dead (the worker gave up; see siwa.event_history.last_error).';
+COMMENT ON COLUMN siwa.account_overview.last_session_created_at IS
+    'When the user last signed in (latest siwa.sessions.created_at, revoked or not); NULL if never.';
+COMMENT ON COLUMN siwa.account_overview.revoked_sessions_by_reason IS
+    'Revoked sessions counted by revoke_reason, e.g. {"consent-revoked": 2}; {} if none.';
+
+-- The queue at a glance, one row. `siwactl stats` reads these columns by name: add, never rename.
+CREATE OR REPLACE VIEW siwa.queue_health AS
+SELECT p.pending,
+       p.due,
+       p.retrying,
+       d.dead,
+       p.oldest_pending_seconds,
+       r.received_last_hour,
+       l.applied_last_hour,
+       l.apply_latency_p50_seconds,
+       l.apply_latency_p99_seconds
+  FROM (SELECT count(*) AS pending,
+               count(*) FILTER (WHERE n.next_attempt_at <= now()) AS due,
+               count(*) FILTER (WHERE n.attempts > 0) AS retrying,
+               extract(epoch FROM now() - min(n.received_at))::double precision AS oldest_pending_seconds
+          FROM siwa.notifications n
+         WHERE n.state = 'pending') AS p,
+       (SELECT count(*) AS dead FROM siwa.notifications n WHERE n.state = 'dead') AS d,
+       (SELECT count(*) AS received_last_hour
+          FROM siwa.notifications n
+         WHERE n.received_at > now() - interval '1 hour') AS r,
+       (SELECT count(*) AS applied_last_hour,
+               percentile_cont(0.5) WITHIN GROUP (
+                   ORDER BY extract(epoch FROM n.applied_at - n.received_at)::double precision)
+                   AS apply_latency_p50_seconds,
+               percentile_cont(0.99) WITHIN GROUP (
+                   ORDER BY extract(epoch FROM n.applied_at - n.received_at)::double precision)
+                   AS apply_latency_p99_seconds
+          FROM siwa.notifications n
+         WHERE n.applied_at > now() - interval '1 hour' AND n.state IN ('applied', 'skipped')) AS l;
+COMMENT ON VIEW siwa.queue_health IS
+    'The worker''s queue right now, one row: backlog, failures, throughput and apply latency over the last hour. Read by siwactl stats.';
+COMMENT ON COLUMN siwa.queue_health.pending IS 'Notifications waiting to be applied (state pending).';
+COMMENT ON COLUMN siwa.queue_health.due IS 'Pending notifications whose next attempt is due now (next_attempt_at <= now()).';
+COMMENT ON COLUMN siwa.queue_health.retrying IS 'Pending notifications that have failed at least once (attempts > 0).';
+COMMENT ON COLUMN siwa.queue_health.dead IS 'Notifications the worker gave up on (state dead): look at last_error, requeue with siwactl replay.';
+COMMENT ON COLUMN siwa.queue_health.oldest_pending_seconds IS
+    'Seconds since the oldest pending notification was received; NULL when nothing is pending.';
+COMMENT ON COLUMN siwa.queue_health.received_last_hour IS 'Notifications received in the last hour (still stored).';
+COMMENT ON COLUMN siwa.queue_health.applied_last_hour IS
+    'Notifications finished in the last hour: applied or skipped, by applied_at.';
+COMMENT ON COLUMN siwa.queue_health.apply_latency_p50_seconds IS
+    'Median seconds from received_at to applied_at over the notifications finished in the last hour; NULL if none.';
+COMMENT ON COLUMN siwa.queue_health.apply_latency_p99_seconds IS
+    '99th percentile (interpolated) of the same latency; NULL if none.';
+
+-- Indexes for these views (the others they use are above): the pending backlog by age, and every
+-- session of one user.
+CREATE INDEX IF NOT EXISTS notifications_pending_received_idx
+    ON siwa.notifications (received_at) INCLUDE (attempts, next_attempt_at) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS sessions_sub_created_idx ON siwa.sessions (sub, created_at);
+
+-- Nothing in schema siwa is usable by PUBLIC: functions are executable by everyone by default.
+REVOKE ALL ON SCHEMA siwa FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA siwa FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA siwa FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
+
+DO $$
+DECLARE
+    v_role     text;
+    v_function regprocedure;
+    v_can_create boolean := (SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user);
+BEGIN
+    FOREACH v_role IN ARRAY ARRAY['siwa_admin', 'siwa_receiver', 'siwa_worker'] LOOP
+        CONTINUE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role);
+        IF NOT v_can_create THEN
+            RAISE WARNING 'role % does not exist and % may not create it: create it (NOLOGIN) and apply schema.sql again',
+                v_role, current_user;
+            CONTINUE;
+        END IF;
+        BEGIN
+            EXECUTE format('CREATE ROLE %I NOLOGIN', v_role);
+            EXECUTE format('COMMENT ON ROLE %I IS %L', v_role, CASE v_role
+                WHEN 'siwa_admin' THEN
+                    'Sign in with Apple notifications: read the admin views siwa.event_history, siwa.account_overview, siwa.queue_health (docs/sql.md). Grant to people.'
+                WHEN 'siwa_receiver' THEN
+                    'Sign in with Apple notifications: what siwa-receiver needs (INSERT into siwa.notifications). Grant to its login role.'
+                ELSE
+                    'Sign in with Apple notifications: what siwa-worker needs (apply, retry, prune, erase). Grant to its login role.'
+                END);
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL; -- created meanwhile by a concurrent run of this file in another database
+        END;
+    END LOOP;
+
+    -- siwa_admin: read the three views, nothing else (views read their tables with the owner's rights).
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_admin') THEN
+        GRANT USAGE ON SCHEMA siwa TO siwa_admin;
+        GRANT SELECT ON siwa.event_history, siwa.account_overview, siwa.queue_health TO siwa_admin;
+    END IF;
+
+    -- siwa_receiver: INSERT … ON CONFLICT (jti) DO NOTHING, which needs SELECT on the conflict target
+    -- column (jti) and on no other. The identity column and the statement trigger (siwa.notify_workers,
+    -- which NOTIFYs) need no grants of their own.
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_receiver') THEN
+        GRANT USAGE ON SCHEMA siwa TO siwa_receiver;
+        GRANT INSERT ON siwa.notifications TO siwa_receiver;
+        GRANT SELECT (jti) ON siwa.notifications TO siwa_receiver;
+    END IF;
+
+    -- siwa_worker: the worker's functions and everything they touch, as the worker (SECURITY INVOKER).
+    -- Functions are matched by name so that every overload (and a function added later to this list's
+    -- family) is covered when it exists; LISTEN and advisory locks need no grants.
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_worker') THEN
+        GRANT USAGE ON SCHEMA siwa TO siwa_worker;
+        GRANT SELECT, UPDATE, DELETE ON siwa.notifications TO siwa_worker;
+        GRANT SELECT, INSERT, UPDATE ON siwa.accounts TO siwa_worker;
+        GRANT SELECT, UPDATE ON siwa.sessions, siwa.refresh_tokens TO siwa_worker;
+        GRANT SELECT ON siwa.settings TO siwa_worker;
+        FOR v_function IN
+            SELECT p.oid::regprocedure
+              FROM pg_proc p
+             WHERE p.pronamespace = 'siwa'::regnamespace
+               AND p.proname IN ('process_due_notifications', 'process_notification',
+                                 'process_claimed_notification', 'apply_notification', 'record_failure',
+                                 'prune', 'erase_due_personal_data', 'erase_personal_data', 'on_event',
+                                 'sub_lock_key')
+        LOOP
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO siwa_worker', v_function);
+        END LOOP;
+    END IF;
+END;
+$$;

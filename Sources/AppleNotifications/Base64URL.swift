@@ -45,7 +45,9 @@ public enum Base64URL {
         var accumulator: UInt32 = 0
         var bits = 0
         for byte in input {
-            guard let value = sextet(byte) else { throw .malformed(.badBase64, "character outside base64url") }
+            guard let value = sextet(byte) else {
+                throw .malformed(.badBase64, "character outside base64url")
+            }
             accumulator = accumulator << 6 | UInt32(value)
             bits += 6
             if bits >= 8 {

@@ -1,7 +1,7 @@
 import Foundation
 
 /// A parsed JSON value; internal so callers only ever see typed results.
-enum JSONValue: Sendable, Equatable, Decodable {
+enum JSONValue: Sendable, Equatable {
     case null
     case bool(Bool)
     case number(Double)
@@ -9,36 +9,227 @@ enum JSONValue: Sendable, Equatable, Decodable {
     case array([JSONValue])
     case object([String: JSONValue])
 
-    init(from decoder: any Decoder) throws {
-        let container = try decoder.singleValueContainer()
-        if container.decodeNil() {
-            self = .null
-        } else if let value = try? container.decode(Bool.self) {
-            self = .bool(value)
-        } else if let value = try? container.decode(Double.self) {
-            self = .number(value)
-        } else if let value = try? container.decode(String.self) {
-            self = .string(value)
-        } else if let value = try? container.decode([JSONValue].self) {
-            self = .array(value)
-        } else {
-            self = .object(try container.decode([String: JSONValue].self))
-        }
-    }
-
     /// Parses bytes that must hold a JSON object.
+    ///
+    /// Strict RFC 8259 with two extra rules that matter for signed tokens: an object with a
+    /// duplicated member name is refused (so no two readers can disagree on `alg` or `aud`), and
+    /// nesting deeper than ``JSONParser/maximumDepth`` is refused (bounded stack).
     static func object(from data: Data, what: String) throws(NotificationError) -> [String: JSONValue] {
         let value: JSONValue
         do {
-            value = try JSONDecoder().decode(JSONValue.self, from: data)
+            value = try JSONParser.parse(data)
         } catch {
             throw .malformed(.badJSON, "\(what) is not JSON")
         }
-        guard case .object(let object) = value else { throw .malformed(.badJSON, "\(what) is not a JSON object") }
+        guard case .object(let object) = value else {
+            throw .malformed(.badJSON, "\(what) is not a JSON object")
+        }
         return object
     }
 
     var stringValue: String? {
         if case .string(let value) = self { value } else { nil }
+    }
+}
+
+/// A small strict JSON parser over UTF-8 bytes.
+struct JSONParser {
+    struct Failure: Error {}
+
+    /// Deep enough for any JOSE header, claims set or key set.
+    static let maximumDepth = 32
+
+    private let bytes: [UInt8]
+    private var index = 0
+    private var depth = 0
+
+    private init(_ bytes: [UInt8]) { self.bytes = bytes }
+
+    static func parse(_ data: Data) throws(Failure) -> JSONValue {
+        var parser = JSONParser([UInt8](data))
+        parser.skipWhitespace()
+        let value = try parser.value()
+        parser.skipWhitespace()
+        guard parser.index == parser.bytes.count else { throw Failure() }
+        return value
+    }
+
+    private mutating func skipWhitespace() {
+        while index < bytes.count, [0x20, 0x09, 0x0A, 0x0D].contains(bytes[index]) { index += 1 }
+    }
+
+    private func peek() throws(Failure) -> UInt8 {
+        guard index < bytes.count else { throw Failure() }
+        return bytes[index]
+    }
+
+    private mutating func expect(_ literal: StaticString) throws(Failure) {
+        let expected = UnsafeBufferPointer(start: literal.utf8Start, count: literal.utf8CodeUnitCount)
+        guard bytes.count - index >= expected.count else { throw Failure() }
+        for byte in expected {
+            guard bytes[index] == byte else { throw Failure() }
+            index += 1
+        }
+    }
+
+    private mutating func value() throws(Failure) -> JSONValue {
+        switch try peek() {
+        case UInt8(ascii: "{"): return try object()
+        case UInt8(ascii: "["): return try array()
+        case UInt8(ascii: "\""): return .string(try string())
+        case UInt8(ascii: "t"):
+            try expect("true")
+            return .bool(true)
+        case UInt8(ascii: "f"):
+            try expect("false")
+            return .bool(false)
+        case UInt8(ascii: "n"):
+            try expect("null")
+            return .null
+        default: return .number(try number())
+        }
+    }
+
+    private mutating func enter() throws(Failure) {
+        depth += 1
+        guard depth <= Self.maximumDepth else { throw Failure() }
+        index += 1
+        skipWhitespace()
+    }
+
+    private mutating func object() throws(Failure) -> JSONValue {
+        try enter()
+        defer { depth -= 1 }
+        var members: [String: JSONValue] = [:]
+        if try peek() == UInt8(ascii: "}") {
+            index += 1
+            return .object(members)
+        }
+        while true {
+            guard try peek() == UInt8(ascii: "\"") else { throw Failure() }
+            let name = try string()
+            skipWhitespace()
+            try expect(":")
+            skipWhitespace()
+            let member = try value()
+            guard members.updateValue(member, forKey: name) == nil else { throw Failure() }
+            skipWhitespace()
+            let next = try peek()
+            index += 1
+            if next == UInt8(ascii: "}") { return .object(members) }
+            guard next == UInt8(ascii: ",") else { throw Failure() }
+            skipWhitespace()
+        }
+    }
+
+    private mutating func array() throws(Failure) -> JSONValue {
+        try enter()
+        defer { depth -= 1 }
+        var elements: [JSONValue] = []
+        if try peek() == UInt8(ascii: "]") {
+            index += 1
+            return .array(elements)
+        }
+        while true {
+            elements.append(try value())
+            skipWhitespace()
+            let next = try peek()
+            index += 1
+            if next == UInt8(ascii: "]") { return .array(elements) }
+            guard next == UInt8(ascii: ",") else { throw Failure() }
+            skipWhitespace()
+        }
+    }
+
+    private mutating func string() throws(Failure) -> String {
+        index += 1  // opening quote
+        var scalars: [UInt8] = []
+        while true {
+            let byte = try peek()
+            index += 1
+            switch byte {
+            case UInt8(ascii: "\""):
+                guard let text = String(validating: scalars, as: UTF8.self) else { throw Failure() }
+                return text
+            case UInt8(ascii: "\\"):
+                let escape = try peek()
+                index += 1
+                switch escape {
+                case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"): scalars.append(escape)
+                case UInt8(ascii: "b"): scalars.append(0x08)
+                case UInt8(ascii: "f"): scalars.append(0x0C)
+                case UInt8(ascii: "n"): scalars.append(0x0A)
+                case UInt8(ascii: "r"): scalars.append(0x0D)
+                case UInt8(ascii: "t"): scalars.append(0x09)
+                case UInt8(ascii: "u"):
+                    var code = try hex4()
+                    if (0xD800..<0xDC00).contains(code) {
+                        try expect("\\u")
+                        let low = try hex4()
+                        guard (0xDC00..<0xE000).contains(low) else { throw Failure() }
+                        code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)
+                    } else if (0xDC00..<0xE000).contains(code) {
+                        throw Failure()
+                    }
+                    guard let scalar = Unicode.Scalar(code) else { throw Failure() }
+                    scalars.append(contentsOf: String(Character(scalar)).utf8)
+                default: throw Failure()
+                }
+            case 0..<0x20:
+                throw Failure()
+            default:
+                scalars.append(byte)
+            }
+        }
+    }
+
+    private mutating func hex4() throws(Failure) -> UInt32 {
+        var code: UInt32 = 0
+        for _ in 0..<4 {
+            let byte = try peek()
+            index += 1
+            let digit: UInt32
+            switch byte {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): digit = UInt32(byte - UInt8(ascii: "0"))
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): digit = UInt32(byte - UInt8(ascii: "a") + 10)
+            case UInt8(ascii: "A")...UInt8(ascii: "F"): digit = UInt32(byte - UInt8(ascii: "A") + 10)
+            default: throw Failure()
+            }
+            code = code << 4 | digit
+        }
+        return code
+    }
+
+    /// RFC 8259 number grammar: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
+    private mutating func number() throws(Failure) -> Double {
+        let start = index
+        func isDigit(_ byte: UInt8) -> Bool { byte >= UInt8(ascii: "0") && byte <= UInt8(ascii: "9") }
+        func digits() -> Int {
+            let first = index
+            while index < bytes.count, isDigit(bytes[index]) { index += 1 }
+            return index - first
+        }
+        if index < bytes.count, bytes[index] == UInt8(ascii: "-") { index += 1 }
+        guard index < bytes.count, isDigit(bytes[index]) else { throw Failure() }
+        if bytes[index] == UInt8(ascii: "0") {
+            index += 1
+        } else {
+            _ = digits()
+        }
+        if index < bytes.count, bytes[index] == UInt8(ascii: ".") {
+            index += 1
+            guard digits() > 0 else { throw Failure() }
+        }
+        if index < bytes.count, bytes[index] == UInt8(ascii: "e") || bytes[index] == UInt8(ascii: "E") {
+            index += 1
+            if index < bytes.count, bytes[index] == UInt8(ascii: "+") || bytes[index] == UInt8(ascii: "-") {
+                index += 1
+            }
+            guard digits() > 0 else { throw Failure() }
+        }
+        guard index - start <= 64,
+            let value = Double(String(decoding: bytes[start..<index], as: UTF8.self)), value.isFinite
+        else { throw Failure() }
+        return value
     }
 }

@@ -17,6 +17,12 @@ public struct JSONWebKeySet: Sendable {
         /// A fixed, human-readable reason (e.g. `kty is not RSA`).
         public var reason: String
 
+        /// Records a skipped entry.
+        public init(keyID: String?, reason: String) {
+            self.keyID = keyID
+            self.reason = reason
+        }
+
         public var description: String { "\(keyID ?? "(no kid)"): \(reason)" }
     }
 
@@ -28,7 +34,9 @@ public struct JSONWebKeySet: Sendable {
 
     /// Parses a JWKS document (`{"keys":[…]}`); throws only if the document itself is unusable.
     public init(jsonData: Data) throws(NotificationError) {
-        guard jsonData.count <= Self.maximumLength else { throw .malformed(.tooLarge, "key set over 256 KiB") }
+        guard jsonData.count <= Self.maximumLength else {
+            throw .malformed(.tooLarge, "key set over 256 KiB")
+        }
         let object = try JSONValue.object(from: jsonData, what: "key set")
         guard case .array(let entries)? = object["keys"] else {
             throw .malformed(.badKeySet, "no keys array")

@@ -53,7 +53,8 @@ public struct NotificationSigner: Sendable {
         eventTime: Date = Date(), issuedAt: Date = Date(), jti: String = UUID().uuidString.lowercased()
     ) -> [String: Any] {
         var event: [String: Any] = [
-            "type": type, "sub": subject, "event_time": Int64((eventTime.timeIntervalSince1970 * 1000).rounded()),
+            "type": type, "sub": subject,
+            "event_time": Int64((eventTime.timeIntervalSince1970 * 1000).rounded()),
         ]
         if let email {
             event["email"] = email
@@ -88,7 +89,8 @@ public struct NotificationSigner: Sendable {
             headerJSON = try JSONSerialization.data(withJSONObject: header, options: jsonOptions)
         } else {
             // Apple's member order: kid first.
-            let kid = try JSONSerialization.data(withJSONObject: [keyID], options: jsonOptions).dropFirst().dropLast()
+            let kid = try JSONSerialization.data(withJSONObject: [keyID], options: jsonOptions).dropFirst()
+                .dropLast()
             headerJSON = Data("{\"kid\":".utf8) + kid + Data(",\"alg\":\"RS256\"}".utf8)
         }
         let claimsJSON = try JSONSerialization.data(withJSONObject: claims, options: jsonOptions)

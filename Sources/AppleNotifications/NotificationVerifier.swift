@@ -87,7 +87,9 @@ public struct NotificationVerifier: Sendable {
         case .array(let values)?:
             var strings: [String] = []
             for value in values {
-                guard let string = value.stringValue else { throw .malformed(.badClaim, "aud is not strings") }
+                guard let string = value.stringValue else {
+                    throw .malformed(.badClaim, "aud is not strings")
+                }
                 strings.append(string)
             }
             tokenAudiences = strings

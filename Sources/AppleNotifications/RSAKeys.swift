@@ -145,7 +145,8 @@ final class RSAPrivateKey: @unchecked Sendable {
         let loaded: OpaquePointer? = bytes.withUnsafeBytes { buffer in
             guard let bio = BIO_new_mem_buf(buffer.baseAddress, Int32(buffer.count)) else { return nil }
             defer { BIO_free(bio) }
-            return PEM_read_bio_PrivateKey(bio, nil, nil, nil)
+            // A password callback that refuses: an encrypted key fails instead of prompting on a terminal.
+            return PEM_read_bio_PrivateKey(bio, nil, { _, _, _, _ in -1 }, nil)
         }
         guard let loaded else {
             ERR_clear_error()

@@ -24,7 +24,9 @@ public struct EventType: Sendable, Hashable, Codable, RawRepresentable, CustomSt
     public static let accountDelete = EventType(rawValue: "account-delete")
 
     /// The four types Apple documents.
-    public static let known: Set<EventType> = [.emailDisabled, .emailEnabled, .consentRevoked, .accountDelete]
+    public static let known: Set<EventType> = [
+        .emailDisabled, .emailEnabled, .consentRevoked, .accountDelete,
+    ]
 
     /// Whether this is one of the four documented types.
     public var isKnown: Bool { Self.known.contains(self) }

@@ -16,7 +16,9 @@ public final class HTTPServer: Sendable {
         public var port: Int
         /// Threads in the pool; each runs its own epoll loop and calls the handler.
         public var threadCount: Int
-        /// The largest accepted request body; larger ones get 413 without being buffered.
+        /// The largest accepted request body. A larger `Content-Length` gets 413 before any body is
+        /// read; a chunked body stops being buffered once past the limit and gets 413 at its end
+        /// (or the connection is closed if it streams on past twice the limit).
         public var maxBodyBytes: Int
         /// The most simultaneous connections; further ones are refused.
         public var connectionLimit: Int
@@ -202,8 +204,11 @@ public final class HTTPServer: Sendable {
         }
     }
 
-    /// Stops gracefully: stops accepting connections, lets in-flight requests finish for up to
-    /// `gracePeriod`, then closes everything. Must not be called from inside the handler.
+    /// Stops gracefully: refuses new connections at once, lets in-flight requests finish for up to
+    /// `gracePeriod` (responses sent meanwhile carry `Connection: close`), then closes every
+    /// connection. Handlers still running after the grace period are waited for, since their pool
+    /// threads are joined; so handlers must not block forever. Must not be called from a handler.
+    /// Calling it again, or on a server that never started, returns at once.
     ///
     /// - Returns: `true` when every in-flight request finished within the grace period.
     @discardableResult
@@ -286,7 +291,8 @@ private final class Dispatcher: Sendable {
             query: query,
             headers: HTTPHeaders(fields),
             body: body,
-            remoteAddress: String(decoding: address.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
+            remoteAddress: String(
+                decoding: address.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
     }
 
     private func send(_ response: HTTPResponse, on exchange: OpaquePointer) -> Int32 {

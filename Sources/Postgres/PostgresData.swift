@@ -21,6 +21,9 @@ public enum PostgresData: Sendable, Hashable {
     case uuid(UUID)
     /// `jsonb`, given as JSON text.
     case jsonb(String)
+    /// A one-dimensional array, sent as an array literal whose type the statement gives (`$1::text[]`).
+    /// Elements may be nil (SQL NULL) but not arrays themselves.
+    indirect case array([PostgresData?])
 
     /// Wraps any encodable value.
     public init(_ value: some PostgresEncodable) { self = value.postgresData }
@@ -36,6 +39,7 @@ public enum PostgresData: Sendable, Hashable {
         case .bytes: 17
         case .uuid: 2950
         case .jsonb: 3802
+        case .array: 0
         }
     }
 
@@ -56,7 +60,34 @@ public enum PostgresData: Sendable, Hashable {
         case .date(let value): PostgresTimestamp.format(value)
         case .bytes(let value): PostgresHex.encode(value)
         case .uuid(let value): value.uuidString.lowercased()
+        case .array(let elements): Self.arrayLiteral(elements)
         }
+    }
+
+    /// `{"a","b",NULL}`: every element quoted, with `"` and `\` escaped.
+    private static func arrayLiteral(_ elements: [PostgresData?]) -> String {
+        var literal = "{"
+        for (index, element) in elements.enumerated() {
+            if index > 0 { literal.append(",") }
+            guard let element else {
+                literal.append("NULL")
+                continue
+            }
+            precondition(!element.isArray, "nested arrays are not supported")
+            literal.append("\"")
+            for character in element.textValue.unicodeScalars {
+                if character == "\"" || character == "\\" { literal.append("\\") }
+                literal.unicodeScalars.append(character)
+            }
+            literal.append("\"")
+        }
+        literal.append("}")
+        return literal
+    }
+
+    private var isArray: Bool {
+        if case .array = self { return true }
+        return false
     }
 }
 

@@ -1,3 +1,5 @@
+import Foundation
+
 /// A small declarative command-line parser shared by the executables.
 ///
 /// Supports `--name value`, `--name=value`, boolean flags, positional arguments, `--` to end
@@ -207,7 +209,9 @@ public struct CommandSpec: Sendable {
             if let variable = option.environmentVariable, let value = environment[variable], !value.isEmpty {
                 parsed.options[option.name] =
                     option.isRepeatable
-                    ? value.split(separator: ",").map { String($0) } : [value]
+                    ? value.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
+                        .filter { !$0.isEmpty }
+                    : [value]
             } else if let defaultValue = option.defaultValue {
                 parsed.options[option.name] = [defaultValue]
             } else if option.isRequired {

@@ -1,6 +1,6 @@
 import Dispatch
-import Synchronization
 import Foundation
+import Synchronization
 
 /// Waits for SIGTERM or SIGINT, the signals that ask a service to stop gracefully.
 ///
@@ -36,7 +36,8 @@ public final class TerminationSignals {
 
     /// Blocks until a signal arrives or `timeout` passes; returns whether a signal arrived.
     public func wait(timeout: Duration) -> Bool {
-        let nanos = timeout.components.seconds * 1_000_000_000 + timeout.components.attoseconds / 1_000_000_000
+        let nanos =
+            timeout.components.seconds * 1_000_000_000 + timeout.components.attoseconds / 1_000_000_000
         return semaphore.wait(timeout: .now() + .nanoseconds(Int(nanos))) == .success
     }
 

@@ -53,7 +53,8 @@ public final class Logger: Sendable {
     /// - Parameter sink: where finished lines go; standard error by default.
     public init(
         label: String, level: Level = .info,
-        sink: @escaping @Sendable (String) -> Void = { line in FileHandle.standardError.write(Data(line.utf8)) }
+        sink: @escaping @Sendable (String) -> Void = { line in FileHandle.standardError.write(Data(line.utf8))
+        }
     ) {
         self.label = label
         self.minimumLevel = level

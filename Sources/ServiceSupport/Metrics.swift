@@ -25,7 +25,9 @@ public final class MetricsRegistry: Sendable {
 
     /// A counter: only goes up. Registering the same name and labels twice returns the same handle.
     public func counter(_ name: String, help: String, labels: [(String, String)] = []) -> Counter {
-        register(name, help: help, type: "counter", labels: labels) { .counter(labels: $0, Counter()) } extract: {
+        register(name, help: help, type: "counter", labels: labels) {
+            .counter(labels: $0, Counter())
+        } extract: {
             if case .counter(_, let c) = $0 { return c }
             return nil
         }
@@ -33,7 +35,9 @@ public final class MetricsRegistry: Sendable {
 
     /// A gauge: a value that goes up and down.
     public func gauge(_ name: String, help: String, labels: [(String, String)] = []) -> Gauge {
-        register(name, help: help, type: "gauge", labels: labels) { .gauge(labels: $0, Gauge()) } extract: {
+        register(name, help: help, type: "gauge", labels: labels) {
+            .gauge(labels: $0, Gauge())
+        } extract: {
             if case .gauge(_, let g) = $0 { return g }
             return nil
         }
@@ -49,14 +53,16 @@ public final class MetricsRegistry: Sendable {
                 families[i].series.append(.computed(labels: rendered, read))
             } else {
                 families.append(
-                    Family(name: name, help: help, type: "gauge", series: [.computed(labels: rendered, read)]))
+                    Family(name: name, help: help, type: "gauge", series: [.computed(labels: rendered, read)])
+                )
             }
         }
     }
 
     /// A histogram with the given upper bounds (seconds, for latencies).
     public func histogram(
-        _ name: String, help: String, labels: [(String, String)] = [], buckets: [Double] = Histogram.latencyBuckets
+        _ name: String, help: String, labels: [(String, String)] = [],
+        buckets: [Double] = Histogram.latencyBuckets
     ) -> Histogram {
         register(name, help: help, type: "histogram", labels: labels) {
             .histogram(labels: $0, Histogram(buckets: buckets))
@@ -105,7 +111,8 @@ public final class MetricsRegistry: Sendable {
                     var cumulative = 0
                     for (bound, count) in zip(h.buckets, snap.counts) {
                         cumulative += count
-                        out += "\(family.name)_bucket\(Self.adding("le", Self.format(bound), to: labels)) \(cumulative)\n"
+                        out +=
+                            "\(family.name)_bucket\(Self.adding("le", Self.format(bound), to: labels)) \(cumulative)\n"
                     }
                     out += "\(family.name)_bucket\(Self.adding("le", "+Inf", to: labels)) \(snap.count)\n"
                     out += "\(family.name)_sum\(labels) \(Self.format(snap.sum))\n"

@@ -215,51 +215,22 @@ public final class PostgresCluster: Sendable {
         }
     }
 
-    /// Runs a PostgreSQL tool (as `postgres` via runuser when we are root); throws with its output
-    /// when it fails.
+    /// Runs a PostgreSQL tool (as `postgres` via runuser when we are root) from the socket directory
+    /// (a directory the tool may read), without PG* variables; throws with its output when it fails.
     private func run(_ executable: String, _ arguments: [String]) throws {
-        let command =
-            runAsPostgres
-            ? [Self.runuserPath(), "-u", "postgres", "--", executable] + arguments : [executable] + arguments
-        let outputPath = socketDirectory + "/tool-\(UUID().uuidString).log"
-        defer { try? FileManager.default.removeItem(atPath: outputPath) }
-        let status = try Self.spawnAndWait(command, outputPath: outputPath, directory: socketDirectory)
-        guard status == 0 else {
-            let text = (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? ""
+        let command = runAsPostgres ? Self.runuserPath() : executable
+        let commandArguments = runAsPostgres ? ["-u", "postgres", "--", executable] + arguments : arguments
+        let result = try Subprocess.run(
+            command, commandArguments,
+            environment: ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("PG") },
+            workingDirectory: socketDirectory)
+        guard result.status == 0 else {
             let log = (try? String(contentsOfFile: socketDirectory + "/server.log", encoding: .utf8)) ?? ""
             throw ClusterError(
                 description: "\((executable as NSString).lastPathComponent) \(arguments.last ?? "") failed "
-                    + "(status \(status)): \(text)\nserver log tail: \(log.suffix(2000))")
+                    + "(status \(result.status)): \(result.standardOutput)\(result.standardError)\n"
+                    + "server log tail: \(log.suffix(2000))")
         }
-    }
-
-    /// posix_spawn + waitpid (Foundation's `Process.waitUntilExit` can stall when the test runner's
-    /// threads are all busy). Output goes to `outputPath`; PG* variables are not passed on.
-    private static func spawnAndWait(_ tool: [String], outputPath: String, directory: String) throws -> Int32
-    {
-        let command = ["/usr/bin/env", "-C", directory] + tool  // Start in a directory the tool may read.
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        posix_spawn_file_actions_addopen(&actions, 1, outputPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
-        posix_spawn_file_actions_adddup2(&actions, 1, 2)
-        let environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("PG") }
-            .map { "\($0.key)=\($0.value)" }
-        let argv = command.map { strdup($0) } + [nil]
-        let envp = environment.map { strdup($0) } + [nil]
-        defer { for pointer in argv + envp { free(pointer) } }
-        var pid: pid_t = 0
-        let spawned = posix_spawn(&pid, command[0], &actions, nil, argv, envp)
-        guard spawned == 0 else {
-            throw ClusterError(description: "could not start \(command[0]): error \(spawned)")
-        }
-        var status: Int32 = 0
-        while waitpid(pid, &status, 0) < 0 {
-            guard errno == EINTR else { throw ClusterError(description: "waitpid failed: errno \(errno)") }
-        }
-        // WIFEXITED / WEXITSTATUS are macros; decode the classic wait status by hand.
-        return status & 0x7f == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
     }
 
     private static func runuserPath() -> String {
@@ -275,13 +246,8 @@ public final class PostgresCluster: Sendable {
         let fileManager = FileManager.default
         for directory in ["/usr/bin", "/usr/local/bin", "/usr/local/pgsql/bin"]
         where fileManager.isExecutableFile(atPath: directory + "/pg_config") {
-            let outputPath = NSTemporaryDirectory() + "/siwa-pg-config-\(UUID().uuidString)"
-            defer { try? fileManager.removeItem(atPath: outputPath) }
-            if (try? spawnAndWait(
-                [directory + "/pg_config", "--bindir"], outputPath: outputPath, directory: "/")) == 0,
-                let text = try? String(contentsOfFile: outputPath, encoding: .utf8)
-            {
-                let bin = text.trimmingCharacters(in: .whitespacesAndNewlines)
+            if let result = try? Subprocess.run(directory + "/pg_config", ["--bindir"]), result.status == 0 {
+                let bin = result.standardOutput.trimmingCharacters(in: .whitespacesAndNewlines)
                 if fileManager.isExecutableFile(atPath: bin + "/initdb") { return bin }
             }
         }

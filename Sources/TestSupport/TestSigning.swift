@@ -26,13 +26,15 @@ public enum TestSigning {
 
     /// A signed token from ``apple`` with sensible defaults for every field.
     public static func token(
-        type: String = "consent-revoked", subject: String = "001234.test.subject", audience: String = audience,
+        type: String = "consent-revoked", subject: String = "001234.test.subject",
+        audience: String = audience,
         email: String? = nil, isPrivateEmail: Bool? = nil, eventTime: Date = Date(), issuedAt: Date = Date(),
         jti: String = UUID().uuidString.lowercased(), signer: NotificationSigner = apple
     ) -> String {
         do {
             return try signer.sign(
-                type: type, subject: subject, audience: audience, email: email, isPrivateEmail: isPrivateEmail,
+                type: type, subject: subject, audience: audience, email: email,
+                isPrivateEmail: isPrivateEmail,
                 eventTime: eventTime, issuedAt: issuedAt, jti: jti)
         } catch {
             fatalError("test signing failed: \(error)")

@@ -11,7 +11,9 @@ enum KeygenVerb {
             Prints the key ID. Refuses to overwrite an existing private key.
             """,
         options: [
-            CommandOption("out", valueName: "DIR", help: "Directory to write into (created if absent).", isRequired: true),
+            CommandOption(
+                "out", valueName: "DIR", help: "Directory to write into (created if absent).",
+                isRequired: true),
             CommandOption("kid", valueName: "KID", help: "Key ID (default: a short hash of the public key)."),
         ])
 

@@ -11,8 +11,10 @@ enum SignVerb {
             """,
         options: [
             CommandOption("key", valueName: "PEM", help: "Private key file (PEM).", isRequired: true),
-            CommandOption("kid", valueName: "KID", help: "Key ID for the header (default: hash of the public key)."),
-            CommandOption("audience", valueName: "AUD", help: "Client ID for the aud claim.", isRequired: true),
+            CommandOption(
+                "kid", valueName: "KID", help: "Key ID for the header (default: hash of the public key)."),
+            CommandOption(
+                "audience", valueName: "AUD", help: "Client ID for the aud claim.", isRequired: true),
             CommandOption(
                 "type", valueName: "TYPE",
                 help: "email-disabled, email-enabled, consent-revoked or account-delete.", isRequired: true),
@@ -49,7 +51,8 @@ enum SignVerb {
         let token = try signer.sign(
             type: parsed.value("type")!, subject: parsed.value("sub")!, audience: parsed.value("audience")!,
             email: parsed.value("email"), isPrivateEmail: isPrivate)
-        let body = try JSONSerialization.data(withJSONObject: ["payload": token], options: [.withoutEscapingSlashes])
+        let body = try JSONSerialization.data(
+            withJSONObject: ["payload": token], options: [.withoutEscapingSlashes])
         writeOut(String(decoding: body, as: UTF8.self) + "\n")
     }
 }

@@ -30,24 +30,25 @@ func writeError(_ line: String) {
 }
 
 /// Parses a verb's arguments, or prints help / a usage error and returns the exit status.
-func parse(_ spec: CommandSpec, _ arguments: [String], _ environment: [String: String]) -> Result<
-    ParsedCommand, ExitCode
-> {
+func parse(_ spec: CommandSpec, _ arguments: [String], _ environment: [String: String]) -> ParseOutcome {
     do {
         let parsed = try spec.parse(arguments, environment: environment)
         if parsed.helpRequested {
             writeOut(spec.helpText())
-            return .failure(ExitCode(ExitStatus.success))
+            return .failure(EarlyExit(ExitStatus.success))
         }
         return .success(parsed)
     } catch {
         writeError("\(spec.name): \(error.message)")
-        return .failure(ExitCode(ExitStatus.usage))
+        return .failure(EarlyExit(ExitStatus.usage))
     }
 }
 
+/// Parsed arguments, or the status to exit with at once (after `--help` or a usage error).
+typealias ParseOutcome = Result<ParsedCommand, EarlyExit>
+
 /// An exit status carried through `Result` when a verb stops before running.
-struct ExitCode: Error {
+struct EarlyExit: Error {
     var status: Int32
     init(_ status: Int32) { self.status = status }
 }

@@ -16,10 +16,12 @@ enum VerifyVerb {
             """,
         options: [
             CommandOption(
-                "jwks", valueName: "FILE_OR_URL", help: "Key set: a file, or an http(s) URL.", isRequired: true,
+                "jwks", valueName: "FILE_OR_URL", help: "Key set: a file, or an http(s) URL.",
+                isRequired: true,
                 environmentVariable: "SIWA_JWKS_URL"),
             CommandOption(
-                "audience", valueName: "AUD", help: "Accepted client ID.", isRepeatable: true, isRequired: true,
+                "audience", valueName: "AUD", help: "Accepted client ID.", isRepeatable: true,
+                isRequired: true,
                 environmentVariable: "SIWA_AUDIENCES"),
             CommandOption("at", valueName: "ISO8601", help: "Verify as of this instant instead of now."),
         ],
@@ -77,7 +79,8 @@ enum VerifyVerb {
             do {
                 (data, response) = try await URLSession.shared.data(for: request)
             } catch {
-                throw ToolFailure("cannot fetch JWKS from \(url.host ?? "URL"): \(error.localizedDescription)")
+                throw ToolFailure(
+                    "cannot fetch JWKS from \(url.host ?? "URL"): \(error.localizedDescription)")
             }
             guard let http = response as? HTTPURLResponse, http.statusCode == 200 else {
                 throw ToolFailure("JWKS fetch did not answer 200")
@@ -104,7 +107,8 @@ enum VerifyVerb {
             "exp": notification.expiresAt.map(formatISO8601) ?? NSNull(),
         ]
         let data =
-            (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]))
+            (try? JSONSerialization.data(
+                withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]))
             ?? Data()
         return String(decoding: data, as: UTF8.self)
     }

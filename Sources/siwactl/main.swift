@@ -7,10 +7,13 @@ import ServiceSupport
 let verbs: [Verb] = [KeygenVerb.verb, SignVerb.verb, VerifyVerb.verb]
 
 func topLevelHelp() -> String {
-    var text = "usage: siwactl VERB [OPTIONS]\n\nSign in with Apple notifications: operator's tool.\n\nverbs:\n"
+    var text =
+        "usage: siwactl VERB [OPTIONS]\n\nSign in with Apple notifications: operator's tool.\n\nverbs:\n"
     let width = verbs.map(\.name.count).max() ?? 0
     for verb in verbs {
-        text += "  \(verb.name)" + String(repeating: " ", count: width - verb.name.count + 2) + verb.abstract + "\n"
+        text +=
+            "  \(verb.name)" + String(repeating: " ", count: width - verb.name.count + 2) + verb.abstract
+            + "\n"
     }
     text += "\nRun 'siwactl VERB --help' for a verb's options.\n"
     return text
@@ -21,7 +24,9 @@ let environment = ProcessInfo.processInfo.environment
 let status: Int32
 if let first = arguments.first, let verb = verbs.first(where: { $0.name == first }) {
     status = await verb.run(Array(arguments.dropFirst()), environment)
-} else if arguments.isEmpty || arguments.first == "--help" || arguments.first == "-h" || arguments.first == "help" {
+} else if arguments.isEmpty || arguments.first == "--help" || arguments.first == "-h"
+    || arguments.first == "help"
+{
     writeOut(topLevelHelp())
     status = arguments.isEmpty ? ExitStatus.usage : ExitStatus.success
 } else {

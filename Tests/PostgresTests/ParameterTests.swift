@@ -20,6 +20,23 @@ struct ParameterTests {
                 0, as: Int.self] == 1)
     }
 
+    @Test("array parameters unnest into rows, with NULLs and hostile strings intact")
+    func arrayParameters() throws {
+        let connection = try freshConnection(applying: "CREATE TABLE a (s text, n int8, t timestamptz)")
+        let date = Date(timeIntervalSince1970: 1_700_000_000.5)
+        let strings: [PostgresData?] = [.text(Self.hostile), nil, .text(""), .text("NULL"), .text("{a,b}")]
+        let numbers: [PostgresData?] = [1, 2, nil, 4, 5]
+        let dates: [PostgresData?] = [.date(date), .date(date), .date(date), nil, .date(date)]
+        let inserted = try connection.execute(
+            "INSERT INTO a SELECT * FROM unnest($1::text[], $2::int8[], $3::timestamptz[])",
+            [.array(strings), .array(numbers), .array(dates)])
+        #expect(inserted == 5)
+        let rows = try connection.query("SELECT s, n, t FROM a ORDER BY n NULLS LAST")
+        #expect(try rows.map { try $0[0, as: String?.self] } == [Self.hostile, nil, "NULL", "{a,b}", ""])
+        #expect(try rows[0][2, as: Date?.self] == date)
+        #expect(try rows[2][2, as: Date?.self] == nil)
+    }
+
     @Test("every parameter type round trips through a typed column")
     func typedRoundTrip() throws {
         let connection = try freshConnection(

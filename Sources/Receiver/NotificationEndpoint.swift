@@ -1,0 +1,212 @@
+import AppleNotifications
+import Foundation
+import HTTPServer
+import Postgres
+import ServiceSupport
+
+/// The receiver's HTTP routes: Apple's notification endpoint, health, readiness and metrics.
+///
+/// Answers: 200 only after the row is committed (or for a `jti` already stored); 400 malformed;
+/// 401 verification failed; 503 with `Retry-After` when it cannot decide or store now. Bodies are small
+/// JSON objects that never echo the token.
+public final class NotificationEndpoint: Sendable {
+    /// The path Apple posts to.
+    public static let notificationPath = "/apple/notifications"
+
+    private let verifier: NotificationVerifier
+    private let keys: KeyStore
+    private let store: NotificationStore
+    private let logger: Logger
+    private let metrics: ReceiverMetrics
+    private let retryAfterSeconds: Int
+
+    public init(
+        verifier: NotificationVerifier, keys: KeyStore, store: NotificationStore, logger: Logger,
+        metrics: ReceiverMetrics, retryAfterSeconds: Int = 5
+    ) {
+        self.verifier = verifier
+        self.keys = keys
+        self.store = store
+        self.logger = logger
+        self.metrics = metrics
+        self.retryAfterSeconds = retryAfterSeconds
+    }
+
+    /// Routes one request.
+    public func handle(_ request: HTTPRequest) -> HTTPResponse {
+        switch request.path {
+        case Self.notificationPath:
+            guard request.method == "POST" else {
+                return Self.json(405, #"{"error":"method not allowed"}"#, headers: [("Allow", "POST")])
+            }
+            return receive(request)
+        case "/healthz":
+            return Self.json(200, #"{"status":"ok"}"#)
+        case "/readyz":
+            let keysLoaded = keys.hasKeys
+            let databaseReachable = store.isReachable()
+            let body = #"{"keys_loaded":\#(keysLoaded),"database_reachable":\#(databaseReachable)}"#
+            return Self.json(keysLoaded && databaseReachable ? 200 : 503, body)
+        case "/metrics":
+            return HTTPResponse(
+                status: 200, headers: ["Content-Type": "text/plain; version=0.0.4; charset=utf-8"],
+                body: Array(metrics.registry.render().utf8))
+        default:
+            return Self.json(404, #"{"error":"not found"}"#)
+        }
+    }
+
+    private struct Body: Decodable {
+        let payload: String
+    }
+
+    private func receive(_ request: HTTPRequest) -> HTTPResponse {
+        let started = ContinuousClock.now
+        metrics.inFlight.increment()
+        defer { metrics.inFlight.decrement() }
+
+        var fields: [String: Logger.Value] = ["request_id": .string(request.id)]
+        let response: HTTPResponse
+        let outcome: String
+        do {
+            guard let token = Self.payload(of: request.body) else {
+                throw BodyError()
+            }
+            let jws = try CompactJWS(token)
+            let notification = try verifier.verify(jws, now: Date()) { kid throws(NotificationError) in
+                try keys.key(id: kid)
+            }
+            fields["jti"] = .string(notification.jti)
+            fields["event_type"] = .string(notification.eventType.rawValue)
+            let storeStarted = ContinuousClock.now
+            do {
+                let stored = try store.store(notification, rawToken: token)
+                metrics.storageSeconds.observe(Self.seconds(since: storeStarted))
+                outcome = stored.rawValue
+                response = Self.json(200, #"{"status":"\#(stored.rawValue)"}"#)
+            } catch {
+                metrics.storageSeconds.observe(Self.seconds(since: storeStarted))
+                outcome = "unavailable"
+                fields["reason"] = "storage_unavailable"
+                fields["error"] = .string(String(describing: error))
+                response = unavailable("storage_unavailable")
+            }
+        } catch let error as NotificationError {
+            fields["reason"] = .string(error.code.rawValue)
+            switch error.kind {
+            case .malformed:
+                outcome = "malformed"
+                response = Self.json(400, #"{"error":"malformed","reason":"\#(error.code.rawValue)"}"#)
+            case .keyNotAvailable:
+                outcome = "unavailable"
+                response = unavailable("keys_unavailable")
+            default:
+                outcome = "unauthorized"
+                metrics.verificationFailure(error.code.rawValue).increment()
+                response = Self.json(
+                    401, #"{"error":"verification failed","reason":"\#(error.code.rawValue)"}"#)
+            }
+        } catch {
+            outcome = "malformed"
+            fields["reason"] = "bad_body"
+            response = Self.json(400, #"{"error":"malformed","reason":"bad_body"}"#)
+        }
+        metrics.delivery(outcome).increment()
+        fields["status"] = .int(response.status)
+        fields["outcome"] = .string(outcome)
+        fields["latency_ms"] = .double((Self.seconds(since: started) * 1e6).rounded() / 1e3)
+        logger.log(response.status >= 500 ? .warning : .info, "notification", fields)
+        return response
+    }
+
+    /// The `payload` string of a `{"payload": "<JWS>"}` body, or nil when the body is not such an object.
+    static func payload(of body: [UInt8]) -> String? {
+        try? JSONDecoder().decode(Body.self, from: Data(body)).payload
+    }
+
+    private struct BodyError: Error {}
+
+    private func unavailable(_ reason: String) -> HTTPResponse {
+        Self.json(
+            503, #"{"error":"unavailable","reason":"\#(reason)"}"#,
+            headers: [("Retry-After", String(retryAfterSeconds))])
+    }
+
+    private static func json(_ status: Int, _ body: String, headers: [(String, String)] = []) -> HTTPResponse
+    {
+        HTTPResponse(
+            status: status, headers: HTTPHeaders([("Content-Type", "application/json")] + headers),
+            body: Array(body.utf8))
+    }
+
+    private static func seconds(since start: ContinuousClock.Instant) -> Double {
+        let elapsed = ContinuousClock.now - start
+        return Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+    }
+}
+
+/// The receiver's metrics, registered once.
+public final class ReceiverMetrics: Sendable {
+    /// The registry rendered at `/metrics`.
+    public let registry: MetricsRegistry
+    /// Requests to the notification endpoint being handled now.
+    public let inFlight: Gauge
+    /// Time from queuing a notification to its commit, as the request sees it.
+    public let storageSeconds: Histogram
+    /// Rows per group-commit transaction.
+    public let batchSize: Histogram
+    /// Time to execute one group-commit transaction.
+    public let batchSeconds: Histogram
+    let jwksSuccess: Counter
+    let jwksFailure: Counter
+
+    public init(registry: MetricsRegistry = MetricsRegistry()) {
+        self.registry = registry
+        inFlight = registry.gauge("siwa_requests_in_flight", help: "Notification requests being handled.")
+        storageSeconds = registry.histogram(
+            "siwa_storage_duration_seconds", help: "Time to commit one notification to PostgreSQL.")
+        batchSize = registry.histogram(
+            "siwa_commit_batch_size", help: "Notifications per group-commit transaction.",
+            buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
+        batchSeconds = registry.histogram(
+            "siwa_commit_batch_duration_seconds", help: "Time to execute one group-commit transaction.")
+        jwksSuccess = registry.counter(
+            "siwa_jwks_fetches_total", help: "Fetches of Apple's key set, by result.",
+            labels: [("result", "success")])
+        jwksFailure = registry.counter(
+            "siwa_jwks_fetches_total", help: "Fetches of Apple's key set, by result.",
+            labels: [("result", "failure")])
+        for outcome in ["accepted", "duplicate", "malformed", "unauthorized", "unavailable"] {
+            _ = delivery(outcome)
+        }
+    }
+
+    /// Deliveries by outcome: accepted, duplicate, malformed, unauthorized, unavailable.
+    public func delivery(_ outcome: String) -> Counter {
+        registry.counter(
+            "siwa_deliveries_total", help: "Notification deliveries by outcome.",
+            labels: [("outcome", outcome)])
+    }
+
+    /// Verification failures by reason (the error code).
+    public func verificationFailure(_ reason: String) -> Counter {
+        registry.counter(
+            "siwa_verification_failures_total", help: "Notifications refused (401) by reason.",
+            labels: [("reason", reason)])
+    }
+
+    /// Records one committed batch.
+    public func recordBatch(size: Int, duration: Duration) {
+        batchSize.observe(Double(size))
+        let (seconds, attoseconds) = duration.components
+        batchSeconds.observe(Double(seconds) + Double(attoseconds) / 1e18)
+    }
+
+    /// Counts one key-set fetch.
+    public func record(_ outcome: KeyStore.FetchOutcome) {
+        switch outcome {
+        case .success: jwksSuccess.increment()
+        case .failure: jwksFailure.increment()
+        }
+    }
+}

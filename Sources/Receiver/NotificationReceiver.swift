@@ -1,0 +1,135 @@
+import AppleNotifications
+import Foundation
+import HTTPServer
+import Postgres
+import ServiceSupport
+
+/// Everything the receiver needs to run, validated at construction.
+public struct ReceiverConfiguration: Sendable {
+    /// Address to listen on.
+    public var host: String
+    /// Port to listen on (0: any free port).
+    public var port: Int
+    /// The database holding schema.sql.
+    public var database: PostgresConfiguration
+    /// Client IDs (bundle IDs, Services IDs) whose notifications are accepted. Never empty.
+    public let audiences: Set<String>
+    /// Where Apple's keys are fetched.
+    public var jwks: JWKSSource
+    /// Key-set refresh timing.
+    public var keys: KeyStore.Configuration
+    /// Database connections (the most requests that can be storing at once).
+    public var poolSize: Int
+    /// How long a request may wait for a database connection before answering 503.
+    public var poolTimeout: Duration
+    /// Group commit: committer threads, batch size, commit timeout.
+    public var storage: NotificationStore.Configuration
+    /// HTTP limits: body size, connections, timeouts, threads.
+    public var http: HTTPServer.Configuration
+    /// How long shutdown waits for requests in flight.
+    public var shutdownGracePeriod: Duration
+
+    /// - Throws: ``ConfigurationError`` when `audiences` is empty.
+    public init(
+        host: String = "127.0.0.1", port: Int = 8080, database: PostgresConfiguration, audiences: Set<String>,
+        jwks: JWKSSource, keys: KeyStore.Configuration = KeyStore.Configuration(), poolSize: Int = 16,
+        poolTimeout: Duration = .seconds(5), storage: NotificationStore.Configuration = .init(),
+        http: HTTPServer.Configuration = HTTPServer.Configuration(),
+        shutdownGracePeriod: Duration = .seconds(10)
+    ) throws {
+        let audiences = Set(audiences.map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty })
+        guard !audiences.isEmpty else {
+            throw ConfigurationError("at least one audience (client ID) is required")
+        }
+        guard poolSize >= storage.committers else {
+            throw ConfigurationError("the pool size must be at least the number of committers")
+        }
+        self.host = host
+        self.port = port
+        self.database = database
+        self.audiences = audiences
+        self.jwks = jwks
+        self.keys = keys
+        self.poolSize = poolSize
+        self.poolTimeout = poolTimeout
+        self.storage = storage
+        self.http = http
+        self.shutdownGracePeriod = shutdownGracePeriod
+    }
+}
+
+/// The receiver service: HTTP server, key store, verifier and storage, wired together.
+///
+/// Verification cannot be switched off: every notification passes ``NotificationVerifier`` with the
+/// configured audiences and keys fetched from ``ReceiverConfiguration/jwks``.
+public final class NotificationReceiver: Sendable {
+    /// The configuration it runs with.
+    public let configuration: ReceiverConfiguration
+    /// The metrics served at `/metrics`.
+    public let metrics: ReceiverMetrics
+    private let keys: KeyStore
+    private let pool: PostgresPool
+    private let store: NotificationStore
+    private let server: HTTPServer
+    private let logger: Logger
+
+    public init(configuration: ReceiverConfiguration, logger: Logger) throws {
+        self.configuration = configuration
+        self.logger = logger
+        let metrics = ReceiverMetrics()
+        self.metrics = metrics
+        let source = configuration.jwks
+        keys = KeyStore(configuration: configuration.keys, source: { try source.fetch() }) { outcome in
+            metrics.record(outcome)
+            switch outcome {
+            case .success(let count):
+                logger.info(
+                    "fetched Apple's key set", ["keys": .int(count), "url": .string(source.description)])
+            case .failure(let reason):
+                logger.warning(
+                    "could not fetch Apple's key set; keeping the last good keys",
+                    ["reason": .string(reason), "url": .string(source.description)])
+            }
+        }
+        pool = PostgresPool(
+            configuration: configuration.database, maxConnections: configuration.poolSize,
+            acquireTimeout: configuration.poolTimeout)
+        store = NotificationStore(pool: pool, configuration: configuration.storage) { size, duration in
+            metrics.recordBatch(size: size, duration: duration)
+        }
+        let endpoint = NotificationEndpoint(
+            verifier: try NotificationVerifier(audiences: configuration.audiences), keys: keys,
+            store: store, logger: logger, metrics: metrics)
+        var http = configuration.http
+        http.host = configuration.host
+        http.port = configuration.port
+        server = HTTPServer(configuration: http) { request in endpoint.handle(request) }
+    }
+
+    /// Starts listening and loading keys; returns once the port is bound.
+    public func start() throws {
+        keys.start()
+        try server.start()
+        logger.info(
+            "siwa-receiver listening",
+            [
+                "host": .string(configuration.host), "port": .int(server.port ?? configuration.port),
+                "audiences": .int(configuration.audiences.count),
+            ])
+    }
+
+    /// The bound port, once started.
+    public var port: Int? { server.port }
+
+    /// Stops accepting, lets requests in flight finish (up to the grace period), then releases
+    /// everything. Returns whether every request in flight finished.
+    @discardableResult
+    public func shutdown() -> Bool {
+        let drained = server.shutdown(gracePeriod: configuration.shutdownGracePeriod)
+        store.close()
+        keys.stop()
+        pool.close()
+        logger.info("siwa-receiver stopped", ["drained": .bool(drained)])
+        return drained
+    }
+}

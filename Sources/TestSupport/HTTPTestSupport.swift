@@ -1,0 +1,426 @@
+import Foundation
+import HTTPServer
+import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+// MARK: - A tiny blocking HTTP/1.1 client over POSIX sockets
+
+/// A failure of the test HTTP client (connect, send, receive, parse or timeout).
+public struct TestHTTPError: Error, CustomStringConvertible, Sendable {
+    /// What went wrong.
+    public let message: String
+
+    public init(_ message: String) { self.message = message }
+
+    public var description: String { "TestHTTPError: \(message)" }
+}
+
+/// A response as read off the wire by ``TestHTTPClient``.
+public struct TestHTTPResponse: Sendable {
+    /// The status code from the status line.
+    public var status: Int
+    /// The header fields; lookup is case-insensitive.
+    public var headers: HTTPHeaders
+    /// The body, de-chunked when the server used chunked transfer encoding.
+    public var body: [UInt8]
+
+    /// The body decoded as UTF-8.
+    public var text: String { String(decoding: body, as: UTF8.self) }
+    /// The body as `Data`.
+    public var data: Data { Data(body) }
+}
+
+/// A blocking HTTP/1.1 client for tests that shares no code with ``HTTPServer``.
+///
+/// Every call opens a fresh connection with `Connection: close`, so calls from many threads are
+/// independent. Only `http://` URLs with numeric hosts or `localhost` are supported.
+public enum TestHTTPClient {
+    /// Sends a GET request.
+    public static func get(
+        _ url: String, headers: [(String, String)] = [], timeout: Duration = .seconds(10)
+    ) throws -> TestHTTPResponse {
+        try request(method: "GET", url: url, headers: headers, body: nil, timeout: timeout)
+    }
+
+    /// Sends a POST request with `body` (announced with `Content-Length`).
+    public static func post(
+        _ url: String, body: [UInt8], headers: [(String, String)] = [], timeout: Duration = .seconds(10)
+    ) throws -> TestHTTPResponse {
+        try request(method: "POST", url: url, headers: headers, body: body, timeout: timeout)
+    }
+
+    /// Sends a POST request with `body`.
+    public static func post(
+        _ url: String, body: Data, headers: [(String, String)] = [], timeout: Duration = .seconds(10)
+    ) throws -> TestHTTPResponse {
+        try post(url, body: [UInt8](body), headers: headers, timeout: timeout)
+    }
+
+    /// Sends any request. With `chunked`, the body is sent with `Transfer-Encoding: chunked` in
+    /// chunks of at most `chunkSize` bytes instead of with `Content-Length`.
+    public static func request(
+        method: String, url: String, headers: [(String, String)] = [], body: [UInt8]?,
+        chunked: Bool = false, chunkSize: Int = 4096, timeout: Duration = .seconds(10)
+    ) throws -> TestHTTPResponse {
+        let target = try Target(url)
+        let connection = try RawHTTPConnection(host: target.host, port: target.port, timeout: timeout)
+        var head = "\(method) \(target.pathAndQuery) HTTP/1.1\r\n"
+        head += "Host: \(target.hostHeader)\r\nConnection: close\r\n"
+        for (name, value) in headers { head += "\(name): \(value)\r\n" }
+        if let body, chunked {
+            head += "Transfer-Encoding: chunked\r\n\r\n"
+            try connection.send(head)
+            var offset = 0
+            while offset < body.count {
+                let end = min(offset + max(1, chunkSize), body.count)
+                try connection.send(String(end - offset, radix: 16) + "\r\n")
+                try connection.send(Array(body[offset..<end]))
+                try connection.send("\r\n")
+                offset = end
+            }
+            try connection.send("0\r\n\r\n")
+        } else if let body {
+            head += "Content-Length: \(body.count)\r\n\r\n"
+            try connection.send(Array(head.utf8) + body)
+        } else {
+            head += "\r\n"
+            try connection.send(head)
+        }
+        return try connection.readResponse()
+    }
+
+    private struct Target {
+        var host: String
+        var port: Int
+        var pathAndQuery: String
+        var hostHeader: String
+
+        init(_ text: String) throws {
+            guard let components = URLComponents(string: text), components.scheme == "http",
+                var host = components.host, !host.isEmpty
+            else { throw TestHTTPError("unsupported URL \(text)") }
+            if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+            self.host = host
+            self.port = components.port ?? 80
+            let path = components.percentEncodedPath.isEmpty ? "/" : components.percentEncodedPath
+            self.pathAndQuery = path + (components.percentEncodedQuery.map { "?" + $0 } ?? "")
+            self.hostHeader = (host.contains(":") ? "[\(host)]" : host) + ":\(port)"
+        }
+    }
+}
+
+/// One client TCP connection for hostile tests: send arbitrary bytes, read, wait for the server
+/// to close. Not thread-safe; the socket is closed when the object goes away.
+public final class RawHTTPConnection {
+    private let fd: Int32
+    private var buffered: [UInt8] = []
+
+    /// Connects to `host` (numeric or `localhost`) and `port`; reads and writes time out after
+    /// `timeout`.
+    public init(host: String, port: Int, timeout: Duration = .seconds(10)) throws {
+        var hints = addrinfo()
+        hints.ai_family = AF_UNSPEC
+        #if canImport(Glibc)
+            hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        #else
+            hints.ai_socktype = SOCK_STREAM
+        #endif
+        var list: UnsafeMutablePointer<addrinfo>?
+        let lookup = getaddrinfo(host == "localhost" ? "127.0.0.1" : host, String(port), &hints, &list)
+        guard lookup == 0, let first = list else { throw TestHTTPError("cannot resolve \(host)") }
+        defer { freeaddrinfo(list) }
+
+        let socketFD = socket(first.pointee.ai_family, first.pointee.ai_socktype, 0)
+        guard socketFD >= 0 else { throw TestHTTPError("socket: \(Self.errorText())") }
+        let (seconds, attoseconds) = timeout.components
+        var interval = timeval(
+            tv_sec: Int(seconds), tv_usec: Int(attoseconds / 1_000_000_000_000))
+        let size = socklen_t(MemoryLayout<timeval>.size)
+        _ = setsockopt(socketFD, SOL_SOCKET, SO_RCVTIMEO, &interval, size)
+        _ = setsockopt(socketFD, SOL_SOCKET, SO_SNDTIMEO, &interval, size)
+        var noSigpipe: Int32 = 1
+        #if canImport(Darwin)
+            _ = setsockopt(socketFD, SOL_SOCKET, SO_NOSIGPIPE, &noSigpipe, socklen_t(4))
+        #endif
+        _ = noSigpipe
+        guard connect(socketFD, first.pointee.ai_addr, first.pointee.ai_addrlen) == 0 else {
+            let text = Self.errorText()
+            close(socketFD)
+            throw TestHTTPError("connect to \(host):\(port): \(text)")
+        }
+        fd = socketFD
+    }
+
+    deinit { close(fd) }
+
+    /// Sends all of `bytes`.
+    public func send(_ bytes: [UInt8]) throws {
+        var offset = 0
+        while offset < bytes.count {
+            let written = bytes[offset...].withUnsafeBytes { raw in
+                #if canImport(Glibc)
+                    Glibc.send(fd, raw.baseAddress, raw.count, Int32(MSG_NOSIGNAL))
+                #else
+                    Darwin.send(fd, raw.baseAddress, raw.count, 0)
+                #endif
+            }
+            if written < 0 {
+                if errno == EINTR { continue }
+                throw TestHTTPError("send: \(Self.errorText())")
+            }
+            offset += written
+        }
+    }
+
+    /// Sends the UTF-8 bytes of `text`.
+    public func send(_ text: String) throws {
+        try send(Array(text.utf8))
+    }
+
+    /// Waits until the server closes the connection, discarding anything it sends.
+    ///
+    /// - Returns: `true` if the connection was closed (or reset) before `timeout` passed.
+    public func waitForClose(timeout: Duration) -> Bool {
+        let clock = ContinuousClock()
+        let deadline = clock.now.advanced(by: timeout)
+        while clock.now < deadline {
+            var descriptor = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            let remaining = deadline - clock.now
+            let milliseconds = max(
+                1,
+                Int32(
+                    remaining.components.seconds * 1000 + remaining.components.attoseconds
+                        / 1_000_000_000_000_000))
+            let ready = poll(&descriptor, 1, milliseconds)
+            if ready < 0 && errno == EINTR { continue }
+            if ready <= 0 { continue }
+            var scratch = [UInt8](repeating: 0, count: 4096)
+            let count = scratch.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if count == 0 { return true }
+            if count < 0 && errno != EINTR && errno != EAGAIN { return true }
+        }
+        return false
+    }
+
+    /// Reads one complete response (by `Content-Length`, chunked encoding, or until close).
+    public func readResponse() throws -> TestHTTPResponse {
+        let separator: [UInt8] = [13, 10, 13, 10]
+        var headerEnd = buffered.firstRange(of: separator)
+        while headerEnd == nil {
+            guard try fill() else { throw TestHTTPError("connection closed before the response head") }
+            headerEnd = buffered.firstRange(of: separator)
+        }
+        let head = String(decoding: buffered[..<headerEnd!.lowerBound], as: UTF8.self)
+        buffered.removeSubrange(..<headerEnd!.upperBound)
+
+        var lines = head.components(separatedBy: "\r\n")
+        let statusParts = lines.removeFirst().split(separator: " ", maxSplits: 2)
+        guard statusParts.count >= 2, let status = Int(statusParts[1]) else {
+            throw TestHTTPError("malformed status line")
+        }
+        var headers = HTTPHeaders()
+        for line in lines {
+            guard let colon = line.firstIndex(of: ":") else { continue }
+            headers.add(
+                name: String(line[..<colon]),
+                value: line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces))
+        }
+
+        let body: [UInt8]
+        if let length = headers["Content-Length"].flatMap({ Int($0) }) {
+            body = try readExactly(length)
+        } else if headers["Transfer-Encoding"]?.lowercased() == "chunked" {
+            body = try readChunked()
+        } else {
+            while try fill() {}
+            body = buffered
+            buffered = []
+        }
+        return TestHTTPResponse(status: status, headers: headers, body: body)
+    }
+
+    private func readExactly(_ count: Int) throws -> [UInt8] {
+        while buffered.count < count {
+            guard try fill() else { throw TestHTTPError("connection closed inside the body") }
+        }
+        let result = Array(buffered[..<count])
+        buffered.removeSubrange(..<count)
+        return result
+    }
+
+    private func readLine() throws -> String {
+        let crlf: [UInt8] = [13, 10]
+        var end = buffered.firstRange(of: crlf)
+        while end == nil {
+            guard try fill() else { throw TestHTTPError("connection closed inside a chunk") }
+            end = buffered.firstRange(of: crlf)
+        }
+        let line = String(decoding: buffered[..<end!.lowerBound], as: UTF8.self)
+        buffered.removeSubrange(..<end!.upperBound)
+        return line
+    }
+
+    private func readChunked() throws -> [UInt8] {
+        var body: [UInt8] = []
+        while true {
+            let sizeText = try readLine().split(separator: ";").first.map(String.init) ?? ""
+            guard let size = Int(sizeText.trimmingCharacters(in: .whitespaces), radix: 16) else {
+                throw TestHTTPError("malformed chunk size")
+            }
+            if size == 0 {
+                while try !readLine().isEmpty {}
+                return body
+            }
+            body += try readExactly(size)
+            _ = try readLine()
+        }
+    }
+
+    /// Reads more bytes into the buffer; `false` at end of stream.
+    private func fill() throws -> Bool {
+        var chunk = [UInt8](repeating: 0, count: 16 * 1024)
+        while true {
+            let count = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if count > 0 {
+                buffered += chunk[..<count]
+                return true
+            }
+            if count == 0 { return false }
+            if errno == EINTR { continue }
+            if errno == EAGAIN || errno == EWOULDBLOCK { throw TestHTTPError("timed out reading") }
+            if errno == ECONNRESET { return false }
+            throw TestHTTPError("recv: \(Self.errorText())")
+        }
+    }
+
+    private static func errorText() -> String {
+        String(cString: strerror(errno))
+    }
+}
+
+// MARK: - A static HTTP server (Apple's key endpoint stand-in)
+
+/// Serves a mutable body at one path, e.g. a JWKS at `/auth/keys`, and can be told to misbehave.
+///
+/// Built on ``HTTPServer``, listening on 127.0.0.1 with an ephemeral port. Every request it
+/// receives is counted, on any path; other paths get 404.
+public final class StaticHTTPServer: Sendable {
+    private struct Behavior {
+        var body: Data
+        var contentType: String
+        var failureStatus: Int?
+        var garbage = false
+        var delay: Duration = .zero
+    }
+
+    private final class Shared: Sendable {
+        let behavior: Mutex<Behavior>
+        let served = Atomic<Int>(0)
+
+        init(_ behavior: Behavior) { self.behavior = Mutex(behavior) }
+    }
+
+    /// The path that is served, e.g. `/auth/keys`.
+    public let path: String
+    /// The bound port.
+    public let port: Int
+    private let shared: Shared
+    private let server: HTTPServer
+
+    /// Starts serving `body` at `path` on an ephemeral port.
+    public init(
+        path: String = "/auth/keys", body: Data = Data(#"{"keys":[]}"#.utf8),
+        contentType: String = "application/json"
+    ) throws {
+        let shared = Shared(Behavior(body: body, contentType: contentType))
+        let servedPath = path
+        let server = HTTPServer(configuration: .init(host: "127.0.0.1", port: 0, threadCount: 4)) {
+            request in
+            shared.served.add(1, ordering: .sequentiallyConsistent)
+            let behavior = shared.behavior.withLock { $0 }
+            if behavior.delay > .zero {
+                Thread.sleep(
+                    forTimeInterval: Double(behavior.delay.components.seconds)
+                        + Double(behavior.delay.components.attoseconds) / 1e18)
+            }
+            guard request.path == servedPath else { return .error(status: 404, "not found") }
+            if let status = behavior.failureStatus { return .error(status: status, "failure injected") }
+            if behavior.garbage {
+                return HTTPResponse(
+                    status: 200, headers: ["Content-Type": behavior.contentType],
+                    body: Array("not json at all {".utf8))
+            }
+            return HTTPResponse(
+                status: 200, headers: ["Content-Type": behavior.contentType], body: [UInt8](behavior.body))
+        }
+        try server.start()
+        self.path = path
+        self.port = server.port ?? 0
+        self.shared = shared
+        self.server = server
+    }
+
+    /// The URL of the served path, e.g. `http://127.0.0.1:PORT/auth/keys`.
+    public var url: URL { URL(string: "http://127.0.0.1:\(port)\(path)")! }
+
+    /// Replaces the served body (and returns to normal serving).
+    public func setBody(_ body: Data) {
+        shared.behavior.withLock {
+            $0.body = body
+            $0.failureStatus = nil
+            $0.garbage = false
+        }
+    }
+
+    /// Answers every request with `status` and a small JSON error body until ``serveNormally()``.
+    public func fail(status: Int = 500) {
+        shared.behavior.withLock { $0.failureStatus = status }
+    }
+
+    /// Answers with 200 and a body that is not JSON until ``serveNormally()``.
+    public func serveGarbage() {
+        shared.behavior.withLock { $0.garbage = true }
+    }
+
+    /// Waits `delay` before answering each request (zero to stop delaying).
+    public func setDelay(_ delay: Duration) {
+        shared.behavior.withLock { $0.delay = delay }
+    }
+
+    /// Stops injecting failures and garbage; the current body is served again.
+    public func serveNormally() {
+        shared.behavior.withLock {
+            $0.failureStatus = nil
+            $0.garbage = false
+        }
+    }
+
+    /// How many requests have been received so far (thread-safe).
+    public var requestCount: Int { shared.served.load(ordering: .sequentiallyConsistent) }
+
+    /// Waits until at least `count` requests have been received.
+    ///
+    /// - Returns: `false` if `timeout` passed first.
+    public func waitForRequestCount(atLeast count: Int, timeout: Duration = .seconds(5)) -> Bool {
+        let clock = ContinuousClock()
+        let deadline = clock.now.advanced(by: timeout)
+        while requestCount < count {
+            if clock.now >= deadline { return false }
+            Thread.sleep(forTimeInterval: 0.002)
+        }
+        return true
+    }
+
+    /// Stops the server; later requests are refused. Also happens when the object goes away.
+    public func stop() {
+        server.shutdown(gracePeriod: .seconds(1))
+    }
+}
+
+/// The stand-in for Apple's key endpoint: a ``StaticHTTPServer`` serving a JWKS at `/auth/keys`.
+public typealias JWKSTestServer = StaticHTTPServer

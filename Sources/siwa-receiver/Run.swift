@@ -1,0 +1,135 @@
+import Foundation
+import HTTPServer
+import Postgres
+import Receiver
+import ServiceSupport
+
+let receiverCommand = CommandSpec(
+    name: "siwa-receiver",
+    abstract: """
+        Receives Sign in with Apple server-to-server notifications: verifies each token against Apple's \
+        keys and stores it in PostgreSQL exactly once (by jti) before answering 200.
+        """,
+    options: [
+        CommandOption(
+            "listen", valueName: "HOST:PORT", help: "Address to listen on.",
+            environmentVariable: "SIWA_LISTEN",
+            defaultValue: "127.0.0.1:8080"),
+        CommandOption(
+            "database-url", valueName: "URL", help: "PostgreSQL URL or conninfo (schema.sql applied).",
+            isRequired: true, environmentVariable: "SIWA_DATABASE_URL"),
+        CommandOption(
+            "audience", valueName: "CLIENT_ID",
+            help: "Accepted client ID (bundle ID or Services ID); repeat for several. Required.",
+            isRepeatable: true, isRequired: true, environmentVariable: "SIWA_AUDIENCES"),
+        CommandOption(
+            "jwks-url", valueName: "URL", help: "Apple's key set (https; http only for loopback).",
+            environmentVariable: "SIWA_JWKS_URL", defaultValue: "https://appleid.apple.com/auth/keys"),
+        CommandOption(
+            "jwks-cooldown", valueName: "SECONDS",
+            help: "Least time between refetches caused by unknown kids.",
+            environmentVariable: "SIWA_JWKS_COOLDOWN", defaultValue: "30"),
+        CommandOption(
+            "jwks-refresh", valueName: "SECONDS", help: "Periodic key-set refresh interval.",
+            environmentVariable: "SIWA_JWKS_REFRESH", defaultValue: "3600"),
+        CommandOption(
+            "max-body-bytes", valueName: "BYTES", help: "Largest request body; larger ones get 413.",
+            environmentVariable: "SIWA_MAX_BODY_BYTES", defaultValue: "65536"),
+        CommandOption(
+            "max-connections", valueName: "N", help: "Most concurrent HTTP connections.",
+            environmentVariable: "SIWA_MAX_CONNECTIONS", defaultValue: "1024"),
+        CommandOption(
+            "connection-timeout", valueName: "SECONDS",
+            help: "Idle or slow connections are closed after this.",
+            environmentVariable: "SIWA_CONNECTION_TIMEOUT", defaultValue: "10"),
+        CommandOption(
+            "threads", valueName: "N", help: "HTTP worker threads (default: scaled to the machine).",
+            environmentVariable: "SIWA_THREADS"),
+        CommandOption(
+            "pool-size", valueName: "N", help: "Database connections.", environmentVariable: "SIWA_POOL_SIZE",
+            defaultValue: "16"),
+        CommandOption(
+            "log-level", valueName: "LEVEL", help: "debug, info, warning or error.",
+            environmentVariable: "SIWA_LOG_LEVEL", defaultValue: "info"),
+    ])
+
+/// Parses the configuration, runs until SIGTERM/SIGINT, and returns the exit status.
+func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
+    let signals = TerminationSignals()
+    let parsed: ParsedCommand
+    do {
+        parsed = try receiverCommand.parse(arguments, environment: environment)
+    } catch {
+        writeStandardError("siwa-receiver: \(error)\n(see siwa-receiver --help)\n")
+        return 2
+    }
+    if parsed.helpRequested {
+        print(receiverCommand.helpText(), terminator: "")
+        return 0
+    }
+    let configuration: ReceiverConfiguration
+    let logger: Logger
+    do {
+        (configuration, logger) = try makeConfiguration(parsed)
+    } catch {
+        writeStandardError("siwa-receiver: \(error)\n")
+        return 2
+    }
+    do {
+        let receiver = try NotificationReceiver(configuration: configuration, logger: logger)
+        try receiver.start()
+        let name = signals.wait()
+        logger.info("shutting down", ["signal": .string(name)])
+        receiver.shutdown()
+        return 0
+    } catch {
+        logger.error("siwa-receiver failed", ["error": .string(String(describing: error))])
+        return 1
+    }
+}
+
+private func makeConfiguration(_ parsed: ParsedCommand) throws -> (ReceiverConfiguration, Logger) {
+    func number(_ name: String, in range: ClosedRange<Int>) throws -> Int? {
+        guard let text = parsed.value(name) else { return nil }
+        guard let value = Int(text), range.contains(value) else {
+            throw ConfigurationError("--\(name) must be a whole number in \(range), not '\(text)'")
+        }
+        return value
+    }
+    func seconds(_ name: String) throws -> Duration {
+        let text = parsed.value(name) ?? ""
+        guard let value = parseSeconds(text), value > .zero else {
+            throw ConfigurationError("--\(name) must be a positive number of seconds, not '\(text)'")
+        }
+        return value
+    }
+    guard let level = Logger.Level(name: parsed.value("log-level") ?? "info") else {
+        throw ConfigurationError("--log-level must be debug, info, warning or error")
+    }
+    guard let listen = ListenAddress(parsing: parsed.value("listen") ?? "") else {
+        throw ConfigurationError("--listen must be HOST:PORT")
+    }
+    guard let jwksURL = URL(string: parsed.value("jwks-url") ?? "") else {
+        throw ConfigurationError("--jwks-url is not a URL")
+    }
+    var http = HTTPServer.Configuration()
+    http.maxBodyBytes = try number("max-body-bytes", in: 256...(16 << 20)) ?? http.maxBodyBytes
+    http.connectionLimit = try number("max-connections", in: 1...1_000_000) ?? http.connectionLimit
+    http.connectionTimeout = try seconds("connection-timeout")
+    http.threadCount = try number("threads", in: 1...1024) ?? http.threadCount
+    let audiences = parsed.values("audience").flatMap { $0.split(separator: ",").map(String.init) }
+    let configuration = try ReceiverConfiguration(
+        host: listen.host, port: listen.port,
+        database: try PostgresConfiguration(parsed.value("database-url") ?? ""),
+        audiences: Set(audiences),
+        jwks: try JWKSSource(url: jwksURL),
+        keys: KeyStore.Configuration(
+            refreshInterval: try seconds("jwks-refresh"), cooldown: try seconds("jwks-cooldown")),
+        poolSize: try number("pool-size", in: 1...1000) ?? 16,
+        http: http)
+    return (configuration, Logger(label: "siwa-receiver", level: level))
+}
+
+func writeStandardError(_ text: String) {
+    FileHandle.standardError.write(Data(text.utf8))
+}

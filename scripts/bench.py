@@ -1,0 +1,424 @@
+#!/usr/bin/env python3
+"""make bench: measures, side by side in one run on this machine,
+
+  - the database's ceiling: pgbench running the receiver's own INSERT shape, one row per transaction;
+  - the receiver: wrk posting distinct pre-signed Apple-shaped notifications (rows counted in the database);
+  - the worker: how fast one and two workers drain 100k queued notifications;
+  - idle end-to-end latency, receive → applied;
+
+and prints a table with ratios. Everything runs against a throwaway PostgreSQL cluster (fsync on) and
+only on loopback. Standard library only.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+AUDIENCE = "com.example.bench"
+
+
+def log(message):
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pg_bindir():
+    try:
+        out = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, check=True).stdout.strip()
+        if os.path.exists(os.path.join(out, "initdb")):
+            return out
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    versions = sorted((int(v) for v in os.listdir("/usr/lib/postgresql") if v.isdigit()), reverse=True)
+    for v in versions:
+        path = f"/usr/lib/postgresql/{v}/bin"
+        if os.path.exists(os.path.join(path, "initdb")):
+            return path
+    sys.exit("PostgreSQL server binaries not found (apt-get install postgresql)")
+
+
+class Cluster:
+    """A throwaway PostgreSQL cluster with fsync on, run as `postgres` when we are root."""
+
+    def __init__(self, root):
+        self.bindir = pg_bindir()
+        self.root = root
+        self.data = os.path.join(root, "data")
+        self.port = free_port()
+        self.as_postgres = os.geteuid() == 0
+        if self.as_postgres:
+            shutil.chown(root, "postgres")
+        self._tool("initdb", "-D", self.data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C")
+        options = (
+            f"-c listen_addresses='' -k {root} -p {self.port} -c fsync=on -c synchronous_commit=on "
+            "-c max_connections=400 -c shared_buffers=512MB -c max_wal_size=4GB -c checkpoint_timeout=30min"
+        )
+        self._tool("pg_ctl", "-D", self.data, "-o", options, "-l", os.path.join(root, "server.log"), "-w", "start")
+
+    def _tool(self, name, *args):
+        command = [os.path.join(self.bindir, name), *args]
+        if self.as_postgres:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        subprocess.run(command, check=True, cwd=self.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def url(self, db):
+        return f"postgresql://postgres@/{db}?host={self.root}&port={self.port}"
+
+    def psql(self, db, sql):
+        out = subprocess.run(
+            ["psql", "-h", self.root, "-p", str(self.port), "-U", "postgres", "-d", db, "-v", "ON_ERROR_STOP=1",
+             "-qAtX", "-c", sql],
+            capture_output=True, text=True)
+        if out.returncode != 0:
+            sys.exit(f"psql failed: {out.stderr}")
+        return out.stdout.strip()
+
+    def create_database(self, name, rows_already_stored=0):
+        self.psql("postgres", f"DROP DATABASE IF EXISTS {name}")
+        self.psql("postgres", f"CREATE DATABASE {name}")
+        subprocess.run(
+            ["psql", "-h", self.root, "-p", str(self.port), "-U", "postgres", "-d", name, "-v", "ON_ERROR_STOP=1",
+             "-qX", "-f", os.path.join(ROOT, "schema.sql")],
+            check=True, stdout=subprocess.DEVNULL)
+        if rows_already_stored:
+            log(f"pre-filling {name} with {rows_already_stored:,} applied notifications")
+            self.psql(name, f"""
+                INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at, expires_at,
+                    raw_token, state, attempts, applied_at)
+                SELECT 'old-' || g, 'consent-revoked', 'old-sub-' || (g % 100000), '{AUDIENCE}', now(), now(),
+                    now(), repeat('x', 700), 'applied', 1, now()
+                FROM generate_series(1, {rows_already_stored}) g;
+                VACUUM ANALYZE siwa.notifications;""")
+
+    def count(self, db):
+        return int(self.psql(db, "SELECT count(*) FROM siwa.notifications"))
+
+    def stop(self):
+        try:
+            self._tool("pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
+        except subprocess.CalledProcessError:
+            pass
+
+
+class Receiver:
+    def __init__(self, binary, database_url, jwks_url, connections):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        threads = max(16, min(512, connections + 16))
+        self.process = subprocess.Popen(
+            [binary, "--listen", f"127.0.0.1:{self.port}", "--database-url", database_url, "--audience", AUDIENCE,
+             "--jwks-url", jwks_url, "--threads", str(threads), "--max-connections", "4096", "--log-level", "error"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: http_status(self.url + "/readyz") == 200, "receiver ready")
+
+    def peak_rss_kib(self):
+        with open(f"/proc/{self.process.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+        return 0
+
+    def stop(self):
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(timeout=30)
+
+
+def http_status(url):
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status
+    except Exception as error:  # noqa: BLE001 - any failure means "not yet"
+        return getattr(error, "code", None)
+
+
+def wait_for(condition, what, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    sys.exit(f"timed out waiting for {what}")
+
+
+WRK_SCRIPT = r"""
+local bodies, next_index = {}, 0
+local created = 0
+function setup(thread)
+  thread:set("tid", created)
+  created = created + 1
+end
+function init(args)
+  local threads, line = tonumber(args[2]), 0
+  for body in io.lines(args[1]) do
+    if line % threads == tid then bodies[#bodies + 1] = body end
+    line = line + 1
+  end
+end
+function request()
+  next_index = next_index + 1
+  if next_index > #bodies then next_index = 1 end
+  return wrk.format("POST", "/apple/notifications", {["Content-Type"] = "application/json"}, bodies[next_index])
+end
+"""
+
+
+def parse_duration_ms(text):
+    value, unit = re.match(r"([\d.]+)(us|ms|s|m)", text).groups()
+    return float(value) * {"us": 0.001, "ms": 1, "s": 1000, "m": 60000}[unit]
+
+
+def run_wrk(url, connections, seconds, bodies, workdir):
+    script = os.path.join(workdir, "post.lua")
+    with open(script, "w") as f:
+        f.write(WRK_SCRIPT)
+    threads = min(2, connections)
+    out = subprocess.run(
+        ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "--timeout", "10s",
+         "-s", script, url + "/apple/notifications", "--", bodies, str(threads)],
+        capture_output=True, text=True, check=True).stdout
+    latency = dict(re.findall(r"^\s+(50|99)%\s+(\S+)", out, re.M))
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    return {
+        "requests_per_second": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+        "p50_ms": parse_duration_ms(latency["50"]),
+        "p99_ms": parse_duration_ms(latency["99"]),
+        "non_2xx": int(non2xx.group(1)) if non2xx else 0,
+        "socket_errors": sum(int(x) for x in errors.groups()) if errors else 0,
+    }
+
+
+def run_pgbench(cluster, db, connections, seconds, workdir):
+    token = "x" * 700
+    script = os.path.join(workdir, "insert.sql")
+    with open(script, "w") as f:
+        f.write(
+            "INSERT INTO siwa.notifications (jti, event_type, sub, audience, email, is_private_email, event_time, "
+            "issued_at, expires_at, raw_token) VALUES (gen_random_uuid()::text, 'consent-revoked', "
+            f"'001234.bench', '{AUDIENCE}', NULL, NULL, now(), now(), now() + interval '1 day', '{token}') "
+            "ON CONFLICT (jti) DO NOTHING;\n")
+    logdir = tempfile.mkdtemp(dir=workdir)
+    os.chmod(logdir, 0o777)
+    out = subprocess.run(
+        ["pgbench", "-h", cluster.root, "-p", str(cluster.port), "-U", "postgres", "-n", "-M", "prepared",
+         "-c", str(connections), "-j", str(min(2, connections)), "-T", str(seconds), "-f", script,
+         "--log", "--log-prefix", os.path.join(logdir, "tx"), db],
+        capture_output=True, text=True, check=True).stdout
+    latencies = []
+    for name in os.listdir(logdir):
+        with open(os.path.join(logdir, name)) as f:
+            latencies += [int(line.split()[2]) / 1000.0 for line in f]
+    latencies.sort()
+    return {
+        "transactions_per_second": float(re.search(r"tps = ([\d.]+)", out).group(1)),
+        "p50_ms": percentile(latencies, 50),
+        "p99_ms": percentile(latencies, 99),
+    }
+
+
+def percentile(sorted_values, p):
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, max(0, round(p / 100 * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+def ingest(cluster, binaries, jwks_url, bodies, workdir, connections, seconds, prefill=0):
+    """pgbench and the receiver at the same concurrency, each on a fresh database."""
+    cluster.create_database("ceiling", prefill)
+    ceiling = run_pgbench(cluster, "ceiling", connections, seconds, workdir)
+    cluster.create_database("ingest", prefill)
+    receiver = Receiver(binaries["siwa-receiver"], cluster.url("ingest"), jwks_url, connections)
+    before = cluster.count("ingest")
+    started = time.monotonic()
+    result = run_wrk(receiver.url, connections, seconds, bodies, workdir)
+    elapsed = time.monotonic() - started
+    result["rows_per_second"] = (cluster.count("ingest") - before) / elapsed
+    result["peak_rss_mib"] = receiver.peak_rss_kib() / 1024
+    receiver.stop()
+    result["ceiling_tps"] = ceiling["transactions_per_second"]
+    result["ceiling_p50_ms"] = ceiling["p50_ms"]
+    result["ceiling_p99_ms"] = ceiling["p99_ms"]
+    result["ratio"] = result["rows_per_second"] / ceiling["transactions_per_second"]
+    return result
+
+
+def drain(cluster, binaries, workers, events=100_000):
+    db = f"drain{workers}"
+    cluster.create_database(db)
+    cluster.psql(db, f"""
+        INSERT INTO siwa.sessions (sub, created_at)
+        SELECT 'drain-sub-' || g, now() - interval '1 day' FROM generate_series(1, 20000) g;
+        INSERT INTO siwa.notifications (jti, event_type, sub, audience, email, is_private_email, event_time,
+            issued_at, raw_token)
+        SELECT 'drain-' || g, (ARRAY['email-disabled','email-enabled','consent-revoked','account-delete'])[1 + g % 4],
+            'drain-sub-' || (g % 20000), '{AUDIENCE}',
+            CASE WHEN g % 4 < 2 THEN 'd' || g || '@privaterelay.appleid.com' END, CASE WHEN g % 4 < 2 THEN true END,
+            now() - (g || ' ms')::interval, now(), repeat('x', 700)
+        FROM generate_series(1, {events}) g;
+        VACUUM ANALYZE;""")
+    started = time.monotonic()
+    subprocess.run(
+        [binaries["siwa-worker"], "--database-url", cluster.url(db), "--once", "--concurrency", str(workers),
+         "--log-level", "error"],
+        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    elapsed = time.monotonic() - started
+    remaining = int(cluster.psql(db, "SELECT count(*) FROM siwa.notifications WHERE state = 'pending'"))
+    return {"events": events, "seconds": elapsed, "events_per_second": events / elapsed, "left_pending": remaining}
+
+
+def idle_latency(cluster, binaries, jwks_url, bodies, count=200):
+    cluster.create_database("idle")
+    receiver = Receiver(binaries["siwa-receiver"], cluster.url("idle"), jwks_url, 1)
+    worker = subprocess.Popen(
+        [binaries["siwa-worker"], "--database-url", cluster.url("idle"), "--poll-interval", "1",
+         "--log-level", "error"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)  # let the worker connect and LISTEN before the first notification
+    client_ms = []
+    with open(bodies) as f:
+        lines = [next(f) for _ in range(count)]
+    for body in lines:
+        request = urllib.request.Request(
+            receiver.url + "/apple/notifications", data=body.strip().encode(),
+            headers={"Content-Type": "application/json"})
+        started = time.monotonic()
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+        client_ms.append((time.monotonic() - started) * 1000)
+        time.sleep(0.02)  # idle: one notification at a time
+    wait_for(lambda: cluster.psql("idle", "SELECT count(*) FROM siwa.notifications WHERE applied_at IS NULL") == "0",
+             "all applied", timeout=60)
+    lags = sorted(float(x) for x in cluster.psql(
+        "idle", "SELECT extract(epoch FROM applied_at - received_at) * 1000 FROM siwa.notifications").split())
+    worker.send_signal(signal.SIGTERM)
+    worker.wait(timeout=30)
+    receiver.stop()
+    client_ms.sort()
+    return {"applied_p50_ms": percentile(lags, 50), "applied_p99_ms": percentile(lags, 99),
+            "http_p50_ms": percentile(client_ms, 50), "http_p99_ms": percentile(client_ms, 99)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=int, default=8, help="duration of each load run")
+    parser.add_argument("--tokens", type=int, default=60000, help="distinct pre-signed notifications")
+    parser.add_argument("--sweep", default="1,8,64,256", help="connection counts for the sweep")
+    parser.add_argument("--prefill", type=int, default=1_000_000, help="rows already stored for the table-size run")
+    parser.add_argument("--quick", action="store_true", help="only the 64-connection runs (no sweep, no prefill)")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+
+    binaries = {name: os.path.join(ROOT, ".build", "release", name)
+                for name in ("siwa-receiver", "siwa-worker", "siwactl", "siwa-bench")}
+    for path in binaries.values():
+        if not os.access(path, os.X_OK):
+            sys.exit(f"missing {path}: run `swift build -c release` first (make bench does)")
+    for tool in ("wrk", "pgbench", "psql"):
+        if not shutil.which(tool):
+            sys.exit(f"missing {tool}: apt-get install wrk postgresql-client")
+
+    workdir = tempfile.mkdtemp(prefix="siwa-bench-")
+    os.chmod(workdir, 0o755)
+    cluster = Cluster(tempfile.mkdtemp(prefix="siwa-bench-pg-"))
+    fake_apple = None
+    results = {"machine": {"cores": os.cpu_count()}, "ingest": {}, "drain": {}, "idle": {}}
+    try:
+        keys = os.path.join(workdir, "keys")
+        kid = subprocess.run([binaries["siwactl"], "keygen", "--out", keys], capture_output=True, text=True,
+                             check=True).stdout.strip().split()[-1]
+        apple_port = free_port()
+        fake_apple = subprocess.Popen(
+            [binaries["siwactl"], "fake-apple", "--listen", f"127.0.0.1:{apple_port}", "--keys", keys],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        jwks_url = f"http://127.0.0.1:{apple_port}/auth/keys"
+        wait_for(lambda: http_status(jwks_url) == 200, "fake-apple")
+        bodies = os.path.join(workdir, "bodies.jsonl")
+        log(f"pre-signing {args.tokens:,} distinct notifications")
+        subprocess.run([binaries["siwa-bench"], "sign", "--key", os.path.join(keys, "private-key.pem"), "--kid", kid,
+                        "--audience", AUDIENCE, "--count", str(args.tokens), "--out", bodies], check=True)
+
+        sweep = [64] if args.quick else [int(c) for c in args.sweep.split(",")]
+        for connections in sweep:
+            log(f"ingest at {connections} connections")
+            results["ingest"][str(connections)] = ingest(cluster, binaries, jwks_url, bodies, workdir, connections,
+                                                         args.seconds)
+        if not args.quick and args.prefill:
+            log(f"ingest at 64 connections with {args.prefill:,} rows already stored")
+            results["ingest"]["64, table prefilled"] = ingest(
+                cluster, binaries, jwks_url, bodies, workdir, 64, args.seconds, prefill=args.prefill)
+        for workers in (1, 2):
+            log(f"drain 100k events with {workers} worker(s)")
+            results["drain"][str(workers)] = drain(cluster, binaries, workers)
+        log("idle end-to-end latency")
+        results["idle"] = idle_latency(cluster, binaries, jwks_url, bodies)
+    finally:
+        if fake_apple:
+            fake_apple.terminate()
+            fake_apple.wait()
+        cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    print_table(results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+def print_table(results):
+    print()
+    print("Ingest: receiver (wrk, distinct pre-signed notifications) vs. ceiling (pgbench, same INSERT, 1 row/txn)")
+    print(f"{'connections':>22} {'ceiling tx/s':>13} {'receiver rows/s':>16} {'ratio':>6} "
+          f"{'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>8} {'peak RSS MiB':>13}")
+    for name, r in results["ingest"].items():
+        print(f"{name:>22} {r['ceiling_tps']:>13.0f} {r['rows_per_second']:>16.0f} {r['ratio']:>6.2f} "
+              f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['non_2xx'] + r['socket_errors']:>8} "
+              f"{r['peak_rss_mib']:>13.1f}")
+    print()
+    print("Worker drain (100k queued events)")
+    for workers, r in results["drain"].items():
+        print(f"{workers:>3} worker(s): {r['events_per_second']:>9.0f} events/s  ({r['seconds']:.1f} s, "
+              f"{r['left_pending']} left pending)")
+    print()
+    idle = results["idle"]
+    print("Idle end-to-end latency (200 notifications, one at a time)")
+    print(f"  receive → applied: p50 {idle['applied_p50_ms']:.2f} ms, p99 {idle['applied_p99_ms']:.2f} ms")
+    print(f"  HTTP round trip:   p50 {idle['http_p50_ms']:.2f} ms, p99 {idle['http_p99_ms']:.2f} ms")
+    print()
+    targets = []
+    r64 = results["ingest"].get("64")
+    if r64:
+        targets += [("receiver ingest ≥ 1.0× ceiling at 64 connections", r64["ratio"] >= 1.0, f"{r64['ratio']:.2f}×"),
+                    ("no non-2xx answers at 64 connections", r64["non_2xx"] + r64["socket_errors"] == 0,
+                     str(r64["non_2xx"] + r64["socket_errors"])),
+                    ("p99 ≤ 20 ms at 64 connections", r64["p99_ms"] <= 20, f"{r64['p99_ms']:.2f} ms"),
+                    ("receiver peak RSS ≤ 64 MiB", r64["peak_rss_mib"] <= 64, f"{r64['peak_rss_mib']:.1f} MiB")]
+    if "1" in results["drain"]:
+        best = max(r["events_per_second"] for r in results["drain"].values())
+        targets.append(("worker drain ≥ 10,000 events/s", best >= 10000, f"{best:.0f}/s"))
+    targets.append(("idle receive → applied p50 ≤ 5 ms", idle["applied_p50_ms"] <= 5,
+                    f"{idle['applied_p50_ms']:.2f} ms"))
+    print("Targets")
+    for name, met, value in targets:
+        print(f"  [{'met' if met else 'MISSED'}] {name}: {value}")
+
+
+if __name__ == "__main__":
+    main()
