@@ -225,23 +225,39 @@ $$;
 -- Applying notifications (called by siwa-worker)
 -- ---------------------------------------------------------------------------------------------------
 
+-- The advisory lock key that serialises work on one user (sub) across workers and maintenance.
+CREATE OR REPLACE FUNCTION siwa.sub_lock_key(p_sub text) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT hashtextextended('siwa.sub:' || p_sub, 0) $$;
+COMMENT ON FUNCTION siwa.sub_lock_key(text) IS
+    'Key of the transaction-level advisory lock held while one user''s (sub''s) notifications are applied or erased.';
+
 -- Erases one account's personal data: its email, its notifications' emails and raw tokens, and the
--- encrypted refresh tokens.
+-- encrypted refresh tokens. The caller holds the sub's advisory lock, so no other worker applies this
+-- user's notifications meanwhile; pending rows another worker has claimed but left alone (it could not
+-- take the lock) are skipped rather than waited for, which could deadlock with that worker's batch:
+-- they are erased when applied (see siwa.process_claimed_notification).
 CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_sub text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE siwa.accounts
-       SET email = NULL, is_private_email = NULL, personal_data_erased_at = now(), updated_at = now()
+       SET email = NULL, is_private_email = NULL, personal_data_erased_at = clock_timestamp(),
+           updated_at = clock_timestamp()
      WHERE sub = p_sub;
     UPDATE siwa.notifications
-       SET email = NULL, raw_token = NULL, personal_data_erased_at = now()
-     WHERE sub = p_sub AND (email IS NOT NULL OR raw_token IS NOT NULL);
+       SET email = NULL, raw_token = NULL, personal_data_erased_at = clock_timestamp()
+     WHERE sub = p_sub AND state <> 'pending' AND (email IS NOT NULL OR raw_token IS NOT NULL);
+    UPDATE siwa.notifications AS t
+       SET email = NULL, raw_token = NULL, personal_data_erased_at = clock_timestamp()
+      FROM (SELECT q.id FROM siwa.notifications q
+             WHERE q.sub = p_sub AND q.state = 'pending' AND (q.email IS NOT NULL OR q.raw_token IS NOT NULL)
+             FOR UPDATE SKIP LOCKED) AS c
+     WHERE t.id = c.id;
     UPDATE siwa.refresh_tokens SET token_ciphertext = NULL
      WHERE sub = p_sub AND token_ciphertext IS NOT NULL;
 END;
 $$;
 COMMENT ON FUNCTION siwa.erase_personal_data(text) IS
-    'Erases one account''s personal data: email in siwa.accounts, email and raw token in every stored notification of that sub, encrypted refresh tokens.';
+    'Erases one account''s personal data: email in siwa.accounts, email and raw token in every stored notification of that sub, encrypted refresh tokens. Call with the sub''s advisory lock (siwa.sub_lock_key) held.';
 
 -- Applies the effects of one notification. Raises on failure; the caller owns the transaction and the
 -- notification's state. Returns 'applied', or 'skipped: <reason>' for a notification with nothing to do.
@@ -254,7 +270,8 @@ BEGIN
         RETURN 'skipped: unknown event type ' || quote_literal(left(n.event_type, 100));
     END IF;
 
-    -- Accounts are created on first sight of a sub, and the row lock orders work on one user.
+    -- Accounts are created on first sight of a sub, and the row lock orders work on one user with the
+    -- app's own updates.
     INSERT INTO siwa.accounts (sub) VALUES (n.sub) ON CONFLICT (sub) DO NOTHING;
     SELECT * INTO v_account FROM siwa.accounts WHERE sub = n.sub FOR UPDATE;
 
@@ -266,29 +283,24 @@ BEGIN
                                        THEN coalesce(n.is_private_email, is_private_email) END,
                email_status     = CASE n.event_type WHEN 'email-enabled' THEN 'enabled' ELSE 'disabled' END,
                email_status_at  = n.event_time,
-               updated_at       = now()
+               updated_at       = clock_timestamp()
          WHERE sub = n.sub AND (email_status_at IS NULL OR email_status_at <= n.event_time);
-        IF v_account.personal_data_erased_at IS NOT NULL THEN
-            -- The account's data was already erased: do not keep this late event's address either.
-            UPDATE siwa.notifications
-               SET email = NULL, raw_token = NULL, personal_data_erased_at = now()
-             WHERE id = n.id;
-        END IF;
     ELSIF n.event_type = 'consent-revoked' THEN
-        UPDATE siwa.sessions SET revoked_at = now(), revoke_reason = 'consent-revoked'
+        -- Only what existed when the user revoked consent: a later sign-in stays valid.
+        UPDATE siwa.sessions SET revoked_at = clock_timestamp(), revoke_reason = 'consent-revoked'
          WHERE sub = n.sub AND revoked_at IS NULL AND created_at <= n.event_time;
-        UPDATE siwa.refresh_tokens SET revoked_at = now(), revoke_reason = 'consent-revoked'
+        UPDATE siwa.refresh_tokens SET revoked_at = clock_timestamp(), revoke_reason = 'consent-revoked'
          WHERE sub = n.sub AND revoked_at IS NULL AND created_at <= n.event_time;
         UPDATE siwa.accounts
-           SET consent_revoked_at = greatest(consent_revoked_at, n.event_time), updated_at = now()
+           SET consent_revoked_at = greatest(consent_revoked_at, n.event_time), updated_at = clock_timestamp()
          WHERE sub = n.sub;
     ELSE -- account-delete
-        UPDATE siwa.sessions SET revoked_at = now(), revoke_reason = 'account-delete'
+        UPDATE siwa.sessions SET revoked_at = clock_timestamp(), revoke_reason = 'account-delete'
          WHERE sub = n.sub AND revoked_at IS NULL;
-        UPDATE siwa.refresh_tokens SET revoked_at = now(), revoke_reason = 'account-delete'
+        UPDATE siwa.refresh_tokens SET revoked_at = clock_timestamp(), revoke_reason = 'account-delete'
          WHERE sub = n.sub AND revoked_at IS NULL;
         UPDATE siwa.accounts
-           SET deleted_at = least(deleted_at, n.event_time), updated_at = now()
+           SET deleted_at = least(deleted_at, n.event_time), updated_at = clock_timestamp()
          WHERE sub = n.sub;
         IF (SELECT erase_personal_data_after FROM siwa.settings) = interval '0' THEN
             PERFORM siwa.erase_personal_data(n.sub);
@@ -296,65 +308,137 @@ BEGIN
     END IF;
 
     PERFORM siwa.on_event(n.event_type, n.sub, n.event_time,
-                          (SELECT email FROM siwa.notifications WHERE id = n.id), n.jti);
+                          (SELECT q.email FROM siwa.notifications q WHERE q.id = n.id), n.jti);
     RETURN 'applied';
 END;
 $$;
 COMMENT ON FUNCTION siwa.apply_notification(siwa.notifications) IS
     'Applies one notification''s effects (sessions, refresh tokens, account state, the on_event hook). Raises on failure; does not change the notification''s state.';
 
+-- Result rows of the processing functions. Replaced (not altered) when its shape changes; only
+-- functions depend on it.
+DO $$
+BEGIN
+    IF to_regtype('siwa.processing_result') IS NULL THEN
+        CREATE TYPE siwa.processing_result AS (
+            id         bigint,
+            jti        text,
+            event_type text,
+            outcome    text,
+            error      text,
+            attempt    integer,
+            latency    double precision
+        );
+    END IF;
+END;
+$$;
+COMMENT ON TYPE siwa.processing_result IS
+    'One handled notification: outcome applied, skipped, retry, dead, gone (no longer pending) or busy (another worker holds its user; still due); attempt is the attempt number just made; latency is seconds from received_at to now.';
+
+-- main's first sketch returned TABLE(id, jti, event_type, outcome, error): a different return type
+-- cannot be replaced in place, and functions hold no data.
+DROP FUNCTION IF EXISTS siwa.process_due_notifications(integer, integer, interval);
+
+-- Handles one notification the caller has locked (FOR UPDATE) and whose sub's advisory lock it holds:
+-- applies it in a subtransaction and marks it applied or skipped, or records the failure. Errors the
+-- EXCEPTION block cannot catch (query_canceled from statement_timeout, assert_failure) abort the
+-- caller's transaction; the worker then records them with siwa.record_failure in a new transaction.
+CREATE OR REPLACE FUNCTION siwa.process_claimed_notification(
+    n siwa.notifications, p_max_attempts integer, p_retry_base_delay interval)
+RETURNS siwa.processing_result
+LANGUAGE plpgsql AS $$
+DECLARE
+    r        siwa.processing_result;
+    v_result text;
+BEGIN
+    r.id := n.id; r.jti := n.jti; r.event_type := n.event_type; r.attempt := n.attempts + 1;
+    BEGIN
+        v_result := siwa.apply_notification(n);
+        r.outcome := CASE WHEN v_result = 'applied' THEN 'applied' ELSE 'skipped' END;
+        r.error := CASE WHEN v_result = 'applied' THEN NULL ELSE substr(v_result, 10) END;
+        UPDATE siwa.notifications AS t
+           SET state = r.outcome, attempts = t.attempts + 1, applied_at = clock_timestamp(),
+               last_error = r.error
+         WHERE t.id = n.id;
+        -- A notification of a user whose personal data is already erased keeps none either (it may
+        -- have arrived, or been claimed elsewhere, after the erasure).
+        IF EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = n.sub AND a.personal_data_erased_at IS NOT NULL) THEN
+            UPDATE siwa.notifications AS t
+               SET email = NULL, raw_token = NULL, personal_data_erased_at = clock_timestamp()
+             WHERE t.id = n.id AND (t.email IS NOT NULL OR t.raw_token IS NOT NULL);
+        END IF;
+    EXCEPTION WHEN OTHERS THEN
+        r.error := left(SQLSTATE || ': ' || SQLERRM, 2000);
+        r.outcome := siwa.record_failure(n.id, r.error, p_max_attempts, p_retry_base_delay);
+    END;
+    r.latency := extract(epoch FROM clock_timestamp() - n.received_at);
+    RETURN r;
+END;
+$$;
+COMMENT ON FUNCTION siwa.process_claimed_notification(siwa.notifications, integer, interval) IS
+    'Applies one claimed notification in a subtransaction and records the outcome (applied, skipped, retry, dead). The caller holds the row lock and the sub''s advisory lock.';
+
 -- Claims up to p_limit due notifications and applies each in its own subtransaction, all in the caller's
 -- transaction: the claim (row locks, FOR UPDATE SKIP LOCKED) disappears with a crashed worker's
 -- connection, and effects commit together with the state change that marks them applied.
 -- A per-sub advisory lock (tried, never waited for) keeps two events of one user from being applied
--- concurrently by two workers.
+-- concurrently by two workers; such rows are reported as busy and stay due.
 CREATE OR REPLACE FUNCTION siwa.process_due_notifications(
     p_limit integer, p_max_attempts integer, p_retry_base_delay interval)
-RETURNS TABLE (id bigint, jti text, event_type text, outcome text, error text)
+RETURNS SETOF siwa.processing_result
 LANGUAGE plpgsql AS $$
-#variable_conflict use_column
 DECLARE
-    n        siwa.notifications;
-    v_result text;
-    v_error  text;
-    v_delay  interval;
+    n     siwa.notifications;
+    r     siwa.processing_result;
+    v_now timestamptz := clock_timestamp();
 BEGIN
     FOR n IN
         SELECT q.* FROM siwa.notifications q
-         WHERE q.state = 'pending' AND q.next_attempt_at <= now()
+         WHERE q.state = 'pending' AND q.next_attempt_at <= v_now
          ORDER BY q.next_attempt_at, q.id
          LIMIT p_limit
          FOR UPDATE SKIP LOCKED
     LOOP
-        IF NOT pg_try_advisory_xact_lock(hashtextextended('siwa.sub:' || n.sub, 0)) THEN
-            CONTINUE; -- another worker holds an event of this user; it stays due for the next pass
+        IF pg_try_advisory_xact_lock(siwa.sub_lock_key(n.sub)) THEN
+            RETURN NEXT siwa.process_claimed_notification(n, p_max_attempts, p_retry_base_delay);
+        ELSE
+            r := ROW(n.id, n.jti, n.event_type, 'busy', NULL, n.attempts,
+                     extract(epoch FROM clock_timestamp() - n.received_at));
+            RETURN NEXT r;
         END IF;
-        BEGIN
-            v_result := siwa.apply_notification(n);
-            IF v_result = 'applied' THEN
-                UPDATE siwa.notifications AS t
-                   SET state = 'applied', attempts = t.attempts + 1, applied_at = now(), last_error = NULL
-                 WHERE t.id = n.id;
-                id := n.id; jti := n.jti; event_type := n.event_type; outcome := 'applied'; error := NULL;
-            ELSE
-                UPDATE siwa.notifications AS t
-                   SET state = 'skipped', attempts = t.attempts + 1, applied_at = now(),
-                       last_error = substr(v_result, 10)
-                 WHERE t.id = n.id;
-                id := n.id; jti := n.jti; event_type := n.event_type; outcome := 'skipped';
-                error := substr(v_result, 10);
-            END IF;
-        EXCEPTION WHEN OTHERS THEN
-            v_error := left(SQLSTATE || ': ' || SQLERRM, 2000);
-            outcome := siwa.record_failure(n.id, v_error, p_max_attempts, p_retry_base_delay);
-            id := n.id; jti := n.jti; event_type := n.event_type; error := v_error;
-        END;
-        RETURN NEXT;
     END LOOP;
 END;
 $$;
 COMMENT ON FUNCTION siwa.process_due_notifications(integer, integer, interval) IS
-    'Worker entry point: claims up to p_limit due notifications (FOR UPDATE SKIP LOCKED), applies each in a subtransaction, and marks it applied, skipped, retried with backoff, or dead. One row per notification handled.';
+    'Worker entry point: claims up to p_limit due notifications (FOR UPDATE SKIP LOCKED), applies each in a subtransaction, and marks it applied, skipped, retried with backoff, or dead. One row per notification handled (busy: its user is being worked on elsewhere; still due).';
+
+-- The worker's fallback when a whole batch failed with an error no subtransaction can catch: handles
+-- exactly one notification, so that the culprit can be identified and recorded separately.
+CREATE OR REPLACE FUNCTION siwa.process_notification(
+    p_id bigint, p_max_attempts integer, p_retry_base_delay interval)
+RETURNS SETOF siwa.processing_result
+LANGUAGE plpgsql AS $$
+DECLARE
+    n siwa.notifications;
+    r siwa.processing_result;
+BEGIN
+    SELECT q.* INTO n FROM siwa.notifications q
+     WHERE q.id = p_id AND q.state = 'pending' AND q.next_attempt_at <= clock_timestamp()
+       FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF pg_try_advisory_xact_lock(siwa.sub_lock_key(n.sub)) THEN
+        RETURN NEXT siwa.process_claimed_notification(n, p_max_attempts, p_retry_base_delay);
+    ELSE
+        r := ROW(n.id, n.jti, n.event_type, 'busy', NULL, n.attempts,
+                 extract(epoch FROM clock_timestamp() - n.received_at));
+        RETURN NEXT r;
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION siwa.process_notification(bigint, integer, interval) IS
+    'Like siwa.process_due_notifications for the one notification p_id, if it is still pending, due and not locked elsewhere. Returns no row otherwise.';
 
 -- Records a failed attempt: back off exponentially with jitter, or give up (dead) after p_max_attempts.
 CREATE OR REPLACE FUNCTION siwa.record_failure(
@@ -375,15 +459,16 @@ BEGIN
     ELSE
         -- base × 2^(attempts−1), capped at one hour, times a random factor in [0.5, 1).
         UPDATE siwa.notifications
-           SET next_attempt_at = now() + least(p_retry_base_delay * power(2, least(v_attempts - 1, 30)),
-                                               interval '1 hour') * (0.5 + random() / 2)
+           SET next_attempt_at = clock_timestamp()
+                                 + least(p_retry_base_delay * power(2, least(v_attempts - 1, 30)),
+                                         interval '1 hour') * (0.5 + random() / 2)
          WHERE id = p_id;
         RETURN 'retry';
     END IF;
 END;
 $$;
 COMMENT ON FUNCTION siwa.record_failure(bigint, text, integer, interval) IS
-    'Records a failed attempt at one pending notification: schedules a retry with exponential backoff and jitter, or marks it dead after p_max_attempts. Returns retry, dead, or gone (not pending).';
+    'Records a failed attempt at one pending notification: schedules a retry with exponential backoff (base × 2^(attempt−1), at most 1 hour) and jitter, or marks it dead after p_max_attempts. Returns retry, dead, or gone (not pending).';
 
 -- Erases personal data of deleted accounts whose retention period has passed (see siwa.settings).
 CREATE OR REPLACE FUNCTION siwa.erase_due_personal_data(p_limit integer DEFAULT 100) RETURNS integer
@@ -395,12 +480,16 @@ BEGIN
     FOR v_sub IN
         SELECT a.sub FROM siwa.accounts a, siwa.settings s
          WHERE a.deleted_at IS NOT NULL AND a.personal_data_erased_at IS NULL
-           AND a.deleted_at + s.erase_personal_data_after <= now()
+           AND a.deleted_at + s.erase_personal_data_after <= clock_timestamp()
+         ORDER BY a.deleted_at
          LIMIT p_limit
          FOR UPDATE OF a SKIP LOCKED
     LOOP
-        PERFORM siwa.erase_personal_data(v_sub);
-        v_count := v_count + 1;
+        -- A worker applying this user's events holds the lock: erase on the next pass instead.
+        IF pg_try_advisory_xact_lock(siwa.sub_lock_key(v_sub)) THEN
+            PERFORM siwa.erase_personal_data(v_sub);
+            v_count := v_count + 1;
+        END IF;
     END LOOP;
     RETURN v_count;
 END;
@@ -421,7 +510,7 @@ BEGIN
         WITH batch AS (
             SELECT q.id FROM siwa.notifications q
              WHERE q.raw_token IS NOT NULL AND q.state IN ('applied', 'skipped')
-               AND q.received_at < now() - p_tokens_older_than
+               AND q.received_at < clock_timestamp() - p_tokens_older_than
              ORDER BY q.received_at LIMIT p_batch FOR UPDATE SKIP LOCKED)
         UPDATE siwa.notifications t SET raw_token = NULL FROM batch WHERE t.id = batch.id;
         GET DIAGNOSTICS tokens_pruned = ROW_COUNT;
@@ -429,7 +518,7 @@ BEGIN
     IF p_rows_older_than IS NOT NULL THEN
         WITH batch AS (
             SELECT q.id FROM siwa.notifications q
-             WHERE q.state IN ('applied', 'skipped') AND q.received_at < now() - p_rows_older_than
+             WHERE q.state IN ('applied', 'skipped') AND q.received_at < clock_timestamp() - p_rows_older_than
              ORDER BY q.received_at LIMIT p_batch FOR UPDATE SKIP LOCKED)
         DELETE FROM siwa.notifications t USING batch WHERE t.id = batch.id;
         GET DIAGNOSTICS rows_pruned = ROW_COUNT;
@@ -438,7 +527,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.prune(interval, interval, integer) IS
-    'Retention, one small batch per call: clears raw tokens of finished notifications older than p_tokens_older_than and deletes finished rows older than p_rows_older_than (NULL: keep). Call until both counts are 0.';
+    'Retention, one small batch per call: clears raw tokens of finished notifications older than p_tokens_older_than and deletes finished rows older than p_rows_older_than (NULL: keep). Call until both counts are 0. Keep rows longer than Apple redelivers a token (days), or a redelivered jti is applied again.';
 
 -- Requeues notifications (dead ones, or one by jti) for another round of attempts.
 CREATE OR REPLACE FUNCTION siwa.requeue(p_jti text DEFAULT NULL, p_state text DEFAULT NULL,
@@ -452,7 +541,8 @@ BEGIN
         RAISE EXCEPTION 'requeue needs a jti or a state';
     END IF;
     UPDATE siwa.notifications
-       SET state = 'pending', attempts = 0, next_attempt_at = now(), last_error = NULL, applied_at = NULL
+       SET state = 'pending', attempts = 0, next_attempt_at = clock_timestamp(), last_error = NULL,
+           applied_at = NULL
      WHERE (p_jti IS NULL OR jti = p_jti)
        AND (p_state IS NULL OR state = p_state)
        AND (p_since IS NULL OR received_at >= p_since)

@@ -1,1 +1,198 @@
-print("not yet")
+import Dispatch
+import Foundation
+import HTTPServer
+import Postgres
+import ServiceSupport
+import Synchronization
+import Worker
+
+// siwa-worker: applies stored Sign in with Apple notifications. This file only parses the configuration
+// and wires the Worker library to signals, logs and metrics. Exit codes: 0 done (stopped by SIGTERM/SIGINT,
+// or --once drained), 1 failure, 2 usage error.
+
+let spec = CommandSpec(
+    name: "siwa-worker",
+    abstract: """
+        Applies stored Sign in with Apple notifications exactly once: claims due ones, applies their effects \
+        and the siwa.on_event hook in one transaction, retries failures with backoff, prunes old data.
+        """,
+    options: [
+        CommandOption(
+            "database-url", valueName: "URL", help: "PostgreSQL connection URL or conninfo string.",
+            isRequired: true, environmentVariable: "SIWA_DATABASE_URL"),
+        CommandOption(
+            "concurrency", valueName: "N", help: "Lanes (threads, each with its own connection).",
+            environmentVariable: "SIWA_WORKER_CONCURRENCY", defaultValue: "1"),
+        CommandOption(
+            "batch-size", valueName: "N", help: "Notifications claimed per transaction.",
+            environmentVariable: "SIWA_WORKER_BATCH_SIZE", defaultValue: "100"),
+        CommandOption(
+            "max-attempts", valueName: "N", help: "Failed attempts before a notification is dead.",
+            environmentVariable: "SIWA_WORKER_MAX_ATTEMPTS", defaultValue: "20"),
+        CommandOption(
+            "retry-base-delay", valueName: "SECONDS",
+            help: "First retry delay (fractional allowed); doubles per attempt, with jitter, at most 1 h.",
+            environmentVariable: "SIWA_WORKER_RETRY_BASE_DELAY", defaultValue: "1"),
+        CommandOption(
+            "poll-interval", valueName: "SECONDS",
+            help: "Look for due work at least this often even without a notification.",
+            environmentVariable: "SIWA_WORKER_POLL_INTERVAL", defaultValue: "1"),
+        CommandOption(
+            "statement-timeout", valueName: "SECONDS",
+            help: "Server-side limit per statement (0: none); a batch over it is retried one by one.",
+            environmentVariable: "SIWA_WORKER_STATEMENT_TIMEOUT", defaultValue: "30"),
+        CommandOption(
+            "retain-tokens-days", valueName: "DAYS",
+            help: "Clear raw tokens of finished notifications older than this (default: keep).",
+            environmentVariable: "SIWA_WORKER_RETAIN_TOKENS_DAYS"),
+        CommandOption(
+            "retain-events-days", valueName: "DAYS",
+            help: "Delete finished notifications older than this (default: keep).",
+            environmentVariable: "SIWA_WORKER_RETAIN_EVENTS_DAYS"),
+        CommandOption(
+            "log-level", valueName: "LEVEL", help: "debug, info, warning or error.",
+            environmentVariable: "SIWA_LOG_LEVEL", defaultValue: "info"),
+        CommandOption(
+            "metrics-listen", valueName: "HOST:PORT", help: "Serve Prometheus metrics at /metrics here.",
+            environmentVariable: "SIWA_WORKER_METRICS_LISTEN"),
+    ],
+    flags: [
+        CommandFlag(
+            "once", help: "Drain everything that is due, run maintenance once, then exit.",
+            environmentVariable: "SIWA_WORKER_ONCE")
+    ])
+
+func fail(_ message: String, status: Int32) -> Never {
+    FileHandle.standardError.write(Data("siwa-worker: \(message)\n".utf8))
+    exit(status)
+}
+
+func number(_ parsed: ParsedCommand, _ name: String) -> Double? {
+    guard let text = parsed.value(name) else { return nil }
+    guard let value = Double(text), value.isFinite, value >= 0 else {
+        fail("--\(name) must be a non-negative number, not '\(text)'", status: 2)
+    }
+    return value
+}
+
+func integer(_ parsed: ParsedCommand, _ name: String) -> Int {
+    guard let text = parsed.value(name), let value = Int(text) else {
+        fail("--\(name) must be an integer", status: 2)
+    }
+    return value
+}
+
+func seconds(_ value: Double) -> Duration { .nanoseconds(Int64((value * 1e9).rounded())) }
+
+func hostAndPort(_ text: String) -> (String, Int) {
+    guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]) else {
+        fail("--metrics-listen must be HOST:PORT, not '\(text)'", status: 2)
+    }
+    var host = String(text[..<colon])
+    if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+    return (host, port)
+}
+
+let parsed: ParsedCommand
+do {
+    parsed = try spec.parse(
+        Array(CommandLine.arguments.dropFirst()), environment: ProcessInfo.processInfo.environment)
+} catch {
+    fail(error.message, status: 2)
+}
+if parsed.helpRequested {
+    FileHandle.standardOutput.write(Data(spec.helpText().utf8))
+    exit(0)
+}
+
+guard let level = Logger.Level(name: parsed.value("log-level") ?? "info") else {
+    fail("--log-level must be debug, info, warning or error", status: 2)
+}
+let logger = Logger(label: "siwa-worker", level: level)
+let metrics = MetricsRegistry()
+let configuration: Worker.Configuration
+do {
+    let database = try PostgresConfiguration(
+        parsed.value("database-url") ?? "", applicationName: "siwa-worker")
+    let statementTimeout = number(parsed, "statement-timeout") ?? 0
+    configuration = try Worker.Configuration(
+        database: database,
+        concurrency: integer(parsed, "concurrency"),
+        batchSize: integer(parsed, "batch-size"),
+        maxAttempts: integer(parsed, "max-attempts"),
+        retryBaseDelay: seconds(number(parsed, "retry-base-delay") ?? 1),
+        pollInterval: seconds(number(parsed, "poll-interval") ?? 1),
+        statementTimeout: statementTimeout > 0 ? seconds(statementTimeout) : nil,
+        retainTokens: number(parsed, "retain-tokens-days").map { seconds($0 * 86_400) },
+        retainEvents: number(parsed, "retain-events-days").map { seconds($0 * 86_400) })
+} catch let error as PostgresError {
+    fail(error.message, status: 2)
+} catch let error as WorkerError {
+    fail(error.message, status: 2)
+} catch {
+    fail("\(error)", status: 2)
+}
+
+// Signals first, so that one arriving during start-up is not lost.
+let signals = TerminationSignals()
+let worker = Worker(configuration: configuration, logger: logger, metrics: metrics)
+
+var metricsServer: HTTPServer?
+if let listen = parsed.value("metrics-listen") {
+    let (host, port) = hostAndPort(listen)
+    let server = HTTPServer(configuration: HTTPServer.Configuration(host: host, port: port, threadCount: 2)) {
+        request in
+        guard request.path == "/metrics" else { return .text(status: 404, "not found\n") }
+        var response = HTTPResponse.text(metrics.render())
+        response.headers.replaceOrAdd(name: "Content-Type", value: "text/plain; version=0.0.4; charset=utf-8")
+        return response
+    }
+    do {
+        try server.start()
+    } catch {
+        fail("cannot serve metrics: \(error.message)", status: 1)
+    }
+    logger.info("serving metrics", ["port": .int(server.port ?? port)])
+    metricsServer = server
+}
+
+/// The exit status decided by the thread running the worker.
+final class ExitStatus: Sendable {
+    let value = Mutex<Int32>(0)
+}
+let status = ExitStatus()
+let finished = DispatchSemaphore(value: 0)
+let once = parsed.flag("once")
+let runner = Thread {
+    if once {
+        do {
+            let summary = try worker.drainOnce()
+            logger.info(
+                "drained",
+                [
+                    "applied": .int(summary.applied), "skipped": .int(summary.skipped),
+                    "retried": .int(summary.retried), "dead": .int(summary.dead),
+                ])
+        } catch {
+            let code = (error as? WorkerError)?.code.description ?? "unknown"
+            logger.error("drain failed", ["error_code": .string(code)])
+            status.value.withLock { $0 = 1 }
+        }
+    } else {
+        worker.run()
+    }
+    finished.signal()
+}
+runner.name = "siwa-worker-main"
+runner.start()
+
+while finished.wait(timeout: .now()) != .success {
+    if signals.wait(timeout: .milliseconds(200)) {
+        logger.info("stopping: finishing the current batches")
+        worker.stop()
+        finished.wait()
+        break
+    }
+}
+_ = metricsServer?.shutdown(gracePeriod: .seconds(2))
+exit(status.value.withLock { $0 })

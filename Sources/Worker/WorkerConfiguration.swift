@@ -1,0 +1,127 @@
+import Postgres
+
+/// Why the worker could not start or finish.
+public struct WorkerError: Error, Sendable, CustomStringConvertible {
+    /// What kind of failure this is. New codes may be added.
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        private let name: String
+        private init(_ name: String) { self.name = name }
+        public var description: String { name }
+
+        /// A configuration value is out of range.
+        public static let invalidConfiguration = Code("invalidConfiguration")
+        /// The database could not be reached, or a statement failed in a way the worker cannot handle.
+        public static let database = Code("database")
+    }
+
+    /// The kind of failure.
+    public var code: Code
+    /// A human-readable message (never contains tokens or email addresses).
+    public var message: String
+
+    /// Creates an error.
+    public init(code: Code, message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { "WorkerError(\(code)): \(message)" }
+}
+
+extension Worker {
+    /// Everything the worker needs to know, built once by the executable (from flags and environment).
+    public struct Configuration: Sendable {
+        /// Where the notifications live.
+        public var database: PostgresConfiguration
+        /// How many lanes (threads, each with its own connection) process notifications in parallel.
+        public var concurrency: Int
+        /// How many notifications one lane claims per transaction.
+        public var batchSize: Int
+        /// After this many failed attempts a notification becomes `dead`.
+        public var maxAttempts: Int
+        /// The first retry waits about this long (with jitter); each further one twice as long, at most 1 h.
+        public var retryBaseDelay: Duration
+        /// How long an idle lane waits for a notification before looking for due work anyway.
+        public var pollInterval: Duration
+        /// The server-side limit for any one statement (a batch); `nil` for none. A batch that exceeds
+        /// it is retried one notification at a time, and the one that still exceeds it is a failure.
+        public var statementTimeout: Duration?
+        /// Raw tokens of finished notifications are cleared after this long; `nil` keeps them.
+        public var retainTokens: Duration?
+        /// Finished notifications are deleted after this long; `nil` keeps them.
+        public var retainEvents: Duration?
+        /// How often the maintenance pass (retention and due erasure of personal data) runs.
+        public var maintenanceInterval: Duration
+        /// The first wait before reconnecting after the database went away; doubles up to `maxReconnectDelay`.
+        public var reconnectDelay: Duration
+        /// The longest wait between reconnection attempts.
+        public var maxReconnectDelay: Duration
+
+        /// Creates and validates a configuration; every value but the database has a production default.
+        /// - Throws: `WorkerError` with code `.invalidConfiguration` for out-of-range values.
+        public init(
+            database: PostgresConfiguration,
+            concurrency: Int = 1,
+            batchSize: Int = 100,
+            maxAttempts: Int = 20,
+            retryBaseDelay: Duration = .seconds(1),
+            pollInterval: Duration = .seconds(1),
+            statementTimeout: Duration? = .seconds(30),
+            retainTokens: Duration? = nil,
+            retainEvents: Duration? = nil,
+            maintenanceInterval: Duration = .seconds(60),
+            reconnectDelay: Duration = .milliseconds(100),
+            maxReconnectDelay: Duration = .seconds(5)
+        ) throws(WorkerError) {
+            func invalid(_ message: String) -> WorkerError {
+                WorkerError(code: .invalidConfiguration, message: message)
+            }
+            guard (1...256).contains(concurrency) else {
+                throw invalid("concurrency must be between 1 and 256")
+            }
+            guard (1...10_000).contains(batchSize) else {
+                throw invalid("batch size must be between 1 and 10000")
+            }
+            guard (1...1_000_000).contains(maxAttempts) else {
+                throw invalid("max attempts must be at least 1")
+            }
+            guard retryBaseDelay >= .zero else { throw invalid("retry base delay must not be negative") }
+            guard pollInterval > .zero else { throw invalid("poll interval must be positive") }
+            if let statementTimeout, statementTimeout <= .zero {
+                throw invalid("statement timeout must be positive (or absent)")
+            }
+            if let retainTokens, retainTokens <= .zero { throw invalid("token retention must be positive") }
+            if let retainEvents, retainEvents <= .zero { throw invalid("event retention must be positive") }
+            guard maintenanceInterval > .zero else { throw invalid("maintenance interval must be positive") }
+            guard reconnectDelay > .zero, maxReconnectDelay >= reconnectDelay else {
+                throw invalid("reconnect delays must be positive and ordered")
+            }
+            self.database = database
+            self.concurrency = concurrency
+            self.batchSize = batchSize
+            self.maxAttempts = maxAttempts
+            self.retryBaseDelay = retryBaseDelay
+            self.pollInterval = pollInterval
+            self.statementTimeout = statementTimeout
+            self.retainTokens = retainTokens
+            self.retainEvents = retainEvents
+            self.maintenanceInterval = maintenanceInterval
+            self.reconnectDelay = reconnectDelay
+            self.maxReconnectDelay = maxReconnectDelay
+        }
+    }
+}
+
+extension Duration {
+    /// The duration in (fractional) seconds.
+    var seconds: Double {
+        let (whole, attoseconds) = components
+        return Double(whole) + Double(attoseconds) / 1e18
+    }
+
+    /// The duration in whole milliseconds, rounded up.
+    var wholeMilliseconds: Int64 {
+        let (whole, attoseconds) = components
+        return whole * 1000 + (attoseconds + 999_999_999_999_999) / 1_000_000_000_000_000
+    }
+}

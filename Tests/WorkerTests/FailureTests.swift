@@ -1,0 +1,163 @@
+import Foundation
+import Postgres
+import Testing
+import Worker
+
+@Suite("Failures, retries and retention")
+struct FailureTests {
+    @Test(
+        "a hook that raises keeps nothing of that application and goes dead after max attempts while others flow"
+    )
+    func poisonedEventGoesDead() throws {
+        let db = try TestDatabase()
+        try db.connection.simpleQuery(
+            """
+            CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
+                                                     email text, jti text) RETURNS void
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                IF sub = 'poison' THEN RAISE EXCEPTION 'refusing %', jti; END IF;
+            END;
+            $$;
+            """)
+        try db.connection.execute(
+            "INSERT INTO siwa.sessions (sub, created_at) VALUES ('poison', now() - interval '1 day')")
+        try db.insert(jti: "bad", type: "consent-revoked", sub: "poison")
+        for index in 0..<20 {
+            try db.insert(jti: "good-\(index)", type: "consent-revoked", sub: "user-\(index)")
+        }
+        let worker = try db.worker(maxAttempts: 4, retryBaseDelay: .milliseconds(2))
+        #expect(try db.drainUntilSettled(worker))
+
+        #expect(try db.state("bad") == "dead")
+        #expect(try db.value("SELECT attempts FROM siwa.notifications WHERE jti = 'bad'", as: Int.self) == 4)
+        #expect(
+            try db.value("SELECT last_error FROM siwa.notifications WHERE jti = 'bad'", as: String.self)
+                == "P0001: refusing bad")
+        #expect(
+            try db.value("SELECT count(*) FROM siwa.notifications WHERE state = 'applied'", as: Int.self)
+                == 20)
+        // The built-in effects of the failed attempts were rolled back with the hook.
+        #expect(
+            try db.value("SELECT count(*) FROM siwa.sessions WHERE revoked_at IS NOT NULL", as: Int.self) == 0
+        )
+        #expect(try db.value("SELECT count(*) FROM siwa.accounts WHERE sub = 'poison'", as: Int.self) == 0)
+    }
+
+    @Test("a failed attempt is retried later with backoff, and succeeds once the cause is gone")
+    func retryAfterBackoff() throws {
+        let db = try TestDatabase()
+        try db.connection.execute("CREATE TABLE gate (open boolean)")
+        try db.connection.execute("INSERT INTO gate VALUES (false)")
+        try db.connection.simpleQuery(
+            """
+            CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
+                                                     email text, jti text) RETURNS void
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NOT (SELECT open FROM gate) THEN RAISE EXCEPTION 'gate closed'; END IF;
+            END;
+            $$;
+            """)
+        try db.insert(jti: "c1", type: "consent-revoked", sub: "u")
+        let worker = try db.worker(maxAttempts: 5, retryBaseDelay: .seconds(60))
+        let first = try worker.drainOnce()
+        #expect(first.retried == 1)
+        let delay = try db.value(
+            "SELECT extract(epoch FROM next_attempt_at - now())::float8 FROM siwa.notifications",
+            as: Double.self)
+        #expect(delay > 25 && delay <= 60)  // base × 2^0 × jitter in [0.5, 1)
+        try db.connection.execute("UPDATE gate SET open = true")
+        try db.connection.execute("UPDATE siwa.notifications SET next_attempt_at = now()")
+        #expect(try worker.drainOnce().applied == 1)
+        #expect(try db.value("SELECT attempts FROM siwa.notifications", as: Int.self) == 2)
+    }
+
+    @Test("a statement timeout no subtransaction can catch is pinned on the slow event, not the batch")
+    func statementTimeoutPoison() throws {
+        let db = try TestDatabase()
+        try db.connection.simpleQuery(
+            """
+            CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
+                                                     email text, jti text) RETURNS void
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                IF sub = 'slow' THEN PERFORM pg_sleep(5); END IF;
+            END;
+            $$;
+            """)
+        for index in 0..<5 {
+            try db.insert(jti: "a-\(index)", type: "consent-revoked", sub: "user-\(index)")
+        }
+        try db.insert(jti: "slow", type: "consent-revoked", sub: "slow")
+        for index in 5..<10 {
+            try db.insert(jti: "b-\(index)", type: "consent-revoked", sub: "user-\(index)")
+        }
+        let worker = try db.worker(
+            maxAttempts: 2, retryBaseDelay: .milliseconds(2), statementTimeout: .milliseconds(300))
+        #expect(try db.drainUntilSettled(worker))
+        #expect(try db.state("slow") == "dead")
+        #expect(
+            try db.value("SELECT last_error FROM siwa.notifications WHERE jti = 'slow'", as: String.self)
+                .hasPrefix("57014:"))
+        #expect(
+            try db.value("SELECT count(*) FROM siwa.notifications WHERE state = 'applied'", as: Int.self)
+                == 10)
+    }
+
+    @Test("retention clears old raw tokens and deletes old finished rows, never pending ones")
+    func retentionPrunes() throws {
+        let db = try TestDatabase()
+        for index in 0..<5 {
+            try db.insert(jti: "old-\(index)", type: "consent-revoked", sub: "u\(index)")
+        }
+        try db.insert(jti: "recent", type: "consent-revoked", sub: "r")
+        let worker = try db.worker()
+        _ = try worker.drainOnce()
+        try db.insert(jti: "waiting", type: "consent-revoked", sub: "w")
+        try db.connection.execute(
+            "UPDATE siwa.notifications SET received_at = now() - interval '40 days', next_attempt_at = now() + interval '1 day' WHERE jti <> 'recent'"
+        )
+        try db.connection.execute(
+            "UPDATE siwa.notifications SET received_at = now() - interval '10 days' WHERE jti = 'recent'")
+
+        let pruning = try db.worker(retainTokens: .seconds(7 * 86_400), retainEvents: .seconds(30 * 86_400))
+        _ = try pruning.drainOnce()
+        let rows = try db.connection.query(
+            "SELECT jti, raw_token IS NOT NULL, state FROM siwa.notifications ORDER BY jti")
+        #expect(try rows.map { try $0[0, as: String.self] } == ["recent", "waiting"])
+        #expect(try rows[0][1, as: Bool.self] == false)
+        #expect(try rows[1][1, as: Bool.self] == true)
+        #expect(try rows[1][2, as: String.self] == "pending")
+    }
+
+    @Test("a dead notification can be requeued and is then applied")
+    func requeueDead() throws {
+        let db = try TestDatabase()
+        try db.insert(jti: "c1", type: "consent-revoked", sub: "u")
+        try db.connection.execute("UPDATE siwa.notifications SET state = 'dead', attempts = 20")
+        #expect(try db.value("SELECT siwa.requeue(p_state => 'dead')", as: Int.self) == 1)
+        #expect(try db.worker().drainOnce().applied == 1)
+    }
+
+    @Test(
+        "configuration rejects out-of-range values",
+        arguments: [
+            (0, 10, 1), (1, 0, 1), (1, 10, 0),
+        ])
+    func configurationValidation(concurrency: Int, batchSize: Int, maxAttempts: Int) throws {
+        let database = try PostgresConfiguration("host=/nonexistent dbname=x")
+        #expect(throws: WorkerError.self) {
+            _ = try Worker.Configuration(
+                database: database, concurrency: concurrency, batchSize: batchSize, maxAttempts: maxAttempts)
+        }
+    }
+
+    @Test("drainOnce reports a database it cannot reach as an error")
+    func unreachableDatabase() throws {
+        let configuration = try Worker.Configuration(
+            database: try PostgresConfiguration("host=/nonexistent port=1 dbname=x connect_timeout=2"))
+        let worker = Worker(configuration: configuration, logger: quietLogger)
+        #expect(throws: WorkerError.self) { _ = try worker.drainOnce() }
+    }
+}

@@ -1,0 +1,132 @@
+import Foundation
+import Postgres
+import TestSupport
+import Testing
+
+/// The real `siwa-worker` binary as subprocesses against a real database.
+@Suite("siwa-worker processes", .serialized)
+struct ProcessTests {
+    private static let countingHook = """
+        CREATE TABLE hook_calls (jti text NOT NULL);
+        CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
+                                                 email text, jti text) RETURNS void
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO hook_calls VALUES (jti);
+            PERFORM pg_sleep(0.001);
+        END;
+        $$;
+        """
+
+    private func insertMany(_ db: TestDatabase, count: Int, subjects: Int) throws {
+        try db.connection.execute(
+            """
+            INSERT INTO siwa.notifications (jti, event_type, sub, audience, email, event_time, issued_at)
+            SELECT 'bulk-' || i,
+                   (ARRAY['consent-revoked', 'email-disabled', 'email-enabled'])[1 + i % 3],
+                   'sub-' || (i % $2::integer), 'com.example.app',
+                   CASE WHEN i % 3 > 0 THEN 'u' || i || '@privaterelay.appleid.com' END,
+                   now() - make_interval(secs => i), now()
+              FROM generate_series(1, $1::integer) AS i
+            """, [.int(Int64(count)), .int(Int64(subjects))])
+    }
+
+    @Test("two workers drain 3000 events over 300 users, one killed mid-drain; each hook effect happens once")
+    func twoWorkersSurviveSigkill() throws {
+        let db = try TestDatabase()
+        try db.connection.simpleQuery(Self.countingHook)
+        try insertMany(db, count: 3000, subjects: 300)
+        let arguments = ["--concurrency", "2", "--batch-size", "50", "--poll-interval", "0.2"]
+        let victim = try WorkerProcess(arguments, databaseURL: db.url)
+        let survivor = try WorkerProcess(arguments, databaseURL: db.url)
+
+        let applied = "SELECT count(*) FROM siwa.notifications WHERE state = 'applied'"
+        #expect(try eventually(timeout: .seconds(60)) { try db.value(applied, as: Int.self) >= 300 })
+        victim.send(SIGKILL)
+        #expect(victim.waitForExit(timeout: .seconds(10)) != nil)
+        #expect(try db.value(applied, as: Int.self) < 3000, "the kill should land mid-drain")
+
+        #expect(try eventually(timeout: .seconds(120)) { try db.value(applied, as: Int.self) == 3000 })
+        #expect(try db.value("SELECT count(*) FROM hook_calls", as: Int.self) == 3000)
+        #expect(try db.value("SELECT count(DISTINCT jti) FROM hook_calls", as: Int.self) == 3000)
+        #expect(try db.value("SELECT count(*) FROM siwa.accounts", as: Int.self) == 300)
+        survivor.send(SIGTERM)
+        #expect(survivor.waitForExit(timeout: .seconds(10)) == 0)
+    }
+
+    @Test("an idle worker applies a new notification in milliseconds, not after the poll interval")
+    func notificationWakesIdleWorker() throws {
+        let db = try TestDatabase()
+        let worker = try WorkerProcess(["--poll-interval", "5"], databaseURL: db.url)
+        // Ready once it has connected (and so listens): it logs that line after LISTEN.
+        #expect(eventually(timeout: .seconds(10)) { worker.log.contains("\"connected\"") })
+        var latencies: [Duration] = []
+        for index in 0..<3 {
+            try db.insert(jti: "wake-\(index)", type: "consent-revoked", sub: "u\(index)")
+            let start = ContinuousClock.now  // Each insert finds the worker idle, waiting after the last one.
+            #expect(try eventually(timeout: .seconds(10)) { try db.state("wake-\(index)") == "applied" })
+            latencies.append(ContinuousClock.now - start)
+        }
+        #expect(latencies.allSatisfy { $0 < .seconds(1) }, "latencies: \(latencies)")
+        worker.send(SIGTERM)
+        #expect(worker.waitForExit(timeout: .seconds(10)) == 0)
+    }
+
+    @Test("a worker survives a database restart and applies what arrives afterwards")
+    func reconnectsAfterRestart() throws {
+        let cluster = try PostgresCluster.start()
+        defer { cluster.destroy() }
+        let db = try TestDatabase(cluster: cluster)
+        let worker = try WorkerProcess(["--poll-interval", "0.5"], databaseURL: db.url)
+        #expect(eventually(timeout: .seconds(10)) { worker.log.contains("\"connected\"") })
+        db.connection.close()
+        try cluster.stop(mode: .fast)
+        #expect(eventually(timeout: .seconds(10)) { worker.log.contains("reconnecting") })
+        try cluster.start()
+        let again = try PostgresConnection(configuration: db.configuration)
+        defer { again.close() }
+        try again.execute(
+            """
+            INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at)
+            VALUES ('after-restart', 'consent-revoked', 'u', 'com.example.app', now(), now())
+            """)
+        let applied = try eventually(timeout: .seconds(20)) {
+            try again.query("SELECT state FROM siwa.notifications").first?[0, as: String.self] == "applied"
+        }
+        #expect(applied)
+        #expect(worker.process.isRunning)
+        worker.send(SIGTERM)
+        #expect(worker.waitForExit(timeout: .seconds(10)) == 0)
+    }
+
+    @Test("SIGTERM stops an idle worker with exit status 0")
+    func sigtermExitsCleanly() throws {
+        let db = try TestDatabase()
+        let worker = try WorkerProcess(["--poll-interval", "1"], databaseURL: db.url)
+        #expect(eventually(timeout: .seconds(10)) { worker.log.contains("\"connected\"") })
+        worker.send(SIGTERM)
+        #expect(worker.waitForExit(timeout: .seconds(10)) == 0)
+        #expect(worker.log.contains("worker stopped"))
+    }
+
+    @Test("--once drains everything due and exits 0")
+    func onceDrainsAndExits() throws {
+        let db = try TestDatabase()
+        try insertMany(db, count: 500, subjects: 50)
+        let worker = try WorkerProcess(["--once", "--concurrency", "2"], databaseURL: db.url)
+        #expect(worker.waitForExit(timeout: .seconds(60)) == 0)
+        #expect(
+            try db.value("SELECT count(*) FROM siwa.notifications WHERE state = 'applied'", as: Int.self)
+                == 500)
+        // Logs carry identifiers and outcomes, never the email addresses.
+        #expect(worker.log.contains("\"outcome\":\"applied\""))
+        #expect(!worker.log.contains("privaterelay"))
+    }
+
+    @Test("--once against an unreachable database exits 1")
+    func onceFailsWithoutDatabase() throws {
+        let worker = try WorkerProcess(
+            ["--once"], databaseURL: "postgresql://postgres@/x?host=/nonexistent&port=1")
+        #expect(worker.waitForExit(timeout: .seconds(30)) == 1)
+    }
+}
