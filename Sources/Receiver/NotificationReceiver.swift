@@ -41,9 +41,9 @@ public struct ReceiverConfiguration: Sendable {
         guard !audiences.isEmpty else {
             throw ConfigurationError("at least one audience (client ID) is required")
         }
-        guard poolSize >= storage.committers else {
-            throw ConfigurationError("the pool size must be at least the number of committers")
-        }
+        guard poolSize > 0 else { throw ConfigurationError("the pool size must be at least 1") }
+        var storage = storage
+        storage.committers = min(storage.committers, poolSize)  // each committer holds one connection
         self.host = host
         self.port = port
         self.database = database
