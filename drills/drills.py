@@ -1,0 +1,887 @@
+#!/usr/bin/env python3
+"""make drills: fault drills that prove nothing acknowledged is lost (issue 7, part 3).
+
+Each drill runs the real binaries against a throwaway PostgreSQL cluster (fsync on, run as `postgres`
+when we are root) on loopback only, breaks something on purpose under load, and checks the invariant:
+
+    every jti that was answered 200 is in siwa.notifications (exactly once: jti is UNIQUE).
+
+  1. PostgreSQL stopped (fast, then immediate mode) and restarted under load; the receiver is not restarted.
+  2. kill -9 of the receiver under load, then a restart on the same port.
+  3. kill -9 of siwa-worker processes mid-batch, repeatedly, while they drain queued events whose
+     siwa.on_event hook counts its effects by jti under a unique constraint.
+  4. The JWKS endpoint down, slow (beyond the fetch timeout), returning garbage, flapping, and serving a
+     key set without the needed key; then recovered, with no receiver restart.
+  5. Pool / connection exhaustion: the table locked by another session beyond the commit timeout with
+     --pool-size 2, and every connection the receiver's role may open held by another client.
+
+Each drill prints what it did and the counts it checked; the run ends with a summary table and exits 1 on
+any violation. Standard library only; reuses scripts/bench.py's helpers.
+"""
+
+import argparse
+import base64
+import http.client
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from bench import free_port, pg_bindir  # noqa: E402  (the same repository's benchmark helpers)
+
+AUDIENCE = "com.example.drills"
+# NotificationStore.Configuration's default commitTimeout: a request never waits longer for its commit.
+COMMIT_TIMEOUT_S = 10
+# JWKSSource's default fetch timeout (the receiver waits at most this + 1 s for one fetch).
+JWKS_FETCH_TIMEOUT_S = 10
+
+
+def log(message):
+    print(f"[drills] {message}", flush=True)
+
+
+class DrillFailure(Exception):
+    pass
+
+
+def wait_until(condition, what, timeout=30.0, interval=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(interval)
+    raise DrillFailure(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# PostgreSQL
+# ---------------------------------------------------------------------------------------------------
+
+class Cluster:
+    """A throwaway cluster that can be stopped (fast or immediate) and started again on the same port."""
+
+    def __init__(self, root):
+        self.bindir = pg_bindir()
+        self.root = root
+        self.data = os.path.join(root, "data")
+        self.port = free_port()
+        self.as_postgres = os.geteuid() == 0
+        if self.as_postgres:
+            shutil.chown(root, "postgres")
+        self._tool("initdb", "-D", self.data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C")
+        self.options = (
+            f"-c listen_addresses='' -k {root} -p {self.port} -c fsync=on -c synchronous_commit=on "
+            "-c max_connections=100 -c shared_buffers=64MB")
+        self.start()
+
+    def _tool(self, name, *args):
+        command = [os.path.join(self.bindir, name), *args]
+        if self.as_postgres:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        subprocess.run(command, check=True, cwd=self.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def start(self):
+        self._tool("pg_ctl", "-D", self.data, "-o", self.options, "-l", os.path.join(self.root, "server.log"),
+                   "-w", "-t", "60", "start")
+
+    def stop(self, mode="fast"):
+        self._tool("pg_ctl", "-D", self.data, "-m", mode, "-w", "-t", "60", "stop")
+
+    def url(self, db, user="postgres"):
+        return f"postgresql://{user}@/{db}?host={self.root}&port={self.port}"
+
+    def psql_command(self, db, user="postgres"):
+        return ["psql", "-h", self.root, "-p", str(self.port), "-U", user, "-d", db, "-v", "ON_ERROR_STOP=1",
+                "-qAtX"]
+
+    def psql(self, db, sql):
+        out = subprocess.run(self.psql_command(db) + ["-c", sql], capture_output=True, text=True)
+        if out.returncode != 0:
+            raise DrillFailure(f"psql failed: {out.stderr.strip()}")
+        return out.stdout.strip()
+
+    def create_database(self, name):
+        self.psql("postgres", f"DROP DATABASE IF EXISTS {name}")
+        self.psql("postgres", f"CREATE DATABASE {name}")
+        subprocess.run(self.psql_command(name) + ["-f", os.path.join(ROOT, "schema.sql")], check=True,
+                       stdout=subprocess.DEVNULL)
+
+    def stored_jtis(self, db):
+        out = self.psql(db, "SELECT jti FROM siwa.notifications")
+        return out.split("\n") if out else []
+
+
+# ---------------------------------------------------------------------------------------------------
+# Processes
+# ---------------------------------------------------------------------------------------------------
+
+def http_status(port, path, timeout=2.0):
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        connection.request("GET", path)
+        status = connection.getresponse().status
+        connection.close()
+        return status
+    except OSError:
+        return None
+
+
+class Receiver:
+    def __init__(self, ctx, name, database_url, jwks_url, port=None, extra=()):
+        self.ctx = ctx
+        self.port = port or free_port()
+        self.log_path = os.path.join(ctx.workdir, f"{name}.log")
+        self.arguments = [
+            ctx.binaries["siwa-receiver"], "--listen", f"127.0.0.1:{self.port}", "--database-url", database_url,
+            "--audience", AUDIENCE, "--jwks-url", jwks_url, "--threads", "32", "--log-level", "warning", *extra]
+        self.process = None
+
+    def start(self, ready="/readyz"):
+        with open(self.log_path, "a") as out:
+            self.process = subprocess.Popen(self.arguments, stdout=out, stderr=out)
+        wait_until(lambda: http_status(self.port, ready) == 200 or self.process.poll() is not None,
+                   "the receiver to be ready", timeout=30)
+        if self.process.poll() is not None:
+            raise DrillFailure(f"siwa-receiver exited with {self.process.returncode}; see {self.log_path}")
+        return self
+
+    def alive(self):
+        return self.process is not None and self.process.poll() is None
+
+    def kill9(self):
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self):
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Load: distinct pre-signed notifications, every answer recorded per jti
+# ---------------------------------------------------------------------------------------------------
+
+def jti_of(body):
+    token = json.loads(body)["payload"]
+    claims = token.split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(claims + "=" * (-len(claims) % 4)))["jti"]
+
+
+def load_bodies(path):
+    with open(path) as f:
+        return [(jti_of(line), line.strip().encode()) for line in f if line.strip()]
+
+
+class Answers:
+    """Every answer, per jti: (status or 'error', sent at (monotonic), seconds taken)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.by_jti = {}
+
+    def record(self, jti, status, sent, seconds):
+        with self.lock:
+            self.by_jti.setdefault(jti, []).append((status, sent, seconds))
+
+    def all(self):
+        with self.lock:
+            return [(jti, *answer) for jti, answers in self.by_jti.items() for answer in answers]
+
+    def acknowledged(self):
+        with self.lock:
+            return {jti for jti, answers in self.by_jti.items() if any(a[0] == 200 for a in answers)}
+
+
+def post(connection, body):
+    connection.request("POST", "/apple/notifications", body=body, headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    text = response.read()
+    return response.status, text
+
+
+class Load:
+    """`threads` keep-alive clients posting distinct bodies, each once, until stopped or out of bodies."""
+
+    def __init__(self, port_of, bodies, answers, threads=16, pause=0.01, timeout=30):
+        self.port_of = port_of  # a callable: drill 2 moves nothing, but reads the port each reconnect
+        self.bodies = bodies
+        self.answers = answers
+        self.pause = pause
+        self.timeout = timeout
+        self.next = 0
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+
+    def start(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def stop(self):
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(timeout=self.timeout + 5)
+
+    @property
+    def exhausted(self):
+        with self.lock:
+            return self.next >= len(self.bodies)
+
+    def _take(self):
+        with self.lock:
+            if self.next >= len(self.bodies):
+                return None
+            self.next += 1
+            return self.bodies[self.next - 1]
+
+    def _run(self):
+        connection = None
+        while not self.stopping.is_set():
+            item = self._take()
+            if item is None:
+                return
+            jti, body = item
+            if connection is None:
+                connection = http.client.HTTPConnection("127.0.0.1", self.port_of(), timeout=self.timeout)
+            started = time.monotonic()
+            try:
+                status, _ = post(connection, body)
+            except (OSError, http.client.HTTPException):
+                status = "error"
+                connection.close()
+                connection = None
+            self.answers.record(jti, status, started, time.monotonic() - started)
+            if status == "error":
+                time.sleep(0.05)
+            elif self.pause:
+                time.sleep(self.pause)
+        if connection:
+            connection.close()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checking and reporting
+# ---------------------------------------------------------------------------------------------------
+
+class Result:
+    def __init__(self, name):
+        self.name = name
+        self.counts = {}
+        self.violations = []
+        self.notes = []
+
+    def check(self, ok, message):
+        mark = "ok" if ok else "VIOLATION"
+        log(f"  [{mark}] {message}")
+        if not ok:
+            self.violations.append(message)
+
+    @property
+    def passed(self):
+        return not self.violations
+
+
+def check_invariant(result, cluster, db, answers):
+    """Every 200-acknowledged jti is stored; no jti is stored twice. Fills the standard counts."""
+    every = answers.all()
+    acknowledged = answers.acknowledged()
+    stored_list = cluster.stored_jtis(db)
+    stored = set(stored_list)
+    lost = acknowledged - stored
+    statuses = [a[1] for a in every]
+    result.counts.update({
+        "sent": len(every),
+        "200": statuses.count(200),
+        "503": statuses.count(503),
+        "conn errors": statuses.count("error"),
+        "other": len(every) - statuses.count(200) - statuses.count(503) - statuses.count("error"),
+        "stored": len(stored_list),
+        "lost": len(lost),
+        "dup rows": len(stored_list) - len(stored),
+    })
+    c = result.counts
+    log(f"  sent {c['sent']}, 200 {c['200']}, 503 {c['503']}, connection errors {c['conn errors']}, "
+        f"other {c['other']}; stored {c['stored']}, lost {c['lost']}, duplicate rows {c['dup rows']}")
+    unacknowledged_but_stored = len(stored - acknowledged)
+    if unacknowledged_but_stored:
+        log(f"  ({unacknowledged_but_stored} stored without a 200 reaching the client: committed while the "
+            "answer was lost or timed out; Apple's retry gets `duplicate`, which is allowed)")
+    result.check(not lost, f"every 200-acknowledged jti is stored ({len(acknowledged)} acknowledged, "
+                           f"{len(lost)} lost{': e.g. ' + sorted(lost)[0] if lost else ''})")
+    result.check(c["dup rows"] == 0, "no jti is stored twice")
+
+
+def answered_after(answers, instant, status):
+    return any(a[1] == status and a[2] >= instant for a in answers.all())
+
+
+def answered_between(answers, start, end, status):
+    return sum(1 for a in answers.all() if a[1] == status and start <= a[2] + a[3] and a[2] <= end)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Drills
+# ---------------------------------------------------------------------------------------------------
+
+def drill_postgres_restart(ctx, mode):
+    result = Result(f"1 PostgreSQL stop/start ({mode})")
+    log(f"drill {result.name}: stop PostgreSQL -m {mode} for {ctx.down_seconds} s under load, start it "
+        "again; the receiver keeps running")
+    db = f"drill1_{mode}"
+    ctx.cluster.create_database(db)
+    receiver = Receiver(ctx, db, ctx.cluster.url(db), ctx.jwks_url).start()
+    pid = receiver.process.pid
+    answers = Answers()
+    load = Load(lambda: receiver.port, ctx.bodies, answers, threads=ctx.threads).start()
+    try:
+        time.sleep(ctx.warmup)
+        down_at = time.monotonic()
+        ctx.cluster.stop(mode)
+        log(f"  PostgreSQL stopped ({mode})")
+        time.sleep(ctx.down_seconds)
+        up_at = time.monotonic()
+        ctx.cluster.start()
+        log(f"  PostgreSQL started again after {up_at - down_at:.1f} s")
+        wait_until(lambda: answered_after(answers, time.monotonic() - 0.5, 200) and
+                   answered_after(answers, up_at, 200), "200s after the restart", timeout=30)
+        recovered = time.monotonic() - up_at
+        time.sleep(ctx.warmup)
+    finally:
+        load.stop()
+    while_down = answered_between(answers, down_at, up_at, 503)
+    result.check(while_down > 0, f"503 while PostgreSQL was down ({while_down} answers)")
+    result.check(True, f"200s again {recovered:.1f} s after PostgreSQL started")
+    result.check(receiver.alive() and receiver.process.pid == pid, "the receiver was never restarted")
+    result.check(not load.exhausted, "the load ran for the whole drill (bodies left over)")
+    receiver.stop()
+    check_invariant(result, ctx.cluster, db, answers)
+    return result
+
+
+def drill_receiver_kill(ctx):
+    result = Result("2 kill -9 receiver")
+    log(f"drill {result.name}: kill -9 the receiver under load {ctx.kills} times, restart it on the same port")
+    db = "drill2"
+    ctx.cluster.create_database(db)
+    receiver = Receiver(ctx, db, ctx.cluster.url(db), ctx.jwks_url).start()
+    answers = Answers()
+    load = Load(lambda: receiver.port, ctx.bodies, answers, threads=ctx.threads).start()
+    restarted_at = []
+    try:
+        for kill in range(ctx.kills):
+            time.sleep(ctx.warmup)
+            receiver.kill9()
+            log(f"  kill -9 #{kill + 1} (in flight: whatever the 16 clients had sent)")
+            time.sleep(0.5)
+            receiver.start()
+            restarted_at.append(time.monotonic())
+            wait_until(lambda: answered_after(answers, restarted_at[-1], 200), "200s after the restart", timeout=30)
+        time.sleep(ctx.warmup)
+    finally:
+        load.stop()
+    errors = sum(1 for a in answers.all() if a[1] == "error")
+    result.check(errors > 0, f"clients saw the crashes ({errors} connection errors)")
+    result.check(all(answered_after(answers, t, 200) for t in restarted_at), "200s after every restart")
+    result.check(not load.exhausted, "the load ran for the whole drill (bodies left over)")
+    receiver.stop()
+    check_invariant(result, ctx.cluster, db, answers)
+    return result
+
+
+HOOK_SQL = """
+CREATE SCHEMA drill;
+CREATE TABLE drill.hook_effects (
+    jti        text PRIMARY KEY,
+    event_type text NOT NULL,
+    backend    integer NOT NULL DEFAULT pg_backend_pid(),
+    applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz, email text, jti text)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_sleep(%(sleep)s);
+    INSERT INTO drill.hook_effects (jti, event_type) VALUES (on_event.jti, on_event.event_type);
+END;
+$$;
+"""
+
+
+def drill_worker_kill(ctx):
+    result = Result("3 kill -9 workers")
+    events, subs = ctx.worker_events, max(1, ctx.worker_events // 5) | 1
+    log(f"drill {result.name}: {events} queued events over {subs} users with sessions, a counting "
+        "siwa.on_event hook (unique by jti); 2 workers, one killed -9 every ~0.5 s and restarted")
+    db = "drill3"
+    cluster = ctx.cluster
+    cluster.create_database(db)
+    cluster.psql(db, HOOK_SQL % {"sleep": ctx.hook_sleep})
+    cluster.psql(db, f"""
+        INSERT INTO siwa.sessions (sub, created_at)
+        SELECT 'drill-sub-' || g, now() - interval '1 day' FROM generate_series(0, {subs - 1}) g;
+        INSERT INTO siwa.notifications (jti, event_type, sub, audience, email, is_private_email, event_time,
+            issued_at, raw_token)
+        SELECT 'drill3-' || g,
+            (ARRAY['email-disabled','email-enabled','consent-revoked','account-delete'])[1 + g % 4],
+            'drill-sub-' || (g % {subs}), '{AUDIENCE}',
+            CASE WHEN g % 4 < 2 THEN 'd' || g || '@privaterelay.appleid.com' END, CASE WHEN g % 4 < 2 THEN true END,
+            now() - (g || ' ms')::interval, now(), repeat('x', 700)
+        FROM generate_series(1, {events}) g;
+        VACUUM ANALYZE;""")
+    arguments = [ctx.binaries["siwa-worker"], "--database-url", cluster.url(db), "--concurrency", "1",
+                 "--batch-size", "50", "--poll-interval", "0.2", "--retry-base-delay", "0.1",
+                 "--log-level", "warning"]
+    log_path = os.path.join(ctx.workdir, "drill3-workers.log")
+    out = open(log_path, "a")
+    workers = [subprocess.Popen(arguments, stdout=out, stderr=out) for _ in range(2)]
+    kills, mid_batch = 0, 0
+    pending = lambda: int(cluster.psql(db, "SELECT count(*) FROM siwa.notifications WHERE state = 'pending'"))
+    started = time.monotonic()
+    try:
+        while pending() > 0 and time.monotonic() - started < ctx.worker_timeout:
+            time.sleep(random.uniform(0.35, 0.65))
+            victim = random.randrange(2)
+            # A batch in flight shows as an active backend of that worker running the claim function.
+            busy = int(cluster.psql(db, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                        "AND state = 'active' AND query LIKE '%process_due_notifications%'"
+                                        " AND pid <> pg_backend_pid()"))
+            workers[victim].send_signal(signal.SIGKILL)
+            workers[victim].wait()
+            kills += 1
+            mid_batch += 1 if busy else 0
+            workers[victim] = subprocess.Popen(arguments, stdout=out, stderr=out)
+        log(f"  {kills} kill -9s ({mid_batch} while a batch was executing); waiting for the queue to drain")
+        wait_until(lambda: pending() == 0, "every event to be finished", timeout=ctx.worker_timeout)
+        drained = time.monotonic() - started
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGTERM)
+        for worker in workers:
+            try:
+                worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        out.close()
+    row = cluster.psql(db, """
+        SELECT count(*) FILTER (WHERE state = 'applied'), count(*) FILTER (WHERE state = 'dead'),
+               count(*) FILTER (WHERE state NOT IN ('applied', 'dead')),
+               count(*) FILTER (WHERE last_error LIKE '%23505%' OR last_error ILIKE '%duplicate key%'),
+               count(*) FILTER (WHERE last_error IS NOT NULL), coalesce(max(attempts), 0),
+               (SELECT count(*) FROM drill.hook_effects),
+               (SELECT count(*) FROM drill.hook_effects h
+                 WHERE NOT EXISTS (SELECT 1 FROM siwa.notifications n WHERE n.jti = h.jti)),
+               (SELECT count(*) FROM siwa.sessions s WHERE s.revoked_at IS NULL AND EXISTS (
+                    SELECT 1 FROM siwa.notifications n
+                     WHERE n.sub = s.sub AND n.event_type IN ('consent-revoked', 'account-delete'))),
+               (SELECT count(*) FROM siwa.sessions WHERE revoked_at IS NOT NULL)
+          FROM siwa.notifications""").split("|")
+    applied, dead, other, duplicate_errors, errors, max_attempts, hooks, stray, unrevoked, revoked = map(int, row)
+    log(f"  drained in {drained:.1f} s: applied {applied}, dead {dead}, other {other}, hook effects {hooks}, "
+        f"rows with an error recorded {errors} (duplicate-key {duplicate_errors}), max attempts {max_attempts}, "
+        f"sessions revoked {revoked}")
+    result.counts.update({"sent": events, "stored": events, "lost": events - applied, "dup rows": hooks - applied})
+    result.notes.append(f"{kills} kills, {mid_batch} mid-batch")
+    result.check(kills >= 3, f"workers were killed repeatedly while draining ({kills})")
+    result.check(mid_batch > 0, f"at least one kill landed while a batch was executing ({mid_batch})")
+    result.check(applied == events and other == 0, f"every event ends applied ({applied}/{events})")
+    result.check(dead == 0, "no event is dead")
+    result.check(hooks == events and stray == 0, f"each hook effect exactly once ({hooks} for {events} events)")
+    result.check(duplicate_errors == 0, "no duplicate-key error recorded as a failure")
+    result.check(unrevoked == 0, f"every session of a revoked or deleted user is revoked ({unrevoked} left)")
+    return result
+
+
+class JWKSServer:
+    """A controllable stand-in for Apple's key endpoint: ok (key A), both (A and B), slow, garbage, error,
+    flap (alternately error and ok), or down (not listening)."""
+
+    def __init__(self, set_a, set_b, slow_seconds):
+        self.port = free_port()
+        self.sets = {"ok": set_a, "both": json.dumps({"keys": json.loads(set_a)["keys"] + json.loads(set_b)["keys"]})}
+        self.slow_seconds = slow_seconds
+        self.mode = "ok"
+        self.requests = 0
+        self.server = None
+        self.start()
+
+    def start(self):
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                owner.requests += 1
+                mode = owner.mode
+                if mode == "flap":
+                    mode = "error" if owner.requests % 2 else "ok"
+                if mode == "slow":
+                    time.sleep(owner.slow_seconds)
+                    mode = "both"
+                if mode == "error":
+                    body, status = b'{"error":"try later"}', 503
+                elif mode == "garbage":
+                    body, status = b"<html>\x00\xffnot a key set", 200
+                else:
+                    body, status = owner.sets[mode].encode(), 200
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except OSError:
+                    pass  # the receiver gave up waiting (slow mode)
+
+        ThreadingHTTPServer.daemon_threads = True
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.listening = True
+
+    def down(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.listening = False
+
+    def up(self, mode):
+        self.mode = mode
+        self.start()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}/auth/keys"
+
+
+def drill_jwks(ctx):
+    result = Result("4 JWKS faults")
+    log(f"drill {result.name}: receiver with --jwks-cooldown 1 against a controllable key server; tokens "
+        "signed by a served key (A) and by a key (B) the server adds only at the end")
+    db = "drill4"
+    ctx.cluster.create_database(db)
+    server = JWKSServer(ctx.jwks_a, ctx.jwks_b, slow_seconds=JWKS_FETCH_TIMEOUT_S + 3)
+    receiver = Receiver(ctx, db, ctx.cluster.url(db), server.url, extra=["--jwks-cooldown", "1"]).start()
+    answers = Answers()
+    a_bodies, b_bodies = iter(ctx.bodies), iter(ctx.bodies_b)
+
+    def send(kind, expect_fast=False):
+        jti, body = next(a_bodies if kind == "A" else b_bodies)
+        connection = http.client.HTTPConnection("127.0.0.1", receiver.port, timeout=JWKS_FETCH_TIMEOUT_S + 10)
+        started = time.monotonic()
+        try:
+            status, text = post(connection, body)
+        except (OSError, http.client.HTTPException):
+            status, text = "error", b""
+        finally:
+            connection.close()
+        seconds = time.monotonic() - started
+        answers.record(jti, status, started, seconds)
+        return status, text, seconds
+
+    def phase(name, mode, b_expected, settle=1.3, known=5, tries_timeout=30.0):
+        if mode == "down":
+            if server.listening:
+                server.down()
+        elif not server.listening:
+            server.up(mode)
+        else:
+            server.mode = mode
+        time.sleep(settle)  # past the cooldown, so the next miss fetches again
+        known_answers = [send("A") for _ in range(known)]
+        slowest = max(s for _, _, s in known_answers)
+        result.check(all(s == 200 for s, _, _ in known_answers) and slowest < 2.0,
+                     f"{name}: known kid A verifies ({known}× 200, slowest {slowest * 1000:.0f} ms)")
+        # The unknown kid B: poll until the expected answer (a slow fetch in flight may still be running).
+        seen = []
+        deadline = time.monotonic() + tries_timeout
+        while time.monotonic() < deadline:
+            status, text, seconds = send("B")
+            seen.append(status)
+            if status == b_expected:
+                break
+            time.sleep(0.3)
+        wrong = [s for s in seen if s not in (200, 401, 503)] + ([200] if b_expected != 200 and 200 in seen else [])
+        result.check(seen[-1] == b_expected and not wrong,
+                     f"{name}: unknown kid B gets {b_expected} (answers {seen}, last in {seconds:.1f} s)")
+        return seconds
+
+    try:
+        phase("set without B", "ok", 401)
+        phase("endpoint down", "down", 503)
+        # Slow: while a fetch hangs, known kids must not wait for it and B waits at most the fetch timeout.
+        slow_seconds = phase("endpoint slow (13 s > 10 s fetch timeout)", "slow", 503, settle=0.2)
+        result.check(slow_seconds <= JWKS_FETCH_TIMEOUT_S + 2.5,
+                     f"slow endpoint: B's 503 came within the fetch timeout ({slow_seconds:.1f} s)")
+        time.sleep(JWKS_FETCH_TIMEOUT_S + 1)  # let the hung fetches finish before the next phase
+        phase("endpoint returns garbage", "garbage", 503)
+        phase("endpoint answers 503", "error", 503)
+        phase("endpoint flapping (503 / set without B)", "flap", 401)
+        phase("fresh set still without B", "ok", 401)
+        phase("recovered: set with B", "both", 200, known=3)
+        result.check(receiver.alive(), "the receiver recovered without a restart")
+        failures = metric(receiver.port, 'siwa_jwks_fetches_total{result="failure"}')
+        result.check(failures > 0, f"failed fetches were counted in siwa_jwks_fetches_total ({failures:.0f})")
+    finally:
+        receiver.stop()
+        if server.listening:
+            server.down()
+    check_invariant(result, ctx.cluster, db, answers)
+    return result
+
+
+def metric(port, name):
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    connection.request("GET", "/metrics")
+    text = connection.getresponse().read().decode()
+    connection.close()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def drill_table_lock(ctx):
+    result = Result("5a pool-size 2, table locked")
+    hold = COMMIT_TIMEOUT_S + 4
+    log(f"drill {result.name}: siwa-receiver --pool-size 2 under load while psql holds "
+        f"LOCK TABLE siwa.notifications IN ACCESS EXCLUSIVE MODE for {hold} s")
+    db = "drill5a"
+    ctx.cluster.create_database(db)
+    receiver = Receiver(ctx, db, ctx.cluster.url(db), ctx.jwks_url, extra=["--pool-size", "2"]).start()
+    answers = Answers()
+    load = Load(lambda: receiver.port, ctx.bodies, answers, threads=ctx.threads).start()
+    try:
+        time.sleep(ctx.warmup)
+        locked_at = time.monotonic()
+        locker = subprocess.Popen(
+            ctx.cluster.psql_command(db) + ["-c", "BEGIN", "-c", "LOCK TABLE siwa.notifications IN ACCESS "
+                                            f"EXCLUSIVE MODE", "-c", f"SELECT pg_sleep({hold})", "-c", "COMMIT"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        locker.wait(timeout=hold + 30)
+        released_at = time.monotonic()
+        log(f"  lock held {released_at - locked_at:.1f} s, released")
+        wait_until(lambda: answered_after(answers, released_at, 200), "200s after the lock is released", 30)
+        time.sleep(ctx.warmup)
+    finally:
+        load.stop()
+    during = [a for a in answers.all() if a[2] >= locked_at and a[2] < released_at]
+    slowest = max((a[3] for a in during), default=0.0)
+    unavailable = sum(1 for a in during if a[1] == 503)
+    result.check(unavailable > 0, f"503 while the table was locked ({unavailable} answers)")
+    result.check(slowest <= COMMIT_TIMEOUT_S + 2.5,
+                 f"no request hung beyond the {COMMIT_TIMEOUT_S} s commit timeout (slowest {slowest:.1f} s)")
+    result.check(receiver.alive(), "service recovered without a restart")
+    receiver.stop()
+    check_invariant(result, ctx.cluster, db, answers)
+    return result
+
+
+def drill_connection_limit(ctx):
+    result = Result("5b role connections all held")
+    log(f"drill {result.name}: the receiver logs in as a role with CONNECTION LIMIT 2 (member of "
+        "siwa_receiver) while two other sessions of that role hold both connections; then they leave")
+    db = "drill5b"
+    cluster = ctx.cluster
+    cluster.create_database(db)
+    cluster.psql("postgres", "DROP ROLE IF EXISTS drill_receiver")
+    cluster.psql("postgres", "CREATE ROLE drill_receiver LOGIN CONNECTION LIMIT 2 IN ROLE siwa_receiver")
+    hold = 6
+    hogs = [subprocess.Popen(cluster.psql_command(db, user="drill_receiver") + ["-c", f"SELECT pg_sleep({hold})"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2)]
+    try:
+        wait_until(lambda: cluster.psql(db, "SELECT count(*) FROM pg_stat_activity "
+                                            "WHERE usename = 'drill_receiver'") == "2", "both hogs connected", 10)
+        held_at = time.monotonic()
+        receiver = Receiver(ctx, db, cluster.url(db, user="drill_receiver"), ctx.jwks_url,
+                            extra=["--pool-size", "4"]).start(ready="/healthz")
+        answers = Answers()
+        load = Load(lambda: receiver.port, ctx.bodies, answers, threads=ctx.threads).start()
+        try:
+            for hog in hogs:
+                hog.wait(timeout=hold + 30)
+            released_at = time.monotonic()
+            log(f"  connections held {released_at - held_at:.1f} s, released")
+            wait_until(lambda: answered_after(answers, released_at, 200), "200s after the connections are free", 30)
+            time.sleep(ctx.warmup)
+        finally:
+            load.stop()
+    finally:
+        for hog in hogs:
+            if hog.poll() is None:
+                hog.kill()
+    during = [a for a in answers.all() if a[2] < released_at]
+    slowest = max((a[3] for a in during), default=0.0)
+    unavailable = sum(1 for a in during if a[1] == 503)
+    result.check(unavailable > 0 and all(a[1] == 503 for a in during),
+                 f"only 503 while no connection could be opened ({unavailable} of {len(during)})")
+    result.check(slowest <= COMMIT_TIMEOUT_S + 2.5, f"answers stayed bounded (slowest {slowest:.2f} s)")
+    result.check(receiver.alive(), "service recovered without a restart")
+    receiver.stop()
+    check_invariant(result, cluster, db, answers)
+    return result
+
+
+def drill_disk_full(ctx):
+    result = Result("5c disk full")
+    result.skipped = ("skipped: needs a small filesystem for the cluster's pg_wal (a loop device or tmpfs "
+                      "mount); neither is available here, and filling the real disk would hurt other work")
+    log(f"drill {result.name}: {result.skipped}")
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------------
+
+class Context:
+    pass
+
+
+def keygen(ctx, name, kid):
+    keys = os.path.join(ctx.workdir, name)
+    subprocess.run([ctx.binaries["siwactl"], "keygen", "--out", keys, "--kid", kid], check=True,
+                   stdout=subprocess.DEVNULL)
+    with open(os.path.join(keys, "jwks.json")) as f:
+        return keys, f.read()
+
+
+def sign(ctx, keys, kid, count, name):
+    path = os.path.join(ctx.workdir, name)
+    subprocess.run([ctx.binaries["siwa-bench"], "sign", "--key", os.path.join(keys, "private-key.pem"), "--kid",
+                    kid, "--audience", AUDIENCE, "--count", str(count), "--out", path], check=True)
+    return load_bodies(path)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="CI-sized: shorter phases, fewer events")
+    parser.add_argument("--build", default=None, help="directory of the binaries (default: .build/release, "
+                                                      "else .build/debug)")
+    parser.add_argument("--only", default="", help="comma-separated drill numbers to run, e.g. 1,4")
+    parser.add_argument("--threads", type=int, default=16, help="load generator clients")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs) afterwards")
+    args = parser.parse_args()
+
+    build = args.build
+    if build is None:
+        build = next((os.path.join(ROOT, ".build", c) for c in ("release", "debug")
+                      if os.access(os.path.join(ROOT, ".build", c, "siwa-receiver"), os.X_OK)),
+                     os.path.join(ROOT, ".build", "release"))
+    ctx = Context()
+    ctx.binaries = {name: os.path.join(build, name) for name in ("siwa-receiver", "siwa-worker", "siwactl",
+                                                                   "siwa-bench")}
+    for path in ctx.binaries.values():
+        if not os.access(path, os.X_OK):
+            sys.exit(f"missing {path}: run `swift build -c release` first (make drills does)")
+    if not shutil.which("psql"):
+        sys.exit("missing psql: apt-get install postgresql-client")
+    ctx.threads = args.threads
+    ctx.warmup = 1.0 if args.quick else 2.0
+    ctx.down_seconds = 2.0 if args.quick else 3.0
+    ctx.kills = 2 if args.quick else 3
+    ctx.worker_events = 3000 if args.quick else 10000
+    ctx.hook_sleep = 0.001
+    ctx.worker_timeout = 180
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+
+    ctx.workdir = tempfile.mkdtemp(prefix="siwa-drills-")
+    os.chmod(ctx.workdir, 0o755)
+    log(f"binaries {build}; work directory {ctx.workdir}")
+    ctx.cluster = None
+    fake_apple = None
+    results = []
+    try:
+        ctx.cluster = Cluster(tempfile.mkdtemp(prefix="siwa-drills-pg-"))
+        keys_a, ctx.jwks_a = keygen(ctx, "keys-a", "drill-key-a")
+        keys_b, ctx.jwks_b = keygen(ctx, "keys-b", "drill-key-b")
+        count = 8000 if args.quick else 16000
+        log(f"pre-signing {count:,} distinct notifications with key A and 200 with key B")
+        ctx.bodies = sign(ctx, keys_a, "drill-key-a", count, "bodies-a.jsonl")
+        ctx.bodies_b = sign(ctx, keys_b, "drill-key-b", 200, "bodies-b.jsonl")
+        apple_port = free_port()
+        fake_apple = subprocess.Popen(
+            [ctx.binaries["siwactl"], "fake-apple", "--listen", f"127.0.0.1:{apple_port}", "--keys", keys_a],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        ctx.jwks_url = f"http://127.0.0.1:{apple_port}/auth/keys"
+        wait_until(lambda: http_status(apple_port, "/auth/keys") == 200, "fake-apple")
+
+        drills = [
+            ("1", lambda: drill_postgres_restart(ctx, "fast")),
+            ("1", lambda: drill_postgres_restart(ctx, "immediate")),
+            ("2", lambda: drill_receiver_kill(ctx)),
+            ("3", lambda: drill_worker_kill(ctx)),
+            ("4", lambda: drill_jwks(ctx)),
+            ("5", lambda: drill_table_lock(ctx)),
+            ("5", lambda: drill_connection_limit(ctx)),
+            ("5", lambda: drill_disk_full(ctx)),
+        ]
+        for number, drill in drills:
+            if only and number not in only:
+                continue
+            started = time.monotonic()
+            try:
+                result = drill()
+            except DrillFailure as error:
+                result = Result(f"{number} (aborted)")
+                result.check(False, str(error))
+            except Exception as error:  # noqa: BLE001 - report and keep going with the other drills
+                result = Result(f"{number} (crashed)")
+                result.check(False, f"{type(error).__name__}: {error}")
+            result.seconds = time.monotonic() - started
+            results.append(result)
+            log(f"  -> {'PASS' if result.passed else 'FAIL'} in {result.seconds:.1f} s")
+    finally:
+        if fake_apple:
+            fake_apple.terminate()
+            fake_apple.wait()
+        if ctx.cluster:
+            try:
+                ctx.cluster.stop("fast")
+            except subprocess.CalledProcessError:
+                pass
+            if not args.keep:
+                shutil.rmtree(ctx.cluster.root, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(ctx.workdir, ignore_errors=True)
+
+    print_summary(results)
+    sys.exit(0 if results and all(r.passed for r in results) else 1)
+
+
+def print_summary(results):
+    columns = ["sent", "200", "503", "conn errors", "stored", "lost", "dup rows"]
+    print()
+    print(f"{'drill':<34}" + "".join(f"{c:>12}" for c in columns) + f"{'seconds':>9}  result")
+    for r in results:
+        cells = "".join(f"{r.counts.get(c, '-')!s:>12}" for c in columns)
+        skipped = getattr(r, "skipped", None)
+        verdict = "SKIPPED" if skipped else ("PASS" if r.passed else "FAIL")
+        print(f"{r.name:<34}{cells}{getattr(r, 'seconds', 0):>9.1f}  {verdict}"
+              + (f"  ({'; '.join(r.notes)})" if r.notes else ""))
+    print()
+    print("Drill 3 counts: sent = events queued, stored = events, lost = events not applied, "
+          "dup rows = hook effects beyond one per event.")
+    failed = [r for r in results if not r.passed]
+    for r in failed:
+        for violation in r.violations:
+            print(f"VIOLATION in {r.name}: {violation}")
+    print("all drills passed" if results and not failed else f"{len(failed)} drill(s) failed")
+
+
+if __name__ == "__main__":
+    main()
