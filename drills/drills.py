@@ -440,14 +440,17 @@ def drill_worker_kill(ctx):
             'drill-sub-' || (g % {subs}), '{AUDIENCE}',
             CASE WHEN g % 4 < 2 THEN 'd' || g || '@privaterelay.appleid.com' END, CASE WHEN g % 4 < 2 THEN true END,
             now() - (g || ' ms')::interval, now(), repeat('x', 700)
-        FROM generate_series(1, {events}) g;
-        VACUUM ANALYZE;""")
-    arguments = [ctx.binaries["siwa-worker"], "--database-url", cluster.url(db), "--concurrency", "1",
-                 "--batch-size", "50", "--poll-interval", "0.2", "--retry-base-delay", "0.1",
-                 "--log-level", "warning"]
+        FROM generate_series(1, {events}) g;""")
+    cluster.psql(db, "VACUUM ANALYZE")  # a statement of its own: VACUUM cannot run in a transaction
+    def arguments(slot):
+        # application_name tells the two workers' sessions apart in pg_stat_activity.
+        return [ctx.binaries["siwa-worker"], "--database-url", cluster.url(db) + f"&application_name=drill-worker-{slot}",
+                "--concurrency", "1", "--batch-size", "50", "--poll-interval", "0.2", "--retry-base-delay", "0.1",
+                "--log-level", "warning"]
+
     log_path = os.path.join(ctx.workdir, "drill3-workers.log")
     out = open(log_path, "a")
-    workers = [subprocess.Popen(arguments, stdout=out, stderr=out) for _ in range(2)]
+    workers = [subprocess.Popen(arguments(slot), stdout=out, stderr=out) for slot in range(2)]
     kills, mid_batch = 0, 0
     pending = lambda: int(cluster.psql(db, "SELECT count(*) FROM siwa.notifications WHERE state = 'pending'"))
     started = time.monotonic()
@@ -455,15 +458,15 @@ def drill_worker_kill(ctx):
         while pending() > 0 and time.monotonic() - started < ctx.worker_timeout:
             time.sleep(random.uniform(0.35, 0.65))
             victim = random.randrange(2)
-            # A batch in flight shows as an active backend of that worker running the claim function.
-            busy = int(cluster.psql(db, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                                        "AND state = 'active' AND query LIKE '%process_due_notifications%'"
-                                        " AND pid <> pg_backend_pid()"))
+            # A batch in flight shows as the victim's session actively running the claim-and-apply function.
+            busy = int(cluster.psql(db, "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+                                        f"AND application_name = 'drill-worker-{victim}' "
+                                        "AND query LIKE '%process_due_notifications%'"))
             workers[victim].send_signal(signal.SIGKILL)
             workers[victim].wait()
             kills += 1
             mid_batch += 1 if busy else 0
-            workers[victim] = subprocess.Popen(arguments, stdout=out, stderr=out)
+            workers[victim] = subprocess.Popen(arguments(victim), stdout=out, stderr=out)
         log(f"  {kills} kill -9s ({mid_batch} while a batch was executing); waiting for the queue to drain")
         wait_until(lambda: pending() == 0, "every event to be finished", timeout=ctx.worker_timeout)
         drained = time.monotonic() - started
