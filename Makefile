@@ -49,6 +49,15 @@ bench: deps
 	$(SWIFT) build -c release
 	python3 scripts/bench.py $(BENCH_ARGS)
 
+# Fault drills (not part of `make test`): release binaries, a throwaway PostgreSQL, loopback only; PostgreSQL
+# restarts, kill -9 of receiver and workers, JWKS faults, pool exhaustion, disk full. Exits 1 on any lost
+# acknowledged notification. Pass options with DRILLS_ARGS, e.g. `make drills DRILLS_ARGS=--quick`.
+.PHONY: drills
+drills: deps
+	@./scripts/ensure-debian-packages postgresql-client
+	$(SWIFT) build -c release
+	python3 drills/drills.py $(DRILLS_ARGS)
+
 # Static and loopback checks of deploy/ (systemd units, nginx site, Kubernetes YAML, Dockerfile, env
 # names against the binaries' --help).
 validate-deploy: build
