@@ -974,12 +974,12 @@ def main():
 def print_summary(results):
     columns = ["sent", "200", "503", "conn errors", "other", "stored", "lost", "dup rows"]
     print()
-    print(f"{'drill':<34}" + "".join(f"{c:>12}" for c in columns) + f"{'seconds':>9}  result")
+    print(f"{'drill':<38}" + "".join(f"{c:>12}" for c in columns) + f"{'seconds':>9}  result")
     for r in results:
         cells = "".join(f"{r.counts.get(c, '-')!s:>12}" for c in columns)
         skipped = getattr(r, "skipped", None)
         verdict = "SKIPPED" if skipped else ("PASS" if r.passed else "FAIL")
-        print(f"{r.name:<34}{cells}{getattr(r, 'seconds', 0):>9.1f}  {verdict}"
+        print(f"{r.name:<38}{cells}{getattr(r, 'seconds', 0):>9.1f}  {verdict}"
               + (f"  ({'; '.join(r.notes)})" if r.notes else ""))
     print()
     print("other = any other status (401 in drill 4). Drill 3: sent = events queued, stored = events, "
