@@ -37,6 +37,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # leave no __pycache__ in scripts/ behind
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from bench import free_port, pg_bindir  # noqa: E402  (the same repository's benchmark helpers)
 
