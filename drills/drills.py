@@ -302,7 +302,7 @@ class Result:
         if ok or STRICT[0]:
             self.check(ok, message)
             return
-        log(f"  [finding] {message}")
+        log(f"  [finding: not met] {message}")
         self.notes.append("finding: see log")
         self.findings.append(message)
 
@@ -738,6 +738,57 @@ def drill_table_lock(ctx):
     return result
 
 
+def drill_head_of_line(ctx):
+    """Makes 5a's finding deterministic: one HTTP pool thread, two connections, the table locked."""
+    result = Result("5d one HTTP thread, table locked")
+    hold = COMMIT_TIMEOUT_S + 4
+    log(f"drill {result.name}: siwa-receiver --threads 1 --pool-size 2; the table locked for {hold} s; "
+        "two requests on two connections, 0.2 s apart")
+    db = "drill5d"
+    ctx.cluster.create_database(db)
+    receiver = Receiver(ctx, db, ctx.cluster.url(db), ctx.jwks_url, extra=["--pool-size", "2"], threads=1).start()
+    answers = Answers()
+    locker = subprocess.Popen(
+        ctx.cluster.psql_command(db) + ["-c", "BEGIN", "-c", "LOCK TABLE siwa.notifications IN ACCESS EXCLUSIVE "
+                                        "MODE", "-c", f"SELECT pg_sleep({hold})", "-c", "COMMIT"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: ctx.cluster.psql(db, "SELECT count(*) FROM pg_locks WHERE mode = 'AccessExclusiveLock' "
+                                                "AND relation = 'siwa.notifications'::regclass") == "1",
+                   "the lock to be held", 10)
+
+        def one(index):
+            jti, body = ctx.bodies[index]
+            connection = http.client.HTTPConnection("127.0.0.1", receiver.port, timeout=3 * COMMIT_TIMEOUT_S)
+            started = time.monotonic()
+            try:
+                status, _ = post(connection, body)
+            except (OSError, http.client.HTTPException):
+                status = "error"
+            finally:
+                connection.close()
+            answers.record(jti, status, started, time.monotonic() - started)
+
+        clients = [threading.Thread(target=one, args=(index,)) for index in range(2)]
+        clients[0].start()
+        time.sleep(0.2)
+        clients[1].start()
+        for client in clients:
+            client.join()
+    finally:
+        locker.wait(timeout=hold + 30)
+    first, second = sorted(answers.all(), key=lambda a: a[2])
+    log(f"  first: {first[1]} in {first[3]:.1f} s; second: {second[1]} in {second[3]:.1f} s")
+    result.check(first[1] == 503 and first[3] <= COMMIT_TIMEOUT_S + 2.5,
+                 f"the first request gets 503 at the commit timeout ({first[3]:.1f} s)")
+    result.finding(second[3] <= COMMIT_TIMEOUT_S + 2.5,
+                   f"the second request is answered within the commit timeout ({second[1]} in {second[3]:.1f} s: "
+                   "it waited for the first one's handler on the shared HTTP pool thread)")
+    receiver.stop()
+    check_invariant(result, ctx.cluster, db, answers)
+    return result
+
+
 def drill_connection_limit(ctx):
     result = Result("5b role connections all held")
     log(f"drill {result.name}: the receiver logs in as a role with CONNECTION LIMIT 2 (member of "
@@ -773,7 +824,8 @@ def drill_connection_limit(ctx):
         for hog in hogs:
             if hog.poll() is None:
                 hog.kill()
-    during = [a for a in answers.all() if a[2] + a[3] < released_at]  # answered while held
+    # Answered while held (less 0.1 s: the slot frees as the hog's backend exits, around when we see it go).
+    during = [a for a in answers.all() if a[2] + a[3] < released_at - 0.1]
     slowest = max((a[3] for a in during), default=0.0)
     unavailable = sum(1 for a in during if a[1] == 503)
     result.check(unavailable > 0 and all(a[1] == 503 for a in during),
@@ -936,6 +988,7 @@ def main():
             ("3", lambda: drill_worker_kill(ctx)),
             ("4", lambda: drill_jwks(ctx)),
             ("5", lambda: drill_table_lock(ctx)),
+            ("5", lambda: drill_head_of_line(ctx)),
             ("5", lambda: drill_connection_limit(ctx)),
             ("5", lambda: drill_disk_full(ctx)),
         ]
@@ -987,7 +1040,7 @@ def print_summary(results):
           "lost = events not applied, dup rows = hook effects beyond one per event.")
     for r in results:
         for finding in r.findings:
-            print(f"FINDING in {r.name}: {finding}")
+            print(f"FINDING (not met, known limitation) in {r.name}: {finding}")
     failed = [r for r in results if not r.passed]
     for r in failed:
         for violation in r.violations:
