@@ -11,9 +11,9 @@ BIN         = $(shell $(SWIFT) build $(BUILD_FLAGS) --show-bin-path 2>/dev/null)
 # What building and testing need from Debian (PostgreSQL server binaries for the test cluster, the
 # openssl CLI for interoperability fixtures; nginx, systemd-analyze and PyYAML for validate-deploy).
 DEB_PACKAGES = pkg-config libpq-dev libssl-dev libmicrohttpd-dev postgresql openssl ca-certificates \
-               nginx systemd python3-yaml
+               nginx systemd python3-yaml curl
 
-.PHONY: all deps build release test lint format demo coverage bench clean validate-deploy
+.PHONY: all deps build release test lint format demo run coverage bench clean validate-deploy
 
 all: build
 
@@ -54,8 +54,14 @@ bench: deps
 validate-deploy: build
 	./scripts/validate-deploy "$(BIN)"
 
+# The whole pipeline end to end on this machine: PostgreSQL under .siwa/ (or SIWA_DATABASE_URL), a
+# stand-in for Apple's keys, receiver and worker; one notification of each type; then all is stopped.
 demo: build
 	@./scripts/demo "$(BIN)"
+
+# The same stack, kept up until Ctrl-C.
+run: build
+	@./scripts/run "$(BIN)"
 
 clean:
 	$(SWIFT) package clean
