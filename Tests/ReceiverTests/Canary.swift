@@ -127,12 +127,12 @@ func residentBytes() -> Int {
 
 /// The bounds every attack must stay within while the canary delivers.
 enum ServiceBounds {
-    /// Generous for this shared 2-core machine (other builds and fuzzers run beside the tests), yet
-    /// far inside Apple's patience. Measured, printed as `[hostile] … p99`: mostly 5–90 ms; up to
-    /// about 310 ms while a fuzzer held one core at 100 % and two threads flooded malformed
-    /// requests, which is why the bound is 500 ms rather than 250 ms. With fewer than 100
+    /// Proof of continued service, not a latency target (those are `make bench`'s): every suite runs
+    /// in parallel on 2 cores under `make test`, so the bound is generous yet far inside Apple's
+    /// patience. Measured, printed as `[hostile] … p99`: mostly 5–90 ms; up to about 310 ms while a
+    /// fuzzer held one core and two threads flooded malformed requests. With fewer than 100
     /// deliveries in a window, the p99 is the maximum.
-    static let p99Latency: Duration = .milliseconds(500)
+    static let p99Latency: Duration = .seconds(2)
     /// Growth of the process's resident memory during one attack.
     static let rssGrowth = 64 << 20
     /// The least number of canary deliveries for a report to mean anything.
