@@ -43,8 +43,9 @@ let receiverCommand = CommandSpec(
             help: "Idle or slow connections are closed after this.",
             environmentVariable: "SIWA_CONNECTION_TIMEOUT", defaultValue: "10"),
         CommandOption(
-            "threads", valueName: "N", help: "HTTP worker threads (default: scaled to the machine).",
-            environmentVariable: "SIWA_THREADS"),
+            "threads", valueName: "N",
+            help: "HTTP handler threads; each waits for its group commit, so many in flight batch well.",
+            environmentVariable: "SIWA_THREADS", defaultValue: "64"),
         CommandOption(
             "pool-size", valueName: "N", help: "Database connections.", environmentVariable: "SIWA_POOL_SIZE",
             defaultValue: "16"),
