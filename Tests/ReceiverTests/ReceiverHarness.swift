@@ -93,16 +93,6 @@ final class LogCapture: Sendable {
     var all: String { lines.withLock { $0.joined() } }
 }
 
-/// Polls `condition` until it holds or `timeout` passes.
-func waitUntil(timeout: Duration = .seconds(10), _ condition: () throws -> Bool) rethrows -> Bool {
-    let deadline = ContinuousClock.now + timeout
-    while ContinuousClock.now < deadline {
-        if try condition() { return true }
-        Thread.sleep(forTimeInterval: 0.01)
-    }
-    return try condition()
-}
-
 extension TestSigning {
     /// A JWKS document publishing the public keys of all `signers`.
     static func keySet(of signers: [NotificationSigner]) -> Data {

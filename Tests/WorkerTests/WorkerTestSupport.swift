@@ -75,7 +75,7 @@ final class TestDatabase: @unchecked Sendable {
     /// Runs `drainOnce()` until nothing is pending (retries included) or `timeout` passes.
     @discardableResult
     func drainUntilSettled(_ worker: Worker, timeout: Duration = .seconds(30)) throws -> Bool {
-        try eventually(timeout: timeout) {
+        try waitUntil(timeout: timeout) {
             _ = try worker.drainOnce()
             return try value("SELECT count(*) FROM siwa.notifications WHERE state = 'pending'", as: Int.self)
                 == 0
@@ -85,16 +85,6 @@ final class TestDatabase: @unchecked Sendable {
 
 /// A logger that discards its output.
 let quietLogger = Logger(label: "test", level: .error, sink: { _ in })
-
-/// Polls `condition` every 10 ms until it holds (true) or `timeout` passes (false).
-func eventually(timeout: Duration, _ condition: () throws -> Bool) rethrows -> Bool {
-    let deadline = ContinuousClock.now + timeout
-    while true {
-        if try condition() { return true }
-        if ContinuousClock.now >= deadline { return false }
-        Thread.sleep(forTimeInterval: 0.01)  // Poll interval of a bounded wait.
-    }
-}
 
 /// A running `siwa-worker` process; killed (SIGKILL) on deinit if still running.
 final class WorkerProcess: @unchecked Sendable {
