@@ -86,7 +86,10 @@ for entry in "${TARGETS[@]}"; do
 done
 [ "$build_only" = 1 ] && exit 0
 
-# 3. Run each for its budget and summarise.
+# 3. Run each for its budget and summarise. Swift's own crash backtracer is turned off: it reads the
+# crashed process's memory in a way AddressSanitizer reports as a use-after-free, which would bury the
+# real report; libFuzzer's deadly-signal handler prints the stack instead.
+export SWIFT_BACKTRACE=enable=no
 mkdir -p "$OUT/artifacts" "$OUT/logs"
 rows=()
 crashed=0
@@ -102,11 +105,12 @@ for entry in "${TARGETS[@]}"; do
     "$BIN/fuzz-$name" "$OUT/corpus/$name" "Fuzz/corpus/$name" -max_total_time="$SECONDS_PER_TARGET" \
         -max_len="$max_len" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
         -artifact_prefix="$OUT/artifacts/$name-" "${dictionary[@]}" >"$log" 2>&1 || status=$?
-    executions=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-    speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
-    coverage=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
-    features=$(grep -o 'ft: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
-    artifact=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -1)
+    # A crash while loading the seeds leaves no stats or coverage lines: hence the `|| true`s.
+    executions=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1 || true)
+    speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1 || true)
+    coverage=$({ grep -o 'cov: [0-9]*' "$log" || true; } | tail -1 | cut -d' ' -f2)
+    features=$({ grep -o 'ft: [0-9]*' "$log" || true; } | tail -1 | cut -d' ' -f2)
+    artifact=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -1 || true)
     crash=0
     if [ "$status" -ne 0 ] || [ -n "$artifact" ]; then
         crash=1
