@@ -49,6 +49,14 @@ bench: deps
 	$(SWIFT) build -c release
 	python3 scripts/bench.py $(BENCH_ARGS)
 
+# Fuzzing (not part of `make test`): libFuzzer + AddressSanitizer targets in Fuzz/, each run for
+# FUZZ_SECONDS; pick targets with FUZZ_TARGETS (e.g. `make fuzz FUZZ_TARGETS="json claims"`). New corpus
+# entries, logs and crashing inputs land in fuzz-corpus-out/ (git-ignored); exits non-zero on a crash.
+FUZZ_SECONDS ?= 60
+.PHONY: fuzz
+fuzz: deps
+	SWIFT=$(SWIFT) FUZZ_SECONDS=$(FUZZ_SECONDS) ./Fuzz/fuzz.sh $(FUZZ_TARGETS)
+
 # Static and loopback checks of deploy/ (systemd units, nginx site, Kubernetes YAML, Dockerfile, env
 # names against the binaries' --help).
 validate-deploy: build
