@@ -27,10 +27,10 @@ release:
 	$(MAKE) build CONFIG=release
 
 lint:
-	$(SWIFT) format lint --strict -r Sources Tests Plugins Package.swift
+	$(SWIFT) format lint --strict -r Sources Tests Plugins Fuzz Package.swift
 
 format:
-	$(SWIFT) format -i -r Sources Tests Plugins Package.swift
+	$(SWIFT) format -i -r Sources Tests Plugins Fuzz Package.swift
 
 test: deps lint validate-deploy
 	$(SWIFT) build --build-tests

@@ -27,7 +27,7 @@ public func initialize(_ argc: UnsafeMutableRawPointer, _ argv: UnsafeMutableRaw
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzzBody(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     let body = Array(UnsafeBufferPointer(start: data, count: size))
-    guard let token = NotificationEndpoint.payload(of: body) else { return 0 }
+    guard let token = try? NotificationRequestBody.payload(from: body) else { return 0 }
     do {
         let jws = try CompactJWS(token)
         _ = try verifier.verify(jws, now: now) { kid throws(NotificationError) in

@@ -56,10 +56,6 @@ public final class NotificationEndpoint: Sendable {
         }
     }
 
-    private struct Body: Decodable {
-        let payload: String
-    }
-
     private func receive(_ request: HTTPRequest) -> HTTPResponse {
         let started = ContinuousClock.now
         metrics.inFlight.increment()
@@ -68,10 +64,8 @@ public final class NotificationEndpoint: Sendable {
         var fields: [String: Logger.Value] = ["request_id": .string(request.id)]
         let response: HTTPResponse
         let outcome: DeliveryOutcome
-        do {
-            guard let token = Self.payload(of: request.body) else {
-                throw BodyError()
-            }
+        do throws(NotificationError) {
+            let token = try NotificationRequestBody.payload(from: request.body)
             let jws = try CompactJWS(token)
             let notification = try verifier.verify(jws, now: Date()) { kid throws(NotificationError) in
                 try keys.key(id: kid)
@@ -91,7 +85,7 @@ public final class NotificationEndpoint: Sendable {
                 fields["error"] = .string(String(describing: error))
                 response = unavailable("storage_unavailable")
             }
-        } catch let error as NotificationError {
+        } catch {
             fields["reason"] = .string(error.code.rawValue)
             switch error.kind {
             case .malformed:
@@ -106,10 +100,6 @@ public final class NotificationEndpoint: Sendable {
                 response = Self.json(
                     401, #"{"error":"verification failed","reason":"\#(error.code.rawValue)"}"#)
             }
-        } catch {
-            outcome = .malformed
-            fields["reason"] = "bad_body"
-            response = Self.json(400, #"{"error":"malformed","reason":"bad_body"}"#)
         }
         metrics.delivery(outcome).increment()
         fields["status"] = .int(response.status)
@@ -118,13 +108,6 @@ public final class NotificationEndpoint: Sendable {
         logger.log(response.status >= 500 ? .warning : .info, "notification", fields)
         return response
     }
-
-    /// The `payload` string of a `{"payload": "<JWS>"}` body, or nil when the body is not such an object.
-    static func payload(of body: [UInt8]) -> String? {
-        try? JSONDecoder().decode(Body.self, from: Data(body)).payload
-    }
-
-    private struct BodyError: Error {}
 
     private func unavailable(_ reason: String) -> HTTPResponse {
         Self.json(
