@@ -38,9 +38,10 @@ test: deps lint validate-deploy
 
 coverage: deps
 	$(SWIFT) test --enable-code-coverage
-	llvm-cov report "$$($(SWIFT) build --show-bin-path)/siwa-notificationsPackageTests.xctest" \
+	"$$(dirname "$$(readlink -f "$$(command -v $(SWIFT))")")/llvm-cov" report \
+	  "$$($(SWIFT) build --show-bin-path)/siwa-notificationsPackageTests.xctest" \
 	  -instr-profile="$$($(SWIFT) build --show-bin-path)/codecov/default.profdata" \
-	  -ignore-filename-regex='(\.build|Tests)/'
+	  -ignore-filename-regex='(\.build|Tests|TestSupport|Fuzz)/'
 
 # Benchmarks (not part of `make test`): release binaries, a throwaway PostgreSQL with fsync on, wrk and
 # pgbench side by side. Pass options with BENCH_ARGS, e.g. `make bench BENCH_ARGS=--quick`.
