@@ -11,9 +11,9 @@ BIN         = $(shell $(SWIFT) build $(BUILD_FLAGS) --show-bin-path 2>/dev/null)
 # What building and testing need from Debian (PostgreSQL server binaries for the test cluster, the
 # openssl CLI for interoperability fixtures; nginx, systemd-analyze and PyYAML for validate-deploy).
 DEB_PACKAGES = pkg-config libpq-dev libssl-dev libmicrohttpd-dev postgresql openssl ca-certificates \
-               nginx systemd python3-yaml
+               nginx systemd python3-yaml curl
 
-.PHONY: all deps build release test lint format demo coverage bench clean validate-deploy
+.PHONY: all deps build release test lint format demo run coverage bench clean validate-deploy
 
 all: build
 
@@ -27,10 +27,10 @@ release:
 	$(MAKE) build CONFIG=release
 
 lint:
-	$(SWIFT) format lint --strict -r Sources Tests Plugins Package.swift
+	$(SWIFT) format lint --strict -r Sources Tests Plugins Fuzz Package.swift
 
 format:
-	$(SWIFT) format -i -r Sources Tests Plugins Package.swift
+	$(SWIFT) format -i -r Sources Tests Plugins Fuzz Package.swift
 
 test: deps lint validate-deploy
 	$(SWIFT) build --build-tests
@@ -38,9 +38,10 @@ test: deps lint validate-deploy
 
 coverage: deps
 	$(SWIFT) test --enable-code-coverage
-	llvm-cov report "$$($(SWIFT) build --show-bin-path)/siwa-notificationsPackageTests.xctest" \
+	"$$(dirname "$$(readlink -f "$$(command -v $(SWIFT))")")/llvm-cov" report \
+	  "$$($(SWIFT) build --show-bin-path)/siwa-notificationsPackageTests.xctest" \
 	  -instr-profile="$$($(SWIFT) build --show-bin-path)/codecov/default.profdata" \
-	  -ignore-filename-regex='(\.build|Tests)/'
+	  -ignore-filename-regex='(\.build|Tests|TestSupport|Fuzz)/'
 
 # Benchmarks (not part of `make test`): release binaries, a throwaway PostgreSQL with fsync on, wrk and
 # pgbench side by side. Pass options with BENCH_ARGS, e.g. `make bench BENCH_ARGS=--quick`.
@@ -48,6 +49,14 @@ bench: deps
 	@./scripts/ensure-debian-packages wrk postgresql-client
 	$(SWIFT) build -c release
 	python3 scripts/bench.py $(BENCH_ARGS)
+
+# Fuzzing (not part of `make test`): libFuzzer + AddressSanitizer targets in Fuzz/, each run for
+# FUZZ_SECONDS; pick targets with FUZZ_TARGETS (e.g. `make fuzz FUZZ_TARGETS="json claims"`). New corpus
+# entries, logs and crashing inputs land in fuzz-corpus-out/ (git-ignored); exits non-zero on a crash.
+FUZZ_SECONDS ?= 60
+.PHONY: fuzz
+fuzz: deps
+	SWIFT=$(SWIFT) FUZZ_SECONDS=$(FUZZ_SECONDS) ./Fuzz/fuzz.sh $(FUZZ_TARGETS)
 
 # Fault drills (not part of `make test`): release binaries, a throwaway PostgreSQL, loopback only; PostgreSQL
 # restarts, kill -9 of receiver and workers, JWKS faults, pool exhaustion, disk full. Exits 1 on any lost
@@ -63,8 +72,14 @@ drills: deps
 validate-deploy: build
 	./scripts/validate-deploy "$(BIN)"
 
+# The whole pipeline end to end on this machine: PostgreSQL under .siwa/ (or SIWA_DATABASE_URL), a
+# stand-in for Apple's keys, receiver and worker; one notification of each type; then all is stopped.
 demo: build
 	@./scripts/demo "$(BIN)"
+
+# The same stack, kept up until Ctrl-C.
+run: build
+	@./scripts/run "$(BIN)"
 
 clean:
 	$(SWIFT) package clean

@@ -55,6 +55,7 @@ let package = Package(
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport"]),
         .testTarget(name: "ReceiverTests", dependencies: ["Receiver", "TestSupport"]),
         .testTarget(name: "WorkerTests", dependencies: ["Worker", "Receiver", "TestSupport"]),
+        .testTarget(name: "ServiceSupportTests", dependencies: ["ServiceSupport"]),
         .testTarget(name: "AdminSQLTests", dependencies: ["Postgres", "Receiver", "TestSupport"]),
         .testTarget(name: "SiwactlTests", dependencies: ["SiwaSchema", "Receiver", "TestSupport"]),
     ]

@@ -105,30 +105,43 @@ CREATE INDEX IF NOT EXISTS notifications_type_received_idx ON siwa.notifications
 CREATE INDEX IF NOT EXISTS notifications_dead_idx ON siwa.notifications (received_at) WHERE state = 'dead';
 CREATE INDEX IF NOT EXISTS notifications_applied_idx ON siwa.notifications (applied_at) WHERE applied_at IS NOT NULL;
 
--- Wake the workers when there is new work: one NOTIFY per statement that inserts rows or puts rows back
--- to pending, sent by PostgreSQL at commit (so never for work that was rolled back).
+-- Wake the workers when there is new work, with a NOTIFY that PostgreSQL sends at commit (so never for
+-- work that was rolled back): once per statement that inserts rows (the receiver's group commit inserts
+-- many in one; a redelivered jti inserts none and wakes nobody), and for each row an UPDATE puts back
+-- to pending (a requeue). The worker's own updates — marking rows applied, or scheduling a retry of a
+-- row that stays pending — fire nothing, so they pay for no trigger.
 CREATE OR REPLACE FUNCTION siwa.notify_workers() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM changed WHERE state = 'pending') THEN
+    IF EXISTS (SELECT 1 FROM inserted) THEN
         PERFORM pg_notify('siwa_notifications', '');
     END IF;
     RETURN NULL;
 END;
 $$;
 COMMENT ON FUNCTION siwa.notify_workers() IS
-    'Statement trigger: NOTIFY siwa_notifications when a statement inserts pending rows or makes rows pending again.';
+    'Statement trigger after INSERT: NOTIFY siwa_notifications when the statement inserted rows.';
+
+CREATE OR REPLACE FUNCTION siwa.notify_workers_requeued() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('siwa_notifications', '');  -- identical notifications in one transaction go once
+    RETURN NULL;
+END;
+$$;
+COMMENT ON FUNCTION siwa.notify_workers_requeued() IS
+    'Row trigger after a notification is put back to pending: NOTIFY siwa_notifications.';
 
 DROP TRIGGER IF EXISTS notifications_notify_insert ON siwa.notifications;
 CREATE TRIGGER notifications_notify_insert
     AFTER INSERT ON siwa.notifications
-    REFERENCING NEW TABLE AS changed
+    REFERENCING NEW TABLE AS inserted
     FOR EACH STATEMENT EXECUTE FUNCTION siwa.notify_workers();
 DROP TRIGGER IF EXISTS notifications_notify_update ON siwa.notifications;
 CREATE TRIGGER notifications_notify_update
-    AFTER UPDATE ON siwa.notifications
-    REFERENCING NEW TABLE AS changed
-    FOR EACH STATEMENT EXECUTE FUNCTION siwa.notify_workers();
+    AFTER UPDATE OF state ON siwa.notifications
+    FOR EACH ROW WHEN (NEW.state = 'pending' AND OLD.state IS DISTINCT FROM 'pending')
+    EXECUTE FUNCTION siwa.notify_workers_requeued();
 
 -- ---------------------------------------------------------------------------------------------------
 -- State the app can use

@@ -103,8 +103,8 @@ class Cluster:
                     raw_token, state, attempts, applied_at)
                 SELECT 'old-' || g, 'consent-revoked', 'old-sub-' || (g % 100000), '{AUDIENCE}', now(), now(),
                     now(), repeat('x', 700), 'applied', 1, now()
-                FROM generate_series(1, {rows_already_stored}) g;
-                VACUUM ANALYZE siwa.notifications;""")
+                FROM generate_series(1, {rows_already_stored}) g""")
+            self.psql(name, "VACUUM ANALYZE siwa.notifications")
 
     def count(self, db):
         return int(self.psql(db, "SELECT count(*) FROM siwa.notifications"))
@@ -271,8 +271,8 @@ def drain(cluster, binaries, workers, events=100_000):
             'drain-sub-' || (g % 20000), '{AUDIENCE}',
             CASE WHEN g % 4 < 2 THEN 'd' || g || '@privaterelay.appleid.com' END, CASE WHEN g % 4 < 2 THEN true END,
             now() - (g || ' ms')::interval, now(), repeat('x', 700)
-        FROM generate_series(1, {events}) g;
-        VACUUM ANALYZE;""")
+        FROM generate_series(1, {events}) g""")
+    cluster.psql(db, "VACUUM ANALYZE")
     started = time.monotonic()
     subprocess.run(
         [binaries["siwa-worker"], "--database-url", cluster.url(db), "--once", "--concurrency", str(workers),

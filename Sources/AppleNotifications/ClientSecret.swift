@@ -108,15 +108,7 @@ public final class ClientSecretSigner: @unchecked Sendable {
 
     /// Loads an unencrypted PEM private key, which must be an EC key on P-256.
     public init(privateKeyPEM: String) throws(ClientSecretError) {
-        let bytes = Array(privateKeyPEM.utf8)
-        let loaded: OpaquePointer? = bytes.withUnsafeBytes { buffer in
-            guard let bio = BIO_new_mem_buf(buffer.baseAddress, Int32(buffer.count)) else { return nil }
-            defer { BIO_free(bio) }
-            // Refuse encrypted keys instead of prompting for a passphrase.
-            return PEM_read_bio_PrivateKey(bio, nil, { _, _, _, _ in -1 }, nil)
-        }
-        guard let loaded else {
-            ERR_clear_error()
+        guard let loaded = readPEMPrivateKey(privateKeyPEM) else {
             throw ClientSecretError(.badKey, "not an unencrypted PEM private key")
         }
         var name = [CChar](repeating: 0, count: 64)

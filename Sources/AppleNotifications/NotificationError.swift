@@ -29,6 +29,8 @@ public struct NotificationError: Error, Sendable, CustomStringConvertible, Equat
         private init(_ rawValue: String) { self.rawValue = rawValue }
 
         // Malformed input.
+        /// The request body is not a JSON object with a `payload` string.
+        public static let badBody = Code("bad_body")
         /// The input is larger than the bound allowed for it.
         public static let tooLarge = Code("too_large")
         /// A compact JWS that does not have exactly three segments.

@@ -141,15 +141,7 @@ final class RSAPrivateKey: @unchecked Sendable {
 
     /// Imports a PEM private key (PKCS#8 or traditional); must be RSA of at least 2048 bits.
     init(pem: String) throws(NotificationError) {
-        let bytes = Array(pem.utf8)
-        let loaded: OpaquePointer? = bytes.withUnsafeBytes { buffer in
-            guard let bio = BIO_new_mem_buf(buffer.baseAddress, Int32(buffer.count)) else { return nil }
-            defer { BIO_free(bio) }
-            // A password callback that refuses: an encrypted key fails instead of prompting on a terminal.
-            return PEM_read_bio_PrivateKey(bio, nil, { _, _, _, _ in -1 }, nil)
-        }
-        guard let loaded else {
-            ERR_clear_error()
+        guard let loaded = readPEMPrivateKey(pem) else {
             throw .malformed(.badKey, "not a PEM private key")
         }
         guard EVP_PKEY_is_a(loaded, "RSA") == 1, EVP_PKEY_get_bits(loaded) >= 2048 else {
@@ -232,4 +224,18 @@ func sha256(_ data: Data) -> Data {
     }
     precondition(ok == 1 && length == 32, "SHA-256 failed")
     return Data(digest)
+}
+
+/// Reads an unencrypted PEM private key (PKCS#8 or traditional) of any type; nil when the text is not
+/// one. The caller owns the returned `EVP_PKEY`. The password callback refuses, so an encrypted key fails
+/// instead of prompting on a terminal.
+func readPEMPrivateKey(_ pem: String) -> OpaquePointer? {
+    let bytes = Array(pem.utf8)
+    let loaded: OpaquePointer? = bytes.withUnsafeBytes { buffer in
+        guard let bio = BIO_new_mem_buf(buffer.baseAddress, Int32(buffer.count)) else { return nil }
+        defer { BIO_free(bio) }
+        return PEM_read_bio_PrivateKey(bio, nil, { _, _, _, _ in -1 }, nil)
+    }
+    if loaded == nil { ERR_clear_error() }
+    return loaded
 }

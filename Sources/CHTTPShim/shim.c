@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <microhttpd.h>
@@ -20,6 +21,7 @@ struct siwa_http_daemon {
     siwa_http_handler_fn handler;
     void *context;
     size_t max_body_bytes;
+    uint64_t body_deadline_ms; /* the most time a body may take after its headers */
     uint16_t port;
     int quiesced_fd; /* returned by MHD_quiesce_daemon; ours to close after MHD_stop_daemon */
     atomic_long in_flight;
@@ -34,6 +36,7 @@ struct siwa_http_exchange {
     size_t length;
     size_t capacity;
     size_t discarded; /* bytes dropped after the body passed the limit */
+    uint64_t headers_at_ms; /* monotonic time the headers were complete */
     int started;
     int answered;
     int too_large;
@@ -59,6 +62,12 @@ static enum MHD_Result queue_static_json(struct MHD_Connection *connection, unsi
     enum MHD_Result result = MHD_queue_response(connection, status, response);
     MHD_destroy_response(response);
     return result;
+}
+
+static uint64_t monotonic_ms(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000u + (uint64_t)now.tv_nsec / 1000000u;
 }
 
 static void release_body(siwa_http_exchange *exchange) {
@@ -162,6 +171,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *connection, c
     if (!exchange->started) {
         /* First call: headers only. Reject an announced oversized body before reading any of it. */
         exchange->started = 1;
+        exchange->headers_at_ms = monotonic_ms();
         const char *declared =
             MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (declared != NULL) {
@@ -180,6 +190,13 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *connection, c
     if (*upload_data_size != 0) {
         size_t size = *upload_data_size;
         *upload_data_size = 0;
+        if (monotonic_ms() - exchange->headers_at_ms > daemon->body_deadline_ms) {
+            /* A body trickling in (a byte now and then resets libmicrohttpd's idle timeout) must
+             * still arrive within one connection timeout of its headers; otherwise close. */
+            exchange->answered = 1;
+            release_body(exchange);
+            return MHD_NO;
+        }
         if (exchange->too_large) {
             /* Discarding the rest of an oversized chunked body. libmicrohttpd 0.9.75 only lets a
              * response be queued before the body or after all of it; a client that keeps
@@ -299,6 +316,7 @@ siwa_http_daemon *siwa_http_start(const siwa_http_config *config, siwa_http_hand
     daemon->handler = handler;
     daemon->context = context;
     daemon->max_body_bytes = config->max_body_bytes;
+    daemon->body_deadline_ms = (uint64_t)config->connection_timeout_seconds * 1000u;
     daemon->quiesced_fd = -1;
     atomic_init(&daemon->in_flight, 0);
     atomic_init(&daemon->draining, 0);

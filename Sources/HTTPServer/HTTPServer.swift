@@ -20,10 +20,13 @@ public final class HTTPServer: Sendable {
         /// read; a chunked body stops being buffered once past the limit and gets 413 at its end
         /// (or the connection is closed if it streams on past twice the limit).
         public var maxBodyBytes: Int
-        /// The most simultaneous connections; further ones are refused.
+        /// The most simultaneous connections; further ones are not accepted until one closes (they
+        /// wait in the listen backlog).
         public var connectionLimit: Int
-        /// Idle time after which a connection is closed (slow clients are cut off); whole seconds,
-        /// rounded up.
+        /// Idle time after which a connection is closed, and the most time a request body may take
+        /// to arrive after its headers (so a body trickling in byte by byte is cut off too); whole
+        /// seconds, rounded up. Headers trickling in are bounded only by the idle time and
+        /// ``connectionMemoryLimit``: put a proxy with a total header timeout in front.
         public var connectionTimeout: Duration
         /// Memory per connection for request line and headers; larger headers are refused.
         public var connectionMemoryLimit: Int

@@ -56,10 +56,6 @@ public final class NotificationEndpoint: Sendable {
         }
     }
 
-    private struct Body: Decodable {
-        let payload: String
-    }
-
     private func receive(_ request: HTTPRequest) -> HTTPResponse {
         let started = ContinuousClock.now
         metrics.inFlight.increment()
@@ -67,11 +63,9 @@ public final class NotificationEndpoint: Sendable {
 
         var fields: [String: Logger.Value] = ["request_id": .string(request.id)]
         let response: HTTPResponse
-        let outcome: String
-        do {
-            guard let token = Self.payload(of: request.body) else {
-                throw BodyError()
-            }
+        let outcome: DeliveryOutcome
+        do throws(NotificationError) {
+            let token = try NotificationRequestBody.payload(from: request.body)
             let jws = try CompactJWS(token)
             let notification = try verifier.verify(jws, now: Date()) { kid throws(NotificationError) in
                 try keys.key(id: kid)
@@ -82,49 +76,38 @@ public final class NotificationEndpoint: Sendable {
             do {
                 let stored = try store.store(notification, rawToken: token)
                 metrics.storageSeconds.observe(Self.seconds(since: storeStarted))
-                outcome = stored.rawValue
+                outcome = stored == .accepted ? .accepted : .duplicate
                 response = Self.json(200, #"{"status":"\#(stored.rawValue)"}"#)
             } catch {
                 metrics.storageSeconds.observe(Self.seconds(since: storeStarted))
-                outcome = "unavailable"
+                outcome = .unavailable
                 fields["reason"] = "storage_unavailable"
                 fields["error"] = .string(String(describing: error))
                 response = unavailable("storage_unavailable")
             }
-        } catch let error as NotificationError {
+        } catch {
             fields["reason"] = .string(error.code.rawValue)
             switch error.kind {
             case .malformed:
-                outcome = "malformed"
+                outcome = .malformed
                 response = Self.json(400, #"{"error":"malformed","reason":"\#(error.code.rawValue)"}"#)
             case .keyNotAvailable:
-                outcome = "unavailable"
+                outcome = .unavailable
                 response = unavailable("keys_unavailable")
             default:
-                outcome = "unauthorized"
+                outcome = .unauthorized
                 metrics.verificationFailure(error.code.rawValue).increment()
                 response = Self.json(
                     401, #"{"error":"verification failed","reason":"\#(error.code.rawValue)"}"#)
             }
-        } catch {
-            outcome = "malformed"
-            fields["reason"] = "bad_body"
-            response = Self.json(400, #"{"error":"malformed","reason":"bad_body"}"#)
         }
         metrics.delivery(outcome).increment()
         fields["status"] = .int(response.status)
-        fields["outcome"] = .string(outcome)
+        fields["outcome"] = .string(outcome.rawValue)
         fields["latency_ms"] = .double((Self.seconds(since: started) * 1e6).rounded() / 1e3)
         logger.log(response.status >= 500 ? .warning : .info, "notification", fields)
         return response
     }
-
-    /// The `payload` string of a `{"payload": "<JWS>"}` body, or nil when the body is not such an object.
-    static func payload(of body: [UInt8]) -> String? {
-        try? JSONDecoder().decode(Body.self, from: Data(body)).payload
-    }
-
-    private struct BodyError: Error {}
 
     private func unavailable(_ reason: String) -> HTTPResponse {
         Self.json(
@@ -145,6 +128,20 @@ public final class NotificationEndpoint: Sendable {
     }
 }
 
+/// How one delivery to the notification endpoint ended (the `outcome` label and log field).
+public enum DeliveryOutcome: String, Sendable, CaseIterable {
+    /// Stored (200).
+    case accepted
+    /// Already stored (200).
+    case duplicate
+    /// Not a notification body (400).
+    case malformed
+    /// Forged, foreign, expired or otherwise refused (401).
+    case unauthorized
+    /// Could not decide or store now (503).
+    case unavailable
+}
+
 /// The receiver's metrics, registered once.
 public final class ReceiverMetrics: Sendable {
     /// The registry rendered at `/metrics`.
@@ -159,6 +156,7 @@ public final class ReceiverMetrics: Sendable {
     public let batchSeconds: Histogram
     let jwksSuccess: Counter
     let jwksFailure: Counter
+    private let deliveries: [DeliveryOutcome: Counter]
 
     public init(registry: MetricsRegistry = MetricsRegistry()) {
         self.registry = registry
@@ -176,17 +174,17 @@ public final class ReceiverMetrics: Sendable {
         jwksFailure = registry.counter(
             "siwa_jwks_fetches_total", help: "Fetches of Apple's key set, by result.",
             labels: [("result", "failure")])
-        for outcome in ["accepted", "duplicate", "malformed", "unauthorized", "unavailable"] {
-            _ = delivery(outcome)
+        var deliveries: [DeliveryOutcome: Counter] = [:]
+        for outcome in DeliveryOutcome.allCases {
+            deliveries[outcome] = registry.counter(
+                "siwa_deliveries_total", help: "Notification deliveries by outcome.",
+                labels: [("outcome", outcome.rawValue)])
         }
+        self.deliveries = deliveries
     }
 
-    /// Deliveries by outcome: accepted, duplicate, malformed, unauthorized, unavailable.
-    public func delivery(_ outcome: String) -> Counter {
-        registry.counter(
-            "siwa_deliveries_total", help: "Notification deliveries by outcome.",
-            labels: [("outcome", outcome)])
-    }
+    /// Deliveries by outcome (created once, so counting takes no lock).
+    public func delivery(_ outcome: DeliveryOutcome) -> Counter { deliveries[outcome]! }
 
     /// Verification failures by reason (the error code).
     public func verificationFailure(_ reason: String) -> Counter {

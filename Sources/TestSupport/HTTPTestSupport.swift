@@ -424,3 +424,70 @@ public final class StaticHTTPServer: Sendable {
 
 /// The stand-in for Apple's key endpoint: a ``StaticHTTPServer`` serving a JWKS at `/auth/keys`.
 public typealias JWKSTestServer = StaticHTTPServer
+
+// MARK: - Outcomes of hostile requests
+
+/// What a hostile request came to: an answer, or the server closing (or resetting) the connection
+/// without one.
+public enum RawHTTPOutcome: Sendable, Equatable, CustomStringConvertible {
+    /// A complete response with this status arrived.
+    case answered(status: Int)
+    /// The server closed or reset the connection before any response byte.
+    case closed
+
+    /// Whether this is a 4xx answer or a cut-off connection: how a refused request should end.
+    public var isRefusal: Bool {
+        switch self {
+        case .answered(let status): (400...499).contains(status)
+        case .closed: true
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .answered(let status): "answered \(status)"
+        case .closed: "closed"
+        }
+    }
+}
+
+extension RawHTTPConnection {
+    /// Reads one response, or notices that the server closed the connection without sending one.
+    ///
+    /// - Throws: ``TestHTTPError`` when the read timeout passes first (a server that hangs) or the
+    ///   response is malformed or cut short.
+    public func readOutcome() throws -> RawHTTPOutcome {
+        while buffered.isEmpty {
+            guard try fill() else { return .closed }
+        }
+        return .answered(status: try readResponse().status)
+    }
+
+    /// Sends `bytes`, reporting instead of throwing when the server has already closed or reset the
+    /// connection (as it may while refusing an oversized request).
+    ///
+    /// - Returns: `false` if the send failed.
+    @discardableResult
+    public func sendUnlessClosed(_ bytes: [UInt8]) -> Bool {
+        (try? send(bytes)) != nil
+    }
+
+    /// Whether the server has closed (or reset) the connection, checked without waiting; anything
+    /// already received is discarded.
+    public func isClosedByServer() -> Bool {
+        var scratch = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let count = scratch.withUnsafeMutableBytes { raw in
+                #if canImport(Glibc)
+                    recv(fd, raw.baseAddress, raw.count, Int32(MSG_DONTWAIT))
+                #else
+                    recv(fd, raw.baseAddress, raw.count, MSG_DONTWAIT)
+                #endif
+            }
+            if count > 0 { continue }
+            if count == 0 { return true }
+            if errno == EINTR { continue }
+            return errno != EAGAIN && errno != EWOULDBLOCK
+        }
+    }
+}

@@ -72,7 +72,7 @@ public final class PostgresCluster: Sendable {
         let runAsPostgres = geteuid() == 0
         var lastError: any Error = ClusterError(description: "the server did not start")
         for _ in 0..<3 {
-            let port = try freePort()
+            let port = try ExecutableLocator.freePort()
             let cluster = PostgresCluster(
                 root: root, port: port, binDirectory: binDirectory, runAsPostgres: runAsPostgres)
             Registry.add(root: root, dataDirectory: cluster.dataDirectory)
@@ -282,25 +282,6 @@ public final class PostgresCluster: Sendable {
         return root
     }
 
-    /// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, close).
-    private static func freePort() throws -> Int {
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard descriptor >= 0 else { throw ClusterError(description: "socket() failed: errno \(errno)") }
-        defer { Glibc.close(descriptor) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = 0
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { socketAddress in
-                bind(descriptor, socketAddress, length) == 0
-                    && getsockname(descriptor, socketAddress, &length) == 0
-            }
-        }
-        guard bound else { throw ClusterError(description: "bind() failed: errno \(errno)") }
-        return Int(UInt16(bigEndian: address.sin_port))
-    }
 }
 
 /// Clusters started by this process, shut down at exit; also sweeps clusters of dead processes.

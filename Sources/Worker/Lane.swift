@@ -70,6 +70,18 @@ struct Lane {
         self.once = once
     }
 
+    /// One maintenance pass on a connection of its own (after a `once` drain).
+    func maintainOnce() -> WorkerError? {
+        do throws(PostgresError) {
+            let connection = try connect()
+            defer { connection.close() }
+            maintain(connection)
+            return nil
+        } catch {
+            return WorkerError(code: .database, message: error.description)
+        }
+    }
+
     /// Runs until the worker stops (or, with `once`, until nothing is due). In `once` mode a database
     /// failure ends the lane with an error; otherwise the lane reconnects with backoff.
     func run() -> (Worker.DrainSummary, WorkerError?) {
@@ -96,15 +108,14 @@ struct Lane {
                     reconnectDelay = configuration.reconnectDelay
                 }
                 try drain(active, into: &summary)
+                if once { return (summary, nil) }  // the worker runs maintenance once all lanes are done
                 if index == 0 && !worker.isStopping {
                     let now = ContinuousClock.now
-                    if once || lastMaintenance.map({ now - $0 >= configuration.maintenanceInterval }) ?? true
-                    {
+                    if lastMaintenance.map({ now - $0 >= configuration.maintenanceInterval }) ?? true {
                         lastMaintenance = now
                         maintain(active)
                     }
                 }
-                if once { return (summary, nil) }
                 try waitForWork(active)
             } catch {
                 worker.metrics.reconnects.increment()

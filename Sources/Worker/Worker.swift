@@ -129,6 +129,12 @@ public final class Worker: Sendable {
             thread.start()
         }
         group.wait()
+        // Erasure and retention after every lane has finished, so that no lane still holds a user.
+        if once, results.withLock({ $0.1 == nil }), !isStopping,
+            let failure = Lane(worker: self, index: 0, once: true).maintainOnce()
+        {
+            results.withLock { $0.1 = failure }
+        }
         return results.withLock { $0 }
     }
 }

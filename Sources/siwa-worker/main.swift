@@ -67,32 +67,6 @@ func fail(_ message: String, status: Int32) -> Never {
     exit(status)
 }
 
-func number(_ parsed: ParsedCommand, _ name: String) -> Double? {
-    guard let text = parsed.value(name) else { return nil }
-    guard let value = Double(text), value.isFinite, value >= 0 else {
-        fail("--\(name) must be a non-negative number, not '\(text)'", status: 2)
-    }
-    return value
-}
-
-func integer(_ parsed: ParsedCommand, _ name: String) -> Int {
-    guard let text = parsed.value(name), let value = Int(text) else {
-        fail("--\(name) must be an integer", status: 2)
-    }
-    return value
-}
-
-func seconds(_ value: Double) -> Duration { .nanoseconds(Int64((value * 1e9).rounded())) }
-
-func hostAndPort(_ text: String) -> (String, Int) {
-    guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]) else {
-        fail("--metrics-listen must be HOST:PORT, not '\(text)'", status: 2)
-    }
-    var host = String(text[..<colon])
-    if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
-    return (host, port)
-}
-
 let parsed: ParsedCommand
 do {
     parsed = try spec.parse(
@@ -111,20 +85,24 @@ guard let level = Logger.Level(name: parsed.value("log-level") ?? "info") else {
 let logger = Logger(label: "siwa-worker", level: level)
 let metrics = MetricsRegistry()
 let configuration: Worker.Configuration
+let metricsAddress: ListenAddress?
 do {
+    metricsAddress = try parsed.listenAddress("metrics-listen")
     let database = try PostgresConfiguration(
         parsed.value("database-url") ?? "", applicationName: "siwa-worker")
-    let statementTimeout = number(parsed, "statement-timeout") ?? 0
+    let statementTimeout = try parsed.seconds("statement-timeout") ?? .zero
     configuration = try Worker.Configuration(
         database: database,
-        concurrency: integer(parsed, "concurrency"),
-        batchSize: integer(parsed, "batch-size"),
-        maxAttempts: integer(parsed, "max-attempts"),
-        retryBaseDelay: seconds(number(parsed, "retry-base-delay") ?? 1),
-        pollInterval: seconds(number(parsed, "poll-interval") ?? 1),
-        statementTimeout: statementTimeout > 0 ? seconds(statementTimeout) : nil,
-        retainTokens: number(parsed, "retain-tokens-days").map { seconds($0 * 86_400) },
-        retainEvents: number(parsed, "retain-events-days").map { seconds($0 * 86_400) })
+        concurrency: try parsed.integer("concurrency", in: 1...256) ?? 1,
+        batchSize: try parsed.integer("batch-size", in: 1...10_000) ?? 100,
+        maxAttempts: try parsed.integer("max-attempts", in: 1...1_000_000) ?? 20,
+        retryBaseDelay: try parsed.seconds("retry-base-delay") ?? .seconds(1),
+        pollInterval: try parsed.seconds("poll-interval") ?? .seconds(1),
+        statementTimeout: statementTimeout > .zero ? statementTimeout : nil,
+        retainTokens: try parsed.number("retain-tokens-days").map { .seconds($0 * 86_400) },
+        retainEvents: try parsed.number("retain-events-days").map { .seconds($0 * 86_400) })
+} catch let error as CommandLineError {
+    fail(error.message, status: 2)
 } catch let error as PostgresError {
     fail(error.message, status: 2)
 } catch let error as WorkerError {
@@ -138,9 +116,11 @@ let signals = TerminationSignals()
 let worker = Worker(configuration: configuration, logger: logger, metrics: metrics)
 
 var metricsServer: HTTPServer?
-if let listen = parsed.value("metrics-listen") {
-    let (host, port) = hostAndPort(listen)
-    let server = HTTPServer(configuration: HTTPServer.Configuration(host: host, port: port, threadCount: 2)) {
+if let metricsAddress {
+    let server = HTTPServer(
+        configuration: HTTPServer.Configuration(
+            host: metricsAddress.host, port: metricsAddress.port, threadCount: 2)
+    ) {
         request in
         guard request.path == "/metrics" else { return .text(status: 404, "not found\n") }
         var response = HTTPResponse.text(metrics.render())
@@ -152,7 +132,7 @@ if let listen = parsed.value("metrics-listen") {
     } catch {
         fail("cannot serve metrics: \(error.message)", status: 1)
     }
-    logger.info("serving metrics", ["port": .int(server.port ?? port)])
+    logger.info("serving metrics", ["port": .int(server.port ?? metricsAddress.port)])
     metricsServer = server
 }
 

@@ -67,11 +67,9 @@ struct CompactJWSTests {
     @Test("refuses a 1 MB token by size, before decoding anything")
     func hugeToken() {
         let huge = String(repeating: "A", count: 1_000_000) + "." + "A" + "." + "A"
-        let started = Date()
         let error = parseError(huge)
         #expect(error?.kind == .malformed)
-        #expect(error?.code == .tooLarge)
-        #expect(Date().timeIntervalSince(started) < 1)
+        #expect(error?.code == .tooLarge)  // the size bound, checked before any decoding
     }
 
     @Test("refuses a 1 MB run of base64 garbage without a dot")

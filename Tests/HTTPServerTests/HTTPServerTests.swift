@@ -215,7 +215,7 @@ struct LifecycleTests {
 
         // New connections are refused while the slow request is still running.
         #expect(
-            eventually {
+            waitUntil {
                 (try? RawHTTPConnection(host: "127.0.0.1", port: port, timeout: .seconds(1))) == nil
             })
         #expect(drained.value == nil)

@@ -68,7 +68,7 @@ struct LimitsTests {
 
         #expect(connection.waitForClose(timeout: .seconds(5)))
         #expect(handled.load(ordering: .sequentiallyConsistent) == 0)
-        #expect(eventually { server.inFlightRequests == 0 })
+        #expect(waitUntil { server.inFlightRequests == 0 })
     }
 
     @Test("a client that sends half a request is cut off after the connection timeout")
@@ -85,10 +85,10 @@ struct LimitsTests {
 
         try connection.send("POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nhalf of it")
 
-        #expect(eventually { server.inFlightRequests == 1 })
+        #expect(waitUntil { server.inFlightRequests == 1 })
         #expect(connection.waitForClose(timeout: .seconds(5)))
         #expect(clock.now - started >= .milliseconds(900))
-        #expect(eventually { server.inFlightRequests == 0 })
+        #expect(waitUntil { server.inFlightRequests == 0 })
         #expect(handled.load(ordering: .sequentiallyConsistent) == 0)
     }
 
@@ -114,7 +114,7 @@ struct LimitsTests {
 
         for worker in workers { #expect(worker.wait(timeout: .seconds(30))) }
         #expect(correct.load(ordering: .sequentiallyConsistent) == 300)
-        #expect(eventually { server.inFlightRequests == 0 })
+        #expect(waitUntil { server.inFlightRequests == 0 })
     }
 
     @Test("a handler that blocks does not stop other requests from being served")
@@ -180,11 +180,11 @@ struct HostileInputTests {
             let connection = try RawHTTPConnection(host: "127.0.0.1", port: server.port ?? 0)
             try connection.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\nsome")
             withExtendedLifetime(connection) {
-                #expect(eventually { server.inFlightRequests == 1 })
+                #expect(waitUntil { server.inFlightRequests == 1 })
             }
         }  // The connection is closed here.
 
-        #expect(eventually { server.inFlightRequests == 0 })
+        #expect(waitUntil { server.inFlightRequests == 0 })
         #expect(handled.load(ordering: .sequentiallyConsistent) == 0)
         #expect(try TestHTTPClient.get(server.url("/")).status == 200)
         #expect(handled.load(ordering: .sequentiallyConsistent) == 1)

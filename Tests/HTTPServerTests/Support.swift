@@ -39,17 +39,6 @@ final class BackgroundWork: Sendable {
     }
 }
 
-/// Polls `condition` until it holds or `timeout` passes.
-func eventually(timeout: Duration = .seconds(5), _ condition: () -> Bool) -> Bool {
-    let clock = ContinuousClock()
-    let deadline = clock.now.advanced(by: timeout)
-    while !condition() {
-        if clock.now >= deadline { return false }
-        Thread.sleep(forTimeInterval: 0.002)
-    }
-    return true
-}
-
 /// A value written by one thread and read by another.
 final class Box<Value: Sendable>: Sendable {
     private let storage: Mutex<Value>

@@ -17,13 +17,16 @@ final class ReceiverHarness: @unchecked Sendable {
 
     init(
         cluster: PostgresCluster? = nil, cooldown: Duration = .seconds(30), poolSize: Int = 8,
-        maxBodyBytes: Int = 65536, keySet: Data = TestSigning.apple.jwksJSON(), waitForKeys: Bool = true
+        maxBodyBytes: Int = 65536, keySet: Data = TestSigning.apple.jwksJSON(), waitForKeys: Bool = true,
+        connectionTimeout: Duration? = nil, connectionLimit: Int? = nil
     ) throws {
         database = try (cluster ?? PostgresCluster.shared).createDatabase(applying: try Self.schema())
         jwks = try JWKSTestServer(body: keySet)
         var http = HTTPServer.Configuration()
         http.maxBodyBytes = maxBodyBytes
         http.threadCount = 16
+        if let connectionTimeout { http.connectionTimeout = connectionTimeout }
+        if let connectionLimit { http.connectionLimit = connectionLimit }
         let configuration = try ReceiverConfiguration(
             host: "127.0.0.1", port: 0, database: database, audiences: [TestSigning.audience],
             jwks: try JWKSSource(url: jwks.url, timeout: 2),
@@ -88,16 +91,6 @@ final class LogCapture: Sendable {
     private let lines = Mutex<[String]>([])
     func append(_ line: String) { lines.withLock { $0.append(line) } }
     var all: String { lines.withLock { $0.joined() } }
-}
-
-/// Polls `condition` until it holds or `timeout` passes.
-func waitUntil(timeout: Duration = .seconds(10), _ condition: () throws -> Bool) rethrows -> Bool {
-    let deadline = ContinuousClock.now + timeout
-    while ContinuousClock.now < deadline {
-        if try condition() { return true }
-        Thread.sleep(forTimeInterval: 0.01)
-    }
-    return try condition()
 }
 
 extension TestSigning {

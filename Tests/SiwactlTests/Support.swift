@@ -81,13 +81,3 @@ func jsonLines(_ text: String) throws -> [[String: Any]] {
         return object
     }
 }
-
-/// Polls `condition` until it holds or `timeout` passes.
-func waitUntil(timeout: Duration = .seconds(10), _ condition: () throws -> Bool) rethrows -> Bool {
-    let deadline = ContinuousClock.now + timeout
-    while ContinuousClock.now < deadline {
-        if try condition() { return true }
-        Thread.sleep(forTimeInterval: 0.01)
-    }
-    return try condition()
-}

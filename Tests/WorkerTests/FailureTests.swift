@@ -140,6 +140,31 @@ struct FailureTests {
         #expect(try db.worker().drainOnce().applied == 1)
     }
 
+    @Test("workers are woken by new rows and by a requeue, not by their own updates")
+    func wakeUps() throws {
+        let db = try TestDatabase()
+        let listener = try PostgresConnection(configuration: db.configuration)
+        defer { listener.close() }
+        try listener.listen("siwa_notifications")
+
+        try db.insert(jti: "w1", type: "consent-revoked", sub: "u")
+        #expect(try listener.waitForNotifications(timeout: .seconds(5)).count == 1)
+
+        // Applying it, and scheduling a retry of another, send nothing: the marker is the next to arrive.
+        #expect(try db.worker().drainOnce().applied == 1)
+        try db.insert(jti: "w2", type: "consent-revoked", sub: "v")
+        _ = try listener.waitForNotifications(timeout: .seconds(5))
+        try db.connection.query(
+            "SELECT siwa.record_failure(id, 'boom', 20, interval '1 hour') FROM siwa.notifications WHERE jti = 'w2'"
+        )
+        try db.connection.notify("siwa_notifications", payload: "marker")
+        #expect(try listener.waitForNotifications(timeout: .seconds(5)).map(\.payload) == ["marker"])
+
+        // Putting a finished row back to pending wakes them.
+        #expect(try db.value("SELECT siwa.requeue(p_jti => 'w1')", as: Int.self) == 1)
+        #expect(try listener.waitForNotifications(timeout: .seconds(5)).map(\.payload) == [""])
+    }
+
     @Test(
         "configuration rejects out-of-range values",
         arguments: [

@@ -41,12 +41,12 @@ struct ProcessTests {
         let survivor = try WorkerProcess(arguments, databaseURL: db.url)
 
         let applied = "SELECT count(*) FROM siwa.notifications WHERE state = 'applied'"
-        #expect(try eventually(timeout: .seconds(60)) { try db.value(applied, as: Int.self) >= 300 })
+        #expect(try waitUntil(timeout: .seconds(60)) { try db.value(applied, as: Int.self) >= 300 })
         victim.send(SIGKILL)
         #expect(victim.waitForExit(timeout: .seconds(10)) != nil)
         #expect(try db.value(applied, as: Int.self) < 3000, "the kill should land mid-drain")
 
-        #expect(try eventually(timeout: .seconds(120)) { try db.value(applied, as: Int.self) == 3000 })
+        #expect(try waitUntil(timeout: .seconds(120)) { try db.value(applied, as: Int.self) == 3000 })
         #expect(try db.value("SELECT count(*) FROM hook_calls", as: Int.self) == 3000)
         #expect(try db.value("SELECT count(DISTINCT jti) FROM hook_calls", as: Int.self) == 3000)
         #expect(try db.value("SELECT count(*) FROM siwa.accounts", as: Int.self) == 300)
@@ -59,12 +59,12 @@ struct ProcessTests {
         let db = try TestDatabase()
         let worker = try WorkerProcess(["--poll-interval", "5"], databaseURL: db.url)
         // Ready once it has connected (and so listens): it logs that line after LISTEN.
-        #expect(eventually(timeout: .seconds(10)) { worker.log.contains("\"connected\"") })
+        #expect(waitUntil(timeout: .seconds(10)) { worker.log.contains("\"connected\"") })
         var latencies: [Duration] = []
         for index in 0..<3 {
             try db.insert(jti: "wake-\(index)", type: "consent-revoked", sub: "u\(index)")
             let start = ContinuousClock.now  // Each insert finds the worker idle, waiting after the last one.
-            #expect(try eventually(timeout: .seconds(10)) { try db.state("wake-\(index)") == "applied" })
+            #expect(try waitUntil(timeout: .seconds(10)) { try db.state("wake-\(index)") == "applied" })
             latencies.append(ContinuousClock.now - start)
         }
         #expect(latencies.allSatisfy { $0 < .seconds(1) }, "latencies: \(latencies)")
@@ -78,10 +78,10 @@ struct ProcessTests {
         defer { cluster.destroy() }
         let db = try TestDatabase(cluster: cluster)
         let worker = try WorkerProcess(["--poll-interval", "0.5"], databaseURL: db.url)
-        #expect(eventually(timeout: .seconds(10)) { worker.log.contains("\"connected\"") })
+        #expect(waitUntil(timeout: .seconds(10)) { worker.log.contains("\"connected\"") })
         db.connection.close()
         try cluster.stop(mode: .fast)
-        #expect(eventually(timeout: .seconds(10)) { worker.log.contains("reconnecting") })
+        #expect(waitUntil(timeout: .seconds(10)) { worker.log.contains("reconnecting") })
         try cluster.start()
         let again = try PostgresConnection(configuration: db.configuration)
         defer { again.close() }
@@ -90,7 +90,7 @@ struct ProcessTests {
             INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at)
             VALUES ('after-restart', 'consent-revoked', 'u', 'com.example.app', now(), now())
             """)
-        let applied = try eventually(timeout: .seconds(20)) {
+        let applied = try waitUntil(timeout: .seconds(20)) {
             try again.query("SELECT state FROM siwa.notifications").first?[0, as: String.self] == "applied"
         }
         #expect(applied)
@@ -103,7 +103,7 @@ struct ProcessTests {
     func sigtermExitsCleanly() throws {
         let db = try TestDatabase()
         let worker = try WorkerProcess(["--poll-interval", "1"], databaseURL: db.url)
-        #expect(eventually(timeout: .seconds(10)) { worker.log.contains("\"connected\"") })
+        #expect(waitUntil(timeout: .seconds(10)) { worker.log.contains("\"connected\"") })
         worker.send(SIGTERM)
         #expect(worker.waitForExit(timeout: .seconds(10)) == 0)
         #expect(worker.log.contains("worker stopped"))

@@ -75,7 +75,7 @@ final class TestDatabase: @unchecked Sendable {
     /// Runs `drainOnce()` until nothing is pending (retries included) or `timeout` passes.
     @discardableResult
     func drainUntilSettled(_ worker: Worker, timeout: Duration = .seconds(30)) throws -> Bool {
-        try eventually(timeout: timeout) {
+        try waitUntil(timeout: timeout) {
             _ = try worker.drainOnce()
             return try value("SELECT count(*) FROM siwa.notifications WHERE state = 'pending'", as: Int.self)
                 == 0
@@ -86,59 +86,38 @@ final class TestDatabase: @unchecked Sendable {
 /// A logger that discards its output.
 let quietLogger = Logger(label: "test", level: .error, sink: { _ in })
 
-/// Polls `condition` every 10 ms until it holds (true) or `timeout` passes (false).
-func eventually(timeout: Duration, _ condition: () throws -> Bool) rethrows -> Bool {
-    let deadline = ContinuousClock.now + timeout
-    while true {
-        if try condition() { return true }
-        if ContinuousClock.now >= deadline { return false }
-        Thread.sleep(forTimeInterval: 0.01)  // Poll interval of a bounded wait.
-    }
-}
-
-/// The `siwa-worker` executable built next to the test bundle.
-let workerExecutable: URL = {
-    var candidates = [Bundle.main.bundleURL, Bundle.main.bundleURL.deletingLastPathComponent()]
-    candidates.append(RepositoryRoot.url.appendingPathComponent(".build/debug"))
-    for directory in candidates {
-        let url = directory.appendingPathComponent("siwa-worker")
-        if FileManager.default.isExecutableFile(atPath: url.path) { return url }
-    }
-    return RepositoryRoot.url.appendingPathComponent(".build/debug/siwa-worker")
-}()
-
 /// A running `siwa-worker` process; killed (SIGKILL) on deinit if still running.
 final class WorkerProcess: @unchecked Sendable {
-    let process = Process()
+    let process: Subprocess
     let logURL: URL
 
     init(_ arguments: [String], databaseURL: String) throws {
         logURL = FileManager.default.temporaryDirectory.appendingPathComponent(
             "siwa-worker-\(UUID().uuidString).log")
-        _ = FileManager.default.createFile(atPath: logURL.path, contents: nil)
-        process.executableURL = workerExecutable
-        process.arguments = arguments
         var environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") }
         environment["SIWA_DATABASE_URL"] = databaseURL
-        process.environment = environment
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = try FileHandle(forWritingTo: logURL)
-        try process.run()
+        process = try Subprocess(
+            ExecutableLocator.url(named: "siwa-worker").path, arguments, environment: environment,
+            standardError: logURL.path)
     }
 
     deinit {
-        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
-        process.waitUntilExit()
+        process.send(SIGKILL)
+        process.wait()
         try? FileManager.default.removeItem(at: logURL)
     }
 
     /// Sends `signal` to the process.
-    func send(_ signal: Int32) { kill(process.processIdentifier, signal) }
+    func send(_ signal: Int32) { process.send(signal) }
 
-    /// Waits up to `timeout` for the process to exit; returns its status, or nil if still running.
+    /// Waits up to `timeout` for the process to exit; returns its exit status (128 + signal when killed by
+    /// one), or nil if it is still running.
     func waitForExit(timeout: Duration) -> Int32? {
-        let exited = eventually(timeout: timeout) { !process.isRunning }
-        return exited ? process.terminationStatus : nil
+        switch process.wait(timeout: timeout) {
+        case .exited(let status): status
+        case .signaled(let signal): 128 + signal
+        case nil: nil
+        }
     }
 
     /// What the process logged so far.

@@ -1,0 +1,98 @@
+# Shared by scripts/demo and scripts/run (sourced, not executed): a local stack of PostgreSQL (an
+# embedded cluster under .siwa/ unless SIWA_DATABASE_URL points elsewhere), a stand-in for Apple's key
+# endpoint (siwactl fake-apple), siwa-receiver and siwa-worker. Everything started is stopped on exit.
+
+: "${BIN:?BIN must name the directory holding the built executables}"
+STATE=${SIWA_STATE_DIR:-$PWD/.siwa}
+AUDIENCE=${SIWA_DEMO_AUDIENCE:-com.example.siwa.demo}
+RECEIVER_PORT=${SIWA_DEMO_RECEIVER_PORT:-8080}
+APPLE_PORT=${SIWA_DEMO_APPLE_PORT:-8081}
+PG_PORT=${SIWA_DEMO_PG_PORT:-54329}
+STARTED_PIDS=()
+STARTED_CLUSTER=
+
+bold() { printf '\n\033[1m%s\033[0m\n' "$*"; }
+
+stack_stop() {
+  local pid
+  for pid in "${STARTED_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${STARTED_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  STARTED_PIDS=()
+  if [[ -n $STARTED_CLUSTER ]]; then pg_tool pg_ctl -D "$STATE/pgdata" -m fast -w stop >/dev/null || true; fi
+  STARTED_CLUSTER=
+}
+
+# Runs a PostgreSQL server tool, as the postgres user when we are root (PostgreSQL refuses root).
+pg_tool() {
+  local tool=$1
+  shift
+  local bindir
+  bindir=$(pg_config --bindir 2>/dev/null)
+  [[ -x $bindir/$tool ]] || bindir=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+  if [[ $(id -u) -eq 0 ]]; then
+    (cd / && runuser -u postgres -- "$bindir/$tool" "$@")
+  else
+    "$bindir/$tool" "$@"
+  fi
+}
+
+stack_database() {
+  if [[ -n ${SIWA_DATABASE_URL:-} ]]; then
+    echo "database: SIWA_DATABASE_URL (not managed here)"
+    return
+  fi
+  mkdir -p "$STATE"
+  if [[ $(id -u) -eq 0 ]]; then
+    chown postgres "$STATE"
+    if ! runuser -u postgres -- test -w "$STATE"; then
+      echo "the postgres user cannot write $STATE (a parent directory is private); set SIWA_STATE_DIR" >&2
+      exit 1
+    fi
+  fi
+  if [[ ! -f $STATE/pgdata/PG_VERSION ]]; then
+    echo "creating a local PostgreSQL cluster in $STATE/pgdata"
+    pg_tool initdb -D "$STATE/pgdata" -U postgres -A trust -E UTF8 --locale=C >/dev/null
+  fi
+  if ! pg_tool pg_ctl -D "$STATE/pgdata" status >/dev/null 2>&1; then
+    pg_tool pg_ctl -D "$STATE/pgdata" -l "$STATE/postgresql.log" -w \
+      -o "-c listen_addresses='' -k $STATE -p $PG_PORT" start >/dev/null
+    STARTED_CLUSTER=1
+  fi
+  export SIWA_DATABASE_URL="postgresql://postgres@/postgres?host=$STATE&port=$PG_PORT"
+  echo "database: local cluster in $STATE (socket), $SIWA_DATABASE_URL"
+}
+
+wait_http() {
+  local url=$1 i
+  for i in $(seq 1 200); do
+    if curl -fsS -o /dev/null "$url" 2>/dev/null; then return 0; fi
+    sleep 0.05
+  done
+  echo "timed out waiting for $url" >&2
+  return 1
+}
+
+stack_start() {
+  trap stack_stop EXIT
+  stack_database
+  "$BIN/siwactl" migrate
+  if [[ ! -f $STATE/keys/jwks.json ]]; then
+    mkdir -p "$STATE"
+    "$BIN/siwactl" keygen --out "$STATE/keys" >/dev/null
+  fi
+  KID=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["keys"][0]["kid"])' "$STATE/keys/jwks.json")
+  "$BIN/siwactl" fake-apple --listen "127.0.0.1:$APPLE_PORT" --keys "$STATE/keys" >/dev/null 2>"$STATE/fake-apple.log" &
+  STARTED_PIDS+=($!)
+  wait_http "http://127.0.0.1:$APPLE_PORT/auth/keys"
+  "$BIN/siwa-receiver" --listen "127.0.0.1:$RECEIVER_PORT" --audience "$AUDIENCE" \
+    --jwks-url "http://127.0.0.1:$APPLE_PORT/auth/keys" 2>"$STATE/receiver.log" &
+  STARTED_PIDS+=($!)
+  "$BIN/siwa-worker" 2>"$STATE/worker.log" &
+  STARTED_PIDS+=($!)
+  wait_http "http://127.0.0.1:$RECEIVER_PORT/readyz"
+  NOTIFY_URL="http://127.0.0.1:$RECEIVER_PORT/apple/notifications"
+  echo "fake Apple keys: http://127.0.0.1:$APPLE_PORT/auth/keys (kid $KID)"
+  echo "receiver:        $NOTIFY_URL (audience $AUDIENCE); logs in $STATE/*.log"
+}
+
+sql() { psql "$SIWA_DATABASE_URL" -v ON_ERROR_STOP=1 -qX "$@"; }
