@@ -16,12 +16,17 @@ public struct HTTPRequest: Sendable {
     public var remoteAddress: String
     /// A random identifier (16 lowercase hex characters) assigned by the server, for logs.
     public var id: String
+    /// When the whole request had arrived (before it waited for a handler thread): deadlines that
+    /// bound the client's total wait start here.
+    public var receivedAt: ContinuousClock.Instant
 
     /// Creates a request; the server builds these, tests and other handlers may too.
     public init(
         method: String, path: String, query: String? = nil, headers: HTTPHeaders = [:],
-        body: [UInt8] = [], remoteAddress: String = "", id: String = HTTPRequest.makeID()
+        body: [UInt8] = [], remoteAddress: String = "", id: String = HTTPRequest.makeID(),
+        receivedAt: ContinuousClock.Instant = .now
     ) {
+        self.receivedAt = receivedAt
         self.method = method
         self.path = path
         self.query = query

@@ -4,9 +4,12 @@ import Synchronization
 
 /// A small HTTP/1.1 server on libmicrohttpd with an internal epoll thread pool.
 ///
-/// The handler is called synchronously on a pool thread once the whole request body has arrived,
-/// and may block (e.g. on the database): other requests keep being served by the other threads.
-/// Bodies larger than ``Configuration/maxBodyBytes`` are answered with 413 by the server itself.
+/// libmicrohttpd's I/O threads read requests and write responses; once a request's body has
+/// arrived, its connection is suspended and the handler runs on one of ``Configuration/threadCount``
+/// handler threads, taking requests in arrival order from one shared queue. A handler may block
+/// (e.g. on the database) without delaying any other connection: no request waits behind another
+/// one that happened to share its I/O thread. Bodies larger than ``Configuration/maxBodyBytes`` are
+/// answered with 413 by the server itself.
 public final class HTTPServer: Sendable {
     /// How the server listens and what it tolerates. Build once; every field has a default.
     public struct Configuration: Sendable {
@@ -14,8 +17,10 @@ public final class HTTPServer: Sendable {
         public var host: String
         /// The TCP port; 0 picks a free ephemeral port (read it from ``HTTPServer/port`` after start).
         public var port: Int
-        /// Threads in the pool; each runs its own epoll loop and calls the handler.
+        /// Handler threads: the most requests being handled at once (handlers may block).
         public var threadCount: Int
+        /// libmicrohttpd's I/O threads, each with its own epoll loop; they never run a handler.
+        public var ioThreadCount: Int
         /// The largest accepted request body. A larger `Content-Length` gets 413 before any body is
         /// read; a chunked body stops being buffered once past the limit and gets 413 at its end
         /// (or the connection is closed if it streams on past twice the limit).
@@ -33,9 +38,14 @@ public final class HTTPServer: Sendable {
         /// The listen backlog passed to `listen(2)`.
         public var listenBacklog: Int
 
-        /// The default pool size: twice the core count, at least 8.
+        /// The default number of handler threads: twice the core count, at least 8.
         public static var defaultThreadCount: Int {
             max(8, 2 * ProcessInfo.processInfo.activeProcessorCount)
+        }
+
+        /// The default number of I/O threads: one per core, at most 8.
+        public static var defaultIOThreadCount: Int {
+            min(8, max(1, ProcessInfo.processInfo.activeProcessorCount))
         }
 
         /// Creates a configuration; every parameter has a production-sensible default.
@@ -43,6 +53,7 @@ public final class HTTPServer: Sendable {
             host: String = "127.0.0.1",
             port: Int = 8080,
             threadCount: Int = Configuration.defaultThreadCount,
+            ioThreadCount: Int = Configuration.defaultIOThreadCount,
             maxBodyBytes: Int = 64 * 1024,
             connectionLimit: Int = 1024,
             connectionTimeout: Duration = .seconds(10),
@@ -52,6 +63,7 @@ public final class HTTPServer: Sendable {
             self.host = host
             self.port = port
             self.threadCount = threadCount
+            self.ioThreadCount = ioThreadCount
             self.maxBodyBytes = maxBodyBytes
             self.connectionLimit = connectionLimit
             self.connectionTimeout = connectionTimeout
@@ -76,6 +88,9 @@ public final class HTTPServer: Sendable {
             guard (0...65535).contains(port) else { throw invalid("port \(port) is out of range") }
             guard (1...1024).contains(threadCount) else {
                 throw invalid("threadCount must be between 1 and 1024")
+            }
+            guard (1...64).contains(ioThreadCount) else {
+                throw invalid("ioThreadCount must be between 1 and 64")
             }
             guard maxBodyBytes >= 0 else { throw invalid("maxBodyBytes must not be negative") }
             guard (1...Int(UInt32.max)).contains(connectionLimit) else {
@@ -122,16 +137,7 @@ public final class HTTPServer: Sendable {
     }
 
     deinit {
-        let daemon: OpaquePointer? = phase.withLock { phase in
-            switch phase {
-            case .running(let daemon, _), .draining(let daemon, _):
-                phase = .stopped
-                return daemon
-            case .idle, .stopped:
-                return nil
-            }
-        }
-        if let daemon { siwa_http_stop(daemon) }
+        shutdown(gracePeriod: .zero)
     }
 
     /// Binds the listen socket and starts serving.
@@ -145,7 +151,14 @@ public final class HTTPServer: Sendable {
             guard case .idle = phase else {
                 throw HTTPServerError(code: .invalidState, message: "the server was already started")
             }
-            let daemon = try startDaemon()
+            dispatcher.pool.start(threads: configuration.threadCount)
+            let daemon: OpaquePointer
+            do throws(HTTPServerError) {
+                daemon = try startDaemon()
+            } catch {
+                dispatcher.pool.stop()
+                throw error
+            }
             phase = .running(daemon, port: Int(siwa_http_port(daemon)))
         }
     }
@@ -159,7 +172,7 @@ public final class HTTPServer: Sendable {
             var config = siwa_http_config(
                 host: hostPointer,
                 port: UInt16(configuration.port),
-                thread_count: UInt32(configuration.threadCount),
+                thread_count: UInt32(configuration.ioThreadCount),
                 max_body_bytes: configuration.maxBodyBytes,
                 connection_limit: UInt32(configuration.connectionLimit),
                 connection_timeout_seconds: UInt32(configuration.timeoutSeconds),
@@ -209,9 +222,9 @@ public final class HTTPServer: Sendable {
 
     /// Stops gracefully: refuses new connections at once, lets in-flight requests finish for up to
     /// `gracePeriod` (responses sent meanwhile carry `Connection: close`), then closes every
-    /// connection. Handlers still running after the grace period are waited for, since their pool
-    /// threads are joined; so handlers must not block forever. Must not be called from a handler.
-    /// Calling it again, or on a server that never started, returns at once.
+    /// connection. Handlers still running after the grace period are waited for (libmicrohttpd
+    /// cannot stop while a request awaits its answer), so handlers must not block forever. Must not
+    /// be called from a handler. Calling it again, or on a server that never started, returns at once.
     ///
     /// - Returns: `true` when every in-flight request finished within the grace period.
     @discardableResult
@@ -238,8 +251,16 @@ public final class HTTPServer: Sendable {
             Thread.sleep(forTimeInterval: 0.002)
             drained = siwa_http_in_flight(daemon) == 0
         }
+        // Every request handed to a handler must be answered before the daemon may stop; give the
+        // answers just queued a moment to be written before the connections close.
+        dispatcher.pool.waitUntilIdle()
+        let flushDeadline = clock.now.advanced(by: .seconds(1))
+        while siwa_http_in_flight(daemon) > 0 && clock.now < flushDeadline {
+            Thread.sleep(forTimeInterval: 0.002)
+        }
         phase.withLock { $0 = .stopped }
         siwa_http_stop(daemon)
+        dispatcher.pool.stop()
         return drained
     }
 }
@@ -248,6 +269,7 @@ public final class HTTPServer: Sendable {
 private final class Dispatcher: Sendable {
     let handler: @Sendable (HTTPRequest) -> HTTPResponse
     let onResponse: (@Sendable (HTTPRequest, HTTPResponse, Duration) -> Void)?
+    let pool = HandlerPool()
 
     init(
         handler: @escaping @Sendable (HTTPRequest) -> HTTPResponse,
@@ -257,15 +279,19 @@ private final class Dispatcher: Sendable {
         self.onResponse = onResponse
     }
 
-    func serve(_ exchange: OpaquePointer, _ view: siwa_http_request_view) -> Int32 {
-        let request = makeRequest(exchange, view)
-        let clock = ContinuousClock()
-        let started = clock.now
-        let response = handler(request)
-        let elapsed = clock.now - started
-        let queued = send(response, on: exchange)
-        onResponse?(request, response, elapsed)
-        return queued
+    /// On an I/O thread, with the connection suspended: copies the request, hands it to a handler
+    /// thread, and returns at once.
+    func serve(_ exchange: OpaquePointer, _ view: siwa_http_request_view) {
+        let request = makeRequest(exchange, view)  // stamped receivedAt: now
+        let answer = Exchange(exchange)
+        pool.submit { [self] in
+            let clock = ContinuousClock()
+            let started = clock.now
+            let response = handler(request)
+            let elapsed = clock.now - started
+            _ = send(response, on: answer.pointer)
+            onResponse?(request, response, elapsed)
+        }
     }
 
     private func makeRequest(_ exchange: OpaquePointer, _ view: siwa_http_request_view) -> HTTPRequest {
@@ -338,7 +364,14 @@ private func handleRequest(
 ) -> Int32 {
     guard let context, let exchange, let view else { return 0 }
     let dispatcher = Unmanaged<Dispatcher>.fromOpaque(context).takeUnretainedValue()
-    return dispatcher.serve(exchange, view.pointee)
+    dispatcher.serve(exchange, view.pointee)
+    return 1
+}
+
+/// A suspended request's C handle, carried to the handler thread that will answer it (once).
+private struct Exchange: @unchecked Sendable {
+    let pointer: OpaquePointer
+    init(_ pointer: OpaquePointer) { self.pointer = pointer }
 }
 
 /// The C callback for one request header; `context` points at the `[(String, String)]` being filled.

@@ -61,7 +61,10 @@ public final class NotificationEndpoint: Sendable {
         metrics.inFlight.increment()
         defer { metrics.inFlight.decrement() }
 
-        var fields: [String: Logger.Value] = ["request_id": .string(request.id)]
+        var fields: [String: Logger.Value] = [
+            "request_id": .string(request.id),
+            "queued_ms": .double((Self.seconds(since: request.receivedAt) * 1e6).rounded() / 1e3),
+        ]
         let response: HTTPResponse
         let outcome: DeliveryOutcome
         do throws(NotificationError) {
@@ -74,7 +77,11 @@ public final class NotificationEndpoint: Sendable {
             fields["event_type"] = .string(notification.eventType.rawValue)
             let storeStarted = ContinuousClock.now
             do {
-                let stored = try store.store(notification, rawToken: token)
+                // The commit timeout counts from the request's arrival, so time spent waiting for a
+                // handler thread is part of it and the client's whole wait stays bounded.
+                let stored = try store.store(
+                    notification, rawToken: token,
+                    deadline: request.receivedAt + store.configuration.commitTimeout)
                 metrics.storageSeconds.observe(Self.seconds(since: storeStarted))
                 outcome = stored == .accepted ? .accepted : .duplicate
                 response = Self.json(200, #"{"status":"\#(stored.rawValue)"}"#)

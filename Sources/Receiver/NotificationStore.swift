@@ -70,7 +70,8 @@ public final class NotificationStore: @unchecked Sendable {
     }
 
     private let pool: PostgresPool
-    private let configuration: Configuration
+    /// The group-commit settings in use.
+    public let configuration: Configuration
     private let observeBatch: @Sendable (Int, Duration) -> Void
     private let condition = NSCondition()
     private var queue: [Ticket] = []  // guarded by `condition`
@@ -96,7 +97,16 @@ public final class NotificationStore: @unchecked Sendable {
 
     /// Commits `notification` (with its token, for audit) unless its `jti` is already stored.
     /// Blocks until the transaction holding it has committed.
-    public func store(_ notification: ServerNotification, rawToken: String) throws -> Outcome {
+    ///
+    /// - Parameter deadline: when to give up waiting (``CommitTimeout``); by default
+    ///   ``Configuration/commitTimeout`` from now. A caller that measures from when its request
+    ///   arrived bounds the client's whole wait, queueing included.
+    public func store(
+        _ notification: ServerNotification, rawToken: String, deadline: ContinuousClock.Instant? = nil
+    ) throws -> Outcome {
+        let deadline = deadline ?? .now + configuration.commitTimeout
+        let remaining = deadline - .now
+        guard remaining > .zero else { throw CommitTimeout() }
         let ticket = Ticket(notification, rawToken)
         condition.lock()
         guard !closed else {
@@ -106,8 +116,7 @@ public final class NotificationStore: @unchecked Sendable {
         queue.append(ticket)
         condition.signal()
         condition.unlock()
-        guard ticket.done.wait(timeout: .now() + Self.nanoseconds(configuration.commitTimeout)) == .success
-        else {
+        guard ticket.done.wait(timeout: .now() + Self.nanoseconds(remaining)) == .success else {
             throw CommitTimeout()
         }
         return try ticket.result!.get()

@@ -145,6 +145,49 @@ struct LimitsTests {
         #expect(blockedClient.wait())
         #expect(blocked.value == 200)
     }
+
+    /// libmicrohttpd pins each connection to one I/O thread; if handlers ran there, a request would
+    /// wait behind any blocked handler of a connection sharing its thread. They run on the handler
+    /// pool instead, so with a single I/O thread every other connection is still answered at once.
+    @Test("with one I/O thread, a blocked handler delays no other connection")
+    func noHeadOfLineBlocking() throws {
+        let entered = DispatchSemaphore(value: 0)
+        let release = DispatchSemaphore(value: 0)
+        let server = HTTPServer(
+            configuration: .init(host: "127.0.0.1", port: 0, threadCount: 4, ioThreadCount: 1)
+        ) { request in
+            if request.path == "/block" {
+                entered.signal()
+                _ = release.wait(timeout: .now() + 10)
+            }
+            return .text(request.path)
+        }
+        try server.start()
+        defer { server.shutdown() }
+        let blockedClient = BackgroundWork { _ = try? TestHTTPClient.get(server.url("/block")) }
+        #expect(entered.wait(timeout: .now() + 5) == .success)
+        for _ in 0..<10 {
+            #expect(try TestHTTPClient.get(server.url("/fast"), timeout: .seconds(2)).text == "/fast")
+        }
+        release.signal()
+        #expect(blockedClient.wait())
+    }
+
+    @Test("shutdown waits for a request still being handled, which gets its answer")
+    func shutdownWaitsForHandlers() throws {
+        let entered = DispatchSemaphore(value: 0)
+        let server = try startServer(threadCount: 2) { request in
+            entered.signal()
+            Thread.sleep(forTimeInterval: 0.3)
+            return .text("late")
+        }
+        let answer = Box<String?>(nil)
+        let client = BackgroundWork { answer.value = try? TestHTTPClient.get(server.url("/")).text }
+        #expect(entered.wait(timeout: .now() + 5) == .success)
+        server.shutdown(gracePeriod: .zero)
+        #expect(client.wait())
+        #expect(answer.value == "late")
+    }
 }
 
 @Suite("HTTPServer hostile input")

@@ -160,3 +160,31 @@ struct GroupCommitTests {
         #expect(metrics.contains("siwa_commit_batch_size_count"))
     }
 }
+
+@Suite("Storage deadlines")
+struct StorageDeadlineTests {
+    @Test("a store call gives up at its deadline while the table is locked, and at once when it has passed")
+    func deadline() throws {
+        let database = try PostgresCluster.shared.createDatabase(applying: try ReceiverHarness.schema())
+        let pool = PostgresPool(configuration: database, maxConnections: 2)
+        defer { pool.close() }
+        let store = NotificationStore(pool: pool, configuration: .init(committers: 2))
+        defer { store.close() }
+        let locker = try PostgresConnection(configuration: database)
+        try locker.simpleQuery("BEGIN; LOCK TABLE siwa.notifications IN ACCESS EXCLUSIVE MODE")
+        let notification = try TestSigning.verifier.verify(
+            token: TestSigning.token(), keys: TestSigning.appleKeySet)
+
+        let started = ContinuousClock.now
+        #expect(throws: NotificationStore.CommitTimeout.self) {
+            try store.store(notification, rawToken: "t", deadline: .now + .milliseconds(300))
+        }
+        let waited = ContinuousClock.now - started
+        #expect(waited >= .milliseconds(300) && waited < .seconds(3), "waited \(waited)")
+        #expect(throws: NotificationStore.CommitTimeout.self) {
+            try store.store(notification, rawToken: "t", deadline: .now - .seconds(1))
+        }
+        try locker.simpleQuery("ROLLBACK")
+        locker.close()
+    }
+}

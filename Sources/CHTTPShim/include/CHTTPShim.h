@@ -39,8 +39,10 @@ typedef struct siwa_http_request_view {
 } siwa_http_request_view;
 
 /**
- * Called on a daemon pool thread with a complete request. Must call siwa_http_respond and return
- * its result (1 queued, 0 failed: the connection is then closed).
+ * Called on a daemon pool thread with a complete request, whose connection is suspended meanwhile.
+ * Must copy what it needs from `request` before returning (the view is freed then), and must
+ * eventually call siwa_http_respond exactly once for `exchange`, from any thread (the exchange stays
+ * valid until then). The return value is ignored.
  */
 typedef int (*siwa_http_handler_fn)(void *context, siwa_http_exchange *exchange,
                                     const siwa_http_request_view *request);
@@ -71,13 +73,14 @@ siwa_http_daemon *siwa_http_start(const siwa_http_config *config, siwa_http_hand
 /** The port the daemon is bound to (the real one when 0 was configured). */
 uint16_t siwa_http_port(const siwa_http_daemon *daemon);
 
-/** Requests received but not yet completed (including ones still uploading their body). */
+/** Requests received but not yet completed (uploading, waiting for their handler, or sending). */
 long siwa_http_in_flight(const siwa_http_daemon *daemon);
 
 /** Stops accepting new connections; existing ones continue and are asked to close after a response. */
 void siwa_http_quiesce(siwa_http_daemon *daemon);
 
-/** Stops the daemon (closing all connections), closes the listen socket, and frees `daemon`. */
+/** Stops the daemon (closing all connections), closes the listen socket, and frees `daemon`. Every
+ * exchange must have been answered first (libmicrohttpd cannot stop with suspended connections). */
 void siwa_http_stop(siwa_http_daemon *daemon);
 
 /** Calls `each` for every request header, in arrival order. */
@@ -87,8 +90,11 @@ void siwa_http_each_header(siwa_http_exchange *exchange, siwa_http_header_fn eac
 void siwa_http_remote_address(siwa_http_exchange *exchange, char *buffer, size_t capacity);
 
 /**
- * Queues the response. `headers` holds `header_count` pairs as consecutive NUL-terminated strings
- * ("name\0value\0name\0value\0"). The body is copied. Returns 1 when queued, 0 otherwise.
+ * Answers the request: builds the response and resumes the connection, whose own thread then
+ * sends it. Callable from any thread, exactly once per exchange; the exchange must not be used
+ * afterwards. `headers` holds `header_count` pairs as consecutive NUL-terminated strings
+ * ("name\0value\0name\0value\0"). The body is copied. Returns 1, or 0 when the response could
+ * not be built (the connection is then closed).
  */
 int siwa_http_respond(siwa_http_exchange *exchange, unsigned int status, const char *headers,
                       size_t header_count, const uint8_t *body, size_t body_length);
