@@ -40,7 +40,7 @@ public enum Base64URL {
     public static func decode(_ text: some StringProtocol) throws(NotificationError) -> Data {
         let input = Array(text.utf8)
         if input.count % 4 == 1 { throw .malformed(.badBase64, "impossible length") }
-        var output = Data()
+        var output: [UInt8] = []  // appended byte by byte: an array, not Data, keeps that cheap
         output.reserveCapacity(input.count * 3 / 4)
         var accumulator: UInt32 = 0
         var bits = 0
@@ -58,7 +58,7 @@ public enum Base64URL {
         }
         // Leftover bits (2 or 4) must be zero in the canonical encoding.
         if accumulator != 0 { throw .malformed(.badBase64, "non-canonical trailing bits") }
-        return output
+        return Data(output)
     }
 
     private static func sextet(_ byte: UInt8) -> UInt8? {

@@ -64,25 +64,28 @@ public enum PostgresData: Sendable, Hashable {
         }
     }
 
-    /// `{"a","b",NULL}`: every element quoted, with `"` and `\` escaped.
+    /// `{"a","b",NULL}`: every element quoted, with `"` and `\` escaped (built as UTF-8 bytes: the
+    /// receiver's group commit sends thousands of elements a second).
     private static func arrayLiteral(_ elements: [PostgresData?]) -> String {
-        var literal = "{"
+        var literal: [UInt8] = [UInt8(ascii: "{")]
         for (index, element) in elements.enumerated() {
-            if index > 0 { literal.append(",") }
+            if index > 0 { literal.append(UInt8(ascii: ",")) }
             guard let element else {
-                literal.append("NULL")
+                literal.append(contentsOf: "NULL".utf8)
                 continue
             }
             precondition(!element.isArray, "nested arrays are not supported")
-            literal.append("\"")
-            for character in element.textValue.unicodeScalars {
-                if character == "\"" || character == "\\" { literal.append("\\") }
-                literal.unicodeScalars.append(character)
+            literal.append(UInt8(ascii: "\""))
+            for byte in element.textValue.utf8 {
+                if byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\") {
+                    literal.append(UInt8(ascii: "\\"))
+                }
+                literal.append(byte)
             }
-            literal.append("\"")
+            literal.append(UInt8(ascii: "\""))
         }
-        literal.append("}")
-        return literal
+        literal.append(UInt8(ascii: "}"))
+        return String(decoding: literal, as: UTF8.self)
     }
 
     private var isArray: Bool {
