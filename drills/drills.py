@@ -39,7 +39,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.dont_write_bytecode = True  # leave no __pycache__ in scripts/ behind
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from bench import free_port, pg_bindir  # noqa: E402  (the same repository's benchmark helpers)
+import bench  # noqa: E402  (the same repository's benchmark helpers)
+from bench import free_port  # noqa: E402
 
 AUDIENCE = "com.example.drills"
 # NotificationStore.Configuration's default commitTimeout: a request never waits longer for its commit.
@@ -71,54 +72,17 @@ def wait_until(condition, what, timeout=30.0, interval=0.05):
 # PostgreSQL
 # ---------------------------------------------------------------------------------------------------
 
-class Cluster:
-    """A throwaway cluster that can be stopped (fast or immediate) and started again on the same port."""
+class Cluster(bench.Cluster):
+    """bench.py's throwaway cluster, small (drills care about failures, not speed)."""
 
     def __init__(self, root):
-        self.bindir = pg_bindir()
-        self.root = root
-        self.data = os.path.join(root, "data")
-        self.port = free_port()
-        self.as_postgres = os.geteuid() == 0
-        if self.as_postgres:
-            shutil.chown(root, "postgres")
-        self._tool("initdb", "-D", self.data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C")
-        self.options = (
-            f"-c listen_addresses='' -k {root} -p {self.port} -c fsync=on -c synchronous_commit=on "
-            "-c max_connections=100 -c shared_buffers=64MB")
-        self.start()
-
-    def _tool(self, name, *args):
-        command = [os.path.join(self.bindir, name), *args]
-        if self.as_postgres:
-            command = ["runuser", "-u", "postgres", "--", *command]
-        subprocess.run(command, check=True, cwd=self.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def start(self):
-        self._tool("pg_ctl", "-D", self.data, "-o", self.options, "-l", os.path.join(self.root, "server.log"),
-                   "-w", "-t", "60", "start")
-
-    def stop(self, mode="fast"):
-        self._tool("pg_ctl", "-D", self.data, "-m", mode, "-w", "-t", "60", "stop")
-
-    def url(self, db, user="postgres"):
-        return f"postgresql://{user}@/{db}?host={self.root}&port={self.port}"
-
-    def psql_command(self, db, user="postgres"):
-        return ["psql", "-h", self.root, "-p", str(self.port), "-U", user, "-d", db, "-v", "ON_ERROR_STOP=1",
-                "-qAtX"]
+        super().__init__(root, settings="-c max_connections=100 -c shared_buffers=64MB")
 
     def psql(self, db, sql):
-        out = subprocess.run(self.psql_command(db) + ["-c", sql], capture_output=True, text=True)
-        if out.returncode != 0:
-            raise DrillFailure(f"psql failed: {out.stderr.strip()}")
-        return out.stdout.strip()
-
-    def create_database(self, name):
-        self.psql("postgres", f"DROP DATABASE IF EXISTS {name}")
-        self.psql("postgres", f"CREATE DATABASE {name}")
-        subprocess.run(self.psql_command(name) + ["-f", os.path.join(ROOT, "schema.sql")], check=True,
-                       stdout=subprocess.DEVNULL)
+        try:
+            return super().psql(db, sql)
+        except RuntimeError as error:
+            raise DrillFailure(str(error)) from None
 
     def stored_jtis(self, db):
         out = self.psql(db, "SELECT jti FROM siwa.notifications")

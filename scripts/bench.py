@@ -54,9 +54,13 @@ def pg_bindir():
 
 
 class Cluster:
-    """A throwaway PostgreSQL cluster with fsync on, run as `postgres` when we are root."""
+    """A throwaway PostgreSQL cluster with fsync on, run as `postgres` when we are root; it can be
+    stopped (fast or immediate) and started again on the same port. Shared with drills/drills.py."""
 
-    def __init__(self, root):
+    SETTINGS = ("-c max_connections=400 -c shared_buffers=512MB -c max_wal_size=4GB "
+                "-c checkpoint_timeout=30min")
+
+    def __init__(self, root, settings=None):
         self.bindir = pg_bindir()
         self.root = root
         self.data = os.path.join(root, "data")
@@ -65,11 +69,9 @@ class Cluster:
         if self.as_postgres:
             shutil.chown(root, "postgres")
         self._tool("initdb", "-D", self.data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C")
-        options = (
-            f"-c listen_addresses='' -k {root} -p {self.port} -c fsync=on -c synchronous_commit=on "
-            "-c max_connections=400 -c shared_buffers=512MB -c max_wal_size=4GB -c checkpoint_timeout=30min"
-        )
-        self._tool("pg_ctl", "-D", self.data, "-o", options, "-l", os.path.join(root, "server.log"), "-w", "start")
+        self.options = (f"-c listen_addresses='' -k {root} -p {self.port} -c fsync=on -c synchronous_commit=on "
+                        + (settings if settings is not None else self.SETTINGS))
+        self.start()
 
     def _tool(self, name, *args):
         command = [os.path.join(self.bindir, name), *args]
@@ -77,25 +79,28 @@ class Cluster:
             command = ["runuser", "-u", "postgres", "--", *command]
         subprocess.run(command, check=True, cwd=self.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def url(self, db):
-        return f"postgresql://postgres@/{db}?host={self.root}&port={self.port}"
+    def start(self):
+        self._tool("pg_ctl", "-D", self.data, "-o", self.options, "-l", os.path.join(self.root, "server.log"),
+                   "-w", "-t", "60", "start")
+
+    def url(self, db, user="postgres"):
+        return f"postgresql://{user}@/{db}?host={self.root}&port={self.port}"
+
+    def psql_command(self, db, user="postgres"):
+        return ["psql", "-h", self.root, "-p", str(self.port), "-U", user, "-d", db, "-v", "ON_ERROR_STOP=1",
+                "-qAtX"]
 
     def psql(self, db, sql):
-        out = subprocess.run(
-            ["psql", "-h", self.root, "-p", str(self.port), "-U", "postgres", "-d", db, "-v", "ON_ERROR_STOP=1",
-             "-qAtX", "-c", sql],
-            capture_output=True, text=True)
+        out = subprocess.run(self.psql_command(db) + ["-c", sql], capture_output=True, text=True)
         if out.returncode != 0:
-            sys.exit(f"psql failed: {out.stderr}")
+            raise RuntimeError(f"psql failed: {out.stderr.strip()}")
         return out.stdout.strip()
 
     def create_database(self, name, rows_already_stored=0):
         self.psql("postgres", f"DROP DATABASE IF EXISTS {name}")
         self.psql("postgres", f"CREATE DATABASE {name}")
-        subprocess.run(
-            ["psql", "-h", self.root, "-p", str(self.port), "-U", "postgres", "-d", name, "-v", "ON_ERROR_STOP=1",
-             "-qX", "-f", os.path.join(ROOT, "schema.sql")],
-            check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(self.psql_command(name) + ["-f", os.path.join(ROOT, "schema.sql")], check=True,
+                       stdout=subprocess.DEVNULL)
         if rows_already_stored:
             log(f"pre-filling {name} with {rows_already_stored:,} applied notifications")
             self.psql(name, f"""
@@ -109,11 +114,8 @@ class Cluster:
     def count(self, db):
         return int(self.psql(db, "SELECT count(*) FROM siwa.notifications"))
 
-    def stop(self):
-        try:
-            self._tool("pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
-        except subprocess.CalledProcessError:
-            pass
+    def stop(self, mode="fast"):
+        self._tool("pg_ctl", "-D", self.data, "-m", mode, "-w", "-t", "60", "stop")
 
 
 class Receiver:
@@ -372,7 +374,10 @@ def main():
         if fake_apple:
             fake_apple.terminate()
             fake_apple.wait()
-        cluster.stop()
+        try:
+            cluster.stop()
+        except subprocess.CalledProcessError:
+            pass
         shutil.rmtree(cluster.root, ignore_errors=True)
         shutil.rmtree(workdir, ignore_errors=True)
 
