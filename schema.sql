@@ -278,6 +278,7 @@ CREATE OR REPLACE FUNCTION siwa.apply_notification(n siwa.notifications) RETURNS
 LANGUAGE plpgsql AS $$
 DECLARE
     v_account siwa.accounts;
+    v_erased  boolean;
 BEGIN
     IF n.event_type NOT IN ('email-disabled', 'email-enabled', 'consent-revoked', 'account-delete') THEN
         RETURN 'skipped: unknown event type ' || quote_literal(left(n.event_type, 100));
@@ -287,6 +288,7 @@ BEGIN
     -- app's own updates.
     INSERT INTO siwa.accounts (sub) VALUES (n.sub) ON CONFLICT (sub) DO NOTHING;
     SELECT * INTO v_account FROM siwa.accounts WHERE sub = n.sub FOR UPDATE;
+    v_erased := v_account.personal_data_erased_at IS NOT NULL;
 
     IF n.event_type IN ('email-disabled', 'email-enabled') THEN
         -- Last writer wins by event_time: an older event delivered late never overrides a newer one.
@@ -316,12 +318,20 @@ BEGIN
            SET deleted_at = least(deleted_at, n.event_time), updated_at = clock_timestamp()
          WHERE sub = n.sub;
         IF (SELECT erase_personal_data_after FROM siwa.settings) = interval '0' THEN
-            PERFORM siwa.erase_personal_data(n.sub);
+            PERFORM siwa.erase_personal_data(n.sub);  -- this notification's row included
+            v_erased := true;
         END IF;
     END IF;
+    IF v_erased AND n.event_type <> 'account-delete' AND (n.email IS NOT NULL OR n.raw_token IS NOT NULL) THEN
+        -- The user's personal data is erased: this notification (which may have arrived, or been
+        -- claimed elsewhere, after the erasure) keeps none either.
+        UPDATE siwa.notifications
+           SET email = NULL, raw_token = NULL, personal_data_erased_at = clock_timestamp()
+         WHERE id = n.id AND (email IS NOT NULL OR raw_token IS NOT NULL);
+    END IF;
 
-    PERFORM siwa.on_event(n.event_type, n.sub, n.event_time,
-                          (SELECT q.email FROM siwa.notifications q WHERE q.id = n.id), n.jti);
+    PERFORM siwa.on_event(n.event_type, n.sub, n.event_time, CASE WHEN v_erased THEN NULL ELSE n.email END,
+                          n.jti);
     RETURN 'applied';
 END;
 $$;
@@ -373,9 +383,10 @@ BEGIN
            SET state = r.outcome, attempts = t.attempts + 1, applied_at = clock_timestamp(),
                last_error = r.error
          WHERE t.id = n.id;
-        -- A notification of a user whose personal data is already erased keeps none either (it may
-        -- have arrived, or been claimed elsewhere, after the erasure).
-        IF EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = n.sub AND a.personal_data_erased_at IS NOT NULL) THEN
+        -- A skipped notification of a user whose personal data is already erased keeps none either
+        -- (apply_notification does this itself for the notifications it applies).
+        IF r.outcome = 'skipped'
+           AND EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = n.sub AND a.personal_data_erased_at IS NOT NULL) THEN
             UPDATE siwa.notifications AS t
                SET email = NULL, raw_token = NULL, personal_data_erased_at = clock_timestamp()
              WHERE t.id = n.id AND (t.email IS NOT NULL OR t.raw_token IS NOT NULL);
