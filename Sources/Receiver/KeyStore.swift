@@ -1,5 +1,6 @@
 import AppleNotifications
 import Foundation
+import ServiceSupport
 
 /// Apple's signing keys, cached in memory.
 ///
@@ -135,7 +136,7 @@ public final class KeyStore: @unchecked Sendable {
             if !fetching { fetchHoldingLock() }
             let pause =
                 (keys == nil || lastAttemptFailed) ? configuration.cooldown : configuration.refreshInterval
-            let deadline = Date(timeIntervalSinceNow: Self.seconds(pause))
+            let deadline = Date(timeIntervalSinceNow: pause.inSeconds)
             while !stopped && Date() < deadline { _ = condition.wait(until: deadline) }
         }
     }
@@ -170,7 +171,4 @@ public final class KeyStore: @unchecked Sendable {
         condition.broadcast()
     }
 
-    private static func seconds(_ duration: Duration) -> TimeInterval {
-        Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
-    }
 }

@@ -130,8 +130,7 @@ public final class NotificationEndpoint: Sendable {
     }
 
     private static func seconds(since start: ContinuousClock.Instant) -> Double {
-        let elapsed = ContinuousClock.now - start
-        return Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        (ContinuousClock.now - start).inSeconds
     }
 }
 
@@ -203,8 +202,7 @@ public final class ReceiverMetrics: Sendable {
     /// Records one committed batch.
     public func recordBatch(size: Int, duration: Duration) {
         batchSize.observe(Double(size))
-        let (seconds, attoseconds) = duration.components
-        batchSeconds.observe(Double(seconds) + Double(attoseconds) / 1e18)
+        batchSeconds.observe(duration.inSeconds)
     }
 
     /// Counts one key-set fetch.

@@ -2,6 +2,7 @@ import AppleNotifications
 import Dispatch
 import Foundation
 import Postgres
+import ServiceSupport
 
 /// Durable storage of verified notifications: one row per `jti`, with group commit.
 ///
@@ -116,7 +117,7 @@ public final class NotificationStore: @unchecked Sendable {
         queue.append(ticket)
         condition.signal()
         condition.unlock()
-        guard ticket.done.wait(timeout: .now() + Self.nanoseconds(remaining)) == .success else {
+        guard ticket.done.wait(timeout: .now() + remaining.dispatchInterval) == .success else {
             throw CommitTimeout()
         }
         return try ticket.result!.get()
@@ -201,8 +202,4 @@ public final class NotificationStore: @unchecked Sendable {
         return inserted
     }
 
-    private static func nanoseconds(_ duration: Duration) -> DispatchTimeInterval {
-        let (seconds, attoseconds) = duration.components
-        return .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000))
-    }
 }

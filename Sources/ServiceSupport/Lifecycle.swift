@@ -36,9 +36,7 @@ public final class TerminationSignals {
 
     /// Blocks until a signal arrives or `timeout` passes; returns whether a signal arrived.
     public func wait(timeout: Duration) -> Bool {
-        let nanos =
-            timeout.components.seconds * 1_000_000_000 + timeout.components.attoseconds / 1_000_000_000
-        return semaphore.wait(timeout: .now() + .nanoseconds(Int(nanos))) == .success
+        semaphore.wait(timeout: .now() + timeout.dispatchInterval) == .success
     }
 
     deinit {

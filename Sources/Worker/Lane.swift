@@ -183,7 +183,7 @@ struct Lane {
                 Self.batchSQL,
                 [
                     .int(Int64(configuration.batchSize)), .int(Int64(configuration.maxAttempts)),
-                    .double(configuration.retryBaseDelay.seconds),
+                    .double(configuration.retryBaseDelay.inSeconds),
                 ])
         } catch  where !error.isConnectionError {
             worker.metrics.batchFailures.increment()
@@ -219,7 +219,7 @@ struct Lane {
                     Self.oneSQL,
                     [
                         .int(id), .int(Int64(configuration.maxAttempts)),
-                        .double(configuration.retryBaseDelay.seconds),
+                        .double(configuration.retryBaseDelay.inSeconds),
                     ])
                 {
                     let notification = try ProcessedNotification(row: result)
@@ -232,7 +232,7 @@ struct Lane {
                     Self.recordFailureSQL,
                     [
                         .int(id), .text(message), .int(Int64(configuration.maxAttempts)),
-                        .double(configuration.retryBaseDelay.seconds),
+                        .double(configuration.retryBaseDelay.inSeconds),
                     ]
                 ).first?[0, as: String.self]
                 let notification = ProcessedNotification(
@@ -320,8 +320,8 @@ struct Lane {
                                 $1::float8 * interval '1 second', $2::float8 * interval '1 second', 1000)
                             """,
                             [
-                                configuration.retainTokens.map { .double($0.seconds) },
-                                configuration.retainEvents.map { .double($0.seconds) },
+                                configuration.retainTokens.map { .double($0.inSeconds) },
+                                configuration.retainEvents.map { .double($0.inSeconds) },
                             ]
                         ).first
                     else { break }
@@ -353,7 +353,7 @@ struct Lane {
         while !worker.isStopping {
             let remaining = deadline - ContinuousClock.now
             if remaining <= .zero { return }
-            Thread.sleep(forTimeInterval: min(remaining, .milliseconds(50)).seconds)
+            Thread.sleep(forTimeInterval: min(remaining, .milliseconds(50)).inSeconds)
         }
     }
 }

@@ -111,17 +111,3 @@ extension Worker {
         }
     }
 }
-
-extension Duration {
-    /// The duration in (fractional) seconds.
-    var seconds: Double {
-        let (whole, attoseconds) = components
-        return Double(whole) + Double(attoseconds) / 1e18
-    }
-
-    /// The duration in whole milliseconds, rounded up.
-    var wholeMilliseconds: Int64 {
-        let (whole, attoseconds) = components
-        return whole * 1000 + (attoseconds + 999_999_999_999_999) / 1_000_000_000_000_000
-    }
-}

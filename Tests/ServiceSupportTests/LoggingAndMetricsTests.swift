@@ -54,3 +54,15 @@ struct LoggingAndMetricsTests {
         }
     }
 }
+
+@Suite("Duration conversions")
+struct DurationConversionTests {
+    @Test("seconds, whole milliseconds rounded up, and dispatch intervals")
+    func conversions() {
+        #expect(Duration.milliseconds(1500).inSeconds == 1.5)
+        #expect(Duration.microseconds(1001).wholeMilliseconds == 2)
+        #expect(Duration.seconds(3).wholeMilliseconds == 3000)
+        #expect(Duration.milliseconds(250).dispatchInterval == .nanoseconds(250_000_000))
+        #expect(Duration.seconds(-1).dispatchInterval == .nanoseconds(0))
+    }
+}
