@@ -31,7 +31,7 @@ public final class NotificationStore: @unchecked Sendable {
         /// commit lands later, Apple's retry is answered `duplicate`).
         public var commitTimeout: Duration
 
-        public init(committers: Int = 4, maxBatchSize: Int = 256, commitTimeout: Duration = .seconds(10)) {
+        public init(committers: Int = 2, maxBatchSize: Int = 256, commitTimeout: Duration = .seconds(10)) {
             self.committers = max(1, committers)
             self.maxBatchSize = max(1, maxBatchSize)
             self.commitTimeout = commitTimeout
