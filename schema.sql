@@ -362,7 +362,8 @@ COMMENT ON TYPE siwa.processing_result IS
 -- cannot be replaced in place, and functions hold no data.
 DROP FUNCTION IF EXISTS siwa.process_due_notifications(integer, integer, interval);
 
--- Handles one notification the caller has locked (FOR UPDATE) and whose sub's advisory lock it holds:
+-- Handles one notification the caller has locked (FOR UPDATE): takes its user's advisory lock (tried,
+-- never waited for; if another worker holds it, the notification is reported busy and stays due),
 -- applies it in a subtransaction and marks it applied or skipped, or records the failure. Errors the
 -- EXCEPTION block cannot catch (query_canceled from statement_timeout, assert_failure) abort the
 -- caller's transaction; the worker then records them with siwa.record_failure in a new transaction.
@@ -375,6 +376,11 @@ DECLARE
     v_result text;
 BEGIN
     r.id := n.id; r.jti := n.jti; r.event_type := n.event_type; r.attempt := n.attempts + 1;
+    IF NOT pg_try_advisory_xact_lock(siwa.sub_lock_key(n.sub)) THEN
+        r.outcome := 'busy'; r.attempt := n.attempts;
+        r.latency := extract(epoch FROM clock_timestamp() - n.received_at);
+        RETURN r;
+    END IF;
     BEGIN
         v_result := siwa.apply_notification(n);
         r.outcome := CASE WHEN v_result = 'applied' THEN 'applied' ELSE 'skipped' END;
@@ -400,7 +406,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.process_claimed_notification(siwa.notifications, integer, interval) IS
-    'Applies one claimed notification in a subtransaction and records the outcome (applied, skipped, retry, dead). The caller holds the row lock and the sub''s advisory lock.';
+    'Applies one claimed notification in a subtransaction and records the outcome (applied, skipped, retry, dead), or reports it busy when another worker holds its sub''s advisory lock. The caller holds the row lock.';
 
 -- Claims up to p_limit due notifications and applies each in its own subtransaction, all in the caller's
 -- transaction: the claim (row locks, FOR UPDATE SKIP LOCKED) disappears with a crashed worker's
@@ -413,7 +419,6 @@ RETURNS SETOF siwa.processing_result
 LANGUAGE plpgsql AS $$
 DECLARE
     n     siwa.notifications;
-    r     siwa.processing_result;
     v_now timestamptz := clock_timestamp();
 BEGIN
     FOR n IN
@@ -423,13 +428,7 @@ BEGIN
          LIMIT p_limit
          FOR UPDATE SKIP LOCKED
     LOOP
-        IF pg_try_advisory_xact_lock(siwa.sub_lock_key(n.sub)) THEN
-            RETURN NEXT siwa.process_claimed_notification(n, p_max_attempts, p_retry_base_delay);
-        ELSE
-            r := ROW(n.id, n.jti, n.event_type, 'busy', NULL, n.attempts,
-                     extract(epoch FROM clock_timestamp() - n.received_at));
-            RETURN NEXT r;
-        END IF;
+        RETURN NEXT siwa.process_claimed_notification(n, p_max_attempts, p_retry_base_delay);
     END LOOP;
 END;
 $$;
@@ -444,20 +443,12 @@ RETURNS SETOF siwa.processing_result
 LANGUAGE plpgsql AS $$
 DECLARE
     n siwa.notifications;
-    r siwa.processing_result;
 BEGIN
     SELECT q.* INTO n FROM siwa.notifications q
      WHERE q.id = p_id AND q.state = 'pending' AND q.next_attempt_at <= clock_timestamp()
        FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND THEN
-        RETURN;
-    END IF;
-    IF pg_try_advisory_xact_lock(siwa.sub_lock_key(n.sub)) THEN
+    IF FOUND THEN
         RETURN NEXT siwa.process_claimed_notification(n, p_max_attempts, p_retry_base_delay);
-    ELSE
-        r := ROW(n.id, n.jti, n.event_type, 'busy', NULL, n.attempts,
-                 extract(epoch FROM clock_timestamp() - n.received_at));
-        RETURN NEXT r;
     END IF;
 END;
 $$;

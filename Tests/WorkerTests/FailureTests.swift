@@ -140,6 +140,32 @@ struct FailureTests {
         #expect(try db.worker().drainOnce().applied == 1)
     }
 
+    @Test("a notification whose user another worker holds is reported busy, left untouched, then applied")
+    func busyUser() throws {
+        let db = try TestDatabase()
+        try db.insert(jti: "b1", type: "consent-revoked", sub: "held")
+        let other = try PostgresConnection(configuration: db.configuration)
+        defer { other.close() }
+        try other.simpleQuery("BEGIN; SELECT pg_advisory_xact_lock(siwa.sub_lock_key('held'))")
+
+        let busy = try db.connection.query(
+            "SELECT outcome, attempt FROM siwa.process_due_notifications(10, 20, interval '1 second')")
+        #expect(try busy.map { try $0[0, as: String.self] } == ["busy"])
+        #expect(try busy[0][1, as: Int.self] == 0)
+        #expect(try db.state("b1") == "pending")
+        #expect(try db.value("SELECT attempts FROM siwa.notifications WHERE jti = 'b1'", as: Int.self) == 0)
+        #expect(try db.value("SELECT count(*) FROM siwa.accounts", as: Int.self) == 0)
+
+        try other.simpleQuery("COMMIT")
+        let applied = try db.connection.query(
+            """
+            SELECT p.outcome FROM siwa.notifications n,
+                   siwa.process_notification(n.id, 20, interval '1 second') p
+            """)
+        #expect(try applied.map { try $0[0, as: String.self] } == ["applied"])
+        #expect(try db.state("b1") == "applied")
+    }
+
     @Test("workers are woken by new rows and by a requeue, not by their own updates")
     func wakeUps() throws {
         let db = try TestDatabase()
