@@ -12,7 +12,7 @@ struct ProcessTests {
                                                  email text, jti text) RETURNS void
         LANGUAGE plpgsql AS $$
         BEGIN
-            INSERT INTO hook_calls VALUES (jti);
+            INSERT INTO public.hook_calls VALUES (jti);
             PERFORM pg_sleep(0.001);
         END;
         $$;
