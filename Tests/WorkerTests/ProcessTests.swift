@@ -123,6 +123,20 @@ struct ProcessTests {
         #expect(!worker.log.contains("privaterelay"))
     }
 
+    @Test("--lock-timeout and SIWA_WORKER_LOCK_TIMEOUT must stay below the statement timeout (exit 2)")
+    func lockTimeoutIsValidated() throws {
+        let flag = try WorkerProcess(
+            ["--once", "--statement-timeout", "2", "--lock-timeout", "2"],
+            databaseURL: "postgresql://postgres@/x?host=/nonexistent&port=1")
+        #expect(flag.waitForExit(timeout: .seconds(30)) == 2)
+        #expect(flag.log.contains("lock timeout must be shorter than the statement timeout"))
+        let environment = try WorkerProcess(
+            ["--once", "--statement-timeout", "2"],
+            databaseURL: "postgresql://postgres@/x?host=/nonexistent&port=1",
+            environment: ["SIWA_WORKER_LOCK_TIMEOUT": "3"])
+        #expect(environment.waitForExit(timeout: .seconds(30)) == 2)
+    }
+
     @Test("--once against an unreachable database exits 1")
     func onceFailsWithoutDatabase() throws {
         let worker = try WorkerProcess(

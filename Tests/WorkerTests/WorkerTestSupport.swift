@@ -97,11 +97,12 @@ final class WorkerProcess: @unchecked Sendable {
     let process: Subprocess
     let logURL: URL
 
-    init(_ arguments: [String], databaseURL: String) throws {
+    init(_ arguments: [String], databaseURL: String, environment extra: [String: String] = [:]) throws {
         logURL = FileManager.default.temporaryDirectory.appendingPathComponent(
             "siwa-worker-\(UUID().uuidString).log")
         var environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") }
         environment["SIWA_DATABASE_URL"] = databaseURL
+        environment.merge(extra) { $1 }
         process = try Subprocess(
             ExecutableLocator.url(named: "siwa-worker").path, arguments, environment: environment,
             standardError: logURL.path)
