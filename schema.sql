@@ -97,6 +97,11 @@ COMMENT ON COLUMN siwa.notifications.applied_at IS 'When it reached applied or s
 COMMENT ON COLUMN siwa.notifications.last_error IS 'The last failure (or the reason it was skipped).';
 COMMENT ON COLUMN siwa.notifications.personal_data_erased_at IS 'When email and raw token were erased after an account deletion.';
 
+-- Added after version 1 (re-runnable): since when the worker has found this row's user busy.
+ALTER TABLE siwa.notifications ADD COLUMN IF NOT EXISTS busy_since timestamptz;
+COMMENT ON COLUMN siwa.notifications.busy_since IS
+    'While pending: since when every attempt found its user (the siwa.accounts row) held by another transaction, so it was put off without counting an attempt (NULL: not busy). Cleared by the next real attempt.';
+
 CREATE INDEX IF NOT EXISTS notifications_due_idx
     ON siwa.notifications (next_attempt_at, id) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS notifications_sub_idx ON siwa.notifications (sub, event_time);
@@ -104,6 +109,8 @@ CREATE INDEX IF NOT EXISTS notifications_received_idx ON siwa.notifications (rec
 CREATE INDEX IF NOT EXISTS notifications_type_received_idx ON siwa.notifications (event_type, received_at);
 CREATE INDEX IF NOT EXISTS notifications_dead_idx ON siwa.notifications (received_at) WHERE state = 'dead';
 CREATE INDEX IF NOT EXISTS notifications_applied_idx ON siwa.notifications (applied_at) WHERE applied_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS notifications_busy_idx
+    ON siwa.notifications (busy_since) WHERE state = 'pending' AND busy_since IS NOT NULL;
 
 -- Wake the workers when there is new work, with a NOTIFY that PostgreSQL sends at commit (so never for
 -- work that was rolled back): once per statement that inserts rows (the receiver's group commit inserts
@@ -238,16 +245,17 @@ $$;
 -- Applying notifications (called by siwa-worker)
 -- ---------------------------------------------------------------------------------------------------
 
--- The advisory lock key that serialises work on one user (sub) across workers and maintenance.
-CREATE OR REPLACE FUNCTION siwa.sub_lock_key(p_sub text) RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT hashtextextended('siwa.sub:' || p_sub, 0) $$;
-COMMENT ON FUNCTION siwa.sub_lock_key(text) IS
-    'Key of the transaction-level advisory lock held while one user''s (sub''s) notifications are applied or erased.';
+-- Work on one user (sub) is serialised by the lock on its siwa.accounts row, taken with FOR UPDATE SKIP
+-- LOCKED: only roles that may UPDATE siwa.accounts (the worker, the owner, the app) can hold it, never a
+-- role that merely connects or reads the admin views. The advisory lock on a guessable key that version 1
+-- used could be held by any role (and its key function resolved hashtextextended through the caller's
+-- search_path): it is gone, also from databases upgraded with this file.
+DROP FUNCTION IF EXISTS siwa.sub_lock_key(text);
 
 -- Erases one account's personal data: its email, its notifications' emails and raw tokens, and the
--- encrypted refresh tokens. The caller holds the sub's advisory lock, so no other worker applies this
--- user's notifications meanwhile; pending rows another worker has claimed but left alone (it could not
--- take the lock) are skipped rather than waited for, which could deadlock with that worker's batch:
+-- encrypted refresh tokens. The caller holds the sub's siwa.accounts row lock, so no other worker applies
+-- this user's notifications meanwhile; pending rows another worker has claimed but left alone (it could
+-- not take the lock) are skipped rather than waited for, which could deadlock with that worker's batch:
 -- they are erased when applied (see siwa.process_claimed_notification).
 CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_sub text) RETURNS void
 LANGUAGE plpgsql AS $$
@@ -270,7 +278,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.erase_personal_data(text) IS
-    'Erases one account''s personal data: email in siwa.accounts, email and raw token in every stored notification of that sub, encrypted refresh tokens. Call with the sub''s advisory lock (siwa.sub_lock_key) held.';
+    'Erases one account''s personal data: email in siwa.accounts, email and raw token in every stored notification of that sub, encrypted refresh tokens. Call with the sub''s siwa.accounts row locked (FOR UPDATE).';
 
 -- Applies the effects of one notification. Raises on failure; the caller owns the transaction and the
 -- notification's state. Returns 'applied', or 'skipped: <reason>' for a notification with nothing to do.
@@ -338,85 +346,141 @@ $$;
 COMMENT ON FUNCTION siwa.apply_notification(siwa.notifications) IS
     'Applies one notification''s effects (sessions, refresh tokens, account state, the on_event hook). Raises on failure; does not change the notification''s state.';
 
--- Result rows of the processing functions. Replaced (not altered) when its shape changes; only
--- functions depend on it.
+-- Result rows of the processing functions. Only functions depend on it: an attribute added later is
+-- added to existing databases with ALTER TYPE … ADD ATTRIBUTE (at the end, so callers that name the
+-- columns they read keep working).
 DO $$
 BEGIN
     IF to_regtype('siwa.processing_result') IS NULL THEN
         CREATE TYPE siwa.processing_result AS (
-            id         bigint,
-            jti        text,
-            event_type text,
-            outcome    text,
-            error      text,
-            attempt    integer,
-            latency    double precision
+            id           bigint,
+            jti          text,
+            event_type   text,
+            outcome      text,
+            error        text,
+            attempt      integer,
+            latency      double precision,
+            busy_seconds double precision
         );
+    ELSIF NOT EXISTS (SELECT 1 FROM pg_attribute
+                       WHERE attrelid = (SELECT typrelid FROM pg_type WHERE oid = 'siwa.processing_result'::regtype)
+                         AND attname = 'busy_seconds' AND NOT attisdropped) THEN
+        ALTER TYPE siwa.processing_result ADD ATTRIBUTE busy_seconds double precision;
     END IF;
 END;
 $$;
 COMMENT ON TYPE siwa.processing_result IS
-    'One handled notification: outcome applied, skipped, retry, dead, gone (no longer pending) or busy (another worker holds its user; still due); attempt is the attempt number just made; latency is seconds from received_at to now.';
+    'One handled notification: outcome applied, skipped, retry, dead, gone (no longer pending) or busy (its user''s siwa.accounts row is held by another transaction; put off briefly without counting an attempt); attempt is the attempt number just made; latency is seconds from received_at to now; busy_seconds is, for a busy one, how long it has been busy in a row.';
 
 -- main's first sketch returned TABLE(id, jti, event_type, outcome, error): a different return type
 -- cannot be replaced in place, and functions hold no data.
 DROP FUNCTION IF EXISTS siwa.process_due_notifications(integer, integer, interval);
 
--- Handles one notification the caller has locked (FOR UPDATE): takes its user's advisory lock (tried,
--- never waited for; if another worker holds it, the notification is reported busy and stays due),
--- applies it in a subtransaction and marks it applied or skipped, or records the failure. Errors the
--- EXCEPTION block cannot catch (query_canceled from statement_timeout, assert_failure) abort the
+-- Handles one notification the caller has locked (FOR UPDATE), in a subtransaction:
+--  1. takes its user's siwa.accounts row lock, creating the row first if it does not exist. The lock is
+--     tried, never waited for (SKIP LOCKED); the INSERT can only wait for a concurrent uncommitted insert
+--     of the same sub, and does so for 1 ms at most (lock_timeout, 55P03). Either means the user is busy: the notification is put off for a short, growing, jittered
+--     delay (no attempt counted, busy_since set) so that it no longer fills the batches of any lane;
+--  2. applies it and marks it applied or skipped, or records the failure with backoff. A lock wait
+--     inside the application (e.g. an app transaction holding a session row) ends with the caller's
+--     lock_timeout as 55P03, which the EXCEPTION block catches: that event is retried, the rest of the
+--     batch applies.
+-- A failed or busy attempt rolls the subtransaction back, the account row it created included. Errors
+-- the EXCEPTION block cannot catch (query_canceled from statement_timeout, assert_failure) abort the
 -- caller's transaction; the worker then records them with siwa.record_failure in a new transaction.
 CREATE OR REPLACE FUNCTION siwa.process_claimed_notification(
     n siwa.notifications, p_max_attempts integer, p_retry_base_delay interval)
 RETURNS siwa.processing_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
 DECLARE
-    r        siwa.processing_result;
-    v_result text;
+    r         siwa.processing_result;
+    v_result  text;
+    v_locking boolean := true;
+    v_busy    boolean := false;
+    v_busy_for interval;
+    v_now     timestamptz;
+    v_lock_timeout text;
 BEGIN
     r.id := n.id; r.jti := n.jti; r.event_type := n.event_type; r.attempt := n.attempts + 1;
-    IF NOT pg_try_advisory_xact_lock(siwa.sub_lock_key(n.sub)) THEN
-        r.outcome := 'busy'; r.attempt := n.attempts;
-        r.latency := extract(epoch FROM clock_timestamp() - n.received_at);
-        RETURN r;
-    END IF;
     BEGIN
-        v_result := siwa.apply_notification(n);
-        r.outcome := CASE WHEN v_result = 'applied' THEN 'applied' ELSE 'skipped' END;
-        r.error := CASE WHEN v_result = 'applied' THEN NULL ELSE substr(v_result, 10) END;
-        UPDATE siwa.notifications AS t
-           SET state = r.outcome, attempts = t.attempts + 1, applied_at = clock_timestamp(),
-               last_error = r.error
-         WHERE t.id = n.id;
-        -- A skipped notification of a user whose personal data is already erased keeps none either
-        -- (apply_notification does this itself for the notifications it applies).
-        IF r.outcome = 'skipped'
-           AND EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = n.sub AND a.personal_data_erased_at IS NOT NULL) THEN
+        PERFORM 1 FROM siwa.accounts a WHERE a.sub = n.sub FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            IF EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = n.sub) THEN
+                v_busy := true;  -- the row exists and someone else holds it
+            ELSE
+                -- The INSERT waits only for a concurrent uncommitted insert of the same sub (another
+                -- lane's batch, or the app's sign-in): that is busy too, so barely wait for it.
+                v_lock_timeout := current_setting('lock_timeout');
+                PERFORM set_config('lock_timeout', '1ms', true);
+                INSERT INTO siwa.accounts (sub) VALUES (n.sub) ON CONFLICT (sub) DO NOTHING;
+                PERFORM set_config('lock_timeout', v_lock_timeout, true);
+                PERFORM 1 FROM siwa.accounts a WHERE a.sub = n.sub FOR UPDATE SKIP LOCKED;
+                v_busy := NOT FOUND;
+            END IF;
+        END IF;
+        IF NOT v_busy THEN
+            v_locking := false;
+            v_result := siwa.apply_notification(n);
+            r.outcome := CASE WHEN v_result = 'applied' THEN 'applied' ELSE 'skipped' END;
+            r.error := CASE WHEN v_result = 'applied' THEN NULL ELSE substr(v_result, 10) END;
             UPDATE siwa.notifications AS t
-               SET email = NULL, raw_token = NULL, personal_data_erased_at = clock_timestamp()
-             WHERE t.id = n.id AND (t.email IS NOT NULL OR t.raw_token IS NOT NULL);
+               SET state = r.outcome, attempts = t.attempts + 1, applied_at = clock_timestamp(),
+                   last_error = r.error, busy_since = NULL
+             WHERE t.id = n.id;
+            -- A skipped notification of a user whose personal data is already erased keeps none either
+            -- (apply_notification does this itself for the notifications it applies).
+            IF r.outcome = 'skipped'
+               AND EXISTS (SELECT 1 FROM siwa.accounts a
+                            WHERE a.sub = n.sub AND a.personal_data_erased_at IS NOT NULL) THEN
+                UPDATE siwa.notifications AS t
+                   SET email = NULL, raw_token = NULL, personal_data_erased_at = clock_timestamp()
+                 WHERE t.id = n.id AND (t.email IS NOT NULL OR t.raw_token IS NOT NULL);
+            END IF;
         END IF;
     EXCEPTION WHEN OTHERS THEN
-        r.error := left(SQLSTATE || ': ' || SQLERRM, 2000);
-        r.outcome := siwa.record_failure(n.id, r.error, p_max_attempts, p_retry_base_delay);
+        IF v_locking AND SQLSTATE IN ('55P03', '40P01') THEN
+            v_busy := true;  -- waited for a concurrent insert of this sub's account row
+        ELSE
+            r.error := left(SQLSTATE || ': ' || SQLERRM, 2000);
+            r.outcome := siwa.record_failure(n.id, r.error, p_max_attempts, p_retry_base_delay);
+            IF n.busy_since IS NOT NULL THEN
+                UPDATE siwa.notifications AS t SET busy_since = NULL WHERE t.id = n.id;
+            END IF;
+        END IF;
     END;
+    IF v_busy THEN
+        -- Put off by half the time it has been busy, between 0.1 s and 5 s, times a factor in [0.5, 1):
+        -- short at first, rarer while the user stays busy, never an attempt.
+        v_now := clock_timestamp();
+        v_busy_for := v_now - coalesce(n.busy_since, v_now);
+        UPDATE siwa.notifications AS t
+           SET next_attempt_at = v_now + least(greatest(v_busy_for / 2, interval '100 milliseconds'),
+                                               interval '5 seconds') * (0.5 + random() / 2),
+               busy_since = coalesce(t.busy_since, v_now)
+         WHERE t.id = n.id;
+        r.outcome := 'busy'; r.attempt := n.attempts; r.error := NULL;
+        r.busy_seconds := extract(epoch FROM v_busy_for)::double precision;
+    END IF;
     r.latency := extract(epoch FROM clock_timestamp() - n.received_at);
     RETURN r;
 END;
 $$;
 COMMENT ON FUNCTION siwa.process_claimed_notification(siwa.notifications, integer, interval) IS
-    'Applies one claimed notification in a subtransaction and records the outcome (applied, skipped, retry, dead), or reports it busy when another worker holds its sub''s advisory lock. The caller holds the row lock.';
+    'Applies one claimed notification in a subtransaction, holding its sub''s siwa.accounts row lock, and records the outcome (applied, skipped, retry, dead); or, when another transaction holds that row, reports it busy and puts it off briefly (busy_since, no attempt counted). The caller holds the notification''s row lock.';
 
 -- Claims up to p_limit due notifications and applies each in its own subtransaction, all in the caller's
 -- transaction: the claim (row locks, FOR UPDATE SKIP LOCKED) disappears with a crashed worker's
 -- connection, and effects commit together with the state change that marks them applied.
--- A per-sub advisory lock (tried, never waited for) keeps two events of one user from being applied
--- concurrently by two workers; such rows are reported as busy and stay due.
+-- The user's siwa.accounts row lock (tried, never waited for) keeps two events of one user from being
+-- applied concurrently by two workers; such rows are reported busy and put off briefly.
 CREATE OR REPLACE FUNCTION siwa.process_due_notifications(
     p_limit integer, p_max_attempts integer, p_retry_base_delay interval)
 RETURNS SETOF siwa.processing_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
 DECLARE
     n     siwa.notifications;
     v_now timestamptz := clock_timestamp();
@@ -433,14 +497,16 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.process_due_notifications(integer, integer, interval) IS
-    'Worker entry point: claims up to p_limit due notifications (FOR UPDATE SKIP LOCKED), applies each in a subtransaction, and marks it applied, skipped, retried with backoff, or dead. One row per notification handled (busy: its user is being worked on elsewhere; still due).';
+    'Worker entry point: claims up to p_limit due notifications (FOR UPDATE SKIP LOCKED), applies each in a subtransaction, and marks it applied, skipped, retried with backoff, or dead. One row per notification handled (busy: its user''s account row is held elsewhere; put off briefly, no attempt counted).';
 
 -- The worker's fallback when a whole batch failed with an error no subtransaction can catch: handles
 -- exactly one notification, so that the culprit can be identified and recorded separately.
 CREATE OR REPLACE FUNCTION siwa.process_notification(
     p_id bigint, p_max_attempts integer, p_retry_base_delay interval)
 RETURNS SETOF siwa.processing_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
 DECLARE
     n siwa.notifications;
 BEGIN
@@ -487,7 +553,9 @@ COMMENT ON FUNCTION siwa.record_failure(bigint, text, integer, interval) IS
 
 -- Erases personal data of deleted accounts whose retention period has passed (see siwa.settings).
 CREATE OR REPLACE FUNCTION siwa.erase_due_personal_data(p_limit integer DEFAULT 100) RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
 DECLARE
     v_sub   text;
     v_count integer := 0;
@@ -500,11 +568,16 @@ BEGIN
          LIMIT p_limit
          FOR UPDATE OF a SKIP LOCKED
     LOOP
-        -- A worker applying this user's events holds the lock: erase on the next pass instead.
-        IF pg_try_advisory_xact_lock(siwa.sub_lock_key(v_sub)) THEN
+        -- The account row lock (held here, skipped when a worker applying this user's events holds it)
+        -- serialises erasure with the worker, as siwa.process_claimed_notification does. A row of this
+        -- user that an app transaction holds ends the wait with lock_timeout: that account is erased on
+        -- the next pass, the others now.
+        BEGIN
             PERFORM siwa.erase_personal_data(v_sub);
             v_count := v_count + 1;
-        END IF;
+        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+            NULL;
+        END;
     END LOOP;
     RETURN v_count;
 END;
@@ -718,7 +791,9 @@ SELECT p.pending,
        r.received_last_hour,
        l.applied_last_hour,
        l.apply_latency_p50_seconds,
-       l.apply_latency_p99_seconds
+       l.apply_latency_p99_seconds,
+       b.busy,
+       b.oldest_busy_seconds
   FROM (SELECT count(*) AS pending,
                count(*) FILTER (WHERE n.next_attempt_at <= now()) AS due,
                count(*) FILTER (WHERE n.attempts > 0) AS retrying,
@@ -737,7 +812,11 @@ SELECT p.pending,
                    ORDER BY extract(epoch FROM n.applied_at - n.received_at)::double precision)
                    AS apply_latency_p99_seconds
           FROM siwa.notifications n
-         WHERE n.applied_at > now() - interval '1 hour' AND n.state IN ('applied', 'skipped')) AS l;
+         WHERE n.applied_at > now() - interval '1 hour' AND n.state IN ('applied', 'skipped')) AS l,
+       (SELECT count(*) AS busy,
+               extract(epoch FROM now() - min(n.busy_since))::double precision AS oldest_busy_seconds
+          FROM siwa.notifications n
+         WHERE n.state = 'pending' AND n.busy_since IS NOT NULL) AS b;
 COMMENT ON VIEW siwa.queue_health IS
     'The worker''s queue right now, one row: backlog, failures, throughput and apply latency over the last hour. Read by siwactl stats.';
 COMMENT ON COLUMN siwa.queue_health.pending IS 'Notifications waiting to be applied (state pending).';
@@ -753,6 +832,10 @@ COMMENT ON COLUMN siwa.queue_health.apply_latency_p50_seconds IS
     'Median seconds from received_at to applied_at over the notifications finished in the last hour; NULL if none.';
 COMMENT ON COLUMN siwa.queue_health.apply_latency_p99_seconds IS
     '99th percentile (interpolated) of the same latency; NULL if none.';
+COMMENT ON COLUMN siwa.queue_health.busy IS
+    'Pending notifications put off because their user''s account row is held by another transaction (busy_since set); no attempt is counted for that.';
+COMMENT ON COLUMN siwa.queue_health.oldest_busy_seconds IS
+    'Seconds the longest-busy pending notification has been waiting for its user; NULL when none is busy. Growing: a transaction (the app''s, or a stuck worker''s) holds that siwa.accounts row.';
 
 -- Indexes for these views (the others they use are above): the pending backlog by age, and every
 -- session of one user.
@@ -811,7 +894,8 @@ BEGIN
 
     -- siwa_worker: the worker's functions and everything they touch, as the worker (SECURITY INVOKER).
     -- Functions are matched by name so that every overload (and a function added later to this list's
-    -- family) is covered when it exists; LISTEN and advisory locks need no grants.
+    -- family) is covered when it exists; LISTEN needs no grant. UPDATE on siwa.accounts is also what lets
+    -- the worker hold a user's row lock, the per-user serialisation no other role here can take.
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_worker') THEN
         GRANT USAGE ON SCHEMA siwa TO siwa_worker;
         GRANT SELECT, UPDATE, DELETE ON siwa.notifications TO siwa_worker;
@@ -824,8 +908,7 @@ BEGIN
              WHERE p.pronamespace = 'siwa'::regnamespace
                AND p.proname IN ('process_due_notifications', 'process_notification',
                                  'process_claimed_notification', 'apply_notification', 'record_failure',
-                                 'prune', 'erase_due_personal_data', 'erase_personal_data', 'on_event',
-                                 'sub_lock_key')
+                                 'prune', 'erase_due_personal_data', 'erase_personal_data', 'on_event')
         LOOP
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO siwa_worker', v_function);
         END LOOP;

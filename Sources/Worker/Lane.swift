@@ -12,6 +12,8 @@ struct ProcessedNotification {
     var attempt: Int
     /// Seconds from `received_at` to the end of this attempt.
     var latency: Double?
+    /// For a busy one: how long its user has been busy in a row (seconds).
+    var busySeconds: Double?
 
     init(row: PostgresRow) throws(PostgresError) {
         id = try row[0, as: Int64.self]
@@ -21,6 +23,7 @@ struct ProcessedNotification {
         error = try row[4, as: String?.self]
         attempt = try row[5, as: Int?.self] ?? 0
         latency = try row[6, as: Double?.self]
+        busySeconds = try row[7, as: Double?.self]
     }
 
     init(id: Int64, jti: String, eventType: String, outcome: Worker.Outcome, error: String?, attempt: Int) {
@@ -31,24 +34,29 @@ struct ProcessedNotification {
         self.error = error
         self.attempt = attempt
         self.latency = nil
+        self.busySeconds = nil
     }
 }
 
 /// One lane: a thread's loop with its own connection. Not shared between threads.
-struct Lane {
+final class Lane {
     let worker: Worker
     let index: Int
     let once: Bool
+    /// When this lane last warned about a user that stays busy (at most one such warning a minute).
+    private var lastBusyWarning: ContinuousClock.Instant?
     private var configuration: Worker.Configuration { worker.configuration }
     private var logger: Logger { worker.logger }
 
     static let channel = "siwa_notifications"
+    /// A user busy this long (its account row held by another transaction) is worth a warning.
+    static let busyWarningAfter = Duration.seconds(60)
     private static let batchSQL = """
-        SELECT id, jti, event_type, outcome, error, attempt, latency
+        SELECT id, jti, event_type, outcome, error, attempt, latency, busy_seconds
           FROM siwa.process_due_notifications($1::integer, $2::integer, $3::float8 * interval '1 second')
         """
     private static let oneSQL = """
-        SELECT id, jti, event_type, outcome, error, attempt, latency
+        SELECT id, jti, event_type, outcome, error, attempt, latency, busy_seconds
           FROM siwa.process_notification($1::bigint, $2::integer, $3::float8 * interval '1 second')
         """
     private static let dueSQL = """
@@ -59,9 +67,17 @@ struct Lane {
     private static let recordFailureSQL = """
         SELECT siwa.record_failure($1::bigint, $2::text, $3::integer, $4::float8 * interval '1 second')
         """
+    private static let notBusySQL = """
+        UPDATE siwa.notifications SET busy_since = NULL WHERE id = $1::bigint AND busy_since IS NOT NULL
+        """
     private static let nextDueSQL = """
         SELECT extract(epoch FROM min(next_attempt_at) - clock_timestamp())::float8
           FROM siwa.notifications WHERE state = 'pending'
+        """
+    private static let oldestBusySQL = """
+        SELECT extract(epoch FROM clock_timestamp() - min(busy_since))::float8,
+               extract(epoch FROM min(next_attempt_at) - clock_timestamp())::float8
+          FROM siwa.notifications WHERE state = 'pending' AND busy_since IS NOT NULL
         """
 
     init(worker: Worker, index: Int, once: Bool) {
@@ -70,25 +86,14 @@ struct Lane {
         self.once = once
     }
 
-    /// One maintenance pass on a connection of its own (after a `once` drain).
-    func maintainOnce() -> WorkerError? {
-        do throws(PostgresError) {
-            let connection = try connect()
-            defer { connection.close() }
-            maintain(connection)
-            return nil
-        } catch {
-            return WorkerError(code: .database, message: error.description)
-        }
-    }
-
-    /// Runs until the worker stops (or, with `once`, until nothing is due). In `once` mode a database
-    /// failure ends the lane with an error; otherwise the lane reconnects with backoff.
-    func run() -> (Worker.DrainSummary, WorkerError?) {
+    /// Runs until the worker stops (or, with `once`, until nothing but busy notifications is due). In
+    /// `once` mode a database failure ends the lane with an error; otherwise the lane reconnects with
+    /// backoff. Maintenance is not a lane's job: ``Maintenance`` runs it on its own schedule.
+    /// Also returns, in `once` mode, how soon the first notification put off as busy is due again.
+    func run() -> (Worker.DrainSummary, WorkerError?, Duration?) {
         var summary = Worker.DrainSummary()
         var connection: PostgresConnection?
         var reconnectDelay = configuration.reconnectDelay
-        var lastMaintenance: ContinuousClock.Instant?
         defer {
             if connection != nil { worker.metrics.connectedLanes.decrement() }
             connection?.close()
@@ -102,20 +107,14 @@ struct Lane {
                     if connection != nil { worker.metrics.connectedLanes.decrement() }
                     connection?.close()
                     connection = nil
-                    active = try connect()
+                    active = try worker.connect(listen: true, fields: ["lane": .int(index)])
                     connection = active
                     worker.metrics.connectedLanes.increment()
                     reconnectDelay = configuration.reconnectDelay
                 }
                 try drain(active, into: &summary)
-                if once { return (summary, nil) }  // the worker runs maintenance once all lanes are done
-                if index == 0 && !worker.isStopping {
-                    let now = ContinuousClock.now
-                    if lastMaintenance.map({ now - $0 >= configuration.maintenanceInterval }) ?? true {
-                        lastMaintenance = now
-                        maintain(active)
-                    }
-                }
+                let nextBusyDue = try observeBusy(active)
+                if once { return (summary, nil, nextBusyDue) }
                 try waitForWork(active)
             } catch {
                 worker.metrics.reconnects.increment()
@@ -123,7 +122,7 @@ struct Lane {
                 connection?.close()
                 connection = nil
                 if once {
-                    return (summary, WorkerError(code: .database, message: error.description))
+                    return (summary, WorkerError(code: .database, message: error.description), nil)
                 }
                 logger.warning(
                     error.isConnectionError
@@ -133,44 +132,43 @@ struct Lane {
                         "sqlstate": .string(error.sqlState ?? ""),
                         "retry_in_ms": .int(Int(reconnectDelay.wholeMilliseconds)),
                     ])
-                sleep(reconnectDelay)
+                worker.sleep(reconnectDelay)
                 reconnectDelay = min(reconnectDelay * 2, configuration.maxReconnectDelay)
             }
         }
-        return (summary, nil)
+        return (summary, nil, nil)
     }
 
-    private func connect() throws(PostgresError) -> PostgresConnection {
-        let connection = try PostgresConnection(configuration: configuration.database)
-        do throws(PostgresError) {
-            let timeout = configuration.statementTimeout.map { String($0.wholeMilliseconds) } ?? "0"
-            try connection.simpleQuery("SET statement_timeout = \(timeout)")
-            try connection.listen(Self.channel)
-        } catch {
-            connection.close()
-            throw error
-        }
-        logger.info(
-            "connected", ["lane": .int(index), "backend_pid": .int(Int(connection.backendProcessID))])
-        return connection
-    }
-
-    /// Runs batches until nothing is claimable. A batch of only busy notifications (their users are
-    /// being worked on by other lanes) is retried after a short, growing pause.
+    /// Runs batches until nothing is claimable, or until only busy notifications (their users' account
+    /// rows held by another transaction) remain: the database puts each busy one off briefly, so a batch
+    /// of nothing but busy ones, when it is not full or brings no notification this drain has not
+    /// already found busy, means the rest of what is due is busy too.
     private func drain(_ connection: PostgresConnection, into summary: inout Worker.DrainSummary)
         throws(PostgresError)
     {
-        var busyPause = Duration.milliseconds(5)
+        var busySeen = Set<Int64>()
         while !worker.isStopping {
             let handled = try runBatch(connection)
             for notification in handled { summary.record(notification.outcome) }
             if handled.isEmpty { return }
-            if handled.allSatisfy({ $0.outcome == .busy }) {
-                sleep(busyPause)
-                busyPause = min(busyPause * 2, .milliseconds(200))
-            } else {
-                busyPause = .milliseconds(5)
+            let busy = handled.filter { $0.outcome == .busy }.map(\.id)
+            if busy.count == handled.count
+                && (handled.count < configuration.batchSize || busy.allSatisfy(busySeen.contains))
+            {
+                return
             }
+            busySeen.formUnion(busy)
+        }
+    }
+
+    /// Publishes how long the longest-busy pending notification has waited for its user; returns how
+    /// soon the first busy one is due again (nil when none is busy).
+    private func observeBusy(_ connection: PostgresConnection) throws(PostgresError) -> Duration? {
+        let row = try connection.query(Self.oldestBusySQL).first
+        let oldest = try row?[0, as: Double?.self] ?? nil
+        worker.metrics.oldestBusyMilliseconds.store(Int(((oldest ?? 0) * 1000).rounded()), ordering: .relaxed)
+        return try (row?[1, as: Double?.self] ?? nil).map {
+            .milliseconds(Int64((max($0, 0) * 1000).rounded(.up)))
         }
     }
 
@@ -235,6 +233,7 @@ struct Lane {
                         .double(configuration.retryBaseDelay.inSeconds),
                     ]
                 ).first?[0, as: String.self]
+                try connection.execute(Self.notBusySQL, [.int(id)])
                 let notification = ProcessedNotification(
                     id: id, jti: try row[1, as: String.self], eventType: try row[2, as: String.self],
                     outcome: Worker.Outcome(outcome ?? "gone"), error: message,
@@ -250,6 +249,7 @@ struct Lane {
     private func report(_ notification: ProcessedNotification) {
         worker.metrics.outcomes[notification.outcome]?.increment()
         if notification.outcome == .busy {
+            reportBusy(notification)
             return
         }
         var fields: [String: Logger.Value] = [
@@ -271,6 +271,23 @@ struct Lane {
             fields["error_code"] = .string(Self.errorCode(notification.error))
             logger.warning("notification failed", fields)
         }
+    }
+
+    /// Busy notifications are counted, not logged, unless their user stays busy for long: then a
+    /// warning (at most one a minute per lane) names the notification, never the user.
+    private func reportBusy(_ notification: ProcessedNotification) {
+        guard let seconds = notification.busySeconds, seconds >= Self.busyWarningAfter.inSeconds else {
+            return
+        }
+        let now = ContinuousClock.now
+        if let lastBusyWarning, now - lastBusyWarning < Self.busyWarningAfter { return }
+        lastBusyWarning = now
+        logger.warning(
+            "notification busy for long: another transaction holds its user's account row",
+            [
+                "jti": .string(notification.jti), "event_type": .string(notification.eventType),
+                "busy_seconds": .int(Int(seconds)), "lane": .int(index),
+            ])
     }
 
     /// The SQLSTATE at the start of a stored error: messages are not logged, as they may quote data.
@@ -295,65 +312,6 @@ struct Lane {
             if !(try connection.waitForNotifications(timeout: min(remaining, .milliseconds(100)))).isEmpty {
                 return
             }
-        }
-    }
-
-    /// Retention and erasure of personal data that has become due; failures are logged, never fatal.
-    private func maintain(_ connection: PostgresConnection) {
-        do throws(PostgresError) {
-            var erased = 0
-            for _ in 0..<100 where !worker.isStopping {
-                let count =
-                    try connection.query("SELECT siwa.erase_due_personal_data(100)").first?[0, as: Int.self]
-                    ?? 0
-                erased += count
-                if count < 100 { break }
-            }
-            var tokens = 0
-            var rows = 0
-            if configuration.retainTokens != nil || configuration.retainEvents != nil {
-                for _ in 0..<100 where !worker.isStopping {
-                    guard
-                        let row = try connection.query(
-                            """
-                            SELECT tokens_pruned, rows_pruned FROM siwa.prune(
-                                $1::float8 * interval '1 second', $2::float8 * interval '1 second', 1000)
-                            """,
-                            [
-                                configuration.retainTokens.map { .double($0.inSeconds) },
-                                configuration.retainEvents.map { .double($0.inSeconds) },
-                            ]
-                        ).first
-                    else { break }
-                    let (t, r) = (try row[0, as: Int.self], try row[1, as: Int.self])
-                    tokens += t
-                    rows += r
-                    if t == 0 && r == 0 { break }
-                }
-            }
-            if erased + tokens + rows > 0 {
-                logger.info(
-                    "maintenance",
-                    [
-                        "personal_data_erased": .int(erased), "tokens_pruned": .int(tokens),
-                        "rows_pruned": .int(rows),
-                    ])
-            }
-        } catch {
-            worker.metrics.maintenanceErrors.increment()
-            logger.warning(
-                "maintenance failed",
-                ["error_code": .string(error.code.description), "sqlstate": .string(error.sqlState ?? "")])
-        }
-    }
-
-    /// Sleeps up to `duration`, waking early when the worker stops.
-    private func sleep(_ duration: Duration) {
-        let deadline = ContinuousClock.now + duration
-        while !worker.isStopping {
-            let remaining = deadline - ContinuousClock.now
-            if remaining <= .zero { return }
-            Thread.sleep(forTimeInterval: min(remaining, .milliseconds(50)).inSeconds)
         }
     }
 }

@@ -10,7 +10,10 @@ import Synchronization
 ///
 /// Each of `configuration.concurrency` lanes is a thread with its own connection that listens on
 /// `siwa_notifications`, drains what is due, then waits for a notification, the next due retry or the
-/// poll interval. Lanes survive database restarts (they reconnect with backoff).
+/// poll interval. One more thread, with its own connection, runs maintenance (erasure that has become
+/// due, retention) every `maintenanceInterval`, whatever the lanes are doing. All of them survive
+/// database restarts (they reconnect with backoff), and all are joined before ``run()`` or
+/// ``drainOnce()`` returns.
 public final class Worker: Sendable {
     /// What the worker did to one notification. New outcomes may be added.
     public struct Outcome: Hashable, Sendable, CustomStringConvertible {
@@ -29,7 +32,8 @@ public final class Worker: Sendable {
         public static let dead = Outcome("dead")
         /// It was no longer pending when a failure was to be recorded (another lane finished it).
         public static let gone = Outcome("gone")
-        /// Another lane was working on the same user; it stays due.
+        /// Another transaction (another lane, maintenance, the app) held the user's account row: put off
+        /// briefly without counting an attempt.
         public static let busy = Outcome("busy")
     }
 
@@ -43,6 +47,9 @@ public final class Worker: Sendable {
         public var retried = 0
         /// Notifications that became dead.
         public var dead = 0
+        /// Times a notification was found busy (its user's account row held by another transaction) and
+        /// put off without an attempt.
+        public var busy = 0
 
         /// An empty summary.
         public init() {}
@@ -53,6 +60,7 @@ public final class Worker: Sendable {
             case .skipped: skipped += 1
             case .retry: retried += 1
             case .dead: dead += 1
+            case .busy: busy += 1
             default: break
             }
         }
@@ -62,6 +70,7 @@ public final class Worker: Sendable {
             skipped += other.skipped
             retried += other.retried
             dead += other.dead
+            busy += other.busy
         }
     }
 
@@ -103,25 +112,55 @@ public final class Worker: Sendable {
 
     /// Processes everything that is due now with all lanes, runs the maintenance pass once, and returns.
     ///
-    /// Retries scheduled by this drain are not waited for.
+    /// Retries scheduled by this drain are not waited for, nor are notifications whose users stay busy
+    /// (their account rows held by another transaction): they remain pending for a later drain. A
+    /// notification put off only because another lane of this drain held its user is done in a further
+    /// round, once due again; rounds end when one makes no progress or nothing is left busy.
     /// - Throws: `WorkerError` with code `.database` when a lane cannot reach the database.
     public func drainOnce() throws(WorkerError) -> DrainSummary {
-        let (summary, failure) = runLanes(once: true)
-        if let failure { throw failure }
-        return summary
+        var total = DrainSummary()
+        while true {
+            let round = runLanes(once: true)
+            total.add(round.summary)
+            if let failure = round.failure { throw failure }
+            let progress =
+                round.summary.applied + round.summary.skipped + round.summary.retried + round.summary.dead
+            guard !isStopping, progress > 0, let wait = round.nextBusyDue else { break }
+            sleep(min(max(wait, .milliseconds(10)), .seconds(5)))
+        }
+        if !isStopping, let failure = Maintenance(worker: self).runOnce() { throw failure }
+        return total
     }
 
-    private func runLanes(once: Bool) -> (DrainSummary, WorkerError?) {
-        let results = Mutex<(DrainSummary, WorkerError?)>((DrainSummary(), nil))
+    private struct Round {
+        var summary = DrainSummary()
+        var failure: WorkerError?
+        /// How soon the first notification put off as busy is due again, as seen by the last lane to
+        /// finish; nil when none is.
+        var nextBusyDue: Duration?
+    }
+
+    private func runLanes(once: Bool) -> Round {
+        let results = Mutex(Round())
         let group = DispatchGroup()
+        if !once {
+            group.enter()
+            let thread = Thread { [self] in
+                Maintenance(worker: self).run()
+                group.leave()
+            }
+            thread.name = "siwa-worker-maintenance"
+            thread.start()
+        }
         for index in 0..<configuration.concurrency {
             group.enter()
             let thread = Thread { [self] in
                 let lane = Lane(worker: self, index: index, once: once)
-                let (summary, failure) = lane.run()
-                results.withLock { state in
-                    state.0.add(summary)
-                    if state.1 == nil { state.1 = failure }
+                let (summary, failure, nextBusyDue) = lane.run()
+                results.withLock { round in
+                    round.summary.add(summary)
+                    if round.failure == nil { round.failure = failure }
+                    round.nextBusyDue = nextBusyDue  // the last lane to finish saw every row put off
                 }
                 group.leave()
             }
@@ -129,24 +168,50 @@ public final class Worker: Sendable {
             thread.start()
         }
         group.wait()
-        // Erasure and retention after every lane has finished, so that no lane still holds a user.
-        if once, results.withLock({ $0.1 == nil }), !isStopping,
-            let failure = Lane(worker: self, index: 0, once: true).maintainOnce()
-        {
-            results.withLock { $0.1 = failure }
-        }
         return results.withLock { $0 }
+    }
+
+    /// Opens a connection with the worker's statement and lock timeouts (and LISTEN, for a lane).
+    func connect(listen: Bool, fields: [String: Logger.Value]) throws(PostgresError) -> PostgresConnection {
+        let connection = try PostgresConnection(configuration: configuration.database)
+        do throws(PostgresError) {
+            let statementTimeout = configuration.statementTimeout.map { String($0.wholeMilliseconds) } ?? "0"
+            let lockTimeout = configuration.lockTimeout.map { String($0.wholeMilliseconds) } ?? "0"
+            try connection.simpleQuery(
+                "SET statement_timeout = \(statementTimeout); SET lock_timeout = \(lockTimeout)")
+            if listen { try connection.listen(Lane.channel) }
+        } catch {
+            connection.close()
+            throw error
+        }
+        var fields = fields
+        fields["backend_pid"] = .int(Int(connection.backendProcessID))
+        logger.info("connected", fields)
+        return connection
+    }
+
+    /// Sleeps up to `duration`, waking early when the worker stops.
+    func sleep(_ duration: Duration) {
+        let deadline = ContinuousClock.now + duration
+        while !isStopping {
+            let remaining = deadline - ContinuousClock.now
+            if remaining <= .zero { return }
+            Thread.sleep(forTimeInterval: min(remaining, .milliseconds(50)).inSeconds)
+        }
     }
 }
 
 /// The worker's Prometheus metrics.
-struct WorkerMetrics: Sendable {
+final class WorkerMetrics: Sendable {
     let outcomes: [Worker.Outcome: Counter]
     let latency: Histogram
     let batchFailures: Counter
     let reconnects: Counter
     let connectedLanes: Gauge
     let maintenanceErrors: Counter
+    let maintenancePasses: Counter
+    /// Set by the lanes after each drain; rendered as seconds.
+    let oldestBusyMilliseconds: Atomic<Int>
 
     init(registry: MetricsRegistry) {
         var outcomes: [Worker.Outcome: Counter] = [:]
@@ -170,5 +235,14 @@ struct WorkerMetrics: Sendable {
         maintenanceErrors = registry.counter(
             "siwa_worker_maintenance_errors_total",
             help: "Maintenance passes (retention, erasure) that failed.")
+        maintenancePasses = registry.counter(
+            "siwa_worker_maintenance_passes_total",
+            help: "Maintenance passes (retention, erasure) completed.")
+        oldestBusyMilliseconds = Atomic(0)
+        registry.computedGauge(
+            "siwa_worker_oldest_busy_seconds",
+            help: "How long the longest-busy pending notification has waited for its user's account row "
+                + "(held by another transaction), as of the last drain; 0 when none is busy."
+        ) { [self] in Double(oldestBusyMilliseconds.load(ordering: .relaxed)) / 1000 }
     }
 }

@@ -46,6 +46,12 @@ extension Worker {
         /// The server-side limit for any one statement (a batch); `nil` for none. A batch that exceeds
         /// it is retried one notification at a time, and the one that still exceeds it is a failure.
         public var statementTimeout: Duration?
+        /// The server-side limit for any one lock wait (`lock_timeout`); `nil` for none. A notification
+        /// whose application waits longer for a row another transaction holds (an app transaction on one
+        /// of the user's sessions, say) fails with SQLSTATE 55P03 in its own subtransaction and is
+        /// retried with backoff, while the rest of its batch applies. Must be shorter than
+        /// `statementTimeout`, or the wait ends the whole batch instead.
+        public var lockTimeout: Duration?
         /// Raw tokens of finished notifications are cleared after this long; `nil` keeps them.
         public var retainTokens: Duration?
         /// Finished notifications are deleted after this long; `nil` keeps them.
@@ -67,6 +73,7 @@ extension Worker {
             retryBaseDelay: Duration = .seconds(1),
             pollInterval: Duration = .seconds(1),
             statementTimeout: Duration? = .seconds(30),
+            lockTimeout: Duration? = .seconds(5),
             retainTokens: Duration? = nil,
             retainEvents: Duration? = nil,
             maintenanceInterval: Duration = .seconds(60),
@@ -90,6 +97,12 @@ extension Worker {
             if let statementTimeout, statementTimeout <= .zero {
                 throw invalid("statement timeout must be positive (or absent)")
             }
+            if let lockTimeout {
+                guard lockTimeout > .zero else { throw invalid("lock timeout must be positive (or absent)") }
+                if let statementTimeout, lockTimeout >= statementTimeout {
+                    throw invalid("lock timeout must be shorter than the statement timeout")
+                }
+            }
             if let retainTokens, retainTokens <= .zero { throw invalid("token retention must be positive") }
             if let retainEvents, retainEvents <= .zero { throw invalid("event retention must be positive") }
             guard maintenanceInterval > .zero else { throw invalid("maintenance interval must be positive") }
@@ -103,6 +116,7 @@ extension Worker {
             self.retryBaseDelay = retryBaseDelay
             self.pollInterval = pollInterval
             self.statementTimeout = statementTimeout
+            self.lockTimeout = lockTimeout
             self.retainTokens = retainTokens
             self.retainEvents = retainEvents
             self.maintenanceInterval = maintenanceInterval

@@ -42,6 +42,13 @@ let spec = CommandSpec(
             help: "Server-side limit per statement (0: none); a batch over it is retried one by one.",
             environmentVariable: "SIWA_WORKER_STATEMENT_TIMEOUT", defaultValue: "30"),
         CommandOption(
+            "lock-timeout", valueName: "SECONDS",
+            help: """
+                Longest wait for a row lock (0: none; below --statement-timeout); an event that waits longer \
+                is retried with backoff while the rest of its batch applies.
+                """,
+            environmentVariable: "SIWA_WORKER_LOCK_TIMEOUT", defaultValue: "5"),
+        CommandOption(
             "retain-tokens-days", valueName: "DAYS",
             help: "Clear raw tokens of finished notifications older than this (default: keep).",
             environmentVariable: "SIWA_WORKER_RETAIN_TOKENS_DAYS"),
@@ -91,6 +98,7 @@ do {
     let database = try PostgresConfiguration(
         parsed.value("database-url") ?? "", applicationName: "siwa-worker")
     let statementTimeout = try parsed.seconds("statement-timeout") ?? .zero
+    let lockTimeout = try parsed.seconds("lock-timeout") ?? .seconds(5)
     configuration = try Worker.Configuration(
         database: database,
         concurrency: try parsed.integer("concurrency", in: 1...256) ?? 1,
@@ -99,6 +107,7 @@ do {
         retryBaseDelay: try parsed.seconds("retry-base-delay") ?? .seconds(1),
         pollInterval: try parsed.seconds("poll-interval") ?? .seconds(1),
         statementTimeout: statementTimeout > .zero ? statementTimeout : nil,
+        lockTimeout: lockTimeout > .zero ? lockTimeout : nil,
         retainTokens: try parsed.number("retain-tokens-days").map { .seconds($0 * 86_400) },
         retainEvents: try parsed.number("retain-events-days").map { .seconds($0 * 86_400) })
 } catch let error as CommandLineError {

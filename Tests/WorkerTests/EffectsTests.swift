@@ -156,7 +156,7 @@ struct EffectsTests {
             """
             CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
                                                      email text, jti text) RETURNS void
-            LANGUAGE sql AS $$ INSERT INTO hook_calls VALUES (jti) $$;
+            LANGUAGE sql AS $$ INSERT INTO public.hook_calls VALUES (jti) $$;
             """)
         try db.insert(jti: "x1", type: "brand-new-type", sub: "u")
         let summary = try db.worker().drainOnce()
@@ -165,7 +165,16 @@ struct EffectsTests {
         #expect(
             try db.value("SELECT last_error FROM siwa.notifications", as: String?.self)
                 == "unknown event type 'brand-new-type'")
-        #expect(try db.value("SELECT count(*) FROM siwa.accounts", as: Int.self) == 0)
+        // The user's account row exists (its lock serialises every event of the user, known or not, with
+        // erasure), with nothing set.
+        #expect(
+            try db.value(
+                """
+                SELECT count(*) FILTER (WHERE email IS NULL AND email_status IS NULL AND consent_revoked_at IS NULL
+                                          AND deleted_at IS NULL)
+                     = count(*) AND count(*) = 1
+                  FROM siwa.accounts
+                """, as: Bool.self))
         #expect(try db.value("SELECT count(*) FROM hook_calls", as: Int.self) == 0)
     }
 
@@ -177,7 +186,7 @@ struct EffectsTests {
             """
             CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
                                                      email text, jti text) RETURNS void
-            LANGUAGE sql AS $$ INSERT INTO hook_calls VALUES (event_type, sub, email, jti) $$;
+            LANGUAGE sql AS $$ INSERT INTO public.hook_calls VALUES (event_type, sub, email, jti) $$;
             """)
         try db.insert(jti: "e1", type: "email-disabled", sub: "u", email: "a@privaterelay.appleid.com")
         _ = try db.worker().drainOnce()
@@ -197,7 +206,7 @@ struct EffectsTests {
             """
             CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
                                                      email text, jti text) RETURNS void
-            LANGUAGE sql AS $$ INSERT INTO hook_calls VALUES (jti) $$;
+            LANGUAGE sql AS $$ INSERT INTO public.hook_calls VALUES (jti) $$;
             """)
         try db.connection.simpleQuery(schemaSQL)
         try db.insert(jti: "c1", type: "consent-revoked", sub: "u")

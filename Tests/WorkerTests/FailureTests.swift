@@ -55,7 +55,7 @@ struct FailureTests {
                                                      email text, jti text) RETURNS void
             LANGUAGE plpgsql AS $$
             BEGIN
-                IF NOT (SELECT open FROM gate) THEN RAISE EXCEPTION 'gate closed'; END IF;
+                IF NOT (SELECT open FROM public.gate) THEN RAISE EXCEPTION 'gate closed'; END IF;
             END;
             $$;
             """)
@@ -94,7 +94,8 @@ struct FailureTests {
             try db.insert(jti: "b-\(index)", type: "consent-revoked", sub: "user-\(index)")
         }
         let worker = try db.worker(
-            maxAttempts: 2, retryBaseDelay: .milliseconds(2), statementTimeout: .milliseconds(300))
+            maxAttempts: 2, retryBaseDelay: .milliseconds(2), statementTimeout: .milliseconds(300),
+            lockTimeout: .milliseconds(100))
         #expect(try db.drainUntilSettled(worker))
         #expect(try db.state("slow") == "dead")
         #expect(
@@ -140,23 +141,38 @@ struct FailureTests {
         #expect(try db.worker().drainOnce().applied == 1)
     }
 
-    @Test("a notification whose user another worker holds is reported busy, left untouched, then applied")
+    @Test(
+        "a notification whose user's account row another transaction holds is busy: put off, no attempt, then applied"
+    )
     func busyUser() throws {
         let db = try TestDatabase()
         try db.insert(jti: "b1", type: "consent-revoked", sub: "held")
+        try db.connection.execute("INSERT INTO siwa.accounts (sub) VALUES ('held')")
         let other = try PostgresConnection(configuration: db.configuration)
         defer { other.close() }
-        try other.simpleQuery("BEGIN; SELECT pg_advisory_xact_lock(siwa.sub_lock_key('held'))")
+        try other.simpleQuery("BEGIN; SELECT 1 FROM siwa.accounts WHERE sub = 'held' FOR UPDATE")
 
         let busy = try db.connection.query(
-            "SELECT outcome, attempt FROM siwa.process_due_notifications(10, 20, interval '1 second')")
+            "SELECT outcome, attempt, busy_seconds FROM siwa.process_due_notifications(10, 20, interval '1 second')"
+        )
         #expect(try busy.map { try $0[0, as: String.self] } == ["busy"])
         #expect(try busy[0][1, as: Int.self] == 0)
+        #expect(try busy[0][2, as: Double.self] == 0)
         #expect(try db.state("b1") == "pending")
         #expect(try db.value("SELECT attempts FROM siwa.notifications WHERE jti = 'b1'", as: Int.self) == 0)
-        #expect(try db.value("SELECT count(*) FROM siwa.accounts", as: Int.self) == 0)
+        // Put off briefly (50–100 ms the first time), so it no longer fills batches; busy since now.
+        let delay = try db.value(
+            "SELECT extract(epoch FROM next_attempt_at - busy_since)::float8 FROM siwa.notifications",
+            as: Double.self)
+        #expect(delay > 0.04 && delay < 0.11)
+        #expect(
+            try db.connection.query(
+                "SELECT * FROM siwa.process_due_notifications(10, 20, interval '1 second')"
+            )
+            .isEmpty)
 
         try other.simpleQuery("COMMIT")
+        try db.connection.execute("UPDATE siwa.notifications SET next_attempt_at = now()")
         let applied = try db.connection.query(
             """
             SELECT p.outcome FROM siwa.notifications n,
@@ -164,6 +180,7 @@ struct FailureTests {
             """)
         #expect(try applied.map { try $0[0, as: String.self] } == ["applied"])
         #expect(try db.state("b1") == "applied")
+        #expect(try db.value("SELECT busy_since IS NULL FROM siwa.notifications", as: Bool.self))
     }
 
     @Test("workers are woken by new rows and by a requeue, not by their own updates")

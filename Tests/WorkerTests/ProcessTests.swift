@@ -12,7 +12,7 @@ struct ProcessTests {
                                                  email text, jti text) RETURNS void
         LANGUAGE plpgsql AS $$
         BEGIN
-            INSERT INTO hook_calls VALUES (jti);
+            INSERT INTO public.hook_calls VALUES (jti);
             PERFORM pg_sleep(0.001);
         END;
         $$;
@@ -121,6 +121,20 @@ struct ProcessTests {
         // Logs carry identifiers and outcomes, never the email addresses.
         #expect(worker.log.contains("\"outcome\":\"applied\""))
         #expect(!worker.log.contains("privaterelay"))
+    }
+
+    @Test("--lock-timeout and SIWA_WORKER_LOCK_TIMEOUT must stay below the statement timeout (exit 2)")
+    func lockTimeoutIsValidated() throws {
+        let flag = try WorkerProcess(
+            ["--once", "--statement-timeout", "2", "--lock-timeout", "2"],
+            databaseURL: "postgresql://postgres@/x?host=/nonexistent&port=1")
+        #expect(flag.waitForExit(timeout: .seconds(30)) == 2)
+        #expect(flag.log.contains("lock timeout must be shorter than the statement timeout"))
+        let environment = try WorkerProcess(
+            ["--once", "--statement-timeout", "2"],
+            databaseURL: "postgresql://postgres@/x?host=/nonexistent&port=1",
+            environment: ["SIWA_WORKER_LOCK_TIMEOUT": "3"])
+        #expect(environment.waitForExit(timeout: .seconds(30)) == 2)
     }
 
     @Test("--once against an unreachable database exits 1")

@@ -1,6 +1,8 @@
+import Dispatch
 import Foundation
 import Postgres
 import ServiceSupport
+import Synchronization
 import TestSupport
 import Worker
 
@@ -60,16 +62,20 @@ final class TestDatabase: @unchecked Sendable {
 
     /// A worker on this database with test-friendly timings.
     func worker(
+        concurrency: Int = 2, batchSize: Int = 10,
         maxAttempts: Int = 3, retryBaseDelay: Duration = .milliseconds(5),
-        statementTimeout: Duration? = .seconds(30),
-        retainTokens: Duration? = nil, retainEvents: Duration? = nil, logger: Logger = quietLogger
+        statementTimeout: Duration? = .seconds(30), lockTimeout: Duration? = .seconds(5),
+        retainTokens: Duration? = nil, retainEvents: Duration? = nil,
+        maintenanceInterval: Duration = .seconds(60), logger: Logger = quietLogger,
+        metrics: MetricsRegistry = MetricsRegistry()
     ) throws -> Worker {
         Worker(
             configuration: try Worker.Configuration(
-                database: configuration, concurrency: 2, batchSize: 10, maxAttempts: maxAttempts,
-                retryBaseDelay: retryBaseDelay, pollInterval: .milliseconds(200),
-                statementTimeout: statementTimeout, retainTokens: retainTokens, retainEvents: retainEvents),
-            logger: logger)
+                database: configuration, concurrency: concurrency, batchSize: batchSize,
+                maxAttempts: maxAttempts, retryBaseDelay: retryBaseDelay, pollInterval: .milliseconds(200),
+                statementTimeout: statementTimeout, lockTimeout: lockTimeout, retainTokens: retainTokens,
+                retainEvents: retainEvents, maintenanceInterval: maintenanceInterval),
+            logger: logger, metrics: metrics)
     }
 
     /// Runs `drainOnce()` until nothing is pending (retries included) or `timeout` passes.
@@ -91,11 +97,12 @@ final class WorkerProcess: @unchecked Sendable {
     let process: Subprocess
     let logURL: URL
 
-    init(_ arguments: [String], databaseURL: String) throws {
+    init(_ arguments: [String], databaseURL: String, environment extra: [String: String] = [:]) throws {
         logURL = FileManager.default.temporaryDirectory.appendingPathComponent(
             "siwa-worker-\(UUID().uuidString).log")
         var environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") }
         environment["SIWA_DATABASE_URL"] = databaseURL
+        environment.merge(extra) { $1 }
         process = try Subprocess(
             ExecutableLocator.url(named: "siwa-worker").path, arguments, environment: environment,
             standardError: logURL.path)
@@ -122,4 +129,81 @@ final class WorkerProcess: @unchecked Sendable {
 
     /// What the process logged so far.
     var log: String { (try? String(contentsOf: logURL, encoding: .utf8)) ?? "" }
+}
+
+extension TestDatabase {
+    /// A connection to this database as a login role that is a member of `group` (created once per
+    /// cluster, e.g. `siwa_admin`: what a person reading history connects as).
+    func connect(asMemberOf group: String) throws -> PostgresConnection {
+        let login = "siwa_test_worker_\(group)_login"
+        try connection.simpleQuery(
+            """
+            DO $$ BEGIN
+                IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '\(login)') THEN
+                    CREATE ROLE \(login) LOGIN IN ROLE \(group);
+                END IF;
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN
+                NULL;
+            END $$
+            """)
+        return try PostgresConnection(
+            configuration: PostgresConfiguration(
+                "host=\(cluster.socketDirectory) port=\(cluster.port) dbname=\(configuration.database ?? "") user=\(login)"
+            ))
+    }
+}
+
+/// Runs `worker.drainOnce()` on a thread of its own and waits up to `timeout` for it to return. If it
+/// does not, the worker is stopped (and waited for) and the result is nil: a drain that never ends
+/// fails the test instead of hanging it.
+func drainOnce(_ worker: Worker, within timeout: Duration) throws -> Worker.DrainSummary? {
+    let result = Mutex<Result<Worker.DrainSummary, WorkerError>?>(nil)
+    let done = DispatchSemaphore(value: 0)
+    let thread = Thread {
+        let outcome = Result { () throws(WorkerError) in try worker.drainOnce() }
+        result.withLock { $0 = outcome }
+        done.signal()
+    }
+    thread.start()
+    if done.wait(timeout: .now() + timeout.inSeconds) == .timedOut {
+        worker.stop()
+        done.wait()
+        return nil
+    }
+    return try result.withLock { $0 }?.get()
+}
+
+/// Runs `worker.run()` on a thread of its own until the returned closure is called, which stops the
+/// worker and waits for `run()` to return.
+func startRunning(_ worker: Worker) -> @Sendable () -> Void {
+    let done = DispatchSemaphore(value: 0)
+    let thread = Thread {
+        worker.run()
+        done.signal()
+    }
+    thread.start()
+    return {
+        worker.stop()
+        done.wait()
+    }
+}
+
+/// The value of one series in the Prometheus text `metrics` renders, e.g.
+/// `siwa_worker_notifications_total{outcome="busy"}`; nil when absent.
+func metric(_ series: String, in metrics: MetricsRegistry) -> Double? {
+    for line in metrics.render().split(separator: "\n") where line.hasPrefix(series + " ") {
+        return Double(line.dropFirst(series.count + 1))
+    }
+    return nil
+}
+
+/// Log lines collected from a `Logger`.
+final class LogCapture: Sendable {
+    private let lines = Mutex<[String]>([])
+    /// A logger at `level` that appends here.
+    func logger(level: Logger.Level = .info) -> Logger {
+        Logger(label: "test", level: level, sink: { [self] line in lines.withLock { $0.append(line) } })
+    }
+    /// Everything logged so far.
+    var text: String { lines.withLock { $0.joined() } }
 }

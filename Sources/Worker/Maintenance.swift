@@ -1,0 +1,113 @@
+import Foundation
+import Postgres
+import ServiceSupport
+
+/// Retention and the erasure of personal data that has become due, on a connection and a schedule of
+/// their own: however busy or stuck the lanes are, maintenance runs every `maintenanceInterval`.
+struct Maintenance {
+    let worker: Worker
+    private var configuration: Worker.Configuration { worker.configuration }
+    private var logger: Logger { worker.logger }
+
+    init(worker: Worker) {
+        self.worker = worker
+    }
+
+    /// Runs a pass now and then every `maintenanceInterval` until the worker stops, reconnecting with
+    /// backoff when the database goes away.
+    func run() {
+        var connection: PostgresConnection?
+        var reconnectDelay = configuration.reconnectDelay
+        defer { connection?.close() }
+        while !worker.isStopping {
+            let active: PostgresConnection
+            if let connection, connection.isHealthy {
+                active = connection
+            } else {
+                connection?.close()
+                connection = nil
+                do throws(PostgresError) {
+                    active = try worker.connect(listen: false, fields: ["task": "maintenance"])
+                } catch {
+                    worker.metrics.maintenanceErrors.increment()
+                    logger.warning(
+                        "maintenance cannot connect; retrying",
+                        [
+                            "error_code": .string(error.code.description),
+                            "sqlstate": .string(error.sqlState ?? ""),
+                            "retry_in_ms": .int(Int(reconnectDelay.wholeMilliseconds)),
+                        ])
+                    worker.sleep(reconnectDelay)
+                    reconnectDelay = min(reconnectDelay * 2, configuration.maxReconnectDelay)
+                    continue
+                }
+                connection = active
+                reconnectDelay = configuration.reconnectDelay
+            }
+            pass(active)
+            worker.sleep(configuration.maintenanceInterval)
+        }
+    }
+
+    /// One pass on a connection of its own (after a `once` drain).
+    func runOnce() -> WorkerError? {
+        do throws(PostgresError) {
+            let connection = try worker.connect(listen: false, fields: ["task": "maintenance"])
+            defer { connection.close() }
+            pass(connection)
+            return nil
+        } catch {
+            return WorkerError(code: .database, message: error.description)
+        }
+    }
+
+    /// Retention and erasure of personal data that has become due; failures are logged, never fatal.
+    private func pass(_ connection: PostgresConnection) {
+        do throws(PostgresError) {
+            var erased = 0
+            for _ in 0..<100 where !worker.isStopping {
+                let count =
+                    try connection.query("SELECT siwa.erase_due_personal_data(100)").first?[0, as: Int.self]
+                    ?? 0
+                erased += count
+                if count < 100 { break }
+            }
+            var tokens = 0
+            var rows = 0
+            if configuration.retainTokens != nil || configuration.retainEvents != nil {
+                for _ in 0..<100 where !worker.isStopping {
+                    guard
+                        let row = try connection.query(
+                            """
+                            SELECT tokens_pruned, rows_pruned FROM siwa.prune(
+                                $1::float8 * interval '1 second', $2::float8 * interval '1 second', 1000)
+                            """,
+                            [
+                                configuration.retainTokens.map { .double($0.inSeconds) },
+                                configuration.retainEvents.map { .double($0.inSeconds) },
+                            ]
+                        ).first
+                    else { break }
+                    let (t, r) = (try row[0, as: Int.self], try row[1, as: Int.self])
+                    tokens += t
+                    rows += r
+                    if t == 0 && r == 0 { break }
+                }
+            }
+            worker.metrics.maintenancePasses.increment()
+            if erased + tokens + rows > 0 {
+                logger.info(
+                    "maintenance",
+                    [
+                        "personal_data_erased": .int(erased), "tokens_pruned": .int(tokens),
+                        "rows_pruned": .int(rows),
+                    ])
+            }
+        } catch {
+            worker.metrics.maintenanceErrors.increment()
+            logger.warning(
+                "maintenance failed",
+                ["error_code": .string(error.code.description), "sqlstate": .string(error.sqlState ?? "")])
+        }
+    }
+}
