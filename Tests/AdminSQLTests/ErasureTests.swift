@@ -264,31 +264,41 @@ struct DeletedAccountTests {
         let database = try Seed.make()
         let owner = try database.connectAsOwner()
         defer { owner.close() }
-        // Carol deleted her account; her relay email was disabled at Apple before that, and the event
-        // arrives late. The deletion was applied first.
+        // Pam disabled her relay email, then deleted her account. Carol deleted hers (applied by the
+        // seed); an email-disabled from before her deletion arrives late.
         try owner.query(
             """
             INSERT INTO siwa.notifications (jti, event_type, sub, audience, email, is_private_email, event_time,
                                             issued_at, raw_token)
-            VALUES ('jti-carol-late', 'email-disabled', $1, 'com.example.app', 'carol@example.com', false,
+            VALUES ('jti-pam-1', 'email-disabled', '001000.pam', 'com.example.app', 'pam@privaterelay.appleid.com',
+                    true, now() - interval '3 days', now(), 'token'),
+                   ('jti-pam-2', 'account-delete', '001000.pam', 'com.example.app', NULL, NULL,
+                    now() - interval '1 day', now(), 'token'),
+                   ('jti-carol-late', 'email-disabled', $1, 'com.example.app', 'carol@example.com', false,
                     now() - interval '2 days', now(), 'token')
             """, [.text(Seed.carol)])
         let worker = try database.connect(as: .worker)
         defer { worker.close() }
-        let outcome = try worker.transaction { connection in
-            try connection.query(
-                """
-                SELECT outcome FROM siwa.process_notification(
-                    (SELECT id FROM siwa.notifications WHERE jti = 'jti-carol-late'), 1, interval '1 second')
-                """
-            ).first?[0, as: String.self]
+        for jti in ["jti-pam-1", "jti-pam-2", "jti-carol-late"] {
+            let outcome = try worker.transaction { connection in
+                try connection.query(
+                    """
+                    SELECT outcome FROM siwa.process_notification(
+                        (SELECT id FROM siwa.notifications WHERE jti = $1), 1, interval '1 second')
+                    """, [.text(jti)]
+                ).first?[0, as: String.self]
+            }
+            #expect(outcome == "applied", "\(jti)")
         }
-        #expect(outcome == "applied")
 
         let admin = try database.connect(as: .admin)
         defer { admin.close() }
         let query = try CookbookQuery.under("Which users' relay email is disabled right now?")
         let subs = try #require(try admin.simpleQuery(query.sql).last).map { try $0[0, as: String.self] }
         #expect(subs == [Seed.bob])
+        let pam = try admin.query(
+            "SELECT email_status, account_status FROM siwa.account_overview WHERE sub = '001000.pam'")[0]
+        #expect(try pam[0, as: String?.self] == "disabled")  // as it was when she deleted the account
+        #expect(try pam[1, as: String.self] == "deleted")
     }
 }
