@@ -12,8 +12,15 @@
 -- PostgreSQL's, whatever the search_path of the session that applies this file or calls the functions.
 -- Objects of this schema are always written siwa.…. The one exception is the admins' hook siwa.on_event:
 -- it is called with the worker session's own search_path (see siwa.settings.hook_search_path).
+-- The session's own path is restored at the end of the file.
 
 SET client_min_messages = warning;
+DO $$
+BEGIN
+    PERFORM pg_catalog.set_config('siwa.schema_sql_saved_search_path',
+                                  pg_catalog.current_setting('search_path'), false);
+END;
+$$;
 SET search_path = pg_catalog, pg_temp;
 
 CREATE SCHEMA IF NOT EXISTS siwa;
@@ -965,5 +972,13 @@ BEGIN
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO siwa_worker', v_function);
         END LOOP;
     END IF;
+END;
+$$;
+
+-- The applying session gets its own search_path back (psql ends anyway; a longer session goes on).
+DO $$
+BEGIN
+    PERFORM pg_catalog.set_config('search_path',
+                                  pg_catalog.current_setting('siwa.schema_sql_saved_search_path'), false);
 END;
 $$;
