@@ -160,6 +160,35 @@ struct ErasureTests {
                 == #"22P02: invalid input syntax for type integer: "…""#)
     }
 
+    @Test(
+        "siwa.redact_error masks quoted values and addresses, and keeps the SQLSTATE, the words and object names",
+        arguments: [
+            (
+                #"22P02: invalid input syntax for type integer: "john.doe""#,
+                #"22P02: invalid input syntax for type integer: "…""#
+            ),
+            (
+                #"23502: null value in column "email" of relation "users" violates not-null constraint"#,
+                #"23502: null value in column "email" of relation "users" violates not-null constraint"#
+            ),
+            (#"42P01: relation "app_users" does not exist"#, #"42P01: relation "app_users" does not exist"#),
+            ("P0001: user 'Jane Roe' not found", "P0001: user '…' not found"),
+            ("P0001: no user for jane.roe+apple@example.com", "P0001: no user for …@…"),
+            ("P0001: cut off in a \"quoted value", "P0001: cut off in a \"…\""),
+            (
+                "57014: canceling statement due to statement timeout",
+                "57014: canceling statement due to statement timeout"
+            ),
+        ])
+    func redaction(input: String, redacted: String) throws {
+        let database = try Seed.shared.get()
+        let worker = try database.connect(as: .worker)
+        defer { worker.close() }
+        #expect(
+            try worker.query("SELECT siwa.redact_error($1)", [.text(input)])[0][0, as: String.self]
+                == redacted)
+    }
+
     @Test("erasing an account clears the error text of its failed and dead events, keeping the SQLSTATE")
     func erasureClearsErrorText() throws {
         let database = try AdminDatabase.make()
