@@ -32,6 +32,13 @@ let plantedInPublic = """
         RETURN $1 OPERATOR(pg_catalog./) $2::float8;
     END $$;
     CREATE OPERATOR public./ (LEFTARG = double precision, RIGHTARG = integer, FUNCTION = public.steal_division);
+    -- pg_catalog's unnest takes anyarray: text[] matches this one better. It would see every raw token
+    -- the receiver stores, were its multi-argument unnest not expanded into pg_catalog.unnest calls.
+    CREATE FUNCTION public.unnest(text[]) RETURNS SETOF text LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO public.loot (what) VALUES ('unnest ' || pg_catalog.array_to_string($1, ','));
+        RETURN QUERY SELECT * FROM pg_catalog.unnest($1);
+    END $$;
     -- format(text, VARIADIC "any") is pg_catalog's; (text, text) is an exact match for format('%I', v_role).
     CREATE FUNCTION public.format(text, text) RETURNS text LANGUAGE plpgsql AS $$
     BEGIN
@@ -137,8 +144,11 @@ struct SearchPathTests {
         defer { worker.close() }
         // The plants are live: a session of the worker's role that calls these unqualified runs them.
         _ = try worker.query(
-            "SELECT hashtextextended('x', 0), power(2, 3), random() / 2, format('%I', 'x'::text)")
-        #expect(try owner.query("SELECT count(*) FROM public.loot")[0][0, as: Int.self] == 4)
+            """
+            SELECT hashtextextended('x', 0), power(2, 3), random() / 2, format('%I', 'x'::text),
+                   (SELECT count(*) FROM unnest('{a}'::text[]))
+            """)
+        #expect(try owner.query("SELECT count(*) FROM public.loot")[0][0, as: Int.self] == 5)
         try owner.query("DELETE FROM public.loot")
 
         // A hook as admins write it (no SET clause), refusing one user: failures take the retry path.
