@@ -5,8 +5,23 @@
 -- the binary). Everything lives in schema `siwa`.
 --
 -- Admins read history from the view siwa.event_history; see docs/sql.md for a cookbook.
+--
+-- search_path: this file runs with the path pg_catalog, pg_temp (set just below), and every function it
+-- creates carries `SET search_path = pg_catalog, pg_temp`. So no object another role created (a
+-- `public.hashtextextended(text, integer)` that wins overload resolution, say) can stand in for one of
+-- PostgreSQL's, whatever the search_path of the session that applies this file or calls the functions.
+-- Objects of this schema are always written siwa.…. The one exception is the admins' hook siwa.on_event:
+-- it is called with the worker session's own search_path (see siwa.settings.hook_search_path).
+-- The session's own path is restored at the end of the file.
 
 SET client_min_messages = warning;
+DO $$
+BEGIN
+    PERFORM pg_catalog.set_config('siwa.schema_sql_saved_search_path',
+                                  pg_catalog.current_setting('search_path'), false);
+END;
+$$;
+SET search_path = pg_catalog, pg_temp;
 
 CREATE SCHEMA IF NOT EXISTS siwa;
 COMMENT ON SCHEMA siwa IS
@@ -27,7 +42,8 @@ COMMENT ON COLUMN siwa.schema_version.description IS 'What this version added.';
 COMMENT ON COLUMN siwa.schema_version.applied_at IS 'When this version was first applied here.';
 
 INSERT INTO siwa.schema_version (version, description)
-VALUES (1, 'notification log, queue, accounts, sessions, refresh tokens, event history')
+VALUES (1, 'notification log, queue, accounts, sessions, refresh tokens, event history'),
+       (2, 'hardening: pinned search_path, per-user serialisation by the account row lock, busy notifications put off, erasure in every state, redacted errors, receiver column grants')
 ON CONFLICT (version) DO NOTHING;
 
 -- ---------------------------------------------------------------------------------------------------
@@ -43,6 +59,9 @@ COMMENT ON TABLE siwa.settings IS
 COMMENT ON COLUMN siwa.settings.singleton IS 'Always true: keeps this table to a single row.';
 COMMENT ON COLUMN siwa.settings.erase_personal_data_after IS
     'How long after an account-delete event the account''s personal data (email, raw tokens) is kept. 0 (default): erased in the same transaction that applies the deletion; otherwise erased by the worker''s maintenance pass once deleted_at + this interval has passed.';
+ALTER TABLE siwa.settings ADD COLUMN IF NOT EXISTS hook_search_path text;
+COMMENT ON COLUMN siwa.settings.hook_search_path IS
+    'The search_path the admins'' hook siwa.on_event is called with. NULL (default): the worker session''s own search_path (its role''s or connection''s setting, PostgreSQL''s default "$user", public), as a hook written without schema names expects. A hook with its own SET search_path clause (recommended) uses that instead.';
 INSERT INTO siwa.settings DEFAULT VALUES ON CONFLICT DO NOTHING;
 
 -- ---------------------------------------------------------------------------------------------------
@@ -94,8 +113,10 @@ COMMENT ON COLUMN siwa.notifications.state IS
 COMMENT ON COLUMN siwa.notifications.attempts IS 'How many times the worker has tried to apply it.';
 COMMENT ON COLUMN siwa.notifications.next_attempt_at IS 'When a pending notification is next due (backoff after a failure).';
 COMMENT ON COLUMN siwa.notifications.applied_at IS 'When it reached applied or skipped.';
-COMMENT ON COLUMN siwa.notifications.last_error IS 'The last failure (or the reason it was skipped).';
-COMMENT ON COLUMN siwa.notifications.personal_data_erased_at IS 'When email and raw token were erased after an account deletion.';
+COMMENT ON COLUMN siwa.notifications.last_error IS
+    'The last failure as SQLSTATE: message, with quoted values and email addresses masked (siwa.redact_error); only the SQLSTATE once the account''s personal data is erased. For a skipped notification, the reason.';
+COMMENT ON COLUMN siwa.notifications.personal_data_erased_at IS
+    'When email, raw token and error text were erased after an account deletion (or, for a notification that arrived after the erasure, when it was stored without them).';
 
 -- Added after version 1 (re-runnable): since when the worker has found this row's user busy.
 ALTER TABLE siwa.notifications ADD COLUMN IF NOT EXISTS busy_since timestamptz;
@@ -118,7 +139,7 @@ CREATE INDEX IF NOT EXISTS notifications_busy_idx
 -- to pending (a requeue). The worker's own updates — marking rows applied, or scheduling a retry of a
 -- row that stays pending — fire nothing, so they pay for no trigger.
 CREATE OR REPLACE FUNCTION siwa.notify_workers() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM inserted) THEN
         PERFORM pg_notify('siwa_notifications', '');
@@ -130,7 +151,7 @@ COMMENT ON FUNCTION siwa.notify_workers() IS
     'Statement trigger after INSERT: NOTIFY siwa_notifications when the statement inserted rows.';
 
 CREATE OR REPLACE FUNCTION siwa.notify_workers_requeued() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM pg_notify('siwa_notifications', '');  -- identical notifications in one transaction go once
     RETURN NULL;
@@ -173,7 +194,7 @@ COMMENT ON COLUMN siwa.accounts.sub IS 'The user''s team-scoped Apple identifier
 COMMENT ON COLUMN siwa.accounts.email IS 'The latest email address Apple reported (often a private relay address); NULL once erased.';
 COMMENT ON COLUMN siwa.accounts.is_private_email IS 'Whether email is an Apple private relay address.';
 COMMENT ON COLUMN siwa.accounts.email_status IS
-    'enabled or disabled: whether Apple forwards mail to the relay address (NULL until an email event arrives). Last writer wins by event_time.';
+    'enabled or disabled: whether Apple forwards mail to the relay address (NULL until an email event arrives). Last writer wins by event_time; no longer changes once the account is deleted.';
 COMMENT ON COLUMN siwa.accounts.email_status_at IS 'event_time of the email event that set email_status.';
 COMMENT ON COLUMN siwa.accounts.consent_revoked_at IS 'event_time of the latest consent-revoked event (the user stopped using Sign in with Apple with this app).';
 COMMENT ON COLUMN siwa.accounts.deleted_at IS 'event_time of the account-delete event (the user deleted the Apple account).';
@@ -220,6 +241,32 @@ COMMENT ON COLUMN siwa.refresh_tokens.revoked_at IS 'When the token was revoked;
 COMMENT ON COLUMN siwa.refresh_tokens.revoke_reason IS 'Why: consent-revoked, account-delete, or the app''s own reason.';
 CREATE INDEX IF NOT EXISTS refresh_tokens_sub_idx ON siwa.refresh_tokens (sub) WHERE revoked_at IS NULL;
 
+-- A notification that arrives for an account whose personal data is already erased (Apple may send an
+-- email event after the deletion, or redeliver one) is stored without its email and raw token, so that it
+-- never holds them while it waits for the worker. Runs as the receiver, which may read exactly the two
+-- columns it needs (see the grants at the end). A row stored while the erasure commits concurrently is
+-- caught when the worker applies it (siwa.apply_notification) or records its failure
+-- (siwa.record_failure).
+CREATE OR REPLACE FUNCTION siwa.erase_late_notification() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF (NEW.email IS NOT NULL OR NEW.raw_token IS NOT NULL)
+       AND EXISTS (SELECT 1 FROM siwa.accounts a
+                    WHERE a.sub = NEW.sub AND a.personal_data_erased_at IS NOT NULL) THEN
+        NEW.email := NULL;
+        NEW.raw_token := NULL;
+        NEW.personal_data_erased_at := clock_timestamp();
+    END IF;
+    RETURN NEW;
+END;
+$$;
+COMMENT ON FUNCTION siwa.erase_late_notification() IS
+    'Row trigger before INSERT on siwa.notifications: a notification of an account whose personal data is erased is stored without email and raw token.';
+DROP TRIGGER IF EXISTS notifications_erase_late ON siwa.notifications;
+CREATE TRIGGER notifications_erase_late
+    BEFORE INSERT ON siwa.notifications
+    FOR EACH ROW EXECUTE FUNCTION siwa.erase_late_notification();
+
 -- ---------------------------------------------------------------------------------------------------
 -- The admins' hook
 -- ---------------------------------------------------------------------------------------------------
@@ -230,13 +277,19 @@ DO $$
 BEGIN
     IF to_regprocedure('siwa.on_event(text, text, timestamptz, text, text)') IS NULL THEN
         CREATE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz, email text, jti text)
-        RETURNS void LANGUAGE plpgsql AS $body$
+        RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $body$
         BEGIN
             -- No-op by default. Replace to touch your own tables; runs in the worker's transaction.
         END;
         $body$;
         COMMENT ON FUNCTION siwa.on_event(text, text, timestamptz, text, text) IS
-            'Hook called by the worker for every known event, inside the transaction that applies it (after the built-in effects). A no-op by default; replace it with CREATE OR REPLACE FUNCTION to update your own tables. If it raises, nothing of that application is kept and the event is retried.';
+            'Hook called by the worker for every known event, inside the transaction that applies it (after the built-in effects). A no-op by default; replace it with CREATE OR REPLACE FUNCTION to update your own tables (give it its own SET search_path, e.g. SET search_path = app, pg_catalog, pg_temp; without one it runs with siwa.settings.hook_search_path). If it raises, nothing of that application is kept and the event is retried.';
+    ELSIF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+                   WHERE p.oid = 'siwa.on_event(text, text, timestamptz, text, text)'::pg_catalog.regprocedure
+                     AND p.proconfig IS NULL
+                     AND pg_catalog.regexp_replace(p.prosrc, '--[^\n]*|\s', '', 'g') = 'BEGINEND;') THEN
+        -- The default no-op hook of schema version 1, never replaced: give it its search_path too.
+        ALTER FUNCTION siwa.on_event(text, text, timestamptz, text, text) SET search_path = pg_catalog, pg_temp;
     END IF;
 END;
 $$;
@@ -252,25 +305,70 @@ $$;
 -- search_path): it is gone, also from databases upgraded with this file.
 DROP FUNCTION IF EXISTS siwa.sub_lock_key(text);
 
+-- What the worker stores as a notification's last_error: 'SQLSTATE: message' with the parts of the
+-- message that may carry user data masked. PostgreSQL quotes the offending input in its messages
+-- (invalid input syntax for type integer: "john.doe"), and a hook's RAISE may say anything: every
+-- single-quoted text, every double-quoted text except an object's name (relation "users", column
+-- "email", constraint "…"), and every email-shaped word becomes …. The message's words stay.
+CREATE OR REPLACE FUNCTION siwa.redact_error(p_error text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+SELECT pg_catalog.replace(pg_catalog.replace(
+         pg_catalog.regexp_replace(
+           pg_catalog.regexp_replace(
+             pg_catalog.regexp_replace(
+               pg_catalog.regexp_replace(
+                 pg_catalog.replace(pg_catalog.replace(p_error, chr(1), ''), chr(2), ''),
+                 -- names of objects: protect them from the next step
+                 '(relation|column|constraint|table|schema|type|function|procedure|index|sequence|view|trigger|operator|domain|extension|role|database|cursor|variable|parameter|field|key) "([^"]*)"',
+                 '\1 ' || chr(1) || '\2' || chr(2), 'g'),
+               '"[^"]*("|$)', '"…"', 'g'),
+             '''[^'']*(''|$)', '''…''', 'g'),
+           '[^[:space:]"''(),;:<>' || chr(1) || chr(2) || ']+@[^[:space:]"''(),;:<>' || chr(1) || chr(2) || ']+',
+           '…@…', 'g'),
+         chr(1), '"'), chr(2), '"')
+$$;
+COMMENT ON FUNCTION siwa.redact_error(text) IS
+    'Masks what may carry user data in an error text (quoted values, email addresses) and keeps the SQLSTATE, the message''s words and quoted object names. What siwa.record_failure stores in last_error.';
+
+-- What is left of a failure's last_error once the account's personal data is erased: its SQLSTATE.
+-- Skip reasons (state skipped) are the worker's own words about the event type and stay.
+CREATE OR REPLACE FUNCTION siwa.erased_error(p_error text, p_state text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+SELECT CASE
+         WHEN p_error IS NULL OR p_state = 'skipped' THEN p_error
+         WHEN p_error ~ '^[0-9A-Z]{5}: ' THEN pg_catalog.left(p_error, 5) || ': (erased with the account''s personal data)'
+         ELSE '(erased with the account''s personal data)'
+       END
+$$;
+COMMENT ON FUNCTION siwa.erased_error(text, text) IS
+    'The last_error of a notification of an erased account: only the SQLSTATE of a failure is kept; a skip reason (state skipped) is kept as it is.';
+
 -- Erases one account's personal data: its email, its notifications' emails and raw tokens, and the
 -- encrypted refresh tokens. The caller holds the sub's siwa.accounts row lock, so no other worker applies
 -- this user's notifications meanwhile; pending rows another worker has claimed but left alone (it could
 -- not take the lock) are skipped rather than waited for, which could deadlock with that worker's batch:
 -- they are erased when applied (see siwa.process_claimed_notification).
 CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_sub text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     UPDATE siwa.accounts
        SET email = NULL, is_private_email = NULL, personal_data_erased_at = clock_timestamp(),
            updated_at = clock_timestamp()
      WHERE sub = p_sub;
+    -- Every state: applied, skipped, dead (a failed late event) and pending alike.
     UPDATE siwa.notifications
-       SET email = NULL, raw_token = NULL, personal_data_erased_at = clock_timestamp()
-     WHERE sub = p_sub AND state <> 'pending' AND (email IS NOT NULL OR raw_token IS NOT NULL);
+       SET email = NULL, raw_token = NULL, last_error = siwa.erased_error(last_error, state),
+           personal_data_erased_at = coalesce(personal_data_erased_at, clock_timestamp())
+     WHERE sub = p_sub AND state <> 'pending'
+       AND (email IS NOT NULL OR raw_token IS NOT NULL
+            OR last_error IS DISTINCT FROM siwa.erased_error(last_error, state));
     UPDATE siwa.notifications AS t
-       SET email = NULL, raw_token = NULL, personal_data_erased_at = clock_timestamp()
+       SET email = NULL, raw_token = NULL, last_error = siwa.erased_error(t.last_error, t.state),
+           personal_data_erased_at = coalesce(t.personal_data_erased_at, clock_timestamp())
       FROM (SELECT q.id FROM siwa.notifications q
-             WHERE q.sub = p_sub AND q.state = 'pending' AND (q.email IS NOT NULL OR q.raw_token IS NOT NULL)
+             WHERE q.sub = p_sub AND q.state = 'pending'
+               AND (q.email IS NOT NULL OR q.raw_token IS NOT NULL
+                    OR q.last_error IS DISTINCT FROM siwa.erased_error(q.last_error, q.state))
              FOR UPDATE SKIP LOCKED) AS c
      WHERE t.id = c.id;
     UPDATE siwa.refresh_tokens SET token_ciphertext = NULL
@@ -278,15 +376,17 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.erase_personal_data(text) IS
-    'Erases one account''s personal data: email in siwa.accounts, email and raw token in every stored notification of that sub, encrypted refresh tokens. Call with the sub''s siwa.accounts row locked (FOR UPDATE).';
+    'Erases one account''s personal data: email in siwa.accounts; email, raw token and the text of last_error (its SQLSTATE stays) in every stored notification of that sub, whatever its state; encrypted refresh tokens. Call with the sub''s siwa.accounts row locked (FOR UPDATE).';
 
 -- Applies the effects of one notification. Raises on failure; the caller owns the transaction and the
 -- notification's state. Returns 'applied', or 'skipped: <reason>' for a notification with nothing to do.
 CREATE OR REPLACE FUNCTION siwa.apply_notification(n siwa.notifications) RETURNS text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_account siwa.accounts;
-    v_erased  boolean;
+    v_account   siwa.accounts;
+    v_erased    boolean;
+    v_email     text;
+    v_hook_path text;
 BEGIN
     IF n.event_type NOT IN ('email-disabled', 'email-enabled', 'consent-revoked', 'account-delete') THEN
         RETURN 'skipped: unknown event type ' || quote_literal(left(n.event_type, 100));
@@ -300,6 +400,7 @@ BEGIN
 
     IF n.event_type IN ('email-disabled', 'email-enabled') THEN
         -- Last writer wins by event_time: an older event delivered late never overrides a newer one.
+        -- A deleted account's email status no longer changes: its relay address is gone with it.
         UPDATE siwa.accounts
            SET email            = CASE WHEN personal_data_erased_at IS NULL THEN coalesce(n.email, email) END,
                is_private_email = CASE WHEN personal_data_erased_at IS NULL
@@ -307,7 +408,8 @@ BEGIN
                email_status     = CASE n.event_type WHEN 'email-enabled' THEN 'enabled' ELSE 'disabled' END,
                email_status_at  = n.event_time,
                updated_at       = clock_timestamp()
-         WHERE sub = n.sub AND (email_status_at IS NULL OR email_status_at <= n.event_time);
+         WHERE sub = n.sub AND deleted_at IS NULL
+           AND (email_status_at IS NULL OR email_status_at <= n.event_time);
     ELSIF n.event_type = 'consent-revoked' THEN
         -- Only what existed when the user revoked consent: a later sign-in stays valid.
         UPDATE siwa.sessions SET revoked_at = clock_timestamp(), revoke_reason = 'consent-revoked'
@@ -338,8 +440,23 @@ BEGIN
          WHERE id = n.id AND (email IS NOT NULL OR raw_token IS NOT NULL);
     END IF;
 
-    PERFORM siwa.on_event(n.event_type, n.sub, n.event_time, CASE WHEN v_erased THEN NULL ELSE n.email END,
-                          n.jti);
+    -- The hook runs with the search_path it was written for (the worker session's own, or
+    -- siwa.settings.hook_search_path), not this function's: a hook written as `UPDATE my_users …` keeps
+    -- working. set_config(…, true) inside a function with a SET clause lasts until the function returns.
+    -- The session's own path is its reset value, read once per session (pg_settings is slow) and kept in
+    -- the session's custom setting siwa.session_search_path.
+    v_email := CASE WHEN v_erased THEN NULL ELSE n.email END;
+    v_hook_path := (SELECT s.hook_search_path FROM siwa.settings s);
+    IF v_hook_path IS NULL THEN
+        v_hook_path := nullif(pg_catalog.current_setting('siwa.session_search_path', true), '');
+        IF v_hook_path IS NULL THEN
+            v_hook_path := (SELECT p.reset_val FROM pg_catalog.pg_settings p WHERE p.name = 'search_path');
+            PERFORM pg_catalog.set_config('siwa.session_search_path', v_hook_path, false);
+        END IF;
+    END IF;
+    PERFORM pg_catalog.set_config('search_path', v_hook_path, true);
+    PERFORM siwa.on_event(n.event_type, n.sub, n.event_time, v_email, n.jti);
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
     RETURN 'applied';
 END;
 $$;
@@ -443,7 +560,7 @@ BEGIN
         IF v_locking AND SQLSTATE IN ('55P03', '40P01') THEN
             v_busy := true;  -- waited for a concurrent insert of this sub's account row
         ELSE
-            r.error := left(SQLSTATE || ': ' || SQLERRM, 2000);
+            r.error := left(siwa.redact_error(left(SQLSTATE || ': ' || SQLERRM, 10000)), 2000);
             r.outcome := siwa.record_failure(n.id, r.error, p_max_attempts, p_retry_base_delay);
             IF n.busy_since IS NOT NULL THEN
                 UPDATE siwa.notifications AS t SET busy_since = NULL WHERE t.id = n.id;
@@ -525,16 +642,27 @@ COMMENT ON FUNCTION siwa.process_notification(bigint, integer, interval) IS
 CREATE OR REPLACE FUNCTION siwa.record_failure(
     p_id bigint, p_error text, p_max_attempts integer, p_retry_base_delay interval)
 RETURNS text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_attempts integer;
+    v_sub      text;
 BEGIN
-    UPDATE siwa.notifications SET attempts = attempts + 1, last_error = left(p_error, 2000)
+    UPDATE siwa.notifications
+       SET attempts = attempts + 1, last_error = left(siwa.redact_error(left(p_error, 10000)), 2000)
      WHERE id = p_id AND state = 'pending'
-    RETURNING attempts INTO v_attempts;
+    RETURNING attempts, sub INTO v_attempts, v_sub;
     IF v_attempts IS NULL THEN
         RETURN 'gone';
-    ELSIF v_attempts >= p_max_attempts THEN
+    END IF;
+    -- A late event of an account whose personal data is already erased: its attempt (which would have
+    -- erased this row's data) was rolled back, so erase it here, outside that attempt, whatever follows.
+    IF EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = v_sub AND a.personal_data_erased_at IS NOT NULL) THEN
+        UPDATE siwa.notifications
+           SET email = NULL, raw_token = NULL, last_error = siwa.erased_error(last_error, state),
+               personal_data_erased_at = coalesce(personal_data_erased_at, clock_timestamp())
+         WHERE id = p_id;
+    END IF;
+    IF v_attempts >= p_max_attempts THEN
         UPDATE siwa.notifications SET state = 'dead' WHERE id = p_id;
         RETURN 'dead';
     ELSE
@@ -549,7 +677,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.record_failure(bigint, text, integer, interval) IS
-    'Records a failed attempt at one pending notification: schedules a retry with exponential backoff (base × 2^(attempt−1), at most 1 hour) and jitter, or marks it dead after p_max_attempts. Returns retry, dead, or gone (not pending).';
+    'Records a failed attempt at one pending notification: stores the error redacted (siwa.redact_error), erases the row''s personal data if its account''s is erased, and schedules a retry with exponential backoff (base × 2^(attempt−1), at most 1 hour) and jitter, or marks it dead after p_max_attempts. Returns retry, dead, or gone (not pending).';
 
 -- Erases personal data of deleted accounts whose retention period has passed (see siwa.settings).
 CREATE OR REPLACE FUNCTION siwa.erase_due_personal_data(p_limit integer DEFAULT 100) RETURNS integer
@@ -585,11 +713,12 @@ $$;
 COMMENT ON FUNCTION siwa.erase_due_personal_data(integer) IS
     'Maintenance: erases the personal data of up to p_limit deleted accounts whose siwa.settings.erase_personal_data_after has passed. Returns how many.';
 
--- Retention: raw tokens and finished rows older than the given ages, in small batches.
+-- Retention: raw tokens of finished rows (dead ones included: requeueing needs no token) and applied or
+-- skipped rows older than the given ages, in small batches. Dead rows stay until requeued or deleted.
 CREATE OR REPLACE FUNCTION siwa.prune(
     p_tokens_older_than interval, p_rows_older_than interval, p_batch integer DEFAULT 1000)
 RETURNS TABLE (tokens_pruned integer, rows_pruned integer)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 BEGIN
     tokens_pruned := 0;
@@ -597,7 +726,7 @@ BEGIN
     IF p_tokens_older_than IS NOT NULL THEN
         WITH batch AS (
             SELECT q.id FROM siwa.notifications q
-             WHERE q.raw_token IS NOT NULL AND q.state IN ('applied', 'skipped')
+             WHERE q.raw_token IS NOT NULL AND q.state IN ('applied', 'skipped', 'dead')
                AND q.received_at < clock_timestamp() - p_tokens_older_than
              ORDER BY q.received_at LIMIT p_batch FOR UPDATE SKIP LOCKED)
         UPDATE siwa.notifications t SET raw_token = NULL FROM batch WHERE t.id = batch.id;
@@ -615,13 +744,13 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.prune(interval, interval, integer) IS
-    'Retention, one small batch per call: clears raw tokens of finished notifications older than p_tokens_older_than and deletes finished rows older than p_rows_older_than (NULL: keep). Call until both counts are 0. Keep rows longer than Apple redelivers a token (days), or a redelivered jti is applied again.';
+    'Retention, one small batch per call: clears raw tokens of finished notifications (applied, skipped or dead) older than p_tokens_older_than and deletes applied or skipped rows older than p_rows_older_than (NULL: keep). Call until both counts are 0. Keep rows longer than Apple redelivers a token (days), or a redelivered jti is applied again.';
 
 -- Requeues notifications (dead ones, or one by jti) for another round of attempts.
 CREATE OR REPLACE FUNCTION siwa.requeue(p_jti text DEFAULT NULL, p_state text DEFAULT NULL,
                                         p_since timestamptz DEFAULT NULL)
 RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_count integer;
 BEGIN
@@ -698,8 +827,9 @@ COMMENT ON COLUMN siwa.event_history.id IS 'Arrival order.';
 --     CREATE ROLE worker LOGIN PASSWORD '…' IN ROLE siwa_worker;
 --
 -- Functions run with the caller's rights (SECURITY INVOKER, PostgreSQL's default): each role is granted
--- exactly the tables its functions touch, nothing runs with more rights than its caller has, and no
--- search_path tricks apply. The consequence: a replaced siwa.on_event hook runs as the worker, so grant
+-- exactly the tables its functions touch and nothing runs with more rights than its caller has. Every
+-- function pins its search_path (pg_catalog, pg_temp), so objects another role creates in a schema on
+-- the caller's path (public, say) are never used in their place. The consequence: a replaced siwa.on_event hook runs as the worker, so grant
 -- siwa_worker what the hook touches in your own tables. Views, in contrast, read their tables with the
 -- rights of their owner (the role that ran this file): that is how siwa_admin reads history without any
 -- access to the tables themselves, and why the views never show raw tokens or refresh tokens.
@@ -727,7 +857,8 @@ SELECT a.sub,
        e.pending_events,
        e.dead_events,
        s.last_session_created_at,
-       r.revoked_sessions_by_reason
+       r.revoked_sessions_by_reason,
+       CASE WHEN a.deleted_at IS NOT NULL THEN 'deleted' ELSE 'active' END AS account_status
   FROM siwa.accounts a
   CROSS JOIN LATERAL (
         SELECT count(*) FILTER (WHERE ss.revoked_at IS NULL) AS open_sessions,
@@ -763,7 +894,7 @@ COMMENT ON COLUMN siwa.account_overview.sub IS 'The user''s team-scoped Apple id
 COMMENT ON COLUMN siwa.account_overview.email IS 'Latest email address Apple reported; NULL if none or erased.';
 COMMENT ON COLUMN siwa.account_overview.is_private_email IS 'Whether email is an Apple private relay address.';
 COMMENT ON COLUMN siwa.account_overview.email_status IS
-    'enabled or disabled: whether Apple forwards mail to the relay address; NULL until an email event arrives.';
+    'enabled or disabled: whether Apple forwards mail to the relay address; NULL until an email event arrives. Frozen once the account is deleted (account_status deleted): a deleted account has no address to mail.';
 COMMENT ON COLUMN siwa.account_overview.email_status_at IS 'event_time of the email event that set email_status.';
 COMMENT ON COLUMN siwa.account_overview.consent_revoked_at IS 'event_time of the latest consent-revoked event, if any.';
 COMMENT ON COLUMN siwa.account_overview.deleted_at IS 'event_time of the account-delete event, if any.';
@@ -780,6 +911,8 @@ COMMENT ON COLUMN siwa.account_overview.last_session_created_at IS
     'When the user last signed in (latest siwa.sessions.created_at, revoked or not); NULL if never.';
 COMMENT ON COLUMN siwa.account_overview.revoked_sessions_by_reason IS
     'Revoked sessions counted by revoke_reason, e.g. {"consent-revoked": 2}; {} if none.';
+COMMENT ON COLUMN siwa.account_overview.account_status IS
+    'deleted (the user deleted the Apple account: deleted_at is set; email_status no longer changes and means nothing) or active.';
 
 -- The queue at a glance, one row. `siwactl stats` reads these columns by name: add, never rename.
 CREATE OR REPLACE VIEW siwa.queue_health AS
@@ -883,13 +1016,21 @@ BEGIN
         GRANT SELECT ON siwa.event_history, siwa.account_overview, siwa.queue_health TO siwa_admin;
     END IF;
 
-    -- siwa_receiver: INSERT … ON CONFLICT (jti) DO NOTHING, which needs SELECT on the conflict target
-    -- column (jti) and on no other. The identity column and the statement trigger (siwa.notify_workers,
-    -- which NOTIFYs) need no grants of their own.
+    -- siwa_receiver: INSERT … ON CONFLICT (jti) DO NOTHING RETURNING jti, of exactly the columns the
+    -- receiver writes (the state, attempts, erasure and error columns keep their defaults: it cannot
+    -- store a row already applied or erased), which needs SELECT on the conflict target column (jti)
+    -- and on no other. Schema version 1 granted INSERT on the whole table: revoked first (which revokes
+    -- column grants too), then granted per column. The identity column and the statement trigger
+    -- (siwa.notify_workers, which NOTIFYs) need no grants of their own; the row trigger
+    -- siwa.erase_late_notification reads two columns of siwa.accounts as the receiver.
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_receiver') THEN
         GRANT USAGE ON SCHEMA siwa TO siwa_receiver;
-        GRANT INSERT ON siwa.notifications TO siwa_receiver;
+        REVOKE INSERT ON siwa.notifications FROM siwa_receiver;
+        GRANT INSERT (jti, event_type, sub, audience, email, is_private_email, event_time, issued_at,
+                      expires_at, raw_token)
+            ON siwa.notifications TO siwa_receiver;
         GRANT SELECT (jti) ON siwa.notifications TO siwa_receiver;
+        GRANT SELECT (sub, personal_data_erased_at) ON siwa.accounts TO siwa_receiver;
     END IF;
 
     -- siwa_worker: the worker's functions and everything they touch, as the worker (SECURITY INVOKER).
@@ -908,10 +1049,19 @@ BEGIN
              WHERE p.pronamespace = 'siwa'::regnamespace
                AND p.proname IN ('process_due_notifications', 'process_notification',
                                  'process_claimed_notification', 'apply_notification', 'record_failure',
-                                 'prune', 'erase_due_personal_data', 'erase_personal_data', 'on_event')
+                                 'prune', 'erase_due_personal_data', 'erase_personal_data', 'on_event',
+                                 'redact_error', 'erased_error')
         LOOP
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO siwa_worker', v_function);
         END LOOP;
     END IF;
+END;
+$$;
+
+-- The applying session gets its own search_path back (psql ends anyway; a longer session goes on).
+DO $$
+BEGIN
+    PERFORM pg_catalog.set_config('search_path',
+                                  pg_catalog.current_setting('siwa.schema_sql_saved_search_path'), false);
 END;
 $$;

@@ -11,6 +11,8 @@ enum MigrateVerb {
             Apply the schema embedded in this binary (schema.sql, version \(SiwaSchema.version)) in one
             transaction. Re-runnable: an up-to-date database is left as it is, data is never dropped.
             Prints the schema version before and after. Refuses a database newer than this binary.
+            Runs with search_path pinned to pg_catalog, and warns when a role other than this one (and
+            not a superuser) may create objects in a schema on the session's search_path.
             """,
         options: [databaseOption])
 
@@ -25,6 +27,23 @@ enum MigrateVerb {
     static func run(_ parsed: ParsedCommand) throws {
         let connection = try connect(parsed)
         defer { connection.close() }
+        // The schemas on this session's search_path, read before the path is pinned: objects others may
+        // create there are what the warning below is about.
+        let pathSchemas = try database("reading the search_path") {
+            try connection.query(
+                "SELECT pg_catalog.unnest(pg_catalog.current_schemas(false))::pg_catalog.text"
+            ).map { try $0[0, as: String.self] }
+        }
+        // From here on nothing this session runs can resolve to an object in a schema that another role
+        // may create objects in (a public.hashtextextended(text, integer) would otherwise win overload
+        // resolution and run as the owner): schema.sql names everything else by schema.
+        try database("pinning the search_path") {
+            try connection.simpleQuery("SET search_path = pg_catalog, pg_temp")
+        }
+        let warnings = try database("checking who may create objects on the search_path") {
+            try creatorWarnings(pathSchemas, on: connection)
+        }
+        for warning in warnings { writeError("siwactl migrate: warning: \(warning)") }
         let before = try database("reading the schema version") { try currentVersion(connection) }
         writeOut("schema version before: \(before.map(String.init) ?? "none")\n")
         if let before, before > SiwaSchema.version {
@@ -35,12 +54,48 @@ enum MigrateVerb {
         try database("applying the schema") {
             try connection.transaction { connection in
                 // One migration at a time: a second siwactl waits here, then finds nothing to do.
-                try connection.query("SELECT pg_advisory_xact_lock(hashtextextended('siwa.migrate', 0))")
+                try connection.query(
+                    "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('siwa.migrate', 0))")
                 try connection.simpleQuery(SiwaSchema.sql)
             }
         }
         let after = try database("reading the schema version") { try currentVersion(connection) }
         writeOut("schema version after: \(after.map(String.init) ?? "none")\n")
+    }
+
+    /// One warning per schema of `schemas` (the session's search_path) in which a role other than the
+    /// current one, and not a superuser, may create objects: such a role can plant functions and
+    /// operators that shadow PostgreSQL's for every session and hook using that path
+    /// (docs/operations.md). Runs with the search_path already pinned to pg_catalog.
+    static func creatorWarnings(_ schemas: [String], on connection: PostgresConnection) throws -> [String] {
+        var warnings: [String] = []
+        for schema in schemas {
+            guard
+                let row = try connection.query(
+                    """
+                    SELECT EXISTS (SELECT 1 FROM aclexplode(coalesce(n.nspacl, acldefault('n', n.nspowner))) g
+                                    WHERE g.grantee = 0 AND g.privilege_type = 'CREATE'),
+                           (SELECT string_agg(quote_ident(r.rolname), ', ' ORDER BY r.rolname)
+                              FROM pg_roles r
+                             WHERE r.rolcanlogin AND NOT r.rolsuper AND r.rolname <> current_user
+                               AND has_schema_privilege(r.oid, n.oid, 'CREATE'))
+                      FROM pg_namespace n
+                     WHERE n.nspname = $1
+                    """, [.text(schema)]
+                ).first
+            else { continue }
+            let everyone = try row[0, as: Bool.self]
+            let roles = try row[1, as: String?.self]
+            guard everyone || roles != nil else { continue }
+            let name = try connection.query("SELECT quote_ident($1)", [.text(schema)])[0][0, as: String.self]
+            let who = everyone ? "every role (CREATE is granted to PUBLIC)" : "these roles: \(roles ?? "")"
+            warnings.append(
+                "\(who) may create objects in schema \(name), which is on this session's search_path: "
+                    + "such objects can take the place of PostgreSQL's own in sessions and hooks that use this "
+                    + "path. Unless that is intended: REVOKE CREATE ON SCHEMA \(name) FROM "
+                    + (everyone ? "PUBLIC." : "\(roles ?? "")."))
+        }
+        return warnings
     }
 
     /// The highest version recorded in `siwa.schema_version`, or nil on a database without the schema.

@@ -91,7 +91,7 @@ let permissionDenied = "42501"
 @discardableResult
 func storeAsReceiver(
     _ database: AdminDatabase, jti: String, sub: String, eventType: String = "consent-revoked",
-    role: AdminRole = .receiver
+    email: String? = nil, role: AdminRole = .receiver
 ) throws -> NotificationStore.Outcome {
     let pool = PostgresPool(configuration: try database.configuration(as: role), maxConnections: 1)
     defer { pool.close() }
@@ -99,7 +99,8 @@ func storeAsReceiver(
     defer { store.close() }
     let now = Date()
     let notification = ServerNotification(
-        eventType: EventType(rawValue: eventType), subject: sub, eventTime: now.addingTimeInterval(-60),
+        eventType: EventType(rawValue: eventType), subject: sub, email: email,
+        isPrivateEmail: email.map { _ in true }, eventTime: now.addingTimeInterval(-60),
         jti: jti,
         audience: "com.example.app", audiences: ["com.example.app"], issuedAt: now,
         expiresAt: now.addingTimeInterval(86_400))

@@ -111,6 +111,65 @@ struct PrivilegeTests {
         #expect(sqlState { try receiver.query(statement) } == permissionDenied)
     }
 
+    static let receiverMayNotWrite = [
+        "state", "attempts", "next_attempt_at", "applied_at", "last_error", "personal_data_erased_at",
+        "received_at",
+    ]
+
+    @Test("siwa_receiver may not set the columns the worker and erasure own", arguments: receiverMayNotWrite)
+    func receiverCannotWriteColumn(column: String) throws {
+        let database = try AdminDatabase.make()
+        let receiver = try database.connect(as: .receiver)
+        defer { receiver.close() }
+        let value =
+            switch column {
+            case "state": "'applied'"
+            case "attempts": "0"
+            case "last_error": "'x'"
+            default: "now()"
+            }
+        #expect(
+            sqlState {
+                try receiver.query(
+                    """
+                    INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at, \(column))
+                    VALUES ('j-\(column)', 'account-delete', '001000.zed', 'com.example.app', now(), now(), \(value))
+                    ON CONFLICT (jti) DO NOTHING
+                    """)
+            } == permissionDenied)
+        let owner = try database.connectAsOwner()
+        defer { owner.close() }
+        #expect(try owner.query("SELECT count(*) FROM siwa.notifications")[0][0, as: Int.self] == 0)
+    }
+
+    @Test("applied again over schema version 1's table-wide INSERT grant, schema.sql takes it back")
+    func reapplyRevokesTableWideInsert() throws {
+        let database = try AdminDatabase.make()
+        let owner = try database.connectAsOwner()
+        defer { owner.close() }
+        try owner.simpleQuery("GRANT INSERT ON siwa.notifications TO siwa_receiver")  // as version 1 did
+        try owner.simpleQuery(AdminDatabase.schema)
+        let receiver = try database.connect(as: .receiver)
+        defer { receiver.close() }
+        #expect(
+            sqlState {
+                try receiver.query(
+                    """
+                    INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at, state)
+                    VALUES ('j', 'account-delete', '001000.zed', 'com.example.app', now(), now(), 'applied')
+                    """)
+            } == permissionDenied)
+        #expect(
+            try storeAsReceiver(
+                database, jti: "jti-after-upgrade", sub: "001000.zed", eventType: "email-enabled",
+                email: "zed@privaterelay.appleid.com") == .accepted)
+        let stored = try owner.query(
+            "SELECT state, email, attempts FROM siwa.notifications WHERE jti = 'jti-after-upgrade'")[0]
+        #expect(try stored[0, as: String.self] == "pending")
+        #expect(try stored[1, as: String?.self] == "zed@privaterelay.appleid.com")
+        #expect(try stored[2, as: Int.self] == 0)
+    }
+
     // MARK: siwa_worker
 
     @Test("siwa_worker applies a consent revocation end to end: the session is revoked")
