@@ -72,8 +72,8 @@ public struct JWKSSource: Sendable, CustomStringConvertible {
 
     public var description: String { url.absoluteString }
 
-    /// Fetches the key set's bytes, blocking the calling thread for at most ``timeout`` (plus name
-    /// resolution, which the system resolver bounds).
+    /// Fetches the key set's bytes, blocking the calling thread for at most ``timeout`` (name
+    /// resolution included). Proxy variables (`HTTPS_PROXY`) are not used: the host is reached directly.
     /// - Throws: ``JWKSFetchError`` saying why (never containing key material).
     public func fetch() throws -> Data {
         try KeySetDownload(url: url, maxBytes: maxBytes, timeout: timeout).run()

@@ -1,5 +1,6 @@
 import COpenSSL
 import Foundation
+import ServiceSupport
 
 #if canImport(Glibc)
     import Glibc
@@ -213,17 +214,8 @@ struct KeySetDownload {
 
         init(host: String, port: Int, useTLS: Bool, deadline: ContinuousClock.Instant) throws {
             self.deadline = deadline
-            var hints = addrinfo()
-            hints.ai_family = AF_UNSPEC
-            #if canImport(Glibc)
-                hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
-            #else
-                hints.ai_socktype = SOCK_STREAM
-            #endif
-            var list: UnsafeMutablePointer<addrinfo>?
-            guard getaddrinfo(host, String(port), &hints, &list) == 0, list != nil else {
-                throw JWKSFetchError("cannot resolve the host")
-            }
+            let list: UnsafeMutablePointer<addrinfo>? = try Resolution.resolve(
+                host: host, port: port, deadline: deadline)
             defer { freeaddrinfo(list) }
             var cursor = list
             while let address = cursor {
@@ -354,6 +346,60 @@ struct KeySetDownload {
                 throw JWKSFetchError(timedOut ? "timed out" : "connection failed")
             }
         }
+    }
+}
+
+/// Name resolution on a thread of its own, so that a resolver that hangs cannot hold a fetch (and the
+/// requests waiting for it) past the deadline; an abandoned lookup frees its own result.
+private final class Resolution: @unchecked Sendable {
+    private let lock = NSLock()
+    private let done = DispatchSemaphore(value: 0)
+    private var list: UnsafeMutablePointer<addrinfo>?
+    private var status: Int32 = 0
+    private var finished = false
+    private var abandoned = false
+
+    /// The addresses of `host` (free them with `freeaddrinfo`). - Throws: ``JWKSFetchError``.
+    static func resolve(host: String, port: Int, deadline: ContinuousClock.Instant) throws
+        -> UnsafeMutablePointer<addrinfo>
+    {
+        let lookup = Resolution()
+        let thread = Thread {
+            var hints = addrinfo()
+            hints.ai_family = AF_UNSPEC
+            #if canImport(Glibc)
+                hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+            #else
+                hints.ai_socktype = SOCK_STREAM
+            #endif
+            var list: UnsafeMutablePointer<addrinfo>?
+            let status = getaddrinfo(host, String(port), &hints, &list)
+            lookup.lock.lock()
+            if lookup.abandoned {
+                if let list { freeaddrinfo(list) }
+            } else {
+                lookup.list = list
+                lookup.status = status
+            }
+            lookup.finished = true
+            lookup.lock.unlock()
+            lookup.done.signal()
+        }
+        thread.name = "siwa-jwks-resolve"
+        thread.start()
+        let left = max(0, (deadline - ContinuousClock.now).inSeconds)
+        _ = lookup.done.wait(timeout: .now() + left)
+        lookup.lock.lock()
+        defer { lookup.lock.unlock() }
+        guard lookup.finished else {
+            lookup.abandoned = true
+            throw JWKSFetchError("timed out resolving the host")
+        }
+        guard lookup.status == 0, let list = lookup.list else {
+            if let list = lookup.list { freeaddrinfo(list) }
+            throw JWKSFetchError("cannot resolve the host")
+        }
+        return list
     }
 }
 

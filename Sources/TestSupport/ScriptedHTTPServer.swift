@@ -97,8 +97,7 @@ public final class ScriptedHTTPServer: Sendable {
             let count = buffer.withUnsafeMutableBytes { recv(client, $0.baseAddress, $0.count, 0) }
             if count <= 0 { return }
             received.append(contentsOf: buffer[0..<count])
-            if received.count >= 4, received.suffix(4).elementsEqual(end) { break }
-            if let _ = received.firstRange(of: end) { break }
+            if received.firstRange(of: end) != nil { break }
         }
         let head = String(decoding: received, as: UTF8.self)
         heads.withLock { $0.append(head) }
