@@ -62,7 +62,7 @@ struct KeySetDownload {
         }
         guard response.status == 200 else { throw JWKSFetchError("HTTP status \(response.status)") }
         if let encoding = response.single("content-encoding"), encoding.lowercased() != "identity" {
-            throw JWKSFetchError("refused a compressed answer (Content-Encoding \(encoding.prefix(20)))")
+            throw JWKSFetchError("refused a compressed answer (Content-Encoding)")
         }
         if let transfer = response.values("transfer-encoding").first {
             guard response.values("transfer-encoding").count == 1, transfer.lowercased() == "chunked",
