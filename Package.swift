@@ -31,7 +31,7 @@ let package = Package(
         .target(name: "ServiceSupport"),
         .target(
             name: "Receiver",
-            dependencies: ["AppleNotifications", "Postgres", "HTTPServer", "ServiceSupport"]),
+            dependencies: ["AppleNotifications", "COpenSSL", "Postgres", "HTTPServer", "ServiceSupport"]),
         .target(name: "Worker", dependencies: ["Postgres", "ServiceSupport", "HTTPServer"]),
 
         // schema.sql embedded as a Swift constant at build time (schema.sql stays the only source).
@@ -44,7 +44,9 @@ let package = Package(
         .executableTarget(name: "siwa-worker", dependencies: ["Worker", "ServiceSupport"]),
         .executableTarget(
             name: "siwactl",
-            dependencies: ["AppleNotifications", "Postgres", "ServiceSupport", "HTTPServer", "SiwaSchema"]),
+            dependencies: [
+                "AppleNotifications", "Postgres", "ServiceSupport", "HTTPServer", "SiwaSchema", "Receiver",
+            ]),
         .executableTarget(name: "siwa-bench", dependencies: ["AppleNotifications"]),
 
         // Shared test fixtures: a throwaway PostgreSQL cluster, a local JWKS server, a signer.

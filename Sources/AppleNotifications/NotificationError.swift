@@ -67,6 +67,9 @@ public struct NotificationError: Error, Sendable, CustomStringConvertible, Equat
         public static let wrongAudience = Code("wrong_audience")
         /// `exp` is in the past (beyond the leeway).
         public static let expired = Code("expired")
+        /// The token has no `exp` and its `iat` is older than the verifier's maximum token age
+        /// (beyond the leeway).
+        public static let tooOld = Code("too_old")
         /// `iat` is in the future (beyond the leeway).
         public static let issuedInFuture = Code("issued_in_future")
         /// The verifier was configured without any client ID.

@@ -9,6 +9,10 @@ import Foundation
 /// 3. the RS256 signature;
 /// 4. claims: `iss`, `aud`, `iat`, `exp`, `jti`, then `events`.
 ///
+/// A token with `exp` must not be past it; a token without `exp` must not be older than
+/// ``maxTokenAge`` (measured from `iat`), so a captured token cannot be replayed for ever, e.g. after
+/// retention has pruned the row that made it a duplicate. Both allow ``leeway`` for clock skew.
+///
 /// `iat` and `exp` are NumericDates: integers or finite fractional numbers between 0 and 10^11
 /// seconds; anything else is ``NotificationError/Code/badClaim``. `event_time` above 10^11 is read
 /// as milliseconds (captured traffic), otherwise as seconds (Apple's documentation example).
@@ -22,17 +26,32 @@ public struct NotificationVerifier: Sendable {
     public let audiences: Set<String>
     /// Clock skew tolerated for `iat` and `exp`, in seconds.
     public let leeway: TimeInterval
+    /// The oldest a token without `exp` may be, in seconds after its `iat` (plus ``leeway``);
+    /// older ones are refused with ``NotificationError/Code/tooOld``. Tokens with `exp` are bound
+    /// by their `exp` alone.
+    public let maxTokenAge: TimeInterval
 
-    /// Creates a verifier; an empty audience set or a negative leeway is refused.
-    public init(audiences: Set<String>, leeway: TimeInterval = 60) throws(NotificationError) {
+    /// The default ``maxTokenAge``: 24 hours, the lifetime Apple's tokens carry in `exp`.
+    public static let defaultMaxTokenAge: TimeInterval = 24 * 3600
+
+    /// Creates a verifier; an empty audience set, a negative leeway or a `maxTokenAge` that is not
+    /// positive is refused.
+    public init(
+        audiences: Set<String>, leeway: TimeInterval = 60,
+        maxTokenAge: TimeInterval = NotificationVerifier.defaultMaxTokenAge
+    ) throws(NotificationError) {
         guard !audiences.isEmpty, !audiences.contains("") else {
             throw NotificationError(.malformed, .noAudiences, "at least one non-empty client ID is required")
         }
         guard leeway >= 0, leeway.isFinite else {
             throw NotificationError(.malformed, .badClaim, "leeway must be a non-negative number")
         }
+        guard maxTokenAge > 0, maxTokenAge.isFinite else {
+            throw NotificationError(.malformed, .badClaim, "maxTokenAge must be a positive number")
+        }
         self.audiences = audiences
         self.leeway = leeway
+        self.maxTokenAge = maxTokenAge
     }
 
     /// Parses and verifies a token against a key set; a `kid` not in the set is
@@ -114,6 +133,10 @@ public struct NotificationVerifier: Sendable {
                 throw .verificationFailed(.expired, "exp is in the past")
             }
             expiresAt = date
+        } else {
+            guard now.timeIntervalSince(issuedAt) <= maxTokenAge + leeway else {
+                throw .verificationFailed(.tooOld, "no exp, and iat is older than the maximum token age")
+            }
         }
 
         guard let jtiValue = claims["jti"] else { throw .malformed(.missingClaim, "jti is missing") }

@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -18,6 +17,7 @@
 
 struct siwa_http_daemon {
     struct MHD_Daemon *mhd;
+    siwa_http_framing_fn framing;
     siwa_http_handler_fn handler;
     void *context;
     size_t max_body_bytes;
@@ -120,25 +120,6 @@ static void on_request_completed(void *cls, struct MHD_Connection *connection, v
     atomic_fetch_sub(&daemon->in_flight, 1);
 }
 
-static int parse_content_length(const char *text, unsigned long long *value) {
-    if (text == NULL || *text == '\0') {
-        return 0;
-    }
-    unsigned long long result = 0;
-    for (const char *p = text; *p != '\0'; p++) {
-        if (*p < '0' || *p > '9') {
-            return 0;
-        }
-        unsigned digit = (unsigned)(*p - '0');
-        if (result > (ULLONG_MAX - digit) / 10) {
-            return 0;
-        }
-        result = result * 10 + digit;
-    }
-    *value = result;
-    return 1;
-}
-
 static int append_body(siwa_http_exchange *exchange, const char *data, size_t size) {
     if (exchange->capacity - exchange->length < size) {
         size_t wanted = exchange->capacity == 0 ? 1024 : exchange->capacity;
@@ -188,21 +169,18 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *connection, c
         return MHD_YES;
     }
     if (!exchange->started) {
-        /* First call: headers only. Reject an announced oversized body before reading any of it. */
+        /* First call: headers only. The framing check (HTTPServer's, in Swift) refuses what would
+         * let a proxy and us disagree about where the request ends, and an announced oversized
+         * body, before any of the body is read. */
         exchange->started = 1;
         exchange->headers_at_ms = monotonic_ms();
-        const char *declared =
-            MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (declared != NULL) {
-            unsigned long long length = 0;
-            if (!parse_content_length(declared, &length)) {
-                exchange->answered = 1;
-                return queue_static_json(connection, MHD_HTTP_BAD_REQUEST, bad_request_json, 1);
-            }
-            if (length > daemon->max_body_bytes) {
-                exchange->answered = 1;
-                return queue_static_json(connection, MHD_HTTP_CONTENT_TOO_LARGE, too_large_json, 1);
-            }
+        unsigned int refusal = daemon->framing(daemon->context, exchange, version);
+        if (refusal != 0) {
+            exchange->answered = 1;
+            int too_large = refusal == MHD_HTTP_CONTENT_TOO_LARGE;
+            return queue_static_json(connection, too_large ? MHD_HTTP_CONTENT_TOO_LARGE
+                                                           : MHD_HTTP_BAD_REQUEST,
+                                     too_large ? too_large_json : bad_request_json, 1);
         }
         return MHD_YES;
     }
@@ -324,8 +302,9 @@ static int open_listener(const siwa_http_config *config, int *error, int *system
     return fd;
 }
 
-siwa_http_daemon *siwa_http_start(const siwa_http_config *config, siwa_http_handler_fn handler,
-                                  void *context, int *error, int *system_error) {
+siwa_http_daemon *siwa_http_start(const siwa_http_config *config, siwa_http_framing_fn framing,
+                                  siwa_http_handler_fn handler, void *context, int *error,
+                                  int *system_error) {
     *error = SIWA_HTTP_OK;
     *system_error = 0;
     pthread_once(&ignore_sigpipe_once, ignore_sigpipe);
@@ -335,6 +314,7 @@ siwa_http_daemon *siwa_http_start(const siwa_http_config *config, siwa_http_hand
         *error = SIWA_HTTP_ERROR_OUT_OF_MEMORY;
         return NULL;
     }
+    daemon->framing = framing;
     daemon->handler = handler;
     daemon->context = context;
     daemon->max_body_bytes = config->max_body_bytes;

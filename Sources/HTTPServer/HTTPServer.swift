@@ -9,7 +9,8 @@ import Synchronization
 /// handler threads, taking requests in arrival order from one shared queue. A handler may block
 /// (e.g. on the database) without delaying any other connection: no request waits behind another
 /// one that happened to share its I/O thread. Bodies larger than ``Configuration/maxBodyBytes`` are
-/// answered with 413 by the server itself.
+/// answered with 413 by the server itself, and requests whose framing is ambiguous (see
+/// ``HTTPFraming``) with 400, before any of their body is read.
 public final class HTTPServer: Sendable {
     /// How the server listens and what it tolerates. Build once; every field has a default.
     public struct Configuration: Sendable {
@@ -133,7 +134,8 @@ public final class HTTPServer: Sendable {
         handler: @escaping @Sendable (HTTPRequest) -> HTTPResponse
     ) {
         self.configuration = configuration
-        self.dispatcher = Dispatcher(handler: handler, onResponse: onResponse)
+        self.dispatcher = Dispatcher(
+            handler: handler, onResponse: onResponse, maxBodyBytes: configuration.maxBodyBytes)
     }
 
     deinit {
@@ -178,7 +180,7 @@ public final class HTTPServer: Sendable {
                 connection_timeout_seconds: UInt32(configuration.timeoutSeconds),
                 connection_memory_limit: configuration.connectionMemoryLimit,
                 listen_backlog: Int32(configuration.listenBacklog))
-            return siwa_http_start(&config, handleRequest, context, &error, &systemError)
+            return siwa_http_start(&config, checkFraming, handleRequest, context, &error, &systemError)
         }
         if let daemon { return daemon }
 
@@ -269,14 +271,26 @@ public final class HTTPServer: Sendable {
 private final class Dispatcher: Sendable {
     let handler: @Sendable (HTTPRequest) -> HTTPResponse
     let onResponse: (@Sendable (HTTPRequest, HTTPResponse, Duration) -> Void)?
+    let maxBodyBytes: Int
     let pool = HandlerPool()
 
     init(
         handler: @escaping @Sendable (HTTPRequest) -> HTTPResponse,
-        onResponse: (@Sendable (HTTPRequest, HTTPResponse, Duration) -> Void)?
+        onResponse: (@Sendable (HTTPRequest, HTTPResponse, Duration) -> Void)?, maxBodyBytes: Int
     ) {
         self.handler = handler
         self.onResponse = onResponse
+        self.maxBodyBytes = maxBodyBytes
+    }
+
+    /// On an I/O thread, once the headers are in and before any body is read: the framing verdict.
+    func checkFraming(_ exchange: OpaquePointer, version: String) -> UInt32 {
+        var fields: [(String, String)] = []
+        withUnsafeMutablePointer(to: &fields) { pointer in
+            siwa_http_each_header(exchange, collectHeader, pointer)
+        }
+        return UInt32(
+            HTTPFraming.refusal(fields: fields, version: version, maxBodyBytes: maxBodyBytes) ?? 0)
     }
 
     /// On an I/O thread, with the connection suspended: copies the request, hands it to a handler
@@ -366,6 +380,15 @@ private func handleRequest(
     let dispatcher = Unmanaged<Dispatcher>.fromOpaque(context).takeUnretainedValue()
     dispatcher.serve(exchange, view.pointee)
     return 1
+}
+
+/// The C entry point for the framing check; `context` is the server's `Dispatcher`.
+private func checkFraming(
+    _ context: UnsafeMutableRawPointer?, _ exchange: OpaquePointer?, _ version: UnsafePointer<CChar>?
+) -> UInt32 {
+    guard let context, let exchange else { return 400 }
+    let dispatcher = Unmanaged<Dispatcher>.fromOpaque(context).takeUnretainedValue()
+    return dispatcher.checkFraming(exchange, version: version.map { String(cString: $0) } ?? "")
 }
 
 /// A suspended request's C handle, carried to the handler thread that will answer it (once).

@@ -37,12 +37,14 @@ public struct PostgresConfiguration: Sendable, CustomStringConvertible {
     ) throws(PostgresError) {
         var errorMessage: UnsafeMutablePointer<CChar>? = nil
         guard let options = PQconninfoParse(connectionString, &errorMessage) else {
-            var message = "invalid connection string"
+            var libpqMessage = ""
             if let errorMessage {
-                message += ": " + String(cString: errorMessage).trimmingWhitespace()
+                libpqMessage = String(cString: errorMessage)
                 PQfreemem(errorMessage)
             }
-            throw PostgresError(code: .invalidConfiguration, message: message)
+            throw PostgresError(
+                code: .invalidConfiguration,
+                message: "invalid connection string: " + Self.redactedReason(libpqMessage))
         }
         defer { PQconninfoFree(options) }
         var values: [String: String] = [:]
@@ -64,6 +66,32 @@ public struct PostgresConfiguration: Sendable, CustomStringConvertible {
         self.user = values["user"]
         self.host = values["host"] ?? values["hostaddr"]
         self.port = values["port"]
+    }
+
+    /// A reason for a parse failure that quotes nothing from the connection string.
+    ///
+    /// libpq's messages quote the offending token or the whole URL (`invalid percent-encoded token:
+    /// "Sup3rS3cret%zz"`), which may be or contain the password; so they are never shown. Known
+    /// messages are mapped to fixed text of our own; anything else becomes a generic reason.
+    static func redactedReason(_ libpqMessage: String) -> String {
+        let reasons: [(String, String)] = [
+            ("invalid percent-encoded token", "a %-escape is not followed by two hex digits"),
+            ("forbidden value %00", "a %-escape decodes to a NUL byte"),
+            ("missing \"=\" after", "a conninfo word has no \"=\" (quote values that contain spaces)"),
+            ("unterminated quoted string", "a quoted conninfo value is not terminated"),
+            ("invalid connection option", "an unknown connection option is named"),
+            ("invalid URI query parameter", "a URL query parameter is not valid"),
+            ("extra key/value separator", "a URL query parameter has more than one \"=\""),
+            ("missing key/value separator", "a URL query parameter has no \"=\""),
+            ("IPv6 host address may not be empty", "the URL's IPv6 host is empty"),
+            ("end of string reached when looking for matching \"]\"", "the URL's IPv6 host lacks \"]\""),
+            ("unexpected character", "the URL has an unexpected character after the host"),
+            ("out of memory", "out of memory"),
+        ]
+        for (prefix, reason) in reasons where libpqMessage.contains(prefix) {
+            return reason + " (the text is not shown: it may contain the password)"
+        }
+        return "libpq cannot parse it (its message is not shown: it may quote the password)"
     }
 
     /// A summary such as `postgresql://app@/siwa?host=/run/postgresql&port=5432`, without any password.

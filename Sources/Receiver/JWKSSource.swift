@@ -1,14 +1,25 @@
 import Foundation
-import Synchronization
 
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
 #endif
 
-/// Where Apple's signing keys come from: an HTTPS URL (Apple's, by default).
+/// Where Apple's signing keys come from: an HTTPS URL (Apple's, by default), and how they are fetched.
 ///
-/// Certificates are checked by the platform's TLS stack; plain `http` is accepted only for loopback
-/// hosts (a local stand-in such as `siwactl fake-apple`), so a network attacker can never supply keys.
+/// The network is not trusted beyond TLS (the fetch is ``KeySetDownload``, not URLSession, whose
+/// libcurl buffers and inflates an answer faster than any delegate can refuse it):
+/// - the URL must be `https` (certificates checked by the platform's TLS stack); plain `http` only
+///   to a loopback address: an IPv4 literal in 127.0.0.0/8, `::1`, or exactly `localhost` (a local
+///   stand-in such as `siwactl fake-apple`), so a network attacker can never supply keys;
+/// - redirects are refused (Apple's key URL does not redirect; following one would hand the choice
+///   of key server to whoever answers first);
+/// - the request asks for `Accept-Encoding: identity`, and an answer with any `Content-Encoding` is
+///   refused before its body is read, so no compressed body is ever inflated;
+/// - a `Content-Length` above ``maxBytes`` is refused before the body is read, and a body is cut
+///   off as soon as more than ``maxBytes`` have arrived (chunked or not), so memory stays bounded;
+/// - only status 200 is accepted, and the whole fetch is bounded by ``timeout``.
 public struct JWKSSource: Sendable, CustomStringConvertible {
     /// Apple's published key set.
     public static let appleURL = URL(string: "https://appleid.apple.com/auth/keys")!
@@ -20,63 +31,53 @@ public struct JWKSSource: Sendable, CustomStringConvertible {
     /// The largest key set accepted, in bytes.
     public var maxBytes: Int
 
-    /// Validates the URL: `https`, or `http` to a loopback address.
+    /// Validates the URL: `https`, or `http` to a loopback address (see the type's documentation).
+    /// - Throws: ``ConfigurationError`` otherwise, or when `maxBytes` is not positive.
     public init(url: URL = JWKSSource.appleURL, timeout: TimeInterval = 10, maxBytes: Int = 1 << 20) throws {
-        guard let scheme = url.scheme?.lowercased(), let host = url.host?.lowercased(), !host.isEmpty else {
+        guard let scheme = url.scheme?.lowercased(), let host = url.host, !host.isEmpty else {
             throw ConfigurationError("JWKS URL must be absolute: \(url.absoluteString)")
         }
-        let loopback = host == "localhost" || host == "::1" || host == "[::1]" || host.hasPrefix("127.")
-        guard scheme == "https" || (scheme == "http" && loopback) else {
+        guard scheme == "https" || (scheme == "http" && Self.isLoopback(host: host)) else {
             throw ConfigurationError(
-                "JWKS URL must use https (http only for loopback hosts): \(url.absoluteString)")
+                "JWKS URL must use https (http only for 127.0.0.0/8, ::1 or localhost): \(url.absoluteString)"
+            )
+        }
+        guard maxBytes > 0, timeout > 0 else {
+            throw ConfigurationError("JWKS fetch limits must be positive")
         }
         self.url = url
         self.timeout = timeout
         self.maxBytes = maxBytes
     }
 
-    public var description: String { url.absoluteString }
-
-    /// Fetches the key set's bytes, blocking the calling thread for at most ``timeout``.
-    public func fetch() throws -> Data {
-        var request = URLRequest(
-            url: url, cachePolicy: .reloadIgnoringLocalCacheData, timeoutInterval: timeout)
-        request.setValue("application/json", forHTTPHeaderField: "Accept")
-        let outcome = Mutex<Result<(Data, Int), any Error>?>(nil)
-        let done = DispatchSemaphore(value: 0)
-        let task = Self.session.dataTask(with: request) { data, response, error in
-            let result: Result<(Data, Int), any Error>
-            if let error {
-                result = .failure(error)
-            } else {
-                result = .success((data ?? Data(), (response as? HTTPURLResponse)?.statusCode ?? 0))
+    /// Whether `host` (as in a URL, IPv6 possibly in brackets) is a loopback address: an IPv4 literal
+    /// in 127.0.0.0/8, the IPv6 literal `::1`, or the name `localhost`. No other name qualifies, so
+    /// `127.attacker.example` does not.
+    public static func isLoopback(host: String) -> Bool {
+        var literal = host
+        if literal.hasPrefix("["), literal.hasSuffix("]") { literal = String(literal.dropFirst().dropLast()) }
+        if literal.lowercased() == "localhost" { return true }
+        var v4 = in_addr()
+        if inet_pton(AF_INET, literal, &v4) == 1 {
+            return UInt32(bigEndian: v4.s_addr) >> 24 == 127
+        }
+        var v6 = in6_addr()
+        if inet_pton(AF_INET6, literal, &v6) == 1 {
+            return withUnsafeBytes(of: &v6) { bytes in
+                bytes.prefix(15).allSatisfy { $0 == 0 } && bytes[15] == 1
             }
-            outcome.withLock { $0 = result }
-            done.signal()
         }
-        task.resume()
-        if done.wait(timeout: .now() + timeout + 1) == .timedOut {
-            task.cancel()
-            throw JWKSFetchError("timed out after \(Int(timeout)) s")
-        }
-        switch outcome.withLock({ $0 })! {
-        case .failure(let error):
-            throw JWKSFetchError("request failed: \(error.localizedDescription)")
-        case .success(let (data, status)):
-            guard status == 200 else { throw JWKSFetchError("HTTP status \(status)") }
-            guard data.count <= maxBytes else {
-                throw JWKSFetchError("key set larger than \(maxBytes) bytes")
-            }
-            return data
-        }
+        return false
     }
 
-    private static let session: URLSession = {
-        let configuration = URLSessionConfiguration.ephemeral
-        configuration.urlCache = nil
-        configuration.httpCookieStorage = nil
-        return URLSession(configuration: configuration)
-    }()
+    public var description: String { url.absoluteString }
+
+    /// Fetches the key set's bytes, blocking the calling thread for at most ``timeout`` (name
+    /// resolution included). Proxy variables (`HTTPS_PROXY`) are not used: the host is reached directly.
+    /// - Throws: ``JWKSFetchError`` saying why (never containing key material).
+    public func fetch() throws -> Data {
+        try KeySetDownload(url: url, maxBytes: maxBytes, timeout: timeout).run()
+    }
 }
 
 /// A key set could not be fetched; the message says why (never containing key material).

@@ -28,6 +28,9 @@ public struct ReceiverConfiguration: Sendable {
     public var http: HTTPServer.Configuration
     /// How long shutdown waits for requests in flight.
     public var shutdownGracePeriod: Duration
+    /// The oldest a token without `exp` may be after its `iat` (see
+    /// ``NotificationVerifier/maxTokenAge``); keep stored rows longer than this.
+    public var maxTokenAge: Duration = .seconds(NotificationVerifier.defaultMaxTokenAge)
 
     /// - Throws: ``ConfigurationError`` when `audiences` is empty.
     public init(
@@ -98,7 +101,9 @@ public final class NotificationReceiver: Sendable {
             metrics.recordBatch(size: size, duration: duration)
         }
         let endpoint = NotificationEndpoint(
-            verifier: try NotificationVerifier(audiences: configuration.audiences), keys: keys,
+            verifier: try NotificationVerifier(
+                audiences: configuration.audiences, maxTokenAge: configuration.maxTokenAge.inSeconds),
+            keys: keys,
             store: store, logger: logger, metrics: metrics)
         var http = configuration.http
         http.host = configuration.host

@@ -33,6 +33,10 @@ let receiverCommand = CommandSpec(
             "jwks-refresh", valueName: "SECONDS", help: "Periodic key-set refresh interval.",
             environmentVariable: "SIWA_JWKS_REFRESH", defaultValue: "3600"),
         CommandOption(
+            "max-token-age", valueName: "SECONDS",
+            help: "Oldest accepted token without exp, from its iat (plus 60 s); keep events longer.",
+            environmentVariable: "SIWA_MAX_TOKEN_AGE", defaultValue: "86400"),
+        CommandOption(
             "max-body-bytes", valueName: "BYTES", help: "Largest request body; larger ones get 413.",
             environmentVariable: "SIWA_MAX_BODY_BYTES", defaultValue: "65536"),
         CommandOption(
@@ -109,12 +113,14 @@ private func makeConfiguration(_ parsed: ParsedCommand) throws -> (ReceiverConfi
     let keys = KeyStore.Configuration(
         refreshInterval: try parsed.seconds("jwks-refresh", positive: true) ?? .seconds(3600),
         cooldown: try parsed.seconds("jwks-cooldown", positive: true) ?? .seconds(30))
-    let configuration = try ReceiverConfiguration(
+    var configuration = try ReceiverConfiguration(
         host: listen.host, port: listen.port,
         database: try PostgresConfiguration(
             parsed.value("database-url") ?? "", applicationName: "siwa-receiver"),
         audiences: Set(audiences), jwks: try JWKSSource(url: jwksURL), keys: keys,
         poolSize: try parsed.integer("pool-size", in: 1...1000) ?? 16, http: http)
+    configuration.maxTokenAge =
+        try parsed.seconds("max-token-age", positive: true) ?? configuration.maxTokenAge
     return (configuration, Logger(label: "siwa-receiver", level: level))
 }
 

@@ -1,10 +1,7 @@
 import AppleNotifications
 import Foundation
+import Receiver
 import ServiceSupport
-
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
 
 /// `siwactl verify`: verify one notification token and print what it says.
 enum VerifyVerb {
@@ -16,7 +13,9 @@ enum VerifyVerb {
             """,
         options: [
             CommandOption(
-                "jwks", valueName: "FILE_OR_URL", help: "Key set: a file, or an http(s) URL.",
+                "jwks", valueName: "FILE_OR_URL",
+                help:
+                    "Key set: a file, or an https URL (http only for loopback), fetched as the receiver does.",
                 isRequired: true,
                 environmentVariable: "SIWA_JWKS_URL"),
             CommandOption(
@@ -24,6 +23,10 @@ enum VerifyVerb {
                 isRequired: true,
                 environmentVariable: "SIWA_AUDIENCES"),
             CommandOption("at", valueName: "ISO8601", help: "Verify as of this instant instead of now."),
+            CommandOption(
+                "max-token-age", valueName: "SECONDS",
+                help: "Oldest accepted token without exp, from its iat (plus 60 s), as of --at.",
+                environmentVariable: "SIWA_MAX_TOKEN_AGE", defaultValue: "86400"),
         ],
         positionals: [CommandPositional("TOKEN", help: "The token or body, or '-' for stdin.")])
 
@@ -45,7 +48,9 @@ enum VerifyVerb {
     }
 
     static func run(_ parsed: ParsedCommand, now: Date) async throws {
-        let verifier = try NotificationVerifier(audiences: Set(parsed.values("audience")))
+        let maxTokenAge = try parsed.seconds("max-token-age", positive: true) ?? .seconds(86400)
+        let verifier = try NotificationVerifier(
+            audiences: Set(parsed.values("audience")), maxTokenAge: maxTokenAge.inSeconds)
         let input = parsed.positionals[0]
         let raw: String
         if input == "-" {
@@ -70,22 +75,17 @@ enum VerifyVerb {
         return payload
     }
 
+    /// A file's bytes, or the key set fetched from an http(s) URL by ``JWKSSource`` (the receiver's
+    /// policy: https or loopback http, no redirects, no compression, at most 1 MiB, 15 s).
     static func loadKeySet(_ location: String) async throws -> Data {
         if location.hasPrefix("https://") || location.hasPrefix("http://") {
             guard let url = URL(string: location) else { throw ToolFailure("invalid JWKS URL") }
-            var request = URLRequest(url: url, timeoutInterval: 15)
-            request.setValue("application/json", forHTTPHeaderField: "Accept")
-            let (data, response): (Data, URLResponse)
+            let source = try JWKSSource(url: url, timeout: 15)
             do {
-                (data, response) = try await URLSession.shared.data(for: request)
+                return try source.fetch()
             } catch {
-                throw ToolFailure(
-                    "cannot fetch JWKS from \(url.host ?? "URL"): \(error.localizedDescription)")
+                throw ToolFailure("cannot fetch JWKS from \(url.host ?? "URL"): \(error)")
             }
-            guard let http = response as? HTTPURLResponse, http.statusCode == 200 else {
-                throw ToolFailure("JWKS fetch did not answer 200")
-            }
-            return data
         }
         guard let data = FileManager.default.contents(atPath: location) else {
             throw ToolFailure("cannot read \(location)")

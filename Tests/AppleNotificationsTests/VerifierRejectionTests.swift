@@ -180,6 +180,45 @@ struct VerifierRejectionTests {
         _ = try verify(token, now: fixedNow.addingTimeInterval(3600))
     }
 
+    @Test("a token without exp older than the maximum age (24 h plus 60 s leeway) is refused as too_old")
+    func tokenWithoutExpTooOld() throws {
+        var claims = appleClaims()
+        claims["exp"] = nil
+        let token = appleToken(claims: claims)
+        let error = rejection(token, now: fixedNow.addingTimeInterval(86_400 + 61))
+        #expect(error?.kind == .verificationFailed)
+        #expect(error?.code == .tooOld)
+        #expect(error?.code.rawValue == "too_old")
+        // A shorter maximum age, as `--max-token-age` sets it.
+        let strict = try NotificationVerifier(audiences: [TestSigning.audience], maxTokenAge: 600)
+        #expect(throws: NotificationError.self) {
+            try strict.verify(
+                token: token, keys: TestSigning.appleKeySet, now: fixedNow.addingTimeInterval(661))
+        }
+        #expect(throws: NotificationError.self) {
+            try NotificationVerifier(audiences: [TestSigning.audience], maxTokenAge: 0)
+        }
+    }
+
+    @Test("a token without exp within the maximum age, or one with exp, is judged as before")
+    func tokenWithoutExpWithinAge() throws {
+        var claims = appleClaims()
+        claims["exp"] = nil
+        let token = appleToken(claims: claims)
+        let fresh = try verify(token, now: fixedNow.addingTimeInterval(86_400 + 59))
+        #expect(fresh.expiresAt == nil)
+        let strict = try NotificationVerifier(audiences: [TestSigning.audience], maxTokenAge: 600)
+        _ = try strict.verify(
+            token: token, keys: TestSigning.appleKeySet, now: fixedNow.addingTimeInterval(659))
+        // With exp, exp alone decides, whatever the maximum age.
+        var long = appleClaims()
+        long["exp"] = 1_700_000_000 + 3 * 86_400
+        let withExp = appleToken(claims: long)
+        _ = try strict.verify(
+            token: withExp, keys: TestSigning.appleKeySet, now: fixedNow.addingTimeInterval(2 * 86_400))
+        #expect(rejection(withExp, now: fixedNow.addingTimeInterval(3 * 86_400 + 61))?.code == .expired)
+    }
+
     @Test("refuses a missing jti")
     func missingJTI() {
         var claims = appleClaims()

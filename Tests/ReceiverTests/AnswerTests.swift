@@ -95,6 +95,65 @@ struct AnswerTests {
         #expect(response.text.contains("expired"))
     }
 
+    @Test("a token without exp older than the maximum token age is answered 401 too_old and stores nothing")
+    func tooOldWithoutExp() throws {
+        let harness = try ReceiverHarness(maxTokenAge: .seconds(3600))
+        func tokenWithoutExp(issuedAgo seconds: TimeInterval, jti: String) throws -> String {
+            let issued = Date(timeIntervalSinceNow: -seconds)
+            var claims = TestSigning.apple.claims(
+                type: "consent-revoked", subject: "001.noexp", audience: TestSigning.audience, email: nil,
+                isPrivateEmail: nil, eventTime: issued, issuedAt: issued, jti: jti)
+            claims["exp"] = nil
+            return try TestSigning.apple.sign(claims: claims)
+        }
+        let oldJTI = UUID().uuidString
+        let old = try harness.deliver(try tokenWithoutExp(issuedAgo: 7200, jti: oldJTI))
+        #expect(old.status == 401)
+        #expect(old.text == #"{"error":"verification failed","reason":"too_old"}"#)
+        #expect(try harness.rowCount(jti: oldJTI) == 0)
+        #expect(
+            try harness.get("/metrics").text.contains(
+                #"siwa_verification_failures_total{reason="too_old"} 1"#))
+
+        let freshJTI = UUID().uuidString
+        #expect(try harness.deliver(try tokenWithoutExp(issuedAgo: 600, jti: freshJTI)).status == 200)
+        #expect(try harness.rowCount(jti: freshJTI) == 1)
+    }
+
+    @Test("a genuine token sent with two Content-Length fields is answered 400 and stores nothing")
+    func repeatedContentLength() throws {
+        let harness = try ReceiverHarness()
+        let jti = UUID().uuidString
+        let body = Array(#"{"payload":"\#(TestSigning.token(jti: jti))"}"#.utf8)
+        let connection = try RawHTTPConnection(host: "127.0.0.1", port: harness.receiver.port!)
+        try connection.send(
+            "POST \(NotificationEndpoint.notificationPath) HTTP/1.1\r\nHost: x\r\n"
+                + "Content-Type: application/json\r\nContent-Length: \(body.count)\r\nContent-Length: 0\r\n\r\n"
+        )
+        _ = connection.sendUnlessClosed(body)
+        #expect(try connection.readOutcome() == .answered(status: 400))
+        #expect(try harness.rowCount(jti: jti) == 0)
+    }
+
+    @Test("a request smuggled in a body framed by 'Content-Length : N' is never served")
+    func smuggledBehindSpaceBeforeColon() throws {
+        let harness = try ReceiverHarness()
+        let jti = UUID().uuidString
+        let body = #"{"payload":"\#(TestSigning.token(jti: jti))"}"#
+        // A proxy that reads "Content-Length : N" as the length sees one request to /healthz whose
+        // body is the inner request; a server that ignores the field would serve the inner one.
+        let inner =
+            "POST \(NotificationEndpoint.notificationPath) HTTP/1.1\r\nHost: x\r\n"
+            + "Content-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n" + body
+        let connection = try RawHTTPConnection(host: "127.0.0.1", port: harness.receiver.port!)
+        try connection.send(
+            "POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length : \(inner.utf8.count)\r\n\r\n")
+        _ = connection.sendUnlessClosed(Array(inner.utf8))
+        #expect(try connection.readOutcome() == .answered(status: 400))
+        #expect(connection.waitForClose(timeout: .seconds(5)))
+        #expect(try harness.rowCount(jti: jti) == 0)
+    }
+
     @Test("a token issued in the future is answered 401")
     func issuedInFuture() throws {
         let harness = try ReceiverHarness()

@@ -18,7 +18,7 @@ final class ReceiverHarness: @unchecked Sendable {
     init(
         cluster: PostgresCluster? = nil, cooldown: Duration = .seconds(30), poolSize: Int = 8,
         maxBodyBytes: Int = 65536, keySet: Data = TestSigning.apple.jwksJSON(), waitForKeys: Bool = true,
-        connectionTimeout: Duration? = nil, connectionLimit: Int? = nil
+        connectionTimeout: Duration? = nil, connectionLimit: Int? = nil, maxTokenAge: Duration? = nil
     ) throws {
         database = try (cluster ?? PostgresCluster.shared).createDatabase(applying: try Self.schema())
         jwks = try JWKSTestServer(body: keySet)
@@ -27,11 +27,12 @@ final class ReceiverHarness: @unchecked Sendable {
         http.threadCount = 16
         if let connectionTimeout { http.connectionTimeout = connectionTimeout }
         if let connectionLimit { http.connectionLimit = connectionLimit }
-        let configuration = try ReceiverConfiguration(
+        var configuration = try ReceiverConfiguration(
             host: "127.0.0.1", port: 0, database: database, audiences: [TestSigning.audience],
             jwks: try JWKSSource(url: jwks.url, timeout: 2),
             keys: KeyStore.Configuration(refreshInterval: .seconds(3600), cooldown: cooldown),
             poolSize: poolSize, poolTimeout: .seconds(2), http: http)
+        if let maxTokenAge { configuration.maxTokenAge = maxTokenAge }
         let logs = self.logs
         receiver = try NotificationReceiver(
             configuration: configuration,

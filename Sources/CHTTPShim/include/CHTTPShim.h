@@ -5,7 +5,7 @@
  *
  * Everything that does not import into Swift lives here: the variadic MHD_start_daemon, the option
  * and flag enums, the per-request state machine of the access handler (body accumulation with a size
- * limit, early 413), and response construction. Swift sees only opaque handles and plain C types.
+ * limit, an early answer when the Swift framing check refuses the headers), and response construction. Swift sees only opaque handles and plain C types.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -47,6 +47,14 @@ typedef struct siwa_http_request_view {
 typedef int (*siwa_http_handler_fn)(void *context, siwa_http_exchange *exchange,
                                     const siwa_http_request_view *request);
 
+/**
+ * Called on a daemon I/O thread once a request's headers have arrived, before any of its body is
+ * read: may inspect the headers (siwa_http_each_header) and returns 0 to go on, or a status (400 or
+ * 413) that the server answers at once, closing the connection without reading the body.
+ */
+typedef unsigned int (*siwa_http_framing_fn)(void *context, siwa_http_exchange *exchange,
+                                             const char *version);
+
 /** Receives one request header; the strings are valid only during the call. */
 typedef void (*siwa_http_header_fn)(void *context, const char *name, size_t name_length,
                                     const char *value, size_t value_length);
@@ -65,10 +73,11 @@ enum {
 /**
  * Binds and listens on the configured address, then starts libmicrohttpd with an internal epoll
  * thread pool. Returns NULL on failure with `*error` set to one of the SIWA_HTTP_ERROR_* values.
- * `context` is passed to `handler` unchanged and must outlive the daemon.
+ * `context` is passed to `framing` and `handler` unchanged and must outlive the daemon.
  */
-siwa_http_daemon *siwa_http_start(const siwa_http_config *config, siwa_http_handler_fn handler,
-                                  void *context, int *error, int *system_error);
+siwa_http_daemon *siwa_http_start(const siwa_http_config *config, siwa_http_framing_fn framing,
+                                  siwa_http_handler_fn handler, void *context, int *error,
+                                  int *system_error);
 
 /** The port the daemon is bound to (the real one when 0 was configured). */
 uint16_t siwa_http_port(const siwa_http_daemon *daemon);
