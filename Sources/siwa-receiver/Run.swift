@@ -54,7 +54,8 @@ let receiverCommand = CommandSpec(
             environmentVariable: "SIWA_LOG_LEVEL", defaultValue: "info"),
     ])
 
-/// Parses the configuration, runs until SIGTERM/SIGINT, and returns the exit status.
+/// Parses the configuration, runs until SIGTERM/SIGINT, and returns the exit status: 0 stopped by a
+/// signal, 1 failure (e.g. the port is taken), 2 usage error.
 func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
     let signals = TerminationSignals()
     let parsed: ParsedCommand
@@ -76,17 +77,19 @@ func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
         writeStandardError("siwa-receiver: \(error)\n")
         return 2
     }
+    let receiver: NotificationReceiver
     do {
-        let receiver = try NotificationReceiver(configuration: configuration, logger: logger)
-        try receiver.start()
-        let name = signals.wait()
-        logger.info("shutting down", ["signal": .string(name)])
-        receiver.shutdown()
-        return 0
+        receiver = try NotificationReceiver(configuration: configuration, logger: logger)
     } catch {
         logger.error("siwa-receiver failed", ["error": .string(String(describing: error))])
         return 1
     }
+    // One service: the receiver starts its parts in order and stops them in reverse, joining every
+    // thread it started (HTTP daemon and handlers, committers, key refresher) before shutdown returns.
+    let group = ServiceGroup(
+        [.background("siwa-receiver", start: { try receiver.start() }, stop: { receiver.shutdown() })],
+        signals: signals, logger: logger)
+    return group.run().exitStatus
 }
 
 private func makeConfiguration(_ parsed: ParsedCommand) throws -> (ReceiverConfiguration, Logger) {
