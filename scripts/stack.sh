@@ -48,8 +48,8 @@ choose_state_dir() {
   check_private_state "$private"
   if [[ -d $STATE ]]; then # left by an earlier run that stopped at the postgres user's access
     [[ ! -e $STATE/pgdata ]] || fail "$STATE holds a cluster the postgres user cannot reach; set SIWA_STATE_DIR"
-    cp -a "$STATE/." "$private/"
-    rm -rf "$STATE"
+    find "$STATE" -mindepth 1 -maxdepth 1 -exec mv -t "$private" {} +
+    rmdir "$STATE"
   fi
   ln -s "$private" "$STATE"
   STATE=$private
