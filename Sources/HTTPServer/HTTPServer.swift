@@ -2,7 +2,7 @@ import CHTTPShim
 import Foundation
 import Synchronization
 
-/// A small HTTP/1.1 server on libmicrohttpd with an internal epoll thread pool.
+/// A small HTTP/1.1 server on libmicrohttpd with an internal thread pool of poll() loops.
 ///
 /// libmicrohttpd's I/O threads read requests and write responses; once a request's body has
 /// arrived, its connection is suspended and the handler runs on one of ``Configuration/threadCount``
@@ -19,7 +19,7 @@ public final class HTTPServer: Sendable {
         public var port: Int
         /// Handler threads: the most requests being handled at once (handlers may block).
         public var threadCount: Int
-        /// libmicrohttpd's I/O threads, each with its own epoll loop; they never run a handler.
+        /// libmicrohttpd's I/O threads, each with its own poll() loop; they never run a handler.
         public var ioThreadCount: Int
         /// The largest accepted request body. A larger `Content-Length` gets 413 before any body is
         /// read; a chunked body stops being buffered once past the limit and gets 413 at its end

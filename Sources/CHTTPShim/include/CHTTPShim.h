@@ -63,7 +63,7 @@ enum {
 };
 
 /**
- * Binds and listens on the configured address, then starts libmicrohttpd with an internal epoll
+ * Binds and listens on the configured address, then starts libmicrohttpd with an internal poll()
  * thread pool. Returns NULL on failure with `*error` set to one of the SIWA_HTTP_ERROR_* values.
  * `context` is passed to `handler` unchanged and must outlive the daemon.
  */
