@@ -135,7 +135,7 @@ if let metricsAddress {
                 do {
                     try server.start()
                 } catch {
-                    throw WorkerStartError(
+                    throw WorkerFailure(
                         "cannot serve metrics: \((error as? HTTPServerError)?.message ?? "\(error)")")
                 }
                 logger.info("serving metrics", ["port": .int(server.port ?? metricsAddress.port)])
@@ -158,7 +158,7 @@ if parsed.flag("once") {
                 } catch {
                     let code = (error as? WorkerError)?.code.description ?? "unknown"
                     logger.error("drain failed", ["error_code": .string(code)])
-                    throw error
+                    throw WorkerFailure("drain failed (\(code))")  // the code only, as logged above
                 }
             }, stop: { worker.stop() }))
 } else {
@@ -171,8 +171,8 @@ if parsed.flag("once") {
             }))
 }
 
-/// A service could not start; the message says why.
-struct WorkerStartError: Error, CustomStringConvertible {
+/// Why a service could not start or failed, for the group's log line (no database message in it).
+struct WorkerFailure: Error, CustomStringConvertible {
     let description: String
     init(_ description: String) { self.description = description }
 }
