@@ -8,17 +8,26 @@ CONFIG     ?= debug
 BUILD_FLAGS = -c $(CONFIG)
 BIN         = $(shell $(SWIFT) build $(BUILD_FLAGS) --show-bin-path 2>/dev/null)
 
-# What building and testing need from Debian (PostgreSQL server binaries for the test cluster, the
-# openssl CLI for interoperability fixtures; nginx, systemd-analyze and PyYAML for validate-deploy).
-DEB_PACKAGES = pkg-config libpq-dev libssl-dev libmicrohttpd-dev postgresql openssl ca-certificates \
-               nginx systemd python3-yaml curl
+# What each goal needs from Debian. Building: the C libraries' headers. The demo: PostgreSQL (server
+# and psql), curl and python3 for the script. Testing, on top: the openssl CLI for interoperability
+# fixtures, CA certificates, and nginx, systemd-analyze and PyYAML for validate-deploy.
+BUILD_PACKAGES = pkg-config libpq-dev libssl-dev libmicrohttpd-dev
+DEMO_PACKAGES  = $(BUILD_PACKAGES) postgresql curl python3
+TEST_PACKAGES  = $(DEMO_PACKAGES) openssl ca-certificates nginx systemd python3-yaml
 
-.PHONY: all deps build release test lint format demo run coverage bench clean validate-deploy
+.PHONY: all deps demo-deps test-deps build release test lint format demo run coverage bench clean \
+        validate-deploy
 
 all: build
 
 deps:
-	@./scripts/ensure-debian-packages $(DEB_PACKAGES)
+	@./scripts/ensure-debian-packages $(BUILD_PACKAGES)
+
+demo-deps:
+	@./scripts/ensure-debian-packages $(DEMO_PACKAGES)
+
+test-deps:
+	@./scripts/ensure-debian-packages $(TEST_PACKAGES)
 
 build: deps
 	$(SWIFT) build $(BUILD_FLAGS)
@@ -32,11 +41,11 @@ lint:
 format:
 	$(SWIFT) format -i -r Sources Tests Plugins Fuzz Package.swift
 
-test: deps lint validate-deploy
+test: test-deps lint validate-deploy
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
 
-coverage: deps
+coverage: test-deps
 	$(SWIFT) test --enable-code-coverage
 	"$$(dirname "$$(readlink -f "$$(command -v $(SWIFT))")")/llvm-cov" report \
 	  "$$($(SWIFT) build --show-bin-path)/siwa-notificationsPackageTests.xctest" \
@@ -45,7 +54,7 @@ coverage: deps
 
 # Benchmarks (not part of `make test`): release binaries, a throwaway PostgreSQL with fsync on, wrk and
 # pgbench side by side. Pass options with BENCH_ARGS, e.g. `make bench BENCH_ARGS=--quick`.
-bench: deps
+bench: demo-deps
 	@./scripts/ensure-debian-packages wrk postgresql-client
 	$(SWIFT) build -c release
 	python3 scripts/bench.py $(BENCH_ARGS)
@@ -62,25 +71,27 @@ fuzz: deps
 # restarts, kill -9 of receiver and workers, JWKS faults, pool exhaustion, disk full. Exits 1 on any lost
 # acknowledged notification. Pass options with DRILLS_ARGS, e.g. `make drills DRILLS_ARGS=--quick`.
 .PHONY: drills
-drills: deps
+drills: demo-deps
 	@./scripts/ensure-debian-packages postgresql-client
 	$(SWIFT) build -c release
 	python3 drills/drills.py $(DRILLS_ARGS)
 
 # Static and loopback checks of deploy/ (systemd units, nginx site, Kubernetes YAML, Dockerfile, env
 # names against the binaries' --help).
-validate-deploy: build
+validate-deploy: test-deps build
 	./scripts/validate-deploy "$(BIN)"
 
-# The whole pipeline end to end on this machine: PostgreSQL under .siwa/ (or SIWA_DATABASE_URL), a
+# The whole pipeline end to end on this machine: PostgreSQL under .siwa/ (or SIWA_DATABASE_URL; as root
+# with a checkout the postgres user cannot reach, under /var/tmp/siwa-demo-*, linked from .siwa), a
 # stand-in for Apple's keys, receiver and worker; one notification of each type; then all is stopped.
-demo: build
+demo: demo-deps build
 	@./scripts/demo "$(BIN)"
 
 # The same stack, kept up until Ctrl-C.
-run: build
+run: demo-deps build
 	@./scripts/run "$(BIN)"
 
 clean:
 	$(SWIFT) package clean
+	if [ -L .siwa ]; then rm -rf "$$(readlink .siwa)"; fi
 	rm -rf .siwa

@@ -27,7 +27,7 @@ let package = Package(
         // Libraries.
         .target(name: "AppleNotifications", dependencies: ["COpenSSL"]),
         .target(name: "Postgres", dependencies: ["CLibPQ"]),
-        .target(name: "HTTPServer", dependencies: ["CHTTPShim"]),
+        .target(name: "HTTPServer", dependencies: ["CHTTPShim", "ServiceSupport"]),
         .target(name: "ServiceSupport"),
         .target(
             name: "Receiver",

@@ -1,9 +1,62 @@
 # Shared by scripts/demo and scripts/run (sourced, not executed): a local stack of PostgreSQL (an
 # embedded cluster under .siwa/ unless SIWA_DATABASE_URL points elsewhere), a stand-in for Apple's key
 # endpoint (siwactl fake-apple), siwa-receiver and siwa-worker. Everything started is stopped on exit.
+#
+# The state (cluster, keys, logs) lives in $SIWA_STATE_DIR if set, else in .siwa/ of the checkout. As
+# root the cluster runs as the postgres user, who often cannot reach a checkout under a private home
+# (/root is mode 700); then the state lives in /var/tmp/siwa-demo-<hash of the checkout's path>, owned by
+# postgres and mode 700, and .siwa is a symbolic link to it, so every path below .siwa/ still works.
 
 : "${BIN:?BIN must name the directory holding the built executables}"
-STATE=${SIWA_STATE_DIR:-$PWD/.siwa}
+
+fail() {
+  echo "$*" >&2
+  exit 1
+}
+
+# A state directory outside the checkout must be ours: a real directory (not a link) owned by postgres
+# and writable by nobody else, so another local user cannot have planted it in the shared /var/tmp.
+check_private_state() {
+  local dir=$1
+  [[ -d $dir && ! -L $dir ]] || fail "$dir is not a directory; remove it or set SIWA_STATE_DIR"
+  [[ $(stat -c %U "$dir") == postgres ]] ||
+    fail "$dir belongs to $(stat -c %U "$dir"), not postgres; remove it or set SIWA_STATE_DIR"
+  [[ $(stat -c %a "$dir") == 700 ]] || fail "$dir is not mode 700; remove it or set SIWA_STATE_DIR"
+}
+
+choose_state_dir() {
+  STATE_NOTE=
+  if [[ -n ${SIWA_STATE_DIR:-} ]]; then
+    STATE=$SIWA_STATE_DIR
+    return
+  fi
+  STATE=$PWD/.siwa
+  [[ $(id -u) -eq 0 && -z ${SIWA_DATABASE_URL:-} ]] || return 0
+  if [[ -L $STATE ]]; then # set up by an earlier run
+    STATE=$(readlink "$STATE")
+    check_private_state "$STATE"
+    STATE_NOTE="(.siwa links there: the postgres user cannot reach $PWD)"
+    return
+  fi
+  runuser -u postgres -- test -x "$PWD" 2>/dev/null && return 0
+  local private
+  private=/var/tmp/siwa-demo-$(printf '%s' "$PWD" | sha256sum | cut -c1-12)
+  if [[ ! -e $private && ! -L $private ]]; then
+    mkdir -m 700 "$private" # fails if someone else created it meanwhile
+    chown postgres:postgres "$private"
+  fi
+  check_private_state "$private"
+  if [[ -d $STATE ]]; then # left by an earlier run that stopped at the postgres user's access
+    [[ ! -e $STATE/pgdata ]] || fail "$STATE holds a cluster the postgres user cannot reach; set SIWA_STATE_DIR"
+    find "$STATE" -mindepth 1 -maxdepth 1 -exec mv -t "$private" {} +
+    rmdir "$STATE"
+  fi
+  ln -s "$private" "$STATE"
+  STATE=$private
+  STATE_NOTE="(.siwa links there: the postgres user cannot reach $PWD)"
+}
+
+choose_state_dir
 AUDIENCE=${SIWA_DEMO_AUDIENCE:-com.example.siwa.demo}
 RECEIVER_PORT=${SIWA_DEMO_RECEIVER_PORT:-8080}
 APPLE_PORT=${SIWA_DEMO_APPLE_PORT:-8081}
@@ -42,12 +95,11 @@ stack_database() {
     return
   fi
   mkdir -p "$STATE"
+  echo "state (cluster, keys, logs): $STATE $STATE_NOTE"
   if [[ $(id -u) -eq 0 ]]; then
     chown postgres "$STATE"
-    if ! runuser -u postgres -- test -w "$STATE"; then
-      echo "the postgres user cannot write $STATE (a parent directory is private); set SIWA_STATE_DIR" >&2
-      exit 1
-    fi
+    runuser -u postgres -- test -w "$STATE" 2>/dev/null ||
+      fail "the postgres user cannot write $STATE (a parent directory is private); set SIWA_STATE_DIR"
   fi
   if [[ ! -f $STATE/pgdata/PG_VERSION ]]; then
     echo "creating a local PostgreSQL cluster in $STATE/pgdata"

@@ -2,7 +2,7 @@ import CHTTPShim
 import Foundation
 import Synchronization
 
-/// A small HTTP/1.1 server on libmicrohttpd with an internal epoll thread pool.
+/// A small HTTP/1.1 server on libmicrohttpd with an internal thread pool of poll() loops.
 ///
 /// libmicrohttpd's I/O threads read requests and write responses; once a request's body has
 /// arrived, its connection is suspended and the handler runs on one of ``Configuration/threadCount``
@@ -20,7 +20,7 @@ public final class HTTPServer: Sendable {
         public var port: Int
         /// Handler threads: the most requests being handled at once (handlers may block).
         public var threadCount: Int
-        /// libmicrohttpd's I/O threads, each with its own epoll loop; they never run a handler.
+        /// libmicrohttpd's I/O threads, each with its own poll() loop; they never run a handler.
         public var ioThreadCount: Int
         /// The largest accepted request body. A larger `Content-Length` gets 413 before any body is
         /// read; a chunked body stops being buffered once past the limit and gets 413 at its end
@@ -158,7 +158,7 @@ public final class HTTPServer: Sendable {
             do throws(HTTPServerError) {
                 daemon = try startDaemon()
             } catch {
-                dispatcher.pool.stop()
+                dispatcher.pool.stopAndJoin()
                 throw error
             }
             phase = .running(daemon, port: Int(siwa_http_port(daemon)))
@@ -223,10 +223,13 @@ public final class HTTPServer: Sendable {
     }
 
     /// Stops gracefully: refuses new connections at once, lets in-flight requests finish for up to
-    /// `gracePeriod` (responses sent meanwhile carry `Connection: close`), then closes every
+    /// `gracePeriod` (responses sent meanwhile carry `Connection: close`), answers any request that
+    /// completes after that with 503 `{"error":"shutting down"}` (Apple retries it), then closes every
     /// connection. Handlers still running after the grace period are waited for (libmicrohttpd
-    /// cannot stop while a request awaits its answer), so handlers must not block forever. Must not
-    /// be called from a handler. Calling it again, or on a server that never started, returns at once.
+    /// cannot stop while a request awaits its answer), so handlers must not block forever. Returns
+    /// once every thread the server started (libmicrohttpd's and the handler threads) has ended. Must
+    /// not be called from a handler. Calling it again, or on a server that never started, returns at
+    /// once.
     ///
     /// - Returns: `true` when every in-flight request finished within the grace period.
     @discardableResult
@@ -253,16 +256,21 @@ public final class HTTPServer: Sendable {
             Thread.sleep(forTimeInterval: 0.002)
             drained = siwa_http_in_flight(daemon) == 0
         }
-        // Every request handed to a handler must be answered before the daemon may stop; give the
-        // answers just queued a moment to be written before the connections close.
+        // Every request handed to a handler must be answered before the daemon may stop
+        // (libmicrohttpd aborts the process otherwise). Past the grace period no further request
+        // reaches a handler (a keep-alive connection may still send one: it gets 503 and is closed),
+        // so once the unanswered ones are answered none can follow.
+        siwa_http_refuse_requests(daemon)
+        while siwa_http_unanswered(daemon) > 0 { Thread.sleep(forTimeInterval: 0.002) }
         dispatcher.pool.waitUntilIdle()
+        // Give the answers just queued a moment to be written before the connections close.
         let flushDeadline = clock.now.advanced(by: .seconds(1))
         while siwa_http_in_flight(daemon) > 0 && clock.now < flushDeadline {
             Thread.sleep(forTimeInterval: 0.002)
         }
         phase.withLock { $0 = .stopped }
-        siwa_http_stop(daemon)
-        dispatcher.pool.stop()
+        siwa_http_stop(daemon)  // joins libmicrohttpd's own threads
+        dispatcher.pool.stopAndJoin()
         return drained
     }
 }

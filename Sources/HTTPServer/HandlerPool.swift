@@ -1,4 +1,5 @@
 import Foundation
+import ServiceSupport
 
 /// A fixed set of threads running submitted jobs in arrival order from one shared queue.
 ///
@@ -11,18 +12,17 @@ final class HandlerPool: @unchecked Sendable {
     private var running = 0
     private var threads = 0
     private var stopping = false
+    private var started: [JoinableThread] = []
 
     /// Starts `count` threads (once).
     func start(threads count: Int) {
         condition.lock()
         defer { condition.unlock() }
-        guard threads == 0 else { return }
+        guard threads == 0, started.isEmpty else { return }
         threads = count
         stopping = false
         for index in 0..<count {
-            let thread = Thread { [self] in work() }
-            thread.name = "siwa-http-\(index)"
-            thread.start()
+            started.append(JoinableThread(name: "siwa-http-\(index)") { [self] in work() })
         }
     }
 
@@ -47,6 +47,16 @@ final class HandlerPool: @unchecked Sendable {
         stopping = true
         condition.broadcast()
         condition.unlock()
+    }
+
+    /// Stops (see ``stop()``) and returns once every thread has ended. Must not be called from a job.
+    func stopAndJoin() {
+        stop()
+        condition.lock()
+        let threads = started
+        started = []
+        condition.unlock()
+        for thread in threads { thread.join() }
     }
 
     private func work() {

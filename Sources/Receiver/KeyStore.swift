@@ -43,7 +43,7 @@ public final class KeyStore: @unchecked Sendable {
     private var fetching = false
     private var generation = 0
     private var stopped = false
-    private var refresher: Thread?
+    private var refresher: JoinableThread?
 
     /// - Parameters:
     ///   - source: fetches the key set's bytes (e.g. ``JWKSSource/fetch()``).
@@ -115,18 +115,18 @@ public final class KeyStore: @unchecked Sendable {
         condition.lock()
         defer { condition.unlock() }
         guard refresher == nil, !stopped else { return }
-        let thread = Thread { [self] in self.refreshLoop() }
-        thread.name = "siwa-jwks-refresh"
-        refresher = thread
-        thread.start()
+        refresher = JoinableThread(name: "siwa-jwks-refresh") { [self] in self.refreshLoop() }
     }
 
-    /// Stops the background refresher.
+    /// Stops the background refresher and returns once its thread has ended. A fetch in progress is
+    /// waited for; it is bounded by the source's own timeout (``JWKSSource/timeout``).
     public func stop() {
         condition.lock()
         stopped = true
         condition.broadcast()
+        let thread = refresher
         condition.unlock()
+        thread?.join()
     }
 
     private func refreshLoop() {

@@ -111,10 +111,16 @@ public final class NotificationReceiver: Sendable {
         server = HTTPServer(configuration: http) { request in endpoint.handle(request) }
     }
 
-    /// Starts listening and loading keys; returns once the port is bound.
+    /// Starts listening and loading keys; returns once the port is bound. When it throws (e.g. the port is
+    /// taken), nothing it started is left running.
     public func start() throws {
         keys.start()
-        try server.start()
+        do {
+            try server.start()
+        } catch {
+            release()
+            throw error
+        }
         logger.info(
             "siwa-receiver listening",
             [
@@ -127,14 +133,22 @@ public final class NotificationReceiver: Sendable {
     public var port: Int? { server.port }
 
     /// Stops accepting, lets requests in flight finish (up to the grace period), then releases
-    /// everything. Returns whether every request in flight finished.
+    /// everything, in the reverse order of starting: the HTTP server (its daemon and handler threads
+    /// joined), the store (queued rows committed, committer threads joined), the key refresher (joined;
+    /// a fetch in progress is waited for, bounded by the source's timeout), the connections. When it
+    /// returns, no thread the receiver started is running. Returns whether every request in flight
+    /// finished within the grace period.
     @discardableResult
     public func shutdown() -> Bool {
         let drained = server.shutdown(gracePeriod: configuration.shutdownGracePeriod)
+        release()
+        logger.info("siwa-receiver stopped", ["drained": .bool(drained)])
+        return drained
+    }
+
+    private func release() {
         store.close()
         keys.stop()
         pool.close()
-        logger.info("siwa-receiver stopped", ["drained": .bool(drained)])
-        return drained
     }
 }

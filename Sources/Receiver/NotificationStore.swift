@@ -77,7 +77,7 @@ public final class NotificationStore: @unchecked Sendable {
     private let condition = NSCondition()
     private var queue: [Ticket] = []  // guarded by `condition`
     private var closed = false  // guarded by `condition`
-    private var committers: [Thread] = []
+    private var committers: [JoinableThread] = []
 
     /// Stores into the database behind `pool`, which must hold schema.sql.
     /// - Parameter observeBatch: told the size and duration of every committed batch (metrics).
@@ -89,10 +89,8 @@ public final class NotificationStore: @unchecked Sendable {
         self.configuration = configuration
         self.observeBatch = observeBatch
         for index in 0..<configuration.committers {
-            let thread = Thread { self.commitLoop() }  // the thread keeps the store alive until close()
-            thread.name = "siwa-commit-\(index)"
-            committers.append(thread)
-            thread.start()
+            // The thread keeps the store alive until close().
+            committers.append(JoinableThread(name: "siwa-commit-\(index)") { self.commitLoop() })
         }
     }
 
@@ -128,13 +126,16 @@ public final class NotificationStore: @unchecked Sendable {
         (try? pool.ping()) != nil
     }
 
-    /// Commits what is queued, then stops the committer threads. Later calls to ``store(_:rawToken:)``
-    /// throw.
+    /// Commits what is queued, then stops the committer threads and returns once they have ended. Later
+    /// calls to ``store(_:rawToken:)`` throw.
     public func close() {
         condition.lock()
         closed = true
         condition.broadcast()
+        let threads = committers
+        committers = []
         condition.unlock()
+        for thread in threads { thread.join() }
     }
 
     private func commitLoop() {

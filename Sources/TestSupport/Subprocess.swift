@@ -1,5 +1,12 @@
 import Foundation
 
+/// glibc's `posix_spawn_file_actions_addclosefrom_np` (2.34+), which Swift's Glibc module does not export.
+private typealias AddCloseFrom =
+    @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32
+private let closeFrom: AddCloseFrom? = dlopen(nil, RTLD_NOW).flatMap { handle in
+    dlsym(handle, "posix_spawn_file_actions_addclosefrom_np").map { unsafeBitCast($0, to: AddCloseFrom.self) }
+}
+
 /// A child process started with `posix_spawn` and reaped with `waitpid`.
 ///
 /// Tests use this instead of `Foundation.Process`, whose SIGCHLD-based exit detection can miss exits
@@ -33,6 +40,10 @@ public final class Subprocess: @unchecked Sendable {
             &actions, 1, standardOutput ?? "/dev/null", O_WRONLY | O_CREAT | O_APPEND, 0o644)
         posix_spawn_file_actions_addopen(
             &actions, 2, standardError ?? "/dev/null", O_WRONLY | O_CREAT | O_APPEND, 0o644)
+        // Nothing else the test process has open leaks into the child: a file another test is writing
+        // (say, a copied binary about to be run) would otherwise stay open in a long-lived child and make
+        // exec of that file fail with ETXTBSY.
+        _ = closeFrom?(&actions, 3)
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }

@@ -3,6 +3,7 @@ import HTTPServer
 import Postgres
 import Receiver
 import ServiceSupport
+import Synchronization
 
 let receiverCommand = CommandSpec(
     name: "siwa-receiver",
@@ -58,7 +59,8 @@ let receiverCommand = CommandSpec(
             environmentVariable: "SIWA_LOG_LEVEL", defaultValue: "info"),
     ])
 
-/// Parses the configuration, runs until SIGTERM/SIGINT, and returns the exit status.
+/// Parses the configuration, runs until SIGTERM/SIGINT, and returns the exit status: 0 stopped by a
+/// signal, 1 failure (e.g. the port is taken), 2 usage error.
 func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
     let signals = TerminationSignals()
     let parsed: ParsedCommand
@@ -80,17 +82,29 @@ func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
         writeStandardError("siwa-receiver: \(error)\n")
         return 2
     }
-    do {
-        let receiver = try NotificationReceiver(configuration: configuration, logger: logger)
-        try receiver.start()
-        let name = signals.wait()
-        logger.info("shutting down", ["signal": .string(name)])
-        receiver.shutdown()
-        return 0
-    } catch {
-        logger.error("siwa-receiver failed", ["error": .string(String(describing: error))])
-        return 1
-    }
+    // One service: the receiver starts its parts in order and stops them in reverse, joining every
+    // thread it started (HTTP daemon and handlers, committers, key refresher) before shutdown returns.
+    // It is built when the group starts it, so a signal during start-up leaves no thread behind.
+    let receiver = StartedReceiver()
+    let group = ServiceGroup(
+        [
+            .background(
+                "siwa-receiver",
+                start: {
+                    let started = try NotificationReceiver(configuration: configuration, logger: logger)
+                    try started.start()  // on failure it has released what it started
+                    receiver.set(started)
+                }, stop: { receiver.get()?.shutdown() })
+        ],
+        signals: signals, logger: logger)
+    return group.run().exitStatus
+}
+
+/// The receiver once started, for the group's stop.
+private final class StartedReceiver: Sendable {
+    private let value = Mutex<NotificationReceiver?>(nil)
+    func set(_ receiver: NotificationReceiver) { value.withLock { $0 = receiver } }
+    func get() -> NotificationReceiver? { value.withLock { $0 } }
 }
 
 private func makeConfiguration(_ parsed: ParsedCommand) throws -> (ReceiverConfiguration, Logger) {

@@ -3,7 +3,6 @@ import Foundation
 import HTTPServer
 import Postgres
 import ServiceSupport
-import Synchronization
 import Worker
 
 // siwa-worker: applies stored Sign in with Apple notifications. This file only parses the configuration
@@ -124,7 +123,9 @@ do {
 let signals = TerminationSignals()
 let worker = Worker(configuration: configuration, logger: logger, metrics: metrics)
 
-var metricsServer: HTTPServer?
+// The services, started in this order and stopped in the reverse order (see ServiceGroup): the metrics
+// server, then the worker's lanes. The worker ending by itself (--once) or failing stops the group too.
+var services: [Service] = []
 if let metricsAddress {
     let server = HTTPServer(
         configuration: HTTPServer.Configuration(
@@ -136,52 +137,56 @@ if let metricsAddress {
         response.headers.replaceOrAdd(name: "Content-Type", value: "text/plain; version=0.0.4; charset=utf-8")
         return response
     }
-    do {
-        try server.start()
-    } catch {
-        fail("cannot serve metrics: \(error.message)", status: 1)
-    }
-    logger.info("serving metrics", ["port": .int(server.port ?? metricsAddress.port)])
-    metricsServer = server
+    services.append(
+        .background(
+            "metrics server",
+            start: {
+                do {
+                    try server.start()
+                } catch {
+                    throw WorkerFailure(
+                        "cannot serve metrics: \((error as? HTTPServerError)?.message ?? "\(error)")")
+                }
+                logger.info("serving metrics", ["port": .int(server.port ?? metricsAddress.port)])
+            },
+            stop: { server.shutdown(gracePeriod: .seconds(2)) }))
+}
+if parsed.flag("once") {
+    services.append(
+        .task(
+            "siwa-worker",
+            run: {
+                do {
+                    let summary = try worker.drainOnce()
+                    logger.info(
+                        "drained",
+                        [
+                            "applied": .int(summary.applied), "skipped": .int(summary.skipped),
+                            "retried": .int(summary.retried), "dead": .int(summary.dead),
+                        ])
+                } catch {
+                    let code = (error as? WorkerError)?.code.description ?? "unknown"
+                    logger.error("drain failed", ["error_code": .string(code)])
+                    throw WorkerFailure("drain failed (\(code))")  // the code only, as logged above
+                }
+            }, stop: { worker.stop() }))
+} else {
+    services.append(
+        .task(
+            "siwa-worker", run: { worker.run() },
+            stop: {
+                logger.info("stopping: finishing the current batches")
+                worker.stop()
+            }))
 }
 
-/// The exit status decided by the thread running the worker.
-final class ExitStatus: Sendable {
-    let value = Mutex<Int32>(0)
+/// Why a service could not start or failed, for the group's log line (no database message in it).
+struct WorkerFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
 }
-let status = ExitStatus()
-let finished = DispatchSemaphore(value: 0)
-let once = parsed.flag("once")
-let runner = Thread {
-    if once {
-        do {
-            let summary = try worker.drainOnce()
-            logger.info(
-                "drained",
-                [
-                    "applied": .int(summary.applied), "skipped": .int(summary.skipped),
-                    "retried": .int(summary.retried), "dead": .int(summary.dead),
-                ])
-        } catch {
-            let code = (error as? WorkerError)?.code.description ?? "unknown"
-            logger.error("drain failed", ["error_code": .string(code)])
-            status.value.withLock { $0 = 1 }
-        }
-    } else {
-        worker.run()
-    }
-    finished.signal()
-}
-runner.name = "siwa-worker-main"
-runner.start()
 
-while finished.wait(timeout: .now()) != .success {
-    if signals.wait(timeout: .milliseconds(200)) {
-        logger.info("stopping: finishing the current batches")
-        worker.stop()
-        finished.wait()
-        break
-    }
-}
-_ = metricsServer?.shutdown(gracePeriod: .seconds(2))
-exit(status.value.withLock { $0 })
+let outcome = ServiceGroup(services, signals: signals, logger: logger).run()
+// Every thread of ours has ended (the group joined them); `_exit` skips the atexit teardown that races
+// with threads we do not own.
+terminateProcess(status: outcome.exitStatus)

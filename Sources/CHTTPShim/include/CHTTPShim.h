@@ -71,7 +71,7 @@ enum {
 };
 
 /**
- * Binds and listens on the configured address, then starts libmicrohttpd with an internal epoll
+ * Binds and listens on the configured address, then starts libmicrohttpd with an internal poll()
  * thread pool. Returns NULL on failure with `*error` set to one of the SIWA_HTTP_ERROR_* values.
  * `context` is passed to `framing` and `handler` unchanged and must outlive the daemon.
  */
@@ -88,8 +88,17 @@ long siwa_http_in_flight(const siwa_http_daemon *daemon);
 /** Stops accepting new connections; existing ones continue and are asked to close after a response. */
 void siwa_http_quiesce(siwa_http_daemon *daemon);
 
+/** From now on, requests that complete are answered 503 with `Connection: close` by the daemon itself
+ * instead of being handed to the handler; call after quiesce, once the grace period is over. */
+void siwa_http_refuse_requests(siwa_http_daemon *daemon);
+
+/** Requests handed to the handler and not yet answered with siwa_http_respond. Once it is 0 after
+ * siwa_http_refuse_requests, it stays 0 and siwa_http_stop is safe. */
+long siwa_http_unanswered(const siwa_http_daemon *daemon);
+
 /** Stops the daemon (closing all connections), closes the listen socket, and frees `daemon`. Every
- * exchange must have been answered first (libmicrohttpd cannot stop with suspended connections). */
+ * exchange must have been answered first (libmicrohttpd cannot stop with suspended connections): call
+ * siwa_http_refuse_requests, then wait for siwa_http_unanswered to reach 0. */
 void siwa_http_stop(siwa_http_daemon *daemon);
 
 /** Calls `each` for every request header, in arrival order. */
