@@ -154,8 +154,6 @@ struct LockTests {
             END;
             $$;
             UPDATE siwa.settings SET erase_personal_data_after = interval '1 day';
-            INSERT INTO siwa.accounts (sub, email, deleted_at)
-            VALUES ('gone', 'gone@privaterelay.appleid.com', now() - interval '2 days');
             """)
         try db.insert(jti: "stuck", type: "consent-revoked", sub: "stuck")
         let worker = try db.worker(concurrency: 1, maintenanceInterval: .milliseconds(200))
@@ -165,19 +163,25 @@ struct LockTests {
             stop()
         }
 
+        let laneInBatch = """
+            SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'active'
+               AND query LIKE '%process_due_notifications%'
+            """
+        // Only once the lane is stuck in its batch does an account's erasure become due.
+        #expect(try waitUntil(timeout: .seconds(10)) { try db.value(laneInBatch, as: Int.self) == 1 })
+        try db.connection.execute(
+            """
+            INSERT INTO siwa.accounts (sub, email, deleted_at)
+            VALUES ('gone', 'gone@privaterelay.appleid.com', now() - interval '2 days')
+            """)
+
         let erased =
             "SELECT personal_data_erased_at IS NOT NULL AND email IS NULL FROM siwa.accounts WHERE sub = 'gone'"
         #expect(try waitUntil(timeout: .seconds(10)) { try db.value(erased, as: Bool.self) })
         // The lane was in its batch all along.
         #expect(try db.state("stuck") == "pending")
-        #expect(
-            try db.value(
-                """
-                SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'active'
-                   AND query LIKE '%process_due_notifications%'
-                """,
-                as: Int.self) == 1)
+        #expect(try db.value(laneInBatch, as: Int.self) == 1)
 
         try db.connection.execute("UPDATE gate SET open = true")
         #expect(try waitUntil(timeout: .seconds(10)) { try db.state("stuck") == "applied" })
