@@ -324,6 +324,13 @@ final class Transfer {
     /// libcurl's result as an error whose text holds no URL, header value or body.
     private func failure(for code: CURLcode) -> Failure {
         let library = "libcurl: \(Self.text(code))"
+        var proxyStatus = 0
+        if let handle { _ = siwa_curl_getinfo_long(handle, CURLINFO_HTTP_CONNECTCODE, &proxyStatus) }
+        if proxyStatus != 0, !(200..<300).contains(proxyStatus) {
+            return Failure(
+                .proxy, "the proxy refused the tunnel (HTTP status \(proxyStatus)) (\(library))",
+                curlCode: Int(code.rawValue))
+        }
         let kind: (OutboundHTTP.Error.Code, String)
         switch code {
         case CURLE_OPERATION_TIMEDOUT:
