@@ -23,8 +23,8 @@ import Foundation
 /// - a redirect (3xx) is returned as it is, never followed;
 /// - `Accept-Encoding: identity` is sent and nothing is ever inflated: a `Content-Encoding` answer is
 ///   delivered raw, or refused before its body is read (``Policy/refusesContentEncoding``);
-/// - `https_proxy`/`HTTPS_PROXY` (and `no_proxy`) are honoured for `https` URLs (TLS stays end to end
-///   through `CONNECT`); loopback is never proxied;
+/// - `https_proxy`/`HTTPS_PROXY` (and `no_proxy`) from the environment the executable hands in are
+///   honoured for `https` URLs (TLS stays end to end through `CONNECT`); loopback is never proxied;
 /// - no cookies, no authentication negotiation, no other protocol than http and https.
 public enum OutboundHTTP {
     /// Whether `host` (as in a URL, IPv6 possibly in brackets) is a loopback address: an IPv4 literal
@@ -63,10 +63,12 @@ public enum OutboundHTTP {
         /// `false` such a body is delivered raw; it is never inflated either way.
         public var refusesContentEncoding: Bool
         /// Whether `https_proxy`/`HTTPS_PROXY` and `no_proxy`/`NO_PROXY` from the client's
-        /// environment apply to `https` URLs. Loopback is never proxied.
+        /// ``Client/environment`` apply to `https` URLs. Loopback is never proxied. (libcurl's own
+        /// reading of proxy variables is always overridden.)
         public var usesProxyFromEnvironment: Bool
         /// A PEM file of CA certificates to trust instead of the system's bundle; `nil` means the
-        /// environment's `SSL_CERT_FILE` if set (OpenSSL's convention), else the system's bundle.
+        /// client's environment's `SSL_CERT_FILE` if set (OpenSSL's convention), else the system's
+        /// bundle.
         public var caFile: String?
         /// The `User-Agent` sent.
         public var userAgent: String
@@ -217,12 +219,14 @@ public enum OutboundHTTP {
     public struct Client: Sendable {
         /// The policy every request is held to.
         public var policy: Policy
-        /// The environment read for proxies and `SSL_CERT_FILE` (the process's, by default).
+        /// Where `https_proxy`/`HTTPS_PROXY`, `no_proxy`/`NO_PROXY` and `SSL_CERT_FILE` are read: the
+        /// executable's environment, handed in (libraries read none). Empty by default: no proxy, and
+        /// the system's CA bundle.
         public var environment: [String: String]
 
-        /// A client; `environment` defaults to the process's.
+        /// A client.
         public init(
-            policy: Policy = Policy(), environment: [String: String] = ProcessInfo.processInfo.environment
+            policy: Policy = Policy(), environment: [String: String] = [:]
         ) {
             self.policy = policy
             self.environment = environment

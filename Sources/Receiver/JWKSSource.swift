@@ -30,10 +30,17 @@ public struct JWKSSource: Sendable, CustomStringConvertible {
     public var timeout: TimeInterval
     /// The largest key set accepted, in bytes.
     public var maxBytes: Int
+    /// Where the fetch's proxy (`https_proxy`/`HTTPS_PROXY`, `no_proxy`/`NO_PROXY`) and CA file
+    /// (`SSL_CERT_FILE`) come from: the executable's environment, handed in (libraries read none).
+    /// Empty: a direct connection, and the system's CA bundle.
+    public var environment: [String: String]
 
     /// Validates the URL: `https`, or `http` to a loopback address (see the type's documentation).
     /// - Throws: ``ConfigurationError`` otherwise, or when `maxBytes` is not positive.
-    public init(url: URL = JWKSSource.appleURL, timeout: TimeInterval = 10, maxBytes: Int = 1 << 20) throws {
+    public init(
+        url: URL = JWKSSource.appleURL, timeout: TimeInterval = 10, maxBytes: Int = 1 << 20,
+        environment: [String: String] = [:]
+    ) throws {
         guard let scheme = url.scheme?.lowercased(), let host = url.host, !host.isEmpty else {
             throw ConfigurationError("JWKS URL must be absolute: \(url.absoluteString)")
         }
@@ -48,6 +55,7 @@ public struct JWKSSource: Sendable, CustomStringConvertible {
         self.url = url
         self.timeout = timeout
         self.maxBytes = maxBytes
+        self.environment = environment
     }
 
     /// Whether `host` (as in a URL, IPv6 possibly in brackets) is a loopback address: an IPv4 literal
@@ -72,7 +80,7 @@ public struct JWKSSource: Sendable, CustomStringConvertible {
     public func fetch() throws -> Data {
         let response: OutboundHTTP.Response
         do {
-            response = try OutboundHTTP.Client(policy: policy).perform(
+            response = try OutboundHTTP.Client(policy: policy, environment: environment).perform(
                 OutboundHTTP.Request(url: url, headers: [OutboundHTTP.Header("Accept", "application/json")]))
         } catch {
             throw JWKSFetchError(error.description)
