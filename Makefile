@@ -10,7 +10,9 @@ BIN         = $(shell $(SWIFT) build $(BUILD_FLAGS) --show-bin-path 2>/dev/null)
 
 # What building and testing need from Debian (PostgreSQL server binaries for the test cluster, the
 # openssl CLI for interoperability fixtures; nginx, systemd-analyze and PyYAML for validate-deploy).
-DEB_PACKAGES = pkg-config libpq-dev libssl-dev libmicrohttpd-dev postgresql openssl ca-certificates \
+# libcurl4-openssl-dev: outbound HTTP (Apple's key set) is libcurl, through the HTTPClient module.
+DEB_PACKAGES = pkg-config libpq-dev libssl-dev libmicrohttpd-dev libcurl4-openssl-dev postgresql openssl \
+               ca-certificates \
                nginx systemd python3-yaml curl
 
 .PHONY: all deps build release test lint format demo run coverage bench clean validate-deploy
