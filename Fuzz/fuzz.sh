@@ -72,7 +72,7 @@ mkdir -p "$BIN"
 common=(-O -swift-version 6 -parse-as-library -sanitize=fuzzer,address -use-ld=lld
     -I "$MODULES/Modules" -I "$ROOT/Sources/COpenSSL")
 receiver=(-I "$ROOT/Sources/CLibPQ" -I "$ROOT/Sources/CMicroHTTPD" -I "$MODULES/CHTTPShim.build"
-    -I "$ROOT/Sources/CCurl" -I "$ROOT/Sources/CCurlShim/include"
+    -I "$ROOT/Sources/CCurl" -I "$MODULES/CCurlShim.build"
     $(pkg-config --cflags-only-I libpq | sed 's/-I/-Xcc -I/g')
     "$MODULES"/Receiver.build/*.o "$MODULES"/Postgres.build/*.o "$MODULES"/HTTPServer.build/*.o
     "$MODULES"/ServiceSupport.build/*.o "$MODULES"/CHTTPShim.build/*.o

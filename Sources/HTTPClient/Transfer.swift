@@ -51,11 +51,6 @@ final class Transfer {
                     ? "URL must use https (http only for 127.0.0.0/8, ::1 or localhost)"
                     : "URL must use https")
         }
-        guard let handle = curl_easy_init() else {
-            throw Failure(.internal, "libcurl could not make a handle")
-        }
-        self.handle = handle
-
         var headerList: UnsafeMutablePointer<curl_slist>?
         defer { curl_slist_free_all(headerList) }
         for line in request.headers.map({ "\($0.name): \($0.value)" }) + [
@@ -65,6 +60,15 @@ final class Transfer {
                 throw Failure(.internal, "out of memory for the request headers")
             }
             headerList = extended
+        }
+        guard let handle = curl_easy_init() else {
+            throw Failure(.internal, "libcurl could not make a handle")
+        }
+        self.handle = handle
+        // Runs first: the handle goes before the header list and the URL it points to.
+        defer {
+            curl_easy_cleanup(handle)
+            self.handle = nil
         }
         try configure(handle, url: url, scheme: scheme, host: host, headers: headerList)
 
