@@ -67,6 +67,23 @@ struct OutboundHTTPTests {
         #expect(request.headers["Expect"] == nil)
     }
 
+    @Test("requests from many threads at once each get their own answer")
+    func concurrentRequests() throws {
+        let server = HTTPServer(configuration: .init(host: "127.0.0.1", port: 0, threadCount: 4)) { request in
+            HTTPResponse(status: 200, body: Array((request.query ?? "").utf8))
+        }
+        try server.start()
+        defer { _ = server.shutdown(gracePeriod: .zero) }
+        let answers = Mutex<[Int: String]>([:])
+        DispatchQueue.concurrentPerform(iterations: 32) { index in
+            let response = try? Self.client.perform(.init(url: "http://127.0.0.1:\(server.port!)/n?\(index)"))
+            answers.withLock { $0[index] = response.map { String(decoding: $0.body, as: UTF8.self) } }
+        }
+        let all = answers.withLock { $0 }
+        #expect(all.count == 32)
+        for (index, body) in all { #expect(body == "\(index)") }
+    }
+
     @Test("a server that never answers costs no more than the timeout")
     func timeoutBounded() throws {
         let server = try ScriptedHTTPServer { _, write in
