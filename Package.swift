@@ -4,7 +4,8 @@ import PackageDescription
 /// Sign in with Apple server-to-server notifications: receiver, worker and operator tool.
 ///
 /// No package dependencies: SwiftPM cannot fetch here. C libraries come from Debian and are bridged
-/// by the `.systemLibrary` targets below; what does not import into Swift lives in `CHTTPShim`.
+/// by the `.systemLibrary` targets below; what does not import into Swift lives in `CHTTPShim`
+/// (libmicrohttpd) and `CCurlShim` (libcurl).
 let package = Package(
     name: "siwa-notifications",
     platforms: [.macOS(.v14)],
@@ -23,15 +24,20 @@ let package = Package(
         .systemLibrary(
             name: "CMicroHTTPD", pkgConfig: "libmicrohttpd", providers: [.apt(["libmicrohttpd-dev"])]),
         .target(name: "CHTTPShim", dependencies: ["CMicroHTTPD"]),
+        .systemLibrary(
+            name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
+        .target(name: "CCurlShim", dependencies: ["CCurl"]),
 
         // Libraries.
         .target(name: "AppleNotifications", dependencies: ["COpenSSL"]),
         .target(name: "Postgres", dependencies: ["CLibPQ"]),
         .target(name: "HTTPServer", dependencies: ["CHTTPShim", "ServiceSupport"]),
+        // Outbound HTTP (key sets, and later Apple's token endpoints and webhooks): libcurl under a policy.
+        .target(name: "HTTPClient", dependencies: ["CCurl", "CCurlShim"]),
         .target(name: "ServiceSupport"),
         .target(
             name: "Receiver",
-            dependencies: ["AppleNotifications", "COpenSSL", "Postgres", "HTTPServer", "ServiceSupport"]),
+            dependencies: ["AppleNotifications", "HTTPClient", "Postgres", "HTTPServer", "ServiceSupport"]),
         .target(name: "Worker", dependencies: ["Postgres", "ServiceSupport", "HTTPServer"]),
 
         // schema.sql embedded as a Swift constant at build time (schema.sql stays the only source).
@@ -55,6 +61,7 @@ let package = Package(
         .testTarget(name: "AppleNotificationsTests", dependencies: ["AppleNotifications", "TestSupport"]),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres", "TestSupport"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport"]),
+        .testTarget(name: "HTTPClientTests", dependencies: ["HTTPClient", "HTTPServer", "TestSupport"]),
         .testTarget(name: "ReceiverTests", dependencies: ["Receiver", "TestSupport"]),
         .testTarget(name: "WorkerTests", dependencies: ["Worker", "Receiver", "TestSupport"]),
         .testTarget(name: "ServiceSupportTests", dependencies: ["ServiceSupport"]),
@@ -64,7 +71,7 @@ let package = Package(
 )
 
 // One place for language settings: strict concurrency everywhere Swift is compiled.
-let cTargets: Set<String> = ["CHTTPShim"]
+let cTargets: Set<String> = ["CHTTPShim", "CCurlShim"]
 for target in package.targets
 where target.type != .system && target.type != .plugin && !cTargets.contains(target.name) {
     var settings = target.swiftSettings ?? []

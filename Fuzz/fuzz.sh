@@ -72,9 +72,11 @@ mkdir -p "$BIN"
 common=(-O -swift-version 6 -parse-as-library -sanitize=fuzzer,address -use-ld=lld
     -I "$MODULES/Modules" -I "$ROOT/Sources/COpenSSL")
 receiver=(-I "$ROOT/Sources/CLibPQ" -I "$ROOT/Sources/CMicroHTTPD" -I "$MODULES/CHTTPShim.build"
+    -I "$ROOT/Sources/CCurl" -I "$MODULES/CCurlShim.build"
     $(pkg-config --cflags-only-I libpq | sed 's/-I/-Xcc -I/g')
     "$MODULES"/Receiver.build/*.o "$MODULES"/Postgres.build/*.o "$MODULES"/HTTPServer.build/*.o
-    "$MODULES"/ServiceSupport.build/*.o "$MODULES"/CHTTPShim.build/*.o -lpq -lmicrohttpd)
+    "$MODULES"/ServiceSupport.build/*.o "$MODULES"/CHTTPShim.build/*.o
+    "$MODULES"/HTTPClient.build/*.o "$MODULES"/CCurlShim.build/*.o -lpq -lmicrohttpd -lcurl)
 for entry in "${TARGETS[@]}"; do
     read -r name max_len module <<<"$entry"
     is_selected "$name" || continue
@@ -82,7 +84,7 @@ for entry in "${TARGETS[@]}"; do
     [ "$module" = Receiver ] && extra=("${receiver[@]}")
     echo "fuzz: linking fuzz-$name"
     "$SWIFTC" "${common[@]}" "Fuzz/Targets/$name.swift" Fuzz/Support/*.swift "$MODULES"/AppleNotifications.build/*.o \
-        "${extra[@]}" -lssl -lcrypto -o "$BIN/fuzz-$name"
+        "${extra[@]}" -lcrypto -o "$BIN/fuzz-$name"
 done
 [ "$build_only" = 1 ] && exit 0
 

@@ -11,8 +11,6 @@
 #include <openssl/bio.h>
 #include <openssl/rsa.h>
 #include <openssl/ec.h>
-#include <openssl/ssl.h>
-#include <openssl/x509v3.h>
 
 /* Macros and constants that do not import into Swift, as functions. */
 static inline const char *siwa_ossl_pkey_param_rsa_n(void) { return OSSL_PKEY_PARAM_RSA_N; }
@@ -22,14 +20,4 @@ static inline int siwa_evp_pkey_public_key(void) { return EVP_PKEY_PUBLIC_KEY; }
 static inline long siwa_bio_get_mem_data(BIO *bio, char **out) { return BIO_get_mem_data(bio, out); }
 static inline int siwa_rsa_pkcs1_padding(void) { return RSA_PKCS1_PADDING; }
 static inline const char *siwa_ossl_pkey_param_bits(void) { return OSSL_PKEY_PARAM_BITS; }
-/* TLS client (the key-set fetch): macros as functions. */
-static inline long siwa_ssl_set_tlsext_host_name(SSL *ssl, const char *name) {
-    return SSL_set_tlsext_host_name(ssl, name);
-}
-static inline void siwa_ssl_ctx_ignore_unexpected_eof(SSL_CTX *ctx) {
-    SSL_CTX_set_options(ctx, SSL_OP_IGNORE_UNEXPECTED_EOF);
-}
-static inline int siwa_ssl_ctx_set_min_tls12(SSL_CTX *ctx) {
-    return (int)SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-}
 #endif

@@ -77,7 +77,7 @@ func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
     let configuration: ReceiverConfiguration
     let logger: Logger
     do {
-        (configuration, logger) = try makeConfiguration(parsed)
+        (configuration, logger) = try makeConfiguration(parsed, environment: environment)
     } catch {
         writeStandardError("siwa-receiver: \(error)\n")
         return 2
@@ -107,7 +107,10 @@ private final class StartedReceiver: Sendable {
     func get() -> NotificationReceiver? { value.withLock { $0 } }
 }
 
-private func makeConfiguration(_ parsed: ParsedCommand) throws -> (ReceiverConfiguration, Logger) {
+/// `environment` supplies the key fetch's proxy (`https_proxy`, `no_proxy`) and CA file (`SSL_CERT_FILE`).
+private func makeConfiguration(_ parsed: ParsedCommand, environment: [String: String]) throws -> (
+    ReceiverConfiguration, Logger
+) {
     guard let level = Logger.Level(name: parsed.value("log-level") ?? "info") else {
         throw ConfigurationError("--log-level must be debug, info, warning or error")
     }
@@ -131,7 +134,7 @@ private func makeConfiguration(_ parsed: ParsedCommand) throws -> (ReceiverConfi
         host: listen.host, port: listen.port,
         database: try PostgresConfiguration(
             parsed.value("database-url") ?? "", applicationName: "siwa-receiver"),
-        audiences: Set(audiences), jwks: try JWKSSource(url: jwksURL), keys: keys,
+        audiences: Set(audiences), jwks: try JWKSSource(url: jwksURL, environment: environment), keys: keys,
         poolSize: try parsed.integer("pool-size", in: 1...1000) ?? 16, http: http)
     configuration.maxTokenAge =
         try parsed.seconds("max-token-age", positive: true) ?? configuration.maxTokenAge

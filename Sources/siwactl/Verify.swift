@@ -43,11 +43,13 @@ enum VerifyVerb {
                 }
                 now = date
             }
-            return await runReportingFailure(spec.name) { try await run(parsed, now: now) }
+            return await runReportingFailure(spec.name) {
+                try await run(parsed, now: now, environment: environment)
+            }
         }
     }
 
-    static func run(_ parsed: ParsedCommand, now: Date) async throws {
+    static func run(_ parsed: ParsedCommand, now: Date, environment: [String: String]) async throws {
         let maxTokenAge = try parsed.seconds("max-token-age", positive: true) ?? .seconds(86400)
         let verifier = try NotificationVerifier(
             audiences: Set(parsed.values("audience")), maxTokenAge: maxTokenAge.inSeconds)
@@ -60,7 +62,8 @@ enum VerifyVerb {
             raw = input
         }
         let token = try extractToken(raw.trimmingCharacters(in: .whitespacesAndNewlines))
-        let keys = try JSONWebKeySet(jsonData: try await loadKeySet(parsed.value("jwks")!))
+        let keys = try JSONWebKeySet(
+            jsonData: try await loadKeySet(parsed.value("jwks")!, environment: environment))
         let notification = try verifier.verify(token: token, keys: keys, now: now)
         writeOut(render(notification) + "\n")
     }
@@ -76,11 +79,12 @@ enum VerifyVerb {
     }
 
     /// A file's bytes, or the key set fetched from an http(s) URL by ``JWKSSource`` (the receiver's
-    /// policy: https or loopback http, no redirects, no compression, at most 1 MiB, 15 s).
-    static func loadKeySet(_ location: String) async throws -> Data {
+    /// policy: https or loopback http, no redirects, no compression, at most 1 MiB, 15 s; proxy and CA
+    /// file from `environment`, as in the receiver).
+    static func loadKeySet(_ location: String, environment: [String: String]) async throws -> Data {
         if location.hasPrefix("https://") || location.hasPrefix("http://") {
             guard let url = URL(string: location) else { throw ToolFailure("invalid JWKS URL") }
-            let source = try JWKSSource(url: url, timeout: 15)
+            let source = try JWKSSource(url: url, timeout: 15, environment: environment)
             do {
                 return try source.fetch()
             } catch {

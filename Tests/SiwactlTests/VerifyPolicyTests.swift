@@ -88,6 +88,22 @@ struct VerifyPolicyTests {
         #expect(fromEnvironment.status == 1)
     }
 
+    @Test("verify --jwks goes through https_proxy for a remote https URL, as a CONNECT tunnel")
+    func httpsProxyHonoured() throws {
+        let proxy = try ScriptedHTTPServer { _, write in
+            _ = write(Array("HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n".utf8))
+        }
+        let result = try siwactl(
+            [
+                "verify", "--jwks", "https://keys.example.invalid/auth/keys", "--audience", Self.audience,
+                TestSigning.token(),
+            ],
+            environment: ["https_proxy": "http://127.0.0.1:\(proxy.port)", "no_proxy": ""])
+        #expect(result.status == 1)
+        #expect(result.standardError.contains("proxy refused"), "\(result.standardError)")
+        #expect(proxy.requestHeads.first?.hasPrefix("CONNECT keys.example.invalid:443 ") == true)
+    }
+
     @Test("verify --jwks over https checks the certificate chain and the host name")
     func httpsCertificateChecks() throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-tls-\(UUID())")
