@@ -36,4 +36,6 @@ if let first = arguments.first, let verb = verbs.first(where: { $0.name == first
     writeError("siwactl: unknown verb '\(arguments[0])' (see siwactl --help)")
     status = ExitStatus.usage
 }
-exit(status)
+// Like the services: no atexit teardown (OpenSSL's cleanup) beside threads we do not own, such as
+// FoundationNetworking's in `simulate` or the HTTP server's in `fake-apple`.
+terminateProcess(status: status)
