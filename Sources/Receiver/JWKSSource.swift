@@ -1,4 +1,5 @@
 import Foundation
+import ServiceSupport
 
 #if canImport(Glibc)
     import Glibc
@@ -84,10 +85,4 @@ public struct JWKSSource: Sendable, CustomStringConvertible {
 public struct JWKSFetchError: Error, CustomStringConvertible {
     public let description: String
     init(_ description: String) { self.description = description }
-}
-
-/// A configuration value is invalid; the message names it.
-public struct ConfigurationError: Error, CustomStringConvertible {
-    public let description: String
-    public init(_ description: String) { self.description = description }
 }

@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import ServiceSupport
 import Testing
 import Worker
 
@@ -215,7 +216,7 @@ struct FailureTests {
         ])
     func configurationValidation(concurrency: Int, batchSize: Int, maxAttempts: Int) throws {
         let database = try PostgresConfiguration("host=/nonexistent dbname=x")
-        #expect(throws: WorkerError.self) {
+        #expect(throws: ConfigurationError.self) {
             _ = try Worker.Configuration(
                 database: database, concurrency: concurrency, batchSize: batchSize, maxAttempts: maxAttempts)
         }
