@@ -69,7 +69,7 @@ func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
         return 2
     }
     if parsed.helpRequested {
-        print(receiverCommand.helpText(), terminator: "")
+        writeStandardOutput(receiverCommand.helpText())
         return 0
     }
     let configuration: ReceiverConfiguration
