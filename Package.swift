@@ -38,7 +38,7 @@ let package = Package(
         .target(
             name: "Receiver",
             dependencies: ["AppleNotifications", "HTTPClient", "Postgres", "HTTPServer", "ServiceSupport"]),
-        .target(name: "Worker", dependencies: ["Postgres", "ServiceSupport", "HTTPServer"]),
+        .target(name: "Worker", dependencies: ["Postgres", "ServiceSupport"]),
 
         // schema.sql embedded as a Swift constant at build time (schema.sql stays the only source).
         .target(name: "SiwaSchema", plugins: ["EmbedSchema"]),
@@ -46,8 +46,10 @@ let package = Package(
         .executableTarget(name: "embed-schema"),
 
         // Executables: parse configuration, wire, run.
-        .executableTarget(name: "siwa-receiver", dependencies: ["Receiver", "ServiceSupport"]),
-        .executableTarget(name: "siwa-worker", dependencies: ["Worker", "ServiceSupport"]),
+        .executableTarget(
+            name: "siwa-receiver", dependencies: ["Receiver", "Postgres", "HTTPServer", "ServiceSupport"]),
+        .executableTarget(
+            name: "siwa-worker", dependencies: ["Worker", "Postgres", "HTTPServer", "ServiceSupport"]),
         .executableTarget(
             name: "siwactl",
             dependencies: [

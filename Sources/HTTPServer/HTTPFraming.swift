@@ -14,17 +14,20 @@
 ///
 /// A `Content-Length` above the body limit is answered 413.
 enum HTTPFraming {
-    /// The status to answer at once (400 or 413), or `nil` when the request may proceed.
+    /// The answer to send at once (``ServerAnswers/badRequest`` or ``ServerAnswers/contentTooLarge``), or
+    /// `nil` when the request may proceed.
     ///
     /// - Parameters:
     ///   - fields: the request's header fields as received, names unaltered, in order.
     ///   - version: the request line's version, e.g. `HTTP/1.1`.
     ///   - maxBodyBytes: the largest body the server accepts.
-    static func refusal(fields: [(String, String)], version: String, maxBodyBytes: Int) -> Int? {
+    static func refusal(fields: [(String, String)], version: String, maxBodyBytes: Int) -> CannedResponse? {
         var contentLength: [String] = []
         var transferEncoding: [String] = []
         for (name, value) in fields {
-            guard !name.isEmpty, name.utf8.allSatisfy(isTokenCharacter) else { return 400 }
+            guard !name.isEmpty, name.utf8.allSatisfy(isTokenCharacter) else {
+                return ServerAnswers.badRequest
+            }
             switch name.lowercased() {
             case "content-length": contentLength.append(value)
             case "transfer-encoding": transferEncoding.append(value)
@@ -34,15 +37,19 @@ enum HTTPFraming {
         if !transferEncoding.isEmpty {
             guard transferEncoding.count == 1, contentLength.isEmpty, version == "HTTP/1.1",
                 transferEncoding[0].trimmed().lowercased() == "chunked"
-            else { return 400 }
+            else { return ServerAnswers.badRequest }
             return nil
         }
-        guard contentLength.count <= 1 else { return 400 }
+        guard contentLength.count <= 1 else { return ServerAnswers.badRequest }
         if let declared = contentLength.first {
             let digits = declared.trimmed()
-            guard !digits.isEmpty, digits.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }) else { return 400 }
+            guard !digits.isEmpty, digits.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }) else {
+                return ServerAnswers.badRequest
+            }
             // All digits: a value too large for Int is too large for any body limit.
-            guard let length = Int(digits), length <= maxBodyBytes else { return 413 }
+            guard let length = Int(digits), length <= maxBodyBytes else {
+                return ServerAnswers.contentTooLarge
+            }
         }
         return nil
     }

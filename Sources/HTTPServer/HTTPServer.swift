@@ -179,7 +179,10 @@ public final class HTTPServer: Sendable {
                 connection_limit: UInt32(configuration.connectionLimit),
                 connection_timeout_seconds: UInt32(configuration.timeoutSeconds),
                 connection_memory_limit: configuration.connectionMemoryLimit,
-                listen_backlog: Int32(configuration.listenBacklog))
+                listen_backlog: Int32(configuration.listenBacklog),
+                body_too_large: ServerAnswers.contentTooLarge.pointer,
+                no_memory: ServerAnswers.overloaded.pointer,
+                refused: ServerAnswers.shuttingDown.pointer)
             return siwa_http_start(&config, checkFraming, handleRequest, context, &error, &systemError)
         }
         if let daemon { return daemon }
@@ -292,13 +295,12 @@ private final class Dispatcher: Sendable {
     }
 
     /// On an I/O thread, once the headers are in and before any body is read: the framing verdict.
-    func checkFraming(_ exchange: OpaquePointer, version: String) -> UInt32 {
+    func checkFraming(_ exchange: OpaquePointer, version: String) -> CannedResponse? {
         var fields: [(String, String)] = []
         withUnsafeMutablePointer(to: &fields) { pointer in
             siwa_http_each_header(exchange, collectHeader, pointer)
         }
-        return UInt32(
-            HTTPFraming.refusal(fields: fields, version: version, maxBodyBytes: maxBodyBytes) ?? 0)
+        return HTTPFraming.refusal(fields: fields, version: version, maxBodyBytes: maxBodyBytes)
     }
 
     /// On an I/O thread, with the connection suspended: copies the request, hands it to a handler
@@ -390,13 +392,15 @@ private func handleRequest(
     return 1
 }
 
-/// The C entry point for the framing check; `context` is the server's `Dispatcher`.
+/// The C entry point for the framing check; `context` is the server's `Dispatcher`. Returns the answer
+/// to send at once (a static ``CannedResponse``), or `nil` to go on.
 private func checkFraming(
     _ context: UnsafeMutableRawPointer?, _ exchange: OpaquePointer?, _ version: UnsafePointer<CChar>?
-) -> UInt32 {
-    guard let context, let exchange else { return 400 }
+) -> UnsafePointer<siwa_http_canned_response>? {
+    guard let context, let exchange else { return UnsafePointer(ServerAnswers.badRequest.pointer) }
     let dispatcher = Unmanaged<Dispatcher>.fromOpaque(context).takeUnretainedValue()
-    return dispatcher.checkFraming(exchange, version: version.map { String(cString: $0) } ?? "")
+    let refusal = dispatcher.checkFraming(exchange, version: version.map { String(cString: $0) } ?? "")
+    return refusal.map { UnsafePointer($0.pointer) }
 }
 
 /// A suspended request's C handle, carried to the handler thread that will answer it (once).

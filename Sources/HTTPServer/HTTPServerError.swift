@@ -8,21 +8,22 @@
 public struct HTTPServerError: Error, CustomStringConvertible, Sendable {
     /// What went wrong, as an open set of values that can grow without breaking callers.
     public struct Code: Hashable, Sendable, CustomStringConvertible {
-        private let name: String
-        private init(_ name: String) { self.name = name }
+        /// A short snake_case label, fit for logs and metrics.
+        public let rawValue: String
+        private init(_ rawValue: String) { self.rawValue = rawValue }
 
         /// The configuration is not usable (bad host, port out of range, non-positive limits).
-        public static let invalidConfiguration = Code("invalidConfiguration")
+        public static let invalidConfiguration = Code("invalid_configuration")
         /// Another socket is already bound to the address and port.
-        public static let addressInUse = Code("addressInUse")
+        public static let addressInUse = Code("address_in_use")
         /// The listen socket could not be created, bound or put into listening state.
-        public static let listenFailed = Code("listenFailed")
+        public static let listenFailed = Code("listen_failed")
         /// libmicrohttpd refused to start (e.g. out of threads or memory).
-        public static let startFailed = Code("startFailed")
+        public static let startFailed = Code("start_failed")
         /// `start()` was called on a server that is running or has been shut down.
-        public static let invalidState = Code("invalidState")
+        public static let invalidState = Code("invalid_state")
 
-        public var description: String { name }
+        public var description: String { rawValue }
     }
 
     /// The kind of failure.

@@ -1,41 +1,47 @@
 /// An error from the PostgreSQL client: a stable `code` to branch on, the server's SQLSTATE when there
 /// is one, and a message that never contains parameter values.
-public struct PostgresError: Error, Sendable, CustomStringConvertible {
+///
+/// As postgres-nio's `PSQLError`: ``description`` (what `"\(error)"` and loggers show) is generic and
+/// safe to log — the code, the SQLSTATE and the constraint name, never the server's message, which can
+/// quote the data a statement was given. The details are in ``message`` and ``debugDescription``
+/// (`String(reflecting: error)`), redacted: a data exception's quoted input is removed.
+public struct PostgresError: Error, Sendable, CustomStringConvertible, CustomDebugStringConvertible {
     /// What kind of failure this is. New codes may be added; match the ones you care about.
     public struct Code: Hashable, Sendable, CustomStringConvertible {
-        private let name: String
-        private init(_ name: String) { self.name = name }
+        /// A short snake_case label, fit for logs and metrics.
+        public let rawValue: String
+        private init(_ rawValue: String) { self.rawValue = rawValue }
 
-        public var description: String { name }
+        public var description: String { rawValue }
 
         /// Could not open a connection (server down, refused, bad credentials, bad configuration).
-        public static let connectionFailed = Code("connectionFailed")
+        public static let connectionFailed = Code("connection_failed")
         /// An established connection broke (server restart, admin shutdown, network failure).
-        public static let connectionLost = Code("connectionLost")
+        public static let connectionLost = Code("connection_lost")
         /// The connection was closed by this process and cannot be used any more.
-        public static let connectionClosed = Code("connectionClosed")
+        public static let connectionClosed = Code("connection_closed")
         /// The connection string or another setting is invalid.
-        public static let invalidConfiguration = Code("invalidConfiguration")
+        public static let invalidConfiguration = Code("invalid_configuration")
         /// SQLSTATE 23505: a unique or primary key constraint rejected the row.
-        public static let uniqueViolation = Code("uniqueViolation")
+        public static let uniqueViolation = Code("unique_violation")
         /// SQLSTATE 23503: a foreign key constraint rejected the change.
-        public static let foreignKeyViolation = Code("foreignKeyViolation")
+        public static let foreignKeyViolation = Code("foreign_key_violation")
         /// Another integrity constraint (class 23: not null, check, exclusion) rejected the change.
-        public static let constraintViolation = Code("constraintViolation")
+        public static let constraintViolation = Code("constraint_violation")
         /// SQLSTATE 40001: a serializable transaction could not be serialized; retry it.
-        public static let serializationFailure = Code("serializationFailure")
+        public static let serializationFailure = Code("serialization_failure")
         /// SQLSTATE 40P01: the transaction was chosen as a deadlock victim; retry it.
         public static let deadlock = Code("deadlock")
         /// Any other error reported by the server for a statement (syntax, missing table, …).
-        public static let queryFailed = Code("queryFailed")
+        public static let queryFailed = Code("query_failed")
         /// A value in a result could not be decoded as the requested Swift type.
         public static let decoding = Code("decoding")
         /// A wait ran out of time, or the server cancelled a statement (SQLSTATE 57014).
         public static let timeout = Code("timeout")
         /// No pooled connection became free before the acquisition timeout.
-        public static let poolExhausted = Code("poolExhausted")
+        public static let poolExhausted = Code("pool_exhausted")
         /// The pool was closed.
-        public static let poolClosed = Code("poolClosed")
+        public static let poolClosed = Code("pool_closed")
         /// The server answered with something this library does not support (e.g. COPY).
         public static let unsupported = Code("unsupported")
     }
@@ -44,7 +50,9 @@ public struct PostgresError: Error, Sendable, CustomStringConvertible {
     public var code: Code
     /// The five-character SQLSTATE reported by the server, if any (e.g. `"23505"`).
     public var sqlState: String?
-    /// A human-readable message. It never contains statement parameter values.
+    /// Details for people: the server's primary message (a data exception's quoted input removed) or this
+    /// library's own explanation. It never contains statement parameter values, but a server message can
+    /// name objects or repeat what a function raised: it is not part of ``description``.
     public var message: String
     /// The name of the violated constraint, for integrity errors.
     public var constraintName: String?
@@ -68,11 +76,17 @@ public struct PostgresError: Error, Sendable, CustomStringConvertible {
             || code == .poolExhausted || sqlState == "55P03"
     }
 
+    /// `PostgresError(code: …, sqlState: …, constraint: …)`: safe for logs, without the message.
     public var description: String {
-        var text = "PostgresError(\(code)"
+        var text = "PostgresError(code: \(code)"
         if let sqlState { text += ", sqlState: \(sqlState)" }
         if let constraintName { text += ", constraint: \(constraintName)" }
-        return text + "): " + message
+        return text + ")"
+    }
+
+    /// ``description`` followed by the (redacted) ``message``: for an operator's terminal or a debugger.
+    public var debugDescription: String {
+        String(description.dropLast()) + ", message: " + message.debugDescription + ")"
     }
 }
 

@@ -1,5 +1,6 @@
 import Foundation
 import HTTPClient
+import ServiceSupport
 
 /// Where Apple's signing keys come from: an HTTPS URL (Apple's, by default), and how they are fetched.
 ///
@@ -97,10 +98,4 @@ public struct JWKSSource: Sendable, CustomStringConvertible {
 public struct JWKSFetchError: Error, CustomStringConvertible {
     public let description: String
     init(_ description: String) { self.description = description }
-}
-
-/// A configuration value is invalid; the message names it.
-public struct ConfigurationError: Error, CustomStringConvertible {
-    public let description: String
-    public init(_ description: String) { self.description = description }
 }

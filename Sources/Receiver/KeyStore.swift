@@ -94,21 +94,6 @@ public final class KeyStore: @unchecked Sendable {
         throw NotificationError(.verificationFailed, .unknownKeyID, "kid not in a freshly fetched key set")
     }
 
-    /// Fetches the set now (unless a fetch is already running, which it waits for).
-    /// - Returns: whether keys are held afterwards.
-    @discardableResult
-    public func refresh() -> Bool {
-        condition.lock()
-        defer { condition.unlock() }
-        if fetching {
-            let awaited = generation
-            while fetching && generation == awaited { condition.wait() }
-        } else {
-            fetchHoldingLock()
-        }
-        return keys != nil
-    }
-
     /// Starts the background refresher: an immediate load, then a refresh every `refreshInterval`
     /// (every `cooldown` while fetches fail or no keys are held).
     public func start() {

@@ -6,10 +6,6 @@ import ServiceSupport
 
 /// Everything the receiver needs to run, validated at construction.
 public struct ReceiverConfiguration: Sendable {
-    /// Address to listen on.
-    public var host: String
-    /// Port to listen on (0: any free port).
-    public var port: Int
     /// The database holding schema.sql.
     public var database: PostgresConfiguration
     /// Client IDs (bundle IDs, Services IDs) whose notifications are accepted. Never empty.
@@ -24,7 +20,8 @@ public struct ReceiverConfiguration: Sendable {
     public var poolTimeout: Duration
     /// Group commit: committer threads, batch size, commit timeout.
     public var storage: NotificationStore.Configuration
-    /// HTTP limits: body size, connections, timeouts, threads.
+    /// Where to listen (``HTTPServer/Configuration/host`` and ``HTTPServer/Configuration/port``; port 0:
+    /// any free port) and the HTTP limits: body size, connections, timeouts, threads.
     public var http: HTTPServer.Configuration
     /// How long shutdown waits for requests in flight.
     public var shutdownGracePeriod: Duration
@@ -34,7 +31,7 @@ public struct ReceiverConfiguration: Sendable {
 
     /// - Throws: ``ConfigurationError`` when `audiences` is empty.
     public init(
-        host: String = "127.0.0.1", port: Int = 8080, database: PostgresConfiguration, audiences: Set<String>,
+        database: PostgresConfiguration, audiences: Set<String>,
         jwks: JWKSSource, keys: KeyStore.Configuration = KeyStore.Configuration(), poolSize: Int = 16,
         poolTimeout: Duration = .seconds(5), storage: NotificationStore.Configuration = .init(),
         http: HTTPServer.Configuration = HTTPServer.Configuration(),
@@ -47,8 +44,6 @@ public struct ReceiverConfiguration: Sendable {
         guard poolSize > 0 else { throw ConfigurationError("the pool size must be at least 1") }
         var storage = storage
         storage.committers = min(storage.committers, poolSize)  // each committer holds one connection
-        self.host = host
-        self.port = port
         self.database = database
         self.audiences = audiences
         self.jwks = jwks
@@ -105,10 +100,7 @@ public final class NotificationReceiver: Sendable {
                 audiences: configuration.audiences, maxTokenAge: configuration.maxTokenAge.inSeconds),
             keys: keys,
             store: store, logger: logger, metrics: metrics)
-        var http = configuration.http
-        http.host = configuration.host
-        http.port = configuration.port
-        server = HTTPServer(configuration: http) { request in endpoint.handle(request) }
+        server = HTTPServer(configuration: configuration.http) { request in endpoint.handle(request) }
     }
 
     /// Starts listening and loading keys; returns once the port is bound. When it throws (e.g. the port is
@@ -124,7 +116,8 @@ public final class NotificationReceiver: Sendable {
         logger.info(
             "siwa-receiver listening",
             [
-                "host": .string(configuration.host), "port": .int(server.port ?? configuration.port),
+                "host": .string(configuration.http.host),
+                "port": .int(server.port ?? configuration.http.port),
                 "audiences": .int(configuration.audiences.count),
             ])
     }

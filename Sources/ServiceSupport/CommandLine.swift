@@ -75,10 +75,11 @@ public struct CommandPositional: Sendable {
 /// A usage error: unknown or missing option, missing value, too many arguments.
 public struct CommandLineError: Error, Sendable, CustomStringConvertible {
     /// Machine-readable reason.
-    public struct Code: Hashable, Sendable {
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
         /// A short snake_case label.
         public let rawValue: String
         private init(_ rawValue: String) { self.rawValue = rawValue }
+        public var description: String { rawValue }
         /// An option or flag that was not declared.
         public static let unknownOption = Code("unknown_option")
         /// An option given without its value.

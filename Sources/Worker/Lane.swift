@@ -247,7 +247,7 @@ final class Lane {
 
     /// Logs and counts one handled notification: identifiers, outcome and timing only.
     private func report(_ notification: ProcessedNotification) {
-        worker.metrics.outcomes[notification.outcome]?.increment()
+        worker.metrics.count(notification.outcome)
         if notification.outcome == .busy {
             reportBusy(notification)
             return
@@ -267,6 +267,9 @@ final class Lane {
         case .dead:
             fields["error_code"] = .string(Self.errorCode(notification.error))
             logger.error("notification dead", fields)
+        case _ where !Worker.Outcome.known.contains(notification.outcome):
+            // A newer schema (applied before this binary was upgraded) reports an outcome we do not know.
+            logger.warning("notification outcome unknown to this worker", fields)
         default:
             fields["error_code"] = .string(Self.errorCode(notification.error))
             logger.warning("notification failed", fields)

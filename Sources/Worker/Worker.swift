@@ -35,6 +35,9 @@ public final class Worker: Sendable {
         /// Another transaction (another lane, maintenance, the app) held the user's account row: put off
         /// briefly without counting an attempt.
         public static let busy = Outcome("busy")
+
+        /// The outcomes this worker knows; the database may report others (a newer schema.sql).
+        public static let known: [Outcome] = [.applied, .skipped, .retry, .dead, .gone, .busy]
     }
 
     /// Counts of what one call to ``drainOnce()`` did.
@@ -203,7 +206,15 @@ public final class Worker: Sendable {
 
 /// The worker's Prometheus metrics.
 final class WorkerMetrics: Sendable {
+    /// Counts one handled notification under its outcome (or `unknown`): none goes uncounted.
+    func count(_ outcome: Worker.Outcome) {
+        (outcomes[outcome] ?? unknownOutcomes).increment()
+    }
+
     let outcomes: [Worker.Outcome: Counter]
+    /// Outcomes this worker does not know (reported by a newer schema), counted under one label so that
+    /// the database cannot create series.
+    let unknownOutcomes: Counter
     let latency: Histogram
     let batchFailures: Counter
     let reconnects: Counter
@@ -215,12 +226,15 @@ final class WorkerMetrics: Sendable {
 
     init(registry: MetricsRegistry) {
         var outcomes: [Worker.Outcome: Counter] = [:]
-        for outcome in [Worker.Outcome.applied, .skipped, .retry, .dead, .gone, .busy] {
+        for outcome in Worker.Outcome.known {
             outcomes[outcome] = registry.counter(
                 "siwa_worker_notifications_total", help: "Notifications handled by the worker, by outcome.",
                 labels: [("outcome", outcome.name)])
         }
         self.outcomes = outcomes
+        unknownOutcomes = registry.counter(
+            "siwa_worker_notifications_total", help: "Notifications handled by the worker, by outcome.",
+            labels: [("outcome", "unknown")])
         latency = registry.histogram(
             "siwa_worker_notification_latency_seconds",
             help: "Seconds from receiving a notification to applying (or skipping) it.")

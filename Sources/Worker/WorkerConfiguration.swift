@@ -1,15 +1,15 @@
 import Postgres
+import ServiceSupport
 
 /// Why the worker could not start or finish.
 public struct WorkerError: Error, Sendable, CustomStringConvertible {
     /// What kind of failure this is. New codes may be added.
     public struct Code: Hashable, Sendable, CustomStringConvertible {
-        private let name: String
-        private init(_ name: String) { self.name = name }
-        public var description: String { name }
+        /// A short snake_case label, fit for logs and metrics.
+        public let rawValue: String
+        private init(_ rawValue: String) { self.rawValue = rawValue }
+        public var description: String { rawValue }
 
-        /// A configuration value is out of range.
-        public static let invalidConfiguration = Code("invalidConfiguration")
         /// The database could not be reached, or a statement failed in a way the worker cannot handle.
         public static let database = Code("database")
     }
@@ -64,7 +64,7 @@ extension Worker {
         public var maxReconnectDelay: Duration
 
         /// Creates and validates a configuration; every value but the database has a production default.
-        /// - Throws: `WorkerError` with code `.invalidConfiguration` for out-of-range values.
+        /// - Throws: ``ConfigurationError`` naming the out-of-range value.
         public init(
             database: PostgresConfiguration,
             concurrency: Int = 1,
@@ -79,10 +79,8 @@ extension Worker {
             maintenanceInterval: Duration = .seconds(60),
             reconnectDelay: Duration = .milliseconds(100),
             maxReconnectDelay: Duration = .seconds(5)
-        ) throws(WorkerError) {
-            func invalid(_ message: String) -> WorkerError {
-                WorkerError(code: .invalidConfiguration, message: message)
-            }
+        ) throws(ConfigurationError) {
+            func invalid(_ message: String) -> ConfigurationError { ConfigurationError(message) }
             guard (1...256).contains(concurrency) else {
                 throw invalid("concurrency must be between 1 and 256")
             }

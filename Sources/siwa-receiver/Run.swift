@@ -16,9 +16,7 @@ let receiverCommand = CommandSpec(
             "listen", valueName: "HOST:PORT", help: "Address to listen on.",
             environmentVariable: "SIWA_LISTEN",
             defaultValue: "127.0.0.1:8080"),
-        CommandOption(
-            "database-url", valueName: "URL", help: "PostgreSQL URL or conninfo (schema.sql applied).",
-            isRequired: true, environmentVariable: "SIWA_DATABASE_URL"),
+        .databaseURL,
         CommandOption(
             "audience", valueName: "CLIENT_ID",
             help: "Accepted client ID (bundle ID or Services ID); repeat for several. Required.",
@@ -67,11 +65,11 @@ func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
     do {
         parsed = try receiverCommand.parse(arguments, environment: environment)
     } catch {
-        writeStandardError("siwa-receiver: \(error)\n(see siwa-receiver --help)\n")
+        writeErrorLine("siwa-receiver", "\(error.message)\n(see siwa-receiver --help)")
         return 2
     }
     if parsed.helpRequested {
-        print(receiverCommand.helpText(), terminator: "")
+        writeStandardOutput(receiverCommand.helpText())
         return 0
     }
     let configuration: ReceiverConfiguration
@@ -79,7 +77,7 @@ func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
     do {
         (configuration, logger) = try makeConfiguration(parsed, environment: environment)
     } catch {
-        writeStandardError("siwa-receiver: \(error)\n")
+        writeErrorLine("siwa-receiver", "\(error)")
         return 2
     }
     // One service: the receiver starts its parts in order and stops them in reverse, joining every
@@ -107,7 +105,10 @@ private final class StartedReceiver: Sendable {
     func get() -> NotificationReceiver? { value.withLock { $0 } }
 }
 
-/// `environment` supplies the key fetch's proxy (`https_proxy`, `no_proxy`) and CA file (`SSL_CERT_FILE`).
+/// The receiver's configuration from the parsed command line; `environment` supplies the key fetch's
+/// proxy (`https_proxy`, `no_proxy`) and CA file (`SSL_CERT_FILE`).
+/// - Throws: ``ConfigurationError`` or ``CommandLineError``, whose descriptions name the unusable setting
+///   (never quoting the database URL).
 private func makeConfiguration(_ parsed: ParsedCommand, environment: [String: String]) throws -> (
     ReceiverConfiguration, Logger
 ) {
@@ -120,7 +121,7 @@ private func makeConfiguration(_ parsed: ParsedCommand, environment: [String: St
     guard let jwksURL = URL(string: parsed.value("jwks-url") ?? "") else {
         throw ConfigurationError("--jwks-url is not a URL")
     }
-    var http = HTTPServer.Configuration()
+    var http = HTTPServer.Configuration(host: listen.host, port: listen.port)
     http.maxBodyBytes = try parsed.integer("max-body-bytes", in: 256...(16 << 20)) ?? http.maxBodyBytes
     http.connectionLimit = try parsed.integer("max-connections", in: 1...1_000_000) ?? http.connectionLimit
     http.connectionTimeout =
@@ -130,17 +131,18 @@ private func makeConfiguration(_ parsed: ParsedCommand, environment: [String: St
     let keys = KeyStore.Configuration(
         refreshInterval: try parsed.seconds("jwks-refresh", positive: true) ?? .seconds(3600),
         cooldown: try parsed.seconds("jwks-cooldown", positive: true) ?? .seconds(30))
+    let database: PostgresConfiguration
+    do {
+        database = try PostgresConfiguration(
+            parsed.value("database-url") ?? "", applicationName: "siwa-receiver")
+    } catch {
+        throw ConfigurationError("invalid --database-url: \(error.message)")
+    }
     var configuration = try ReceiverConfiguration(
-        host: listen.host, port: listen.port,
-        database: try PostgresConfiguration(
-            parsed.value("database-url") ?? "", applicationName: "siwa-receiver"),
+        database: database,
         audiences: Set(audiences), jwks: try JWKSSource(url: jwksURL, environment: environment), keys: keys,
         poolSize: try parsed.integer("pool-size", in: 1...1000) ?? 16, http: http)
     configuration.maxTokenAge =
         try parsed.seconds("max-token-age", positive: true) ?? configuration.maxTokenAge
     return (configuration, Logger(label: "siwa-receiver", level: level))
-}
-
-func writeStandardError(_ text: String) {
-    FileHandle.standardError.write(Data(text.utf8))
 }

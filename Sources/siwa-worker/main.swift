@@ -16,9 +16,7 @@ let spec = CommandSpec(
         and the siwa.on_event hook in one transaction, retries failures with backoff, prunes old data.
         """,
     options: [
-        CommandOption(
-            "database-url", valueName: "URL", help: "PostgreSQL connection URL or conninfo string.",
-            isRequired: true, environmentVariable: "SIWA_DATABASE_URL"),
+        .databaseURL,
         CommandOption(
             "concurrency", valueName: "N", help: "Lanes (threads, each with its own connection).",
             environmentVariable: "SIWA_WORKER_CONCURRENCY", defaultValue: "1"),
@@ -68,9 +66,11 @@ let spec = CommandSpec(
             environmentVariable: "SIWA_WORKER_ONCE")
     ])
 
+/// Reports a usage or configuration error on one line of stderr and ends the process (no thread of ours
+/// runs yet).
 func fail(_ message: String, status: Int32) -> Never {
-    FileHandle.standardError.write(Data("siwa-worker: \(message)\n".utf8))
-    exit(status)
+    writeErrorLine("siwa-worker", message)
+    terminateProcess(status: status)
 }
 
 let parsed: ParsedCommand
@@ -81,8 +81,8 @@ do {
     fail(error.message, status: 2)
 }
 if parsed.helpRequested {
-    FileHandle.standardOutput.write(Data(spec.helpText().utf8))
-    exit(0)
+    writeStandardOutput(spec.helpText())
+    terminateProcess(status: 0)
 }
 
 guard let level = Logger.Level(name: parsed.value("log-level") ?? "info") else {
@@ -94,8 +94,13 @@ let configuration: Worker.Configuration
 let metricsAddress: ListenAddress?
 do {
     metricsAddress = try parsed.listenAddress("metrics-listen")
-    let database = try PostgresConfiguration(
-        parsed.value("database-url") ?? "", applicationName: "siwa-worker")
+    let database: PostgresConfiguration
+    do {
+        database = try PostgresConfiguration(
+            parsed.value("database-url") ?? "", applicationName: "siwa-worker")
+    } catch {
+        throw ConfigurationError("invalid --database-url: \(error.message)")
+    }
     let statementTimeout = try parsed.seconds("statement-timeout") ?? .zero
     let lockTimeout = try parsed.seconds("lock-timeout") ?? .seconds(5)
     configuration = try Worker.Configuration(
@@ -111,9 +116,7 @@ do {
         retainEvents: try parsed.number("retain-events-days").map { .seconds($0 * 86_400) })
 } catch let error as CommandLineError {
     fail(error.message, status: 2)
-} catch let error as PostgresError {
-    fail(error.message, status: 2)
-} catch let error as WorkerError {
+} catch let error as ConfigurationError {
     fail(error.message, status: 2)
 } catch {
     fail("\(error)", status: 2)

@@ -50,7 +50,7 @@ enum ClientSecretVerb {
                 guard let minimumDays = Double(parsed.value("min-days") ?? ""), minimumDays >= 0,
                     minimumDays.isFinite
                 else {
-                    writeError("\(checkSpec.name): --min-days must be a number of days, 0 or more")
+                    writeErrorLine(checkSpec.name, "--min-days must be a number of days, 0 or more")
                     return ExitStatus.usage
                 }
                 return await runReportingFailure(checkSpec.name) {
@@ -62,8 +62,8 @@ enum ClientSecretVerb {
         case .failure(let exit): return exit.status
         case .success(let parsed):
             guard let days = Int(parsed.value("days") ?? ""), (1...180).contains(days) else {
-                writeError(
-                    "\(makeSpec.name): --days must be a whole number from 1 to 180 (Apple's limit is 15777000 s)"
+                writeErrorLine(
+                    makeSpec.name, "--days must be a whole number from 1 to 180 (Apple's limit is 15777000 s)"
                 )
                 return ExitStatus.usage
             }
@@ -78,9 +78,9 @@ enum ClientSecretVerb {
             teamID: parsed.value("team-id")!, keyID: parsed.value("key-id")!,
             clientID: parsed.value("client-id")!,
             issuedAt: now, lifetime: TimeInterval(days) * 86400)
-        writeOut(token + "\n")
-        writeError(
-            "expires \(VerifyVerb.formatISO8601(now.addingTimeInterval(TimeInterval(days) * 86400))) (in \(days) days)"
+        writeStandardOutput(token + "\n")
+        writeStandardError(
+            "expires \(VerifyVerb.formatISO8601(now.addingTimeInterval(TimeInterval(days) * 86400))) (in \(days) days)\n"
         )
     }
 
@@ -94,7 +94,7 @@ enum ClientSecretVerb {
         let now = Date()
         let days = claims.remaining(now: now) / 86400
         var problems: [String] = []
-        writeOut(
+        writeStandardOutput(
             """
             expires: \(VerifyVerb.formatISO8601(claims.expiresAt)) (\(String(format: "%.1f", days)) days \
             \(days < 0 ? "ago" : "from now"))
@@ -123,9 +123,9 @@ enum ClientSecretVerb {
         if let keyPath = parsed.value("key") {
             let signer = try ClientSecretSigner(privateKeyPEM: try readText(path: keyPath))
             if signer.verifySignature(of: token) {
-                writeOut("signature: valid for \(keyPath)\n")
+                writeStandardOutput("signature: valid for \(keyPath)\n")
             } else {
-                writeOut("signature: INVALID for \(keyPath)\n")
+                writeStandardOutput("signature: INVALID for \(keyPath)\n")
                 problems.append("the signature does not match \(keyPath)")
             }
         }

@@ -2,11 +2,6 @@ import Foundation
 import Postgres
 import ServiceSupport
 
-/// The `--database-url` option shared by the verbs that read or change the database.
-let databaseOption = CommandOption(
-    "database-url", valueName: "URL", help: "PostgreSQL URL or conninfo.", isRequired: true,
-    environmentVariable: "SIWA_DATABASE_URL")
-
 /// Opens one connection from `--database-url`; failures become one line without the password.
 func connect(_ parsed: ParsedCommand) throws -> PostgresConnection {
     let configuration: PostgresConfiguration

@@ -11,7 +11,7 @@ enum EventsVerb {
             one JSON object per line.
             """,
         options: [
-            databaseOption,
+            .databaseURL,
             CommandOption("sub", valueName: "SUB", help: "Only this user."),
             CommandOption("type", valueName: "TYPE", help: "Only this event type (e.g. consent-revoked)."),
             CommandOption(
@@ -34,7 +34,7 @@ enum EventsVerb {
             do {
                 filter = try Filter(parsed)
             } catch {
-                writeError("\(spec.name): \(error)")
+                writeErrorLine(spec.name, "\(error)")
                 return ExitStatus.usage
             }
             return await runReportingFailure(spec.name) { try run(parsed, filter) }
@@ -98,12 +98,12 @@ enum EventsVerb {
         }
         let events = try database("decoding siwa.event_history") { try rows.map(Event.init) }
         if parsed.flag("json") {
-            writeOut(events.map { jsonLine($0.json) }.joined())
+            writeStandardOutput(events.map { jsonLine($0.json) }.joined())
         } else if events.isEmpty {
-            writeOut("no events\n")
+            writeStandardOutput("no events\n")
         } else {
             let header = ["RECEIVED", "TYPE", "STATE", "ATTEMPTS", "SUB", "JTI", "LAST ERROR"]
-            writeOut(renderTable(header: header, rows: events.map(\.cells)))
+            writeStandardOutput(renderTable(header: header, rows: events.map(\.cells)))
         }
     }
 

@@ -29,7 +29,7 @@ enum FakeAppleVerb {
         case .failure(let exit): return exit.status
         case .success(let parsed):
             guard let listen = ListenAddress(parsing: parsed.value("listen") ?? "") else {
-                writeError("\(spec.name): --listen must be HOST:PORT")
+                writeErrorLine(spec.name, "--listen must be HOST:PORT")
                 return ExitStatus.usage
             }
             return await runReportingFailure(spec.name) { try run(parsed, listen: listen) }
@@ -49,8 +49,9 @@ enum FakeAppleVerb {
         let server = HTTPServer(
             configuration: configuration,
             onResponse: { request, response, _ in
-                writeError(
-                    "fake-apple: \(request.remoteAddress) \(request.method) \(request.path) \(response.status)"
+                writeErrorLine(
+                    "fake-apple",
+                    "\(request.remoteAddress) \(request.method) \(request.path) \(response.status)"
                 )
             },
             handler: { request in
@@ -74,9 +75,9 @@ enum FakeAppleVerb {
             throw ToolFailure("cannot listen on \(listen): \(error)")
         }
         let host = listen.host.contains(":") ? "[\(listen.host)]" : listen.host
-        writeOut("http://\(host):\(server.port ?? listen.port)\(path)\n")
+        writeStandardOutput("http://\(host):\(server.port ?? listen.port)\(path)\n")
         let name = signals.wait()
-        writeError("fake-apple: \(name), stopping")
+        writeErrorLine("fake-apple", "\(name), stopping")
         server.shutdown(gracePeriod: .seconds(2))
     }
 }
@@ -121,9 +122,10 @@ final class KeySetFile: Sendable {
                     let keys = try? JSONWebKeySet(jsonData: data), !keys.keyIDs.isEmpty
                 {
                     state.body = data
-                    writeError("fake-apple: loaded \(path): kids \(keys.keyIDs.joined(separator: ", "))")
+                    writeErrorLine(
+                        "fake-apple", "loaded \(path): kids \(keys.keyIDs.joined(separator: ", "))")
                 } else {
-                    writeError("fake-apple: \(path) is not a usable key set; keeping the previous one")
+                    writeErrorLine("fake-apple", "\(path) is not a usable key set; keeping the previous one")
                 }
             }
             return state.body.map { .success($0) } ?? .failure(ToolFailure("\(path) is not a usable key set"))

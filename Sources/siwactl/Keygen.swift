@@ -41,7 +41,7 @@ enum KeygenVerb {
         } catch {
             throw ToolFailure("cannot write \(jwksPath.path)")
         }
-        writeOut(signer.keyID + "\n")
+        writeStandardOutput(signer.keyID + "\n")
     }
 
     /// Creates the file exclusively with mode 0600 so the key is never readable by others.

@@ -14,7 +14,7 @@ enum MigrateVerb {
             Runs with search_path pinned to pg_catalog, and warns when a role other than this one (and
             not a superuser) may create objects in a schema on the session's search_path.
             """,
-        options: [databaseOption])
+        options: [.databaseURL])
 
     static let verb = Verb(name: "migrate", abstract: "Apply the embedded schema.sql to a database.") {
         arguments, environment in
@@ -43,9 +43,9 @@ enum MigrateVerb {
         let warnings = try database("checking who may create objects on the search_path") {
             try creatorWarnings(pathSchemas, on: connection)
         }
-        for warning in warnings { writeError("siwactl migrate: warning: \(warning)") }
+        for warning in warnings { writeErrorLine("siwactl migrate", "warning: \(warning)") }
         let before = try database("reading the schema version") { try currentVersion(connection) }
-        writeOut("schema version before: \(before.map(String.init) ?? "none")\n")
+        writeStandardOutput("schema version before: \(before.map(String.init) ?? "none")\n")
         if let before, before > SiwaSchema.version {
             throw ToolFailure(
                 "the database is at schema version \(before), newer than this binary's \(SiwaSchema.version); not migrating"
@@ -60,7 +60,7 @@ enum MigrateVerb {
             }
         }
         let after = try database("reading the schema version") { try currentVersion(connection) }
-        writeOut("schema version after: \(after.map(String.init) ?? "none")\n")
+        writeStandardOutput("schema version after: \(after.map(String.init) ?? "none")\n")
     }
 
     /// One warning per schema of `schemas` (the session's search_path) in which a role other than the

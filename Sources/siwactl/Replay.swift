@@ -12,7 +12,7 @@ enum ReplayVerb {
             Prints how many were requeued; with --jti, exit status 1 when none was.
             """,
         options: [
-            databaseOption,
+            .databaseURL,
             CommandOption("jti", valueName: "JTI", help: "The notification to requeue."),
             CommandOption(
                 "state", valueName: "STATE",
@@ -31,16 +31,16 @@ enum ReplayVerb {
             let state = parsed.value("state")
             var since: Date?
             guard (jti == nil) != (state == nil) else {
-                writeError("\(spec.name): give exactly one of --jti or --state (see --help)")
+                writeErrorLine(spec.name, "give exactly one of --jti or --state (see --help)")
                 return ExitStatus.usage
             }
             if let state, state != "dead" && state != "skipped" {
-                writeError("\(spec.name): --state must be dead or skipped")
+                writeErrorLine(spec.name, "--state must be dead or skipped")
                 return ExitStatus.usage
             }
             if let text = parsed.value("since") {
                 guard state != nil, let date = parseSince(text) else {
-                    writeError("\(spec.name): --since needs --state and ISO 8601 or an age such as 2h or 3d")
+                    writeErrorLine(spec.name, "--since needs --state and ISO 8601 or an age such as 2h or 3d")
                     return ExitStatus.usage
                 }
                 since = date
@@ -60,7 +60,7 @@ enum ReplayVerb {
                 [jti.map(PostgresData.text), state.map(PostgresData.text), since.map(PostgresData.date)]
             )[0][0, as: Int.self]
         }
-        writeOut("requeued \(count) notification\(count == 1 ? "" : "s")\n")
+        writeStandardOutput("requeued \(count) notification\(count == 1 ? "" : "s")\n")
         if jti != nil && count == 0 {
             throw ToolFailure("no finished notification with that jti (unknown, or already pending)")
         }

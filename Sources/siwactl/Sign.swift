@@ -53,6 +53,6 @@ enum SignVerb {
             email: parsed.value("email"), isPrivateEmail: isPrivate)
         let body = try JSONSerialization.data(
             withJSONObject: ["payload": token], options: [.withoutEscapingSlashes])
-        writeOut(String(decoding: body, as: UTF8.self) + "\n")
+        writeStandardOutput(String(decoding: body, as: UTF8.self) + "\n")
     }
 }

@@ -42,13 +42,13 @@ enum SimulateVerb {
         case .failure(let exit): return exit.status
         case .success(let parsed):
             guard let count = Int(parsed.value("count") ?? ""), (1...100_000).contains(count) else {
-                writeError("\(spec.name): --count must be a whole number from 1 to 100000")
+                writeErrorLine(spec.name, "--count must be a whole number from 1 to 100000")
                 return ExitStatus.usage
             }
             guard let url = URL(string: parsed.value("to")!), let scheme = url.scheme?.lowercased(),
                 scheme == "http" || scheme == "https", url.host != nil
             else {
-                writeError("\(spec.name): --to must be an http(s) URL")
+                writeErrorLine(spec.name, "--to must be an http(s) URL")
                 return ExitStatus.usage
             }
             return await runReportingFailure(spec.name) { try await run(parsed, url: url, count: count) }
@@ -85,10 +85,10 @@ enum SimulateVerb {
             } catch {
                 answer = "no answer: \(error.localizedDescription)"
             }
-            writeOut("\(index)/\(count) jti=\(jti) \(answer)\n")
+            writeStandardOutput("\(index)/\(count) jti=\(jti) \(answer)\n")
         }
         session.finishTasksAndInvalidate()
-        writeOut("sent \(count): \(accepted) answered 200, \(count - accepted) did not\n")
+        writeStandardOutput("sent \(count): \(accepted) answered 200, \(count - accepted) did not\n")
         if accepted != count { throw ToolFailure("\(count - accepted) of \(count) not accepted") }
     }
 }

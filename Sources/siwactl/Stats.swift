@@ -10,7 +10,7 @@ enum StatsVerb {
             Queue depth, dead notifications, the oldest pending one's age, and over the last hour how many
             were received and applied and the apply latency (received → applied, p50 and p99).
             """,
-        options: [databaseOption],
+        options: [.databaseURL],
         flags: [CommandFlag("json", help: "One JSON object (the view's column names) instead of text.")])
 
     static let verb = Verb(name: "stats", abstract: "Queue depth, dead count, throughput and latency.") {
@@ -84,6 +84,6 @@ enum StatsVerb {
             }
             return try Health(connection.query("SELECT * FROM siwa.queue_health")[0])
         }
-        writeOut(parsed.flag("json") ? jsonLine(health.json) : health.text)
+        writeStandardOutput(parsed.flag("json") ? jsonLine(health.json) : health.text)
     }
 }

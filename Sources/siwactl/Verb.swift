@@ -21,25 +21,17 @@ struct ToolFailure: Error, CustomStringConvertible {
     init(_ description: String) { self.description = description }
 }
 
-func writeOut(_ text: String) {
-    FileHandle.standardOutput.write(Data(text.utf8))
-}
-
-func writeError(_ line: String) {
-    FileHandle.standardError.write(Data((line + "\n").utf8))
-}
-
 /// Parses a verb's arguments, or prints help / a usage error and returns the exit status.
 func parse(_ spec: CommandSpec, _ arguments: [String], _ environment: [String: String]) -> ParseOutcome {
     do {
         let parsed = try spec.parse(arguments, environment: environment)
         if parsed.helpRequested {
-            writeOut(spec.helpText())
+            writeStandardOutput(spec.helpText())
             return .failure(EarlyExit(ExitStatus.success))
         }
         return .success(parsed)
     } catch {
-        writeError("\(spec.name): \(error.message)")
+        writeErrorLine(spec.name, "\(error.message)")
         return .failure(EarlyExit(ExitStatus.usage))
     }
 }
@@ -59,7 +51,7 @@ func runReportingFailure(_ name: String, _ body: () async throws -> Void) async 
         try await body()
         return ExitStatus.success
     } catch {
-        writeError("\(name): \(error)")
+        writeErrorLine(name, "\(error)")
         return ExitStatus.failure
     }
 }

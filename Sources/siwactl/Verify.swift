@@ -38,7 +38,7 @@ enum VerifyVerb {
             var now = Date()
             if let at = parsed.value("at") {
                 guard let date = parseISO8601(at) else {
-                    writeError("\(spec.name): --at must be an ISO 8601 date-time, e.g. 2026-01-31T12:00:00Z")
+                    writeErrorLine(spec.name, "--at must be an ISO 8601 date-time, e.g. 2026-01-31T12:00:00Z")
                     return ExitStatus.usage
                 }
                 now = date
@@ -65,17 +65,15 @@ enum VerifyVerb {
         let keys = try JSONWebKeySet(
             jsonData: try await loadKeySet(parsed.value("jwks")!, environment: environment))
         let notification = try verifier.verify(token: token, keys: keys, now: now)
-        writeOut(render(notification) + "\n")
+        writeStandardOutput(render(notification) + "\n")
     }
 
-    /// Accepts a bare JWS or Apple's body `{"payload":"<JWS>"}`.
+    /// Accepts a bare JWS or Apple's body `{"payload":"<JWS>"}`, read as the receiver reads it
+    /// (``NotificationRequestBody``: strict JSON, a `payload` named twice is refused).
     static func extractToken(_ text: String) throws -> String {
         guard text.hasPrefix("{") else { return text }
-        guard text.utf8.count <= 64 * 1024,
-            let object = try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any],
-            let payload = object["payload"] as? String
-        else { throw ToolFailure("body is not {\"payload\": \"<JWS>\"}") }
-        return payload
+        guard text.utf8.count <= 64 * 1024 else { throw ToolFailure("body is larger than 64 KiB") }
+        return try NotificationRequestBody.payload(from: Array(text.utf8))
     }
 
     /// A file's bytes, or the key set fetched from an http(s) URL by ``JWKSSource`` (the receiver's

@@ -30,12 +30,13 @@ if let first = arguments.first, let verb = verbs.first(where: { $0.name == first
 } else if arguments.isEmpty || arguments.first == "--help" || arguments.first == "-h"
     || arguments.first == "help"
 {
-    writeOut(topLevelHelp())
+    writeStandardOutput(topLevelHelp())
     status = arguments.isEmpty ? ExitStatus.usage : ExitStatus.success
 } else {
-    writeError("siwactl: unknown verb '\(arguments[0])' (see siwactl --help)")
+    writeErrorLine("siwactl", "unknown verb '\(arguments[0])' (see siwactl --help)")
     status = ExitStatus.usage
 }
-// Like the services: no atexit teardown (OpenSSL's cleanup) beside threads we do not own, such as
-// FoundationNetworking's in `simulate` or the HTTP server's in `fake-apple`.
+// As the services end: flush what was written, then `_exit`, skipping the atexit teardown (OpenSSL's
+// cleanup) that can race with threads we do not own and that may still run here (FoundationNetworking's
+// libcurl after `simulate`, the HTTP server's after `fake-apple`).
 terminateProcess(status: status)

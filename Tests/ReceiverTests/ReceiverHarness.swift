@@ -22,13 +22,13 @@ final class ReceiverHarness: @unchecked Sendable {
     ) throws {
         database = try (cluster ?? PostgresCluster.shared).createDatabase(applying: try Self.schema())
         jwks = try JWKSTestServer(body: keySet)
-        var http = HTTPServer.Configuration()
+        var http = HTTPServer.Configuration(host: "127.0.0.1", port: 0)
         http.maxBodyBytes = maxBodyBytes
         http.threadCount = 16
         if let connectionTimeout { http.connectionTimeout = connectionTimeout }
         if let connectionLimit { http.connectionLimit = connectionLimit }
         var configuration = try ReceiverConfiguration(
-            host: "127.0.0.1", port: 0, database: database, audiences: [TestSigning.audience],
+            database: database, audiences: [TestSigning.audience],
             jwks: try JWKSSource(url: jwks.url, timeout: 2),
             keys: KeyStore.Configuration(refreshInterval: .seconds(3600), cooldown: cooldown),
             poolSize: poolSize, poolTimeout: .seconds(2), http: http)

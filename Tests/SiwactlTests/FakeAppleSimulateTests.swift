@@ -1,5 +1,6 @@
 import AppleNotifications
 import Foundation
+import HTTPServer
 import Postgres
 import Receiver
 import ServiceSupport
@@ -61,10 +62,10 @@ final class InProcessReceiver {
     init(jwksURL: URL) throws {
         database = try TestDatabase()
         let configuration = try ReceiverConfiguration(
-            host: "127.0.0.1", port: 0, database: database.configuration, audiences: [Self.audience],
+            database: database.configuration, audiences: [Self.audience],
             jwks: try JWKSSource(url: jwksURL, timeout: 2),
             keys: KeyStore.Configuration(refreshInterval: .seconds(3600), cooldown: .milliseconds(50)),
-            poolSize: 2, poolTimeout: .seconds(2))
+            poolSize: 2, poolTimeout: .seconds(2), http: HTTPServer.Configuration(host: "127.0.0.1", port: 0))
         receiver = try NotificationReceiver(
             configuration: configuration, logger: Logger(label: "test", level: .error, sink: { _ in }))
         try receiver.start()

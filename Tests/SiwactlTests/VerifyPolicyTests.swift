@@ -61,6 +61,26 @@ struct VerifyPolicyTests {
         #expect(result.standardError.contains("Content-Length"), "\(result.standardError)")
     }
 
+    @Test("verify reads a body as the receiver does: a payload named twice is refused, one payload verifies")
+    func bodyReadAsTheReceiverReadsIt() throws {
+        let jwks = try JWKSTestServer(body: TestSigning.apple.jwksJSON())
+        defer { jwks.stop() }
+        func verify(_ body: String) throws -> ExecutableLocator.Result {
+            try siwactl(
+                ["verify", "--jwks", jwks.url.absoluteString, "--audience", Self.audience, "-"],
+                input: Data(body.utf8))
+        }
+        let good = TestSigning.token()
+        let forged = TestSigning.token(signer: TestSigning.other)
+        let single = try verify(#"{"payload":"\#(good)"}"#)
+        #expect(single.status == 0, "\(single.standardError)")
+        // Two readers could pick different members of an ambiguous body; the receiver refuses it.
+        let twice = try verify(#"{"payload":"\#(forged)","payload":"\#(good)"}"#)
+        #expect(twice.status == 1)
+        #expect(twice.standardOutput.isEmpty)
+        #expect(twice.standardError.contains("bad_body"), "\(twice.standardError)")
+    }
+
     @Test("verify refuses a token without exp older than --max-token-age as of --at, and accepts it within")
     func maxTokenAge() throws {
         let jwks = try JWKSTestServer(body: TestSigning.apple.jwksJSON())

@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import ServiceSupport
 import Testing
 import Worker
 
@@ -215,10 +216,37 @@ struct FailureTests {
         ])
     func configurationValidation(concurrency: Int, batchSize: Int, maxAttempts: Int) throws {
         let database = try PostgresConfiguration("host=/nonexistent dbname=x")
-        #expect(throws: WorkerError.self) {
+        #expect(throws: ConfigurationError.self) {
             _ = try Worker.Configuration(
                 database: database, concurrency: concurrency, batchSize: batchSize, maxAttempts: maxAttempts)
         }
+    }
+
+    @Test("an outcome this worker does not know (a newer schema's) is counted under outcome=\"unknown\"")
+    func unknownOutcomeCounted() throws {
+        let db = try TestDatabase()
+        for index in 0..<3 {
+            try db.insert(jti: "unknown-outcome-\(index)", type: "consent-revoked", sub: "u\(index)")
+        }
+        // As a schema.sql newer than this binary might: the same entry point, reporting a new outcome.
+        try db.connection.simpleQuery(
+            """
+            ALTER FUNCTION siwa.process_due_notifications(integer, integer, interval)
+                RENAME TO process_due_notifications_known;
+            CREATE FUNCTION siwa.process_due_notifications(
+                p_limit integer, p_max_attempts integer, p_retry_base_delay interval)
+            RETURNS SETOF siwa.processing_result LANGUAGE sql AS $$
+                SELECT r.id, r.jti, r.event_type,
+                       CASE r.outcome WHEN 'applied' THEN 'quarantined' ELSE r.outcome END,
+                       r.error, r.attempt, r.latency, r.busy_seconds
+                  FROM siwa.process_due_notifications_known(p_limit, p_max_attempts, p_retry_base_delay) AS r
+            $$;
+            """)
+        let metrics = MetricsRegistry()
+        let worker = try db.worker(concurrency: 1, metrics: metrics)
+        _ = try worker.drainOnce()
+        #expect(metric(#"siwa_worker_notifications_total{outcome="unknown"}"#, in: metrics) == 3)
+        #expect(metric(#"siwa_worker_notifications_total{outcome="applied"}"#, in: metrics) == 0)
     }
 
     @Test("drainOnce reports a database it cannot reach as an error")

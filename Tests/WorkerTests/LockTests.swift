@@ -238,11 +238,11 @@ struct LockTests {
     @Test("a lock timeout not below the statement timeout is rejected")
     func lockTimeoutValidation() throws {
         let database = try PostgresConfiguration("host=/nonexistent dbname=x")
-        #expect(throws: WorkerError.self) {
+        #expect(throws: ConfigurationError.self) {
             _ = try Worker.Configuration(
                 database: database, statementTimeout: .seconds(5), lockTimeout: .seconds(5))
         }
-        #expect(throws: WorkerError.self) {
+        #expect(throws: ConfigurationError.self) {
             _ = try Worker.Configuration(database: database, lockTimeout: .zero)
         }
         _ = try Worker.Configuration(database: database, statementTimeout: nil, lockTimeout: .seconds(60))

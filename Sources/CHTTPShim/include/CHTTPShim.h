@@ -4,8 +4,10 @@
  * A thin C layer over libmicrohttpd for the HTTPServer module.
  *
  * Everything that does not import into Swift lives here: the variadic MHD_start_daemon, the option
- * and flag enums, the per-request state machine of the access handler (body accumulation with a size
- * limit, an early answer when the Swift framing check refuses the headers), and response construction. Swift sees only opaque handles and plain C types.
+ * and flag enums, the per-request state machine of the access handler (body accumulation up to the
+ * size limit, suspend/resume), and response construction. Swift sees only opaque handles and plain C
+ * types. No decision about a request is made here: statuses and bodies, including those of the
+ * answers the daemon sends by itself, are HTTPServer's (Swift), passed in as canned responses.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -15,6 +17,17 @@ typedef struct siwa_http_daemon siwa_http_daemon;
 
 /** One request in progress; owned by the daemon, valid only during the handler call. */
 typedef struct siwa_http_exchange siwa_http_exchange;
+
+/**
+ * A response the daemon sends by itself, without a handler, closing the connection after it. The
+ * strings must stay valid for as long as the daemon runs (HTTPServer passes static ones).
+ */
+typedef struct siwa_http_canned_response {
+    unsigned int status;
+    const char *content_type; /* may be NULL */
+    const char *body;
+    size_t body_length;
+} siwa_http_canned_response;
 
 /** How to run the daemon. `host` must be a numeric IPv4 or IPv6 address. */
 typedef struct siwa_http_config {
@@ -26,6 +39,10 @@ typedef struct siwa_http_config {
     unsigned int connection_timeout_seconds;
     size_t connection_memory_limit;
     int listen_backlog;
+    /* What the daemon answers by itself (each required, valid for the daemon's life): */
+    const siwa_http_canned_response *body_too_large; /* a chunked body went past max_body_bytes */
+    const siwa_http_canned_response *no_memory;      /* a request's state could not be allocated */
+    const siwa_http_canned_response *refused;        /* completed after siwa_http_refuse_requests */
 } siwa_http_config;
 
 /** A complete request, handed to the handler once the whole body has arrived. */
@@ -49,11 +66,12 @@ typedef int (*siwa_http_handler_fn)(void *context, siwa_http_exchange *exchange,
 
 /**
  * Called on a daemon I/O thread once a request's headers have arrived, before any of its body is
- * read: may inspect the headers (siwa_http_each_header) and returns 0 to go on, or a status (400 or
- * 413) that the server answers at once, closing the connection without reading the body.
+ * read: may inspect the headers (siwa_http_each_header) and returns NULL to go on, or the response to
+ * send at once (valid for the daemon's life), closing the connection without reading the body.
  */
-typedef unsigned int (*siwa_http_framing_fn)(void *context, siwa_http_exchange *exchange,
-                                             const char *version);
+typedef const siwa_http_canned_response *(*siwa_http_framing_fn)(void *context,
+                                                                 siwa_http_exchange *exchange,
+                                                                 const char *version);
 
 /** Receives one request header; the strings are valid only during the call. */
 typedef void (*siwa_http_header_fn)(void *context, const char *name, size_t name_length,
@@ -88,8 +106,9 @@ long siwa_http_in_flight(const siwa_http_daemon *daemon);
 /** Stops accepting new connections; existing ones continue and are asked to close after a response. */
 void siwa_http_quiesce(siwa_http_daemon *daemon);
 
-/** From now on, requests that complete are answered 503 with `Connection: close` by the daemon itself
- * instead of being handed to the handler; call after quiesce, once the grace period is over. */
+/** From now on, requests that complete are answered with the configured `refused` response by the
+ * daemon itself instead of being handed to the handler; call after quiesce, once the grace period is
+ * over. */
 void siwa_http_refuse_requests(siwa_http_daemon *daemon);
 
 /** Requests handed to the handler and not yet answered with siwa_http_respond. Once it is 0 after

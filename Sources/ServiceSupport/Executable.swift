@@ -1,0 +1,43 @@
+import Foundation
+
+// The plumbing the three executables share: the database option, writing to the standard streams, and
+// the error for an unusable setting. Libraries do not print; these are for the executables (and for the
+// libraries' configuration validation, which throws ``ConfigurationError``).
+
+/// A setting is unusable; ``message`` names it and says what is wrong.
+///
+/// The message is written by our own code and never quotes a secret (a database password, a token):
+/// it is printed on one line of standard error by the executables, and logged.
+public struct ConfigurationError: Error, Sendable, CustomStringConvertible, Equatable {
+    /// One line for people, naming the setting.
+    public let message: String
+
+    /// Creates an error; `message` must not contain secrets or personal data.
+    public init(_ message: String) { self.message = message }
+
+    public var description: String { message }
+}
+
+extension CommandOption {
+    /// `--database-url URL` (`SIWA_DATABASE_URL`), required: the PostgreSQL database holding schema.sql,
+    /// as a URL or a conninfo string. One declaration for every executable and verb that connects.
+    public static let databaseURL = CommandOption(
+        "database-url", valueName: "URL", help: "PostgreSQL URL or conninfo string (schema.sql applied).",
+        isRequired: true, environmentVariable: "SIWA_DATABASE_URL")
+}
+
+/// Writes `text` to standard output as it is (unbuffered).
+public func writeStandardOutput(_ text: String) {
+    FileHandle.standardOutput.write(Data(text.utf8))
+}
+
+/// Writes `text` to standard error as it is (unbuffered).
+public func writeStandardError(_ text: String) {
+    FileHandle.standardError.write(Data(text.utf8))
+}
+
+/// Writes `command: message` as one line to standard error: how the executables report a usage or
+/// configuration error, or a failure.
+public func writeErrorLine(_ command: String, _ message: String) {
+    writeStandardError("\(command): \(message)\n")
+}
