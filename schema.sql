@@ -712,6 +712,14 @@ COMMENT ON FUNCTION siwa.process_claimed_notification(siwa.notifications, intege
 -- connection, and effects commit together with the state change that marks them applied.
 -- The user's siwa.accounts row lock (tried, never waited for) keeps two events of one user from being
 -- applied concurrently by two workers; such rows are reported busy and put off briefly.
+--
+-- At most 64 per call, whatever p_limit says. Each notification's subtransaction writes (it locks its
+-- user's account row, at least), so it gets a subtransaction XID, and these stay with the transaction
+-- until it ends (only a rolled-back one gives its XID back). PostgreSQL keeps 64 of them per transaction
+-- in shared memory (PGPROC_MAX_CACHED_SUBXIDS); beyond that the transaction's cache overflows, and every
+-- snapshot any session takes while it is open must look subtransactions up in pg_subtrans, which slows
+-- the whole server down. A hook (siwa.on_event) with BEGIN … EXCEPTION blocks of its own that write uses
+-- one more per block entered: the worker's --batch-size must then be lower (docs/operations.md).
 CREATE OR REPLACE FUNCTION siwa.process_due_notifications(
     p_limit integer, p_max_attempts integer, p_retry_base_delay interval)
 RETURNS SETOF siwa.processing_result
@@ -726,7 +734,7 @@ BEGIN
         SELECT q.* FROM siwa.notifications q
          WHERE q.state = 'pending' AND q.next_attempt_at <= v_now
          ORDER BY q.next_attempt_at, q.id
-         LIMIT p_limit
+         LIMIT least(p_limit, 64)
          FOR UPDATE SKIP LOCKED
     LOOP
         RETURN NEXT siwa.process_claimed_notification(n, p_max_attempts, p_retry_base_delay);
@@ -734,7 +742,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.process_due_notifications(integer, integer, interval) IS
-    'Worker entry point: claims up to p_limit due notifications (FOR UPDATE SKIP LOCKED), applies each in a subtransaction, and marks it applied, skipped, retried with backoff, or dead. One row per notification handled (busy: its user''s account row is held elsewhere; put off briefly, no attempt counted).';
+    'Worker entry point: claims up to p_limit (at most 64: one subtransaction each, and PostgreSQL caches 64 per transaction) due notifications (FOR UPDATE SKIP LOCKED), applies each in a subtransaction, and marks it applied, skipped, retried with backoff, or dead. One row per notification handled (busy: its user''s account row is held elsewhere; put off briefly, no attempt counted).';
 
 -- The worker's fallback when a whole batch failed with an error no subtransaction can catch: handles
 -- exactly one notification, so that the culprit can be identified and recorded separately.
@@ -804,6 +812,7 @@ COMMENT ON FUNCTION siwa.record_failure(bigint, text, integer, interval) IS
     'Records a failed attempt at one pending notification: stores the error redacted (siwa.redact_error), clears busy_since, erases the row''s personal data if its account''s is erased, and schedules a retry with exponential backoff (base × 2^(attempt−1), at most 1 hour) and jitter, or marks it dead after p_max_attempts. Returns retry, dead, or gone (not pending).';
 
 -- Erases personal data of deleted accounts whose retention period has passed (see siwa.settings).
+-- At most 64 accounts per call, each in a subtransaction that writes: see siwa.process_due_notifications.
 CREATE OR REPLACE FUNCTION siwa.erase_due_personal_data(p_limit integer DEFAULT 100) RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -817,7 +826,7 @@ BEGIN
          WHERE a.deleted_at IS NOT NULL AND a.personal_data_erased_at IS NULL
            AND a.deleted_at + s.erase_personal_data_after <= clock_timestamp()
          ORDER BY a.deleted_at
-         LIMIT p_limit
+         LIMIT least(p_limit, 64)
          FOR UPDATE OF a SKIP LOCKED
     LOOP
         -- The account row lock (held here, skipped when a worker applying this user's events holds it)
@@ -835,7 +844,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.erase_due_personal_data(integer) IS
-    'Maintenance: erases the personal data of up to p_limit deleted accounts whose siwa.settings.erase_personal_data_after has passed. Returns how many.';
+    'Maintenance: erases the personal data of up to p_limit (at most 64, one subtransaction each) deleted accounts whose siwa.settings.erase_personal_data_after has passed. Returns how many.';
 
 -- Retention: raw tokens of finished rows (dead ones included: requeueing needs no token) and applied or
 -- skipped rows older than the given ages, in small batches. Dead rows stay until requeued or deleted.
