@@ -1,6 +1,7 @@
 -- Sign in with Apple server-to-server notifications: the database.
 --
--- Re-runnable: `psql -v ON_ERROR_STOP=1 -f schema.sql` on an empty or an existing database brings it to
+-- Re-runnable: `psql -v ON_ERROR_STOP=1 --single-transaction -f schema.sql` on an empty or an existing
+-- database (at any earlier version, see "Upgrades" below) brings it to
 -- the current version and never drops data. `siwactl migrate` applies this same file (it is embedded in
 -- the binary). Everything lives in schema `siwa`.
 --
@@ -135,7 +136,7 @@ BEGIN
             -- Version 1's default no-op hook, never replaced by the admins, gets its search_path (and
             -- this version's description); a replaced hook is left exactly as it is.
             IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
-                        WHERE p.oid = 'siwa.on_event(text, text, timestamptz, text, text)'::pg_catalog.regprocedure
+                        WHERE p.oid = pg_catalog.to_regprocedure('siwa.on_event(text, text, timestamptz, text, text)')
                           AND p.proconfig IS NULL
                           AND pg_catalog.regexp_replace(p.prosrc, '--[^\n]*|\s', '', 'g') = 'BEGINEND;') THEN
                 ALTER FUNCTION siwa.on_event(text, text, timestamptz, text, text)
