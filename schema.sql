@@ -1,6 +1,7 @@
 -- Sign in with Apple server-to-server notifications: the database.
 --
--- Re-runnable: `psql -v ON_ERROR_STOP=1 -f schema.sql` on an empty or an existing database brings it to
+-- Re-runnable: `psql -v ON_ERROR_STOP=1 --single-transaction -f schema.sql` on an empty or an existing
+-- database (at any earlier version, see "Upgrades" below) brings it to
 -- the current version and never drops data. `siwactl migrate` applies this same file (it is embedded in
 -- the binary). Everything lives in schema `siwa`.
 --
@@ -24,8 +25,6 @@ $$;
 SET search_path = pg_catalog, pg_temp;
 
 CREATE SCHEMA IF NOT EXISTS siwa;
-COMMENT ON SCHEMA siwa IS
-    'Sign in with Apple server-to-server notifications: the verified notification log, the queue the worker drains, and the account state it maintains.';
 
 -- ---------------------------------------------------------------------------------------------------
 -- Schema version
@@ -36,15 +35,186 @@ CREATE TABLE IF NOT EXISTS siwa.schema_version (
     description text        NOT NULL,
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
+
+-- A database newer than this file is refused before anything is changed: this file would put its older
+-- functions in place of the newer ones. (Raise the version here with every new version.)
+DO $$
+DECLARE
+    v_from integer := coalesce((SELECT pg_catalog.max(version) FROM siwa.schema_version), 0);
+BEGIN
+    IF v_from > 2 THEN
+        RAISE EXCEPTION 'the database is at schema version %, newer than this schema.sql (version 2); not applying it', v_from
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Apply the schema.sql of the release that brought the database to that version, or a newer one.';
+    END IF;
+END;
+$$;
+
+-- ---------------------------------------------------------------------------------------------------
+-- How errors are stored (used by the worker's functions below, and by the upgrade to version 2)
+-- ---------------------------------------------------------------------------------------------------
+
+-- What the worker stores as a notification's last_error: 'SQLSTATE: message' with the parts of the
+-- message that may carry user data masked. PostgreSQL quotes the offending input in its messages
+-- (invalid input syntax for type integer: "john.doe"), and a hook's RAISE may say anything: every
+-- single-quoted text, every double-quoted text except an object's name (relation "users", column
+-- "email", constraint "…"), and every email-shaped word becomes …. The message's words stay.
+CREATE OR REPLACE FUNCTION siwa.redact_error(p_error text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+SELECT pg_catalog.replace(pg_catalog.replace(
+         pg_catalog.regexp_replace(
+           pg_catalog.regexp_replace(
+             pg_catalog.regexp_replace(
+               pg_catalog.regexp_replace(
+                 pg_catalog.replace(pg_catalog.replace(p_error, chr(1), ''), chr(2), ''),
+                 -- names of objects: protect them from the next step
+                 '(relation|column|constraint|table|schema|type|function|procedure|index|sequence|view|trigger|operator|domain|extension|role|database|cursor|variable|parameter|field|key) "([^"]*)"',
+                 '\1 ' || chr(1) || '\2' || chr(2), 'g'),
+               '"[^"]*("|$)', '"…"', 'g'),
+             '''[^'']*(''|$)', '''…''', 'g'),
+           '[^[:space:]"''(),;:<>' || chr(1) || chr(2) || ']+@[^[:space:]"''(),;:<>' || chr(1) || chr(2) || ']+',
+           '…@…', 'g'),
+         chr(1), '"'), chr(2), '"')
+$$;
+COMMENT ON FUNCTION siwa.redact_error(text) IS
+    'Masks what may carry user data in an error text (quoted values, email addresses) and keeps the SQLSTATE, the message''s words and quoted object names. What siwa.record_failure stores in last_error.';
+
+-- What is left of a failure's last_error once the account's personal data is erased: its SQLSTATE.
+-- Skip reasons (state skipped) are the worker's own words about the event type and stay.
+CREATE OR REPLACE FUNCTION siwa.erased_error(p_error text, p_state text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+SELECT CASE
+         WHEN p_error IS NULL OR p_state = 'skipped' THEN p_error
+         WHEN p_error ~ '^[0-9A-Z]{5}: ' THEN pg_catalog.left(p_error, 5) || ': (erased with the account''s personal data)'
+         ELSE '(erased with the account''s personal data)'
+       END
+$$;
+COMMENT ON FUNCTION siwa.erased_error(text, text) IS
+    'The last_error of a notification of an erased account: only the SQLSTATE of a failure is kept; a skip reason (state skipped) is kept as it is.';
+
+-- ---------------------------------------------------------------------------------------------------
+-- Upgrades: numbered changes, each run once
+-- ---------------------------------------------------------------------------------------------------
+--
+-- The rest of this file is the desired state, written so that applying it again changes nothing
+-- (CREATE … IF NOT EXISTS, CREATE OR REPLACE, views, comments, grants): an empty database gets the
+-- current schema from it alone. What cannot be said that way — a column or constraint added to an
+-- existing table, a type or a function signature changed, a backfill — is a numbered change below. Each
+-- change N runs on a database whose recorded version is below N (and not empty), in order, exactly once:
+-- in one statement with its row in siwa.schema_version, under the advisory lock siwactl migrate also
+-- holds ('siwa.migrate'), after which the version is read. An empty database skips the changes and
+-- records every version.
+--
+-- Writing change N+1: add it at the end, with `IF v_from < N+1`, raise the version in the refusal above
+-- to N+1, and make the desired state below create
+-- the same result on an empty database (a test compares an upgraded database with a fresh one, catalog
+-- entry by catalog entry). A change runs before the desired state: it may use only what the previous
+-- released version has, and the functions defined above it. Released versions are kept in Tests/Fixtures/released-schemas/, and every one
+-- of them is migrated by the tests. A version that never shipped needs no change of its own.
+DO $$
+DECLARE
+    v_from integer;
+    v_bad  text;
+BEGIN
+    PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('siwa.migrate', 0));
+    v_from := coalesce((SELECT pg_catalog.max(version) FROM siwa.schema_version), 0);
+
+    -- 1: the first release.
+    IF v_from < 1 THEN
+        INSERT INTO siwa.schema_version (version, description)
+        VALUES (1, 'notification log, queue, accounts, sessions, refresh tokens, event history');
+    END IF;
+
+    -- 2: hardening.
+    IF v_from < 2 THEN
+        IF v_from > 0 THEN
+            ALTER TABLE siwa.settings ADD COLUMN hook_search_path text;
+            ALTER TABLE siwa.notifications ADD COLUMN busy_since timestamptz;
+            ALTER TYPE siwa.processing_result ADD ATTRIBUTE busy_seconds double precision;
+            -- Version 1's advisory lock key function: the account row lock replaced it.
+            DROP FUNCTION IF EXISTS siwa.sub_lock_key(text);
+            -- Version 1's default no-op hook, never replaced by the admins, gets its search_path (and
+            -- this version's description); a replaced hook is left exactly as it is.
+            IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+                        WHERE p.oid = pg_catalog.to_regprocedure('siwa.on_event(text, text, timestamptz, text, text)')
+                          AND p.proconfig IS NULL
+                          AND pg_catalog.regexp_replace(p.prosrc, '--[^\n]*|\s', '', 'g') = 'BEGINEND;') THEN
+                ALTER FUNCTION siwa.on_event(text, text, timestamptz, text, text)
+                    SET search_path = pg_catalog, pg_temp;
+                COMMENT ON FUNCTION siwa.on_event(text, text, timestamptz, text, text) IS
+                    'Hook called by the worker for every known event, inside the transaction that applies it (after the built-in effects). A no-op by default; replace it with CREATE OR REPLACE FUNCTION to update your own tables (give it its own SET search_path, e.g. SET search_path = app, pg_catalog, pg_temp; without one it runs with siwa.settings.hook_search_path). If it raises, nothing of that application is kept and the event is retried.';
+            END IF;
+            -- Version 1 stored errors as PostgreSQL (or a hook) worded them, quoted values and email
+            -- addresses included, and kept them, as well as the email and token of a notification that
+            -- failed or arrived after its account's erasure. Version 2 stores neither: the rows version 1
+            -- wrote are brought to what version 2 would have written (skip reasons are the worker's own
+            -- words and stay).
+            UPDATE siwa.notifications
+               SET last_error = pg_catalog.left(siwa.redact_error(pg_catalog.left(last_error, 10000)), 2000)
+             WHERE last_error IS NOT NULL AND state <> 'skipped'
+               AND last_error IS DISTINCT FROM pg_catalog.left(siwa.redact_error(pg_catalog.left(last_error, 10000)), 2000);
+            UPDATE siwa.notifications AS n
+               SET email = NULL, raw_token = NULL, last_error = siwa.erased_error(n.last_error, n.state),
+                   personal_data_erased_at = coalesce(n.personal_data_erased_at, pg_catalog.clock_timestamp())
+              FROM siwa.accounts AS a
+             WHERE a.sub = n.sub AND a.personal_data_erased_at IS NOT NULL
+               AND (n.email IS NOT NULL OR n.raw_token IS NOT NULL
+                    OR n.last_error IS DISTINCT FROM siwa.erased_error(n.last_error, n.state));
+            -- The invariants tying a notification's state to its timestamps and error, and erased rows
+            -- to their data. Version 1's functions never break them; rows edited by hand may. Those
+            -- are not repaired here (the log is an audit record: no timestamp or error is made up):
+            -- the whole upgrade stops, changing nothing, and says which rows to look at.
+            SELECT pg_catalog.string_agg(c.name || ': ' || c.bad || ' rows', ', ') INTO v_bad
+              FROM (SELECT 'notifications_applied_at_check' AS name,
+                           pg_catalog.count(*) FILTER (
+                               WHERE (n.state IN ('applied', 'skipped')) IS DISTINCT FROM (n.applied_at IS NOT NULL)) AS bad
+                      FROM siwa.notifications n
+                    UNION ALL
+                    SELECT 'notifications_dead_error_check',
+                           pg_catalog.count(*) FILTER (WHERE n.state = 'dead' AND n.last_error IS NULL)
+                      FROM siwa.notifications n
+                    UNION ALL
+                    SELECT 'notifications_erased_check',
+                           pg_catalog.count(*) FILTER (
+                               WHERE n.personal_data_erased_at IS NOT NULL
+                                 AND (n.email IS NOT NULL OR n.raw_token IS NOT NULL))
+                      FROM siwa.notifications n
+                    UNION ALL
+                    SELECT 'accounts_erased_check',
+                           pg_catalog.count(*) FILTER (
+                               WHERE a.personal_data_erased_at IS NOT NULL
+                                 AND (a.email IS NOT NULL OR a.is_private_email IS NOT NULL))
+                      FROM siwa.accounts a) AS c
+             WHERE c.bad > 0;
+            IF v_bad IS NOT NULL THEN
+                RAISE EXCEPTION 'schema version 2 adds CHECK constraints that existing rows violate (%); nothing was changed', v_bad
+                    USING ERRCODE = 'check_violation',
+                          HINT = 'See docs/operations.md, "Upgrades": find the rows with the queries given there, correct them, and migrate again.';
+            END IF;
+            ALTER TABLE siwa.notifications
+                ADD CONSTRAINT notifications_applied_at_check
+                    CHECK ((state IN ('applied', 'skipped')) = (applied_at IS NOT NULL)),
+                ADD CONSTRAINT notifications_dead_error_check CHECK (state <> 'dead' OR last_error IS NOT NULL),
+                ADD CONSTRAINT notifications_busy_check CHECK (busy_since IS NULL OR state = 'pending'),
+                ADD CONSTRAINT notifications_erased_check
+                    CHECK (personal_data_erased_at IS NULL OR (email IS NULL AND raw_token IS NULL));
+            ALTER TABLE siwa.accounts
+                ADD CONSTRAINT accounts_erased_check
+                    CHECK (personal_data_erased_at IS NULL OR (email IS NULL AND is_private_email IS NULL));
+        END IF;
+        INSERT INTO siwa.schema_version (version, description)
+        VALUES (2, 'hardening: pinned search_path, per-user serialisation by the account row lock, busy notifications put off, erasure in every state, redacted errors, receiver column grants, state invariants as CHECK constraints');
+    END IF;
+END;
+$$;
+
+COMMENT ON SCHEMA siwa IS
+    'Sign in with Apple server-to-server notifications: the verified notification log, the queue the worker drains, and the account state it maintains.';
+
 COMMENT ON TABLE siwa.schema_version IS 'One row per schema version applied to this database; the highest is current.';
 COMMENT ON COLUMN siwa.schema_version.version IS 'Schema version number (increases by one per change to schema.sql).';
 COMMENT ON COLUMN siwa.schema_version.description IS 'What this version added.';
 COMMENT ON COLUMN siwa.schema_version.applied_at IS 'When this version was first applied here.';
-
-INSERT INTO siwa.schema_version (version, description)
-VALUES (1, 'notification log, queue, accounts, sessions, refresh tokens, event history'),
-       (2, 'hardening: pinned search_path, per-user serialisation by the account row lock, busy notifications put off, erasure in every state, redacted errors, receiver column grants')
-ON CONFLICT (version) DO NOTHING;
 
 -- ---------------------------------------------------------------------------------------------------
 -- Settings the database itself acts on (one row)
@@ -52,14 +222,14 @@ ON CONFLICT (version) DO NOTHING;
 
 CREATE TABLE IF NOT EXISTS siwa.settings (
     singleton                     boolean  PRIMARY KEY DEFAULT true CHECK (singleton),
-    erase_personal_data_after     interval NOT NULL DEFAULT interval '0' CHECK (erase_personal_data_after >= interval '0')
+    erase_personal_data_after     interval NOT NULL DEFAULT interval '0' CHECK (erase_personal_data_after >= interval '0'),
+    hook_search_path              text
 );
 COMMENT ON TABLE siwa.settings IS
     'Settings read by the database functions; exactly one row. Change with UPDATE siwa.settings SET ….';
 COMMENT ON COLUMN siwa.settings.singleton IS 'Always true: keeps this table to a single row.';
 COMMENT ON COLUMN siwa.settings.erase_personal_data_after IS
     'How long after an account-delete event the account''s personal data (email, raw tokens) is kept. 0 (default): erased in the same transaction that applies the deletion; otherwise erased by the worker''s maintenance pass once deleted_at + this interval has passed.';
-ALTER TABLE siwa.settings ADD COLUMN IF NOT EXISTS hook_search_path text;
 COMMENT ON COLUMN siwa.settings.hook_search_path IS
     'The search_path the admins'' hook siwa.on_event is called with. NULL (default): the worker session''s own search_path (its role''s or connection''s setting, PostgreSQL''s default "$user", public), as a hook written without schema names expects. A hook with its own SET search_path clause (recommended) uses that instead.';
 INSERT INTO siwa.settings DEFAULT VALUES ON CONFLICT DO NOTHING;
@@ -87,10 +257,18 @@ CREATE TABLE IF NOT EXISTS siwa.notifications (
     applied_at              timestamptz,
     last_error              text,
     personal_data_erased_at timestamptz,
+    busy_since              timestamptz,
     CONSTRAINT notifications_jti_key UNIQUE (jti),
     CONSTRAINT notifications_state_check CHECK (state IN ('pending', 'applied', 'skipped', 'dead')),
     CONSTRAINT notifications_sub_check CHECK (sub <> ''),
-    CONSTRAINT notifications_jti_check CHECK (jti <> '')
+    CONSTRAINT notifications_jti_check CHECK (jti <> ''),
+    -- Tied to the state: applied_at is set exactly when it is applied or skipped; a dead one says why;
+    -- only a pending one can be busy; an erased one holds no email or token.
+    CONSTRAINT notifications_applied_at_check CHECK ((state IN ('applied', 'skipped')) = (applied_at IS NOT NULL)),
+    CONSTRAINT notifications_dead_error_check CHECK (state <> 'dead' OR last_error IS NOT NULL),
+    CONSTRAINT notifications_busy_check CHECK (busy_since IS NULL OR state = 'pending'),
+    CONSTRAINT notifications_erased_check
+        CHECK (personal_data_erased_at IS NULL OR (email IS NULL AND raw_token IS NULL))
 );
 COMMENT ON TABLE siwa.notifications IS
     'One row per verified notification from Apple, unique by jti (Apple may deliver one several times). Written by siwa-receiver, drained by siwa-worker. Read it through siwa.event_history.';
@@ -117,9 +295,6 @@ COMMENT ON COLUMN siwa.notifications.last_error IS
     'The last failure as SQLSTATE: message, with quoted values and email addresses masked (siwa.redact_error); only the SQLSTATE once the account''s personal data is erased. For a skipped notification, the reason.';
 COMMENT ON COLUMN siwa.notifications.personal_data_erased_at IS
     'When email, raw token and error text were erased after an account deletion (or, for a notification that arrived after the erasure, when it was stored without them).';
-
--- Added after version 1 (re-runnable): since when the worker has found this row's user busy.
-ALTER TABLE siwa.notifications ADD COLUMN IF NOT EXISTS busy_since timestamptz;
 COMMENT ON COLUMN siwa.notifications.busy_since IS
     'While pending: since when every attempt found its user (the siwa.accounts row) held by another transaction, so it was put off without counting an attempt (NULL: not busy). Cleared by the next real attempt.';
 
@@ -186,7 +361,9 @@ CREATE TABLE IF NOT EXISTS siwa.accounts (
     personal_data_erased_at timestamptz,
     created_at         timestamptz NOT NULL DEFAULT now(),
     updated_at         timestamptz NOT NULL DEFAULT now(),
-    CONSTRAINT accounts_email_status_check CHECK (email_status IN ('enabled', 'disabled'))
+    CONSTRAINT accounts_email_status_check CHECK (email_status IN ('enabled', 'disabled')),
+    CONSTRAINT accounts_erased_check
+        CHECK (personal_data_erased_at IS NULL OR (email IS NULL AND is_private_email IS NULL))
 );
 COMMENT ON TABLE siwa.accounts IS
     'One row per Apple user (sub) seen in a notification or created by the app: relay-email status, consent and deletion as Apple last told us.';
@@ -284,12 +461,6 @@ BEGIN
         $body$;
         COMMENT ON FUNCTION siwa.on_event(text, text, timestamptz, text, text) IS
             'Hook called by the worker for every known event, inside the transaction that applies it (after the built-in effects). A no-op by default; replace it with CREATE OR REPLACE FUNCTION to update your own tables (give it its own SET search_path, e.g. SET search_path = app, pg_catalog, pg_temp; without one it runs with siwa.settings.hook_search_path). If it raises, nothing of that application is kept and the event is retried.';
-    ELSIF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
-                   WHERE p.oid = 'siwa.on_event(text, text, timestamptz, text, text)'::pg_catalog.regprocedure
-                     AND p.proconfig IS NULL
-                     AND pg_catalog.regexp_replace(p.prosrc, '--[^\n]*|\s', '', 'g') = 'BEGINEND;') THEN
-        -- The default no-op hook of schema version 1, never replaced: give it its search_path too.
-        ALTER FUNCTION siwa.on_event(text, text, timestamptz, text, text) SET search_path = pg_catalog, pg_temp;
     END IF;
 END;
 $$;
@@ -302,46 +473,7 @@ $$;
 -- LOCKED: only roles that may UPDATE siwa.accounts (the worker, the owner, the app) can hold it, never a
 -- role that merely connects or reads the admin views. The advisory lock on a guessable key that version 1
 -- used could be held by any role (and its key function resolved hashtextextended through the caller's
--- search_path): it is gone, also from databases upgraded with this file.
-DROP FUNCTION IF EXISTS siwa.sub_lock_key(text);
-
--- What the worker stores as a notification's last_error: 'SQLSTATE: message' with the parts of the
--- message that may carry user data masked. PostgreSQL quotes the offending input in its messages
--- (invalid input syntax for type integer: "john.doe"), and a hook's RAISE may say anything: every
--- single-quoted text, every double-quoted text except an object's name (relation "users", column
--- "email", constraint "…"), and every email-shaped word becomes …. The message's words stay.
-CREATE OR REPLACE FUNCTION siwa.redact_error(p_error text) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
-SELECT pg_catalog.replace(pg_catalog.replace(
-         pg_catalog.regexp_replace(
-           pg_catalog.regexp_replace(
-             pg_catalog.regexp_replace(
-               pg_catalog.regexp_replace(
-                 pg_catalog.replace(pg_catalog.replace(p_error, chr(1), ''), chr(2), ''),
-                 -- names of objects: protect them from the next step
-                 '(relation|column|constraint|table|schema|type|function|procedure|index|sequence|view|trigger|operator|domain|extension|role|database|cursor|variable|parameter|field|key) "([^"]*)"',
-                 '\1 ' || chr(1) || '\2' || chr(2), 'g'),
-               '"[^"]*("|$)', '"…"', 'g'),
-             '''[^'']*(''|$)', '''…''', 'g'),
-           '[^[:space:]"''(),;:<>' || chr(1) || chr(2) || ']+@[^[:space:]"''(),;:<>' || chr(1) || chr(2) || ']+',
-           '…@…', 'g'),
-         chr(1), '"'), chr(2), '"')
-$$;
-COMMENT ON FUNCTION siwa.redact_error(text) IS
-    'Masks what may carry user data in an error text (quoted values, email addresses) and keeps the SQLSTATE, the message''s words and quoted object names. What siwa.record_failure stores in last_error.';
-
--- What is left of a failure's last_error once the account's personal data is erased: its SQLSTATE.
--- Skip reasons (state skipped) are the worker's own words about the event type and stay.
-CREATE OR REPLACE FUNCTION siwa.erased_error(p_error text, p_state text) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
-SELECT CASE
-         WHEN p_error IS NULL OR p_state = 'skipped' THEN p_error
-         WHEN p_error ~ '^[0-9A-Z]{5}: ' THEN pg_catalog.left(p_error, 5) || ': (erased with the account''s personal data)'
-         ELSE '(erased with the account''s personal data)'
-       END
-$$;
-COMMENT ON FUNCTION siwa.erased_error(text, text) IS
-    'The last_error of a notification of an erased account: only the SQLSTATE of a failure is kept; a skip reason (state skipped) is kept as it is.';
+-- search_path): it is gone, also from databases upgraded to version 2 (change 2 above).
 
 -- Erases one account's personal data: its email, its notifications' emails and raw tokens, and the
 -- encrypted refresh tokens. The caller holds the sub's siwa.accounts row lock, so no other worker applies
@@ -464,8 +596,8 @@ COMMENT ON FUNCTION siwa.apply_notification(siwa.notifications) IS
     'Applies one notification''s effects (sessions, refresh tokens, account state, the on_event hook). Raises on failure; does not change the notification''s state.';
 
 -- Result rows of the processing functions. Only functions depend on it: an attribute added later is
--- added to existing databases with ALTER TYPE … ADD ATTRIBUTE (at the end, so callers that name the
--- columns they read keep working).
+-- added to existing databases by a numbered change with ALTER TYPE … ADD ATTRIBUTE (at the end, so
+-- callers that name the columns they read keep working).
 DO $$
 BEGIN
     IF to_regtype('siwa.processing_result') IS NULL THEN
@@ -479,19 +611,11 @@ BEGIN
             latency      double precision,
             busy_seconds double precision
         );
-    ELSIF NOT EXISTS (SELECT 1 FROM pg_attribute
-                       WHERE attrelid = (SELECT typrelid FROM pg_type WHERE oid = 'siwa.processing_result'::regtype)
-                         AND attname = 'busy_seconds' AND NOT attisdropped) THEN
-        ALTER TYPE siwa.processing_result ADD ATTRIBUTE busy_seconds double precision;
     END IF;
 END;
 $$;
 COMMENT ON TYPE siwa.processing_result IS
     'One handled notification: outcome applied, skipped, retry, dead, gone (no longer pending) or busy (its user''s siwa.accounts row is held by another transaction; put off briefly without counting an attempt); attempt is the attempt number just made; latency is seconds from received_at to now; busy_seconds is, for a busy one, how long it has been busy in a row.';
-
--- main's first sketch returned TABLE(id, jti, event_type, outcome, error): a different return type
--- cannot be replaced in place, and functions hold no data.
-DROP FUNCTION IF EXISTS siwa.process_due_notifications(integer, integer, interval);
 
 -- Handles one notification the caller has locked (FOR UPDATE), in a subtransaction:
 --  1. takes its user's siwa.accounts row lock, creating the row first if it does not exist. The lock is
@@ -562,9 +686,6 @@ BEGIN
         ELSE
             r.error := left(siwa.redact_error(left(SQLSTATE || ': ' || SQLERRM, 10000)), 2000);
             r.outcome := siwa.record_failure(n.id, r.error, p_max_attempts, p_retry_base_delay);
-            IF n.busy_since IS NOT NULL THEN
-                UPDATE siwa.notifications AS t SET busy_since = NULL WHERE t.id = n.id;
-            END IF;
         END IF;
     END;
     IF v_busy THEN
@@ -592,6 +713,14 @@ COMMENT ON FUNCTION siwa.process_claimed_notification(siwa.notifications, intege
 -- connection, and effects commit together with the state change that marks them applied.
 -- The user's siwa.accounts row lock (tried, never waited for) keeps two events of one user from being
 -- applied concurrently by two workers; such rows are reported busy and put off briefly.
+--
+-- At most 64 per call, whatever p_limit says. Each notification's subtransaction writes (it locks its
+-- user's account row, at least), so it gets a subtransaction XID, and these stay with the transaction
+-- until it ends (only a rolled-back one gives its XID back). PostgreSQL keeps 64 of them per transaction
+-- in shared memory (PGPROC_MAX_CACHED_SUBXIDS); beyond that the transaction's cache overflows, and every
+-- snapshot any session takes while it is open must look subtransactions up in pg_subtrans, which slows
+-- the whole server down. A hook (siwa.on_event) with BEGIN … EXCEPTION blocks of its own that write uses
+-- one more per block entered: the worker's --batch-size must then be lower (docs/operations.md).
 CREATE OR REPLACE FUNCTION siwa.process_due_notifications(
     p_limit integer, p_max_attempts integer, p_retry_base_delay interval)
 RETURNS SETOF siwa.processing_result
@@ -606,7 +735,7 @@ BEGIN
         SELECT q.* FROM siwa.notifications q
          WHERE q.state = 'pending' AND q.next_attempt_at <= v_now
          ORDER BY q.next_attempt_at, q.id
-         LIMIT p_limit
+         LIMIT least(p_limit, 64)
          FOR UPDATE SKIP LOCKED
     LOOP
         RETURN NEXT siwa.process_claimed_notification(n, p_max_attempts, p_retry_base_delay);
@@ -614,7 +743,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.process_due_notifications(integer, integer, interval) IS
-    'Worker entry point: claims up to p_limit due notifications (FOR UPDATE SKIP LOCKED), applies each in a subtransaction, and marks it applied, skipped, retried with backoff, or dead. One row per notification handled (busy: its user''s account row is held elsewhere; put off briefly, no attempt counted).';
+    'Worker entry point: claims up to p_limit (at most 64: one subtransaction each, and PostgreSQL caches 64 per transaction) due notifications (FOR UPDATE SKIP LOCKED), applies each in a subtransaction, and marks it applied, skipped, retried with backoff, or dead. One row per notification handled (busy: its user''s account row is held elsewhere; put off briefly, no attempt counted).';
 
 -- The worker's fallback when a whole batch failed with an error no subtransaction can catch: handles
 -- exactly one notification, so that the culprit can be identified and recorded separately.
@@ -647,8 +776,12 @@ DECLARE
     v_attempts integer;
     v_sub      text;
 BEGIN
+    -- A real attempt: the row is no longer busy (only a pending row may be), and a dead row always says
+    -- why it died (the CHECK constraints on siwa.notifications).
     UPDATE siwa.notifications
-       SET attempts = attempts + 1, last_error = left(siwa.redact_error(left(p_error, 10000)), 2000)
+       SET attempts = attempts + 1,
+           last_error = coalesce(left(siwa.redact_error(left(nullif(p_error, ''), 10000)), 2000), '(no error text)'),
+           busy_since = NULL
      WHERE id = p_id AND state = 'pending'
     RETURNING attempts, sub INTO v_attempts, v_sub;
     IF v_attempts IS NULL THEN
@@ -677,9 +810,10 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.record_failure(bigint, text, integer, interval) IS
-    'Records a failed attempt at one pending notification: stores the error redacted (siwa.redact_error), erases the row''s personal data if its account''s is erased, and schedules a retry with exponential backoff (base × 2^(attempt−1), at most 1 hour) and jitter, or marks it dead after p_max_attempts. Returns retry, dead, or gone (not pending).';
+    'Records a failed attempt at one pending notification: stores the error redacted (siwa.redact_error), clears busy_since, erases the row''s personal data if its account''s is erased, and schedules a retry with exponential backoff (base × 2^(attempt−1), at most 1 hour) and jitter, or marks it dead after p_max_attempts. Returns retry, dead, or gone (not pending).';
 
 -- Erases personal data of deleted accounts whose retention period has passed (see siwa.settings).
+-- At most 64 accounts per call, each in a subtransaction that writes: see siwa.process_due_notifications.
 CREATE OR REPLACE FUNCTION siwa.erase_due_personal_data(p_limit integer DEFAULT 100) RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -693,7 +827,7 @@ BEGIN
          WHERE a.deleted_at IS NOT NULL AND a.personal_data_erased_at IS NULL
            AND a.deleted_at + s.erase_personal_data_after <= clock_timestamp()
          ORDER BY a.deleted_at
-         LIMIT p_limit
+         LIMIT least(p_limit, 64)
          FOR UPDATE OF a SKIP LOCKED
     LOOP
         -- The account row lock (held here, skipped when a worker applying this user's events holds it)
@@ -711,7 +845,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.erase_due_personal_data(integer) IS
-    'Maintenance: erases the personal data of up to p_limit deleted accounts whose siwa.settings.erase_personal_data_after has passed. Returns how many.';
+    'Maintenance: erases the personal data of up to p_limit (at most 64, one subtransaction each) deleted accounts whose siwa.settings.erase_personal_data_after has passed. Returns how many.';
 
 -- Retention: raw tokens of finished rows (dead ones included: requeueing needs no token) and applied or
 -- skipped rows older than the given ages, in small batches. Dead rows stay until requeued or deleted.

@@ -67,9 +67,6 @@ final class Lane {
     private static let recordFailureSQL = """
         SELECT siwa.record_failure($1::bigint, $2::text, $3::integer, $4::float8 * interval '1 second')
         """
-    private static let notBusySQL = """
-        UPDATE siwa.notifications SET busy_since = NULL WHERE id = $1::bigint AND busy_since IS NOT NULL
-        """
     private static let nextDueSQL = """
         SELECT extract(epoch FROM min(next_attempt_at) - clock_timestamp())::float8
           FROM siwa.notifications WHERE state = 'pending'
@@ -233,7 +230,6 @@ final class Lane {
                         .double(configuration.retryBaseDelay.inSeconds),
                     ]
                 ).first?[0, as: String.self]
-                try connection.execute(Self.notBusySQL, [.int(id)])
                 let notification = ProcessedNotification(
                     id: id, jti: try row[1, as: String.self], eventType: try row[2, as: String.self],
                     outcome: Worker.Outcome(outcome ?? "gone"), error: message,

@@ -64,13 +64,15 @@ struct Maintenance {
     /// Retention and erasure of personal data that has become due; failures are logged, never fatal.
     private func pass(_ connection: PostgresConnection) {
         do throws(PostgresError) {
+            // Each call is its own transaction of at most 64 accounts, one subtransaction each (the
+            // subtransaction cache's size, see Worker.Configuration.maxBatchSize).
             var erased = 0
             for _ in 0..<100 where !worker.isStopping {
                 let count =
-                    try connection.query("SELECT siwa.erase_due_personal_data(100)").first?[0, as: Int.self]
+                    try connection.query("SELECT siwa.erase_due_personal_data(64)").first?[0, as: Int.self]
                     ?? 0
                 erased += count
-                if count < 100 { break }
+                if count < 64 { break }
             }
             var tokens = 0
             var rows = 0

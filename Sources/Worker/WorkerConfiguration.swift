@@ -31,11 +31,19 @@ public struct WorkerError: Error, Sendable, CustomStringConvertible {
 extension Worker {
     /// Everything the worker needs to know, built once by the executable (from flags and environment).
     public struct Configuration: Sendable {
+        /// The largest batch: each notification of a batch is applied in a subtransaction that writes,
+        /// and PostgreSQL caches the XIDs of only 64 subtransactions per transaction; one more overflows
+        /// the cache and slows down every snapshot on the server while the batch runs. The database
+        /// function claims no more than this, whatever it is asked for.
+        public static let maxBatchSize = 64
+        /// The batch size when none is configured.
+        public static let defaultBatchSize = 64
+
         /// Where the notifications live.
         public var database: PostgresConfiguration
         /// How many lanes (threads, each with its own connection) process notifications in parallel.
         public var concurrency: Int
-        /// How many notifications one lane claims per transaction.
+        /// How many notifications one lane claims per transaction: at most ``maxBatchSize``.
         public var batchSize: Int
         /// After this many failed attempts a notification becomes `dead`.
         public var maxAttempts: Int
@@ -68,7 +76,7 @@ extension Worker {
         public init(
             database: PostgresConfiguration,
             concurrency: Int = 1,
-            batchSize: Int = 100,
+            batchSize: Int = Configuration.defaultBatchSize,
             maxAttempts: Int = 20,
             retryBaseDelay: Duration = .seconds(1),
             pollInterval: Duration = .seconds(1),
@@ -84,8 +92,10 @@ extension Worker {
             guard (1...256).contains(concurrency) else {
                 throw invalid("concurrency must be between 1 and 256")
             }
-            guard (1...10_000).contains(batchSize) else {
-                throw invalid("batch size must be between 1 and 10000")
+            guard (1...Self.maxBatchSize).contains(batchSize) else {
+                throw invalid(
+                    "batch size must be between 1 and \(Self.maxBatchSize): each notification of a batch uses a "
+                        + "subtransaction, and PostgreSQL caches only 64 per transaction")
             }
             guard (1...1_000_000).contains(maxAttempts) else {
                 throw invalid("max attempts must be at least 1")

@@ -21,8 +21,12 @@ let spec = CommandSpec(
             "concurrency", valueName: "N", help: "Lanes (threads, each with its own connection).",
             environmentVariable: "SIWA_WORKER_CONCURRENCY", defaultValue: "1"),
         CommandOption(
-            "batch-size", valueName: "N", help: "Notifications claimed per transaction.",
-            environmentVariable: "SIWA_WORKER_BATCH_SIZE", defaultValue: "100"),
+            "batch-size", valueName: "N",
+            help: """
+                Notifications claimed per transaction, at most 64 (one subtransaction each; PostgreSQL \
+                caches 64 per transaction). Lower it for a siwa.on_event hook with its own EXCEPTION blocks.
+                """,
+            environmentVariable: "SIWA_WORKER_BATCH_SIZE", defaultValue: "64"),
         CommandOption(
             "max-attempts", valueName: "N", help: "Failed attempts before a notification is dead.",
             environmentVariable: "SIWA_WORKER_MAX_ATTEMPTS", defaultValue: "20"),
@@ -106,7 +110,7 @@ do {
     configuration = try Worker.Configuration(
         database: database,
         concurrency: try parsed.integer("concurrency", in: 1...256) ?? 1,
-        batchSize: try parsed.integer("batch-size", in: 1...10_000) ?? 100,
+        batchSize: try parsed.integer("batch-size", in: 1...10_000) ?? Worker.Configuration.defaultBatchSize,
         maxAttempts: try parsed.integer("max-attempts", in: 1...1_000_000) ?? 20,
         retryBaseDelay: try parsed.seconds("retry-base-delay") ?? .seconds(1),
         pollInterval: try parsed.seconds("poll-interval") ?? .seconds(1),

@@ -83,27 +83,58 @@ struct SearchPathTests {
         #expect(definitions >= 13)
     }
 
-    @Test("applied again on a version-1 database, schema.sql pins the never-replaced default hook too")
+    @Test("upgraded from the released version 1, the never-replaced default hook is pinned too")
     func upgradePinsDefaultHook() throws {
-        let database = try AdminDatabase.make()
-        let owner = try database.connectAsOwner()
+        let owner = try PostgresConnection(
+            configuration: PostgresCluster.shared.createDatabase(applying: try releasedVersion1()))
         defer { owner.close() }
-        // The default hook exactly as schema version 1 created it, then an upgrade.
-        try owner.simpleQuery(
-            """
-            DROP FUNCTION siwa.on_event(text, text, timestamptz, text, text);
-            CREATE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz, email text, jti text)
-            RETURNS void LANGUAGE plpgsql AS $body$
-            BEGIN
-                -- No-op by default. Replace to touch your own tables; runs in the worker's transaction.
-            END;
-            $body$;
-            """)
+        #expect(
+            try owner.query(
+                "SELECT proconfig IS NULL FROM pg_proc WHERE oid = 'siwa.on_event(text, text, timestamptz, text, text)'::regprocedure"
+            )[0][0, as: Bool.self])
         try owner.simpleQuery(AdminDatabase.schema)
         let config = try owner.query(
             "SELECT proconfig::text FROM pg_proc WHERE oid = 'siwa.on_event(text, text, timestamptz, text, text)'::regprocedure"
         )[0][0, as: String?.self]
         #expect(config == #"{"search_path=pg_catalog, pg_temp"}"#)
+    }
+
+    @Test("upgraded from the released version 1, a replaced hook is left exactly as its admin wrote it")
+    func upgradeKeepsReplacedVersion1Hook() throws {
+        let owner = try PostgresConnection(
+            configuration: PostgresCluster.shared.createDatabase(applying: try releasedVersion1()))
+        defer { owner.close() }
+        try owner.simpleQuery(
+            """
+            CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
+                                                     email text, jti text)
+            RETURNS void LANGUAGE plpgsql AS $$ BEGIN NULL; END $$;
+            COMMENT ON FUNCTION siwa.on_event(text, text, timestamptz, text, text) IS 'ours';
+            """)
+        let hook = """
+            SELECT proconfig::text, prosrc, obj_description(oid, 'pg_proc') FROM pg_proc
+             WHERE oid = 'siwa.on_event(text, text, timestamptz, text, text)'::regprocedure
+            """
+        let before = try owner.query(hook)[0]
+        try owner.simpleQuery(AdminDatabase.schema)
+        let after = try owner.query(hook)[0]
+        #expect(try after[0, as: String?.self] == nil)
+        #expect(try after[1, as: String.self] == (try before[1, as: String.self]))
+        #expect(try after[2, as: String?.self] == "ours")
+    }
+
+    @Test("upgraded from a released version 1 whose hook an admin dropped, the default hook is created")
+    func upgradeWithoutHook() throws {
+        let owner = try PostgresConnection(
+            configuration: PostgresCluster.shared.createDatabase(applying: try releasedVersion1()))
+        defer { owner.close() }
+        try owner.simpleQuery("DROP FUNCTION siwa.on_event(text, text, timestamptz, text, text)")
+        try owner.simpleQuery(AdminDatabase.schema)
+        let config = try owner.query(
+            "SELECT proconfig::text FROM pg_proc WHERE oid = 'siwa.on_event(text, text, timestamptz, text, text)'::regprocedure"
+        )[0][0, as: String?.self]
+        #expect(config == #"{"search_path=pg_catalog, pg_temp"}"#)
+        #expect(try owner.query("SELECT max(version) FROM siwa.schema_version")[0][0, as: Int.self] >= 2)
     }
 
     @Test("a replaced hook is left as its admin wrote it when schema.sql is applied again")
@@ -194,4 +225,12 @@ struct SearchPathTests {
         let loot = try owner.query("SELECT what FROM public.loot").map { try $0[0, as: String.self] }
         #expect(loot == [])
     }
+}
+
+/// schema.sql as released at schema version 1 (Tests/Fixtures/released-schemas).
+func releasedVersion1() throws -> String {
+    try String(
+        contentsOf: RepositoryRoot.url.appendingPathComponent(
+            "Tests/Fixtures/released-schemas/schema-v1.sql"),
+        encoding: .utf8)
 }

@@ -36,13 +36,17 @@ struct TestDatabase {
     /// Inserts one notification as the receiver and worker would have left it.
     /// - Parameters:
     ///   - receivedAgo: seconds before now that it was received.
-    ///   - appliedAfter: seconds after receipt that it was applied (nil: not applied).
+    ///   - appliedAfter: seconds after receipt that it was applied (nil: 0 for an applied or skipped
+    ///     one, which always has an applied_at; not applied otherwise).
     ///   - dueIn: seconds from now until its next attempt.
+    ///   - lastError: the stored error (nil: a made-up one for a dead notification, which always has one).
     func insert(
         jti: String, type: String = "consent-revoked", sub: String = "001.sub", state: String = "pending",
         attempts: Int = 0, receivedAgo: Double = 0, appliedAfter: Double? = nil, dueIn: Double = 0,
         lastError: String? = nil
     ) throws {
+        let appliedAfter = appliedAfter ?? (state == "applied" || state == "skipped" ? 0 : nil)
+        let lastError = lastError ?? (state == "dead" ? "P0001: gave up" : nil)
         try query(
             """
             INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at, received_at,

@@ -133,11 +133,36 @@ struct FailureTests {
         #expect(try rows[1][2, as: String.self] == "pending")
     }
 
+    @Test(
+        "a last failure of a busy notification leaves it dead, not busy, and a failure without text still says why"
+    )
+    func lastFailureOfBusyNotification() throws {
+        let db = try TestDatabase()
+        try db.insert(jti: "bf1", type: "consent-revoked", sub: "u1")
+        try db.insert(jti: "bf2", type: "consent-revoked", sub: "u2")
+        try db.connection.execute("UPDATE siwa.notifications SET busy_since = now() - interval '1 minute'")
+        // As the worker's one-by-one fallback records an error no subtransaction could catch.
+        #expect(
+            try db.value(
+                "SELECT siwa.record_failure(id, '57014: canceling statement', 1, interval '1 second') FROM siwa.notifications WHERE jti = 'bf1'",
+                as: String.self) == "dead")
+        #expect(
+            try db.value(
+                "SELECT siwa.record_failure(id, NULL, 1, interval '1 second') FROM siwa.notifications WHERE jti = 'bf2'",
+                as: String.self) == "dead")
+        let rows = try db.connection.query(
+            "SELECT jti, busy_since IS NULL, last_error FROM siwa.notifications ORDER BY jti")
+        #expect(try rows.map { try $0[1, as: Bool.self] } == [true, true])
+        #expect(
+            try rows.map { try $0[2, as: String.self] } == ["57014: canceling statement", "(no error text)"])
+    }
+
     @Test("a dead notification can be requeued and is then applied")
     func requeueDead() throws {
         let db = try TestDatabase()
         try db.insert(jti: "c1", type: "consent-revoked", sub: "u")
-        try db.connection.execute("UPDATE siwa.notifications SET state = 'dead', attempts = 20")
+        try db.connection.execute(
+            "UPDATE siwa.notifications SET state = 'dead', attempts = 20, last_error = 'P0001: gave up'")
         #expect(try db.value("SELECT siwa.requeue(p_state => 'dead')", as: Int.self) == 1)
         #expect(try db.worker().drainOnce().applied == 1)
     }
