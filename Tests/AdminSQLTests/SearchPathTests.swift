@@ -71,7 +71,7 @@ struct SearchPathTests {
     @Test("every CREATE FUNCTION in schema.sql carries a SET search_path clause before its body")
     func everyDefinitionSetsThePath() throws {
         var definitions = 0
-        var rest = Substring(AdminDatabase.schema)
+        var rest = Substring(TestSchema.sql)
         while let start = rest.range(
             of: #"(?m)^\s*CREATE (OR REPLACE )?FUNCTION"#, options: .regularExpression)
         {
@@ -99,7 +99,7 @@ struct SearchPathTests {
             END;
             $body$;
             """)
-        try owner.simpleQuery(AdminDatabase.schema)
+        try TestSchema.apply(on: owner)
         let config = try owner.query(
             "SELECT proconfig::text FROM pg_proc WHERE oid = 'siwa.on_event(text, text, timestamptz, text, text)'::regprocedure"
         )[0][0, as: String?.self]
@@ -117,7 +117,7 @@ struct SearchPathTests {
                                                      email text, jti text)
             RETURNS void LANGUAGE plpgsql AS $$ BEGIN RAISE NOTICE 'mine'; END $$;
             """)
-        try owner.simpleQuery(AdminDatabase.schema)
+        try TestSchema.apply(on: owner)
         let row = try owner.query(
             """
             SELECT proconfig::text, prosrc FROM pg_proc
