@@ -62,7 +62,7 @@ let package = Package(
         .testTarget(name: "WorkerTests", dependencies: ["Worker", "TestSupport"]),
         .testTarget(name: "ServiceSupportTests", dependencies: ["ServiceSupport"]),
         .testTarget(name: "AdminSQLTests", dependencies: ["Postgres", "Receiver", "TestSupport"]),
-        .testTarget(name: "SiwactlTests", dependencies: ["SiwaSchema", "Receiver", "TestSupport"]),
+        .testTarget(name: "SiwactlTests", dependencies: ["SiwaSchema", "TestSupport"]),
     ]
 )
 
