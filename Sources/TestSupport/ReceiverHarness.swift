@@ -188,6 +188,7 @@ public final class ReceiverHarness: @unchecked Sendable {
 public final class LogCapture: Sendable {
     private let lines = Mutex<[String]>([])
 
+    /// An empty capture.
     public init() {}
 
     /// Adds one line.
