@@ -57,18 +57,21 @@ let package = Package(
             ]),
         .executableTarget(name: "siwa-bench", dependencies: ["AppleNotifications"]),
 
-        // Shared test fixtures: a throwaway PostgreSQL cluster, a local JWKS server, a signer.
-        .target(name: "TestSupport", dependencies: ["AppleNotifications", "Postgres", "HTTPServer"]),
+        // Shared test fixtures: a throwaway PostgreSQL cluster, the schema, a local JWKS server, a signer,
+        // an in-process receiver.
+        .target(
+            name: "TestSupport",
+            dependencies: ["AppleNotifications", "Postgres", "HTTPServer", "Receiver", "SiwaSchema"]),
 
         .testTarget(name: "AppleNotificationsTests", dependencies: ["AppleNotifications", "TestSupport"]),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres", "TestSupport"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport"]),
         .testTarget(name: "HTTPClientTests", dependencies: ["HTTPClient", "HTTPServer", "TestSupport"]),
         .testTarget(name: "ReceiverTests", dependencies: ["Receiver", "TestSupport"]),
-        .testTarget(name: "WorkerTests", dependencies: ["Worker", "Receiver", "TestSupport"]),
+        .testTarget(name: "WorkerTests", dependencies: ["Worker", "TestSupport"]),
         .testTarget(name: "ServiceSupportTests", dependencies: ["ServiceSupport"]),
         .testTarget(name: "AdminSQLTests", dependencies: ["Postgres", "Receiver", "TestSupport"]),
-        .testTarget(name: "SiwactlTests", dependencies: ["SiwaSchema", "Receiver", "TestSupport"]),
+        .testTarget(name: "SiwactlTests", dependencies: ["SiwaSchema", "TestSupport"]),
     ]
 )
 

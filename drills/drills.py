@@ -23,6 +23,7 @@ any violation. Known limitations are reported as findings with their numbers (--
 
 import argparse
 import base64
+import functools
 import http.client
 import json
 import os
@@ -40,7 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.dont_write_bytecode = True  # leave no __pycache__ in scripts/ behind
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import bench  # noqa: E402  (the same repository's benchmark helpers)
-from bench import free_port  # noqa: E402
+from bench import free_port, http_status, wait_until  # noqa: E402
 
 AUDIENCE = "com.example.drills"
 # NotificationStore.Configuration's default commitTimeout: a request never waits longer for its commit.
@@ -51,21 +52,15 @@ JWKS_FETCH_TIMEOUT_S = 10
 STRICT = [False]
 
 
-def log(message):
-    print(f"[drills] {message}", flush=True)
+log = functools.partial(bench.log, tag="drills", stream=sys.stdout)
 
 
 class DrillFailure(Exception):
     pass
 
 
-def wait_until(condition, what, timeout=30.0, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(interval)
-    raise DrillFailure(f"timed out after {timeout:.0f} s waiting for {what}")
+# What ends a drill early: its own failures, and bench.wait_until's timeouts.
+ABORTS = (DrillFailure, bench.WaitTimeout)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -93,17 +88,6 @@ class Cluster(bench.Cluster):
 # Processes
 # ---------------------------------------------------------------------------------------------------
 
-def http_status(port, path, timeout=2.0):
-    try:
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-        connection.request("GET", path)
-        status = connection.getresponse().status
-        connection.close()
-        return status
-    except OSError:
-        return None
-
-
 class Receiver:
     def __init__(self, ctx, name, database_url, jwks_url, port=None, extra=(), threads=32):
         self.ctx = ctx
@@ -117,7 +101,8 @@ class Receiver:
     def start(self, ready="/readyz"):
         with open(self.log_path, "a") as out:
             self.process = subprocess.Popen(self.arguments, stdout=out, stderr=out)
-        wait_until(lambda: http_status(self.port, ready) == 200 or self.process.poll() is not None,
+        wait_until(lambda: http_status(f"http://127.0.0.1:{self.port}{ready}") == 200
+                   or self.process.poll() is not None,
                    "the receiver to be ready", timeout=30)
         if self.process.poll() is not None:
             raise DrillFailure(f"siwa-receiver exited with {self.process.returncode}; see {self.log_path}")
@@ -867,7 +852,7 @@ def drill_disk_full(ctx):
         try:
             cluster.psql("postgres", f"DROP DATABASE IF EXISTS {db}")
             cluster.psql("postgres", "DROP TABLESPACE IF EXISTS drill_small")
-        except DrillFailure as error:
+        except ABORTS as error:
             log(f"  cleanup: {error}")
         subprocess.run(["umount", "-l", mount_point], check=False)
         os.rmdir(mount_point)
@@ -883,17 +868,17 @@ class Context:
 
 
 def keygen(ctx, name, kid):
+    """bench.keygen into the work directory; returns the key directory and its jwks.json."""
     keys = os.path.join(ctx.workdir, name)
-    subprocess.run([ctx.binaries["siwactl"], "keygen", "--out", keys, "--kid", kid], check=True,
-                   stdout=subprocess.DEVNULL)
+    bench.keygen(ctx.binaries["siwactl"], keys, kid)
     with open(os.path.join(keys, "jwks.json")) as f:
         return keys, f.read()
 
 
 def sign(ctx, keys, kid, count, name):
+    """bench.sign into the work directory; returns the bodies with their jtis."""
     path = os.path.join(ctx.workdir, name)
-    subprocess.run([ctx.binaries["siwa-bench"], "sign", "--key", os.path.join(keys, "private-key.pem"), "--kid",
-                    kid, "--audience", AUDIENCE, "--count", str(count), "--out", path], check=True)
+    bench.sign(ctx.binaries["siwa-bench"], keys, kid, AUDIENCE, count, path)
     return load_bodies(path)
 
 
@@ -914,11 +899,7 @@ def main():
                       if os.access(os.path.join(ROOT, ".build", c, "siwa-receiver"), os.X_OK)),
                      os.path.join(ROOT, ".build", "release"))
     ctx = Context()
-    ctx.binaries = {name: os.path.join(build, name) for name in ("siwa-receiver", "siwa-worker", "siwactl",
-                                                                   "siwa-bench")}
-    for path in ctx.binaries.values():
-        if not os.access(path, os.X_OK):
-            sys.exit(f"missing {path}: run `swift build -c release` first (make drills does)")
+    ctx.binaries = bench.binaries_in(build)
     if not shutil.which("psql"):
         sys.exit("missing psql: apt-get install postgresql-client")
     ctx.threads = args.threads
@@ -945,12 +926,7 @@ def main():
         log(f"pre-signing {count:,} distinct notifications with key A and 200 with key B")
         ctx.bodies = sign(ctx, keys_a, "drill-key-a", count, "bodies-a.jsonl")
         ctx.bodies_b = sign(ctx, keys_b, "drill-key-b", 200, "bodies-b.jsonl")
-        apple_port = free_port()
-        fake_apple = subprocess.Popen(
-            [ctx.binaries["siwactl"], "fake-apple", "--listen", f"127.0.0.1:{apple_port}", "--keys", keys_a],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        ctx.jwks_url = f"http://127.0.0.1:{apple_port}/auth/keys"
-        wait_until(lambda: http_status(apple_port, "/auth/keys") == 200, "fake-apple")
+        fake_apple, ctx.jwks_url = bench.start_fake_apple(ctx.binaries["siwactl"], keys_a)
 
         drills = [
             ("1", lambda: drill_postgres_restart(ctx, "fast")),
@@ -969,7 +945,7 @@ def main():
             started = time.monotonic()
             try:
                 result = drill()
-            except DrillFailure as error:
+            except ABORTS as error:
                 result = Result(f"{number} (aborted)")
                 result.check(False, str(error))
             except Exception as error:  # noqa: BLE001 - report and keep going with the other drills

@@ -11,6 +11,7 @@ only on loopback. Standard library only.
 """
 
 import argparse
+import http.client
 import json
 import os
 import re
@@ -22,14 +23,27 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AUDIENCE = "com.example.bench"
 
 
-def log(message):
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
+BINARIES = ("siwa-receiver", "siwa-worker", "siwactl", "siwa-bench")
+
+
+def log(message, tag="bench", stream=None):
+    print(f"[{tag}] {message}", file=stream or sys.stderr, flush=True)
+
+
+def binaries_in(build):
+    """The path of each of BINARIES in the build directory `build`; exits when one is not built."""
+    binaries = {name: os.path.join(build, name) for name in BINARIES}
+    for path in binaries.values():
+        if not os.access(path, os.X_OK):
+            sys.exit(f"missing {path}: run `swift build -c release` first (make bench and make drills do)")
+    return binaries
 
 
 def free_port():
@@ -127,7 +141,7 @@ class Receiver:
             [binary, "--listen", f"127.0.0.1:{self.port}", "--database-url", database_url, "--audience", AUDIENCE,
              "--jwks-url", jwks_url, "--threads", str(threads), "--max-connections", "4096", "--log-level", "error"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(lambda: http_status(self.url + "/readyz") == 200, "receiver ready")
+        wait_until(lambda: http_status(self.url + "/readyz") == 200, "receiver ready")
 
     def peak_rss_kib(self):
         with open(f"/proc/{self.process.pid}/status") as f:
@@ -141,21 +155,61 @@ class Receiver:
         self.process.wait(timeout=30)
 
 
-def http_status(url):
+def http_status(url, timeout=2.0):
+    """The status of GET `url` (any status, no redirects, no proxy), or None when nothing answered."""
+    parts = urllib.parse.urlsplit(url)
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status
-    except Exception as error:  # noqa: BLE001 - any failure means "not yet"
-        return getattr(error, "code", None)
+        connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+        try:
+            connection.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""))
+            return connection.getresponse().status
+        finally:
+            connection.close()
+    except (OSError, http.client.HTTPException):
+        return None
 
 
-def wait_for(condition, what, timeout=60):
+class WaitTimeout(Exception):
+    """A condition did not become true in time."""
+
+
+def wait_until(condition, what, timeout=60.0, interval=0.05):
+    """Polls `condition` every `interval` seconds; raises WaitTimeout after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
             return
-        time.sleep(0.05)
-    sys.exit(f"timed out waiting for {what}")
+        time.sleep(interval)
+    raise WaitTimeout(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def keygen(siwactl, out, kid=None):
+    """`siwactl keygen` into the directory `out`; returns the key ID."""
+    command = [siwactl, "keygen", "--out", out] + (["--kid", kid] if kid else [])
+    printed = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return kid or printed.strip().split()[-1]
+
+
+def sign(siwa_bench, keys, kid, audience, count, out):
+    """`siwa-bench sign`: `count` distinct notification bodies, one JSON line each, into `out`."""
+    subprocess.run([siwa_bench, "sign", "--key", os.path.join(keys, "private-key.pem"), "--kid", kid,
+                    "--audience", audience, "--count", str(count), "--out", out], check=True)
+
+
+def start_fake_apple(siwactl, keys):
+    """`siwactl fake-apple` serving KEYS/jwks.json on a free loopback port, once it answers; returns the
+    process and the key set's URL."""
+    port = free_port()
+    process = subprocess.Popen([siwactl, "fake-apple", "--listen", f"127.0.0.1:{port}", "--keys", keys],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/auth/keys"
+    try:
+        wait_until(lambda: http_status(url) == 200, "fake-apple")
+    except BaseException:
+        process.terminate()
+        process.wait()
+        raise
+    return process, url
 
 
 WRK_SCRIPT = r"""
@@ -309,8 +363,8 @@ def idle_latency(cluster, binaries, jwks_url, bodies, count=200):
             response.read()
         client_ms.append((time.monotonic() - started) * 1000)
         time.sleep(0.02)  # idle: one notification at a time
-    wait_for(lambda: cluster.psql("idle", "SELECT count(*) FROM siwa.notifications WHERE applied_at IS NULL") == "0",
-             "all applied", timeout=60)
+    wait_until(lambda: cluster.psql("idle", "SELECT count(*) FROM siwa.notifications WHERE applied_at IS NULL")
+               == "0", "all applied", timeout=60)
     lags = sorted(float(x) for x in cluster.psql(
         "idle", "SELECT extract(epoch FROM applied_at - received_at) * 1000 FROM siwa.notifications").split())
     worker.send_signal(signal.SIGTERM)
@@ -331,11 +385,7 @@ def main():
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
-    binaries = {name: os.path.join(ROOT, ".build", "release", name)
-                for name in ("siwa-receiver", "siwa-worker", "siwactl", "siwa-bench")}
-    for path in binaries.values():
-        if not os.access(path, os.X_OK):
-            sys.exit(f"missing {path}: run `swift build -c release` first (make bench does)")
+    binaries = binaries_in(os.path.join(ROOT, ".build", "release"))
     for tool in ("wrk", "pgbench", "psql"):
         if not shutil.which(tool):
             sys.exit(f"missing {tool}: apt-get install wrk postgresql-client")
@@ -347,18 +397,11 @@ def main():
     results = {"machine": {"cores": os.cpu_count()}, "ingest": {}, "drain": {}, "idle": {}}
     try:
         keys = os.path.join(workdir, "keys")
-        kid = subprocess.run([binaries["siwactl"], "keygen", "--out", keys], capture_output=True, text=True,
-                             check=True).stdout.strip().split()[-1]
-        apple_port = free_port()
-        fake_apple = subprocess.Popen(
-            [binaries["siwactl"], "fake-apple", "--listen", f"127.0.0.1:{apple_port}", "--keys", keys],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        jwks_url = f"http://127.0.0.1:{apple_port}/auth/keys"
-        wait_for(lambda: http_status(jwks_url) == 200, "fake-apple")
+        kid = keygen(binaries["siwactl"], keys)
+        fake_apple, jwks_url = start_fake_apple(binaries["siwactl"], keys)
         bodies = os.path.join(workdir, "bodies.jsonl")
         log(f"pre-signing {args.tokens:,} distinct notifications")
-        subprocess.run([binaries["siwa-bench"], "sign", "--key", os.path.join(keys, "private-key.pem"), "--kid", kid,
-                        "--audience", AUDIENCE, "--count", str(args.tokens), "--out", bodies], check=True)
+        sign(binaries["siwa-bench"], keys, kid, AUDIENCE, args.tokens, bodies)
 
         sweep = [64] if args.quick else [int(c) for c in args.sweep.split(",")]
         for connections in sweep:
@@ -430,4 +473,7 @@ def print_table(results):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except WaitTimeout as error:
+        sys.exit(str(error))

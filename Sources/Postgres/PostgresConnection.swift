@@ -16,21 +16,6 @@ public struct PostgresNotification: Sendable, Hashable {
     public let senderProcessID: Int32
 }
 
-/// A transaction isolation level for `PostgresConnection.transaction(isolation:_:)`.
-public struct PostgresIsolationLevel: Sendable, Hashable, CustomStringConvertible {
-    let sql: String
-    private init(_ sql: String) { self.sql = sql }
-
-    public var description: String { sql }
-
-    /// `READ COMMITTED` (PostgreSQL's default).
-    public static let readCommitted = PostgresIsolationLevel("READ COMMITTED")
-    /// `REPEATABLE READ`.
-    public static let repeatableRead = PostgresIsolationLevel("REPEATABLE READ")
-    /// `SERIALIZABLE`: conflicts surface as `.serializationFailure`, which is retryable.
-    public static let serializable = PostgresIsolationLevel("SERIALIZABLE")
-}
-
 /// One synchronous connection to PostgreSQL over libpq.
 ///
 /// Use it from one thread at a time (it is `Sendable` so it can be handed between threads, e.g. by
@@ -126,7 +111,7 @@ public final class PostgresConnection: @unchecked Sendable {
     public var isHealthy: Bool { status == .connected }
 
     /// True inside a transaction block (including one aborted by an error).
-    public var isInTransaction: Bool {
+    var isInTransaction: Bool {
         guard let handle else { return false }
         let state = PQtransactionStatus(handle)
         return state == PQTRANS_INTRANS || state == PQTRANS_INERROR
@@ -158,33 +143,6 @@ public final class PostgresConnection: @unchecked Sendable {
         try query(sql, parameters).affectedRows
     }
 
-    /// Prepares `sql` under `name` on this connection (once); run it with `queryPrepared`/`executePrepared`.
-    public func prepare(name: String, sql: String) throws(PostgresError) {
-        let handle = try openHandle()
-        _ = try collectResults { PQsendPrepare(handle, name, sql, 0, nil) }
-    }
-
-    /// Runs the statement prepared as `name` and returns its rows.
-    @discardableResult
-    public func queryPrepared(name: String, _ parameters: [PostgresData?] = []) throws(PostgresError)
-        -> PostgresRows
-    {
-        let handle = try openHandle()
-        let values = try ParameterValues(parameters)
-        defer { values.release() }
-        return try lastResult(
-            collectResults {
-                PQsendQueryPrepared(handle, name, Int32(values.count), values.pointers, nil, nil, 0)
-            })
-    }
-
-    /// Runs the statement prepared as `name` and returns the number of rows it affected.
-    @discardableResult
-    public func executePrepared(name: String, _ parameters: [PostgresData?] = []) throws(PostgresError) -> Int
-    {
-        try queryPrepared(name: name, parameters).affectedRows
-    }
-
     /// Runs a script of one or more statements without parameters (e.g. a schema file), returning the
     /// rows of each statement in order.
     @discardableResult
@@ -193,15 +151,14 @@ public final class PostgresConnection: @unchecked Sendable {
         return try collectResults { PQsendQuery(handle, sql) }
     }
 
-    /// Runs `body` inside `BEGIN … COMMIT`; rolls back and rethrows if `body` throws.
+    /// Runs `body` inside `BEGIN … COMMIT`; rolls back and rethrows if `body` throws. `body` runs right
+    /// after `BEGIN`, so it may start with `SET TRANSACTION ISOLATION LEVEL …`.
     ///
     /// - Throws: the error from `body`, or a `PostgresError` from BEGIN/COMMIT (a serializable
     ///   conflict at commit is `.serializationFailure`), or `.queryFailed` if the transaction had
     ///   been aborted by an earlier error that `body` swallowed (the server then rolls back).
-    public func transaction<T>(
-        isolation: PostgresIsolationLevel? = nil, _ body: (PostgresConnection) throws -> T
-    ) throws -> T {
-        try simpleQuery(isolation.map { "BEGIN ISOLATION LEVEL \($0.sql)" } ?? "BEGIN")
+    public func transaction<T>(_ body: (PostgresConnection) throws -> T) throws -> T {
+        try simpleQuery("BEGIN")
         let value: T
         do {
             value = try body(self)
@@ -223,17 +180,6 @@ public final class PostgresConnection: @unchecked Sendable {
     /// Starts listening on `channel` (quoted safely as an identifier).
     public func listen(_ channel: String) throws(PostgresError) {
         try simpleQuery("LISTEN " + quotedIdentifier(channel))
-    }
-
-    /// Stops listening on `channel`.
-    public func unlisten(_ channel: String) throws(PostgresError) {
-        try simpleQuery("UNLISTEN " + quotedIdentifier(channel))
-    }
-
-    /// Sends a notification with `SELECT pg_notify($1, $2)`; delivered when the current transaction
-    /// (if any) commits.
-    public func notify(_ channel: String, payload: String = "") throws(PostgresError) {
-        try runUnprepared("SELECT pg_notify($1, $2)", [.text(channel), .text(payload)])
     }
 
     /// Waits until at least one notification has arrived or `timeout` passes.

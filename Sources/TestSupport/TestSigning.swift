@@ -47,3 +47,15 @@ public enum TestSigning {
         }
     }
 }
+
+extension TestSigning {
+    /// A JWKS document publishing the public keys of all `signers`.
+    public static func keySet(of signers: [NotificationSigner]) -> Data {
+        var keys: [Any] = []
+        for signer in signers {
+            let document = try! JSONSerialization.jsonObject(with: signer.jwksJSON()) as! [String: Any]
+            keys += document["keys"] as! [Any]
+        }
+        return try! JSONSerialization.data(withJSONObject: ["keys": keys])
+    }
+}

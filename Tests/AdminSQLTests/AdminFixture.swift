@@ -23,16 +23,10 @@ struct AdminDatabase: Sendable {
     let superuser: PostgresConfiguration
     let name: String
 
-    /// schema.sql from the repository.
-    static let schema: String = {
-        let url = RepositoryRoot.url.appendingPathComponent("schema.sql")
-        return (try? String(contentsOf: url, encoding: .utf8)) ?? "-- schema.sql not found at \(url.path)"
-    }()
-
     /// Creates the login roles once per process, after schema.sql has created the group roles.
     private static let logins: Result<Void, any Error> = Result {
         let connection = try PostgresConnection(
-            configuration: PostgresCluster.shared.createDatabase(applying: schema))
+            configuration: PostgresCluster.shared.createSchemaDatabase())
         defer { connection.close() }
         for role in AdminRole.allCases {
             let membership = role == .nobody ? "" : " IN ROLE \(role.rawValue)"
@@ -50,7 +44,7 @@ struct AdminDatabase: Sendable {
     /// A fresh database with schema.sql applied.
     static func make() throws -> AdminDatabase {
         try logins.get()
-        let configuration = try PostgresCluster.shared.createDatabase(applying: schema)
+        let configuration = try PostgresCluster.shared.createSchemaDatabase()
         return AdminDatabase(superuser: configuration, name: configuration.database ?? "")
     }
 

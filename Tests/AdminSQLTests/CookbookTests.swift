@@ -10,14 +10,27 @@ struct CookbookQuery: Sendable, CustomStringConvertible {
 
     var description: String { heading }
 
-    /// Every ```sql block of docs/sql.md, in order.
-    static let all: [CookbookQuery] = {
-        let url = RepositoryRoot.url.appendingPathComponent("docs/sql.md")
-        guard let text = try? String(contentsOf: url, encoding: .utf8) else { return [] }
-        return parse(text)
-    }()
+    /// A cookbook that cannot be read or holds no query: the tests fail instead of running over nothing.
+    struct Unreadable: Error, CustomStringConvertible {
+        let description: String
+    }
 
-    static func parse(_ markdown: String) -> [CookbookQuery] {
+    private static let loaded = Result {
+        try load(RepositoryRoot.url.appendingPathComponent("docs/sql.md"))
+    }
+
+    /// Every ```sql block of docs/sql.md, in order; throws when there is none.
+    static func all() throws -> [CookbookQuery] { try loaded.get() }
+
+    /// The ```sql blocks of the Markdown file at `url`; throws when it is missing or has none.
+    static func load(_ url: URL) throws -> [CookbookQuery] {
+        let queries = try parse(String(contentsOf: url, encoding: .utf8))
+        guard !queries.isEmpty else { throw Unreadable(description: "\(url.path) has no ```sql block") }
+        return queries
+    }
+
+    /// The ```sql blocks of `markdown`; throws on a block that is never closed.
+    static func parse(_ markdown: String) throws -> [CookbookQuery] {
         var queries: [CookbookQuery] = []
         var heading = ""
         var block: [Substring]? = nil
@@ -36,12 +49,15 @@ struct CookbookQuery: Sendable, CustomStringConvertible {
                 block = []
             }
         }
+        if block != nil {
+            throw Unreadable(description: "the ```sql block under \"\(heading)\" is not closed")
+        }
         return queries
     }
 
     /// The query under `heading`; fails the test when there is none.
     static func under(_ heading: String) throws -> CookbookQuery {
-        try #require(all.first { $0.heading == heading }, "docs/sql.md has no query under \"\(heading)\"")
+        try #require(all().first { $0.heading == heading }, "docs/sql.md has no query under \"\(heading)\"")
     }
 
     /// The SQL with each psql variable `:'name'` replaced by `values[name]` as a quoted literal.
@@ -81,19 +97,34 @@ struct CookbookTests {
     }
 
     @Test("has at least 12 queries")
-    func atLeastTwelve() {
-        #expect(CookbookQuery.all.count >= 12)
+    func atLeastTwelve() throws {
+        #expect(try CookbookQuery.all().count >= 12)
+    }
+
+    @Test("a missing cookbook, or one without queries, is an error rather than nothing to test")
+    func emptyIsAnError() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent(
+            "cookbook-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let file = directory.appendingPathComponent("sql.md")
+        #expect(throws: (any Error).self) { try CookbookQuery.load(file) }
+        try Data("# SQL\n\nNo queries here.\n".utf8).write(to: file)
+        #expect(throws: CookbookQuery.Unreadable.self) { try CookbookQuery.load(file) }
+        #expect(throws: CookbookQuery.Unreadable.self) {
+            try CookbookQuery.parse("## A\n```sql\nSELECT 1;\n")
+        }
     }
 
     @Test("every query is plain SQL without psql meta-commands")
-    func plainSQL() {
-        for query in CookbookQuery.all {
+    func plainSQL() throws {
+        for query in try CookbookQuery.all() {
             #expect(!query.sql.contains("\\"), "\(query.heading) contains a backslash command")
             #expect(!query.sql.trimmingCharacters(in: .whitespacesAndNewlines).isEmpty, "\(query.heading)")
         }
     }
 
-    @Test("every query runs as siwa_admin", arguments: CookbookQuery.all)
+    @Test("every query runs as siwa_admin", arguments: try CookbookQuery.all())
     func runsAsAdmin(query: CookbookQuery) throws {
         _ = try run(query)
     }

@@ -148,7 +148,7 @@ struct PrivilegeTests {
         let owner = try database.connectAsOwner()
         defer { owner.close() }
         try owner.simpleQuery("GRANT INSERT ON siwa.notifications TO siwa_receiver")  // as version 1 did
-        try owner.simpleQuery(AdminDatabase.schema)
+        try TestSchema.apply(on: owner)
         let receiver = try database.connect(as: .receiver)
         defer { receiver.close() }
         #expect(

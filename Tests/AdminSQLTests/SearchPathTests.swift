@@ -71,7 +71,7 @@ struct SearchPathTests {
     @Test("every CREATE FUNCTION in schema.sql carries a SET search_path clause before its body")
     func everyDefinitionSetsThePath() throws {
         var definitions = 0
-        var rest = Substring(AdminDatabase.schema)
+        var rest = Substring(TestSchema.sql)
         while let start = rest.range(
             of: #"(?m)^\s*CREATE (OR REPLACE )?FUNCTION"#, options: .regularExpression)
         {
@@ -92,7 +92,7 @@ struct SearchPathTests {
             try owner.query(
                 "SELECT proconfig IS NULL FROM pg_proc WHERE oid = 'siwa.on_event(text, text, timestamptz, text, text)'::regprocedure"
             )[0][0, as: Bool.self])
-        try owner.simpleQuery(AdminDatabase.schema)
+        try TestSchema.apply(on: owner)
         let config = try owner.query(
             "SELECT proconfig::text FROM pg_proc WHERE oid = 'siwa.on_event(text, text, timestamptz, text, text)'::regprocedure"
         )[0][0, as: String?.self]
@@ -116,7 +116,7 @@ struct SearchPathTests {
              WHERE oid = 'siwa.on_event(text, text, timestamptz, text, text)'::regprocedure
             """
         let before = try owner.query(hook)[0]
-        try owner.simpleQuery(AdminDatabase.schema)
+        try TestSchema.apply(on: owner)
         let after = try owner.query(hook)[0]
         #expect(try after[0, as: String?.self] == nil)
         #expect(try after[1, as: String.self] == (try before[1, as: String.self]))
@@ -129,7 +129,7 @@ struct SearchPathTests {
             configuration: PostgresCluster.shared.createDatabase(applying: try releasedVersion1()))
         defer { owner.close() }
         try owner.simpleQuery("DROP FUNCTION siwa.on_event(text, text, timestamptz, text, text)")
-        try owner.simpleQuery(AdminDatabase.schema)
+        try TestSchema.apply(on: owner)
         let config = try owner.query(
             "SELECT proconfig::text FROM pg_proc WHERE oid = 'siwa.on_event(text, text, timestamptz, text, text)'::regprocedure"
         )[0][0, as: String?.self]
@@ -148,7 +148,7 @@ struct SearchPathTests {
                                                      email text, jti text)
             RETURNS void LANGUAGE plpgsql AS $$ BEGIN RAISE NOTICE 'mine'; END $$;
             """)
-        try owner.simpleQuery(AdminDatabase.schema)
+        try TestSchema.apply(on: owner)
         let row = try owner.query(
             """
             SELECT proconfig::text, prosrc FROM pg_proc

@@ -172,8 +172,8 @@ struct ViewTests {
         let database = try Seed.make()
         let owner = try database.connectAsOwner()
         defer { owner.close() }
-        try owner.simpleQuery(AdminDatabase.schema)
-        try owner.simpleQuery(AdminDatabase.schema)
+        try TestSchema.apply(on: owner)
+        try TestSchema.apply(on: owner)
         #expect(try owner.query("SELECT count(*) FROM siwa.notifications").first?[0, as: Int.self] == 11)
         // The replaced hook survives.
         #expect(

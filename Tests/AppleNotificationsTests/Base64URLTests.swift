@@ -33,8 +33,36 @@ struct Base64URLTests {
         }
     }
 
-    @Test("accepts the canonical forms of those near misses", arguments: ["AA", "QUI", "-_8"])
-    func acceptsCanonical(text: String) throws {
-        _ = try Base64URL.decode(text)
+    @Test(
+        "decodes the canonical forms of those near misses to their bytes",
+        arguments: [("AA", [0x00]), ("QUI", [0x41, 0x42]), ("-_8", [0xFB, 0xFF])] as [(String, [UInt8])])
+    func acceptsCanonical(text: String, bytes: [UInt8]) throws {
+        #expect(try Base64URL.decode(text) == Data(bytes))
+    }
+
+    @Test(
+        "encodes and decodes RFC 4648's test vectors (section 10, without padding)",
+        arguments: [
+            ("", ""), ("f", "Zg"), ("fo", "Zm8"), ("foo", "Zm9v"), ("foob", "Zm9vYg"), ("fooba", "Zm9vYmE"),
+            ("foobar", "Zm9vYmFy"),
+        ])
+    func rfc4648Vectors(plain: String, encoded: String) throws {
+        #expect(Base64URL.encode(Data(plain.utf8)) == encoded)
+        #expect(try Base64URL.decode(encoded) == Data(plain.utf8))
+    }
+
+    @Test("decodes every byte value at every position of a 3-byte group")
+    func everyByte() throws {
+        // Standard base64 (Foundation, a second implementation) with the URL alphabet and no padding.
+        for value in 0...255 {
+            for position in 0..<3 {
+                var bytes: [UInt8] = [0x5A, 0xA5, 0x3C]
+                bytes[position] = UInt8(value)
+                let encoded = Data(bytes).base64EncodedString()
+                    .replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+                #expect(try Base64URL.decode(encoded) == Data(bytes), "\(bytes)")
+                #expect(Base64URL.encode(bytes) == encoded)
+            }
+        }
     }
 }

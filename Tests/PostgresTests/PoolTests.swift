@@ -117,7 +117,10 @@ struct PoolTests {
             try connection.execute("INSERT INTO t VALUES (1)")
         }
         let count = try pool.withConnection { connection in
-            (try connection.query("SELECT count(*) FROM t")[0][0, as: Int.self], connection.isInTransaction)
+            (
+                try connection.query("SELECT count(*) FROM t")[0][0, as: Int.self],
+                try connection.isInTransaction
+            )
         }
         #expect(count.0 == 0)
         #expect(count.1 == false)

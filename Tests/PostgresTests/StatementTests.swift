@@ -45,7 +45,7 @@ struct StatementTests {
             return 7
         }
         #expect(value == 7)
-        #expect(!connection.isInTransaction)
+        #expect(try !connection.isInTransaction)
         #expect(try connection.query("SELECT count(*) FROM t")[0][0, as: Int.self] == 1)
     }
 
@@ -60,7 +60,7 @@ struct StatementTests {
                 throw Abort()
             }
         }
-        #expect(!connection.isInTransaction)
+        #expect(try !connection.isInTransaction)
         #expect(try connection.query("SELECT count(*) FROM t")[0][0, as: Int.self] == 0)
     }
 
@@ -78,17 +78,30 @@ struct StatementTests {
     }
 
     @Test(
-        "a transaction runs at the requested isolation level",
+        "a transaction's body runs first after BEGIN, so it can choose the isolation level",
         arguments: [
-            (PostgresIsolationLevel.serializable, "serializable"), (.repeatableRead, "repeatable read"),
-            (.readCommitted, "read committed"),
+            ("SERIALIZABLE", "serializable"), ("REPEATABLE READ", "repeatable read"),
+            ("READ COMMITTED", "read committed"),
         ])
-    func isolation(level: PostgresIsolationLevel, expected: String) throws {
+    func isolation(level: String, expected: String) throws {
         let connection = try freshConnection()
-        let reported = try connection.transaction(isolation: level) { conn in
-            try conn.query("SHOW transaction_isolation")[0][0, as: String.self]
+        let reported = try connection.transaction { conn in
+            try conn.simpleQuery("SET TRANSACTION ISOLATION LEVEL \(level)")
+            return try conn.query("SHOW transaction_isolation")[0][0, as: String.self]
         }
         #expect(reported == expected)
+    }
+
+    @Test("isInTransaction (TestSupport) tells a transaction block, an aborted one and none apart")
+    func transactionState() throws {
+        let connection = try freshConnection()
+        #expect(try !connection.isInTransaction)
+        try connection.simpleQuery("BEGIN")
+        #expect(try connection.isInTransaction)
+        _ = try? connection.query("SELECT 1/0")
+        #expect(try connection.isInTransaction)
+        try connection.simpleQuery("ROLLBACK")
+        #expect(try !connection.isInTransaction)
     }
 
     @Test("a serializable conflict surfaces as a retryable serializationFailure")
@@ -108,17 +121,17 @@ struct StatementTests {
         try second.simpleQuery("ROLLBACK")
     }
 
-    @Test("an explicitly prepared statement is prepared once and run many times")
+    @Test("a statement prepared in SQL runs many times, each EXECUTE reporting the rows it affected")
     func explicitPrepare() throws {
         let connection = try freshConnection(applying: "CREATE TABLE t (id int, name text)")
-        try connection.prepare(name: "insert_t", sql: "INSERT INTO t VALUES ($1, $2)")
+        try connection.simpleQuery("PREPARE insert_t (int, text) AS INSERT INTO t VALUES ($1, $2)")
         for index in 1...5 {
-            #expect(try connection.executePrepared(name: "insert_t", [.int(Int64(index)), "n\(index)"]) == 1)
+            #expect(try connection.execute("EXECUTE insert_t(\(index), 'n\(index)')") == 1)
         }
-        let rows = try connection.queryPrepared(name: "insert_t", [6, nil])
+        let rows = try connection.query("EXECUTE insert_t(6, NULL)")
         #expect(rows.affectedRows == 1)
         #expect(try connection.query("SELECT count(*) FROM t")[0][0, as: Int.self] == 6)
-        let duplicate = postgresError { try connection.prepare(name: "insert_t", sql: "SELECT 1") }
+        let duplicate = postgresError { try connection.simpleQuery("PREPARE insert_t AS SELECT 1") }
         #expect(duplicate?.sqlState == "42P05")
     }
 

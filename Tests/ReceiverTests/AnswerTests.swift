@@ -7,9 +7,11 @@ import Testing
 
 @Suite("The notification endpoint answers each class of request correctly")
 struct AnswerTests {
-    @Test("a genuine notification is stored and answered 200 accepted")
-    func accepted() throws {
-        let harness = try ReceiverHarness()
+    @Test(
+        "a genuine notification is stored and answered 200 accepted",
+        arguments: [ReceiverHarness.Mode.live, .direct])
+    func accepted(mode: ReceiverHarness.Mode) throws {
+        let harness = try ReceiverHarness(mode: mode)
         let jti = UUID().uuidString
         let response = try harness.deliver(
             TestSigning.token(
@@ -29,9 +31,11 @@ struct AnswerTests {
         #expect(try row[5, as: String.self] == "pending")
     }
 
-    @Test("the same jti delivered twice is answered duplicate and stored once")
-    func duplicate() throws {
-        let harness = try ReceiverHarness()
+    @Test(
+        "the same jti delivered twice is answered duplicate and stored once",
+        arguments: [ReceiverHarness.Mode.live, .direct])
+    func duplicate(mode: ReceiverHarness.Mode) throws {
+        let harness = try ReceiverHarness(mode: mode)
         let token = TestSigning.token()
         let jti = try TestSigning.verifier.verify(token: token, keys: TestSigning.appleKeySet).jti
         #expect(try harness.deliver(token).text == #"{"status":"accepted"}"#)
@@ -125,7 +129,7 @@ struct AnswerTests {
         let harness = try ReceiverHarness()
         let jti = UUID().uuidString
         let body = Array(#"{"payload":"\#(TestSigning.token(jti: jti))"}"#.utf8)
-        let connection = try RawHTTPConnection(host: "127.0.0.1", port: harness.receiver.port!)
+        let connection = try RawHTTPConnection(host: "127.0.0.1", port: harness.port)
         try connection.send(
             "POST \(NotificationEndpoint.notificationPath) HTTP/1.1\r\nHost: x\r\n"
                 + "Content-Type: application/json\r\nContent-Length: \(body.count)\r\nContent-Length: 0\r\n\r\n"
@@ -145,7 +149,7 @@ struct AnswerTests {
         let inner =
             "POST \(NotificationEndpoint.notificationPath) HTTP/1.1\r\nHost: x\r\n"
             + "Content-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n" + body
-        let connection = try RawHTTPConnection(host: "127.0.0.1", port: harness.receiver.port!)
+        let connection = try RawHTTPConnection(host: "127.0.0.1", port: harness.port)
         try connection.send(
             "POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length : \(inner.utf8.count)\r\n\r\n")
         _ = connection.sendUnlessClosed(Array(inner.utf8))

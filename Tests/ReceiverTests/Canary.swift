@@ -200,9 +200,4 @@ extension ReceiverHarness {
         try query("SELECT count(*) FROM siwa.notifications WHERE sub = $1", [.text(subject)])[0][
             0, as: Int.self]
     }
-
-    /// A fresh connection to the receiver for raw bytes.
-    func rawConnection(timeout: Duration = .seconds(10)) throws -> RawHTTPConnection {
-        try RawHTTPConnection(host: "127.0.0.1", port: receiver.port ?? 0, timeout: timeout)
-    }
 }

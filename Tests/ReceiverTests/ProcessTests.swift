@@ -30,7 +30,7 @@ struct ProcessTests {
     @Test("serves notifications and exits 0 on SIGTERM")
     func gracefulShutdown() throws {
         let cluster = try PostgresCluster.shared
-        let database = try cluster.createDatabase(applying: try ReceiverHarness.schema())
+        let database = try cluster.createSchemaDatabase()
         let jwks = try JWKSTestServer(body: TestSigning.apple.jwksJSON())
         defer { jwks.stop() }
         let port = try ExecutableLocator.freePort()

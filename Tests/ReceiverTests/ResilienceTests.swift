@@ -24,13 +24,14 @@ struct ResilienceTests {
     @Test("a new kid is accepted after one refetch; junk kids cause at most one more fetch")
     func keyRotation() throws {
         let harness = try ReceiverHarness(cooldown: .seconds(30))
+        let jwks = try #require(harness.jwks)
         #expect(try harness.deliver(TestSigning.token()).status == 200)
-        let fetchesBefore = harness.jwks.requestCount
+        let fetchesBefore = jwks.requestCount
 
         // Apple rotates: the set now publishes the other key too.
-        harness.jwks.setBody(TestSigning.keySet(of: [TestSigning.apple, TestSigning.other]))
+        jwks.setBody(TestSigning.keySet(of: [TestSigning.apple, TestSigning.other]))
         #expect(try harness.deliver(TestSigning.token(signer: TestSigning.other)).status == 200)
-        #expect(harness.jwks.requestCount == fetchesBefore + 1)
+        #expect(jwks.requestCount == fetchesBefore + 1)
 
         // A flood of junk kids within the cooldown: refused, and Apple is not hammered.
         let statuses = ConcurrentResults(count: 40)
@@ -40,50 +41,53 @@ struct ResilienceTests {
             statuses.set(i, (try? harness.deliver(TestSigning.token(signer: junk)).status) ?? -1)
         }
         #expect(statuses.values.allSatisfy { $0 == 401 })
-        #expect(harness.jwks.requestCount <= fetchesBefore + 2)
+        #expect(jwks.requestCount <= fetchesBefore + 2)
     }
 
     @Test("concurrent misses for a new kid share one fetch")
     func coalescedFetch() throws {
         let harness = try ReceiverHarness(cooldown: .milliseconds(1))
+        let jwks = try #require(harness.jwks)
         #expect(try harness.deliver(TestSigning.token()).status == 200)
-        let fetchesBefore = harness.jwks.requestCount
-        harness.jwks.setBody(TestSigning.keySet(of: [TestSigning.apple, TestSigning.other]))
-        harness.jwks.setDelay(.milliseconds(300))
+        let fetchesBefore = jwks.requestCount
+        jwks.setBody(TestSigning.keySet(of: [TestSigning.apple, TestSigning.other]))
+        jwks.setDelay(.milliseconds(300))
         let statuses = ConcurrentResults(count: 10)
         DispatchQueue.concurrentPerform(iterations: 10) { i in
             statuses.set(i, (try? harness.deliver(TestSigning.token(signer: TestSigning.other)).status) ?? -1)
         }
         #expect(statuses.values.allSatisfy { $0 == 200 })
-        #expect(harness.jwks.requestCount - fetchesBefore <= 2)
+        #expect(jwks.requestCount - fetchesBefore <= 2)
     }
 
     @Test("with the key endpoint down, known kids still verify and an unknown kid gets 503")
     func keyEndpointDown() throws {
         let harness = try ReceiverHarness(cooldown: .milliseconds(1))
+        let jwks = try #require(harness.jwks)
         #expect(try harness.deliver(TestSigning.token()).status == 200)
-        harness.jwks.fail(status: 500)
+        jwks.fail(status: 500)
         #expect(try harness.deliver(TestSigning.token()).status == 200)
         let unknown = try harness.deliver(TestSigning.token(signer: TestSigning.other))
         #expect(unknown.status == 503)
         #expect(unknown.headers["Retry-After"] != nil)
-        harness.jwks.serveGarbage()
+        jwks.serveGarbage()
         #expect(try harness.deliver(TestSigning.token(signer: TestSigning.other)).status == 503)
         #expect(try harness.deliver(TestSigning.token()).status == 200)
 
         // Recovery needs no restart.
-        harness.jwks.setBody(TestSigning.keySet(of: [TestSigning.apple, TestSigning.other]))
-        harness.jwks.serveNormally()
+        jwks.setBody(TestSigning.keySet(of: [TestSigning.apple, TestSigning.other]))
+        jwks.serveNormally()
         #expect(try harness.deliver(TestSigning.token(signer: TestSigning.other)).status == 200)
     }
 
     @Test("a receiver started while the key endpoint is down is not ready, then recovers")
     func startsWithoutKeys() throws {
         let harness = try ReceiverHarness(
-            cooldown: .milliseconds(200), keySet: Data("garbage".utf8), waitForKeys: false)
+            keys: .served(Data("garbage".utf8)), cooldown: .milliseconds(200), waitForKeys: false)
+        let jwks = try #require(harness.jwks)
         #expect(try harness.get("/readyz").status == 503)
         #expect(try harness.deliver(TestSigning.token()).status == 503)
-        harness.jwks.setBody(TestSigning.apple.jwksJSON())
+        jwks.setBody(TestSigning.apple.jwksJSON())
         #expect(try waitUntil { try harness.get("/readyz").status == 200 })
         #expect(try harness.deliver(TestSigning.token()).status == 200)
     }
@@ -165,7 +169,7 @@ struct GroupCommitTests {
 struct StorageDeadlineTests {
     @Test("a store call gives up at its deadline while the table is locked, and at once when it has passed")
     func deadline() throws {
-        let database = try PostgresCluster.shared.createDatabase(applying: try ReceiverHarness.schema())
+        let database = try PostgresCluster.shared.createSchemaDatabase()
         let pool = PostgresPool(configuration: database, maxConnections: 2)
         defer { pool.close() }
         let store = NotificationStore(pool: pool, configuration: .init(committers: 2))

@@ -28,7 +28,7 @@ struct ReceiverShutdownCycleTests {
     func cyclesExitCleanly() throws {
         let cluster = try PostgresCluster.start()  // its own: it is restarted
         defer { cluster.destroy() }
-        let database = try cluster.createDatabase(applying: try ReceiverHarness.schema())
+        let database = try cluster.createSchemaDatabase()
         let jwks = try JWKSTestServer(body: TestSigning.apple.jwksJSON())
         defer { jwks.stop() }
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent(

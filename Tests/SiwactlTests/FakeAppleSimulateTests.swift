@@ -1,8 +1,6 @@
 import AppleNotifications
 import Foundation
-import HTTPServer
 import Postgres
-import Receiver
 import ServiceSupport
 import TestSupport
 import Testing
@@ -53,35 +51,14 @@ final class FakeApple {
     }
 }
 
-/// A receiver running in this process against its own database, trusting keys from `jwksURL`.
-final class InProcessReceiver {
-    static let audience = "com.example.siwactl"
-    let database: TestDatabase
-    let receiver: NotificationReceiver
+/// The client ID the receivers in these tests accept.
+let siwactlAudience = "com.example.siwactl"
 
-    init(jwksURL: URL) throws {
-        database = try TestDatabase()
-        let configuration = try ReceiverConfiguration(
-            database: database.configuration, audiences: [Self.audience],
-            jwks: try JWKSSource(url: jwksURL, timeout: 2),
-            keys: KeyStore.Configuration(refreshInterval: .seconds(3600), cooldown: .milliseconds(50)),
-            poolSize: 2, poolTimeout: .seconds(2), http: HTTPServer.Configuration(host: "127.0.0.1", port: 0))
-        receiver = try NotificationReceiver(
-            configuration: configuration, logger: Logger(label: "test", level: .error, sink: { _ in }))
-        try receiver.start()
-    }
-
-    var notificationURL: String {
-        "http://127.0.0.1:\(receiver.port!)\(NotificationEndpoint.notificationPath)"
-    }
-
-    func deliver(_ token: String) throws -> TestHTTPResponse {
-        try TestHTTPClient.post(
-            notificationURL, body: Array(#"{"payload":"\#(token)"}"#.utf8),
-            headers: [("Content-Type", "application/json")])
-    }
-
-    deinit { receiver.shutdown() }
+/// A receiver running in this process, trusting keys from `jwksURL`.
+func startReceiver(trusting jwksURL: URL) throws -> ReceiverHarness {
+    try ReceiverHarness(
+        keys: .url(jwksURL), audience: siwactlAudience, cooldown: .milliseconds(50), poolSize: 2,
+        waitForKeys: false)
 }
 
 /// A key pair written by `siwactl keygen` into a scratch directory.
@@ -103,7 +80,7 @@ struct GeneratedKey {
     var jwksFile: URL { directory.appendingPathComponent("jwks.json") }
 
     func token(sub: String = "001.fake-apple") throws -> String {
-        try signer.sign(type: "consent-revoked", subject: sub, audience: InProcessReceiver.audience)
+        try signer.sign(type: "consent-revoked", subject: sub, audience: siwactlAudience)
     }
 }
 
@@ -132,7 +109,7 @@ struct FakeAppleTests {
             try? FileManager.default.removeItem(at: second.directory)
         }
         let fake = try FakeApple(keys: first.directory)
-        let receiver = try InProcessReceiver(jwksURL: fake.url)
+        let receiver = try startReceiver(trusting: fake.url)
         #expect(waitUntil { (try? receiver.deliver(first.token()).status) == 200 })
 
         // Not yet published: the receiver refetches, still finds no such kid, and refuses.
@@ -163,10 +140,10 @@ struct SimulateTests {
         defer { try? FileManager.default.removeItem(at: key.directory) }
         let jwks = try JWKSTestServer(body: Data(contentsOf: key.jwksFile))
         defer { jwks.stop() }
-        let receiver = try InProcessReceiver(jwksURL: jwks.url)
+        let receiver = try startReceiver(trusting: jwks.url)
         let result = try siwactl([
             "simulate", "--to", receiver.notificationURL, "--key", key.keyFile.path, "--kid", key.kid,
-            "--audience", InProcessReceiver.audience, "--type", "email-disabled", "--sub", "001.simulated",
+            "--audience", siwactlAudience, "--type", "email-disabled", "--sub", "001.simulated",
             "--email", "x@privaterelay.appleid.com", "--count", "3",
         ])
         #expect(result.status == 0, "\(result.standardOutput)\(result.standardError)")
@@ -174,7 +151,7 @@ struct SimulateTests {
         #expect(lines.count == 4)
         #expect(lines.prefix(3).allSatisfy { $0.contains(" 200 ") })
         #expect(lines.last == "sent 3: 3 answered 200, 0 did not")
-        let rows = try receiver.database.query(
+        let rows = try receiver.query(
             "SELECT count(DISTINCT jti), min(event_type), min(email) FROM siwa.event_history WHERE sub = $1",
             [.text("001.simulated")])
         #expect(try rows[0][0, as: Int.self] == 3)
@@ -188,7 +165,7 @@ struct SimulateTests {
         defer { try? FileManager.default.removeItem(at: key.directory) }
         let jwks = try JWKSTestServer(body: Data(contentsOf: key.jwksFile))
         defer { jwks.stop() }
-        let receiver = try InProcessReceiver(jwksURL: jwks.url)
+        let receiver = try startReceiver(trusting: jwks.url)
         let result = try siwactl([
             "simulate", "--to", receiver.notificationURL, "--key", key.keyFile.path, "--kid", key.kid,
             "--audience", "com.example.someone-else", "--type", "consent-revoked", "--sub", "001.x",
@@ -199,7 +176,7 @@ struct SimulateTests {
         #expect(result.standardOutput.contains(" 401 "))
         #expect(result.standardOutput.contains("sent 2: 0 answered 200, 2 did not"))
         #expect(
-            try receiver.database.query("SELECT count(*) FROM siwa.notifications")[0][0, as: Int.self] == 0)
+            try receiver.query("SELECT count(*) FROM siwa.notifications")[0][0, as: Int.self] == 0)
     }
 
     @Test("an unreachable receiver is reported per notification and fails")

@@ -1,6 +1,5 @@
 import Foundation
 import Postgres
-import SiwaSchema
 import TestSupport
 
 /// Runs the built `siwactl` with a clean environment (no SIWA_* variables from the caller).
@@ -21,12 +20,13 @@ struct TestDatabase {
 
     init(withSchema: Bool = true) throws {
         let cluster = try PostgresCluster.shared
-        configuration = try cluster.createDatabase(applying: withSchema ? SiwaSchema.sql : nil)
+        configuration = try withSchema ? cluster.createSchemaDatabase() : cluster.createDatabase()
         url = cluster.url(database: configuration.database!)
     }
 
     func connect() throws -> PostgresConnection { try PostgresConnection(configuration: configuration) }
 
+    @discardableResult
     func query(_ sql: String, _ parameters: [PostgresData?] = []) throws -> PostgresRows {
         let connection = try connect()
         defer { connection.close() }

@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import TestSupport
 import Testing
 import Worker
 
@@ -208,7 +209,7 @@ struct EffectsTests {
                                                      email text, jti text) RETURNS void
             LANGUAGE sql AS $$ INSERT INTO public.hook_calls VALUES (jti) $$;
             """)
-        try db.connection.simpleQuery(schemaSQL)
+        try TestSchema.apply(on: db.connection)
         try db.insert(jti: "c1", type: "consent-revoked", sub: "u")
         _ = try db.worker().drainOnce()
         #expect(try db.value("SELECT count(*) FROM hook_calls", as: Int.self) == 1)

@@ -1,6 +1,7 @@
 import Foundation
 import Postgres
 import ServiceSupport
+import TestSupport
 import Testing
 import Worker
 

@@ -107,10 +107,10 @@ struct LockTests {
         let metrics = MetricsRegistry()
         let worker = try db.worker(concurrency: 1, logger: log.logger(level: .warning), metrics: metrics)
         #expect(try drainOnce(worker, within: .seconds(20)) != nil)
-        let warnings = log.text.split(separator: "\n").filter { $0.contains("busy for long") }
+        let warnings = log.all.split(separator: "\n").filter { $0.contains("busy for long") }
         #expect(warnings.count == 1)
         #expect(warnings.first?.contains("long-busy") == true)
-        #expect(!log.text.contains("held-user"))
+        #expect(!log.all.contains("held-user"))
         #expect((metric("siwa_worker_oldest_busy_seconds", in: metrics) ?? 0) >= 100)
         try app.simpleQuery("ROLLBACK")
     }

@@ -6,12 +6,6 @@ import Synchronization
 import TestSupport
 import Worker
 
-/// The repository's schema.sql, read once.
-let schemaSQL: String = {
-    let url = RepositoryRoot.url.appendingPathComponent("schema.sql")
-    return (try? String(contentsOf: url, encoding: .utf8)) ?? "schema.sql not found"
-}()
-
 /// A fresh database with schema.sql applied, and a connection to it for the test's own SQL.
 final class TestDatabase: @unchecked Sendable {
     let configuration: PostgresConfiguration
@@ -21,7 +15,7 @@ final class TestDatabase: @unchecked Sendable {
     init(cluster: PostgresCluster? = nil) throws {
         let cluster = try cluster ?? PostgresCluster.shared
         self.cluster = cluster
-        configuration = try cluster.createDatabase(applying: schemaSQL)
+        configuration = try cluster.createSchemaDatabase()
         connection = try PostgresConnection(configuration: configuration)
     }
 
@@ -195,15 +189,4 @@ func metric(_ series: String, in metrics: MetricsRegistry) -> Double? {
         return Double(line.dropFirst(series.count + 1))
     }
     return nil
-}
-
-/// Log lines collected from a `Logger`.
-final class LogCapture: Sendable {
-    private let lines = Mutex<[String]>([])
-    /// A logger at `level` that appends here.
-    func logger(level: Logger.Level = .info) -> Logger {
-        Logger(label: "test", level: level, sink: { [self] line in lines.withLock { $0.append(line) } })
-    }
-    /// Everything logged so far.
-    var text: String { lines.withLock { $0.joined() } }
 }
