@@ -19,6 +19,7 @@ func connect(_ parsed: ParsedCommand) throws -> PostgresConnection {
 }
 
 /// Runs `body`, turning database errors into one line naming what was being done.
+@discardableResult
 func database<T>(_ what: String, _ body: () throws -> T) throws -> T {
     do {
         return try body()
