@@ -44,21 +44,9 @@ public enum ExecutableLocator {
 
     /// A TCP port on 127.0.0.1 that was free a moment ago.
     public static func freePort() throws -> Int {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw ExecutableError("socket() failed") }
-        defer { close(fd) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = 0
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { sa -> Bool in
-                bind(fd, sa, length) == 0 && getsockname(fd, sa, &length) == 0
-            }
-        }
-        guard bound else { throw ExecutableError("bind() failed") }
-        return Int(UInt16(bigEndian: address.sin_port))
+        let (fd, port) = try LoopbackSocket.bound()
+        close(fd)
+        return port
     }
 }
 

@@ -27,26 +27,7 @@ public final class ScriptedHTTPServer: Sendable {
     /// Starts listening; `script` runs once per connection with the request head (request line and
     /// headers) and a writer.
     public init(script: @escaping @Sendable (_ head: String, _ write: Writer) -> Void) throws {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw TestHTTPError("socket() failed") }
-        var on: Int32 = 1
-        _ = setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, socklen_t(4))
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = 0
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { sa -> Bool in
-                bind(fd, sa, length) == 0 && listen(fd, 16) == 0 && getsockname(fd, sa, &length) == 0
-            }
-        }
-        guard bound else {
-            close(fd)
-            throw TestHTTPError("bind() failed")
-        }
-        port = Int(UInt16(bigEndian: address.sin_port))
-        listener = fd
+        (listener, port) = try LoopbackSocket.bound(listenBacklog: 16)
         let thread = Thread { [self] in acceptLoop(script) }
         thread.name = "scripted-http-accept"
         thread.start()

@@ -3,21 +3,6 @@ import Synchronization
 import TestSupport
 import Testing
 
-/// What a crashed process leaves on standard error (libc, libmicrohttpd, the Swift runtime).
-let crashMarkers = [
-    "double free", "corrupted", "malloc(", "free(): ", "Fatal error", "Program crashed", "Segmentation",
-    "Backtracing",
-]
-
-/// The lines of `log` that say how a process crashed, or its last lines when none does.
-func crashReport(_ log: String) -> String {
-    let lines = log.split(separator: "\n")
-    let crash = lines.filter { line in
-        crashMarkers.contains(where: line.contains) || line.contains(" crashed")
-    }
-    return (crash.isEmpty ? Array(lines.suffix(5)) : Array(crash.prefix(6))).joined(separator: "\n")
-}
-
 @Suite("siwa-receiver start → traffic → SIGTERM cycles", .serialized)
 struct ReceiverShutdownCycleTests {
     static let cycles = 50
@@ -87,12 +72,12 @@ struct ReceiverShutdownCycleTests {
             traffic.stop()
             scrapes.stop()
             let output = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
-            if termination != .exited(0) || crashMarkers.contains(where: output.contains)
+            if termination != .exited(0) || CrashReport.showsCrash(output)
                 || !output.contains("siwa-receiver stopped")
             {
                 failures.append(
                     "cycle \(cycle): \(termination.map { "\($0)" } ?? "still running"); stderr:\n"
-                        + crashReport(output))
+                        + CrashReport.summary(output))
             }
         }
         #expect(

@@ -75,12 +75,12 @@ struct WorkerShutdownCycleTests {
             let status = worker.waitForExit(timeout: .seconds(30))
             scrapes.stop()
             let log = worker.log
-            if status != 0 || crashMarkers.contains(where: log.contains)
+            if status != 0 || CrashReport.showsCrash(log)
                 || !log.contains("worker stopped")
             {
                 failures.append(
                     "cycle \(cycle): status \(status.map(String.init) ?? "still running"); stderr:\n"
-                        + crashReport(log))
+                        + CrashReport.summary(log))
             }
             connection.close()
         }
@@ -88,19 +88,4 @@ struct WorkerShutdownCycleTests {
             failures.isEmpty,
             "\(failures.count) of \(Self.cycles) cycles failed:\n\(failures.joined(separator: "\n"))")
     }
-}
-
-/// What a crashed process leaves on standard error (libc, libmicrohttpd, the Swift runtime).
-let crashMarkers = [
-    "double free", "corrupted", "malloc(", "free(): ", "Fatal error", "Program crashed", "Segmentation",
-    "Backtracing",
-]
-
-/// The lines of `log` that say how a process crashed, or its last lines when none does.
-func crashReport(_ log: String) -> String {
-    let lines = log.split(separator: "\n")
-    let crash = lines.filter { line in
-        crashMarkers.contains(where: line.contains) || line.contains(" crashed")
-    }
-    return (crash.isEmpty ? Array(lines.suffix(5)) : Array(crash.prefix(6))).joined(separator: "\n")
 }
