@@ -488,19 +488,25 @@ BEGIN
            updated_at = clock_timestamp()
      WHERE sub = p_sub;
     -- Every state: applied, skipped, dead (a failed late event) and pending alike.
+    -- siwa.erased_error is called only for a row with a last_error: it maps NULL to NULL, and a call
+    -- costs a search_path switch (its SET clause keeps it from being inlined), which most rows (applied,
+    -- without an error) need not pay.
     UPDATE siwa.notifications
-       SET email = NULL, raw_token = NULL, last_error = siwa.erased_error(last_error, state),
+       SET email = NULL, raw_token = NULL,
+           last_error = CASE WHEN last_error IS NOT NULL THEN siwa.erased_error(last_error, state) END,
            personal_data_erased_at = coalesce(personal_data_erased_at, clock_timestamp())
      WHERE sub = p_sub AND state <> 'pending'
        AND (email IS NOT NULL OR raw_token IS NOT NULL
-            OR last_error IS DISTINCT FROM siwa.erased_error(last_error, state));
+            OR (last_error IS NOT NULL AND last_error IS DISTINCT FROM siwa.erased_error(last_error, state)));
     UPDATE siwa.notifications AS t
-       SET email = NULL, raw_token = NULL, last_error = siwa.erased_error(t.last_error, t.state),
+       SET email = NULL, raw_token = NULL,
+           last_error = CASE WHEN t.last_error IS NOT NULL THEN siwa.erased_error(t.last_error, t.state) END,
            personal_data_erased_at = coalesce(t.personal_data_erased_at, clock_timestamp())
       FROM (SELECT q.id FROM siwa.notifications q
              WHERE q.sub = p_sub AND q.state = 'pending'
                AND (q.email IS NOT NULL OR q.raw_token IS NOT NULL
-                    OR q.last_error IS DISTINCT FROM siwa.erased_error(q.last_error, q.state))
+                    OR (q.last_error IS NOT NULL
+                        AND q.last_error IS DISTINCT FROM siwa.erased_error(q.last_error, q.state)))
              FOR UPDATE SKIP LOCKED) AS c
      WHERE t.id = c.id;
     UPDATE siwa.refresh_tokens SET token_ciphertext = NULL
@@ -525,9 +531,13 @@ BEGIN
     END IF;
 
     -- Accounts are created on first sight of a sub, and the row lock orders work on one user with the
-    -- app's own updates.
-    INSERT INTO siwa.accounts (sub) VALUES (n.sub) ON CONFLICT (sub) DO NOTHING;
+    -- app's own updates. The worker (siwa.process_claimed_notification) already holds it, so the
+    -- SELECT … FOR UPDATE finds its own lock and the INSERT is needed only by a caller that does not.
     SELECT * INTO v_account FROM siwa.accounts WHERE sub = n.sub FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO siwa.accounts (sub) VALUES (n.sub) ON CONFLICT (sub) DO NOTHING;
+        SELECT * INTO v_account FROM siwa.accounts WHERE sub = n.sub FOR UPDATE;
+    END IF;
     v_erased := v_account.personal_data_erased_at IS NOT NULL;
 
     IF n.event_type IN ('email-disabled', 'email-enabled') THEN

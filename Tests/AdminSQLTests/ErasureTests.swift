@@ -215,6 +215,39 @@ struct ErasureTests {
         #expect(try stored(database, jti: "dead-one").rawToken == nil)
     }
 
+    @Test("erasing an account calls siwa.erased_error only for rows with an error text, not for every row")
+    func erasureCallsErasedErrorOnlyForErrors() throws {
+        // siwa.erased_error pins its search_path, so it is not inlined and every call switches the path:
+        // calling it for each of an account's (mostly error-free) notifications doubled the cost of an
+        // account-delete in the worker's drain (docs/performance.md).
+        let database = try AdminDatabase.make()
+        let sub = "001000.kim"
+        let types = ["email-disabled", "email-enabled", "consent-revoked"]
+        for (index, type) in types.enumerated() {
+            try storeAsReceiver(
+                database, jti: "event-\(index)", sub: sub, eventType: type,
+                email: type.hasPrefix("email-") ? "kim@privaterelay.appleid.com" : nil)
+        }
+        #expect(try workerPass(database) == ["applied", "applied", "applied"])
+
+        let owner = try database.connectAsOwner()
+        defer { owner.close() }
+        let calls = try owner.transaction { connection in
+            try connection.simpleQuery("SET LOCAL track_functions = 'all'")
+            _ = try connection.query("SELECT 1 FROM siwa.accounts WHERE sub = $1 FOR UPDATE", [.text(sub)])
+            _ = try connection.query("SELECT siwa.erase_personal_data($1)", [.text(sub)])
+            return try connection.query(
+                """
+                SELECT coalesce(pg_stat_get_xact_function_calls('siwa.erased_error(text, text)'::regprocedure), 0)
+                """)[0][0, as: Int64.self]
+        }
+        #expect(calls == 0)
+        for index in types.indices {
+            let row = try stored(database, jti: "event-\(index)")
+            #expect(row.email == nil && row.rawToken == nil)
+        }
+    }
+
     @Test("a notification that arrives after the erasure is stored without its email and token")
     func lateArrivalStoredWithoutPersonalData() throws {
         let database = try AdminDatabase.make()
