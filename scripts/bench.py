@@ -175,12 +175,23 @@ class Cluster:
         with open(os.path.join(self.data, "postmaster.pid")) as f:
             return int(f.readline())
 
-    def cpu_seconds(self):
-        """CPU seconds of the whole cluster so far: the postmaster (with its exited children's time) and
-        every live child — backends, WAL writer, checkpointer, background writer, autovacuum."""
+    def cpu_seconds(self, settle_to=None):
+        """CPU seconds of the whole cluster so far: the postmaster (with its exited, reaped children's
+        time) and every live child — backends, WAL writer, checkpointer, background writer, autovacuum.
+        With `settle_to`, first waits (up to 10 s) until at most that many children are left, so that the
+        backends of a client that just disconnected have exited and been reaped into the postmaster's
+        cutime: an exiting backend's time would otherwise be missed or land in the next window."""
         postmaster = self.postmaster_pid()
-        return process_cpu_seconds(postmaster, children=True) + sum(
-            process_cpu_seconds(pid) for pid in children_of(postmaster))
+        if settle_to is not None:
+            try:
+                wait_until(lambda: len(children_of(postmaster)) <= settle_to, "backends exited", timeout=10)
+            except WaitTimeout:
+                pass  # an autovacuum worker may come and go; sample anyway
+        children = sum(process_cpu_seconds(pid) for pid in children_of(postmaster))
+        return process_cpu_seconds(postmaster, children=True) + children
+
+    def child_count(self):
+        return len(children_of(self.postmaster_pid()))
 
     def count(self, db):
         return int(self.psql(db, "SELECT count(*) FROM siwa.notifications"))
@@ -341,13 +352,15 @@ def run_pgbench(cluster, db, connections, seconds, workdir, statement=OWN_INSERT
     os.chmod(logdir, 0o777)
     count = f"SELECT count(*) FROM {table}"
     rows_before = int(cluster.psql(db, count))
-    pg_before, load_before = cluster.cpu_seconds(), children_cpu_seconds()
+    idle_children = cluster.child_count()
+    pg_before, load_before = cluster.cpu_seconds(settle_to=idle_children), children_cpu_seconds()
     out = subprocess.run(
         ["pgbench", "-h", cluster.root, "-p", str(cluster.port), "-U", "postgres", "-n", "-M", "prepared",
          "-c", str(connections), "-j", str(min(2, connections)), "-T", str(seconds), "-f", script,
          "--log", "--log-prefix", os.path.join(logdir, "tx"), db],
         capture_output=True, text=True, check=True).stdout
-    pg_cpu, load_cpu = cluster.cpu_seconds() - pg_before, children_cpu_seconds() - load_before
+    pg_cpu = cluster.cpu_seconds(settle_to=idle_children) - pg_before
+    load_cpu = children_cpu_seconds() - load_before
     rows = int(cluster.psql(db, count)) - rows_before
     latencies = []
     for name in os.listdir(logdir):
@@ -397,12 +410,13 @@ def ingest(cluster, binaries, jwks_url, bodies, workdir, connections, seconds, p
     receiver = Receiver(binaries["siwa-receiver"], cluster.url("ingest"), jwks_url, connections)
     before = cluster.count("ingest")
     receiver_before = process_cpu_seconds(receiver.process.pid)
-    pg_before, wrk_before = cluster.cpu_seconds(), children_cpu_seconds()
+    connected = cluster.child_count()
+    pg_before, wrk_before = cluster.cpu_seconds(settle_to=connected), children_cpu_seconds()
     started = time.monotonic()
     result = run_wrk(receiver.url, connections, seconds, bodies, workdir)
     elapsed = time.monotonic() - started
     receiver_cpu = process_cpu_seconds(receiver.process.pid) - receiver_before
-    pg_cpu, wrk_cpu = cluster.cpu_seconds() - pg_before, children_cpu_seconds() - wrk_before
+    pg_cpu, wrk_cpu = cluster.cpu_seconds(settle_to=connected) - pg_before, children_cpu_seconds() - wrk_before
     rows = cluster.count("ingest") - before
     result["rows"] = rows
     result["rows_per_second"] = rows / elapsed
@@ -443,14 +457,16 @@ def drain(cluster, binaries, workers, events=100_000):
     cluster.psql(db, "VACUUM ANALYZE siwa.notifications")
     cluster.psql(db, "VACUUM ANALYZE siwa.sessions")
     applied_before = int(cluster.psql(db, "SELECT count(*) FROM siwa.notifications WHERE state <> 'pending'"))
-    pg_before, worker_before = cluster.cpu_seconds(), children_cpu_seconds()
+    idle_children = cluster.child_count()
+    pg_before, worker_before = cluster.cpu_seconds(settle_to=idle_children), children_cpu_seconds()
     started = time.monotonic()
     subprocess.run(
         [binaries["siwa-worker"], "--database-url", cluster.url(db), "--once", "--concurrency", str(workers),
          "--log-level", "error"],
         check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     elapsed = time.monotonic() - started
-    pg_cpu, worker_cpu = cluster.cpu_seconds() - pg_before, children_cpu_seconds() - worker_before
+    pg_cpu = cluster.cpu_seconds(settle_to=idle_children) - pg_before
+    worker_cpu = children_cpu_seconds() - worker_before
     remaining = int(cluster.psql(db, "SELECT count(*) FROM siwa.notifications WHERE state = 'pending'"))
     applied = int(cluster.psql(db, "SELECT count(*) FROM siwa.notifications WHERE state <> 'pending'")) \
         - applied_before
