@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """make bench: measures, side by side in one run on this machine,
 
-  - the database's ceiling: pgbench running the receiver's own INSERT shape, one row per transaction;
+  - two database ceilings, pgbench at the same concurrency, one row per transaction: the "lean" one (a plain
+    `(jti text primary key, payload text)` table, `INSERT … ON CONFLICT DO NOTHING`) and our own table shape
+    (the receiver's INSERT into siwa.notifications);
   - the receiver: wrk posting distinct pre-signed Apple-shaped notifications (rows counted in the database);
   - the worker: how fast one and two workers drain 100k queued notifications;
   - idle end-to-end latency, receive → applied;
 
-and prints a table with ratios. Everything runs against a throwaway PostgreSQL cluster (fsync on) and
+and prints a table with ratios and the CPU each process spent per notification, read from /proc (utime +
+stime of the receiver, of every process of the PostgreSQL cluster, of the load generator and of the worker,
+sampled just before and just after each measured window, divided by the rows stored or events applied in it). Everything runs against a throwaway PostgreSQL cluster (fsync on) and
 only on loopback. Standard library only.
 """
 
@@ -15,6 +19,7 @@ import http.client
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -44,6 +49,47 @@ def binaries_in(build):
         if not os.access(path, os.X_OK):
             sys.exit(f"missing {path}: run `swift build -c release` first (make bench and make drills do)")
     return binaries
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid, children=False):
+    """utime + stime of the process `pid` (all its threads), from /proc/PID/stat, in seconds; with
+    `children`, also cutime + cstime (what its waited-for, exited children spent). 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # The command name (field 2) may hold spaces and parentheses: split after its closing one.
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    # fields[0] is field 3 (state): utime, stime, cutime, cstime are fields 14..17.
+    ticks = int(fields[11]) + int(fields[12])
+    if children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / CLOCK_TICKS
+
+
+def children_of(pid):
+    """The pids whose parent (field 4 of /proc/PID/stat) is `pid`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def children_cpu_seconds():
+    """CPU seconds of this script's waited-for children (resource.getrusage RUSAGE_CHILDREN): the delta
+    around one subprocess.run is that process's own user + system time, however short-lived it is."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def free_port():
@@ -124,6 +170,28 @@ class Cluster:
                     now(), repeat('x', 700), 'applied', 1, now()
                 FROM generate_series(1, {rows_already_stored}) g""")
             self.psql(name, "VACUUM ANALYZE siwa.notifications")
+
+    def postmaster_pid(self):
+        with open(os.path.join(self.data, "postmaster.pid")) as f:
+            return int(f.readline())
+
+    def cpu_seconds(self, settle_to=None):
+        """CPU seconds of the whole cluster so far: the postmaster (with its exited, reaped children's
+        time) and every live child — backends, WAL writer, checkpointer, background writer, autovacuum.
+        With `settle_to`, first waits (up to 10 s) until at most that many children are left, so that the
+        backends of a client that just disconnected have exited and been reaped into the postmaster's
+        cutime: an exiting backend's time would otherwise be missed or land in the next window."""
+        postmaster = self.postmaster_pid()
+        if settle_to is not None:
+            try:
+                wait_until(lambda: len(children_of(postmaster)) <= settle_to, "backends exited", timeout=10)
+            except WaitTimeout:
+                pass  # an autovacuum worker may come and go; sample anyway
+        children = sum(process_cpu_seconds(pid) for pid in children_of(postmaster))
+        return process_cpu_seconds(postmaster, children=True) + children
+
+    def child_count(self):
+        return len(children_of(self.postmaster_pid()))
 
     def count(self, db):
         return int(self.psql(db, "SELECT count(*) FROM siwa.notifications"))
@@ -260,22 +328,40 @@ def run_wrk(url, connections, seconds, bodies, workdir):
     }
 
 
-def run_pgbench(cluster, db, connections, seconds, workdir):
-    token = "x" * 700
+TOKEN = "x" * 700
+
+# The two ceilings, one single-row INSERT per transaction with a random (unique) jti: the lean table, and
+# our own table shape, the receiver's INSERT into siwa.notifications.
+LEAN_TABLE = "CREATE TABLE lean (jti text PRIMARY KEY, payload text)"
+LEAN_INSERT = (f"INSERT INTO lean (jti, payload) VALUES (gen_random_uuid()::text, '{TOKEN}') "
+               "ON CONFLICT (jti) DO NOTHING;\n")
+OWN_INSERT = (
+    "INSERT INTO siwa.notifications (jti, event_type, sub, audience, email, is_private_email, event_time, "
+    "issued_at, expires_at, raw_token) VALUES (gen_random_uuid()::text, 'consent-revoked', "
+    f"'001234.bench', '{AUDIENCE}', NULL, NULL, now(), now(), now() + interval '1 day', '{TOKEN}') "
+    "ON CONFLICT (jti) DO NOTHING;\n")
+
+
+def run_pgbench(cluster, db, connections, seconds, workdir, statement=OWN_INSERT, table="siwa.notifications"):
+    """pgbench running `statement` (one row per transaction) into `table`; with the rows stored, the
+    PostgreSQL and pgbench CPU per transaction (µs, from /proc and the child's rusage)."""
     script = os.path.join(workdir, "insert.sql")
     with open(script, "w") as f:
-        f.write(
-            "INSERT INTO siwa.notifications (jti, event_type, sub, audience, email, is_private_email, event_time, "
-            "issued_at, expires_at, raw_token) VALUES (gen_random_uuid()::text, 'consent-revoked', "
-            f"'001234.bench', '{AUDIENCE}', NULL, NULL, now(), now(), now() + interval '1 day', '{token}') "
-            "ON CONFLICT (jti) DO NOTHING;\n")
+        f.write(statement)
     logdir = tempfile.mkdtemp(dir=workdir)
     os.chmod(logdir, 0o777)
+    count = f"SELECT count(*) FROM {table}"
+    rows_before = int(cluster.psql(db, count))
+    idle_children = cluster.child_count()
+    pg_before, load_before = cluster.cpu_seconds(settle_to=idle_children), children_cpu_seconds()
     out = subprocess.run(
         ["pgbench", "-h", cluster.root, "-p", str(cluster.port), "-U", "postgres", "-n", "-M", "prepared",
          "-c", str(connections), "-j", str(min(2, connections)), "-T", str(seconds), "-f", script,
          "--log", "--log-prefix", os.path.join(logdir, "tx"), db],
         capture_output=True, text=True, check=True).stdout
+    pg_cpu = cluster.cpu_seconds(settle_to=idle_children) - pg_before
+    load_cpu = children_cpu_seconds() - load_before
+    rows = int(cluster.psql(db, count)) - rows_before
     latencies = []
     for name in os.listdir(logdir):
         with open(os.path.join(logdir, name)) as f:
@@ -285,7 +371,14 @@ def run_pgbench(cluster, db, connections, seconds, workdir):
         "transactions_per_second": float(re.search(r"tps = ([\d.]+)", out).group(1)),
         "p50_ms": percentile(latencies, 50),
         "p99_ms": percentile(latencies, 99),
+        "rows": rows,
+        "postgres_us_per_row": per_row_us(pg_cpu, rows),
+        "pgbench_us_per_row": per_row_us(load_cpu, rows),
     }
+
+
+def per_row_us(cpu_seconds, rows):
+    return cpu_seconds * 1e6 / rows if rows else float("nan")
 
 
 def percentile(sorted_values, p):
@@ -295,23 +388,58 @@ def percentile(sorted_values, p):
     return sorted_values[index]
 
 
+def create_lean_database(cluster, rows_already_stored=0):
+    cluster.psql("postgres", "DROP DATABASE IF EXISTS lean")
+    cluster.psql("postgres", "CREATE DATABASE lean")
+    cluster.psql("lean", LEAN_TABLE)
+    if rows_already_stored:
+        log(f"pre-filling lean with {rows_already_stored:,} rows")
+        cluster.psql("lean", f"INSERT INTO lean SELECT 'old-' || g, repeat('x', 700) "
+                             f"FROM generate_series(1, {rows_already_stored}) g")
+        cluster.psql("lean", "VACUUM ANALYZE lean")
+
+
 def ingest(cluster, binaries, jwks_url, bodies, workdir, connections, seconds, prefill=0):
-    """pgbench and the receiver at the same concurrency, each on a fresh database."""
+    """Both pgbench ceilings and the receiver at the same concurrency, each on a fresh database, with the
+    CPU per stored row of the receiver, of PostgreSQL and of wrk over the measured window."""
+    create_lean_database(cluster, prefill)
+    lean = run_pgbench(cluster, "lean", connections, seconds, workdir, LEAN_INSERT, "lean")
     cluster.create_database("ceiling", prefill)
     ceiling = run_pgbench(cluster, "ceiling", connections, seconds, workdir)
     cluster.create_database("ingest", prefill)
     receiver = Receiver(binaries["siwa-receiver"], cluster.url("ingest"), jwks_url, connections)
     before = cluster.count("ingest")
+    receiver_before = process_cpu_seconds(receiver.process.pid)
+    connected = cluster.child_count()
+    pg_before, wrk_before = cluster.cpu_seconds(settle_to=connected), children_cpu_seconds()
     started = time.monotonic()
     result = run_wrk(receiver.url, connections, seconds, bodies, workdir)
     elapsed = time.monotonic() - started
-    result["rows_per_second"] = (cluster.count("ingest") - before) / elapsed
+    receiver_cpu = process_cpu_seconds(receiver.process.pid) - receiver_before
+    pg_cpu, wrk_cpu = cluster.cpu_seconds(settle_to=connected) - pg_before, children_cpu_seconds() - wrk_before
+    rows = cluster.count("ingest") - before
+    with open(bodies) as f:
+        distinct = sum(1 for _ in f)
+    if rows >= distinct:
+        log(f"warning: all {distinct:,} pre-signed notifications were stored, so wrk re-sent duplicates that store "
+            "nothing: rows/s is understated and CPU per row overstated; raise --tokens")
+    result["rows"] = rows
+    result["rows_per_second"] = rows / elapsed
+    result["receiver_us_per_row"] = per_row_us(receiver_cpu, rows)
+    result["postgres_us_per_row"] = per_row_us(pg_cpu, rows)
+    result["wrk_us_per_row"] = per_row_us(wrk_cpu, rows)
     result["peak_rss_mib"] = receiver.peak_rss_kib() / 1024
     receiver.stop()
     result["ceiling_tps"] = ceiling["transactions_per_second"]
     result["ceiling_p50_ms"] = ceiling["p50_ms"]
     result["ceiling_p99_ms"] = ceiling["p99_ms"]
+    result["ceiling_postgres_us_per_row"] = ceiling["postgres_us_per_row"]
     result["ratio"] = result["rows_per_second"] / ceiling["transactions_per_second"]
+    result["lean_tps"] = lean["transactions_per_second"]
+    result["lean_p50_ms"] = lean["p50_ms"]
+    result["lean_p99_ms"] = lean["p99_ms"]
+    result["lean_postgres_us_per_row"] = lean["postgres_us_per_row"]
+    result["lean_ratio"] = result["rows_per_second"] / lean["transactions_per_second"]
     return result
 
 
@@ -333,14 +461,23 @@ def drain(cluster, binaries, workers, events=100_000):
     # never-analysed table does not have that problem; autovacuum analyses it as it fills).
     cluster.psql(db, "VACUUM ANALYZE siwa.notifications")
     cluster.psql(db, "VACUUM ANALYZE siwa.sessions")
+    applied_before = int(cluster.psql(db, "SELECT count(*) FROM siwa.notifications WHERE state <> 'pending'"))
+    idle_children = cluster.child_count()
+    pg_before, worker_before = cluster.cpu_seconds(settle_to=idle_children), children_cpu_seconds()
     started = time.monotonic()
     subprocess.run(
         [binaries["siwa-worker"], "--database-url", cluster.url(db), "--once", "--concurrency", str(workers),
          "--log-level", "error"],
         check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     elapsed = time.monotonic() - started
+    pg_cpu = cluster.cpu_seconds(settle_to=idle_children) - pg_before
+    worker_cpu = children_cpu_seconds() - worker_before
     remaining = int(cluster.psql(db, "SELECT count(*) FROM siwa.notifications WHERE state = 'pending'"))
-    return {"events": events, "seconds": elapsed, "events_per_second": events / elapsed, "left_pending": remaining}
+    applied = int(cluster.psql(db, "SELECT count(*) FROM siwa.notifications WHERE state <> 'pending'")) \
+        - applied_before
+    return {"events": events, "seconds": elapsed, "events_per_second": events / elapsed, "left_pending": remaining,
+            "applied": applied, "worker_us_per_event": per_row_us(worker_cpu, applied),
+            "postgres_us_per_event": per_row_us(pg_cpu, applied)}
 
 
 def idle_latency(cluster, binaries, jwks_url, bodies, count=200):
@@ -380,7 +517,9 @@ def main():
     parser.add_argument("--seconds", type=int, default=8, help="duration of each load run")
     parser.add_argument("--tokens", type=int, default=60000, help="distinct pre-signed notifications")
     parser.add_argument("--sweep", default="1,8,64,256", help="connection counts for the sweep")
-    parser.add_argument("--prefill", type=int, default=1_000_000, help="rows already stored for the table-size run")
+    parser.add_argument("--prefill-rows", "--prefill", dest="prefill", type=int, default=1_000_000,
+                        help="rows already stored for the table-size run (not with --quick; 0 skips it), "
+                             "e.g. 10000000 for the 10-million-row measurement")
     parser.add_argument("--quick", action="store_true", help="only the 64-connection runs (no sweep, no prefill)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
@@ -436,18 +575,29 @@ def main():
 
 def print_table(results):
     print()
-    print("Ingest: receiver (wrk, distinct pre-signed notifications) vs. ceiling (pgbench, same INSERT, 1 row/txn)")
-    print(f"{'connections':>22} {'ceiling tx/s':>13} {'receiver rows/s':>16} {'ratio':>6} "
-          f"{'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>8} {'peak RSS MiB':>13}")
+    print("Ingest: receiver (wrk, distinct pre-signed notifications) vs. two ceilings (pgbench, 1 row/txn):")
+    print("  lean = plain (jti text primary key, payload text) table; own = the receiver's INSERT into "
+          "siwa.notifications")
+    print(f"{'connections':>22} {'lean tx/s':>10} {'own tx/s':>9} {'receiver rows/s':>16} {'vs lean':>8} "
+          f"{'vs own':>7} {'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>8} {'peak RSS MiB':>13}")
     for name, r in results["ingest"].items():
-        print(f"{name:>22} {r['ceiling_tps']:>13.0f} {r['rows_per_second']:>16.0f} {r['ratio']:>6.2f} "
-              f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['non_2xx'] + r['socket_errors']:>8} "
-              f"{r['peak_rss_mib']:>13.1f}")
+        print(f"{name:>22} {r['lean_tps']:>10.0f} {r['ceiling_tps']:>9.0f} {r['rows_per_second']:>16.0f} "
+              f"{r['lean_ratio']:>8.2f} {r['ratio']:>7.2f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+              f"{r['non_2xx'] + r['socket_errors']:>8} {r['peak_rss_mib']:>13.1f}")
     print()
-    print("Worker drain (100k queued events)")
+    print("CPU per stored notification, µs (/proc utime+stime over the measured window ÷ rows stored in it)")
+    print(f"{'connections':>22} {'receiver':>9} {'PostgreSQL':>11} {'wrk':>7} {'PG lean ceiling':>16} "
+          f"{'PG own ceiling':>15}")
+    for name, r in results["ingest"].items():
+        print(f"{name:>22} {r['receiver_us_per_row']:>9.1f} {r['postgres_us_per_row']:>11.1f} "
+              f"{r['wrk_us_per_row']:>7.1f} {r['lean_postgres_us_per_row']:>16.1f} "
+              f"{r['ceiling_postgres_us_per_row']:>15.1f}")
+    print()
+    print("Worker drain (100k queued events; CPU µs per applied event from /proc and the worker's rusage)")
     for workers, r in results["drain"].items():
         print(f"{workers:>3} worker(s): {r['events_per_second']:>9.0f} events/s  ({r['seconds']:.1f} s, "
-              f"{r['left_pending']} left pending)")
+              f"{r['left_pending']} left pending)  worker {r['worker_us_per_event']:.1f} µs/event, "
+              f"PostgreSQL {r['postgres_us_per_event']:.1f} µs/event")
     print()
     idle = results["idle"]
     print("Idle end-to-end latency (200 notifications, one at a time)")
@@ -458,6 +608,12 @@ def print_table(results):
     r64 = results["ingest"].get("64")
     if r64:
         targets += [("receiver ingest ≥ 1.0× ceiling at 64 connections", r64["ratio"] >= 1.0, f"{r64['ratio']:.2f}×"),
+                    ("receiver ingest ≥ 1.5× lean ceiling at 64 connections", r64["lean_ratio"] >= 1.5,
+                     f"{r64['lean_ratio']:.2f}×"),
+                    ("receiver CPU ≤ 60 µs per notification", r64["receiver_us_per_row"] <= 60,
+                     f"{r64['receiver_us_per_row']:.1f} µs"),
+                    ("PostgreSQL CPU ≤ 35 µs per notification", r64["postgres_us_per_row"] <= 35,
+                     f"{r64['postgres_us_per_row']:.1f} µs"),
                     ("no non-2xx answers at 64 connections", r64["non_2xx"] + r64["socket_errors"] == 0,
                      str(r64["non_2xx"] + r64["socket_errors"])),
                     ("p99 ≤ 20 ms at 64 connections", r64["p99_ms"] <= 20, f"{r64['p99_ms']:.2f} ms"),
