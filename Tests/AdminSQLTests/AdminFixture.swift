@@ -81,6 +81,20 @@ func sqlState(_ body: () throws -> Void) -> String? {
 /// insufficient_privilege.
 let permissionDenied = "42501"
 
+/// Replaces the admins' hook `siwa.on_event` with one whose PL/pgSQL body is `body`, written the way an
+/// admin writes it today: no `SET` clause of its own.
+func replaceHook(on connection: PostgresConnection, body: String) throws {
+    try connection.simpleQuery(
+        """
+        CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
+                                                 email text, jti text)
+        RETURNS void LANGUAGE plpgsql AS $$
+        BEGIN
+        \(body)
+        END $$;
+        """)
+}
+
 /// Stores a notification exactly as siwa-receiver does (its `NotificationStore`), connected as `role`.
 @discardableResult
 func storeAsReceiver(

@@ -49,15 +49,11 @@ struct ErasureTests {
         let owner = try database.connectAsOwner()
         defer { owner.close() }
         // The app already deleted the user: its hook raises for every later event of that user.
-        try owner.simpleQuery(
-            """
-            CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
-                                                     email text, jti text)
-            RETURNS void LANGUAGE plpgsql AS $$
-            BEGIN
+        try replaceHook(
+            on: owner,
+            body: """
                 IF event_type LIKE 'email-%' THEN RAISE EXCEPTION 'app user % is gone', sub; END IF;
-            END $$;
-            """)
+                """)
         let address = "ida.late@privaterelay.appleid.com"
         try storeAsReceiver(
             database, jti: "late-email", sub: "001000.ida", eventType: "email-disabled", email: address)
@@ -87,15 +83,11 @@ struct ErasureTests {
         let database = try AdminDatabase.make()
         let owner = try database.connectAsOwner()
         defer { owner.close() }
-        try owner.simpleQuery(
-            """
-            CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
-                                                     email text, jti text)
-            RETURNS void LANGUAGE plpgsql AS $$
-            BEGIN
+        try replaceHook(
+            on: owner,
+            body: """
                 IF event_type LIKE 'email-%' THEN RAISE EXCEPTION 'app user % is gone', sub; END IF;
-            END $$;
-            """)
+                """)
         try storeAsReceiver(
             database, jti: "late-email", sub: "001000.ida", eventType: "email-enabled",
             email: "ida@privaterelay.appleid.com")
@@ -120,19 +112,15 @@ struct ErasureTests {
         let database = try AdminDatabase.make()
         let owner = try database.connectAsOwner()
         defer { owner.close() }
-        try owner.simpleQuery(
-            """
-            CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
-                                                     email text, jti text)
-            RETURNS void LANGUAGE plpgsql AS $$
-            BEGIN
+        try replaceHook(
+            on: owner,
+            body: """
                 IF event_type = 'email-enabled' THEN
                     PERFORM split_part(email, '@', 1)::integer;  -- invalid input syntax: "john.doe"
                 ELSIF event_type = 'email-disabled' THEN
                     RAISE EXCEPTION 'no app user with address % (%)', email, quote_literal(sub);
                 END IF;
-            END $$;
-            """)
+                """)
         try storeAsReceiver(
             database, jti: "cast", sub: "001000.john", eventType: "email-enabled",
             email: "john.doe@example.com")
@@ -194,15 +182,11 @@ struct ErasureTests {
         let database = try AdminDatabase.make()
         let owner = try database.connectAsOwner()
         defer { owner.close() }
-        try owner.simpleQuery(
-            """
-            CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
-                                                     email text, jti text)
-            RETURNS void LANGUAGE plpgsql AS $$
-            BEGIN
+        try replaceHook(
+            on: owner,
+            body: """
                 IF event_type = 'consent-revoked' THEN RAISE EXCEPTION 'Jane Roe has no sessions'; END IF;
-            END $$;
-            """)
+                """)
         try storeAsReceiver(database, jti: "dead-one", sub: "001000.jane", eventType: "consent-revoked")
         #expect(try workerPass(database, maxAttempts: 1) == ["dead"])
         #expect(try history(database, jti: "dead-one").lastError == "P0001: Jane Roe has no sessions")
@@ -275,12 +259,11 @@ struct ErasureTests {
         let database = try AdminDatabase.make()
         let owner = try database.connectAsOwner()
         defer { owner.close() }
-        try owner.simpleQuery(
-            """
-            CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
-                                                     email text, jti text)
-            RETURNS void LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused'; END $$;
-            """)
+        try replaceHook(
+            on: owner,
+            body: """
+                RAISE EXCEPTION 'refused';
+                """)
         try storeAsReceiver(database, jti: "dead-old", sub: "001000.ned")
         #expect(try workerPass(database, maxAttempts: 1) == ["dead"])
         try owner.query("UPDATE siwa.notifications SET received_at = now() - interval '40 days'")
