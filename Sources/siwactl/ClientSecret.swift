@@ -10,7 +10,8 @@ enum ClientSecretVerb {
         abstract: """
             Print the client_secret JWT for Apple's token and revoke endpoints, signed (ES256) with the
             P-256 key of your AuthKey_KEYID.p8. It expires after --days (Apple allows at most about 6
-            months). Check one later with 'siwactl client-secret check TOKEN'.
+            months). Check one later with 'siwactl client-secret check TOKEN', and the key
+            with 'siwactl client-secret check-key'.
             """,
         options: [
             CommandOption(

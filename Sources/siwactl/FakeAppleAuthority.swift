@@ -302,7 +302,14 @@ final class FakeAppleAuthority: Sendable {
             nonce: object["nonce"] as? String, redirectURI: object["redirect_uri"] as? String,
             authTime: Int64(Date().timeIntervalSince1970))
         let code = "c" + randomToken() + ".0.fake"
-        state.withLock { $0.codes[code] = (grant, Date(), false) }
+        let now = Date()
+        state.withLock { state in
+            // Forget codes long past their lifetime, so a long-running fake does not grow without bound.
+            state.codes = state.codes.filter {
+                now.timeIntervalSince($0.value.issuedAt) <= 2 * settings.codeLifetime + 60
+            }
+            state.codes[code] = (grant, now, false)
+        }
         return answer(["code": code, "id_token": idToken(grant, now: Date(), includeNonce: true)])
     }
 

@@ -72,6 +72,19 @@ struct AppleIDClientTests {
         #expect(try web.exchange(code: code).refreshToken != nil)
     }
 
+    @Test("a web sign-in's code needs its redirect_uri again; a wrong one does not consume it")
+    func redirectURI() throws {
+        let apple = try LocalApple()
+        let client = try apple.client()
+        let code = try apple.authorize(sub: "001.web", redirectURI: "https://example.com/callback").code
+        #expect(appleError { _ = try client.exchange(code: code) }?.code == .invalidGrant)
+        #expect(
+            appleError { _ = try client.exchange(code: code, redirectURI: "https://evil.example/cb") }?.code
+                == .invalidGrant)
+        #expect(
+            try client.exchange(code: code, redirectURI: "https://example.com/callback").refreshToken != nil)
+    }
+
     @Test("refresh works until revoked; revoking sends consent-revoked that a receiver verifies and stores")
     func refreshAndRevoke() throws {
         // The receiver trusts the fake's own /auth/keys, and the fake notifies the receiver.

@@ -87,10 +87,12 @@ final class LocalApple {
     var log: String { (try? String(contentsOf: errorLog, encoding: .utf8)) ?? "" }
 
     /// `siwactl fake-apple authorize`: a fresh code and id_token for a test user.
-    func authorize(sub: String, email: String? = nil, nonce: String? = nil, clientID: String? = nil)
-        throws -> (code: String, idToken: String)
-    {
+    func authorize(
+        sub: String, email: String? = nil, nonce: String? = nil, clientID: String? = nil,
+        redirectURI: String? = nil
+    ) throws -> (code: String, idToken: String) {
         var arguments = ["fake-apple", "authorize", "--url", baseURL, "--sub", sub]
+        if let redirectURI { arguments += ["--redirect-uri", redirectURI] }
         if let email { arguments += ["--email", email] }
         if let nonce { arguments += ["--nonce", nonce] }
         if let clientID { arguments += ["--client-id", clientID] }
