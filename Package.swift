@@ -35,6 +35,8 @@ let package = Package(
         // Outbound HTTP (key sets, and later Apple's token endpoints and webhooks): libcurl under a policy.
         .target(name: "HTTPClient", dependencies: ["CCurl", "CCurlShim"]),
         .target(name: "ServiceSupport"),
+        // Apple's Sign in with Apple REST API (/auth/token, /auth/revoke) on HTTPClient.
+        .target(name: "AppleID", dependencies: ["AppleNotifications", "HTTPClient", "ServiceSupport"]),
         .target(
             name: "Receiver",
             dependencies: ["AppleNotifications", "HTTPClient", "Postgres", "HTTPServer", "ServiceSupport"]),
@@ -53,7 +55,8 @@ let package = Package(
         .executableTarget(
             name: "siwactl",
             dependencies: [
-                "AppleNotifications", "Postgres", "ServiceSupport", "HTTPServer", "SiwaSchema", "Receiver",
+                "AppleNotifications", "AppleID", "HTTPClient", "Postgres", "ServiceSupport", "HTTPServer",
+                "SiwaSchema", "Receiver",
             ]),
         .executableTarget(name: "siwa-bench", dependencies: ["AppleNotifications"]),
 
@@ -72,6 +75,7 @@ let package = Package(
         .testTarget(name: "ServiceSupportTests", dependencies: ["ServiceSupport"]),
         .testTarget(name: "AdminSQLTests", dependencies: ["Postgres", "Receiver", "TestSupport"]),
         .testTarget(name: "SiwactlTests", dependencies: ["SiwaSchema", "TestSupport"]),
+        .testTarget(name: "AppleIDTests", dependencies: ["AppleID", "ServiceSupport", "TestSupport"]),
     ]
 )
 

@@ -111,14 +111,7 @@ public final class ClientSecretSigner: @unchecked Sendable {
         guard let loaded = readPEMPrivateKey(privateKeyPEM) else {
             throw ClientSecretError(.badKey, "not an unencrypted PEM private key")
         }
-        var name = [CChar](repeating: 0, count: 64)
-        var length = 0
-        let group: String? =
-            EVP_PKEY_is_a(loaded, "EC") == 1
-                && EVP_PKEY_get_group_name(loaded, &name, name.count, &length) == 1
-            ? String(decoding: name.prefix(length).map { UInt8(bitPattern: $0) }, as: UTF8.self) : nil
-        guard group == "prime256v1" || group == "P-256" else {
-            ERR_clear_error()
+        guard isP256(loaded) else {
             EVP_PKEY_free(loaded)
             throw ClientSecretError(.notP256, "the key is not an EC key on P-256 (ES256)")
         }
@@ -159,7 +152,23 @@ public final class ClientSecretSigner: @unchecked Sendable {
     }
 
     /// Whether `token`'s ES256 signature (raw `r||s`) is valid for this key's public half.
-    public func verifySignature(of token: String) -> Bool {
+    public func verifySignature(of token: String) -> Bool { Self.verifyES256(token, with: pkey) }
+
+    /// The public half as a `PUBLIC KEY` (SubjectPublicKeyInfo) PEM: what Apple holds, safe to share.
+    public var publicKeyPEM: String { writePublicKeyPEM(pkey) ?? "" }
+
+    /// Whether `keyID` has the shape of an Apple key ID: ten upper-case letters or digits (the
+    /// `KEYID` of `AuthKey_KEYID.p8`). Team IDs have the same shape.
+    public static func isWellFormedAppleID(_ keyID: String) -> Bool {
+        keyID.utf8.count == 10
+            && keyID.utf8.allSatisfy {
+                (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains($0)
+                    || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0)
+            }
+    }
+
+    /// Checks an ES256 JWS signature (raw `r||s`) with `pkey`'s public half.
+    static func verifyES256(_ token: String, with pkey: OpaquePointer) -> Bool {
         let parts = token.split(separator: ".", omittingEmptySubsequences: false)
         guard parts.count == 3, let signature = try? Base64URL.decode(parts[2]), signature.count == 64,
             let der = Self.derSignature(raw: signature)
@@ -253,4 +262,74 @@ public final class ClientSecretSigner: @unchecked Sendable {
         }
         return written == length ? Data(der) : nil
     }
+}
+
+/// Checks `client_secret` signatures with the public half of a team's `.p8` key, as Apple does
+/// (used by `siwactl fake-apple`). Holds no secret.
+///
+/// Owns an OpenSSL `EVP_PKEY`, freed in `deinit`; verifying only reads it, so one instance may be shared.
+public final class ClientSecretVerifier: @unchecked Sendable {
+    private let pkey: OpaquePointer
+
+    /// Loads a `PUBLIC KEY` PEM, or the public half of an unencrypted private key PEM; either must be
+    /// on P-256.
+    public init(pem: String) throws(ClientSecretError) {
+        guard let loaded = readPEMPublicKey(pem) ?? readPEMPrivateKey(pem) else {
+            throw ClientSecretError(.badKey, "not a PEM public key or unencrypted private key")
+        }
+        guard isP256(loaded) else {
+            EVP_PKEY_free(loaded)
+            throw ClientSecretError(.notP256, "the key is not an EC key on P-256 (ES256)")
+        }
+        pkey = loaded
+    }
+
+    deinit { EVP_PKEY_free(pkey) }
+
+    /// Whether `token`'s ES256 signature (raw `r||s`) is valid for this key.
+    public func verifySignature(of token: String) -> Bool {
+        ClientSecretSigner.verifyES256(token, with: pkey)
+    }
+
+    /// The key as a `PUBLIC KEY` PEM (for comparing with ``ClientSecretSigner/publicKeyPEM``).
+    public var publicKeyPEM: String { writePublicKeyPEM(pkey) ?? "" }
+}
+
+/// Whether `pkey` is an EC key on P-256.
+private func isP256(_ pkey: OpaquePointer) -> Bool {
+    var name = [CChar](repeating: 0, count: 64)
+    var length = 0
+    let group: String? =
+        EVP_PKEY_is_a(pkey, "EC") == 1 && EVP_PKEY_get_group_name(pkey, &name, name.count, &length) == 1
+        ? String(decoding: name.prefix(length).map { UInt8(bitPattern: $0) }, as: UTF8.self) : nil
+    ERR_clear_error()
+    return group == "prime256v1" || group == "P-256"
+}
+
+/// A `PUBLIC KEY` PEM, or nil.
+private func readPEMPublicKey(_ pem: String) -> OpaquePointer? {
+    let bytes = Array(pem.utf8)
+    let loaded: OpaquePointer? = bytes.withUnsafeBytes { buffer in
+        guard let bio = BIO_new_mem_buf(buffer.baseAddress, Int32(buffer.count)) else { return nil }
+        defer { BIO_free(bio) }
+        return PEM_read_bio_PUBKEY(bio, nil, { _, _, _, _ in -1 }, nil)
+    }
+    if loaded == nil { ERR_clear_error() }
+    return loaded
+}
+
+/// `pkey`'s public half as SubjectPublicKeyInfo PEM.
+private func writePublicKeyPEM(_ pkey: OpaquePointer) -> String? {
+    guard let bio = BIO_new(BIO_s_mem()) else { return nil }
+    defer { BIO_free(bio) }
+    guard PEM_write_bio_PUBKEY(bio, pkey) == 1 else {
+        ERR_clear_error()
+        return nil
+    }
+    var pointer: UnsafeMutablePointer<CChar>?
+    let length = siwa_bio_get_mem_data(bio, &pointer)
+    guard length > 0, let pointer else { return nil }
+    return String(
+        decoding: UnsafeRawBufferPointer(start: pointer, count: Int(length)).bindMemory(to: UInt8.self),
+        as: UTF8.self)
 }

@@ -10,16 +10,22 @@ enum ClientSecretVerb {
         abstract: """
             Print the client_secret JWT for Apple's token and revoke endpoints, signed (ES256) with the
             P-256 key of your AuthKey_KEYID.p8. It expires after --days (Apple allows at most about 6
-            months). Check one later with 'siwactl client-secret check TOKEN'.
+            months). Check one later with 'siwactl client-secret check TOKEN', and the key
+            with 'siwactl client-secret check-key'.
             """,
         options: [
-            CommandOption("team-id", valueName: "T", help: "Your Apple team ID (iss).", isRequired: true),
-            CommandOption("key-id", valueName: "K", help: "The key's ID (kid).", isRequired: true),
+            CommandOption(
+                "team-id", valueName: "T", help: "Your Apple team ID (iss).", isRequired: true,
+                environmentVariable: "SIWA_APPLE_TEAM_ID"),
+            CommandOption(
+                "key-id", valueName: "K", help: "The key's ID (kid).", isRequired: true,
+                environmentVariable: "SIWA_APPLE_KEY_ID"),
             CommandOption(
                 "client-id", valueName: "C", help: "The client ID: bundle ID or Services ID (sub).",
                 isRequired: true),
             CommandOption(
-                "key", valueName: "P8", help: "The private key file (PKCS#8 PEM).", isRequired: true),
+                "key", valueName: "P8", help: "The private key file (PKCS#8 PEM).", isRequired: true,
+                environmentVariable: "SIWA_APPLE_KEY_FILE"),
             CommandOption(
                 "days", valueName: "N", help: "Lifetime in days, 1 to 180.", defaultValue: "180"),
         ])
@@ -39,10 +45,40 @@ enum ClientSecretVerb {
         ],
         positionals: [CommandPositional("TOKEN", help: "The client_secret, or '-' to read it from stdin.")])
 
+    static let checkKeySpec = CommandSpec(
+        name: "siwactl client-secret check-key",
+        abstract: """
+            Check the .p8 key the service signs client secrets with: readable by its owner only, an
+            unencrypted P-256 private key, a well-formed key ID (ten upper-case letters or digits, as in
+            AuthKey_KEYID.p8) and team ID, and, with --public-key, the public half Apple (or fake-apple)
+            holds. Prints one verdict line per check (ok, warn, FAIL; never key material). Exit status 0
+            when nothing failed, 1 when a check failed, 2 on a usage error.
+            """,
+        options: [
+            CommandOption(
+                "key", valueName: "P8", help: "The private key file.", isRequired: true,
+                environmentVariable: "SIWA_APPLE_KEY_FILE"),
+            CommandOption(
+                "key-id", valueName: "K", help: "The key ID the service sends as kid.",
+                environmentVariable: "SIWA_APPLE_KEY_ID"),
+            CommandOption(
+                "team-id", valueName: "T", help: "The team ID the service sends as iss.",
+                environmentVariable: "SIWA_APPLE_TEAM_ID"),
+            CommandOption(
+                "public-key", valueName: "PEM", help: "The public key the key must match (PUBLIC KEY PEM)."),
+        ])
+
     static let verb = Verb(
         name: "client-secret", abstract: "Make or check the client_secret for Apple's token API."
     ) {
         arguments, environment in
+        if arguments.first == "check-key" {
+            switch parse(checkKeySpec, Array(arguments.dropFirst()), environment) {
+            case .failure(let exit): return exit.status
+            case .success(let parsed):
+                return checkKey(parsed) ? ExitStatus.success : ExitStatus.failure
+            }
+        }
         if arguments.first == "check" {
             switch parse(checkSpec, Array(arguments.dropFirst()), environment) {
             case .failure(let exit): return exit.status
@@ -130,5 +166,101 @@ enum ClientSecretVerb {
             }
         }
         if !problems.isEmpty { throw ToolFailure(problems.joined(separator: "; ")) }
+    }
+
+    /// Runs the .p8 checks, printing a verdict per check; true when none failed.
+    static func checkKey(_ parsed: ParsedCommand) -> Bool {
+        let path = parsed.value("key")!
+        var failures = 0
+        func verdict(_ level: String, _ text: String) {
+            if level == "FAIL" { failures += 1 }
+            writeStandardOutput("\(level): \(text)\n")
+        }
+        defer {
+            writeStandardOutput(
+                failures == 0
+                    ? "verdict: ok\n"
+                    : "verdict: FAIL (\(failures) check\(failures == 1 ? "" : "s") failed)\n")
+        }
+        var info = stat()
+        guard stat(path, &info) == 0 else {
+            verdict("FAIL", "cannot stat \(path) (\(String(cString: strerror(errno))))")
+            return false
+        }
+        guard info.st_mode & S_IFMT == S_IFREG else {
+            verdict("FAIL", "\(path) is not a regular file")
+            return false
+        }
+        let mode = info.st_mode & 0o777
+        if mode & 0o077 != 0 {
+            verdict(
+                "FAIL",
+                "mode \(String(mode, radix: 8)) lets group or others \(mode & 0o044 != 0 ? "read" : "use") the key; chmod 600 \(path)"
+            )
+        } else {
+            verdict("ok", "mode \(String(mode, radix: 8)): only its owner may read it")
+        }
+        if info.st_uid != geteuid() {
+            verdict(
+                "warn",
+                "owned by uid \(info.st_uid), not by the user running this check (uid \(geteuid())); run it as the service's user"
+            )
+        }
+        let signer: ClientSecretSigner
+        do {
+            signer = try ClientSecretSigner(privateKeyPEM: try readText(path: path))
+            verdict("ok", "an unencrypted P-256 (ES256) private key")
+        } catch let error as ClientSecretError {
+            verdict(
+                "FAIL",
+                error.code == .notP256 ? "not a P-256 key: Apple's .p8 keys are EC P-256" : "\(error.detail)")
+            return false
+        } catch {
+            verdict("FAIL", "\(error)")
+            return false
+        }
+        let fileName = URL(fileURLWithPath: path).lastPathComponent
+        var nameKeyID: String?
+        if fileName.hasPrefix("AuthKey_"), fileName.hasSuffix(".p8") {
+            nameKeyID = String(fileName.dropFirst("AuthKey_".count).dropLast(".p8".count))
+        }
+        if let keyID = parsed.value("key-id") {
+            if ClientSecretSigner.isWellFormedAppleID(keyID) {
+                verdict("ok", "key ID \(keyID) is well formed")
+            } else {
+                verdict("FAIL", "key ID '\(keyID)' is not ten upper-case letters or digits")
+            }
+            if let nameKeyID, nameKeyID != keyID {
+                verdict("warn", "the file name says key ID \(nameKeyID), but --key-id is \(keyID)")
+            }
+        } else if let nameKeyID {
+            verdict(
+                ClientSecretSigner.isWellFormedAppleID(nameKeyID) ? "ok" : "warn",
+                "key ID from the file name: \(nameKeyID)\(ClientSecretSigner.isWellFormedAppleID(nameKeyID) ? "" : " (not ten upper-case letters or digits)")"
+            )
+        } else {
+            verdict(
+                "warn", "no --key-id and the file is not named AuthKey_KEYID.p8: the key ID was not checked")
+        }
+        if let teamID = parsed.value("team-id") {
+            if ClientSecretSigner.isWellFormedAppleID(teamID) {
+                verdict("ok", "team ID \(teamID) is well formed")
+            } else {
+                verdict("FAIL", "team ID '\(teamID)' is not ten upper-case letters or digits")
+            }
+        }
+        if let publicPath = parsed.value("public-key") {
+            do {
+                let expected = try ClientSecretVerifier(pem: try readText(path: publicPath))
+                if expected.publicKeyPEM == signer.publicKeyPEM {
+                    verdict("ok", "matches the public key in \(publicPath)")
+                } else {
+                    verdict("FAIL", "does not match the public key in \(publicPath)")
+                }
+            } catch {
+                verdict("FAIL", "\(publicPath): \(error)")
+            }
+        }
+        return failures == 0
     }
 }

@@ -12,13 +12,15 @@ final class FakeApple {
     let errorLog: URL
     private let directory: URL
 
-    init(keys: URL) throws {
+    init(keys: URL, extra: [String] = [], environment: [String: String] = [:]) throws {
         let directory = try scratchDirectory()
         let output = directory.appendingPathComponent("stdout")
         let errorLog = directory.appendingPathComponent("stderr")
         let process = try Subprocess(
             ExecutableLocator.url(named: "siwactl").path,
-            ["fake-apple", "--listen", "127.0.0.1:0", "--keys", keys.path],
+            ["fake-apple", "--listen", "127.0.0.1:0", "--keys", keys.path] + extra,
+            environment: ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") }
+                .merging(environment) { $1 },
             standardOutput: output.path, standardError: errorLog.path)
         var printed: String?
         _ = waitUntil {

@@ -1,0 +1,420 @@
+import AppleNotifications
+import Foundation
+import HTTPClient
+import HTTPServer
+import ServiceSupport
+import Synchronization
+
+/// The token side of `siwactl fake-apple`: `/auth/token`, `/auth/revoke` and the test-only
+/// `/fake/authorize` and `/fake/faults`, with Apple's answers, kept in memory.
+///
+/// Behaves as Apple documents and as observed: client secrets are checked (ES256 signature with the
+/// team's key, `kid`, `iss`, `sub` = `client_id`, `aud`, `iat`/`exp` at most six months apart, not
+/// expired); errors are `{"error":"…"}` with status 400; authorization codes are single-use and
+/// expire after five minutes; refresh tokens stay valid until revoked; `/auth/revoke` answers 200
+/// even for unknown tokens, and when it revoked a real one, POSTs a signed `consent-revoked`
+/// notification to the configured URL.
+final class FakeAppleAuthority: Sendable {
+    /// The team and clients Apple knows, and where it sends notifications.
+    struct Settings: Sendable {
+        var teamID: String
+        var keyID: String
+        var clientIDs: [String]
+        var teamKey: ClientSecretVerifier
+        var notifyURL: String?
+        var codeLifetime: TimeInterval = 300
+    }
+
+    /// Failures on demand: for the next `remaining` calls (nil: all) to `endpoints`, wait `delay`, then
+    /// answer `failWith` (an OAuth error word, or an HTTP status) instead of the real answer.
+    struct FaultPlan: Sendable, Equatable {
+        var failWith: String?
+        var delay: Duration = .zero
+        var remaining: Int?
+        var endpoints: Set<String> = ["token", "revoke"]
+
+        static let errorWords: Set<String> = [
+            "invalid_grant", "invalid_client", "invalid_request", "unsupported_grant_type",
+            "unauthorized_client", "invalid_scope",
+        ]
+
+        /// Whether `failWith` is an error word or a status 429 / 500–599.
+        static func isValid(failWith: String) -> Bool {
+            if errorWords.contains(failWith) { return true }
+            guard let status = Int(failWith) else { return false }
+            return status == 429 || (500...599).contains(status)
+        }
+    }
+
+    /// What a user granted to one client.
+    private struct Grant: Sendable {
+        var sub: String
+        var email: String?
+        var isPrivateEmail: Bool
+        var realUserStatus: Int
+        var clientID: String
+        var nonce: String?
+        var redirectURI: String?
+        var authTime: Int64
+    }
+
+    private struct State: Sendable {
+        var codes: [String: (grant: Grant, issuedAt: Date, used: Bool)] = [:]
+        /// Refresh token → grant; removed when revoked.
+        var refreshTokens: [String: Grant] = [:]
+        /// Access token → its refresh token.
+        var accessTokens: [String: String] = [:]
+        var fault: FaultPlan?
+    }
+
+    let settings: Settings?
+    let signer: NotificationSigner
+    private let state = Mutex(State())
+    private let log: @Sendable (String) -> Void
+
+    init(
+        settings: Settings?, signer: NotificationSigner, fault: FaultPlan?,
+        log: @escaping @Sendable (String) -> Void
+    ) {
+        self.settings = settings
+        self.signer = signer
+        self.log = log
+        state.withLock { $0.fault = fault }
+    }
+
+    /// The answer for the paths this owns, or nil.
+    func handle(_ request: HTTPRequest) -> HTTPResponse? {
+        switch request.path {
+        case "/auth/token", "/auth/revoke", "/fake/authorize", "/fake/faults": break
+        default: return nil
+        }
+        guard request.method == "POST" else { return .error(status: 405, "method not allowed") }
+        guard let settings else {
+            return .error(
+                status: 404,
+                "token endpoints not configured (give --team-id, --key-id, --team-key, --client-id)")
+        }
+        switch request.path {
+        case "/fake/authorize": return authorize(request, settings)
+        case "/fake/faults": return setFaults(request)
+        default: break
+        }
+        let endpoint = request.path == "/auth/token" ? "token" : "revoke"
+        if let fault = takeFault(endpoint: endpoint) {
+            if fault.delay > .zero { Thread.sleep(forTimeInterval: fault.delay.inSeconds) }
+            if let failWith = fault.failWith {
+                log("\(request.path): failing on demand with \(failWith)")
+                if let status = Int(failWith) { return .error(status: status, "server_error") }
+                return .error(status: 400, failWith)
+            }
+        }
+        guard let form = parseForm(request) else { return .error(status: 400, "invalid_request") }
+        return endpoint == "token" ? token(form, settings) : revoke(form, settings)
+    }
+
+    // MARK: - /auth/token
+
+    private func token(_ form: [String: String], _ settings: Settings) -> HTTPResponse {
+        guard let clientID = form["client_id"], let secret = form["client_secret"],
+            let grantType = form["grant_type"]
+        else { return .error(status: 400, "invalid_request") }
+        if let refusal = authenticate(clientID: clientID, secret: secret, settings) {
+            log("/auth/token: invalid_client (\(refusal))")
+            return .error(status: 400, "invalid_client")
+        }
+        let now = Date()
+        switch grantType {
+        case "authorization_code":
+            guard let code = form["code"], !code.isEmpty else {
+                return .error(status: 400, "invalid_request")
+            }
+            let outcome: Result<(Grant, String, String), ToolFailure> = state.withLock { state in
+                guard let entry = state.codes[code] else { return .failure(ToolFailure("unknown code")) }
+                guard !entry.used else { return .failure(ToolFailure("code already used")) }
+                guard now.timeIntervalSince(entry.issuedAt) <= settings.codeLifetime else {
+                    return .failure(ToolFailure("code expired"))
+                }
+                guard entry.grant.clientID == clientID else {
+                    return .failure(ToolFailure("code issued to another client ID"))
+                }
+                if let expected = entry.grant.redirectURI, form["redirect_uri"] != expected {
+                    return .failure(ToolFailure("redirect_uri does not match the authorization's"))
+                }
+                state.codes[code]!.used = true
+                let refresh = "r" + randomToken()
+                let access = "a" + randomToken()
+                state.refreshTokens[refresh] = entry.grant
+                state.accessTokens[access] = refresh
+                return .success((entry.grant, refresh, access))
+            }
+            switch outcome {
+            case .failure(let why):
+                log("/auth/token: invalid_grant (\(why.description))")
+                return .error(status: 400, "invalid_grant")
+            case .success(let (grant, refresh, access)):
+                return answer(
+                    [
+                        "access_token": access, "token_type": "Bearer", "expires_in": 3600,
+                        "refresh_token": refresh,
+                        "id_token": idToken(grant, now: now, includeNonce: true),
+                    ])
+            }
+        case "refresh_token":
+            guard let refresh = form["refresh_token"], !refresh.isEmpty else {
+                return .error(status: 400, "invalid_request")
+            }
+            let outcome: (Grant, String)? = state.withLock { state in
+                guard let grant = state.refreshTokens[refresh], grant.clientID == clientID else { return nil }
+                let access = "a" + randomToken()
+                state.accessTokens[access] = refresh
+                return (grant, access)
+            }
+            guard let (grant, access) = outcome else {
+                log("/auth/token: invalid_grant (unknown or revoked refresh token)")
+                return .error(status: 400, "invalid_grant")
+            }
+            // As Apple: no new refresh token on a refresh.
+            return answer(
+                [
+                    "access_token": access, "token_type": "Bearer", "expires_in": 3600,
+                    "id_token": idToken(grant, now: now, includeNonce: false),
+                ])
+        default:
+            return .error(status: 400, "unsupported_grant_type")
+        }
+    }
+
+    // MARK: - /auth/revoke
+
+    private func revoke(_ form: [String: String], _ settings: Settings) -> HTTPResponse {
+        guard let clientID = form["client_id"], let secret = form["client_secret"], let token = form["token"],
+            !token.isEmpty
+        else { return .error(status: 400, "invalid_request") }
+        if let hint = form["token_type_hint"], hint != "refresh_token", hint != "access_token" {
+            return .error(status: 400, "invalid_request")
+        }
+        if let refusal = authenticate(clientID: clientID, secret: secret, settings) {
+            log("/auth/revoke: invalid_client (\(refusal))")
+            return .error(status: 400, "invalid_client")
+        }
+        let revoked: Grant? = state.withLock { state in
+            let refresh = state.refreshTokens[token] != nil ? token : state.accessTokens[token]
+            guard let refresh, let grant = state.refreshTokens[refresh], grant.clientID == clientID else {
+                return nil
+            }
+            // The user's consent for this client is gone: every token of theirs for it goes.
+            let gone = Set(
+                state.refreshTokens.filter { $0.value.sub == grant.sub && $0.value.clientID == clientID }.keys
+            )
+            for key in gone { state.refreshTokens[key] = nil }
+            state.accessTokens = state.accessTokens.filter { !gone.contains($0.value) }
+            return grant
+        }
+        guard let revoked else {
+            log("/auth/revoke: unknown token, answered 200 as Apple does")
+            return HTTPResponse(status: 200)
+        }
+        if let url = settings.notifyURL {
+            notify(url: url, sub: revoked.sub, clientID: clientID)
+        } else {
+            log("/auth/revoke: revoked; no --notify-url, so no consent-revoked notification")
+        }
+        return HTTPResponse(status: 200)
+    }
+
+    /// Sends `consent-revoked` as Apple does, a moment after answering, retrying a few times.
+    private func notify(url: String, sub: String, clientID: String) {
+        let token: String
+        let jti = UUID().uuidString.lowercased()
+        do {
+            token = try signer.sign(type: "consent-revoked", subject: sub, audience: clientID, jti: jti)
+        } catch {
+            log("cannot sign consent-revoked: \(error)")
+            return
+        }
+        let body = Array((try? JSONSerialization.data(withJSONObject: ["payload": token])) ?? Data())
+        let log = self.log
+        let thread = Thread {
+            let client = OutboundHTTP.Client(policy: OutboundHTTP.Policy(timeout: .seconds(5)))
+            var wait = 0.2
+            for attempt in 1...5 {
+                Thread.sleep(forTimeInterval: attempt == 1 ? 0.05 : wait)
+                if attempt > 1 { wait *= 2 }
+                do {
+                    let response = try client.perform(
+                        OutboundHTTP.Request(
+                            method: "POST", url: url, headers: [.init("Content-Type", "application/json")],
+                            body: body))
+                    log("consent-revoked jti=\(jti) → \(response.status) (attempt \(attempt))")
+                    if response.status == 200 { return }
+                } catch {
+                    log(
+                        "consent-revoked jti=\(jti) → no answer: \((error as? OutboundHTTP.Error)?.code.rawValue ?? "error") (attempt \(attempt))"
+                    )
+                }
+            }
+            log("consent-revoked jti=\(jti): gave up after 5 attempts")
+        }
+        thread.start()
+    }
+
+    // MARK: - client authentication
+
+    /// Why the client is refused (for the log; Apple says only `invalid_client`), or nil.
+    private func authenticate(clientID: String, secret: String, _ settings: Settings) -> String? {
+        guard settings.clientIDs.contains(clientID) else { return "unknown client_id" }
+        guard let claims = try? ClientSecretClaims(decoding: secret) else {
+            return "client_secret is not a JWT"
+        }
+        guard claims.algorithm == "ES256" else { return "alg is not ES256" }
+        guard claims.keyID == settings.keyID else { return "kid is not the team's key ID" }
+        guard claims.teamID == settings.teamID else { return "iss is not the team ID" }
+        guard claims.clientID == clientID else { return "sub is not the client_id" }
+        guard claims.audience == ClientSecretSigner.audience else {
+            return "aud is not \(ClientSecretSigner.audience)"
+        }
+        let now = Date()
+        guard claims.expiresAt > now else { return "the client secret has expired" }
+        guard claims.issuedAt <= now.addingTimeInterval(60) else { return "iat is in the future" }
+        guard claims.expiresAt.timeIntervalSince(claims.issuedAt) <= ClientSecretSigner.maximumLifetime else {
+            return "exp - iat exceeds six months"
+        }
+        guard settings.teamKey.verifySignature(of: secret) else { return "bad signature for the team's key" }
+        return nil
+    }
+
+    // MARK: - test-only endpoints
+
+    /// `POST /fake/authorize`, JSON `{sub, email?, nonce?, client_id?, is_private_email?,
+    /// real_user_status?, redirect_uri?}`: a fresh authorization code and the id_token the app would get.
+    private func authorize(_ request: HTTPRequest, _ settings: Settings) -> HTTPResponse {
+        guard let object = try? JSONSerialization.jsonObject(with: request.data) as? [String: Any],
+            let sub = object["sub"] as? String, !sub.isEmpty
+        else { return .error(status: 400, "expected a JSON object with sub") }
+        let clientID = (object["client_id"] as? String) ?? settings.clientIDs[0]
+        guard settings.clientIDs.contains(clientID) else { return .error(status: 400, "unknown client_id") }
+        let email = object["email"] as? String
+        let grant = Grant(
+            sub: sub, email: email,
+            isPrivateEmail: (object["is_private_email"] as? Bool)
+                ?? (email?.hasSuffix("@privaterelay.appleid.com") ?? false),
+            realUserStatus: (object["real_user_status"] as? Int) ?? 2, clientID: clientID,
+            nonce: object["nonce"] as? String, redirectURI: object["redirect_uri"] as? String,
+            authTime: Int64(Date().timeIntervalSince1970))
+        let code = "c" + randomToken() + ".0.fake"
+        let now = Date()
+        state.withLock { state in
+            // Forget codes long past their lifetime, so a long-running fake does not grow without bound.
+            state.codes = state.codes.filter {
+                now.timeIntervalSince($0.value.issuedAt) <= 2 * settings.codeLifetime + 60
+            }
+            state.codes[code] = (grant, now, false)
+        }
+        return answer(["code": code, "id_token": idToken(grant, now: Date(), includeNonce: true)])
+    }
+
+    /// `POST /fake/faults`, JSON `{fail_with?, delay_ms?, times?, endpoint?}`; `{}` clears.
+    private func setFaults(_ request: HTTPRequest) -> HTTPResponse {
+        guard let object = try? JSONSerialization.jsonObject(with: request.data) as? [String: Any] else {
+            return .error(status: 400, "expected a JSON object")
+        }
+        var plan = FaultPlan()
+        if let failWith = object["fail_with"] as? String {
+            guard FaultPlan.isValid(failWith: failWith) else { return .error(status: 400, "bad fail_with") }
+            plan.failWith = failWith
+        }
+        if let delay = object["delay_ms"] as? Int {
+            guard (0...600_000).contains(delay) else { return .error(status: 400, "bad delay_ms") }
+            plan.delay = .milliseconds(delay)
+        }
+        if let times = object["times"] as? Int {
+            guard times > 0 else { return .error(status: 400, "bad times") }
+            plan.remaining = times
+        }
+        if let endpoint = object["endpoint"] as? String {
+            switch endpoint {
+            case "token", "revoke": plan.endpoints = [endpoint]
+            case "both": break
+            default: return .error(status: 400, "bad endpoint")
+            }
+        }
+        let active = plan.failWith != nil || plan.delay > .zero
+        state.withLock { $0.fault = active ? plan : nil }
+        log(
+            "faults: \(active ? "\(plan.failWith ?? "no failure"), delay \(plan.delay), times \(plan.remaining.map(String.init) ?? "all"), \(plan.endpoints.sorted().joined(separator: "+"))" : "cleared")"
+        )
+        return HTTPResponse(status: 204)
+    }
+
+    private func takeFault(endpoint: String) -> FaultPlan? {
+        state.withLock { state in
+            guard let plan = state.fault, plan.endpoints.contains(endpoint) else { return nil }
+            if let remaining = plan.remaining {
+                state.fault =
+                    remaining <= 1
+                    ? nil
+                    : {
+                        var next = plan; next.remaining = remaining - 1; return next
+                    }()
+            }
+            return plan
+        }
+    }
+
+    // MARK: - helpers
+
+    private func idToken(_ grant: Grant, now: Date, includeNonce: Bool) -> String {
+        let iat = Int64(now.timeIntervalSince1970)
+        var claims: [String: Any] = [
+            "iss": NotificationVerifier.issuer, "aud": grant.clientID, "sub": grant.sub, "iat": iat,
+            "exp": iat + 86400, "auth_time": grant.authTime, "nonce_supported": true,
+        ]
+        if let email = grant.email {
+            claims["email"] = email
+            claims["email_verified"] = true
+            claims["is_private_email"] = grant.isPrivateEmail
+        }
+        if includeNonce {
+            if let nonce = grant.nonce { claims["nonce"] = nonce }
+            claims["real_user_status"] = grant.realUserStatus
+        }
+        return (try? signer.sign(claims: claims)) ?? ""
+    }
+
+    private func answer(_ object: [String: Any]) -> HTTPResponse {
+        let data =
+            (try? JSONSerialization.data(
+                withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])) ?? Data()
+        return HTTPResponse(
+            status: 200, headers: ["Content-Type": "application/json", "Cache-Control": "no-store"],
+            body: [UInt8](data))
+    }
+}
+
+/// An `application/x-www-form-urlencoded` body as a dictionary; nil when the content type is another,
+/// a field repeats (RFC 6749 §3.2) or the encoding is broken.
+func parseForm(_ request: HTTPRequest) -> [String: String]? {
+    guard let type = request.headers["Content-Type"]?.lowercased(),
+        type.split(separator: ";").first?.trimmingCharacters(in: .whitespaces)
+            == "application/x-www-form-urlencoded"
+    else { return nil }
+    var form: [String: String] = [:]
+    for pair in String(decoding: request.body, as: UTF8.self).split(separator: "&") {
+        let parts = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+        guard let name = formDecode(parts[0]), let value = formDecode(parts.count > 1 ? parts[1] : ""),
+            form[name] == nil
+        else { return nil }
+        form[name] = value
+    }
+    return form
+}
+
+private func formDecode(_ text: Substring) -> String? {
+    text.replacingOccurrences(of: "+", with: " ").removingPercentEncoding
+}
+
+/// 32 random bytes as hex (the system's CSPRNG).
+private func randomToken() -> String {
+    var generator = SystemRandomNumberGenerator()
+    return (0..<32).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &generator)) }.joined()
+}
