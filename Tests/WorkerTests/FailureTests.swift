@@ -192,11 +192,14 @@ struct FailureTests {
             "SELECT extract(epoch FROM next_attempt_at - busy_since)::float8 FROM siwa.notifications",
             as: Double.self)
         #expect(delay > 0.04 && delay < 0.11)
-        #expect(
-            try db.connection.query(
-                "SELECT * FROM siwa.process_due_notifications(10, 20, interval '1 second')"
-            )
-            .isEmpty)
+        // A call made before the put-off ends finds nothing to do. (On a loaded machine the call may
+        // start after it ended: then the row is due again, and that is right too.)
+        let dueAt = try db.value(
+            "SELECT extract(epoch FROM next_attempt_at)::float8 FROM siwa.notifications", as: Double.self)
+        let calledAt = try db.value("SELECT extract(epoch FROM clock_timestamp())::float8", as: Double.self)
+        let again = try db.connection.query(
+            "SELECT * FROM siwa.process_due_notifications(10, 20, interval '1 second')")
+        #expect(again.isEmpty || calledAt >= dueAt)
 
         try other.simpleQuery("COMMIT")
         try db.connection.execute("UPDATE siwa.notifications SET next_attempt_at = now()")
