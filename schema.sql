@@ -1340,6 +1340,14 @@ SELECT r.id,
          ORDER BY e.id LIMIT 1) AS echo ON r.echo_event_time IS NOT NULL;
 COMMENT ON VIEW siwa.revocation_ledger IS
     'One row per revocation request: requested, attempts, Apple''s answer, completed, and the echoed consent-revoked matched to it.';
+COMMENT ON COLUMN siwa.revocation_ledger.id IS 'The request''s id (what siwa.request_revocation returned).';
+COMMENT ON COLUMN siwa.revocation_ledger.sub IS 'The user whose Apple tokens are to be revoked.';
+COMMENT ON COLUMN siwa.revocation_ledger.reason IS 'The caller''s reason, e.g. account deleted in app.';
+COMMENT ON COLUMN siwa.revocation_ledger.requested_at IS 'When the requesting transaction ran (it committed, or the row would not be here).';
+COMMENT ON COLUMN siwa.revocation_ledger.attempts IS 'Calls to Apple made for it (a request found without a token counts none).';
+COMMENT ON COLUMN siwa.revocation_ledger.last_attempt_at IS 'When the worker last handled it.';
+COMMENT ON COLUMN siwa.revocation_ledger.next_attempt_at IS 'When a pending request is next due (backoff with jitter after a retryable failure).';
+COMMENT ON COLUMN siwa.revocation_ledger.completed_at IS 'When it ended revoked, no_token or failed.';
 COMMENT ON COLUMN siwa.revocation_ledger.state IS
     'pending (waiting or retrying), revoked (Apple answered 200 for every stored token; ciphertexts destroyed), no_token (nothing stored to revoke), failed (Apple refused for good, or the token could not be decrypted: see last_error).';
 COMMENT ON COLUMN siwa.revocation_ledger.apple_answer IS
