@@ -20,7 +20,19 @@ struct SignInProcessTests {
         let directory = apple.directory
         let keyFile = try writeKeyFile([("k1", randomKey())], in: directory)
         let tokenFile = directory.appendingPathComponent("bearer").path
-        try Data((SignInFixture.bearer + "\n").utf8).write(to: URL(fileURLWithPath: tokenFile))
+        FileManager.default.createFile(
+            atPath: tokenFile, contents: Data((SignInFixture.bearer + "\n").utf8),
+            attributes: [.posixPermissions: 0o644])
+        // A token file others can read is refused, with the reason and without the token.
+        let refused = try ExecutableLocator.run(
+            ExecutableLocator.url(named: "siwa-receiver"),
+            arguments: [
+                "--database-url", databaseURL, "--audience", LocalApple.clientID, "--signin-listen", "127.0.0.1:0",
+                "--signin-token-file", tokenFile, "--token-key-file", keyFile,
+            ], environment: [:], input: nil, timeout: .seconds(30))
+        #expect(refused.status == 2)
+        #expect(refused.standardError.contains("owner only") && !refused.standardError.contains(SignInFixture.bearer))
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: tokenFile)
         let clean = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") }
         // The receiver configured through the SIWA_* twins.
         let receiverEnvironment = clean.merging(
