@@ -46,8 +46,9 @@ struct SignInSetup: Sendable {
 
     init?(_ parsed: ParsedCommand, audiences: Set<String>, environment: [String: String]) throws {
         guard let listen = try parsed.listenAddress("signin-listen") else {
-            for name in ["signin-token-file", "token-key-file"] where parsed.value(name) != nil {
-                throw ConfigurationError("--\(name) needs --signin-listen")
+            // The Apple and key-file settings may be shared with siwa-worker's revoker: ignored here.
+            if parsed.value("signin-token-file") != nil {
+                throw ConfigurationError("--signin-token-file needs --signin-listen")
             }
             return nil
         }
