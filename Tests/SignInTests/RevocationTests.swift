@@ -115,6 +115,45 @@ struct RevocationTests {
         #expect(try row["last_error", as: String?.self] == nil)
     }
 
+    @Test(
+        "a worker dying between Apple's 200 and its commit: the next attempt revokes again, harmlessly, and the ledger ends complete"
+    )
+    func diesAfterApplesAnswer() throws {
+        let fixture = try SignInFixture()
+        let token = try signIn(fixture, sub: "001.crash")
+        let id = try fixture.query("SELECT siwa.request_revocation('001.crash', 'deleted')")[0][
+            0, as: Int.self]
+        // The ledger update fails after Apple has answered 200, as if the process died before COMMIT.
+        let owner = try PostgresConnection(configuration: fixture.receiver.database)
+        defer { owner.close() }
+        _ = try owner.simpleQuery(
+            """
+            CREATE FUNCTION siwa.test_fail_ledger() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'simulated crash before commit'; END $$;
+            CREATE TRIGGER test_fail_ledger BEFORE UPDATE ON siwa.revocation_requests
+                FOR EACH ROW WHEN (NEW.state = 'revoked') EXECUTE FUNCTION siwa.test_fail_ledger();
+            """)
+        let revoker = try revoker(fixture)
+        #expect(throws: (any Error).self) { try revoker.drainOnce() }
+        #expect(appleError { _ = try fixture.apple.client().refresh(token: token) }?.code == .invalidGrant)
+        var row = try ledger(fixture, id)
+        #expect(try row["state", as: String.self] == "pending")
+        #expect(try row["attempts", as: Int.self] == 0)
+        #expect(
+            try fixture.count("SELECT count(*) FROM siwa.refresh_tokens WHERE token_ciphertext IS NOT NULL")
+                == 1)
+        _ = try fixture.query("DROP TRIGGER test_fail_ledger ON siwa.revocation_requests")
+        #expect(try revoker.drainOnce() == [Revoker.Outcome(id: id, state: "revoked")])
+        row = try ledger(fixture, id)
+        #expect(try row["apple_answer", as: String.self] == "200")
+        #expect(try row["tokens_revoked", as: Int.self] == 1)
+        #expect(
+            try fixture.count("SELECT count(*) FROM siwa.refresh_tokens WHERE token_ciphertext IS NOT NULL")
+                == 0)
+        // Apple was asked twice and answered 200 both times (a revoked token is still 200).
+        #expect(fixture.apple.log.components(separatedBy: "POST /auth/revoke 200").count - 1 == 2)
+    }
+
     @Test("a user without a stored token is recorded as no_token, not pretended revoked")
     func noToken() throws {
         let fixture = try SignInFixture()
