@@ -27,11 +27,14 @@ struct SignInProcessTests {
         let refused = try ExecutableLocator.run(
             ExecutableLocator.url(named: "siwa-receiver"),
             arguments: [
-                "--database-url", databaseURL, "--audience", LocalApple.clientID, "--signin-listen", "127.0.0.1:0",
+                "--database-url", databaseURL, "--audience", LocalApple.clientID, "--signin-listen",
+                "127.0.0.1:0",
                 "--signin-token-file", tokenFile, "--token-key-file", keyFile,
             ], environment: [:], input: nil, timeout: .seconds(30))
         #expect(refused.status == 2)
-        #expect(refused.standardError.contains("owner only") && !refused.standardError.contains(SignInFixture.bearer))
+        #expect(
+            refused.standardError.contains("owner only")
+                && !refused.standardError.contains(SignInFixture.bearer))
         try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: tokenFile)
         let clean = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") }
         // The receiver configured through the SIWA_* twins.
