@@ -1316,6 +1316,32 @@ CREATE TRIGGER accounts_match_revocation_echo
     AFTER INSERT OR UPDATE OF consent_revoked_at ON siwa.accounts
     FOR EACH ROW EXECUTE FUNCTION siwa.match_revocation_echo();
 
+-- Refresh-token checks (issue 13, item 4; optional, siwa-worker --refresh-check-interval): each stored
+-- token is refreshed at Apple at most once per interval; invalid_grant means the user's consent is gone,
+-- which Apple should have told us with consent-revoked. The check then records a consent-revoked of our
+-- own (jti 'siwa-refresh-check:…', no raw token) that the worker applies like Apple's, so a missed
+-- notification is caught and shows in siwa.event_history.
+CREATE TABLE IF NOT EXISTS siwa.refresh_token_checks (
+    token_id   bigint      PRIMARY KEY,
+    checked_at timestamptz NOT NULL DEFAULT now(),
+    outcome    text        NOT NULL
+);
+COMMENT ON TABLE siwa.refresh_token_checks IS
+    'When each stored refresh token (siwa.refresh_tokens.id) was last refreshed at Apple by the worker''s check, and the outcome: valid, invalid_grant, or the failure kind.';
+
+CREATE OR REPLACE FUNCTION siwa.record_consent_lost(p_sub text, p_client_id text) RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_jti text := 'siwa-refresh-check:' || pg_catalog.gen_random_uuid()::text;
+BEGIN
+    INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at)
+    VALUES (v_jti, 'consent-revoked', p_sub, p_client_id, clock_timestamp(), clock_timestamp());
+    RETURN v_jti;
+END;
+$$;
+COMMENT ON FUNCTION siwa.record_consent_lost(text, text) IS
+    'Records a consent-revoked of our own for a user whose refresh token Apple answered invalid_grant; the worker applies it like Apple''s. Returns its jti (siwa-refresh-check:…).';
+
 -- What admins read: the ledger, one row per request, with the echoed notification's jti.
 CREATE OR REPLACE VIEW siwa.revocation_ledger AS
 SELECT r.id,
@@ -1512,6 +1538,10 @@ BEGIN
     -- destroys refresh-token ciphertexts; applying a consent-revoked marks the echo (a trigger).
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_worker') THEN
         GRANT SELECT, UPDATE ON siwa.revocation_requests TO siwa_worker;
+        -- The refresh-token check: its bookkeeping, and consent-revoked events of our own.
+        GRANT SELECT, INSERT, UPDATE ON siwa.refresh_token_checks TO siwa_worker;
+        GRANT INSERT (jti, event_type, sub, audience, event_time, issued_at) ON siwa.notifications TO siwa_worker;
+        GRANT EXECUTE ON FUNCTION siwa.record_consent_lost(text, text) TO siwa_worker;
     END IF;
 END;
 $$;

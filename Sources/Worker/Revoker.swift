@@ -33,13 +33,21 @@ public final class Revoker: Sendable {
         public var maxRetryDelay: Duration
         /// Attempts before a request whose failures were all retryable ends as `failed`.
         public var maxAttempts: Int
+        /// When set, each stored refresh token is refreshed at Apple at most once per this interval (a
+        /// day is the intended value); `invalid_grant` records a consent-revoked of our own. Nil: off.
+        public var refreshCheckInterval: Duration?
 
         /// Settings; `clients` must not be empty.
         public init(
             database: PostgresConfiguration, clients: [String: AppleIDClient], cipher: TokenCipher,
             pollInterval: Duration = .seconds(5), retryBaseDelay: Duration = .seconds(5),
-            maxRetryDelay: Duration = .seconds(3600), maxAttempts: Int = 20
+            maxRetryDelay: Duration = .seconds(3600), maxAttempts: Int = 20,
+            refreshCheckInterval: Duration? = nil
         ) throws {
+            if let refreshCheckInterval, refreshCheckInterval <= .zero {
+                throw ConfigurationError("the refresh-check interval must be positive")
+            }
+            self.refreshCheckInterval = refreshCheckInterval
             guard !clients.isEmpty else {
                 throw ConfigurationError("the revoker needs at least one client ID")
             }
@@ -90,10 +98,25 @@ public final class Revoker: Sendable {
                 let connection = try PostgresConnection(configuration: configuration.database)
                 defer { connection.close() }
                 try connection.listen("siwa_revocations")
+                var lastCheck: ContinuousClock.Instant?
                 while !stopRequested.load(ordering: .sequentiallyConsistent) {
                     while !stopRequested.load(ordering: .sequentiallyConsistent),
                         try handleOne(on: connection) != nil
                     {}
+                    // Refresh checks: a pass at most once a minute (or per interval, if shorter), each
+                    // checking the tokens due, 100 at most, between revocation requests.
+                    if let interval = configuration.refreshCheckInterval,
+                        lastCheck.map({ ContinuousClock.now - $0 >= min(interval, .seconds(60)) }) ?? true
+                    {
+                        lastCheck = ContinuousClock.now
+                        var checked = 0
+                        while checked < 100, !stopRequested.load(ordering: .sequentiallyConsistent),
+                            try checkOne(on: connection, interval: interval) != nil
+                        {
+                            checked += 1
+                            while try handleOne(on: connection) != nil {}  // revocations first
+                        }
+                    }
                     _ = try connection.waitForNotifications(
                         timeout: min(configuration.pollInterval, .seconds(1)))
                 }
@@ -119,6 +142,84 @@ public final class Revoker: Sendable {
         var handled: [Outcome] = []
         while let outcome = try handleOne(on: connection) { handled.append(outcome) }
         return handled
+    }
+
+    /// What one refresh check found.
+    public struct CheckOutcome: Sendable, Equatable {
+        /// The token's row (`siwa.refresh_tokens.id`).
+        public var tokenID: Int
+        /// `valid`, `invalid_grant` (consent gone: a consent-revoked of our own was recorded), or the
+        /// failure kind (checked again after the interval).
+        public var outcome: String
+        /// An outcome.
+        public init(tokenID: Int, outcome: String) {
+            self.tokenID = tokenID
+            self.outcome = outcome
+        }
+    }
+
+    /// Checks every stored refresh token due for a check (not checked within `interval`), one
+    /// transaction each; returns what each check found.
+    public func checkRefreshTokensOnce(interval: Duration) throws -> [CheckOutcome] {
+        let connection = try PostgresConnection(configuration: configuration.database)
+        defer { connection.close() }
+        var checked: [CheckOutcome] = []
+        while let outcome = try checkOne(on: connection, interval: interval) { checked.append(outcome) }
+        return checked
+    }
+
+    /// Refreshes one due token at Apple; nil when none is due.
+    func checkOne(on connection: PostgresConnection, interval: Duration) throws -> CheckOutcome? {
+        try connection.transaction { connection -> CheckOutcome? in
+            let due = try connection.query(
+                """
+                SELECT t.id, t.sub, t.client_id, t.token_ciphertext
+                  FROM siwa.refresh_tokens t LEFT JOIN siwa.refresh_token_checks c ON c.token_id = t.id
+                 WHERE t.token_ciphertext IS NOT NULL AND t.revoked_at IS NULL
+                   AND (c.checked_at IS NULL OR c.checked_at <= now() - make_interval(secs => $1))
+                 ORDER BY c.checked_at NULLS FIRST, t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED
+                """, [.double(interval.inSeconds)])
+            guard let row = due.first else { return nil }
+            let tokenID = try row[0, as: Int.self]
+            let sub = try row[1, as: String.self]
+            let storedClient = try row[2, as: String?.self]
+            let ciphertext = try row[3, as: Data.self]
+            var outcome = "valid"
+            if let clientID = storedClient
+                ?? (configuration.clients.count == 1 ? configuration.clients.keys.first : nil),
+                let client = configuration.clients[clientID]
+            {
+                do {
+                    let token = try configuration.cipher.decrypt(
+                        [UInt8](ciphertext), sub: sub, clientID: clientID)
+                    _ = try client.refresh(token: token)
+                } catch let error as AppleIDError {
+                    outcome = error.code.rawValue
+                    if error.code == .invalidGrant {
+                        // Consent is gone: the token is dead; record and apply it as consent-revoked.
+                        try connection.execute(
+                            "UPDATE siwa.refresh_tokens SET token_ciphertext = NULL WHERE id = $1",
+                            [.int(Int64(tokenID))])
+                        let jti = try connection.query(
+                            "SELECT siwa.record_consent_lost($1, $2)", [.text(sub), .text(clientID)]
+                        )[0][0, as: String.self]
+                        logger.warning(
+                            "refresh check: Apple says consent is gone; recorded consent-revoked",
+                            ["token": .int(tokenID), "jti": .string(jti)])
+                    }
+                } catch {
+                    outcome = "undecryptable"
+                }
+            } else {
+                outcome = "no_client"
+            }
+            try connection.execute(
+                """
+                INSERT INTO siwa.refresh_token_checks (token_id, checked_at, outcome) VALUES ($1, now(), $2)
+                ON CONFLICT (token_id) DO UPDATE SET checked_at = EXCLUDED.checked_at, outcome = EXCLUDED.outcome
+                """, [.int(Int64(tokenID)), .text(outcome)])
+            return CheckOutcome(tokenID: tokenID, outcome: outcome)
+        }
     }
 
     /// Claims and handles one due request; nil when none is due.

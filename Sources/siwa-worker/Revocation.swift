@@ -39,6 +39,13 @@ let revokerOptions: [CommandOption] = [
         help:
             "First retry delay after a retryable failure at Apple; doubles per attempt, with jitter, at most 1 h.",
         environmentVariable: "SIWA_REVOCATION_RETRY_BASE_DELAY", defaultValue: "5"),
+    CommandOption(
+        "refresh-check-interval", valueName: "SECONDS",
+        help: """
+            Refresh each stored refresh token at Apple at most this often (86400: daily); invalid_grant \
+            records a consent-revoked of our own. Default: off.
+            """,
+        environmentVariable: "SIWA_REFRESH_CHECK_INTERVAL"),
 ]
 
 /// The revoker from the command line, or nil when --apple-key-file is not given.
@@ -104,6 +111,7 @@ func makeRevoker(
         configuration: try Revoker.Configuration(
             database: revokerDatabase, clients: clients, cipher: cipher,
             pollInterval: try parsed.seconds("revocation-poll-interval", positive: true) ?? .seconds(5),
-            retryBaseDelay: try parsed.seconds("revocation-retry-base-delay", positive: true) ?? .seconds(5)),
+            retryBaseDelay: try parsed.seconds("revocation-retry-base-delay", positive: true) ?? .seconds(5),
+            refreshCheckInterval: try parsed.seconds("refresh-check-interval", positive: true)),
         logger: logger, metrics: metrics)
 }

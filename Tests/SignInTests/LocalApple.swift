@@ -201,12 +201,13 @@ final class SignInFixture {
     let keyFile: String
     let logs = LogCapture()
 
-    init(clientIDs: [String] = [LocalApple.clientID]) throws {
+    /// `notify: false` leaves fake-apple without --notify-url (Apple's consent-revoked lost).
+    init(clientIDs: [String] = [LocalApple.clientID], notify: Bool = true) throws {
         let port = try ExecutableLocator.freePort()
         receiver = try ReceiverHarness(
             keys: .url(URL(string: "http://127.0.0.1:\(port)/auth/keys")!), audience: LocalApple.clientID,
             cooldown: .milliseconds(50), poolSize: 2, waitForKeys: false)
-        apple = try LocalApple(port: port, extra: ["--notify-url", receiver.notificationURL])
+        apple = try LocalApple(port: port, extra: notify ? ["--notify-url", receiver.notificationURL] : [])
         try Self.createLogins(receiver.database)
         keyFile = try writeKeyFile([("k1", randomKey())], in: apple.directory)
         cipher = try TokenCipher(keyFile: keyFile)

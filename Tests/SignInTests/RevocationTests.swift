@@ -154,6 +154,44 @@ struct RevocationTests {
         #expect(fixture.apple.log.components(separatedBy: "POST /auth/revoke 200").count - 1 == 2)
     }
 
+    @Test(
+        "the refresh check finds consent gone without Apple's notification and applies a consent-revoked of our own"
+    )
+    func refreshCheck() throws {
+        let fixture = try SignInFixture(notify: false)
+        _ = try signIn(fixture, sub: "001.still")
+        let gone = try signIn(fixture, sub: "001.gone")
+        try fixture.apple.client().revoke(token: gone)  // the user stopped using Sign in with Apple; no notification
+        let revoker = try revoker(fixture)
+        let found = try revoker.checkRefreshTokensOnce(interval: .seconds(86400))
+        #expect(found.map(\.outcome).sorted() == ["invalid_grant", "valid"])
+        // Checked within the interval: nothing is due again.
+        #expect(try revoker.checkRefreshTokensOnce(interval: .seconds(86400)).isEmpty)
+        let event = try #require(
+            try fixture.query(
+                "SELECT jti, state FROM siwa.event_history WHERE sub = '001.gone' AND event_type = 'consent-revoked'"
+            ).first)
+        #expect(try event[0, as: String.self].hasPrefix("siwa-refresh-check:"))
+        #expect(try event[1, as: String.self] == "pending")
+        #expect(try fixture.count("SELECT count(*) FROM siwa.event_history WHERE sub = '001.still'") == 0)
+        try applyNotifications(fixture)
+        #expect(
+            try fixture.count(
+                "SELECT count(*) FROM siwa.accounts WHERE sub = '001.gone' AND consent_revoked_at IS NOT NULL"
+            ) == 1)
+        #expect(
+            try fixture.count(
+                """
+                SELECT count(*) FROM siwa.refresh_tokens
+                 WHERE sub = '001.gone' AND revoked_at IS NOT NULL AND token_ciphertext IS NULL
+                """) == 1)
+        #expect(
+            try fixture.count(
+                "SELECT count(*) FROM siwa.refresh_tokens WHERE sub = '001.still' AND token_ciphertext IS NOT NULL"
+            )
+                == 1)
+    }
+
     @Test("a user without a stored token is recorded as no_token, not pretended revoked")
     func noToken() throws {
         let fixture = try SignInFixture()
