@@ -161,7 +161,8 @@ struct RevocationTests {
         let fixture = try SignInFixture(notify: false)
         _ = try signIn(fixture, sub: "001.still")
         let gone = try signIn(fixture, sub: "001.gone")
-        try fixture.apple.client().revoke(token: gone)  // the user stopped using Sign in with Apple; no notification
+        // The user stopped using Sign in with Apple; the notification never reaches us.
+        try fixture.apple.client().revoke(token: gone)
         let revoker = try revoker(fixture)
         let found = try revoker.checkRefreshTokensOnce(interval: .seconds(86400))
         #expect(found.map(\.outcome).sorted() == ["invalid_grant", "valid"])
