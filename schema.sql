@@ -1314,7 +1314,7 @@ COMMENT ON FUNCTION siwa.match_revocation_echo() IS
 DROP TRIGGER IF EXISTS accounts_match_revocation_echo ON siwa.accounts;
 CREATE TRIGGER accounts_match_revocation_echo
     AFTER INSERT OR UPDATE OF consent_revoked_at ON siwa.accounts
-    FOR EACH ROW EXECUTE FUNCTION siwa.match_revocation_echo();
+    FOR EACH ROW WHEN (NEW.consent_revoked_at IS NOT NULL) EXECUTE FUNCTION siwa.match_revocation_echo();
 
 -- Refresh-token checks (issue 13, item 4; optional, siwa-worker --refresh-check-interval): each stored
 -- token is refreshed at Apple at most once per interval; invalid_grant means the user's consent is gone,
@@ -1329,11 +1329,20 @@ CREATE TABLE IF NOT EXISTS siwa.refresh_token_checks (
 COMMENT ON TABLE siwa.refresh_token_checks IS
     'When each stored refresh token (siwa.refresh_tokens.id) was last refreshed at Apple by the worker''s check, and the outcome: valid, invalid_grant, or the failure kind.';
 
+-- The one SECURITY DEFINER function in this file: siwa_worker may not insert notifications (nothing
+-- but the receiver writes Apple's history), so it records this event of our own through a function
+-- that can write exactly one shape of row: a consent-revoked, jti prefixed siwa-refresh-check:, no
+-- email or raw token, for a user with a stored refresh token. It runs as the schema's owner with the
+-- pinned search_path; EXECUTE is granted to siwa_worker only.
 CREATE OR REPLACE FUNCTION siwa.record_consent_lost(p_sub text, p_client_id text) RETURNS text
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_jti text := 'siwa-refresh-check:' || pg_catalog.gen_random_uuid()::text;
 BEGIN
+    IF p_client_id IS NULL OR p_client_id = ''
+       OR NOT EXISTS (SELECT 1 FROM siwa.refresh_tokens t WHERE t.sub = p_sub) THEN
+        RAISE EXCEPTION 'siwa.record_consent_lost: no stored refresh token for that user' USING ERRCODE = '22023';
+    END IF;
     INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at)
     VALUES (v_jti, 'consent-revoked', p_sub, p_client_id, clock_timestamp(), clock_timestamp());
     RETURN v_jti;
@@ -1540,7 +1549,6 @@ BEGIN
         GRANT SELECT, UPDATE ON siwa.revocation_requests TO siwa_worker;
         -- The refresh-token check: its bookkeeping, and consent-revoked events of our own.
         GRANT SELECT, INSERT, UPDATE ON siwa.refresh_token_checks TO siwa_worker;
-        GRANT INSERT (jti, event_type, sub, audience, event_time, issued_at) ON siwa.notifications TO siwa_worker;
         GRANT EXECUTE ON FUNCTION siwa.record_consent_lost(text, text) TO siwa_worker;
     END IF;
 END;

@@ -191,6 +191,19 @@ struct RevocationTests {
                 "SELECT count(*) FROM siwa.refresh_tokens WHERE sub = '001.still' AND token_ciphertext IS NOT NULL"
             )
                 == 1)
+        // The worker may record such an event only through siwa.record_consent_lost, only for a user with
+        // a stored token, and may still not insert notifications itself.
+        let worker = try PostgresConnection(configuration: fixture.login("worker_test_login"))
+        defer { worker.close() }
+        for sql in [
+            "SELECT siwa.record_consent_lost('001.stranger', 'com.example.app')",
+            """
+            INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at)
+            VALUES ('j', 'consent-revoked', '001.still', 'a', now(), now())
+            """,
+        ] {
+            #expect(throws: PostgresError.self, "\(sql)") { try worker.query(sql) }
+        }
     }
 
     @Test("a user without a stored token is recorded as no_token, not pretended revoked")
