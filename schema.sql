@@ -1547,6 +1547,8 @@ BEGIN
     -- destroys refresh-token ciphertexts; applying a consent-revoked marks the echo (a trigger).
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_worker') THEN
         GRANT SELECT, UPDATE ON siwa.revocation_requests TO siwa_worker;
+        -- The revoker forgets sign-in codes a day old (Apple's codes live five minutes).
+        GRANT SELECT (created_at), DELETE ON siwa.sign_in_codes TO siwa_worker;
         -- The refresh-token check: its bookkeeping, and consent-revoked events of our own.
         GRANT SELECT, INSERT, UPDATE ON siwa.refresh_token_checks TO siwa_worker;
         GRANT EXECUTE ON FUNCTION siwa.record_consent_lost(text, text) TO siwa_worker;

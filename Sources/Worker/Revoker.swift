@@ -99,10 +99,15 @@ public final class Revoker: Sendable {
                 defer { connection.close() }
                 try connection.listen("siwa_revocations")
                 var lastCheck: ContinuousClock.Instant?
+                var lastPrune: ContinuousClock.Instant?
                 while !stopRequested.load(ordering: .sequentiallyConsistent) {
                     while !stopRequested.load(ordering: .sequentiallyConsistent),
                         try handleOne(on: connection) != nil
                     {}
+                    if lastPrune.map({ ContinuousClock.now - $0 >= .seconds(3600) }) ?? true {
+                        lastPrune = ContinuousClock.now
+                        _ = try pruneSignInCodes(on: connection)
+                    }
                     // Refresh checks: a pass at most once a minute (or per interval, if shorter), each
                     // checking the tokens due, 100 at most, between revocation requests.
                     if let interval = configuration.refreshCheckInterval,
@@ -142,6 +147,23 @@ public final class Revoker: Sendable {
         var handled: [Outcome] = []
         while let outcome = try handleOne(on: connection) { handled.append(outcome) }
         return handled
+    }
+
+    /// Forgets sign-in codes claimed over a day ago (done, or left `exchanging` by a process that died):
+    /// Apple's codes expire after five minutes, so none of them can be exchanged again. Returns how many.
+    @discardableResult
+    public func pruneSignInCodes(olderThan age: Duration = .seconds(86400)) throws -> Int {
+        let connection = try PostgresConnection(configuration: configuration.database)
+        defer { connection.close() }
+        return try pruneSignInCodes(on: connection, olderThan: age)
+    }
+
+    func pruneSignInCodes(on connection: PostgresConnection, olderThan age: Duration = .seconds(86400)) throws
+        -> Int
+    {
+        try connection.execute(
+            "DELETE FROM siwa.sign_in_codes WHERE created_at < now() - make_interval(secs => $1)",
+            [.double(age.inSeconds)])
     }
 
     /// What one refresh check found.

@@ -206,6 +206,18 @@ struct RevocationTests {
         }
     }
 
+    @Test("sign-in codes a day old are forgotten by the revoker; younger ones are kept")
+    func pruneCodes() throws {
+        let fixture = try SignInFixture()
+        _ = try signIn(fixture, sub: "001.old")
+        _ = try signIn(fixture, sub: "001.young")
+        _ = try fixture.query(
+            "UPDATE siwa.sign_in_codes SET created_at = now() - interval '25 hours' WHERE sub = '001.old'")
+        #expect(try revoker(fixture).pruneSignInCodes() == 1)
+        #expect(try fixture.count("SELECT count(*) FROM siwa.sign_in_codes WHERE sub = '001.young'") == 1)
+        #expect(try fixture.count("SELECT count(*) FROM siwa.sign_in_codes") == 1)
+    }
+
     @Test("a user without a stored token is recorded as no_token, not pretended revoked")
     func noToken() throws {
         let fixture = try SignInFixture()
