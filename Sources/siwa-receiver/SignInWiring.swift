@@ -101,9 +101,8 @@ struct SignInSetup: Sendable {
         } catch {
             throw ConfigurationError("Apple client settings: \(error.detail)")
         }
-        var database = try PostgresConfiguration(
+        let database = try PostgresConfiguration(
             parsed.value("database-url") ?? "", applicationName: "siwa-receiver-signin")
-        database.applicationName = "siwa-receiver-signin"
         configuration = try SignInConfiguration(
             http: HTTPServer.Configuration(host: listen.host, port: listen.port, threadCount: 8),
             bearerToken: token, clients: clients, cipher: cipher, database: database)
