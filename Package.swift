@@ -40,7 +40,16 @@ let package = Package(
         .target(
             name: "Receiver",
             dependencies: ["AppleNotifications", "HTTPClient", "Postgres", "HTTPServer", "ServiceSupport"]),
-        .target(name: "Worker", dependencies: ["Postgres", "ServiceSupport"]),
+        .target(name: "Worker", dependencies: ["Postgres", "ServiceSupport", "AppleID", "TokenVault"]),
+        // Refresh tokens encrypted at rest (AES-256-GCM, rotating keys), for the sign-in API and the revoker.
+        .target(name: "TokenVault", dependencies: ["COpenSSL"]),
+        // The internal sign-in API hosted by siwa-receiver: code exchange, id_token checks, revocation requests.
+        .target(
+            name: "SignIn",
+            dependencies: [
+                "AppleID", "AppleNotifications", "COpenSSL", "HTTPServer", "Postgres", "ServiceSupport",
+                "TokenVault",
+            ]),
 
         // schema.sql embedded as a Swift constant at build time (schema.sql stays the only source).
         .target(name: "SiwaSchema", plugins: ["EmbedSchema"]),
@@ -49,9 +58,18 @@ let package = Package(
 
         // Executables: parse configuration, wire, run.
         .executableTarget(
-            name: "siwa-receiver", dependencies: ["Receiver", "Postgres", "HTTPServer", "ServiceSupport"]),
+            name: "siwa-receiver",
+            dependencies: [
+                "Receiver", "Postgres", "HTTPServer", "ServiceSupport", "SignIn", "AppleID",
+                "AppleNotifications",
+                "TokenVault",
+            ]),
         .executableTarget(
-            name: "siwa-worker", dependencies: ["Worker", "Postgres", "HTTPServer", "ServiceSupport"]),
+            name: "siwa-worker",
+            dependencies: [
+                "Worker", "Postgres", "HTTPServer", "ServiceSupport", "AppleID", "AppleNotifications",
+                "TokenVault",
+            ]),
         .executableTarget(
             name: "siwactl",
             dependencies: [
@@ -76,6 +94,11 @@ let package = Package(
         .testTarget(name: "AdminSQLTests", dependencies: ["Postgres", "Receiver", "TestSupport"]),
         .testTarget(name: "SiwactlTests", dependencies: ["SiwaSchema", "TestSupport"]),
         .testTarget(name: "AppleIDTests", dependencies: ["AppleID", "ServiceSupport", "TestSupport"]),
+        .testTarget(
+            name: "SignInTests",
+            dependencies: [
+                "SignIn", "Worker", "TokenVault", "AppleID", "AppleNotifications", "Postgres", "TestSupport",
+            ]),
     ]
 )
 

@@ -60,6 +60,9 @@ choose_state_dir
 AUDIENCE=${SIWA_DEMO_AUDIENCE:-com.example.siwa.demo}
 RECEIVER_PORT=${SIWA_DEMO_RECEIVER_PORT:-8080}
 APPLE_PORT=${SIWA_DEMO_APPLE_PORT:-8081}
+SIGNIN_PORT=${SIWA_DEMO_SIGNIN_PORT:-8082}
+TEAM_ID=DEMOTEAM01
+KEY_ID=DEMOKEY001
 PG_PORT=${SIWA_DEMO_PG_PORT:-54329}
 STARTED_PIDS=()
 STARTED_CLUSTER=
@@ -133,18 +136,36 @@ stack_start() {
     "$BIN/siwactl" keygen --out "$STATE/keys" >/dev/null
   fi
   KID=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["keys"][0]["kid"])' "$STATE/keys/jwks.json")
-  "$BIN/siwactl" fake-apple --listen "127.0.0.1:$APPLE_PORT" --keys "$STATE/keys" >/dev/null 2>"$STATE/fake-apple.log" &
+  # The other half of the lifecycle: a team key (.p8) for client secrets, the refresh-token encryption
+  # keys and the sign-in API's bearer token, each owner-only.
+  (
+    umask 077
+    [[ -f $STATE/AuthKey_$KEY_ID.p8 ]] ||
+      openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$STATE/AuthKey_$KEY_ID.p8" 2>/dev/null
+    openssl pkey -in "$STATE/AuthKey_$KEY_ID.p8" -pubout -out "$STATE/team-public.pem" 2>/dev/null
+    [[ -f $STATE/token-keys ]] || printf 'demo1 %s\n' "$(head -c 32 /dev/urandom | base64)" >"$STATE/token-keys"
+    [[ -f $STATE/signin-token ]] || head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$STATE/signin-token"
+  )
+  NOTIFY_URL="http://127.0.0.1:$RECEIVER_PORT/apple/notifications"
+  APPLE_URL="http://127.0.0.1:$APPLE_PORT"
+  "$BIN/siwactl" fake-apple --listen "127.0.0.1:$APPLE_PORT" --keys "$STATE/keys" --team-id "$TEAM_ID" \
+    --key-id "$KEY_ID" --team-key "$STATE/team-public.pem" --client-id "$AUDIENCE" --notify-url "$NOTIFY_URL" \
+    >/dev/null 2>"$STATE/fake-apple.log" &
   STARTED_PIDS+=($!)
-  wait_http "http://127.0.0.1:$APPLE_PORT/auth/keys"
+  wait_http "$APPLE_URL/auth/keys"
+  local apple=(--apple-team-id "$TEAM_ID" --apple-key-id "$KEY_ID" --apple-key-file "$STATE/AuthKey_$KEY_ID.p8"
+    --apple-url "$APPLE_URL" --token-key-file "$STATE/token-keys")
   "$BIN/siwa-receiver" --listen "127.0.0.1:$RECEIVER_PORT" --audience "$AUDIENCE" \
-    --jwks-url "http://127.0.0.1:$APPLE_PORT/auth/keys" 2>"$STATE/receiver.log" &
+    --jwks-url "$APPLE_URL/auth/keys" --signin-listen "127.0.0.1:$SIGNIN_PORT" \
+    --signin-token-file "$STATE/signin-token" "${apple[@]}" 2>"$STATE/receiver.log" &
   STARTED_PIDS+=($!)
-  "$BIN/siwa-worker" 2>"$STATE/worker.log" &
+  "$BIN/siwa-worker" "${apple[@]}" --client-id "$AUDIENCE" --revocation-poll-interval 0.5 2>"$STATE/worker.log" &
   STARTED_PIDS+=($!)
   wait_http "http://127.0.0.1:$RECEIVER_PORT/readyz"
-  NOTIFY_URL="http://127.0.0.1:$RECEIVER_PORT/apple/notifications"
-  echo "fake Apple keys: http://127.0.0.1:$APPLE_PORT/auth/keys (kid $KID)"
+  SIGNIN_URL="http://127.0.0.1:$SIGNIN_PORT"
+  echo "fake Apple:      $APPLE_URL (keys, token, revoke; kid $KID)"
   echo "receiver:        $NOTIFY_URL (audience $AUDIENCE); logs in $STATE/*.log"
+  echo "sign-in API:     $SIGNIN_URL (bearer token in $STATE/signin-token)"
 }
 
 sql() { psql "$SIWA_DATABASE_URL" -v ON_ERROR_STOP=1 -qX "$@"; }

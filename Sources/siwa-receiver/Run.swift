@@ -55,7 +55,7 @@ let receiverCommand = CommandSpec(
         CommandOption(
             "log-level", valueName: "LEVEL", help: "debug, info, warning or error.",
             environmentVariable: "SIWA_LOG_LEVEL", defaultValue: "info"),
-    ])
+    ] + signInOptions)
 
 /// Parses the configuration, runs until SIGTERM/SIGINT, and returns the exit status: 0 stopped by a
 /// signal, 1 failure (e.g. the port is taken), 2 usage error.
@@ -74,8 +74,10 @@ func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
     }
     let configuration: ReceiverConfiguration
     let logger: Logger
+    let signIn: SignInSetup?
     do {
         (configuration, logger) = try makeConfiguration(parsed, environment: environment)
+        signIn = try SignInSetup(parsed, audiences: configuration.audiences, environment: environment)
     } catch {
         writeErrorLine("siwa-receiver", "\(error)")
         return 2
@@ -84,17 +86,24 @@ func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
     // thread it started (HTTP daemon and handlers, committers, key refresher) before shutdown returns.
     // It is built when the group starts it, so a signal during start-up leaves no thread behind.
     let receiver = StartedReceiver()
-    let group = ServiceGroup(
-        [
-            .background(
-                "siwa-receiver",
-                start: {
-                    let started = try NotificationReceiver(configuration: configuration, logger: logger)
-                    try started.start()  // on failure it has released what it started
-                    receiver.set(started)
-                }, stop: { receiver.get()?.shutdown() })
-        ],
-        signals: signals, logger: logger)
+    var services: [Service] = [
+        .background(
+            "siwa-receiver",
+            start: {
+                let started = try NotificationReceiver(configuration: configuration, logger: logger)
+                try started.start()  // on failure it has released what it started
+                receiver.set(started)
+            }, stop: { receiver.get()?.shutdown() })
+    ]
+    // The internal sign-in API (issue 13), on its own listener when --signin-listen is given.
+    if let signIn {
+        services.append(
+            signIn.service(
+                jwks: configuration.jwks, keys: configuration.keys,
+                metrics: { receiver.get()?.metrics.registry },
+                logger: logger))
+    }
+    let group = ServiceGroup(services, signals: signals, logger: logger)
     return group.run().exitStatus
 }
 

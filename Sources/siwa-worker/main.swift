@@ -63,7 +63,7 @@ let spec = CommandSpec(
         CommandOption(
             "metrics-listen", valueName: "HOST:PORT", help: "Serve Prometheus metrics at /metrics here.",
             environmentVariable: "SIWA_WORKER_METRICS_LISTEN"),
-    ],
+    ] + revokerOptions,
     flags: [
         CommandFlag(
             "once", help: "Drain everything that is due, run maintenance once, then exit.",
@@ -96,6 +96,7 @@ let logger = Logger(label: "siwa-worker", level: level)
 let metrics = MetricsRegistry()
 let configuration: Worker.Configuration
 let metricsAddress: ListenAddress?
+let revoker: Revoker?
 do {
     metricsAddress = try parsed.listenAddress("metrics-listen")
     let database: PostgresConfiguration
@@ -118,6 +119,9 @@ do {
         lockTimeout: lockTimeout > .zero ? lockTimeout : nil,
         retainTokens: try parsed.number("retain-tokens-days").map { .seconds($0 * 86_400) },
         retainEvents: try parsed.number("retain-events-days").map { .seconds($0 * 86_400) })
+    revoker = try makeRevoker(
+        parsed, database: database, environment: ProcessInfo.processInfo.environment, logger: logger,
+        metrics: metrics)
 } catch let error as CommandLineError {
     fail(error.message, status: 2)
 } catch let error as ConfigurationError {
@@ -185,6 +189,11 @@ if parsed.flag("once") {
                 logger.info("stopping: finishing the current batches")
                 worker.stop()
             }))
+}
+
+// The revocation outbox's consumer (issue 13), its own thread and connection, when configured.
+if let revoker, !parsed.flag("once") {
+    services.append(.task("revoker", run: { revoker.run() }, stop: { revoker.stop() }))
 }
 
 /// Why a service could not start or failed, for the group's log line (no database message in it).

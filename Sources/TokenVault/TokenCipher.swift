@@ -1,0 +1,188 @@
+import COpenSSL
+import Foundation
+
+/// Encrypts Apple refresh tokens at rest: AES-256-GCM (OpenSSL EVP), a fresh 96-bit nonce per token,
+/// and additional authenticated data binding each ciphertext to its user and client, so a ciphertext
+/// copied onto another row does not decrypt.
+///
+/// Keys come from a key file (see ``TokenCipher/init(keyFile:)``): the first key encrypts, every key
+/// decrypts, and each ciphertext names the key that made it, so keys rotate without re-encrypting:
+/// put the new key first, keep the old ones until no ciphertext names them.
+///
+/// Ciphertext layout: `0x01` (version), key-id length (1 byte), key id (ASCII), nonce (12 bytes),
+/// encrypted token, GCM tag (16 bytes).
+public struct TokenCipher: Sendable {
+    /// One AES-256 key and its id.
+    public struct Key: Sendable {
+        /// 1 to 32 characters of `A-Z a-z 0-9 . _ -`.
+        public let id: String
+        let bytes: [UInt8]
+
+        /// A key; `bytes` must be 32 bytes.
+        public init(id: String, bytes: [UInt8]) throws(TokenCipherError) {
+            guard (1...32).contains(id.utf8.count),
+                id.utf8.allSatisfy({ byte in
+                    (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(byte)
+                        || (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(byte)
+                        || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte)
+                        || [UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "-")].contains(byte)
+                })
+            else { throw TokenCipherError("a key id is 1 to 32 characters of A-Z a-z 0-9 . _ -") }
+            guard bytes.count == 32 else { throw TokenCipherError("key \(id) is not 32 bytes (AES-256)") }
+            self.id = id
+            self.bytes = bytes
+        }
+    }
+
+    /// The key that encrypts.
+    public let current: Key
+    private let keys: [String: Key]
+
+    /// A cipher encrypting with `current` and decrypting with it and `previous`.
+    public init(current: Key, previous: [Key] = []) throws(TokenCipherError) {
+        var keys = [current.id: current]
+        for key in previous {
+            guard keys[key.id] == nil else { throw TokenCipherError("key id \(key.id) appears twice") }
+            keys[key.id] = key
+        }
+        self.current = current
+        self.keys = keys
+    }
+
+    /// Reads a key file: one key per line, `KEY_ID BASE64_OF_32_BYTES`; blank lines and lines starting
+    /// with `#` are ignored; the first key encrypts. The file must not be readable by group or others.
+    /// Make a key with `printf 'k2026 %s\n' "$(openssl rand -base64 32)"`.
+    public init(keyFile path: String) throws(TokenCipherError) {
+        var info = stat()
+        guard stat(path, &info) == 0 else { throw TokenCipherError("cannot read the token key file") }
+        guard info.st_mode & 0o077 == 0 else {
+            throw TokenCipherError("the token key file must be readable by its owner only (chmod 600)")
+        }
+        guard let data = FileManager.default.contents(atPath: path),
+            let text = String(data: data, encoding: .utf8)
+        else { throw TokenCipherError("cannot read the token key file") }
+        var parsed: [Key] = []
+        for (number, raw) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+            let line = raw.trimmingCharacters(in: .whitespaces)
+            if line.isEmpty || line.hasPrefix("#") { continue }
+            let fields = line.split(whereSeparator: { $0 == " " || $0 == "\t" })
+            guard fields.count == 2, let bytes = Data(base64Encoded: String(fields[1])) else {
+                throw TokenCipherError("token key file line \(number + 1): expected KEY_ID BASE64_KEY")
+            }
+            parsed.append(try Key(id: String(fields[0]), bytes: [UInt8](bytes)))
+        }
+        guard let first = parsed.first else { throw TokenCipherError("the token key file holds no key") }
+        try self.init(current: first, previous: Array(parsed.dropFirst()))
+    }
+
+    /// The ids of every key held, the current one first.
+    public var keyIDs: [String] { [current.id] + keys.keys.filter { $0 != current.id }.sorted() }
+
+    /// The key id a ciphertext names, or nil when it is not one of ours.
+    public static func keyID(of ciphertext: [UInt8]) -> String? {
+        guard ciphertext.count > 2, ciphertext[0] == 1 else { return nil }
+        let length = Int(ciphertext[1])
+        guard ciphertext.count >= 2 + length + 12 + 16 else { return nil }
+        return String(decoding: ciphertext[2..<(2 + length)], as: UTF8.self)
+    }
+
+    /// Encrypts `token` for `sub` and `clientID` with the current key.
+    public func encrypt(_ token: String, sub: String, clientID: String) throws(TokenCipherError) -> [UInt8] {
+        var nonce = [UInt8](repeating: 0, count: 12)
+        guard RAND_bytes(&nonce, 12) == 1 else { throw TokenCipherError("no random bytes for the nonce") }
+        let header = [UInt8(1), UInt8(current.id.utf8.count)] + Array(current.id.utf8) + nonce
+        let aad = Self.associatedData(sub: sub, clientID: clientID, header: header)
+        let (sealed, tag) = try gcm(
+            encrypt: true, key: current.bytes, nonce: nonce, aad: aad, input: Array(token.utf8), tag: nil)
+        return header + sealed + tag
+    }
+
+    /// Decrypts a ciphertext made by ``encrypt(_:sub:clientID:)`` for the same `sub` and `clientID`, with
+    /// whichever held key it names.
+    /// - Throws: when the key is not held, or the ciphertext was altered or belongs to another row.
+    public func decrypt(_ ciphertext: [UInt8], sub: String, clientID: String) throws(TokenCipherError)
+        -> String
+    {
+        guard let id = Self.keyID(of: ciphertext) else { throw TokenCipherError("not a token ciphertext") }
+        guard let key = keys[id] else {
+            throw TokenCipherError("the ciphertext's key \(id) is not in the key file")
+        }
+        let headerLength = 2 + id.utf8.count + 12
+        let header = Array(ciphertext[0..<headerLength])
+        let nonce = Array(header[(headerLength - 12)...])
+        let body = Array(ciphertext[headerLength..<(ciphertext.count - 16)])
+        let tag = Array(ciphertext[(ciphertext.count - 16)...])
+        let aad = Self.associatedData(sub: sub, clientID: clientID, header: header)
+        let (plain, _) = try gcm(
+            encrypt: false, key: key.bytes, nonce: nonce, aad: aad, input: body, tag: tag)
+        guard let token = String(validating: plain, as: UTF8.self) else {
+            throw TokenCipherError("the decrypted token is not text")
+        }
+        return token
+    }
+
+    private static func associatedData(sub: String, clientID: String, header: [UInt8]) -> [UInt8] {
+        Array("siwa refresh token v1".utf8) + [0] + Array(sub.utf8) + [0] + Array(clientID.utf8) + [0]
+            + header
+    }
+
+    private func gcm(encrypt: Bool, key: [UInt8], nonce: [UInt8], aad: [UInt8], input: [UInt8], tag: [UInt8]?)
+        throws(TokenCipherError) -> ([UInt8], [UInt8])
+    {
+        guard let context = EVP_CIPHER_CTX_new() else {
+            throw TokenCipherError("cannot create a cipher context")
+        }
+        defer { EVP_CIPHER_CTX_free(context) }
+        let initialised =
+            encrypt
+            ? EVP_EncryptInit_ex(context, EVP_aes_256_gcm(), nil, key, nonce)
+            : EVP_DecryptInit_ex(context, EVP_aes_256_gcm(), nil, key, nonce)
+        guard initialised == 1 else { throw TokenCipherError("cannot initialise AES-256-GCM") }
+        var length: Int32 = 0
+        var output = [UInt8](repeating: 0, count: input.count + 16)
+        let aadOK =
+            encrypt
+            ? EVP_EncryptUpdate(context, nil, &length, aad, Int32(aad.count))
+            : EVP_DecryptUpdate(context, nil, &length, aad, Int32(aad.count))
+        guard aadOK == 1 else { throw TokenCipherError("AES-256-GCM refused the associated data") }
+        var written: Int32 = 0
+        if !input.isEmpty {
+            let updated =
+                encrypt
+                ? EVP_EncryptUpdate(context, &output, &written, input, Int32(input.count))
+                : EVP_DecryptUpdate(context, &output, &written, input, Int32(input.count))
+            guard updated == 1 else { throw TokenCipherError("AES-256-GCM failed") }
+        }
+        var outTag = [UInt8](repeating: 0, count: 16)
+        var final: Int32 = 0
+        if encrypt {
+            let finished = output.withUnsafeMutableBufferPointer { buffer in
+                EVP_EncryptFinal_ex(context, buffer.baseAddress! + Int(written), &final)
+            }
+            guard finished == 1,
+                EVP_CIPHER_CTX_ctrl(context, EVP_CTRL_GCM_GET_TAG, 16, &outTag) == 1
+            else { throw TokenCipherError("AES-256-GCM failed") }
+        } else {
+            var expected = tag ?? []
+            guard expected.count == 16,
+                EVP_CIPHER_CTX_ctrl(context, EVP_CTRL_GCM_SET_TAG, 16, &expected) == 1
+            else { throw TokenCipherError("bad tag") }
+            let finished = output.withUnsafeMutableBufferPointer { buffer in
+                EVP_DecryptFinal_ex(context, buffer.baseAddress! + Int(written), &final)
+            }
+            guard finished == 1 else {
+                throw TokenCipherError("the ciphertext does not authenticate (altered, or another row's)")
+            }
+        }
+        return (Array(output[0..<Int(written + final)]), outTag)
+    }
+}
+
+/// Why a token could not be encrypted or decrypted, or the key file is unusable. Never holds a token or
+/// key material.
+public struct TokenCipherError: Error, Sendable, CustomStringConvertible {
+    /// One line for people.
+    public let description: String
+    /// An error.
+    public init(_ description: String) { self.description = description }
+}

@@ -1,0 +1,151 @@
+import AppleID
+import AppleNotifications
+import Foundation
+import HTTPServer
+import Postgres
+import Receiver
+import ServiceSupport
+import SignIn
+import Synchronization
+import TokenVault
+
+/// The sign-in API's settings (off unless --signin-listen is given; then all of them are required).
+let signInOptions: [CommandOption] = [
+    CommandOption(
+        "signin-listen", valueName: "HOST:PORT",
+        help: "Serve the internal sign-in API (POST /v1/sign-ins, /v1/revocations) here; off by default.",
+        environmentVariable: "SIWA_SIGNIN_LISTEN"),
+    CommandOption(
+        "signin-token-file", valueName: "FILE",
+        help: "File holding the API's bearer token (32+ characters). Required with --signin-listen.",
+        environmentVariable: "SIWA_SIGNIN_TOKEN_FILE"),
+    CommandOption(
+        "token-key-file", valueName: "FILE",
+        help: "Refresh-token encryption keys, 'KEY_ID BASE64' per line, the first encrypts (chmod 600).",
+        environmentVariable: "SIWA_TOKEN_KEY_FILE"),
+    CommandOption(
+        "apple-team-id", valueName: "ID", help: "Your Apple team ID (client secrets' iss).",
+        environmentVariable: "SIWA_APPLE_TEAM_ID"),
+    CommandOption(
+        "apple-key-id", valueName: "ID", help: "The Sign in with Apple key's ID (client secrets' kid).",
+        environmentVariable: "SIWA_APPLE_KEY_ID"),
+    CommandOption(
+        "apple-key-file", valueName: "FILE",
+        help: "The Sign in with Apple key (.p8), to mint client secrets.",
+        environmentVariable: "SIWA_APPLE_KEY_FILE"),
+    CommandOption(
+        "apple-url", valueName: "URL",
+        help: "Apple's base URL (http only to loopback, for siwactl fake-apple).",
+        environmentVariable: "SIWA_APPLE_URL", defaultValue: "https://appleid.apple.com"),
+]
+
+/// The sign-in API built from the command line, or nil when it is off.
+struct SignInSetup: Sendable {
+    let configuration: SignInConfiguration
+    let providers: [ClientSecretProvider]
+
+    init?(_ parsed: ParsedCommand, audiences: Set<String>, environment: [String: String]) throws {
+        guard let listen = try parsed.listenAddress("signin-listen") else {
+            // The Apple and key-file settings may be shared with siwa-worker's revoker: ignored here.
+            if parsed.value("signin-token-file") != nil {
+                throw ConfigurationError("--signin-token-file needs --signin-listen")
+            }
+            return nil
+        }
+        func required(_ name: String) throws -> String {
+            guard let value = parsed.value(name), !value.isEmpty else {
+                throw ConfigurationError("--signin-listen needs --\(name)")
+            }
+            return value
+        }
+        let tokenFile = try required("signin-token-file")
+        var info = stat()
+        guard stat(tokenFile, &info) == 0 else { throw ConfigurationError("cannot read --signin-token-file") }
+        guard info.st_mode & 0o077 == 0 else {
+            throw ConfigurationError("--signin-token-file must be readable by its owner only (chmod 600)")
+        }
+        guard let tokenData = FileManager.default.contents(atPath: tokenFile),
+            let token = String(data: tokenData, encoding: .utf8)?.trimmingCharacters(
+                in: .whitespacesAndNewlines)
+        else { throw ConfigurationError("cannot read --signin-token-file") }
+        let cipher: TokenCipher
+        do {
+            cipher = try TokenCipher(keyFile: try required("token-key-file"))
+        } catch let error as TokenCipherError {
+            throw ConfigurationError("--token-key-file: \(error.description)")
+        }
+        let teamID = try required("apple-team-id")
+        let keyID = try required("apple-key-id")
+        guard let pem = FileManager.default.contents(atPath: try required("apple-key-file")) else {
+            throw ConfigurationError("cannot read --apple-key-file")
+        }
+        let signer: ClientSecretSigner
+        do {
+            signer = try ClientSecretSigner(privateKeyPEM: String(decoding: pem, as: UTF8.self))
+        } catch {
+            throw ConfigurationError("--apple-key-file is not a P-256 private key (.p8)")
+        }
+        var clients: [String: AppleIDClient] = [:]
+        var providers: [ClientSecretProvider] = []
+        do {
+            for clientID in audiences.sorted() {
+                let provider = ClientSecretProvider(
+                    try .mint(signer: signer, teamID: teamID, keyID: keyID, clientID: clientID))
+                providers.append(provider)
+                clients[clientID] = try AppleIDClient(
+                    configuration: AppleIDClient.Configuration(
+                        baseURL: parsed.value("apple-url") ?? "https://appleid.apple.com",
+                        environment: environment),
+                    clientSecret: provider)
+            }
+        } catch {
+            throw ConfigurationError("Apple client settings: \(error.detail)")
+        }
+        let database = try PostgresConfiguration(
+            parsed.value("database-url") ?? "", applicationName: "siwa-receiver-signin")
+        configuration = try SignInConfiguration(
+            http: HTTPServer.Configuration(host: listen.host, port: listen.port, threadCount: 8),
+            bearerToken: token, clients: clients, cipher: cipher, database: database)
+        self.providers = providers
+    }
+
+    /// The sign-in API as a service of the group: its own key store (same key set as the receiver's), its
+    /// listener, and the client-secret expiry gauge on the receiver's /metrics.
+    func service(
+        jwks: JWKSSource, keys: KeyStore.Configuration, metrics: @escaping @Sendable () -> MetricsRegistry?,
+        logger: Logger
+    )
+        -> Service
+    {
+        let running = Mutex<(SignInService, KeyStore)?>(nil)
+        let providers = self.providers
+        let configuration = self.configuration
+        return .background(
+            "sign-in API",
+            start: {
+                let store = KeyStore(configuration: keys, source: { try jwks.fetch() })
+                store.start()
+                let service = SignInService(configuration: configuration, logger: logger) {
+                    kid throws(NotificationError) in
+                    try store.key(id: kid)
+                }
+                do {
+                    try service.start()
+                } catch {
+                    store.stop()
+                    throw error
+                }
+                metrics()?.computedGauge(
+                    "siwa_apple_client_secret_expiry_seconds",
+                    help:
+                        "Seconds until the soonest-expiring client secret for Apple's token API expires (negative: expired)."
+                ) { providers.map { $0.secondsUntilExpiry() }.min() ?? 0 }
+                running.withLock { $0 = (service, store) }
+            },
+            stop: {
+                guard let (service, store) = running.withLock({ $0 }) else { return }
+                service.shutdown()
+                store.stop()
+            })
+    }
+}

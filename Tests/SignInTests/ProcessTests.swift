@@ -1,0 +1,131 @@
+import Foundation
+import Postgres
+import TestSupport
+import Testing
+
+@Suite("The whole loop with the executables: siwa-receiver's sign-in API, siwa-worker's revoker, fake-apple")
+struct SignInProcessTests {
+    @Test(
+        "sign-in, deletion → revocation → echoed consent-revoked → applied, ledger complete; the expiry gauge is served"
+    )
+    func wholeLoop() throws {
+        let database = try PostgresCluster.shared.createSchemaDatabase()
+        let cluster = try PostgresCluster.shared
+        let databaseURL = cluster.url(database: database.database ?? "")
+        let receiverPort = try ExecutableLocator.freePort()
+        let signInPort = try ExecutableLocator.freePort()
+        let apple = try LocalApple(extra: [
+            "--notify-url", "http://127.0.0.1:\(receiverPort)/apple/notifications",
+        ])
+        let directory = apple.directory
+        let keyFile = try writeKeyFile([("k1", randomKey())], in: directory)
+        let tokenFile = directory.appendingPathComponent("bearer").path
+        FileManager.default.createFile(
+            atPath: tokenFile, contents: Data((SignInFixture.bearer + "\n").utf8),
+            attributes: [.posixPermissions: 0o644])
+        // A token file others can read is refused, with the reason and without the token.
+        let refused = try ExecutableLocator.run(
+            ExecutableLocator.url(named: "siwa-receiver"),
+            arguments: [
+                "--database-url", databaseURL, "--audience", LocalApple.clientID, "--signin-listen",
+                "127.0.0.1:0",
+                "--signin-token-file", tokenFile, "--token-key-file", keyFile,
+            ], environment: [:], input: nil, timeout: .seconds(30))
+        #expect(refused.status == 2)
+        #expect(
+            refused.standardError.contains("owner only")
+                && !refused.standardError.contains(SignInFixture.bearer))
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: tokenFile)
+        let clean = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") }
+        // The receiver configured through the SIWA_* twins.
+        let receiverEnvironment = clean.merging(
+            [
+                "SIWA_DATABASE_URL": databaseURL, "SIWA_LISTEN": "127.0.0.1:\(receiverPort)",
+                "SIWA_AUDIENCES": LocalApple.clientID, "SIWA_JWKS_URL": apple.baseURL + "/auth/keys",
+                "SIWA_SIGNIN_LISTEN": "127.0.0.1:\(signInPort)", "SIWA_SIGNIN_TOKEN_FILE": tokenFile,
+                "SIWA_TOKEN_KEY_FILE": keyFile, "SIWA_APPLE_TEAM_ID": LocalApple.teamID,
+                "SIWA_APPLE_KEY_ID": LocalApple.keyID, "SIWA_APPLE_KEY_FILE": apple.teamKeyFile.path,
+                "SIWA_APPLE_URL": apple.baseURL,
+            ], uniquingKeysWith: { $1 })
+        let receiverLog = directory.appendingPathComponent("receiver.log").path
+        let receiver = try Subprocess(
+            ExecutableLocator.url(named: "siwa-receiver").path, [], environment: receiverEnvironment,
+            standardOutput: receiverLog, standardError: receiverLog)
+        defer {
+            receiver.send(SIGTERM)
+            _ = receiver.wait(timeout: .seconds(20))
+        }
+        let signIn = "http://127.0.0.1:\(signInPort)"
+        #expect(
+            waitUntil(timeout: .seconds(30)) {
+                (try? TestHTTPClient.get("http://127.0.0.1:\(receiverPort)/readyz").status) == 200
+                    && (try? TestHTTPClient.get(signIn + "/v1/sign-ins").status) == 401
+            }, "\((try? String(contentsOfFile: receiverLog, encoding: .utf8)) ?? "")")
+        let metrics = try TestHTTPClient.get("http://127.0.0.1:\(receiverPort)/metrics").text
+        let gauge = try #require(
+            metrics.split(separator: "\n").first { $0.hasPrefix("siwa_apple_client_secret_expiry_seconds ") })
+        #expect(Double(gauge.split(separator: " ")[1]) ?? 0 > 3600)
+
+        // Sign in through the API.
+        let nonce = Nonce()
+        let authorization = try apple.authorize(sub: "001.loop", email: "l@example.com", nonce: nonce.hashed)
+        let body = try JSONSerialization.data(withJSONObject: [
+            "authorization_code": authorization.code, "id_token": authorization.idToken, "nonce": nonce.raw,
+            "client_id": LocalApple.clientID,
+        ])
+        let headers = [
+            ("Authorization", "Bearer \(SignInFixture.bearer)"), ("Content-Type", "application/json"),
+        ]
+        let answer = try TestHTTPClient.post(signIn + "/v1/sign-ins", body: body, headers: headers)
+        #expect(answer.status == 200, "\(answer.text)")
+        #expect(answer.text.contains("001.loop"))
+
+        // The worker, with the revoker configured by flags.
+        let workerLog = directory.appendingPathComponent("worker.log").path
+        let worker = try Subprocess(
+            ExecutableLocator.url(named: "siwa-worker").path,
+            [
+                "--database-url", databaseURL, "--poll-interval", "0.2", "--apple-key-file",
+                apple.teamKeyFile.path,
+                "--apple-team-id", LocalApple.teamID, "--apple-key-id", LocalApple.keyID, "--client-id",
+                LocalApple.clientID, "--token-key-file", keyFile, "--apple-url", apple.baseURL,
+                "--revocation-poll-interval", "0.2",
+            ], environment: clean, standardOutput: workerLog, standardError: workerLog)
+        defer {
+            worker.send(SIGTERM)
+            _ = worker.wait(timeout: .seconds(20))
+        }
+        // The app deletes the account and requests the revocation in one transaction.
+        let connection = try PostgresConnection(configuration: database)
+        defer { connection.close() }
+        let id = try connection.transaction { connection in
+            try connection.execute("UPDATE siwa.sessions SET revoked_at = now() WHERE sub = '001.loop'")
+            return try connection.query("SELECT siwa.request_revocation('001.loop', 'deleted in app')")[0][
+                0, as: Int.self]
+        }
+        let complete = waitUntil(timeout: .seconds(30)) {
+            let row = try? connection.query(
+                "SELECT state, echo_jti FROM siwa.revocation_ledger WHERE id = $1", [.int(Int64(id))]
+            ).first
+            return (try? row?[0, as: String.self]) == "revoked" && (try? row?[1, as: String?.self]) != nil
+        }
+        #expect(
+            complete,
+            "worker: \((try? String(contentsOfFile: workerLog, encoding: .utf8)) ?? "")\napple: \(apple.log)")
+        #expect(
+            try connection.query(
+                "SELECT count(*) FROM siwa.refresh_tokens WHERE sub = '001.loop' AND token_ciphertext IS NOT NULL"
+            )[0][0, as: Int.self] == 0)
+        #expect(
+            try connection.query(
+                "SELECT state FROM siwa.event_history WHERE sub = '001.loop' AND event_type = 'consent-revoked'"
+            )[0][0, as: String.self] == "applied")
+        // No secret reached either log.
+        let logs =
+            ((try? String(contentsOfFile: receiverLog, encoding: .utf8)) ?? "")
+            + ((try? String(contentsOfFile: workerLog, encoding: .utf8)) ?? "")
+        #expect(
+            !logs.contains(authorization.code) && !logs.contains("l@example.com")
+                && !logs.contains(SignInFixture.bearer))
+    }
+}
