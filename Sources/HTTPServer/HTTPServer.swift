@@ -391,13 +391,18 @@ final class Dispatcher: Sendable {
 
     /// Drops fields that could split the response or that the server computes itself.
     private static func isSendable(_ field: HTTPHeaders.Field) -> Bool {
-        let forbidden: Set<UInt8> = [0, 10, 13]
+        func forbidden(_ byte: UInt8) -> Bool { byte == 0 || byte == 10 || byte == 13 }
         guard !field.name.isEmpty,
-            !field.name.utf8.contains(where: { forbidden.contains($0) || $0 == 58 || $0 == 32 }),
-            !field.value.utf8.contains(where: forbidden.contains)
+            !field.name.utf8.contains(where: { forbidden($0) || $0 == 58 || $0 == 32 }),
+            !field.value.utf8.contains(where: forbidden)
         else { return false }
-        let lowered = field.name.lowercased()
-        return lowered != "content-length" && lowered != "transfer-encoding"
+        return !field.name.utf8.elementsEqual("content-length".utf8, by: Self.sameLetter)
+            && !field.name.utf8.elementsEqual("transfer-encoding".utf8, by: Self.sameLetter)
+    }
+
+    /// ASCII case-insensitive equality of a byte with a lowercase one.
+    private static func sameLetter(_ byte: UInt8, _ lowercase: UInt8) -> Bool {
+        (byte >= 65 && byte <= 90 ? byte + 32 : byte) == lowercase
     }
 }
 
