@@ -134,9 +134,9 @@ public final class NotificationEndpoint: Sendable {
                     fields["error"] = .string(String(describing: error))
                     response = unavailable("storage_unavailable")
                 }
-                // Answer first: the log line and the metrics need not delay the client.
-                answer(response)
+                // Logged and counted before the answer, so both are there once the client has it.
                 finish(outcome, response, started: started, fields: &fields)
+                answer(response)
             }
             return
         } catch {
@@ -155,8 +155,8 @@ public final class NotificationEndpoint: Sendable {
                     401, #"{"error":"verification failed","reason":"\#(error.code.rawValue)"}"#)
             }
         }
-        answer(response)
         finish(outcome, response, started: started, fields: &fields)
+        answer(response)
     }
 
     /// Verifies `jws`; unless `mayBlock`, only with keys held now, returning `nil` when its key is not
