@@ -38,7 +38,12 @@ public enum Base64URL {
 
     /// Decodes strict unpadded base64url; throws ``NotificationError/Code/badBase64`` otherwise.
     public static func decode(_ text: some StringProtocol) throws(NotificationError) -> Data {
-        let input = Array(text.utf8)
+        try decode(bytes: Array(text.utf8)[...])
+    }
+
+    /// Decodes strict unpadded base64url from ASCII bytes; throws ``NotificationError/Code/badBase64``
+    /// otherwise.
+    static func decode(bytes input: ArraySlice<UInt8>) throws(NotificationError) -> Data {
         if input.count % 4 == 1 { throw .malformed(.badBase64, "impossible length") }
         var output: [UInt8] = []  // appended byte by byte: an array, not Data, keeps that cheap
         output.reserveCapacity(input.count * 3 / 4)

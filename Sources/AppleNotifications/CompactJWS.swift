@@ -25,19 +25,24 @@ public struct CompactJWS: Sendable {
 
     /// Splits and decodes a compact JWS; throws ``NotificationError/Kind/malformed`` errors only.
     public init(_ token: some StringProtocol) throws(NotificationError) {
-        let bytes = token.utf8
-        guard bytes.count <= Self.maximumLength else { throw .malformed(.tooLarge, "token over 16 KiB") }
-        let segments = bytes.split(separator: UInt8(ascii: "."), omittingEmptySubsequences: false)
-        guard segments.count == 3 else { throw .malformed(.badSegments, "expected three segments") }
-        let headerText = String(decoding: segments[0], as: UTF8.self)
-        let payloadText = String(decoding: segments[1], as: UTF8.self)
-        guard !headerText.isEmpty, !payloadText.isEmpty else {
-            throw .malformed(.badSegments, "empty header or payload")
-        }
-        header = try Base64URL.decode(headerText)
-        payload = try Base64URL.decode(payloadText)
-        signature = try Base64URL.decode(String(decoding: segments[2], as: UTF8.self))
-        signingInput = Data(headerText.utf8) + Data([UInt8(ascii: ".")]) + Data(payloadText.utf8)
+        try self.init(String(token))
+    }
+
+    /// Splits and decodes a compact JWS; throws ``NotificationError/Kind/malformed`` errors only. Works
+    /// over the token's UTF-8 bytes, without intermediate strings.
+    public init(_ token: String) throws(NotificationError) {
+        guard token.utf8.count <= Self.maximumLength else { throw .malformed(.tooLarge, "token over 16 KiB") }
+        let bytes = Array(token.utf8)
+        let dot = UInt8(ascii: ".")
+        guard let first = bytes.firstIndex(of: dot),
+            let second = bytes[(first + 1)...].firstIndex(of: dot),
+            !bytes[(second + 1)...].contains(dot)
+        else { throw .malformed(.badSegments, "expected three segments") }
+        guard first > 0, second > first + 1 else { throw .malformed(.badSegments, "empty header or payload") }
+        header = try Base64URL.decode(bytes: bytes[..<first])
+        payload = try Base64URL.decode(bytes: bytes[(first + 1)..<second])
+        signature = try Base64URL.decode(bytes: bytes[(second + 1)...])
+        signingInput = Data(bytes[..<second])
         let object = try JSONValue.object(from: header, what: "header")
         headerNames = Set(object.keys)
         keyID = object["kid"]?.stringValue

@@ -15,9 +15,13 @@ enum JSONValue: Sendable, Equatable {
     /// duplicated member name is refused (so no two readers can disagree on `alg` or `aud`), and
     /// nesting deeper than ``JSONParser/maximumDepth`` is refused (bounded stack).
     static func object(from data: Data, what: String) throws(NotificationError) -> [String: JSONValue] {
+        try object(from: [UInt8](data), what: what)
+    }
+
+    static func object(from bytes: [UInt8], what: String) throws(NotificationError) -> [String: JSONValue] {
         let value: JSONValue
         do {
-            value = try JSONParser.parse(data)
+            value = try JSONParser.parse(bytes)
         } catch {
             throw .malformed(.badJSON, "\(what) is not JSON")
         }
@@ -46,7 +50,11 @@ struct JSONParser {
     private init(_ bytes: [UInt8]) { self.bytes = bytes }
 
     static func parse(_ data: Data) throws(Failure) -> JSONValue {
-        var parser = JSONParser([UInt8](data))
+        try parse([UInt8](data))
+    }
+
+    static func parse(_ bytes: [UInt8]) throws(Failure) -> JSONValue {
+        var parser = JSONParser(bytes)
         parser.skipWhitespace()
         let value = try parser.value()
         parser.skipWhitespace()
@@ -55,7 +63,12 @@ struct JSONParser {
     }
 
     private mutating func skipWhitespace() {
-        while index < bytes.count, [0x20, 0x09, 0x0A, 0x0D].contains(bytes[index]) { index += 1 }
+        while index < bytes.count {
+            switch bytes[index] {
+            case 0x20, 0x09, 0x0A, 0x0D: index += 1
+            default: return
+            }
+        }
     }
 
     private func peek() throws(Failure) -> UInt8 {
@@ -143,7 +156,22 @@ struct JSONParser {
 
     private mutating func string() throws(Failure) -> String {
         index += 1  // opening quote
-        var scalars: [UInt8] = []
+        // Fast path: no escape before the closing quote, so the text is the bytes as they stand.
+        var end = index
+        while end < bytes.count {
+            let byte = bytes[end]
+            if byte == UInt8(ascii: "\"") {
+                guard let text = String(validating: bytes[index..<end], as: UTF8.self) else {
+                    throw Failure()
+                }
+                index = end + 1
+                return text
+            }
+            if byte == UInt8(ascii: "\\") || byte < 0x20 { break }
+            end += 1
+        }
+        var scalars = Array(bytes[index..<end])
+        index = end
         while true {
             let byte = try peek()
             index += 1

@@ -9,9 +9,14 @@ public enum NotificationRequestBody {
     /// the parser's bound is refused.
     /// - Throws: ``NotificationError`` `malformed` with code `badBody`.
     public static func payload(from body: some Collection<UInt8>) throws(NotificationError) -> String {
+        try payload(from: Array(body))
+    }
+
+    /// The `payload` string of a request body `{"payload": "<JWS>"}` (see the generic form).
+    public static func payload(from body: [UInt8]) throws(NotificationError) -> String {
         let object: [String: JSONValue]
         do {
-            object = try JSONValue.object(from: Data(body), what: "the request body")
+            object = try JSONValue.object(from: body, what: "the request body")
         } catch {
             throw .malformed(.badBody, "the body is not a JSON object")
         }

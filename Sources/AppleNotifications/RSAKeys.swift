@@ -24,7 +24,17 @@ public final class RSAPublicKey: @unchecked Sendable {
         self.exponent = exponent
     }
 
-    deinit { EVP_PKEY_free(pkey) }
+    deinit {
+        for context in idleContexts { EVP_PKEY_CTX_free(context) }
+        EVP_PKEY_free(pkey)
+    }
+
+    /// Verification contexts set up for RS256 (`EVP_PKEY_verify_init`, PKCS #1 v1.5 padding, SHA-256),
+    /// kept for reuse: setting one up costs OpenSSL 3 about as much as the RSA operation itself. A
+    /// context serves one verification at a time; guarded by `contextLock`.
+    private var idleContexts: [OpaquePointer] = []
+    private let contextLock = NSLock()
+    private static let maximumIdleContexts = 16
 
     /// Builds a public key from its big-endian modulus and exponent (OpenSSL 3 `EVP_PKEY_fromdata`).
     public convenience init(modulus: Data, exponent: Data) throws(NotificationError) {
@@ -78,26 +88,48 @@ public final class RSAPublicKey: @unchecked Sendable {
     /// never chosen by the token.
     public func verifyRS256(signature: Data, signedData: Data) -> Bool {
         // A PKCS#1 v1.5 signature is exactly as long as the modulus.
-        guard signature.count == (bits + 7) / 8 else { return false }
-        guard let context = EVP_MD_CTX_new() else { return false }
-        defer { EVP_MD_CTX_free(context) }
-        var keyContext: OpaquePointer?
-        guard EVP_DigestVerifyInit(context, &keyContext, EVP_sha256(), nil, pkey) == 1,
-            EVP_PKEY_CTX_set_rsa_padding(keyContext, siwa_rsa_pkcs1_padding()) == 1
-        else {
+        guard signature.count == (bits + 7) / 8, let sha256 = SHA256Method.shared.md else { return false }
+        var digest = [UInt8](repeating: 0, count: 32)
+        var digestLength: UInt32 = 0
+        let digested = signedData.withUnsafeBytes { data in
+            EVP_Digest(data.baseAddress, data.count, &digest, &digestLength, sha256, nil)
+        }
+        guard digested == 1, digestLength == 32, let context = takeContext(sha256) else {
             ERR_clear_error()
             return false
         }
         let result = signature.withUnsafeBytes { signatureBytes in
-            signedData.withUnsafeBytes { dataBytes in
-                EVP_DigestVerify(
-                    context,
-                    signatureBytes.baseAddress?.assumingMemoryBound(to: UInt8.self), signatureBytes.count,
-                    dataBytes.baseAddress?.assumingMemoryBound(to: UInt8.self), dataBytes.count)
-            }
+            EVP_PKEY_verify(
+                context, signatureBytes.baseAddress?.assumingMemoryBound(to: UInt8.self),
+                signatureBytes.count,
+                digest, digest.count)
         }
         if result != 1 { ERR_clear_error() }
+        returnContext(context)
         return result == 1
+    }
+
+    /// An idle verification context, or a new one.
+    private func takeContext(_ sha256: OpaquePointer) -> OpaquePointer? {
+        if let context = contextLock.withLock({ idleContexts.popLast() }) { return context }
+        guard let context = EVP_PKEY_CTX_new_from_pkey(nil, pkey, nil) else { return nil }
+        guard EVP_PKEY_verify_init(context) == 1,
+            EVP_PKEY_CTX_set_rsa_padding(context, siwa_rsa_pkcs1_padding()) == 1,
+            EVP_PKEY_CTX_set_signature_md(context, sha256) == 1
+        else {
+            EVP_PKEY_CTX_free(context)
+            return nil
+        }
+        return context
+    }
+
+    private func returnContext(_ context: OpaquePointer) {
+        let kept = contextLock.withLock {
+            guard idleContexts.count < Self.maximumIdleContexts else { return false }
+            idleContexts.append(context)
+            return true
+        }
+        if !kept { EVP_PKEY_CTX_free(context) }
     }
 
     /// A JWK object for this key (`kty`, `kid`, `use`, `alg`, `n`, `e`).
@@ -238,4 +270,11 @@ func readPEMPrivateKey(_ pem: String) -> OpaquePointer? {
     }
     if loaded == nil { ERR_clear_error() }
     return loaded
+}
+
+/// SHA-256 fetched from the default provider once, rather than implicitly on every use.
+private final class SHA256Method: @unchecked Sendable {  // immutable after init
+    static let shared = SHA256Method()
+    let md: OpaquePointer?
+    private init() { md = EVP_MD_fetch(nil, "SHA256", nil) }
 }

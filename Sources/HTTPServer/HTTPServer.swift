@@ -5,12 +5,15 @@ import Synchronization
 /// A small HTTP/1.1 server on libmicrohttpd with an internal thread pool of poll() loops.
 ///
 /// libmicrohttpd's I/O threads read requests and write responses; once a request's body has
-/// arrived, its connection is suspended and the handler runs on one of ``Configuration/threadCount``
-/// handler threads, taking requests in arrival order from one shared queue. A handler may block
-/// (e.g. on the database) without delaying any other connection: no request waits behind another
-/// one that happened to share its I/O thread. Bodies larger than ``Configuration/maxBodyBytes`` are
-/// answered with 413 by the server itself, and requests whose framing is ambiguous (see
-/// ``HTTPFraming``) with 400, before any of their body is read.
+/// arrived, its connection is suspended and the request is handed over. An asynchronous handler
+/// (``init(configuration:onResponse:asynchronous:)``) sees it right there on the I/O thread and answers
+/// through an ``HTTPResponder`` whenever its answer is ready, from any thread: a request waiting for
+/// something (a database commit) holds no thread. A blocking handler
+/// (``init(configuration:onResponse:handler:)``) runs on one of ``Configuration/threadCount`` handler
+/// threads, taking requests in arrival order from one shared queue, and may block without delaying any
+/// other connection. Bodies larger than ``Configuration/maxBodyBytes`` are answered with 413 by the
+/// server itself, and requests whose framing is ambiguous (see ``HTTPFraming``) with 400, before any
+/// of their body is read.
 public final class HTTPServer: Sendable {
     /// How the server listens and what it tolerates. Build once; every field has a default.
     public struct Configuration: Sendable {
@@ -18,7 +21,8 @@ public final class HTTPServer: Sendable {
         public var host: String
         /// The TCP port; 0 picks a free ephemeral port (read it from ``HTTPServer/port`` after start).
         public var port: Int
-        /// Handler threads: the most requests being handled at once (handlers may block).
+        /// Handler threads: the most requests being handled at once by blocking handlers (and by
+        /// ``HTTPResponder/respondBlocking(_:)``). Requests answered asynchronously use none.
         public var threadCount: Int
         /// libmicrohttpd's I/O threads, each with its own poll() loop; they never run a handler.
         public var ioThreadCount: Int
@@ -135,7 +139,30 @@ public final class HTTPServer: Sendable {
     ) {
         self.configuration = configuration
         self.dispatcher = Dispatcher(
-            handler: handler, onResponse: onResponse, maxBodyBytes: configuration.maxBodyBytes)
+            route: { request, responder in responder.respondBlocking { handler(request) } },
+            onResponse: onResponse, maxBodyBytes: configuration.maxBodyBytes)
+    }
+
+    /// Creates a server whose handler answers asynchronously; nothing listens until ``start()``.
+    ///
+    /// `handler` runs on the libmicrohttpd I/O thread that read the request, with the request's
+    /// connection suspended: it must not block. It answers through the ``HTTPResponder`` exactly once,
+    /// from any thread and at any time — at once, from a completion when some work is done (the
+    /// connection stays suspended meanwhile, holding no thread), or from one of the server's handler
+    /// threads via ``HTTPResponder/respondBlocking(_:)`` when the answer needs blocking work.
+    ///
+    /// - Parameters:
+    ///   - onResponse: called after each handler response is queued, with the request, the
+    ///     response and the time from the handler's call to its answer.
+    ///   - handler: routes a complete request; called on an I/O thread, must not block.
+    public init(
+        configuration: Configuration = Configuration(),
+        onResponse: (@Sendable (HTTPRequest, HTTPResponse, Duration) -> Void)? = nil,
+        asynchronous handler: @escaping @Sendable (HTTPRequest, HTTPResponder) -> Void
+    ) {
+        self.configuration = configuration
+        self.dispatcher = Dispatcher(
+            route: handler, onResponse: onResponse, maxBodyBytes: configuration.maxBodyBytes)
     }
 
     deinit {
@@ -228,8 +255,9 @@ public final class HTTPServer: Sendable {
     /// Stops gracefully: refuses new connections at once, lets in-flight requests finish for up to
     /// `gracePeriod` (responses sent meanwhile carry `Connection: close`), answers any request that
     /// completes after that with 503 `{"error":"shutting down"}` (Apple retries it), then closes every
-    /// connection. Handlers still running after the grace period are waited for (libmicrohttpd
-    /// cannot stop while a request awaits its answer), so handlers must not block forever. Returns
+    /// connection. Requests still unanswered after the grace period (a handler still running, a
+    /// suspended request whose responder has not answered) are waited for (libmicrohttpd cannot stop
+    /// while a request awaits its answer), so every request must be answered in bounded time. Returns
     /// once every thread the server started (libmicrohttpd's and the handler threads) has ended. Must
     /// not be called from a handler. Calling it again, or on a server that never started, returns at
     /// once.
@@ -279,17 +307,17 @@ public final class HTTPServer: Sendable {
 }
 
 /// Holds the handler for the C callback; the server keeps it alive for as long as the daemon runs.
-private final class Dispatcher: Sendable {
-    let handler: @Sendable (HTTPRequest) -> HTTPResponse
+final class Dispatcher: Sendable {
+    let route: @Sendable (HTTPRequest, HTTPResponder) -> Void
     let onResponse: (@Sendable (HTTPRequest, HTTPResponse, Duration) -> Void)?
     let maxBodyBytes: Int
     let pool = HandlerPool()
 
     init(
-        handler: @escaping @Sendable (HTTPRequest) -> HTTPResponse,
+        route: @escaping @Sendable (HTTPRequest, HTTPResponder) -> Void,
         onResponse: (@Sendable (HTTPRequest, HTTPResponse, Duration) -> Void)?, maxBodyBytes: Int
     ) {
-        self.handler = handler
+        self.route = route
         self.onResponse = onResponse
         self.maxBodyBytes = maxBodyBytes
     }
@@ -303,19 +331,11 @@ private final class Dispatcher: Sendable {
         return HTTPFraming.refusal(fields: fields, version: version, maxBodyBytes: maxBodyBytes)
     }
 
-    /// On an I/O thread, with the connection suspended: copies the request, hands it to a handler
-    /// thread, and returns at once.
+    /// On an I/O thread, with the connection suspended: copies the request and routes it; the route
+    /// answers through the responder now or later, from any thread.
     func serve(_ exchange: OpaquePointer, _ view: siwa_http_request_view) {
         let request = makeRequest(exchange, view)  // stamped receivedAt: now
-        let answer = Exchange(exchange)
-        pool.submit { [self] in
-            let clock = ContinuousClock()
-            let started = clock.now
-            let response = handler(request)
-            let elapsed = clock.now - started
-            _ = send(response, on: answer.pointer)
-            onResponse?(request, response, elapsed)
-        }
+        route(request, HTTPResponder(exchange, request: request, dispatcher: self))
     }
 
     private func makeRequest(_ exchange: OpaquePointer, _ view: siwa_http_request_view) -> HTTPRequest {
@@ -348,7 +368,7 @@ private final class Dispatcher: Sendable {
                 decoding: address.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
     }
 
-    private func send(_ response: HTTPResponse, on exchange: OpaquePointer) -> Int32 {
+    func send(_ response: HTTPResponse, on exchange: OpaquePointer) -> Int32 {
         var block: [UInt8] = []
         var count = 0
         for field in response.headers where Self.isSendable(field) {
@@ -371,13 +391,18 @@ private final class Dispatcher: Sendable {
 
     /// Drops fields that could split the response or that the server computes itself.
     private static func isSendable(_ field: HTTPHeaders.Field) -> Bool {
-        let forbidden: Set<UInt8> = [0, 10, 13]
+        func forbidden(_ byte: UInt8) -> Bool { byte == 0 || byte == 10 || byte == 13 }
         guard !field.name.isEmpty,
-            !field.name.utf8.contains(where: { forbidden.contains($0) || $0 == 58 || $0 == 32 }),
-            !field.value.utf8.contains(where: forbidden.contains)
+            !field.name.utf8.contains(where: { forbidden($0) || $0 == 58 || $0 == 32 }),
+            !field.value.utf8.contains(where: forbidden)
         else { return false }
-        let lowered = field.name.lowercased()
-        return lowered != "content-length" && lowered != "transfer-encoding"
+        return !field.name.utf8.elementsEqual("content-length".utf8, by: Self.sameLetter)
+            && !field.name.utf8.elementsEqual("transfer-encoding".utf8, by: Self.sameLetter)
+    }
+
+    /// ASCII case-insensitive equality of a byte with a lowercase one.
+    private static func sameLetter(_ byte: UInt8, _ lowercase: UInt8) -> Bool {
+        (byte >= 65 && byte <= 90 ? byte + 32 : byte) == lowercase
     }
 }
 
@@ -401,12 +426,6 @@ private func checkFraming(
     let dispatcher = Unmanaged<Dispatcher>.fromOpaque(context).takeUnretainedValue()
     let refusal = dispatcher.checkFraming(exchange, version: version.map { String(cString: $0) } ?? "")
     return refusal.map { UnsafePointer($0.pointer) }
-}
-
-/// A suspended request's C handle, carried to the handler thread that will answer it (once).
-private struct Exchange: @unchecked Sendable {
-    let pointer: OpaquePointer
-    init(_ pointer: OpaquePointer) { self.pointer = pointer }
 }
 
 /// The C callback for one request header; `context` points at the `[(String, String)]` being filled.

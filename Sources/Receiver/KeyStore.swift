@@ -72,6 +72,15 @@ public final class KeyStore: @unchecked Sendable {
         return keys?.keyIDs ?? []
     }
 
+    /// The key for `kid` if it is held now; never fetches, never waits for a fetch (only for the
+    /// lock, which no fetch holds). For threads that must not block: on `nil`, call ``key(id:)`` from
+    /// one that may.
+    public func heldKey(id kid: String) -> RSAPublicKey? {
+        condition.lock()
+        defer { condition.unlock() }
+        return keys?.key(id: kid)
+    }
+
     /// The key for `kid`, refetching the set if needed (see the type's documentation).
     public func key(id kid: String) throws(NotificationError) -> RSAPublicKey {
         condition.lock()

@@ -3,6 +3,7 @@ import Foundation
 import HTTPServer
 import Postgres
 import ServiceSupport
+import Synchronization
 
 /// The receiver's HTTP routes: Apple's notification endpoint, health, readiness and metrics.
 ///
@@ -32,14 +33,40 @@ public final class NotificationEndpoint: Sendable {
         self.retryAfterSeconds = retryAfterSeconds
     }
 
-    /// Routes one request.
+    /// Routes one request and waits for its answer (for callers without a connection to suspend, such
+    /// as in-process tests). The server uses ``handle(_:responder:)``.
     public func handle(_ request: HTTPRequest) -> HTTPResponse {
+        guard request.path == Self.notificationPath, request.method == "POST" else { return route(request) }
+        let done = DispatchSemaphore(value: 0)
+        let answer = Mutex<HTTPResponse?>(nil)
+        receive(request, mayBlock: true, offload: { $0() }) { response in
+            answer.withLock { $0 = response }
+            done.signal()
+        }
+        done.wait()  // bounded by the commit timeout
+        return answer.withLock { $0! }
+    }
+
+    /// Routes one request on the HTTP server's I/O thread without blocking it. A notification is
+    /// verified right here and handed to the group commit; its connection stays suspended, holding no
+    /// thread, until the commit's completion answers it. A notification signed with a key not held yet
+    /// (the key set must be fetched) and every other route, which may block (readiness pings the
+    /// database), go to the server's handler threads.
+    public func handle(_ request: HTTPRequest, responder: HTTPResponder) {
+        guard request.path == Self.notificationPath, request.method == "POST" else {
+            return responder.respondBlocking { self.route(request) }
+        }
+        receive(
+            request, mayBlock: false,
+            offload: { work in responder.offload(work) },
+            answer: { responder.respond($0) })
+    }
+
+    /// Every route but a notification's POST (which takes ``receive(_:mayBlock:offload:answer:)``).
+    private func route(_ request: HTTPRequest) -> HTTPResponse {
         switch request.path {
         case Self.notificationPath:
-            guard request.method == "POST" else {
-                return Self.json(405, #"{"error":"method not allowed"}"#, headers: [("Allow", "POST")])
-            }
-            return receive(request)
+            return Self.json(405, #"{"error":"method not allowed"}"#, headers: [("Allow", "POST")])
         case "/healthz":
             return Self.json(200, #"{"status":"ok"}"#)
         case "/readyz":
@@ -56,11 +83,18 @@ public final class NotificationEndpoint: Sendable {
         }
     }
 
-    private func receive(_ request: HTTPRequest) -> HTTPResponse {
-        let started = ContinuousClock.now
-        metrics.inFlight.increment()
-        defer { metrics.inFlight.decrement() }
+    private static let acceptedResponse = json(200, #"{"status":"accepted"}"#)
+    private static let duplicateResponse = json(200, #"{"status":"duplicate"}"#)
 
+    /// Verifies a notification and hands it to the group commit; `answer` is called exactly once, after
+    /// the commit for a 200. Unless `mayBlock`, nothing here blocks: a key that must be fetched first
+    /// sends the whole delivery to `offload` (a thread that may block), which runs it again with
+    /// `mayBlock`.
+    private func receive(
+        _ request: HTTPRequest, mayBlock: Bool, offload: (@escaping @Sendable () -> Void) -> Void,
+        answer: @escaping @Sendable (HTTPResponse) -> Void
+    ) {
+        let started = ContinuousClock.now
         var fields: [String: Logger.Value] = [
             "request_id": .string(request.id),
             "queued_ms": .double((Self.seconds(since: request.receivedAt) * 1e6).rounded() / 1e3),
@@ -70,28 +104,41 @@ public final class NotificationEndpoint: Sendable {
         do throws(NotificationError) {
             let token = try NotificationRequestBody.payload(from: request.body)
             let jws = try CompactJWS(token)
-            let notification = try verifier.verify(jws, now: Date()) { kid throws(NotificationError) in
-                try keys.key(id: kid)
+            guard let notification = try verify(jws, mayBlock: mayBlock) else {
+                // The key set must be fetched: not on this thread.
+                return offload { self.receive(request, mayBlock: true, offload: { $0() }, answer: answer) }
             }
             fields["jti"] = .string(notification.jti)
             fields["event_type"] = .string(notification.eventType.rawValue)
+            metrics.inFlight.increment()
             let storeStarted = ContinuousClock.now
-            do {
-                // The commit timeout counts from the request's arrival, so time spent waiting for a
-                // handler thread is part of it and the client's whole wait stays bounded.
-                let stored = try store.store(
-                    notification, rawToken: token,
-                    deadline: request.receivedAt + store.configuration.commitTimeout)
+            let logged = fields
+            // The commit timeout counts from the request's arrival, so time spent waiting before this
+            // point is part of it and the client's whole wait stays bounded.
+            store.store(
+                notification, rawToken: token,
+                deadline: request.receivedAt + store.configuration.commitTimeout
+            ) { [self] result in
+                metrics.inFlight.decrement()
                 metrics.storageSeconds.observe(Self.seconds(since: storeStarted))
-                outcome = stored == .accepted ? .accepted : .duplicate
-                response = Self.json(200, #"{"status":"\#(stored.rawValue)"}"#)
-            } catch {
-                metrics.storageSeconds.observe(Self.seconds(since: storeStarted))
-                outcome = .unavailable
-                fields["reason"] = "storage_unavailable"
-                fields["error"] = .string(String(describing: error))
-                response = unavailable("storage_unavailable")
+                var fields = logged
+                let response: HTTPResponse
+                let outcome: DeliveryOutcome
+                switch result {
+                case .success(let stored):
+                    outcome = stored == .accepted ? .accepted : .duplicate
+                    response = stored == .accepted ? Self.acceptedResponse : Self.duplicateResponse
+                case .failure(let error):
+                    outcome = .unavailable
+                    fields["reason"] = "storage_unavailable"
+                    fields["error"] = .string(String(describing: error))
+                    response = unavailable("storage_unavailable")
+                }
+                // Logged and counted before the answer, so both are there once the client has it.
+                finish(outcome, response, started: started, fields: &fields)
+                answer(response)
             }
+            return
         } catch {
             fields["reason"] = .string(error.code.rawValue)
             switch error.kind {
@@ -108,12 +155,41 @@ public final class NotificationEndpoint: Sendable {
                     401, #"{"error":"verification failed","reason":"\#(error.code.rawValue)"}"#)
             }
         }
+        finish(outcome, response, started: started, fields: &fields)
+        answer(response)
+    }
+
+    /// Verifies `jws`; unless `mayBlock`, only with keys held now, returning `nil` when its key is not
+    /// held (finding it may need a fetch).
+    private func verify(_ jws: CompactJWS, mayBlock: Bool) throws(NotificationError) -> ServerNotification? {
+        if mayBlock {
+            return try verifier.verify(jws, now: Date()) { kid throws(NotificationError) in
+                try keys.key(id: kid)
+            }
+        }
+        var notHeld = false
+        do {
+            return try verifier.verify(jws, now: Date()) { kid throws(NotificationError) in
+                if let key = keys.heldKey(id: kid) { return key }
+                notHeld = true
+                throw NotificationError(.keyNotAvailable, .unknownKeyID, "kid not held")
+            }
+        } catch {
+            if notHeld { return nil }
+            throw error
+        }
+    }
+
+    /// Counts and logs one answered delivery.
+    private func finish(
+        _ outcome: DeliveryOutcome, _ response: HTTPResponse, started: ContinuousClock.Instant,
+        fields: inout [String: Logger.Value]
+    ) {
         metrics.delivery(outcome).increment()
         fields["status"] = .int(response.status)
         fields["outcome"] = .string(outcome.rawValue)
         fields["latency_ms"] = .double((Self.seconds(since: started) * 1e6).rounded() / 1e3)
         logger.log(response.status >= 500 ? .warning : .info, "notification", fields)
-        return response
     }
 
     private func unavailable(_ reason: String) -> HTTPResponse {

@@ -100,7 +100,9 @@ public final class NotificationReceiver: Sendable {
                 audiences: configuration.audiences, maxTokenAge: configuration.maxTokenAge.inSeconds),
             keys: keys,
             store: store, logger: logger, metrics: metrics)
-        server = HTTPServer(configuration: configuration.http) { request in endpoint.handle(request) }
+        server = HTTPServer(configuration: configuration.http) { request, responder in
+            endpoint.handle(request, responder: responder)
+        }
     }
 
     /// Starts listening and loading keys; returns once the port is bound. When it throws (e.g. the port is

@@ -3,15 +3,18 @@ import Dispatch
 import Foundation
 import Postgres
 import ServiceSupport
+import Synchronization
 
 /// Durable storage of verified notifications: one row per `jti`, with group commit.
 ///
-/// Concurrent deliveries are written together: each call queues its row and blocks; a small set of
-/// committer threads takes everything queued (up to ``Configuration/maxBatchSize`` rows) as soon as one
-/// is free and inserts it in one statement — one transaction, one WAL flush for the whole group. A
-/// call returns only after the transaction holding its row has committed, so a 200 to Apple still
-/// always means "stored". The schema's statement trigger sends the workers' `NOTIFY` in that same
-/// transaction.
+/// Concurrent deliveries are written together: each call queues its row with a completion and
+/// returns; a small set of committer threads takes everything queued (up to
+/// ``Configuration/maxBatchSize`` rows) as soon as one is free and inserts it in one statement — one
+/// transaction, one WAL flush for the whole group — then calls each row's completion. A completion
+/// says "stored" only after the transaction holding its row has committed, so a 200 to Apple still
+/// always means "stored". No thread waits per row: a deadline watcher answers ``CommitTimeout`` to
+/// rows still unanswered at their deadline. The schema's statement trigger sends the workers' `NOTIFY`
+/// in that same transaction.
 public final class NotificationStore: @unchecked Sendable {
     /// What storing did.
     public enum Outcome: String, Sendable {
@@ -57,16 +60,35 @@ public final class NotificationStore: @unchecked Sendable {
         RETURNING jti
         """
 
-    /// One queued row and, once committed, its result.
-    private final class Ticket: @unchecked Sendable {
+    /// One queued row and the completion that answers it, exactly once.
+    private final class Ticket: Sendable {
         let notification: ServerNotification
         let rawToken: String
-        let done = DispatchSemaphore(value: 0)
-        var result: Result<Outcome, any Error>?  // written once by a committer before `done` is signalled
+        let deadline: ContinuousClock.Instant
+        private let completion: @Sendable (Result<Outcome, any Error>) -> Void
+        private let finished = Atomic<Bool>(false)
 
-        init(_ notification: ServerNotification, _ rawToken: String) {
+        init(
+            _ notification: ServerNotification, _ rawToken: String, deadline: ContinuousClock.Instant,
+            completion: @escaping @Sendable (Result<Outcome, any Error>) -> Void
+        ) {
             self.notification = notification
             self.rawToken = rawToken
+            self.deadline = deadline
+            self.completion = completion
+        }
+
+        /// Whether the ticket has been answered (its commit finished, failed or timed out).
+        var isFinished: Bool { finished.load(ordering: .acquiring) }
+
+        /// Calls the completion with `result` unless an earlier call did (the commit and the deadline
+        /// race; whichever comes first answers).
+        func finish(_ result: Result<Outcome, any Error>) {
+            guard
+                finished.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing)
+                    .exchanged
+            else { return }
+            completion(result)
         }
     }
 
@@ -78,6 +100,12 @@ public final class NotificationStore: @unchecked Sendable {
     private var queue: [Ticket] = []  // guarded by `condition`
     private var closed = false  // guarded by `condition`
     private var committers: [JoinableThread] = []
+    /// Tickets not yet answered, by deadline, for the deadline watcher; guarded by `timer`.
+    private let timer = NSCondition()
+    private var pending: [Ticket] = []
+    private var pendingHead = 0
+    private var watcherStopping = false
+    private var watcher: JoinableThread?
 
     /// Stores into the database behind `pool`, which must hold schema.sql.
     /// - Parameter observeBatch: told the size and duration of every committed batch (metrics).
@@ -92,6 +120,7 @@ public final class NotificationStore: @unchecked Sendable {
             // The thread keeps the store alive until close().
             committers.append(JoinableThread(name: "siwa-commit-\(index)") { self.commitLoop() })
         }
+        watcher = JoinableThread(name: "siwa-commit-deadlines") { self.watchDeadlines() }
     }
 
     /// Commits `notification` (with its token, for audit) unless its `jti` is already stored.
@@ -103,22 +132,43 @@ public final class NotificationStore: @unchecked Sendable {
     public func store(
         _ notification: ServerNotification, rawToken: String, deadline: ContinuousClock.Instant? = nil
     ) throws -> Outcome {
+        let done = DispatchSemaphore(value: 0)
+        let answer = Mutex<Result<Outcome, any Error>?>(nil)
+        store(notification, rawToken: rawToken, deadline: deadline) { result in
+            answer.withLock { $0 = result }
+            done.signal()
+        }
+        done.wait()  // bounded: the deadline watcher answers at the deadline at the latest
+        return try answer.withLock { $0! }.get()
+    }
+
+    /// Queues `notification` (with its token, for audit) for the next group commit and returns at once;
+    /// `completion` is called exactly once: with the outcome after the transaction holding the row has
+    /// committed, or with an error (the commit failed, ``CommitTimeout`` at `deadline`, ``Closed``).
+    ///
+    /// `completion` runs on a committer thread, on the deadline watcher's thread, or (for a deadline
+    /// already passed or a closed store) on the caller's before this returns. It must be quick and must
+    /// not block: the next batch waits for it. A row whose caller was told ``CommitTimeout`` may still
+    /// be committed later (a retry then finds it as a duplicate).
+    ///
+    /// - Parameter deadline: when to give up waiting; by default ``Configuration/commitTimeout`` from
+    ///   now.
+    public func store(
+        _ notification: ServerNotification, rawToken: String, deadline: ContinuousClock.Instant? = nil,
+        completion: @escaping @Sendable (Result<Outcome, any Error>) -> Void
+    ) {
         let deadline = deadline ?? .now + configuration.commitTimeout
-        let remaining = deadline - .now
-        guard remaining > .zero else { throw CommitTimeout() }
-        let ticket = Ticket(notification, rawToken)
+        guard deadline > .now else { return completion(.failure(CommitTimeout())) }
+        let ticket = Ticket(notification, rawToken, deadline: deadline, completion: completion)
         condition.lock()
         guard !closed else {
             condition.unlock()
-            throw Closed()
+            return completion(.failure(Closed()))
         }
         queue.append(ticket)
         condition.signal()
         condition.unlock()
-        guard ticket.done.wait(timeout: .now() + remaining.dispatchInterval) == .success else {
-            throw CommitTimeout()
-        }
-        return try ticket.result!.get()
+        watch(ticket)
     }
 
     /// Whether the database answers (readiness).
@@ -126,8 +176,9 @@ public final class NotificationStore: @unchecked Sendable {
         (try? pool.ping()) != nil
     }
 
-    /// Commits what is queued, then stops the committer threads and returns once they have ended. Later
-    /// calls to ``store(_:rawToken:)`` throw.
+    /// Commits what is queued, then stops the committer threads and the deadline watcher and returns
+    /// once they have ended. Every queued row has been answered by then. Later calls to
+    /// ``store(_:rawToken:deadline:)`` throw ``Closed``.
     public func close() {
         condition.lock()
         closed = true
@@ -136,6 +187,13 @@ public final class NotificationStore: @unchecked Sendable {
         committers = []
         condition.unlock()
         for thread in threads { thread.join() }
+        timer.lock()
+        watcherStopping = true
+        timer.broadcast()
+        let watching = watcher
+        watcher = nil
+        timer.unlock()
+        watching?.join()
     }
 
     private func commitLoop() {
@@ -151,7 +209,64 @@ public final class NotificationStore: @unchecked Sendable {
             if !queue.isEmpty { condition.signal() }  // more work: wake another committer
             condition.unlock()
             commit(batch)
+            timer.withLock { dropFinishedPending() }
         }
+    }
+
+    // MARK: - Deadlines
+
+    /// Adds `ticket` to the deadline watcher's list (kept sorted by deadline; almost always appended).
+    private func watch(_ ticket: Ticket) {
+        timer.lock()
+        var index = pending.count
+        while index > pendingHead && pending[index - 1].deadline > ticket.deadline { index -= 1 }
+        pending.insert(ticket, at: index)
+        // The watcher sleeps until the earliest deadline; only a new earliest one needs to wake it.
+        if index == pendingHead { timer.signal() }
+        timer.unlock()
+    }
+
+    /// Forgets answered tickets at the head of the list. Call with `timer` held.
+    private func dropFinishedPending() {
+        while pendingHead < pending.count && pending[pendingHead].isFinished { pendingHead += 1 }
+        if pendingHead == pending.count {
+            pending.removeAll(keepingCapacity: pending.count <= 4096)
+            pendingHead = 0
+        } else if pendingHead >= 1024 && pendingHead * 2 >= pending.count {
+            pending.removeFirst(pendingHead)
+            pendingHead = 0
+        }
+    }
+
+    /// The deadline watcher: answers ``CommitTimeout`` to every ticket still unanswered at its
+    /// deadline. It sleeps until the earliest deadline, so it wakes about once per commit timeout, not
+    /// once per row.
+    private func watchDeadlines() {
+        timer.lock()
+        while true {
+            dropFinishedPending()
+            if pendingHead == pending.count {
+                if watcherStopping { break }
+                timer.wait()
+                continue
+            }
+            let now = ContinuousClock.now
+            var expired: [Ticket] = []
+            while pendingHead < pending.count && (pending[pendingHead].deadline <= now || watcherStopping) {
+                expired.append(pending[pendingHead])
+                pendingHead += 1
+            }
+            if !expired.isEmpty {
+                timer.unlock()
+                let error: any Error = watcherStopping ? Closed() : CommitTimeout()
+                for ticket in expired { ticket.finish(.failure(error)) }
+                timer.lock()
+                continue
+            }
+            let wait = pending[pendingHead].deadline - now
+            _ = timer.wait(until: Date(timeIntervalSinceNow: wait.inSeconds))
+        }
+        timer.unlock()
     }
 
     /// Inserts `batch` in one statement; on an error that is not about the connection, retries each row
@@ -166,16 +281,12 @@ public final class NotificationStore: @unchecked Sendable {
             var fresh = inserted
             for ticket in batch {
                 let accepted = fresh.remove(ticket.notification.jti) != nil
-                ticket.result = .success(accepted ? .accepted : .duplicate)
-                ticket.done.signal()
+                ticket.finish(.success(accepted ? .accepted : .duplicate))
             }
         } catch let error as PostgresError where batch.count > 1 && !error.isConnectionError {
             for ticket in batch { commit([ticket]) }
         } catch {
-            for ticket in batch {
-                ticket.result = .failure(error)
-                ticket.done.signal()
-            }
+            for ticket in batch { ticket.finish(.failure(error)) }
         }
     }
 

@@ -65,7 +65,8 @@ public final class ReceiverHarness: @unchecked Sendable {
         mode: Mode = .live, keys: Keys = .served(), audience: String = TestSigning.audience,
         cluster: PostgresCluster? = nil, cooldown: Duration = .seconds(30), poolSize: Int = 8,
         maxBodyBytes: Int = 65536, waitForKeys: Bool = true, connectionTimeout: Duration? = nil,
-        connectionLimit: Int? = nil, maxTokenAge: Duration? = nil
+        connectionLimit: Int? = nil, maxTokenAge: Duration? = nil, commitTimeout: Duration? = nil,
+        handlerThreads: Int = 16, shutdownGracePeriod: Duration? = nil
     ) throws {
         self.mode = mode
         self.audience = audience
@@ -77,7 +78,7 @@ public final class ReceiverHarness: @unchecked Sendable {
         }
         var http = HTTPServer.Configuration(host: "127.0.0.1", port: 0)
         http.maxBodyBytes = maxBodyBytes
-        http.threadCount = 16
+        http.threadCount = handlerThreads
         if let connectionTimeout { http.connectionTimeout = connectionTimeout }
         if let connectionLimit { http.connectionLimit = connectionLimit }
         var configuration = try ReceiverConfiguration(
@@ -86,6 +87,8 @@ public final class ReceiverHarness: @unchecked Sendable {
             keys: KeyStore.Configuration(refreshInterval: .seconds(3600), cooldown: cooldown),
             poolSize: poolSize, poolTimeout: .seconds(2), http: http)
         if let maxTokenAge { configuration.maxTokenAge = maxTokenAge }
+        if let commitTimeout { configuration.storage.commitTimeout = commitTimeout }
+        if let shutdownGracePeriod { configuration.shutdownGracePeriod = shutdownGracePeriod }
         let logger = logs.logger(level: .debug)
         if mode == .live {
             let receiver = try NotificationReceiver(configuration: configuration, logger: logger)
@@ -123,6 +126,14 @@ public final class ReceiverHarness: @unchecked Sendable {
         }
         jwks?.stop()
     }
+
+    /// The live receiver's metrics (`nil` in ``Mode/direct``).
+    public var metrics: ReceiverMetrics? { receiver?.metrics }
+
+    /// Shuts the live receiver down (see ``NotificationReceiver/shutdown()``); returns whether every
+    /// request in flight finished within the grace period. Later calls return at once.
+    @discardableResult
+    public func shutdown() -> Bool { receiver?.shutdown() ?? true }
 
     /// The port the live receiver listens on (0 in ``Mode/direct``).
     public var port: Int { receiver?.port ?? 0 }

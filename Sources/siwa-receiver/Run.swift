@@ -47,8 +47,10 @@ let receiverCommand = CommandSpec(
             environmentVariable: "SIWA_CONNECTION_TIMEOUT", defaultValue: "10"),
         CommandOption(
             "threads", valueName: "N",
-            help: "HTTP handler threads; each waits for its group commit, so many in flight batch well.",
-            environmentVariable: "SIWA_THREADS", defaultValue: "64"),
+            help:
+                "HTTP handler threads, for requests that may block (readiness, metrics, a notification "
+                + "whose key must be fetched); a notification waiting for its commit holds none.",
+            environmentVariable: "SIWA_THREADS", defaultValue: "4"),
         CommandOption(
             "pool-size", valueName: "N", help: "Database connections.", environmentVariable: "SIWA_POOL_SIZE",
             defaultValue: "16"),
