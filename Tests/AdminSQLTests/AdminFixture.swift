@@ -106,14 +106,19 @@ func storeAsReceiver(
     let store = NotificationStore(pool: pool, configuration: .init(committers: 1))
     defer { store.close() }
     let now = Date()
+    // A redelivery is the same signed token: the same iat (whole seconds, as in a JWT) every time.
+    let issuedAt = storeAsReceiverIssuedAt
     let notification = ServerNotification(
         eventType: EventType(rawValue: eventType), subject: sub, email: email,
         isPrivateEmail: email.map { _ in true }, eventTime: now.addingTimeInterval(-60),
         jti: jti,
-        audience: "com.example.app", audiences: ["com.example.app"], issuedAt: now,
-        expiresAt: now.addingTimeInterval(86_400))
+        audience: "com.example.app", audiences: ["com.example.app"], issuedAt: issuedAt,
+        expiresAt: issuedAt.addingTimeInterval(86_400))
     return try store.store(notification, rawToken: "header.payload.signature")
 }
+
+/// The iat of every token ``storeAsReceiver`` stores: this process's start, in whole seconds.
+let storeAsReceiverIssuedAt = Date(timeIntervalSince1970: Date().timeIntervalSince1970.rounded(.down))
 
 /// The users of the seeded data set, and what happened to them.
 enum Seed {
