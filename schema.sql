@@ -342,12 +342,18 @@ COMMENT ON COLUMN siwa.notification_log.personal_data_erased_at IS
 
 -- What the admins' questions need (docs/sql.md): one user's timeline (a btree on sub), per day by
 -- arrival or by event time (BRIN: the log is appended in arrival order, so a block range's times are
--- close together; a BRIN index costs next to nothing per insert, a btree a page descent). The outcome is
+-- close together; a BRIN index costs next to nothing per insert, a btree a page descent; autosummarize
+-- has autovacuum summarize each block range as soon as it is full). The outcome is
 -- indexed only where it is rare (skipped, dead) or needed by queue_health (applied_at): a row inserted
 -- pending has no entry in these two.
 CREATE INDEX IF NOT EXISTS notification_log_sub_idx ON siwa.notification_log (sub, event_time);
-CREATE INDEX IF NOT EXISTS notification_log_received_idx ON siwa.notification_log USING brin (received_at);
-CREATE INDEX IF NOT EXISTS notification_log_event_time_idx ON siwa.notification_log USING brin (event_time);
+CREATE INDEX IF NOT EXISTS notification_log_received_idx ON siwa.notification_log USING brin (received_at)
+    WITH (autosummarize = on);
+CREATE INDEX IF NOT EXISTS notification_log_event_time_idx ON siwa.notification_log USING brin (event_time)
+    WITH (autosummarize = on);
+-- Retention keeps rows whose token has not expired yet (siwa.drop_log_partitions): found by this.
+CREATE INDEX IF NOT EXISTS notification_log_expires_idx ON siwa.notification_log USING brin (expires_at)
+    WITH (autosummarize = on);
 CREATE INDEX IF NOT EXISTS notification_log_applied_idx
     ON siwa.notification_log (applied_at) WHERE applied_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS notification_log_exceptions_idx
@@ -610,6 +616,8 @@ $$;
 -- they are erased when applied (see siwa.process_claimed_notification).
 CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_sub text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_ids bigint[];
 BEGIN
     UPDATE siwa.accounts
        SET email = NULL, is_private_email = NULL, personal_data_erased_at = clock_timestamp(),
@@ -631,13 +639,18 @@ BEGIN
     -- The error texts of the user's queued rows (found through the log). Rows another worker has claimed
     -- but left alone (it could not take the lock) are skipped rather than waited for, which could deadlock
     -- with that worker's batch: they are erased when applied or failed (siwa.record_failure).
-    UPDATE siwa.notification_queue AS t
-       SET last_error = siwa.erased_error(t.last_error, 'pending')
-      FROM (SELECT q.id FROM siwa.notification_log l JOIN siwa.notification_queue q ON q.id = l.id
-             WHERE l.sub = p_sub AND l.state = 'pending' AND q.last_error IS NOT NULL
-               AND q.last_error IS DISTINCT FROM siwa.erased_error(q.last_error, 'pending')
-             FOR UPDATE OF q SKIP LOCKED) AS c
-     WHERE t.id = c.id;
+    -- The ids first (the log's sub index), then the queue by its primary key: a join would let the
+    -- planner read the whole queue, which it believes has few rows with an error.
+    v_ids := ARRAY(SELECT l.id FROM siwa.notification_log l WHERE l.sub = p_sub AND l.state = 'pending');
+    IF pg_catalog.cardinality(v_ids) > 0 THEN
+        UPDATE siwa.notification_queue AS t
+           SET last_error = siwa.erased_error(t.last_error, 'pending')
+          FROM (SELECT q.id FROM siwa.notification_queue q
+                 WHERE q.id = ANY (v_ids) AND q.last_error IS NOT NULL
+                   AND q.last_error IS DISTINCT FROM siwa.erased_error(q.last_error, 'pending')
+                 FOR UPDATE SKIP LOCKED) AS c
+         WHERE t.id = c.id;
+    END IF;
     UPDATE siwa.refresh_tokens SET token_ciphertext = NULL
      WHERE sub = p_sub AND token_ciphertext IS NOT NULL;
 END;
@@ -1108,12 +1121,26 @@ BEGIN
                <= v_cutoff
          ORDER BY c.relname
     LOOP
+        -- The month's size: the planner's estimate when it has one (reading a month to count it would
+        -- cost more than dropping it), else counted.
+        v_all := (SELECT CASE WHEN c.reltuples >= 0 THEN c.reltuples::bigint END
+                    FROM pg_class c WHERE c.oid = ('siwa.' || quote_ident(v_name))::regclass);
+        IF v_all IS NULL THEN
+            EXECUTE format('SELECT count(*) FROM siwa.%I', v_name) INTO v_all;
+        END IF;
         EXECUTE format('ALTER TABLE siwa.notification_log DETACH PARTITION siwa.%I', v_name);
-        EXECUTE format('INSERT INTO siwa.notification_log_default SELECT * FROM siwa.%I
-                         WHERE state IN (''pending'', ''dead'') OR expires_at > %L', v_name,
+        -- Each kind of row kept is found by an index, not by reading the month: pending ones through the
+        -- queue (its rows probe the month's primary key), dead ones by the partial index on rare states,
+        -- unexpired tokens by the BRIN index on expires_at.
+        EXECUTE format('INSERT INTO siwa.notification_log_default
+                        SELECT p.* FROM siwa.%1$I p
+                          JOIN siwa.notification_queue q ON q.jti = p.jti AND q.issued_at = p.issued_at
+                        UNION
+                        SELECT p.* FROM siwa.%1$I p WHERE p.state = ''dead''
+                        UNION
+                        SELECT p.* FROM siwa.%1$I p WHERE p.expires_at > %2$L', v_name,
                        clock_timestamp() - interval '1 minute');
         GET DIAGNOSTICS v_kept = ROW_COUNT;
-        EXECUTE format('SELECT count(*) FROM siwa.%I', v_name) INTO v_all;
         EXECUTE format('DROP TABLE siwa.%I', v_name);
         v_dropped := v_dropped + v_all - v_kept;
     END LOOP;
@@ -1127,7 +1154,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.drop_log_partitions(interval) IS
-    'Retention: drops the month partitions of siwa.notification_log that ended before now - p_older_than (never less than 7 days: the dedupe window), keeping their pending and dead rows, and rows whose token has not expired, in the DEFAULT partition. SECURITY DEFINER (the schema''s owner), executable by siwa_worker only. Returns how many rows were dropped.';
+    'Retention: drops the month partitions of siwa.notification_log that ended before now - p_older_than (never less than 7 days: the dedupe window), keeping their pending and dead rows, and rows whose token has not expired, in the DEFAULT partition. SECURITY DEFINER (the schema''s owner), executable by siwa_worker only. Returns about how many rows were dropped (a month''s size as the planner''s statistics know it).';
 
 -- Where token pruning goes on from: every finished row received before this has no raw token left
 -- (a row still pending keeps the mark behind it until it is done).

@@ -337,8 +337,8 @@ LEAN_TABLE = "CREATE TABLE lean (jti text PRIMARY KEY, payload text)"
 LEAN_INSERT = (f"INSERT INTO lean (jti, payload) VALUES (gen_random_uuid()::text, '{TOKEN}') "
                "ON CONFLICT (jti) DO NOTHING;\n")
 OWN_INSERT = (
-    "INSERT INTO siwa.notification_log (jti, event_type, sub, audience, email, is_private_email, event_time, "
-    "issued_at, expires_at, raw_token, personal_data_erased_at) "
+    "WITH stored AS (INSERT INTO siwa.notification_log (jti, event_type, sub, audience, email, is_private_email, "
+    "event_time, issued_at, expires_at, raw_token, personal_data_erased_at) "
     "SELECT b.jti, b.event_type, b.sub, b.audience, CASE WHEN a.sub IS NULL THEN b.email END, b.is_private_email, "
     "b.event_time, b.issued_at, b.expires_at, CASE WHEN a.sub IS NULL THEN b.raw_token END, "
     "CASE WHEN a.sub IS NOT NULL THEN clock_timestamp() END "
@@ -346,7 +346,11 @@ OWN_INSERT = (
     f"'001234.bench', '{AUDIENCE}', NULL::text, NULL::boolean, now(), now(), now() + interval '1 day', '{TOKEN}')) "
     "AS b(jti, event_type, sub, audience, email, is_private_email, event_time, issued_at, expires_at, raw_token) "
     "LEFT JOIN siwa.accounts a ON a.sub = b.sub AND a.personal_data_erased_at IS NOT NULL "
-    "ON CONFLICT (jti, issued_at) DO NOTHING RETURNING jti;\n")
+    "ON CONFLICT (jti, issued_at) DO NOTHING RETURNING id, jti, issued_at), "
+    "queued AS (INSERT INTO siwa.notification_queue (id, jti, issued_at) SELECT s.id, s.jti, s.issued_at FROM stored s "
+    "RETURNING 1) "
+    "SELECT s.jti FROM stored s "
+    "WHERE (SELECT count(pg_notify('siwa_notifications', '')) FROM (SELECT 1 FROM queued LIMIT 1) AS w) >= 0;\n")
 
 
 def run_pgbench(cluster, db, connections, seconds, workdir, statement=OWN_INSERT, table="siwa.notification_log"):
@@ -456,13 +460,16 @@ def drain(cluster, binaries, workers, events=100_000):
     cluster.psql(db, f"""
         INSERT INTO siwa.sessions (sub, created_at)
         SELECT 'drain-sub-' || g, now() - interval '1 day' FROM generate_series(1, 20000) g;
-        INSERT INTO siwa.notification_log (jti, event_type, sub, audience, email, is_private_email, event_time,
-            issued_at, raw_token)
-        SELECT 'drain-' || g, (ARRAY['email-disabled','email-enabled','consent-revoked','account-delete'])[1 + g % 4],
-            'drain-sub-' || (g % 20000), '{AUDIENCE}',
-            CASE WHEN g % 4 < 2 THEN 'd' || g || '@privaterelay.appleid.com' END, CASE WHEN g % 4 < 2 THEN true END,
-            now() - (g || ' ms')::interval, now(), repeat('x', 700)
-        FROM generate_series(1, {events}) g""")
+        WITH stored AS (
+            INSERT INTO siwa.notification_log (jti, event_type, sub, audience, email, is_private_email, event_time,
+                issued_at, raw_token)
+            SELECT 'drain-' || g, (ARRAY['email-disabled','email-enabled','consent-revoked','account-delete'])[1 + g % 4],
+                'drain-sub-' || (g % 20000), '{AUDIENCE}',
+                CASE WHEN g % 4 < 2 THEN 'd' || g || '@privaterelay.appleid.com' END, CASE WHEN g % 4 < 2 THEN true END,
+                now() - (g || ' ms')::interval, now(), repeat('x', 700)
+            FROM generate_series(1, {events}) g
+            RETURNING id, jti, issued_at)
+        INSERT INTO siwa.notification_queue (id, jti, issued_at) SELECT id, jti, issued_at FROM stored""")
     # Statistics for the tables just filled only: analysing the still-empty siwa.accounts would record
     # "0 rows" and make the worker's cached plans scan it sequentially as it grows (a fresh deployment's
     # never-analysed table does not have that problem; autovacuum analyses it as it fills).
