@@ -615,7 +615,8 @@ $$;
 -- not take the lock) are skipped rather than waited for, which could deadlock with that worker's batch:
 -- they are erased when applied (see siwa.process_claimed_notification).
 CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_sub text) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_ids bigint[];
 BEGIN
@@ -661,7 +662,8 @@ COMMENT ON FUNCTION siwa.erase_personal_data(text) IS
 -- Applies the effects of one notification. Raises on failure; the caller owns the transaction and the
 -- notification's state. Returns 'applied', or 'skipped: <reason>' for a notification with nothing to do.
 CREATE OR REPLACE FUNCTION siwa.apply_notification(n siwa.notifications) RETURNS text
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_account   siwa.accounts;
     v_erased    boolean;
@@ -793,6 +795,7 @@ CREATE OR REPLACE FUNCTION siwa.process_claimed_notification(
 RETURNS siwa.processing_result
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     r         siwa.processing_result;
@@ -888,6 +891,7 @@ CREATE OR REPLACE FUNCTION siwa.process_due_notifications(
 RETURNS SETOF siwa.processing_result
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     n     siwa.notifications;
@@ -919,6 +923,7 @@ CREATE OR REPLACE FUNCTION siwa.process_notification(
 RETURNS SETOF siwa.processing_result
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     n siwa.notifications;
@@ -943,7 +948,8 @@ COMMENT ON FUNCTION siwa.process_notification(bigint, integer, interval) IS
 CREATE OR REPLACE FUNCTION siwa.record_failure(
     p_id bigint, p_error text, p_max_attempts integer, p_retry_base_delay interval)
 RETURNS text
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_attempts  integer;
     v_sub       text;
