@@ -42,8 +42,8 @@ DO $$
 DECLARE
     v_from integer := coalesce((SELECT pg_catalog.max(version) FROM siwa.schema_version), 0);
 BEGIN
-    IF v_from > 2 THEN
-        RAISE EXCEPTION 'the database is at schema version %, newer than this schema.sql (version 2); not applying it', v_from
+    IF v_from > 3 THEN
+        RAISE EXCEPTION 'the database is at schema version %, newer than this schema.sql (version 3); not applying it', v_from
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'Apply the schema.sql of the release that brought the database to that version, or a newer one.';
     END IF;
@@ -205,6 +205,28 @@ BEGIN
         INSERT INTO siwa.schema_version (version, description)
         VALUES (2, 'hardening: pinned search_path, per-user serialisation by the account row lock, busy notifications put off, erasure in every state, redacted errors, receiver column grants, state invariants as CHECK constraints');
     END IF;
+
+    -- 3: the history split from the queue. Version 2's one table siwa.notifications (log and queue) is
+    -- renamed out of the way here, with what depends on its row type; the desired state below creates
+    -- the partitioned log siwa.notification_log, the queue siwa.notification_queue and the view
+    -- siwa.notifications in its place; the block "Change 3, the rows" at the end of this file, in the
+    -- same transaction and under the same lock, moves every row into them (states, errors, erasure and
+    -- ids as they were) and only then drops the renamed table.
+    IF v_from < 3 THEN
+        IF v_from > 0 THEN
+            DROP TRIGGER IF EXISTS notifications_erase_late ON siwa.notifications;
+            DROP FUNCTION IF EXISTS siwa.erase_late_notification();
+            DROP FUNCTION IF EXISTS siwa.apply_notification(siwa.notifications);
+            DROP FUNCTION IF EXISTS siwa.process_claimed_notification(siwa.notifications, integer, interval);
+            -- The views read the new tables from the desired state on; until then they follow the rename.
+            ALTER TABLE siwa.notifications RENAME TO notifications_v2;
+            -- Its index-backed constraints' names are taken by nothing new, but keep them apart anyway.
+            ALTER INDEX siwa.notifications_pkey RENAME TO notifications_v2_pkey;
+            ALTER INDEX siwa.notifications_jti_key RENAME TO notifications_v2_jti_key;
+        END IF;
+        INSERT INTO siwa.schema_version (version, description)
+        VALUES (3, 'history split from the queue: siwa.notification_log partitioned by month of issued_at (dedupe by jti and issued_at, retention drops partitions), siwa.notification_queue of pending work, siwa.notifications a view of both');
+    END IF;
 END;
 $$;
 
@@ -235,11 +257,37 @@ COMMENT ON COLUMN siwa.settings.hook_search_path IS
 INSERT INTO siwa.settings DEFAULT VALUES ON CONFLICT DO NOTHING;
 
 -- ---------------------------------------------------------------------------------------------------
--- The notification log (and the worker's queue)
+-- The notification log, the worker's queue, and the view of both
 -- ---------------------------------------------------------------------------------------------------
+--
+-- siwa.notification_log is the history: one row per verified notification, appended by the receiver,
+-- partitioned by month of the token's issued_at (iat). Its rows change rarely: once when the worker is
+-- done with them (state, attempts, applied_at, last_error), and on erasure or token pruning. Retention
+-- drops whole months (siwa.drop_log_partitions): no DELETE, no vacuum debt.
+--
+-- Deduplication is by jti alone, as the receiver promises: siwa.notification_jtis holds one small row
+-- per jti (primary key jti), written in the statement that stores the notification, and the log row is
+-- written only for a jti that was new there. A partitioned table cannot have a unique index without its
+-- partition key, so the log's own primary key (jti, issued_at) would let a redelivery that Apple re-signed
+-- with another iat through as a second row. A key is kept while a token with that jti can still be
+-- accepted: for 7 days after its iat (the dedupe window; the receiver's --max-token-age, 24 h by default,
+-- must stay below it) and until its exp; siwa.prune deletes older keys (a small table: days of keys,
+-- never the history). Past the window, a token is refused by the receiver for its age, and should one
+-- still arrive, siwa.apply_notification finds the jti's earlier row and skips the second.
+-- A token whose iat falls outside every month partition lands in the DEFAULT partition: no insert fails
+-- for want of a partition.
+--
+-- siwa.notification_queue holds the work still to do: one small row per pending notification, with its
+-- attempts, next attempt and busy state. Its only index is its primary key, so the worker's updates of
+-- a pending row (retry, busy) are HOT; the row is deleted when the notification is applied, skipped or
+-- dead. The receiver writes it in the statement that stores the notification (see below).
+--
+-- siwa.notifications is the view of both with version 2's columns: the row type the worker's functions
+-- take, and a table-like face for the owner's own maintenance (INSERT, UPDATE, DELETE through
+-- INSTEAD OF triggers). Nothing in the hot paths uses it.
 
-CREATE TABLE IF NOT EXISTS siwa.notifications (
-    id                      bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+CREATE TABLE IF NOT EXISTS siwa.notification_log (
+    id                      bigint      GENERATED ALWAYS AS IDENTITY,
     jti                     text        NOT NULL,
     event_type              text        NOT NULL,
     sub                     text        NOT NULL,
@@ -253,98 +301,230 @@ CREATE TABLE IF NOT EXISTS siwa.notifications (
     received_at             timestamptz NOT NULL DEFAULT now(),
     state                   text        NOT NULL DEFAULT 'pending',
     attempts                integer     NOT NULL DEFAULT 0,
-    next_attempt_at         timestamptz NOT NULL DEFAULT now(),
     applied_at              timestamptz,
     last_error              text,
     personal_data_erased_at timestamptz,
-    busy_since              timestamptz,
-    CONSTRAINT notifications_jti_key UNIQUE (jti),
-    CONSTRAINT notifications_state_check CHECK (state IN ('pending', 'applied', 'skipped', 'dead')),
-    CONSTRAINT notifications_sub_check CHECK (sub <> ''),
-    CONSTRAINT notifications_jti_check CHECK (jti <> ''),
+    CONSTRAINT notification_log_pkey PRIMARY KEY (jti, issued_at),
+    CONSTRAINT notification_log_state_check CHECK (state IN ('pending', 'applied', 'skipped', 'dead')),
+    CONSTRAINT notification_log_sub_check CHECK (sub <> ''),
+    CONSTRAINT notification_log_jti_check CHECK (jti <> ''),
     -- Tied to the state: applied_at is set exactly when it is applied or skipped; a dead one says why;
-    -- only a pending one can be busy; an erased one holds no email or token.
-    CONSTRAINT notifications_applied_at_check CHECK ((state IN ('applied', 'skipped')) = (applied_at IS NOT NULL)),
-    CONSTRAINT notifications_dead_error_check CHECK (state <> 'dead' OR last_error IS NOT NULL),
-    CONSTRAINT notifications_busy_check CHECK (busy_since IS NULL OR state = 'pending'),
-    CONSTRAINT notifications_erased_check
+    -- an erased one holds no email or token.
+    CONSTRAINT notification_log_applied_at_check CHECK ((state IN ('applied', 'skipped')) = (applied_at IS NOT NULL)),
+    CONSTRAINT notification_log_dead_error_check CHECK (state <> 'dead' OR last_error IS NOT NULL),
+    CONSTRAINT notification_log_erased_check
         CHECK (personal_data_erased_at IS NULL OR (email IS NULL AND raw_token IS NULL))
+) PARTITION BY RANGE (issued_at);
+CREATE TABLE IF NOT EXISTS siwa.notification_log_default PARTITION OF siwa.notification_log DEFAULT;
+
+CREATE TABLE IF NOT EXISTS siwa.notification_jtis (
+    jti        text        PRIMARY KEY,
+    issued_at  timestamptz NOT NULL,
+    expires_at timestamptz
 );
-COMMENT ON TABLE siwa.notifications IS
-    'One row per verified notification from Apple, unique by jti (Apple may deliver one several times). Written by siwa-receiver, drained by siwa-worker. Read it through siwa.event_history.';
-COMMENT ON COLUMN siwa.notifications.id IS 'Surrogate key, in order of arrival.';
-COMMENT ON COLUMN siwa.notifications.jti IS 'The token''s unique identifier (jti claim): deduplicates redeliveries.';
-COMMENT ON COLUMN siwa.notifications.event_type IS
+COMMENT ON TABLE siwa.notification_jtis IS
+    'Deduplication by jti: one row per jti stored in the dedupe window (7 days after iat, and until exp), written with the notification by the receiver; pruned by siwa.prune.';
+COMMENT ON COLUMN siwa.notification_jtis.jti IS 'The token''s jti.';
+COMMENT ON COLUMN siwa.notification_jtis.issued_at IS 'The token''s iat: the key is kept for 7 days after it.';
+COMMENT ON COLUMN siwa.notification_jtis.expires_at IS 'The token''s exp: the key is kept at least until then.';
+CREATE INDEX IF NOT EXISTS notification_jtis_issued_idx ON siwa.notification_jtis USING brin (issued_at)
+    WITH (autosummarize = on);
+COMMENT ON TABLE siwa.notification_log IS
+    'The history: one row per verified notification from Apple, unique by (jti, issued_at) (a redelivery is the same token), partitioned by month of issued_at; retention drops whole months. Written by siwa-receiver; its outcome columns by siwa-worker. Read it through siwa.event_history.';
+COMMENT ON TABLE siwa.notification_log_default IS
+    'Rows of siwa.notification_log whose issued_at has no month partition (yet), and the pending or dead rows of months that retention dropped.';
+COMMENT ON COLUMN siwa.notification_log.id IS 'Surrogate key, in order of arrival.';
+COMMENT ON COLUMN siwa.notification_log.jti IS 'The token''s unique identifier (jti claim): with issued_at, deduplicates redeliveries.';
+COMMENT ON COLUMN siwa.notification_log.event_type IS
     'Canonical event type: email-disabled, email-enabled, consent-revoked, account-delete (Apple''s spelling account-deleted is normalised), or an unknown type exactly as received.';
-COMMENT ON COLUMN siwa.notifications.sub IS 'The user''s team-scoped Apple identifier (events.sub).';
-COMMENT ON COLUMN siwa.notifications.audience IS 'The client ID (bundle ID or Services ID) the token was addressed to and matched.';
-COMMENT ON COLUMN siwa.notifications.email IS 'Email address from the event (email events only); NULL once personal data is erased.';
-COMMENT ON COLUMN siwa.notifications.is_private_email IS 'Whether the address is an Apple private relay address (email events only).';
-COMMENT ON COLUMN siwa.notifications.event_time IS 'When the event happened at Apple (events.event_time).';
-COMMENT ON COLUMN siwa.notifications.issued_at IS 'The token''s iat claim.';
-COMMENT ON COLUMN siwa.notifications.expires_at IS 'The token''s exp claim, when present.';
-COMMENT ON COLUMN siwa.notifications.raw_token IS
+COMMENT ON COLUMN siwa.notification_log.sub IS 'The user''s team-scoped Apple identifier (events.sub).';
+COMMENT ON COLUMN siwa.notification_log.audience IS 'The client ID (bundle ID or Services ID) the token was addressed to and matched.';
+COMMENT ON COLUMN siwa.notification_log.email IS 'Email address from the event (email events only); NULL once personal data is erased.';
+COMMENT ON COLUMN siwa.notification_log.is_private_email IS 'Whether the address is an Apple private relay address (email events only).';
+COMMENT ON COLUMN siwa.notification_log.event_time IS 'When the event happened at Apple (events.event_time).';
+COMMENT ON COLUMN siwa.notification_log.issued_at IS 'The token''s iat claim: the partition key.';
+COMMENT ON COLUMN siwa.notification_log.expires_at IS 'The token''s exp claim, when present.';
+COMMENT ON COLUMN siwa.notification_log.raw_token IS
     'The signed token as received, for audit (re-verify with siwactl verify --at). NULL once pruned by retention or erased with the account''s personal data.';
-COMMENT ON COLUMN siwa.notifications.received_at IS 'When the receiver committed this row (the 200 to Apple follows the commit).';
-COMMENT ON COLUMN siwa.notifications.state IS
-    'Processing state: pending (waiting for its first or next attempt), applied (effects committed), skipped (verified but nothing to do, e.g. an unknown event type; see last_error), dead (gave up after the maximum attempts; see last_error, requeue with siwactl replay).';
-COMMENT ON COLUMN siwa.notifications.attempts IS 'How many times the worker has tried to apply it.';
-COMMENT ON COLUMN siwa.notifications.next_attempt_at IS 'When a pending notification is next due (backoff after a failure).';
-COMMENT ON COLUMN siwa.notifications.applied_at IS 'When it reached applied or skipped.';
-COMMENT ON COLUMN siwa.notifications.last_error IS
-    'The last failure as SQLSTATE: message, with quoted values and email addresses masked (siwa.redact_error); only the SQLSTATE once the account''s personal data is erased. For a skipped notification, the reason.';
-COMMENT ON COLUMN siwa.notifications.personal_data_erased_at IS
+COMMENT ON COLUMN siwa.notification_log.received_at IS 'When the receiver committed this row (the 200 to Apple follows the commit).';
+COMMENT ON COLUMN siwa.notification_log.state IS
+    'Processing state: pending (in siwa.notification_queue), applied (effects committed), skipped (verified but nothing to do, e.g. an unknown event type; see last_error), dead (gave up after the maximum attempts; see last_error, requeue with siwactl replay).';
+COMMENT ON COLUMN siwa.notification_log.attempts IS 'How many times the worker tried to apply it (while pending: see siwa.notification_queue).';
+COMMENT ON COLUMN siwa.notification_log.applied_at IS 'When it reached applied or skipped.';
+COMMENT ON COLUMN siwa.notification_log.last_error IS
+    'The last failure as SQLSTATE: message, with quoted values and email addresses masked (siwa.redact_error); only the SQLSTATE once the account''s personal data is erased. For a skipped notification, the reason. While pending: see siwa.notification_queue.';
+COMMENT ON COLUMN siwa.notification_log.personal_data_erased_at IS
     'When email, raw token and error text were erased after an account deletion (or, for a notification that arrived after the erasure, when it was stored without them).';
-COMMENT ON COLUMN siwa.notifications.busy_since IS
-    'While pending: since when every attempt found its user (the siwa.accounts row) held by another transaction, so it was put off without counting an attempt (NULL: not busy). Cleared by the next real attempt.';
 
-CREATE INDEX IF NOT EXISTS notifications_due_idx
-    ON siwa.notifications (next_attempt_at, id) WHERE state = 'pending';
-CREATE INDEX IF NOT EXISTS notifications_sub_idx ON siwa.notifications (sub, event_time);
-CREATE INDEX IF NOT EXISTS notifications_received_idx ON siwa.notifications (received_at);
-CREATE INDEX IF NOT EXISTS notifications_type_received_idx ON siwa.notifications (event_type, received_at);
-CREATE INDEX IF NOT EXISTS notifications_dead_idx ON siwa.notifications (received_at) WHERE state = 'dead';
-CREATE INDEX IF NOT EXISTS notifications_applied_idx ON siwa.notifications (applied_at) WHERE applied_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS notifications_busy_idx
-    ON siwa.notifications (busy_since) WHERE state = 'pending' AND busy_since IS NOT NULL;
+-- What the admins' questions need (docs/sql.md): one user's timeline (a btree on sub), per day by
+-- arrival or by event time (BRIN: the log is appended in arrival order, so a block range's times are
+-- close together; a BRIN index costs next to nothing per insert, a btree a page descent; autosummarize
+-- has autovacuum summarize each block range as soon as it is full). The outcome is
+-- indexed only where it is rare (skipped, dead) or needed by queue_health (applied_at): a row inserted
+-- pending has no entry in these two.
+CREATE INDEX IF NOT EXISTS notification_log_sub_idx ON siwa.notification_log (sub, event_time);
+CREATE INDEX IF NOT EXISTS notification_log_received_idx ON siwa.notification_log USING brin (received_at)
+    WITH (autosummarize = on);
+CREATE INDEX IF NOT EXISTS notification_log_event_time_idx ON siwa.notification_log USING brin (event_time)
+    WITH (autosummarize = on);
+-- Retention keeps rows whose token has not expired yet (siwa.drop_log_partitions): found by this.
+CREATE INDEX IF NOT EXISTS notification_log_expires_idx ON siwa.notification_log USING brin (expires_at)
+    WITH (autosummarize = on);
+CREATE INDEX IF NOT EXISTS notification_log_applied_idx
+    ON siwa.notification_log (applied_at) WHERE applied_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS notification_log_exceptions_idx
+    ON siwa.notification_log (state, received_at) WHERE state IN ('skipped', 'dead');
 
--- Wake the workers when there is new work, with a NOTIFY that PostgreSQL sends at commit (so never for
--- work that was rolled back): once per statement that inserts rows (the receiver's group commit inserts
--- many in one; a redelivered jti inserts none and wakes nobody), and for each row an UPDATE puts back
--- to pending (a requeue). The worker's own updates — marking rows applied, or scheduling a retry of a
--- row that stays pending — fire nothing, so they pay for no trigger.
-CREATE OR REPLACE FUNCTION siwa.notify_workers() RETURNS trigger
+CREATE TABLE IF NOT EXISTS siwa.notification_queue (
+    id              bigint      PRIMARY KEY,
+    jti             text        NOT NULL,
+    issued_at       timestamptz NOT NULL,
+    received_at     timestamptz NOT NULL DEFAULT now(),
+    next_attempt_at timestamptz NOT NULL DEFAULT now(),
+    attempts        integer     NOT NULL DEFAULT 0,
+    busy_since      timestamptz,
+    last_error      text
+) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 5000);
+COMMENT ON TABLE siwa.notification_queue IS
+    'The worker''s queue: one row per pending notification of siwa.notification_log (same id, jti, issued_at), deleted when it is applied, skipped or dead. Written by the receiver in the statement that stores the notification; only the primary key is indexed, so the worker''s updates are HOT.';
+COMMENT ON COLUMN siwa.notification_queue.id IS 'The notification''s id in siwa.notification_log; the order work is claimed in.';
+COMMENT ON COLUMN siwa.notification_queue.jti IS 'With issued_at, the key of its row in siwa.notification_log.';
+COMMENT ON COLUMN siwa.notification_queue.issued_at IS 'With jti, the key of its row in siwa.notification_log (and its partition).';
+COMMENT ON COLUMN siwa.notification_queue.received_at IS 'When the receiver stored it (the log row''s received_at: the same transaction''s now()).';
+COMMENT ON COLUMN siwa.notification_queue.next_attempt_at IS 'When it is next due (backoff after a failure, or put off while busy).';
+COMMENT ON COLUMN siwa.notification_queue.attempts IS 'How many times the worker has tried to apply it.';
+COMMENT ON COLUMN siwa.notification_queue.busy_since IS
+    'Since when every attempt found its user (the siwa.accounts row) held by another transaction, so it was put off without counting an attempt (NULL: not busy). Cleared by the next real attempt.';
+COMMENT ON COLUMN siwa.notification_queue.last_error IS
+    'The last failure, redacted as in siwa.notification_log.last_error (only its SQLSTATE once the account''s personal data is erased).';
+
+-- The receiver writes log and queue in one statement per batch (Sources/Receiver/NotificationStore.swift):
+--     WITH stored AS (INSERT INTO siwa.notification_log … ON CONFLICT (jti, issued_at) DO NOTHING
+--                     RETURNING id, jti, issued_at),
+--          queued AS (INSERT INTO siwa.notification_queue (id, jti, issued_at) SELECT … FROM stored …)
+--     SELECT jti FROM stored …, pg_notify('siwa_notifications', '') once if it queued anything
+-- NOTIFY is sent at commit (never for work rolled back); a redelivered jti inserts nothing and wakes
+-- nobody. A notification of an account whose personal data is already erased (Apple may send an email
+-- event after the deletion, or redeliver one) is stored without email and raw token: the same statement
+-- leaves them out (one primary-key probe of siwa.accounts per row). A row stored while the erasure
+-- commits concurrently is caught when the worker applies it (siwa.apply_notification) or records its
+-- failure (siwa.record_failure). There is no trigger on either table: version 2's row trigger cost ~30 µs
+-- per row, a statement trigger with a transition table ~20.
+
+-- The view with version 2's columns (the worker functions' row type).
+CREATE OR REPLACE VIEW siwa.notifications AS
+SELECT l.id, l.jti, l.event_type, l.sub, l.audience, l.email, l.is_private_email, l.event_time, l.issued_at,
+       l.expires_at, l.raw_token, l.received_at, l.state,
+       coalesce(q.attempts, l.attempts) AS attempts,
+       q.next_attempt_at,
+       l.applied_at,
+       CASE WHEN q.id IS NOT NULL THEN q.last_error ELSE l.last_error END AS last_error,
+       l.personal_data_erased_at,
+       q.busy_since
+  FROM siwa.notification_log l
+  LEFT JOIN siwa.notification_queue q ON q.id = l.id AND q.jti = l.jti AND q.issued_at = l.issued_at;
+COMMENT ON VIEW siwa.notifications IS
+    'Every notification as one row (siwa.notification_log with its siwa.notification_queue row while pending): version 2''s table, now a view; the row type of the worker''s functions. The owner may INSERT, UPDATE and DELETE through it (INSTEAD OF triggers keep log and queue in step); next_attempt_at and busy_since are NULL once it is no longer pending.';
+
+COMMENT ON COLUMN siwa.notifications.id IS 'Surrogate key, in order of arrival (siwa.notification_log.id).';
+COMMENT ON COLUMN siwa.notifications.jti IS 'The token''s jti (siwa.notification_log.jti).';
+COMMENT ON COLUMN siwa.notifications.event_type IS 'Canonical event type (siwa.notification_log.event_type).';
+COMMENT ON COLUMN siwa.notifications.sub IS 'The user (siwa.notification_log.sub).';
+COMMENT ON COLUMN siwa.notifications.audience IS 'The client ID (siwa.notification_log.audience).';
+COMMENT ON COLUMN siwa.notifications.email IS 'Email from the event; NULL once erased (siwa.notification_log.email).';
+COMMENT ON COLUMN siwa.notifications.is_private_email IS 'Whether the email is a private relay address.';
+COMMENT ON COLUMN siwa.notifications.event_time IS 'When the event happened at Apple.';
+COMMENT ON COLUMN siwa.notifications.issued_at IS 'The token''s iat: the log''s partition key.';
+COMMENT ON COLUMN siwa.notifications.expires_at IS 'The token''s exp, when present.';
+COMMENT ON COLUMN siwa.notifications.raw_token IS 'The signed token as received; NULL once pruned or erased.';
+COMMENT ON COLUMN siwa.notifications.received_at IS 'When the receiver committed it.';
+COMMENT ON COLUMN siwa.notifications.state IS 'pending (queued), applied, skipped or dead (siwa.notification_log.state).';
+COMMENT ON COLUMN siwa.notifications.attempts IS 'Attempts made (from the queue while pending).';
+COMMENT ON COLUMN siwa.notifications.next_attempt_at IS 'When a pending notification is next due (siwa.notification_queue); NULL otherwise.';
+COMMENT ON COLUMN siwa.notifications.applied_at IS 'When it was applied or skipped.';
+COMMENT ON COLUMN siwa.notifications.last_error IS 'Last failure, or why it was skipped (from the queue while pending).';
+COMMENT ON COLUMN siwa.notifications.personal_data_erased_at IS 'When its personal data was erased.';
+COMMENT ON COLUMN siwa.notifications.busy_since IS 'While pending: since when its user has been busy (siwa.notification_queue.busy_since).';
+
+-- Writes through the view: the owner's hand edits and tests. Not a hot path.
+CREATE OR REPLACE FUNCTION siwa.notifications_write() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM inserted) THEN
-        PERFORM pg_notify('siwa_notifications', '');
+    IF TG_OP = 'DELETE' THEN
+        DELETE FROM siwa.notification_queue WHERE id = OLD.id;
+        DELETE FROM siwa.notification_log WHERE jti = OLD.jti AND issued_at = OLD.issued_at;
+        DELETE FROM siwa.notification_jtis WHERE jti = OLD.jti AND issued_at = OLD.issued_at;
+        RETURN OLD;
     END IF;
-    RETURN NULL;
+    IF NEW.busy_since IS NOT NULL AND coalesce(NEW.state, 'pending') <> 'pending' THEN
+        RAISE EXCEPTION 'only a pending notification can be busy' USING ERRCODE = 'check_violation';
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        NEW.state := coalesce(NEW.state, 'pending');
+        NEW.attempts := coalesce(NEW.attempts, 0);
+        NEW.received_at := coalesce(NEW.received_at, now());
+        -- A jti already stored is refused, as the receiver would store it once (unique_violation).
+        INSERT INTO siwa.notification_jtis (jti, issued_at, expires_at)
+        VALUES (NEW.jti, NEW.issued_at, NEW.expires_at);
+        IF NEW.id IS NULL THEN
+            INSERT INTO siwa.notification_log (jti, event_type, sub, audience, email, is_private_email, event_time,
+                                               issued_at, expires_at, raw_token, received_at, state, attempts,
+                                               applied_at, last_error, personal_data_erased_at)
+            VALUES (NEW.jti, NEW.event_type, NEW.sub, NEW.audience, NEW.email, NEW.is_private_email, NEW.event_time,
+                    NEW.issued_at, NEW.expires_at, NEW.raw_token, NEW.received_at, NEW.state, NEW.attempts,
+                    NEW.applied_at, NEW.last_error, NEW.personal_data_erased_at)
+            RETURNING id INTO NEW.id;
+        ELSE
+            INSERT INTO siwa.notification_log (id, jti, event_type, sub, audience, email, is_private_email,
+                                               event_time, issued_at, expires_at, raw_token, received_at, state,
+                                               attempts, applied_at, last_error, personal_data_erased_at)
+            OVERRIDING SYSTEM VALUE
+            VALUES (NEW.id, NEW.jti, NEW.event_type, NEW.sub, NEW.audience, NEW.email, NEW.is_private_email,
+                    NEW.event_time, NEW.issued_at, NEW.expires_at, NEW.raw_token, NEW.received_at, NEW.state,
+                    NEW.attempts, NEW.applied_at, NEW.last_error, NEW.personal_data_erased_at);
+        END IF;
+        IF NEW.state = 'pending' THEN
+            INSERT INTO siwa.notification_queue (id, jti, issued_at, received_at, next_attempt_at, attempts,
+                                                 busy_since, last_error)
+            VALUES (NEW.id, NEW.jti, NEW.issued_at, NEW.received_at, coalesce(NEW.next_attempt_at, now()),
+                    NEW.attempts, NEW.busy_since, NEW.last_error);
+            PERFORM pg_notify('siwa_notifications', '');
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF (NEW.id, NEW.jti, NEW.issued_at) IS DISTINCT FROM (OLD.id, OLD.jti, OLD.issued_at) THEN
+        RAISE EXCEPTION 'a notification''s id, jti and issued_at cannot change' USING ERRCODE = 'check_violation';
+    END IF;
+    UPDATE siwa.notification_log
+       SET event_type = NEW.event_type, sub = NEW.sub, audience = NEW.audience, email = NEW.email,
+           is_private_email = NEW.is_private_email, event_time = NEW.event_time, expires_at = NEW.expires_at,
+           raw_token = NEW.raw_token, received_at = NEW.received_at, state = NEW.state, attempts = NEW.attempts,
+           applied_at = NEW.applied_at, last_error = NEW.last_error,
+           personal_data_erased_at = NEW.personal_data_erased_at
+     WHERE jti = OLD.jti AND issued_at = OLD.issued_at;
+    IF NEW.state = 'pending' THEN
+        INSERT INTO siwa.notification_queue AS q (id, jti, issued_at, received_at, next_attempt_at,
+                                                  attempts, busy_since, last_error)
+        VALUES (NEW.id, NEW.jti, NEW.issued_at, NEW.received_at, coalesce(NEW.next_attempt_at, now()),
+                NEW.attempts, NEW.busy_since, NEW.last_error)
+        ON CONFLICT (id) DO UPDATE
+           SET received_at = EXCLUDED.received_at, next_attempt_at = EXCLUDED.next_attempt_at,
+               attempts = EXCLUDED.attempts, busy_since = EXCLUDED.busy_since, last_error = EXCLUDED.last_error;
+        IF OLD.state IS DISTINCT FROM 'pending' THEN
+            PERFORM pg_notify('siwa_notifications', '');  -- put back to pending: wake the workers
+        END IF;
+    ELSE
+        DELETE FROM siwa.notification_queue WHERE id = OLD.id;
+    END IF;
+    RETURN NEW;
 END;
 $$;
-COMMENT ON FUNCTION siwa.notify_workers() IS
-    'Statement trigger after INSERT: NOTIFY siwa_notifications when the statement inserted rows.';
-
-CREATE OR REPLACE FUNCTION siwa.notify_workers_requeued() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    PERFORM pg_notify('siwa_notifications', '');  -- identical notifications in one transaction go once
-    RETURN NULL;
-END;
-$$;
-COMMENT ON FUNCTION siwa.notify_workers_requeued() IS
-    'Row trigger after a notification is put back to pending: NOTIFY siwa_notifications.';
-
-DROP TRIGGER IF EXISTS notifications_notify_insert ON siwa.notifications;
-CREATE TRIGGER notifications_notify_insert
-    AFTER INSERT ON siwa.notifications
-    REFERENCING NEW TABLE AS inserted
-    FOR EACH STATEMENT EXECUTE FUNCTION siwa.notify_workers();
-DROP TRIGGER IF EXISTS notifications_notify_update ON siwa.notifications;
-CREATE TRIGGER notifications_notify_update
-    AFTER UPDATE OF state ON siwa.notifications
-    FOR EACH ROW WHEN (NEW.state = 'pending' AND OLD.state IS DISTINCT FROM 'pending')
-    EXECUTE FUNCTION siwa.notify_workers_requeued();
+COMMENT ON FUNCTION siwa.notifications_write() IS
+    'INSTEAD OF trigger on the view siwa.notifications: writes the row to siwa.notification_log and keeps its siwa.notification_queue row in step with its state.';
+DROP TRIGGER IF EXISTS notifications_write ON siwa.notifications;
+CREATE TRIGGER notifications_write
+    INSTEAD OF INSERT OR UPDATE OR DELETE ON siwa.notifications
+    FOR EACH ROW EXECUTE FUNCTION siwa.notifications_write();
 
 -- ---------------------------------------------------------------------------------------------------
 -- State the app can use
@@ -418,32 +598,6 @@ COMMENT ON COLUMN siwa.refresh_tokens.revoked_at IS 'When the token was revoked;
 COMMENT ON COLUMN siwa.refresh_tokens.revoke_reason IS 'Why: consent-revoked, account-delete, or the app''s own reason.';
 CREATE INDEX IF NOT EXISTS refresh_tokens_sub_idx ON siwa.refresh_tokens (sub) WHERE revoked_at IS NULL;
 
--- A notification that arrives for an account whose personal data is already erased (Apple may send an
--- email event after the deletion, or redeliver one) is stored without its email and raw token, so that it
--- never holds them while it waits for the worker. Runs as the receiver, which may read exactly the two
--- columns it needs (see the grants at the end). A row stored while the erasure commits concurrently is
--- caught when the worker applies it (siwa.apply_notification) or records its failure
--- (siwa.record_failure).
-CREATE OR REPLACE FUNCTION siwa.erase_late_notification() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    IF (NEW.email IS NOT NULL OR NEW.raw_token IS NOT NULL)
-       AND EXISTS (SELECT 1 FROM siwa.accounts a
-                    WHERE a.sub = NEW.sub AND a.personal_data_erased_at IS NOT NULL) THEN
-        NEW.email := NULL;
-        NEW.raw_token := NULL;
-        NEW.personal_data_erased_at := clock_timestamp();
-    END IF;
-    RETURN NEW;
-END;
-$$;
-COMMENT ON FUNCTION siwa.erase_late_notification() IS
-    'Row trigger before INSERT on siwa.notifications: a notification of an account whose personal data is erased is stored without email and raw token.';
-DROP TRIGGER IF EXISTS notifications_erase_late ON siwa.notifications;
-CREATE TRIGGER notifications_erase_late
-    BEFORE INSERT ON siwa.notifications
-    FOR EACH ROW EXECUTE FUNCTION siwa.erase_late_notification();
-
 -- ---------------------------------------------------------------------------------------------------
 -- The admins' hook
 -- ---------------------------------------------------------------------------------------------------
@@ -481,34 +635,43 @@ $$;
 -- not take the lock) are skipped rather than waited for, which could deadlock with that worker's batch:
 -- they are erased when applied (see siwa.process_claimed_notification).
 CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_sub text) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    v_ids bigint[];
 BEGIN
     UPDATE siwa.accounts
        SET email = NULL, is_private_email = NULL, personal_data_erased_at = clock_timestamp(),
            updated_at = clock_timestamp()
      WHERE sub = p_sub;
-    -- Every state: applied, skipped, dead (a failed late event) and pending alike.
+    -- Every state: applied, skipped, dead (a failed late event) and pending alike, in the log (found by
+    -- its sub index in every partition). The worker's claims lock queue rows, never log rows, so this
+    -- waits for no other worker's batch.
     -- siwa.erased_error is called only for a row with a last_error: it maps NULL to NULL, and a call
     -- costs a search_path switch (its SET clause keeps it from being inlined), which most rows (applied,
     -- without an error) need not pay.
-    UPDATE siwa.notifications
+    UPDATE siwa.notification_log
        SET email = NULL, raw_token = NULL,
            last_error = CASE WHEN last_error IS NOT NULL THEN siwa.erased_error(last_error, state) END,
            personal_data_erased_at = coalesce(personal_data_erased_at, clock_timestamp())
-     WHERE sub = p_sub AND state <> 'pending'
+     WHERE sub = p_sub
        AND (email IS NOT NULL OR raw_token IS NOT NULL
             OR (last_error IS NOT NULL AND last_error IS DISTINCT FROM siwa.erased_error(last_error, state)));
-    UPDATE siwa.notifications AS t
-       SET email = NULL, raw_token = NULL,
-           last_error = CASE WHEN t.last_error IS NOT NULL THEN siwa.erased_error(t.last_error, t.state) END,
-           personal_data_erased_at = coalesce(t.personal_data_erased_at, clock_timestamp())
-      FROM (SELECT q.id FROM siwa.notifications q
-             WHERE q.sub = p_sub AND q.state = 'pending'
-               AND (q.email IS NOT NULL OR q.raw_token IS NOT NULL
-                    OR (q.last_error IS NOT NULL
-                        AND q.last_error IS DISTINCT FROM siwa.erased_error(q.last_error, q.state)))
-             FOR UPDATE SKIP LOCKED) AS c
-     WHERE t.id = c.id;
+    -- The error texts of the user's queued rows (found through the log). Rows another worker has claimed
+    -- but left alone (it could not take the lock) are skipped rather than waited for, which could deadlock
+    -- with that worker's batch: they are erased when applied or failed (siwa.record_failure).
+    -- The ids first (the log's sub index), then the queue by its primary key: a join would let the
+    -- planner read the whole queue, which it believes has few rows with an error.
+    v_ids := ARRAY(SELECT l.id FROM siwa.notification_log l WHERE l.sub = p_sub AND l.state = 'pending');
+    IF pg_catalog.cardinality(v_ids) > 0 THEN
+        UPDATE siwa.notification_queue AS t
+           SET last_error = siwa.erased_error(t.last_error, 'pending')
+          FROM (SELECT q.id FROM siwa.notification_queue q
+                 WHERE q.id = ANY (v_ids) AND q.last_error IS NOT NULL
+                   AND q.last_error IS DISTINCT FROM siwa.erased_error(q.last_error, 'pending')
+                 FOR UPDATE SKIP LOCKED) AS c
+         WHERE t.id = c.id;
+    END IF;
     UPDATE siwa.refresh_tokens SET token_ciphertext = NULL
      WHERE sub = p_sub AND token_ciphertext IS NOT NULL;
 END;
@@ -519,7 +682,8 @@ COMMENT ON FUNCTION siwa.erase_personal_data(text) IS
 -- Applies the effects of one notification. Raises on failure; the caller owns the transaction and the
 -- notification's state. Returns 'applied', or 'skipped: <reason>' for a notification with nothing to do.
 CREATE OR REPLACE FUNCTION siwa.apply_notification(n siwa.notifications) RETURNS text
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_account   siwa.accounts;
     v_erased    boolean;
@@ -528,6 +692,13 @@ DECLARE
 BEGIN
     IF n.event_type NOT IN ('email-disabled', 'email-enabled', 'consent-revoked', 'account-delete') THEN
         RETURN 'skipped: unknown event type ' || quote_literal(left(n.event_type, 100));
+    END IF;
+    -- Version 3: the receiver deduplicates by (jti, issued_at), a redelivery being the same signed token.
+    -- Should Apple ever re-sign a redelivery with another iat, the jti's earlier row is found here (the
+    -- log's primary key, by jti, in every partition) and this one is skipped: applied once all the same.
+    IF EXISTS (SELECT 1 FROM siwa.notification_log d
+                WHERE d.jti = n.jti AND d.issued_at <> n.issued_at AND d.id < n.id) THEN
+        RETURN 'skipped: duplicate jti (an earlier notification has the same jti)';
     END IF;
 
     -- Accounts are created on first sight of a sub, and the row lock orders work on one user with the
@@ -577,9 +748,9 @@ BEGIN
     IF v_erased AND n.event_type <> 'account-delete' AND (n.email IS NOT NULL OR n.raw_token IS NOT NULL) THEN
         -- The user's personal data is erased: this notification (which may have arrived, or been
         -- claimed elsewhere, after the erasure) keeps none either.
-        UPDATE siwa.notifications
+        UPDATE siwa.notification_log
            SET email = NULL, raw_token = NULL, personal_data_erased_at = clock_timestamp()
-         WHERE id = n.id AND (email IS NOT NULL OR raw_token IS NOT NULL);
+         WHERE jti = n.jti AND issued_at = n.issued_at AND (email IS NOT NULL OR raw_token IS NOT NULL);
     END IF;
 
     -- The hook runs with the search_path it was written for (the worker session's own, or
@@ -644,6 +815,7 @@ CREATE OR REPLACE FUNCTION siwa.process_claimed_notification(
 RETURNS siwa.processing_result
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     r         siwa.processing_result;
@@ -676,18 +848,21 @@ BEGIN
             v_result := siwa.apply_notification(n);
             r.outcome := CASE WHEN v_result = 'applied' THEN 'applied' ELSE 'skipped' END;
             r.error := CASE WHEN v_result = 'applied' THEN NULL ELSE substr(v_result, 10) END;
-            UPDATE siwa.notifications AS t
-               SET state = r.outcome, attempts = t.attempts + 1, applied_at = clock_timestamp(),
-                   last_error = r.error, busy_since = NULL
-             WHERE t.id = n.id;
+            -- Done: out of the queue, the outcome into the log (one update of its row).
+            DELETE FROM siwa.notification_queue WHERE id = n.id;
+            UPDATE siwa.notification_log AS t
+               SET state = r.outcome, attempts = n.attempts + 1, applied_at = clock_timestamp(),
+                   last_error = r.error
+             WHERE t.jti = n.jti AND t.issued_at = n.issued_at;
             -- A skipped notification of a user whose personal data is already erased keeps none either
             -- (apply_notification does this itself for the notifications it applies).
             IF r.outcome = 'skipped'
                AND EXISTS (SELECT 1 FROM siwa.accounts a
                             WHERE a.sub = n.sub AND a.personal_data_erased_at IS NOT NULL) THEN
-                UPDATE siwa.notifications AS t
+                UPDATE siwa.notification_log AS t
                    SET email = NULL, raw_token = NULL, personal_data_erased_at = clock_timestamp()
-                 WHERE t.id = n.id AND (t.email IS NOT NULL OR t.raw_token IS NOT NULL);
+                 WHERE t.jti = n.jti AND t.issued_at = n.issued_at
+                   AND (t.email IS NOT NULL OR t.raw_token IS NOT NULL);
             END IF;
         END IF;
     EXCEPTION WHEN OTHERS THEN
@@ -703,7 +878,7 @@ BEGIN
         -- short at first, rarer while the user stays busy, never an attempt.
         v_now := clock_timestamp();
         v_busy_for := v_now - coalesce(n.busy_since, v_now);
-        UPDATE siwa.notifications AS t
+        UPDATE siwa.notification_queue AS t
            SET next_attempt_at = v_now + least(greatest(v_busy_for / 2, interval '100 milliseconds'),
                                                interval '5 seconds') * (0.5 + random() / 2),
                busy_since = coalesce(t.busy_since, v_now)
@@ -736,17 +911,23 @@ CREATE OR REPLACE FUNCTION siwa.process_due_notifications(
 RETURNS SETOF siwa.processing_result
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     n     siwa.notifications;
     v_now timestamptz := clock_timestamp();
 BEGIN
+    -- The claim locks queue rows (in id order: oldest first; the queue's only index), never log rows.
     FOR n IN
-        SELECT q.* FROM siwa.notifications q
-         WHERE q.state = 'pending' AND q.next_attempt_at <= v_now
-         ORDER BY q.next_attempt_at, q.id
+        SELECT l.id, l.jti, l.event_type, l.sub, l.audience, l.email, l.is_private_email, l.event_time,
+               l.issued_at, l.expires_at, l.raw_token, l.received_at, l.state, q.attempts, q.next_attempt_at,
+               l.applied_at, q.last_error, l.personal_data_erased_at, q.busy_since
+          FROM siwa.notification_queue q
+          JOIN siwa.notification_log l ON l.jti = q.jti AND l.issued_at = q.issued_at
+         WHERE q.next_attempt_at <= v_now
+         ORDER BY q.id
          LIMIT least(p_limit, 64)
-         FOR UPDATE SKIP LOCKED
+         FOR UPDATE OF q SKIP LOCKED
     LOOP
         RETURN NEXT siwa.process_claimed_notification(n, p_max_attempts, p_retry_base_delay);
     END LOOP;
@@ -762,13 +943,19 @@ CREATE OR REPLACE FUNCTION siwa.process_notification(
 RETURNS SETOF siwa.processing_result
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     n siwa.notifications;
 BEGIN
-    SELECT q.* INTO n FROM siwa.notifications q
-     WHERE q.id = p_id AND q.state = 'pending' AND q.next_attempt_at <= clock_timestamp()
-       FOR UPDATE SKIP LOCKED;
+    SELECT l.id, l.jti, l.event_type, l.sub, l.audience, l.email, l.is_private_email, l.event_time,
+           l.issued_at, l.expires_at, l.raw_token, l.received_at, l.state, q.attempts, q.next_attempt_at,
+           l.applied_at, q.last_error, l.personal_data_erased_at, q.busy_since
+      INTO n
+      FROM siwa.notification_queue q
+      JOIN siwa.notification_log l ON l.jti = q.jti AND l.issued_at = q.issued_at
+     WHERE q.id = p_id AND q.next_attempt_at <= clock_timestamp()
+       FOR UPDATE OF q SKIP LOCKED;
     IF FOUND THEN
         RETURN NEXT siwa.process_claimed_notification(n, p_max_attempts, p_retry_base_delay);
     END IF;
@@ -781,36 +968,46 @@ COMMENT ON FUNCTION siwa.process_notification(bigint, integer, interval) IS
 CREATE OR REPLACE FUNCTION siwa.record_failure(
     p_id bigint, p_error text, p_max_attempts integer, p_retry_base_delay interval)
 RETURNS text
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    v_attempts integer;
-    v_sub      text;
+    v_attempts  integer;
+    v_sub       text;
+    v_jti       text;
+    v_issued_at timestamptz;
+    v_error     text;
 BEGIN
-    -- A real attempt: the row is no longer busy (only a pending row may be), and a dead row always says
-    -- why it died (the CHECK constraints on siwa.notifications).
-    UPDATE siwa.notifications
+    -- A real attempt: the row is no longer busy, and a dead row always says why it died (the CHECK
+    -- constraints on siwa.notification_log).
+    UPDATE siwa.notification_queue
        SET attempts = attempts + 1,
            last_error = coalesce(left(siwa.redact_error(left(nullif(p_error, ''), 10000)), 2000), '(no error text)'),
            busy_since = NULL
-     WHERE id = p_id AND state = 'pending'
-    RETURNING attempts, sub INTO v_attempts, v_sub;
+     WHERE id = p_id
+    RETURNING attempts, jti, issued_at, last_error INTO v_attempts, v_jti, v_issued_at, v_error;
     IF v_attempts IS NULL THEN
         RETURN 'gone';
     END IF;
+    v_sub := (SELECT l.sub FROM siwa.notification_log l WHERE l.jti = v_jti AND l.issued_at = v_issued_at);
     -- A late event of an account whose personal data is already erased: its attempt (which would have
     -- erased this row's data) was rolled back, so erase it here, outside that attempt, whatever follows.
     IF EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = v_sub AND a.personal_data_erased_at IS NOT NULL) THEN
-        UPDATE siwa.notifications
-           SET email = NULL, raw_token = NULL, last_error = siwa.erased_error(last_error, state),
+        v_error := siwa.erased_error(v_error, 'pending');
+        UPDATE siwa.notification_queue SET last_error = v_error WHERE id = p_id;
+        UPDATE siwa.notification_log
+           SET email = NULL, raw_token = NULL,
+               last_error = CASE WHEN last_error IS NOT NULL THEN siwa.erased_error(last_error, state) END,
                personal_data_erased_at = coalesce(personal_data_erased_at, clock_timestamp())
-         WHERE id = p_id;
+         WHERE jti = v_jti AND issued_at = v_issued_at;
     END IF;
     IF v_attempts >= p_max_attempts THEN
-        UPDATE siwa.notifications SET state = 'dead' WHERE id = p_id;
+        DELETE FROM siwa.notification_queue WHERE id = p_id;
+        UPDATE siwa.notification_log SET state = 'dead', attempts = v_attempts, last_error = v_error
+         WHERE jti = v_jti AND issued_at = v_issued_at;
         RETURN 'dead';
     ELSE
         -- base × 2^(attempts−1), capped at one hour, times a random factor in [0.5, 1).
-        UPDATE siwa.notifications
+        UPDATE siwa.notification_queue
            SET next_attempt_at = clock_timestamp()
                                  + least(p_retry_base_delay * power(2, least(v_attempts - 1, 30)),
                                          interval '1 hour') * (0.5 + random() / 2)
@@ -857,38 +1054,196 @@ $$;
 COMMENT ON FUNCTION siwa.erase_due_personal_data(integer) IS
     'Maintenance: erases the personal data of up to p_limit (at most 64, one subtransaction each) deleted accounts whose siwa.settings.erase_personal_data_after has passed. Returns how many.';
 
--- Retention: raw tokens of finished rows (dead ones included: requeueing needs no token) and applied or
--- skipped rows older than the given ages, in small batches. Dead rows stay until requeued or deleted.
+-- Month partitions of the log, named notification_log_YYYY_MM (UTC months of issued_at). Created ahead
+-- by siwactl migrate (this file) and by the worker's maintenance pass through
+-- siwa.create_log_partitions; a month whose rows already went to the DEFAULT partition (none existed
+-- yet) gets them moved into its new partition. Runs as the owner (called from the SECURITY DEFINER
+-- functions below, or by this file); executable by nobody else.
+CREATE OR REPLACE FUNCTION siwa.create_log_partition(p_month date) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_month date := date_trunc('month', p_month)::date;
+    v_name  text := 'notification_log_' || to_char(date_trunc('month', p_month), 'YYYY_MM');
+    v_from  timestamptz := date_trunc('month', p_month)::timestamp AT TIME ZONE 'UTC';
+    v_to    timestamptz := (date_trunc('month', p_month) + interval '1 month')::timestamp AT TIME ZONE 'UTC';
+BEGIN
+    IF to_regclass('siwa.' || v_name) IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    -- One creator at a time (two workers' maintenance passes), then look again.
+    PERFORM pg_advisory_xact_lock(hashtextextended('siwa.notification_log partitions', 0));
+    IF to_regclass('siwa.' || v_name) IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    IF EXISTS (SELECT 1 FROM siwa.notification_log_default d WHERE d.issued_at >= v_from AND d.issued_at < v_to) THEN
+        EXECUTE format('CREATE TABLE siwa.%I (LIKE siwa.notification_log INCLUDING DEFAULTS INCLUDING CONSTRAINTS)',
+                       v_name);
+        EXECUTE format('WITH moved AS (DELETE FROM siwa.notification_log_default d
+                                        WHERE d.issued_at >= %L AND d.issued_at < %L RETURNING d.*)
+                        INSERT INTO siwa.%I SELECT * FROM moved', v_from, v_to, v_name);
+        EXECUTE format('ALTER TABLE siwa.notification_log ATTACH PARTITION siwa.%I FOR VALUES FROM (%L) TO (%L)',
+                       v_name, v_from, v_to);
+    ELSE
+        EXECUTE format('CREATE TABLE siwa.%I PARTITION OF siwa.notification_log FOR VALUES FROM (%L) TO (%L)',
+                       v_name, v_from, v_to);
+    END IF;
+    RETURN true;
+END;
+$$;
+COMMENT ON FUNCTION siwa.create_log_partition(date) IS
+    'Creates the month partition of siwa.notification_log holding p_month (UTC), moving that month''s rows out of the DEFAULT partition if any. Returns whether it created one. Owner only.';
+
+CREATE OR REPLACE FUNCTION siwa.create_log_partitions(p_months_ahead integer DEFAULT 3) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_month date;
+    v_count integer := 0;
+BEGIN
+    FOR v_month IN
+        SELECT g::date
+          FROM generate_series(date_trunc('month', clock_timestamp() AT TIME ZONE 'UTC'),
+                               date_trunc('month', clock_timestamp() AT TIME ZONE 'UTC')
+                               + make_interval(months => least(greatest(coalesce(p_months_ahead, 3), 0), 12)),
+                               interval '1 month') AS g
+    LOOP
+        IF siwa.create_log_partition(v_month) THEN
+            v_count := v_count + 1;
+        END IF;
+    END LOOP;
+    RETURN v_count;
+END;
+$$;
+COMMENT ON FUNCTION siwa.create_log_partitions(integer) IS
+    'Maintenance: makes sure siwa.notification_log has a partition for this month and the next p_months_ahead (at most 12). SECURITY DEFINER (the schema''s owner), executable by siwa_worker only. Returns how many it created.';
+
+-- Retention of whole months: a month partition whose range ended before now - p_older_than is detached
+-- and dropped, one statement each (no DELETE, no dead rows, no vacuum). What is not done with is kept:
+-- its pending rows (still queued) and dead rows (waiting for siwactl replay) move to the DEFAULT
+-- partition first, ids, states and errors unchanged; so do rows whose token has not expired yet (exp:
+-- the receiver accepts a token until its exp, and its row is what deduplicates a redelivery). Never a
+-- month that ended less than 7 days before now, whatever p_older_than says: a token without exp is
+-- accepted for --max-token-age (24 h by default) after its iat, so --max-token-age must stay below
+-- 7 days. Runs as the owner (only the owner
+-- may detach and drop); executable by siwa_worker only.
+CREATE OR REPLACE FUNCTION siwa.drop_log_partitions(p_older_than interval) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_cutoff timestamptz;
+    v_name   text;
+    v_all    bigint;
+    v_kept   bigint;
+    v_dropped bigint := 0;
+BEGIN
+    IF p_older_than IS NULL THEN
+        RETURN 0;
+    END IF;
+    v_cutoff := clock_timestamp() - greatest(p_older_than, interval '7 days');
+    FOR v_name IN
+        SELECT c.relname
+          FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+         WHERE i.inhparent = 'siwa.notification_log'::regclass
+           AND c.relname ~ '^notification_log_[0-9]{4}_[0-9]{2}$'
+           AND (to_date(substr(c.relname, 18), 'YYYY_MM') + interval '1 month')::timestamp AT TIME ZONE 'UTC'
+               <= v_cutoff
+         ORDER BY c.relname
+    LOOP
+        -- The month's size: the planner's estimate when it has one (reading a month to count it would
+        -- cost more than dropping it), else counted.
+        v_all := (SELECT CASE WHEN c.reltuples >= 0 THEN c.reltuples::bigint END
+                    FROM pg_class c WHERE c.oid = ('siwa.' || quote_ident(v_name))::regclass);
+        IF v_all IS NULL THEN
+            EXECUTE format('SELECT count(*) FROM siwa.%I', v_name) INTO v_all;
+        END IF;
+        EXECUTE format('ALTER TABLE siwa.notification_log DETACH PARTITION siwa.%I', v_name);
+        -- Each kind of row kept is found by an index, not by reading the month: pending ones through the
+        -- queue (its rows probe the month's primary key), dead ones by the partial index on rare states,
+        -- unexpired tokens by the BRIN index on expires_at.
+        EXECUTE format('INSERT INTO siwa.notification_log_default
+                        SELECT p.* FROM siwa.%1$I p
+                          JOIN siwa.notification_queue q ON q.jti = p.jti AND q.issued_at = p.issued_at
+                        UNION
+                        SELECT p.* FROM siwa.%1$I p WHERE p.state = ''dead''
+                        UNION
+                        SELECT p.* FROM siwa.%1$I p WHERE p.expires_at > %2$L', v_name,
+                       clock_timestamp() - interval '1 minute');
+        GET DIAGNOSTICS v_kept = ROW_COUNT;
+        EXECUTE format('DROP TABLE siwa.%I', v_name);
+        v_dropped := v_dropped + v_all - v_kept;
+    END LOOP;
+    -- The DEFAULT partition is small (rows kept from dropped months, rows of months that had no
+    -- partition): its finished rows past the same cutoff are deleted row by row.
+    DELETE FROM siwa.notification_log_default d
+     WHERE d.issued_at < v_cutoff AND d.state IN ('applied', 'skipped')
+       AND (d.expires_at IS NULL OR d.expires_at <= clock_timestamp() - interval '1 minute');
+    GET DIAGNOSTICS v_kept = ROW_COUNT;
+    RETURN v_dropped + v_kept;
+END;
+$$;
+COMMENT ON FUNCTION siwa.drop_log_partitions(interval) IS
+    'Retention: drops the month partitions of siwa.notification_log that ended before now - p_older_than (never less than 7 days: the dedupe window), keeping their pending and dead rows, and rows whose token has not expired, in the DEFAULT partition. SECURITY DEFINER (the schema''s owner), executable by siwa_worker only. Returns about how many rows were dropped (a month''s size as the planner''s statistics know it).';
+
+-- Where token pruning goes on from: every finished row received before this has no raw token left
+-- (a row still pending keeps the mark behind it until it is done).
+CREATE TABLE IF NOT EXISTS siwa.retention_state (
+    singleton            boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
+    tokens_pruned_before timestamptz NOT NULL DEFAULT '-infinity'
+);
+COMMENT ON TABLE siwa.retention_state IS 'Retention''s progress (one row), kept by siwa.prune.';
+COMMENT ON COLUMN siwa.retention_state.singleton IS 'Always true: keeps this table to a single row.';
+COMMENT ON COLUMN siwa.retention_state.tokens_pruned_before IS
+    'Raw tokens of finished notifications received before this are pruned: the token pruner reads only the rows received since (by the received_at index), never the whole log.';
+INSERT INTO siwa.retention_state DEFAULT VALUES ON CONFLICT DO NOTHING;
+
+-- Retention, called by the worker's maintenance pass: raw tokens of finished rows (dead ones included:
+-- requeueing needs no token) older than p_tokens_older_than, one batch per call, read from where the
+-- last call stopped; and whole months of history older than p_rows_older_than
+-- (siwa.drop_log_partitions). Pending and dead rows are never dropped.
 CREATE OR REPLACE FUNCTION siwa.prune(
     p_tokens_older_than interval, p_rows_older_than interval, p_batch integer DEFAULT 1000)
 RETURNS TABLE (tokens_pruned integer, rows_pruned integer)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
+DECLARE
+    v_from timestamptz;
+    v_to   timestamptz;
+    v_last timestamptz;
+    v_mark timestamptz;
 BEGIN
     tokens_pruned := 0;
     rows_pruned := 0;
     IF p_tokens_older_than IS NOT NULL THEN
+        SELECT s.tokens_pruned_before INTO v_from FROM siwa.retention_state s FOR UPDATE;
+        v_to := clock_timestamp() - p_tokens_older_than;
         WITH batch AS (
-            SELECT q.id FROM siwa.notifications q
-             WHERE q.raw_token IS NOT NULL AND q.state IN ('applied', 'skipped', 'dead')
-               AND q.received_at < clock_timestamp() - p_tokens_older_than
-             ORDER BY q.received_at LIMIT p_batch FOR UPDATE SKIP LOCKED)
-        UPDATE siwa.notifications t SET raw_token = NULL FROM batch WHERE t.id = batch.id;
-        GET DIAGNOSTICS tokens_pruned = ROW_COUNT;
+            SELECT l.jti, l.issued_at, l.received_at FROM siwa.notification_log l
+             WHERE l.received_at >= v_from AND l.received_at < v_to
+               AND l.raw_token IS NOT NULL AND l.state <> 'pending'
+             ORDER BY l.received_at LIMIT p_batch FOR UPDATE),
+        pruned AS (
+            UPDATE siwa.notification_log t SET raw_token = NULL
+              FROM batch WHERE t.jti = batch.jti AND t.issued_at = batch.issued_at
+            RETURNING batch.received_at)
+        SELECT count(*), max(p.received_at) INTO tokens_pruned, v_last FROM pruned p;
+        v_mark := CASE WHEN tokens_pruned < p_batch THEN v_to ELSE v_last END;
+        v_mark := least(v_mark, (SELECT min(q.received_at) FROM siwa.notification_queue q));
+        UPDATE siwa.retention_state SET tokens_pruned_before = greatest(v_from, v_mark);
     END IF;
     IF p_rows_older_than IS NOT NULL THEN
-        WITH batch AS (
-            SELECT q.id FROM siwa.notifications q
-             WHERE q.state IN ('applied', 'skipped') AND q.received_at < clock_timestamp() - p_rows_older_than
-             ORDER BY q.received_at LIMIT p_batch FOR UPDATE SKIP LOCKED)
-        DELETE FROM siwa.notifications t USING batch WHERE t.id = batch.id;
-        GET DIAGNOSTICS rows_pruned = ROW_COUNT;
+        rows_pruned := siwa.drop_log_partitions(p_rows_older_than);
     END IF;
+    -- Dedupe keys past the window (7 days after iat, and expired): a token with such a jti is refused
+    -- by the receiver for its age. At most ten batches' worth per call.
+    DELETE FROM siwa.notification_jtis k
+     WHERE k.ctid = ANY (ARRAY(
+           SELECT j.ctid FROM siwa.notification_jtis j
+            WHERE j.issued_at < clock_timestamp() - interval '7 days'
+              AND (j.expires_at IS NULL OR j.expires_at < clock_timestamp() - interval '1 minute')
+            LIMIT p_batch * 10));
     RETURN NEXT;
 END;
 $$;
 COMMENT ON FUNCTION siwa.prune(interval, interval, integer) IS
-    'Retention, one small batch per call: clears raw tokens of finished notifications (applied, skipped or dead) older than p_tokens_older_than and deletes applied or skipped rows older than p_rows_older_than (NULL: keep). Call until both counts are 0. Keep rows longer than Apple redelivers a token (days), or a redelivered jti is applied again.';
+    'Retention: clears raw tokens of finished notifications (applied, skipped or dead) received before now - p_tokens_older_than, up to p_batch per call from where the last call stopped, and drops the months of history that ended before now - p_rows_older_than (siwa.drop_log_partitions; pending and dead rows are kept). NULL: keep. Call until both counts are 0.';
 
 -- Requeues notifications (dead ones, or one by jti) for another round of attempts.
 CREATE OR REPLACE FUNCTION siwa.requeue(p_jti text DEFAULT NULL, p_state text DEFAULT NULL,
@@ -901,14 +1256,20 @@ BEGIN
     IF p_jti IS NULL AND p_state IS NULL THEN
         RAISE EXCEPTION 'requeue needs a jti or a state';
     END IF;
-    UPDATE siwa.notifications
-       SET state = 'pending', attempts = 0, next_attempt_at = clock_timestamp(), last_error = NULL,
-           applied_at = NULL
-     WHERE (p_jti IS NULL OR jti = p_jti)
-       AND (p_state IS NULL OR state = p_state)
-       AND (p_since IS NULL OR received_at >= p_since)
-       AND state <> 'pending';
+    WITH requeued AS (
+        UPDATE siwa.notification_log
+           SET state = 'pending', attempts = 0, last_error = NULL, applied_at = NULL
+         WHERE (p_jti IS NULL OR jti = p_jti)
+           AND (p_state IS NULL OR state = p_state)
+           AND (p_since IS NULL OR received_at >= p_since)
+           AND state <> 'pending'
+        RETURNING id, jti, issued_at, received_at)
+    INSERT INTO siwa.notification_queue (id, jti, issued_at, received_at, next_attempt_at)
+    SELECT r.id, r.jti, r.issued_at, r.received_at, clock_timestamp() FROM requeued r;
     GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count > 0 THEN
+        PERFORM pg_notify('siwa_notifications', '');
+    END IF;
     RETURN v_count;
 END;
 $$;
@@ -919,25 +1280,30 @@ COMMENT ON FUNCTION siwa.requeue(text, text, timestamptz) IS
 -- What admins read
 -- ---------------------------------------------------------------------------------------------------
 
+-- The log, with the queue's columns while a notification is pending. Every filter on a log column
+-- (sub, received_at, event_type and event_time, state skipped or dead, applied_at) reaches the log's
+-- indexes in every partition; the queue is joined by its primary key (from the log), or the log by its
+-- (from the queue: a filter on next_attempt_at or busy_since, only a pending row has them).
 CREATE OR REPLACE VIEW siwa.event_history AS
-SELECT n.jti,
-       n.event_type,
-       n.sub,
-       n.audience,
-       n.email,
-       n.is_private_email,
-       n.event_time,
-       n.received_at,
-       n.state,
-       n.attempts,
-       n.applied_at,
-       n.last_error,
-       n.issued_at,
-       n.expires_at,
-       n.next_attempt_at,
-       n.personal_data_erased_at,
-       n.id
-  FROM siwa.notifications n;
+SELECT l.jti,
+       l.event_type,
+       l.sub,
+       l.audience,
+       l.email,
+       l.is_private_email,
+       l.event_time,
+       l.received_at,
+       l.state,
+       coalesce(q.attempts, l.attempts) AS attempts,
+       l.applied_at,
+       CASE WHEN q.id IS NOT NULL THEN q.last_error ELSE l.last_error END AS last_error,
+       l.issued_at,
+       l.expires_at,
+       q.next_attempt_at,
+       l.personal_data_erased_at,
+       l.id
+  FROM siwa.notification_log l
+  LEFT JOIN siwa.notification_queue q ON q.id = l.id AND q.jti = l.jti AND q.issued_at = l.issued_at;
 COMMENT ON VIEW siwa.event_history IS
     'Every verified notification, one row each, newest last by id: the one place to read what Apple told us and what the worker did with it.';
 COMMENT ON COLUMN siwa.event_history.jti IS 'The token''s unique identifier.';
@@ -949,13 +1315,13 @@ COMMENT ON COLUMN siwa.event_history.email IS 'Email from the event; NULL for ot
 COMMENT ON COLUMN siwa.event_history.is_private_email IS 'Whether the email is a private relay address.';
 COMMENT ON COLUMN siwa.event_history.event_time IS 'When the event happened at Apple.';
 COMMENT ON COLUMN siwa.event_history.received_at IS 'When we stored it (the 200 to Apple follows).';
-COMMENT ON COLUMN siwa.event_history.state IS 'pending, applied, skipped or dead (see siwa.notifications.state).';
+COMMENT ON COLUMN siwa.event_history.state IS 'pending, applied, skipped or dead (see siwa.notification_log.state).';
 COMMENT ON COLUMN siwa.event_history.attempts IS 'Attempts made to apply it.';
 COMMENT ON COLUMN siwa.event_history.applied_at IS 'When it was applied or skipped.';
 COMMENT ON COLUMN siwa.event_history.last_error IS 'Last failure, or why it was skipped.';
 COMMENT ON COLUMN siwa.event_history.issued_at IS 'The token''s iat.';
 COMMENT ON COLUMN siwa.event_history.expires_at IS 'The token''s exp, when present.';
-COMMENT ON COLUMN siwa.event_history.next_attempt_at IS 'When a pending notification is next due.';
+COMMENT ON COLUMN siwa.event_history.next_attempt_at IS 'When a pending notification is next due; NULL once it is no longer pending.';
 COMMENT ON COLUMN siwa.event_history.personal_data_erased_at IS 'When its personal data was erased.';
 COMMENT ON COLUMN siwa.event_history.id IS 'Arrival order.';
 
@@ -1024,11 +1390,11 @@ SELECT a.sub,
                count(*) AS event_count,
                count(*) FILTER (WHERE n.state = 'pending') AS pending_events,
                count(*) FILTER (WHERE n.state = 'dead') AS dead_events
-          FROM siwa.notifications n
+          FROM siwa.notification_log n
          WHERE n.sub = a.sub) AS e
   LEFT JOIN LATERAL (
         SELECT n.event_type, n.event_time
-          FROM siwa.notifications n
+          FROM siwa.notification_log n
          WHERE n.sub = a.sub
          ORDER BY n.event_time DESC, n.id DESC
          LIMIT 1) AS last_event ON true;
@@ -1075,11 +1441,10 @@ SELECT p.pending,
                count(*) FILTER (WHERE n.next_attempt_at <= now()) AS due,
                count(*) FILTER (WHERE n.attempts > 0) AS retrying,
                extract(epoch FROM now() - min(n.received_at))::double precision AS oldest_pending_seconds
-          FROM siwa.notifications n
-         WHERE n.state = 'pending') AS p,
-       (SELECT count(*) AS dead FROM siwa.notifications n WHERE n.state = 'dead') AS d,
+          FROM siwa.notification_queue n) AS p,
+       (SELECT count(*) AS dead FROM siwa.notification_log n WHERE n.state = 'dead') AS d,
        (SELECT count(*) AS received_last_hour
-          FROM siwa.notifications n
+          FROM siwa.notification_log n
          WHERE n.received_at > now() - interval '1 hour') AS r,
        (SELECT count(*) AS applied_last_hour,
                percentile_cont(0.5) WITHIN GROUP (
@@ -1088,12 +1453,12 @@ SELECT p.pending,
                percentile_cont(0.99) WITHIN GROUP (
                    ORDER BY extract(epoch FROM n.applied_at - n.received_at)::double precision)
                    AS apply_latency_p99_seconds
-          FROM siwa.notifications n
+          FROM siwa.notification_log n
          WHERE n.applied_at > now() - interval '1 hour' AND n.state IN ('applied', 'skipped')) AS l,
        (SELECT count(*) AS busy,
                extract(epoch FROM now() - min(n.busy_since))::double precision AS oldest_busy_seconds
-          FROM siwa.notifications n
-         WHERE n.state = 'pending' AND n.busy_since IS NOT NULL) AS b;
+          FROM siwa.notification_queue n
+         WHERE n.busy_since IS NOT NULL) AS b;
 COMMENT ON VIEW siwa.queue_health IS
     'The worker''s queue right now, one row: backlog, failures, throughput and apply latency over the last hour. Read by siwactl stats.';
 COMMENT ON COLUMN siwa.queue_health.pending IS 'Notifications waiting to be applied (state pending).';
@@ -1114,10 +1479,7 @@ COMMENT ON COLUMN siwa.queue_health.busy IS
 COMMENT ON COLUMN siwa.queue_health.oldest_busy_seconds IS
     'Seconds the longest-busy pending notification has been waiting for its user; NULL when none is busy. Growing: a transaction (the app''s, or a stuck worker''s) holds that siwa.accounts row.';
 
--- Indexes for these views (the others they use are above): the pending backlog by age, and every
--- session of one user.
-CREATE INDEX IF NOT EXISTS notifications_pending_received_idx
-    ON siwa.notifications (received_at) INCLUDE (attempts, next_attempt_at) WHERE state = 'pending';
+-- Indexes for these views (the others they use are above): every session of one user.
 CREATE INDEX IF NOT EXISTS sessions_sub_created_idx ON siwa.sessions (sub, created_at);
 
 -- ---------------------------------------------------------------------------------------------------
@@ -1422,6 +1784,67 @@ BEGIN
 END;
 $$;
 
+-- ---------------------------------------------------------------------------------------------------
+-- Month partitions ahead, and change 3, the rows
+-- ---------------------------------------------------------------------------------------------------
+--
+-- Change 3 (above) renamed version 2's siwa.notifications to siwa.notifications_v2; its rows move here,
+-- in the same transaction and under the migrate lock, into the log (ids, states, attempts, errors,
+-- erasure as they were; a month partition for every month of issued_at they cover) and, while pending,
+-- into the queue (next attempt, attempts, busy state, error). The old table is dropped only after that.
+DO $$
+DECLARE
+    v_month date;
+    v_max   bigint;
+BEGIN
+    PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('siwa.migrate', 0));
+    IF pg_catalog.to_regclass('siwa.notifications_v2') IS NOT NULL THEN
+        FOR v_month IN
+            SELECT DISTINCT pg_catalog.date_trunc('month', o.issued_at AT TIME ZONE 'UTC')::date
+              FROM siwa.notifications_v2 o
+        LOOP
+            PERFORM siwa.create_log_partition(v_month);
+        END LOOP;
+        INSERT INTO siwa.notification_log (id, jti, event_type, sub, audience, email, is_private_email,
+                                           event_time, issued_at, expires_at, raw_token, received_at, state,
+                                           attempts, applied_at, last_error, personal_data_erased_at)
+        OVERRIDING SYSTEM VALUE
+        SELECT o.id, o.jti, o.event_type, o.sub, o.audience, o.email, o.is_private_email, o.event_time,
+               o.issued_at, o.expires_at, o.raw_token, o.received_at, o.state, o.attempts, o.applied_at,
+               o.last_error, o.personal_data_erased_at
+          FROM siwa.notifications_v2 o
+         ORDER BY o.id;
+        -- The pending ones are queued, with their next attempt, attempts, busy state and error.
+        INSERT INTO siwa.notification_queue (id, jti, issued_at, received_at, next_attempt_at, attempts,
+                                             busy_since, last_error)
+        SELECT o.id, o.jti, o.issued_at, o.received_at, o.next_attempt_at, o.attempts, o.busy_since, o.last_error
+          FROM siwa.notifications_v2 o
+         WHERE o.state = 'pending';
+        -- Dedupe keys of the tokens still inside the window (version 2 kept every jti unique forever;
+        -- past the window the receiver refuses a token for its age).
+        INSERT INTO siwa.notification_jtis (jti, issued_at, expires_at)
+        SELECT o.jti, o.issued_at, o.expires_at
+          FROM siwa.notifications_v2 o
+         WHERE o.issued_at >= pg_catalog.now() - interval '7 days' OR o.expires_at > pg_catalog.now();
+        v_max := (SELECT pg_catalog.max(o.id) FROM siwa.notifications_v2 o);
+        IF v_max IS NOT NULL THEN
+            PERFORM pg_catalog.setval(pg_catalog.pg_get_serial_sequence('siwa.notification_log', 'id'), v_max);
+        END IF;
+        IF (SELECT pg_catalog.count(*) FROM siwa.notifications_v2)
+           <> (SELECT pg_catalog.count(*) FROM siwa.notification_log l
+                WHERE l.id <= coalesce(v_max, 0)) THEN
+            RAISE EXCEPTION 'change 3 did not move every notification; nothing was changed';
+        END IF;
+        DROP TABLE siwa.notifications_v2;
+        DROP FUNCTION IF EXISTS siwa.notify_workers_requeued();
+        DROP FUNCTION IF EXISTS siwa.notify_workers();
+    END IF;
+    -- This month and the next (the worker's maintenance keeps it so). Only one ahead: every statement
+    -- on the log that cannot prune by issued_at (erasure by sub) plans and opens every partition.
+    PERFORM siwa.create_log_partitions(1);
+END;
+$$;
+
 -- Nothing in schema siwa is usable by PUBLIC: functions are executable by everyone by default.
 REVOKE ALL ON SCHEMA siwa FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA siwa FROM PUBLIC;
@@ -1447,7 +1870,7 @@ BEGIN
                 WHEN 'siwa_admin' THEN
                     'Sign in with Apple notifications: read the admin views siwa.event_history, siwa.account_overview, siwa.queue_health (docs/sql.md). Grant to people.'
                 WHEN 'siwa_receiver' THEN
-                    'Sign in with Apple notifications: what siwa-receiver needs (INSERT into siwa.notifications). Grant to its login role.'
+                    'Sign in with Apple notifications: what siwa-receiver needs (INSERT into siwa.notification_log). Grant to its login role.'
                 ELSE
                     'Sign in with Apple notifications: what siwa-worker needs (apply, retry, prune, erase). Grant to its login role.'
                 END);
@@ -1462,20 +1885,27 @@ BEGIN
         GRANT SELECT ON siwa.event_history, siwa.account_overview, siwa.queue_health TO siwa_admin;
     END IF;
 
-    -- siwa_receiver: INSERT … ON CONFLICT (jti) DO NOTHING RETURNING jti, of exactly the columns the
-    -- receiver writes (the state, attempts, erasure and error columns keep their defaults: it cannot
-    -- store a row already applied or erased), which needs SELECT on the conflict target column (jti)
-    -- and on no other. Schema version 1 granted INSERT on the whole table: revoked first (which revokes
-    -- column grants too), then granted per column. The identity column and the statement trigger
-    -- (siwa.notify_workers, which NOTIFYs) need no grants of their own; the row trigger
-    -- siwa.erase_late_notification reads two columns of siwa.accounts as the receiver.
+    -- siwa_receiver: INSERT … ON CONFLICT (jti) DO NOTHING RETURNING jti, issued_at into the dedupe keys
+    -- (jti, issued_at, expires_at), then INSERT … ON CONFLICT (jti, issued_at) DO NOTHING RETURNING id,
+    -- jti, issued_at into the log, of exactly the columns the receiver writes (the state, attempts and error columns keep
+    -- their defaults: it cannot store a row already applied; personal_data_erased_at it may set, for a
+    -- row it stores without email and token), which needs SELECT on those three columns and on no other
+    -- (not sub, email, raw_token or the outcome); and INSERT of (id, jti, issued_at) into the queue, the
+    -- rest keeping its defaults. A queue row is worth no more to a stolen receiver role than the new
+    -- notification it can store anyway. A table-wide INSERT grant (as version 1 had on its table) is
+    -- revoked first (which revokes column grants too). The receiver reads two columns of siwa.accounts
+    -- to store nothing personal of an erased account.
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_receiver') THEN
         GRANT USAGE ON SCHEMA siwa TO siwa_receiver;
-        REVOKE INSERT ON siwa.notifications FROM siwa_receiver;
+        REVOKE INSERT ON siwa.notification_log FROM siwa_receiver;
         GRANT INSERT (jti, event_type, sub, audience, email, is_private_email, event_time, issued_at,
-                      expires_at, raw_token)
-            ON siwa.notifications TO siwa_receiver;
-        GRANT SELECT (jti) ON siwa.notifications TO siwa_receiver;
+                      expires_at, raw_token, personal_data_erased_at)
+            ON siwa.notification_log TO siwa_receiver;
+        GRANT SELECT (id, jti, issued_at) ON siwa.notification_log TO siwa_receiver;
+        REVOKE INSERT ON siwa.notification_jtis FROM siwa_receiver;
+        GRANT INSERT (jti, issued_at, expires_at), SELECT (jti, issued_at) ON siwa.notification_jtis TO siwa_receiver;
+        REVOKE INSERT ON siwa.notification_queue FROM siwa_receiver;
+        GRANT INSERT (id, jti, issued_at) ON siwa.notification_queue TO siwa_receiver;
         GRANT SELECT (sub, personal_data_erased_at) ON siwa.accounts TO siwa_receiver;
     END IF;
 
@@ -1485,7 +1915,11 @@ BEGIN
     -- the worker hold a user's row lock, the per-user serialisation no other role here can take.
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_worker') THEN
         GRANT USAGE ON SCHEMA siwa TO siwa_worker;
-        GRANT SELECT, UPDATE, DELETE ON siwa.notifications TO siwa_worker;
+        GRANT SELECT, UPDATE ON siwa.notification_log TO siwa_worker;
+        GRANT SELECT ON siwa.notifications TO siwa_worker;  -- the view of the two, nothing more
+        GRANT SELECT, UPDATE, DELETE ON siwa.notification_queue TO siwa_worker;
+        GRANT SELECT, DELETE ON siwa.notification_jtis TO siwa_worker;
+        GRANT SELECT, UPDATE ON siwa.retention_state TO siwa_worker;
         GRANT SELECT, INSERT, UPDATE ON siwa.accounts TO siwa_worker;
         GRANT SELECT, UPDATE ON siwa.sessions, siwa.refresh_tokens TO siwa_worker;
         GRANT SELECT ON siwa.settings TO siwa_worker;
@@ -1496,7 +1930,8 @@ BEGIN
                AND p.proname IN ('process_due_notifications', 'process_notification',
                                  'process_claimed_notification', 'apply_notification', 'record_failure',
                                  'prune', 'erase_due_personal_data', 'erase_personal_data', 'on_event',
-                                 'redact_error', 'erased_error')
+                                 'redact_error', 'erased_error', 'create_log_partitions',
+                                 'drop_log_partitions')
         LOOP
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO siwa_worker', v_function);
         END LOOP;

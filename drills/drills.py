@@ -4,7 +4,8 @@
 Each drill runs the real binaries against a throwaway PostgreSQL cluster (fsync on, run as `postgres`
 when we are root) on loopback only, breaks something on purpose under load, and checks the invariant:
 
-    every jti that was answered 200 is in siwa.notifications (exactly once: jti is UNIQUE).
+    every jti that was answered 200 is in siwa.notification_log (exactly once: (jti, iat) is its primary
+    key, and a redelivery is the same token).
 
   1. PostgreSQL stopped (fast, then immediate mode) and restarted under load; the receiver is not restarted.
   2. kill -9 of the receiver under load, then a restart on the same port.
@@ -14,7 +15,7 @@ when we are root) on loopback only, breaks something on purpose under load, and 
      key set without the needed key; then recovered, with no receiver restart.
   5. Pool / connection exhaustion: the table locked by another session beyond the commit timeout with
      --pool-size 2, and every connection the receiver's role may open held by another client; and disk
-     full: siwa.notifications in a tablespace on a 2 MiB tmpfs mounted for the drill (root only; skipped,
+     full: the log's partitions and the queue in a tablespace on a 2 MiB tmpfs mounted for the drill (root only; skipped,
      with the reason printed, where mounting is not allowed).
 
 Each drill prints what it did and the counts it checked; the run ends with a summary table and exits 1 on
@@ -80,7 +81,7 @@ class Cluster(bench.Cluster):
             raise DrillFailure(str(error)) from None
 
     def stored_jtis(self, db):
-        out = self.psql(db, "SELECT jti FROM siwa.notifications")
+        out = self.psql(db, "SELECT jti FROM siwa.notification_log")
         return out.split("\n") if out else []
 
 
@@ -397,14 +398,16 @@ def drill_worker_kill(ctx):
     cluster.psql(db, f"""
         INSERT INTO siwa.sessions (sub, created_at)
         SELECT 'drill-sub-' || g, now() - interval '1 day' FROM generate_series(0, {subs - 1}) g;
-        INSERT INTO siwa.notifications (jti, event_type, sub, audience, email, is_private_email, event_time,
+        INSERT INTO siwa.notification_log (jti, event_type, sub, audience, email, is_private_email, event_time,
             issued_at, raw_token)
         SELECT 'drill3-' || g,
             (ARRAY['email-disabled','email-enabled','consent-revoked','account-delete'])[1 + g % 4],
             'drill-sub-' || (g % {subs}), '{AUDIENCE}',
             CASE WHEN g % 4 < 2 THEN 'd' || g || '@privaterelay.appleid.com' END, CASE WHEN g % 4 < 2 THEN true END,
             now() - (g || ' ms')::interval, now(), repeat('x', 700)
-        FROM generate_series(1, {events}) g;""")
+        FROM generate_series(1, {events}) g;
+        INSERT INTO siwa.notification_queue (id, jti, issued_at, received_at)
+        SELECT id, jti, issued_at, received_at FROM siwa.notification_log;""")
     cluster.psql(db, "VACUUM ANALYZE")  # a statement of its own: VACUUM cannot run in a transaction
     def arguments(slot):
         # application_name tells the two workers' sessions apart in pg_stat_activity.
@@ -416,7 +419,7 @@ def drill_worker_kill(ctx):
     out = open(log_path, "a")
     workers = [subprocess.Popen(arguments(slot), stdout=out, stderr=out) for slot in range(2)]
     kills, mid_batch = 0, 0
-    pending = lambda: int(cluster.psql(db, "SELECT count(*) FROM siwa.notifications WHERE state = 'pending'"))
+    pending = lambda: int(cluster.psql(db, "SELECT count(*) FROM siwa.notification_queue"))
     started = time.monotonic()
     try:
         while pending() > 0 and time.monotonic() - started < ctx.worker_timeout:
@@ -643,7 +646,7 @@ def drill_table_lock(ctx):
     result = Result("5a pool-size 2, table locked")
     hold = COMMIT_TIMEOUT_S + 4
     log(f"drill {result.name}: siwa-receiver --pool-size 2 under load while psql holds "
-        f"LOCK TABLE siwa.notifications IN ACCESS EXCLUSIVE MODE for {hold} s")
+        f"LOCK TABLE siwa.notifications (log and queue) IN ACCESS EXCLUSIVE MODE for {hold} s")
     db = "drill5a"
     ctx.cluster.create_database(db)
     receiver = Receiver(ctx, db, ctx.cluster.url(db), ctx.jwks_url, extra=["--pool-size", "2"]).start()
@@ -710,7 +713,7 @@ def drill_head_of_line(ctx):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_until(lambda: ctx.cluster.psql(db, "SELECT count(*) FROM pg_locks WHERE mode = 'AccessExclusiveLock' "
-                                                "AND relation = 'siwa.notifications'::regclass") == "1",
+                                                "AND relation = 'siwa.notification_log'::regclass") == "1",
                    "the lock to be held", 10)
 
         def one(index):
@@ -794,7 +797,7 @@ def drill_connection_limit(ctx):
 
 
 def drill_disk_full(ctx):
-    """Disk full, inside the throwaway cluster only: siwa.notifications is moved to a tablespace on a
+    """Disk full, inside the throwaway cluster only: the log's partitions and the queue are moved to a tablespace on a
     2 MiB tmpfs mounted for the drill, which the load fills; then the tmpfs is grown (space freed)."""
     result = Result("5c disk full (tablespace)")
     mount_point = tempfile.mkdtemp(prefix="siwa-drills-tmpfs-")
@@ -807,7 +810,7 @@ def drill_disk_full(ctx):
                           "disk would hurt everything else on the machine")
         log(f"drill {result.name}: {result.skipped}")
         return result
-    log(f"drill {result.name}: siwa.notifications moved to a tablespace on a 2 MiB tmpfs; load fills it, "
+    log(f"drill {result.name}: the log's partitions and the queue moved to a tablespace on a 2 MiB tmpfs; load fills it, "
         "then the tmpfs is grown to 64 MiB; the receiver keeps running")
     cluster, db = ctx.cluster, "drill5c"
     receiver = None
@@ -818,7 +821,16 @@ def drill_disk_full(ctx):
             shutil.chown(location, "postgres")
         cluster.create_database(db)
         cluster.psql("postgres", f"CREATE TABLESPACE drill_small LOCATION '{location}'")
-        cluster.psql(db, "ALTER TABLE siwa.notifications SET TABLESPACE drill_small")
+        cluster.psql(db, """
+            DO $$
+            DECLARE t regclass;
+            BEGIN
+                FOR t IN SELECT i.inhrelid::regclass FROM pg_inherits i
+                          WHERE i.inhparent = 'siwa.notification_log'::regclass
+                          UNION ALL SELECT 'siwa.notification_queue'::regclass LOOP
+                    EXECUTE format('ALTER TABLE %s SET TABLESPACE drill_small', t);
+                END LOOP;
+            END $$""")
         receiver = Receiver(ctx, db, cluster.url(db), ctx.jwks_url).start()
         answers = Answers()
         load = Load(lambda: receiver.port, ctx.bodies, answers, threads=ctx.threads).start()
@@ -826,7 +838,7 @@ def drill_disk_full(ctx):
             started = time.monotonic()
             wait_until(lambda: answered_after(answers, started, 503), "the tablespace to fill (503s)", 60)
             full_at = time.monotonic()
-            log(f"  full after {full_at - started:.1f} s ({cluster.psql(db, 'SELECT count(*) FROM siwa.notifications')}"
+            log(f"  full after {full_at - started:.1f} s ({cluster.psql(db, 'SELECT count(*) FROM siwa.notification_log')}"
                 " rows)")
             time.sleep(ctx.warmup)
             subprocess.run(["mount", "-o", "remount,size=64m", mount_point], check=True)

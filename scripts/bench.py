@@ -3,7 +3,7 @@
 
   - two database ceilings, pgbench at the same concurrency, one row per transaction: the "lean" one (a plain
     `(jti text primary key, payload text)` table, `INSERT … ON CONFLICT DO NOTHING`) and our own table shape
-    (the receiver's INSERT into siwa.notifications);
+    (the receiver's INSERT into siwa.notification_log);
   - the receiver: wrk posting distinct pre-signed Apple-shaped notifications (rows counted in the database);
   - the worker: how fast one and two workers drain 100k queued notifications;
   - idle end-to-end latency, receive → applied;
@@ -164,12 +164,15 @@ class Cluster:
         if rows_already_stored:
             log(f"pre-filling {name} with {rows_already_stored:,} applied notifications")
             self.psql(name, f"""
-                INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at, expires_at,
-                    raw_token, state, attempts, applied_at)
+                INSERT INTO siwa.notification_log (jti, event_type, sub, audience, event_time, issued_at,
+                    expires_at, raw_token, state, attempts, applied_at)
                 SELECT 'old-' || g, 'consent-revoked', 'old-sub-' || (g % 100000), '{AUDIENCE}', now(), now(),
                     now(), repeat('x', 700), 'applied', 1, now()
-                FROM generate_series(1, {rows_already_stored}) g""")
-            self.psql(name, "VACUUM ANALYZE siwa.notifications")
+                FROM generate_series(1, {rows_already_stored}) g;
+                INSERT INTO siwa.notification_jtis (jti, issued_at, expires_at)
+                SELECT jti, issued_at, expires_at FROM siwa.notification_log""")
+            self.psql(name, "VACUUM ANALYZE siwa.notification_log")
+            self.psql(name, "VACUUM ANALYZE siwa.notification_jtis")
 
     def postmaster_pid(self):
         with open(os.path.join(self.data, "postmaster.pid")) as f:
@@ -194,7 +197,7 @@ class Cluster:
         return len(children_of(self.postmaster_pid()))
 
     def count(self, db):
-        return int(self.psql(db, "SELECT count(*) FROM siwa.notifications"))
+        return int(self.psql(db, "SELECT count(*) FROM siwa.notification_log"))
 
     def stop(self, mode="fast"):
         self._tool("pg_ctl", "-D", self.data, "-m", mode, "-w", "-t", "60", "stop")
@@ -331,18 +334,32 @@ def run_wrk(url, connections, seconds, bodies, workdir):
 TOKEN = "x" * 700
 
 # The two ceilings, one single-row INSERT per transaction with a random (unique) jti: the lean table, and
-# our own table shape, the receiver's INSERT into siwa.notifications.
+# our own table shape, the receiver's INSERT into siwa.notification_log (one row of its batch statement,
+# with the same join to siwa.accounts and the same statement trigger queueing the row).
 LEAN_TABLE = "CREATE TABLE lean (jti text PRIMARY KEY, payload text)"
 LEAN_INSERT = (f"INSERT INTO lean (jti, payload) VALUES (gen_random_uuid()::text, '{TOKEN}') "
                "ON CONFLICT (jti) DO NOTHING;\n")
 OWN_INSERT = (
-    "INSERT INTO siwa.notifications (jti, event_type, sub, audience, email, is_private_email, event_time, "
-    "issued_at, expires_at, raw_token) VALUES (gen_random_uuid()::text, 'consent-revoked', "
-    f"'001234.bench', '{AUDIENCE}', NULL, NULL, now(), now(), now() + interval '1 day', '{TOKEN}') "
-    "ON CONFLICT (jti) DO NOTHING;\n")
+    "WITH batch AS (SELECT * FROM (VALUES (gen_random_uuid()::text, 'consent-revoked', "
+    f"'001234.bench', '{AUDIENCE}', NULL::text, NULL::boolean, now(), now(), now() + interval '1 day', '{TOKEN}')) "
+    "AS b(jti, event_type, sub, audience, email, is_private_email, event_time, issued_at, expires_at, raw_token)), "
+    "fresh AS (INSERT INTO siwa.notification_jtis (jti, issued_at, expires_at) "
+    "SELECT b.jti, b.issued_at, b.expires_at FROM batch b ON CONFLICT (jti) DO NOTHING RETURNING jti, issued_at), "
+    "stored AS (INSERT INTO siwa.notification_log (jti, event_type, sub, audience, email, is_private_email, "
+    "event_time, issued_at, expires_at, raw_token, personal_data_erased_at) "
+    "SELECT b.jti, b.event_type, b.sub, b.audience, CASE WHEN a.sub IS NULL THEN b.email END, b.is_private_email, "
+    "b.event_time, b.issued_at, b.expires_at, CASE WHEN a.sub IS NULL THEN b.raw_token END, "
+    "CASE WHEN a.sub IS NOT NULL THEN clock_timestamp() END "
+    "FROM batch b JOIN fresh f ON f.jti = b.jti AND f.issued_at = b.issued_at "
+    "LEFT JOIN siwa.accounts a ON a.sub = b.sub AND a.personal_data_erased_at IS NOT NULL "
+    "ON CONFLICT (jti, issued_at) DO NOTHING RETURNING id, jti, issued_at), "
+    "queued AS (INSERT INTO siwa.notification_queue (id, jti, issued_at) SELECT s.id, s.jti, s.issued_at FROM stored s "
+    "RETURNING 1) "
+    "SELECT s.jti FROM stored s "
+    "WHERE (SELECT count(pg_notify('siwa_notifications', '')) FROM (SELECT 1 FROM queued LIMIT 1) AS w) >= 0;\n")
 
 
-def run_pgbench(cluster, db, connections, seconds, workdir, statement=OWN_INSERT, table="siwa.notifications"):
+def run_pgbench(cluster, db, connections, seconds, workdir, statement=OWN_INSERT, table="siwa.notification_log"):
     """pgbench running `statement` (one row per transaction) into `table`; with the rows stored, the
     PostgreSQL and pgbench CPU per transaction (µs, from /proc and the child's rusage)."""
     script = os.path.join(workdir, "insert.sql")
@@ -449,19 +466,23 @@ def drain(cluster, binaries, workers, events=100_000):
     cluster.psql(db, f"""
         INSERT INTO siwa.sessions (sub, created_at)
         SELECT 'drain-sub-' || g, now() - interval '1 day' FROM generate_series(1, 20000) g;
-        INSERT INTO siwa.notifications (jti, event_type, sub, audience, email, is_private_email, event_time,
-            issued_at, raw_token)
-        SELECT 'drain-' || g, (ARRAY['email-disabled','email-enabled','consent-revoked','account-delete'])[1 + g % 4],
-            'drain-sub-' || (g % 20000), '{AUDIENCE}',
-            CASE WHEN g % 4 < 2 THEN 'd' || g || '@privaterelay.appleid.com' END, CASE WHEN g % 4 < 2 THEN true END,
-            now() - (g || ' ms')::interval, now(), repeat('x', 700)
-        FROM generate_series(1, {events}) g""")
+        WITH stored AS (
+            INSERT INTO siwa.notification_log (jti, event_type, sub, audience, email, is_private_email, event_time,
+                issued_at, raw_token)
+            SELECT 'drain-' || g, (ARRAY['email-disabled','email-enabled','consent-revoked','account-delete'])[1 + g % 4],
+                'drain-sub-' || (g % 20000), '{AUDIENCE}',
+                CASE WHEN g % 4 < 2 THEN 'd' || g || '@privaterelay.appleid.com' END, CASE WHEN g % 4 < 2 THEN true END,
+                now() - (g || ' ms')::interval, now(), repeat('x', 700)
+            FROM generate_series(1, {events}) g
+            RETURNING id, jti, issued_at)
+        INSERT INTO siwa.notification_queue (id, jti, issued_at) SELECT id, jti, issued_at FROM stored""")
     # Statistics for the tables just filled only: analysing the still-empty siwa.accounts would record
     # "0 rows" and make the worker's cached plans scan it sequentially as it grows (a fresh deployment's
     # never-analysed table does not have that problem; autovacuum analyses it as it fills).
-    cluster.psql(db, "VACUUM ANALYZE siwa.notifications")
+    cluster.psql(db, "VACUUM ANALYZE siwa.notification_log")
+    cluster.psql(db, "VACUUM ANALYZE siwa.notification_queue")
     cluster.psql(db, "VACUUM ANALYZE siwa.sessions")
-    applied_before = int(cluster.psql(db, "SELECT count(*) FROM siwa.notifications WHERE state <> 'pending'"))
+    applied_before = int(cluster.psql(db, "SELECT count(*) FROM siwa.notification_log WHERE state <> 'pending'"))
     idle_children = cluster.child_count()
     pg_before, worker_before = cluster.cpu_seconds(settle_to=idle_children), children_cpu_seconds()
     started = time.monotonic()
@@ -472,12 +493,23 @@ def drain(cluster, binaries, workers, events=100_000):
     elapsed = time.monotonic() - started
     pg_cpu = cluster.cpu_seconds(settle_to=idle_children) - pg_before
     worker_cpu = children_cpu_seconds() - worker_before
-    remaining = int(cluster.psql(db, "SELECT count(*) FROM siwa.notifications WHERE state = 'pending'"))
-    applied = int(cluster.psql(db, "SELECT count(*) FROM siwa.notifications WHERE state <> 'pending'")) \
+    remaining = int(cluster.psql(db, "SELECT count(*) FROM siwa.notification_queue"))
+    applied = int(cluster.psql(db, "SELECT count(*) FROM siwa.notification_log WHERE state <> 'pending'")) \
         - applied_before
+    # Updates of the queue (retries, busy) and of the log (outcomes), and how many of them were HOT.
+    time.sleep(1)  # the statistics collector's last report
+    hot = cluster.psql(db, """
+        SELECT coalesce(sum(n_tup_upd) FILTER (WHERE relname = 'notification_queue'), 0) || ' '
+            || coalesce(sum(n_tup_hot_upd) FILTER (WHERE relname = 'notification_queue'), 0) || ' '
+            || coalesce(sum(n_tup_del) FILTER (WHERE relname = 'notification_queue'), 0) || ' '
+            || coalesce(sum(n_tup_upd) FILTER (WHERE relname LIKE 'notification_log_%'), 0) || ' '
+            || coalesce(sum(n_tup_hot_upd) FILTER (WHERE relname LIKE 'notification_log_%'), 0)
+          FROM pg_stat_user_tables WHERE schemaname = 'siwa'""").split()
     return {"events": events, "seconds": elapsed, "events_per_second": events / elapsed, "left_pending": remaining,
             "applied": applied, "worker_us_per_event": per_row_us(worker_cpu, applied),
-            "postgres_us_per_event": per_row_us(pg_cpu, applied)}
+            "postgres_us_per_event": per_row_us(pg_cpu, applied),
+            "queue_updates": int(hot[0]), "queue_hot_updates": int(hot[1]), "queue_deletes": int(hot[2]),
+            "log_updates": int(hot[3]), "log_hot_updates": int(hot[4])}
 
 
 def idle_latency(cluster, binaries, jwks_url, bodies, count=200):
@@ -500,10 +532,10 @@ def idle_latency(cluster, binaries, jwks_url, bodies, count=200):
             response.read()
         client_ms.append((time.monotonic() - started) * 1000)
         time.sleep(0.02)  # idle: one notification at a time
-    wait_until(lambda: cluster.psql("idle", "SELECT count(*) FROM siwa.notifications WHERE applied_at IS NULL")
+    wait_until(lambda: cluster.psql("idle", "SELECT count(*) FROM siwa.notification_log WHERE applied_at IS NULL")
                == "0", "all applied", timeout=60)
     lags = sorted(float(x) for x in cluster.psql(
-        "idle", "SELECT extract(epoch FROM applied_at - received_at) * 1000 FROM siwa.notifications").split())
+        "idle", "SELECT extract(epoch FROM applied_at - received_at) * 1000 FROM siwa.notification_log").split())
     worker.send_signal(signal.SIGTERM)
     worker.wait(timeout=30)
     receiver.stop()
@@ -577,7 +609,7 @@ def print_table(results):
     print()
     print("Ingest: receiver (wrk, distinct pre-signed notifications) vs. two ceilings (pgbench, 1 row/txn):")
     print("  lean = plain (jti text primary key, payload text) table; own = the receiver's INSERT into "
-          "siwa.notifications")
+          "siwa.notification_log")
     print(f"{'connections':>22} {'lean tx/s':>10} {'own tx/s':>9} {'receiver rows/s':>16} {'vs lean':>8} "
           f"{'vs own':>7} {'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>8} {'peak RSS MiB':>13}")
     for name, r in results["ingest"].items():
@@ -598,6 +630,8 @@ def print_table(results):
         print(f"{workers:>3} worker(s): {r['events_per_second']:>9.0f} events/s  ({r['seconds']:.1f} s, "
               f"{r['left_pending']} left pending)  worker {r['worker_us_per_event']:.1f} µs/event, "
               f"PostgreSQL {r['postgres_us_per_event']:.1f} µs/event")
+        print(f"{'':>14}queue: {r['queue_updates']} updates, {r['queue_hot_updates']} HOT, "
+              f"{r['queue_deletes']} deletes; log: {r['log_updates']} updates, {r['log_hot_updates']} HOT")
     print()
     idle = results["idle"]
     print("Idle end-to-end latency (200 notifications, one at a time)")

@@ -60,21 +60,23 @@ final class Lane {
           FROM siwa.process_notification($1::bigint, $2::integer, $3::float8 * interval '1 second')
         """
     private static let dueSQL = """
-        SELECT id, jti, event_type, attempts FROM siwa.notifications
-         WHERE state = 'pending' AND next_attempt_at <= clock_timestamp()
-         ORDER BY next_attempt_at, id LIMIT $1::integer
+        SELECT q.id, q.jti, l.event_type, q.attempts
+          FROM siwa.notification_queue q
+          JOIN siwa.notification_log l ON l.jti = q.jti AND l.issued_at = q.issued_at
+         WHERE q.next_attempt_at <= clock_timestamp()
+         ORDER BY q.id LIMIT $1::integer
         """
     private static let recordFailureSQL = """
         SELECT siwa.record_failure($1::bigint, $2::text, $3::integer, $4::float8 * interval '1 second')
         """
     private static let nextDueSQL = """
         SELECT extract(epoch FROM min(next_attempt_at) - clock_timestamp())::float8
-          FROM siwa.notifications WHERE state = 'pending'
+          FROM siwa.notification_queue
         """
     private static let oldestBusySQL = """
         SELECT extract(epoch FROM clock_timestamp() - min(busy_since))::float8,
                extract(epoch FROM min(next_attempt_at) - clock_timestamp())::float8
-          FROM siwa.notifications WHERE state = 'pending' AND busy_since IS NOT NULL
+          FROM siwa.notification_queue WHERE busy_since IS NOT NULL
         """
 
     init(worker: Worker, index: Int, once: Bool) {

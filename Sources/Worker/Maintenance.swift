@@ -64,6 +64,9 @@ struct Maintenance {
     /// Retention and erasure of personal data that has become due; failures are logged, never fatal.
     private func pass(_ connection: PostgresConnection) {
         do throws(PostgresError) {
+            // The history's month partitions, this month and the next (a no-op while they exist;
+            // rows of a month without one wait in the DEFAULT partition and move when it is created).
+            try connection.query("SELECT siwa.create_log_partitions(1)")
             // Each call is its own transaction of at most 64 accounts, one subtransaction each (the
             // subtransaction cache's size, see Worker.Configuration.maxBatchSize).
             var erased = 0

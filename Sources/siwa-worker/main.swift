@@ -55,7 +55,8 @@ let spec = CommandSpec(
             environmentVariable: "SIWA_WORKER_RETAIN_TOKENS_DAYS"),
         CommandOption(
             "retain-events-days", valueName: "DAYS",
-            help: "Delete finished notifications older than this (default: keep).",
+            help:
+                "Drop the months of history that ended more than this ago; pending and dead rows are kept (default: keep).",
             environmentVariable: "SIWA_WORKER_RETAIN_EVENTS_DAYS"),
         CommandOption(
             "log-level", valueName: "LEVEL", help: "debug, info, warning or error.",

@@ -121,7 +121,8 @@ enum EventsVerb {
         var isPrivateEmail: Bool?
         var eventTime: Date
         var appliedAt: Date?
-        var nextAttemptAt: Date
+        /// Only a pending notification has one (schema version 3).
+        var nextAttemptAt: Date?
         var lastError: String?
 
         init(_ row: PostgresRow) throws(PostgresError) {
@@ -154,7 +155,7 @@ enum EventsVerb {
                 "email": email ?? NSNull(), "is_private_email": isPrivateEmail ?? NSNull(),
                 "event_time": VerifyVerb.formatISO8601(eventTime),
                 "applied_at": appliedAt.map(VerifyVerb.formatISO8601) ?? NSNull(),
-                "next_attempt_at": VerifyVerb.formatISO8601(nextAttemptAt),
+                "next_attempt_at": nextAttemptAt.map(VerifyVerb.formatISO8601) ?? NSNull(),
                 "last_error": lastError ?? NSNull(),
             ]
         }

@@ -99,21 +99,25 @@ func replaceHook(on connection: PostgresConnection, body: String) throws {
 @discardableResult
 func storeAsReceiver(
     _ database: AdminDatabase, jti: String, sub: String, eventType: String = "consent-revoked",
-    email: String? = nil, role: AdminRole = .receiver
+    email: String? = nil, role: AdminRole = .receiver, issuedAt: Date = storeAsReceiverIssuedAt
 ) throws -> NotificationStore.Outcome {
     let pool = PostgresPool(configuration: try database.configuration(as: role), maxConnections: 1)
     defer { pool.close() }
     let store = NotificationStore(pool: pool, configuration: .init(committers: 1))
     defer { store.close() }
     let now = Date()
+    // A redelivery is usually the same signed token: the same iat (whole seconds, as in a JWT).
     let notification = ServerNotification(
         eventType: EventType(rawValue: eventType), subject: sub, email: email,
         isPrivateEmail: email.map { _ in true }, eventTime: now.addingTimeInterval(-60),
         jti: jti,
-        audience: "com.example.app", audiences: ["com.example.app"], issuedAt: now,
-        expiresAt: now.addingTimeInterval(86_400))
+        audience: "com.example.app", audiences: ["com.example.app"], issuedAt: issuedAt,
+        expiresAt: issuedAt.addingTimeInterval(86_400))
     return try store.store(notification, rawToken: "header.payload.signature")
 }
+
+/// The iat of every token ``storeAsReceiver`` stores: this process's start, in whole seconds.
+let storeAsReceiverIssuedAt = Date(timeIntervalSince1970: Date().timeIntervalSince1970.rounded(.down))
 
 /// The users of the seeded data set, and what happened to them.
 enum Seed {

@@ -245,6 +245,17 @@ func personalData(_ connection: PostgresConnection) throws -> [String: String] {
     return result
 }
 
+/// The pending notifications' next attempt and attempts, by jti.
+func queued(_ connection: PostgresConnection) throws -> [String: String] {
+    var result: [String: String] = [:]
+    for row in try connection.query(
+        "SELECT jti, next_attempt_at::text || ' ' || attempts FROM siwa.notifications WHERE state = 'pending'"
+    ) {
+        result[try row[0, as: String.self]] = try row[1, as: String.self]
+    }
+    return result
+}
+
 /// The rows of the tables, as JSON objects in id order, without the columns in `without`.
 func contents(_ connection: PostgresConnection, without: [String] = []) throws -> [String: String] {
     let drop = without.map { " - '\($0)'" }.joined()
@@ -338,8 +349,11 @@ struct MigrateUpgradeTests {
                 "SELECT count(*) FROM siwa.accounts WHERE personal_data_erased_at IS NOT NULL")[0][
                     0, as: Int.self] == 1)
         let personal = ["email", "raw_token", "last_error", "personal_data_erased_at"]
-        let before = try contents(connection, without: personal)
+        // A finished notification has no next attempt from version 3 on (NULL); a pending one keeps it.
+        let before = try contents(
+            connection, without: ["busy_since", "hook_search_path", "next_attempt_at"] + personal)
         let personalBefore = try personalData(connection)
+        let queuedBefore = try queued(connection)
 
         let result = try siwactl(["migrate", "--database-url", database.url])
         #expect(result.status == 0, "\(result.standardError)")
@@ -351,12 +365,19 @@ struct MigrateUpgradeTests {
         #expect(upgraded.count == fresh.count)
         #expect(Array(Set(upgraded).subtracting(fresh)).sorted() == [], "only in the upgraded database")
         #expect(Array(Set(fresh).subtracting(upgraded)).sorted() == [], "only in a fresh install")
-        #expect(try contents(connection, without: ["busy_since", "hook_search_path"] + personal) == before)
+        #expect(
+            try contents(
+                connection, without: ["busy_since", "hook_search_path", "next_attempt_at"] + personal)
+                == before)
+        #expect(try queued(connection) == queuedBefore)
         // Personal data and error texts are what version 2 would have written: errors redacted, and
-        // nothing left of the erased account's late notification.
+        // nothing left of the erased account's late notification. (From version 2 on they are moved as
+        // they are: what the seed wrote by hand into version 2 is the admins' own.)
         var expected = personalBefore
-        expected["u-dead"] = " | h.p.s6 | P0001: the hook refused '…' for …@… | false"
-        expected["u-late"] = " |  | P0001: (erased with the account's personal data) | true"
+        if released.version < 2 {
+            expected["u-dead"] = " | h.p.s6 | P0001: the hook refused '…' for …@… | false"
+            expected["u-late"] = " |  | P0001: (erased with the account's personal data) | true"
+        }
         #expect(try personalData(connection) == expected)
 
         // And it works: the waiting notifications are applied by this version's functions.

@@ -108,30 +108,49 @@ struct FailureTests {
                 == 10)
     }
 
-    @Test("retention clears old raw tokens and deletes old finished rows, never pending ones")
+    @Test(
+        "retention clears old raw tokens and drops old months of history whole, keeping pending and dead rows"
+    )
     func retentionPrunes() throws {
         let db = try TestDatabase()
+        // Three months ago: its own partition, as the maintenance pass made it then.
+        let old = "date_trunc('month', now()) - interval '3 months' + interval '1 day'"
+        try db.connection.execute("SELECT siwa.create_log_partition((\(old))::date)")
         for index in 0..<5 {
-            try db.insert(jti: "old-\(index)", type: "consent-revoked", sub: "u\(index)")
+            try db.insert(jti: "old-\(index)", type: "consent-revoked", sub: "u\(index)", issuedAt: old)
         }
+        try db.insert(jti: "old-dead", type: "some-type", sub: "d", issuedAt: old)
         try db.insert(jti: "recent", type: "consent-revoked", sub: "r")
         let worker = try db.worker()
         _ = try worker.drainOnce()
-        try db.insert(jti: "waiting", type: "consent-revoked", sub: "w")
         try db.connection.execute(
-            "UPDATE siwa.notifications SET received_at = now() - interval '40 days', next_attempt_at = now() + interval '1 day' WHERE jti <> 'recent'"
+            "UPDATE siwa.notifications SET state = 'dead', applied_at = NULL, last_error = 'P0001: gave up' WHERE jti = 'old-dead'"
+        )
+        try db.insert(jti: "waiting", type: "consent-revoked", sub: "w", issuedAt: old)
+        try db.connection.execute(
+            "UPDATE siwa.notifications SET received_at = \(old), next_attempt_at = now() + interval '1 day' WHERE jti <> 'recent'"
         )
         try db.connection.execute(
             "UPDATE siwa.notifications SET received_at = now() - interval '10 days' WHERE jti = 'recent'")
+        let partition = "'siwa.notification_log_' || to_char(\(old), 'YYYY_MM')"
+        #expect(try db.value("SELECT to_regclass(\(partition)) IS NOT NULL", as: Bool.self))
 
         let pruning = try db.worker(retainTokens: .seconds(7 * 86_400), retainEvents: .seconds(30 * 86_400))
         _ = try pruning.drainOnce()
         let rows = try db.connection.query(
             "SELECT jti, raw_token IS NOT NULL, state FROM siwa.notifications ORDER BY jti")
-        #expect(try rows.map { try $0[0, as: String.self] } == ["recent", "waiting"])
-        #expect(try rows[0][1, as: Bool.self] == false)
-        #expect(try rows[1][1, as: Bool.self] == true)
-        #expect(try rows[1][2, as: String.self] == "pending")
+        #expect(try rows.map { try $0[0, as: String.self] } == ["old-dead", "recent", "waiting"])
+        #expect(try rows.map { try $0[1, as: Bool.self] } == [false, false, true])
+        #expect(try rows.map { try $0[2, as: String.self] } == ["dead", "applied", "pending"])
+        // The month is gone as a table; what was not done with waits in the DEFAULT partition, still
+        // queued, and is applied as before.
+        #expect(try db.value("SELECT to_regclass(\(partition)) IS NULL", as: Bool.self))
+        #expect(
+            try db.value("SELECT count(*)::integer FROM siwa.notification_log_default", as: Int.self) == 2)
+        try db.connection.execute(
+            "UPDATE siwa.notifications SET next_attempt_at = now() WHERE jti = 'waiting'")
+        _ = try worker.drainOnce()
+        #expect(try db.state("waiting") == "applied")
     }
 
     @Test(

@@ -63,7 +63,7 @@ struct SubtransactionTests {
             // Each notification was marked applied inside its own subtransaction.
             let subtransactions = try connection.query(
                 """
-                SELECT count(DISTINCT xmin::text)::integer FROM siwa.notifications
+                SELECT count(DISTINCT xmin::text)::integer FROM siwa.notification_log
                  WHERE state = 'applied' AND xmin::text::bigint <> (pg_current_xact_id()::text::bigint % 4294967296)
                 """)[0][0, as: Int.self]
             return (handled, subtransactions)

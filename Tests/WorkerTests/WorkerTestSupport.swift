@@ -24,15 +24,16 @@ final class TestDatabase: @unchecked Sendable {
     /// The database's URL, for `siwa-worker --database-url`.
     var url: String { cluster.url(database: configuration.database ?? "") }
 
-    /// Inserts one pending notification; `eventTime` is SQL (e.g. `now() - interval '1 hour'`).
+    /// Inserts one pending notification; `eventTime` and `issuedAt` are SQL (e.g. `now() - interval '1 hour'`).
     func insert(
-        jti: String, type: String, sub: String, eventTime: String = "now()", email: String? = nil
+        jti: String, type: String, sub: String, eventTime: String = "now()", email: String? = nil,
+        issuedAt: String = "now()"
     ) throws {
         try connection.execute(
             """
             INSERT INTO siwa.notifications
                 (jti, event_type, sub, audience, email, is_private_email, event_time, issued_at, raw_token)
-            VALUES ($1, $2, $3, 'com.example.app', $4, $5, \(eventTime), now(), 'header.payload.signature')
+            VALUES ($1, $2, $3, 'com.example.app', $4, $5, \(eventTime), \(issuedAt), 'header.payload.signature')
             """,
             [.text(jti), .text(type), .text(sub), email.map { .text($0) }, email.map { _ in .bool(true) }])
     }

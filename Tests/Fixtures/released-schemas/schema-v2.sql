@@ -1,0 +1,1211 @@
+-- Sign in with Apple server-to-server notifications: the database.
+--
+-- Re-runnable: `psql -v ON_ERROR_STOP=1 --single-transaction -f schema.sql` on an empty or an existing
+-- database (at any earlier version, see "Upgrades" below) brings it to
+-- the current version and never drops data. `siwactl migrate` applies this same file (it is embedded in
+-- the binary). Everything lives in schema `siwa`.
+--
+-- Admins read history from the view siwa.event_history; see docs/sql.md for a cookbook.
+--
+-- search_path: this file runs with the path pg_catalog, pg_temp (set just below), and every function it
+-- creates carries `SET search_path = pg_catalog, pg_temp`. So no object another role created (a
+-- `public.hashtextextended(text, integer)` that wins overload resolution, say) can stand in for one of
+-- PostgreSQL's, whatever the search_path of the session that applies this file or calls the functions.
+-- Objects of this schema are always written siwa.…. The one exception is the admins' hook siwa.on_event:
+-- it is called with the worker session's own search_path (see siwa.settings.hook_search_path).
+-- The session's own path is restored at the end of the file.
+
+SET client_min_messages = warning;
+DO $$
+BEGIN
+    PERFORM pg_catalog.set_config('siwa.schema_sql_saved_search_path',
+                                  pg_catalog.current_setting('search_path'), false);
+END;
+$$;
+SET search_path = pg_catalog, pg_temp;
+
+CREATE SCHEMA IF NOT EXISTS siwa;
+
+-- ---------------------------------------------------------------------------------------------------
+-- Schema version
+-- ---------------------------------------------------------------------------------------------------
+
+CREATE TABLE IF NOT EXISTS siwa.schema_version (
+    version     integer     PRIMARY KEY,
+    description text        NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- A database newer than this file is refused before anything is changed: this file would put its older
+-- functions in place of the newer ones. (Raise the version here with every new version.)
+DO $$
+DECLARE
+    v_from integer := coalesce((SELECT pg_catalog.max(version) FROM siwa.schema_version), 0);
+BEGIN
+    IF v_from > 2 THEN
+        RAISE EXCEPTION 'the database is at schema version %, newer than this schema.sql (version 2); not applying it', v_from
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Apply the schema.sql of the release that brought the database to that version, or a newer one.';
+    END IF;
+END;
+$$;
+
+-- ---------------------------------------------------------------------------------------------------
+-- How errors are stored (used by the worker's functions below, and by the upgrade to version 2)
+-- ---------------------------------------------------------------------------------------------------
+
+-- What the worker stores as a notification's last_error: 'SQLSTATE: message' with the parts of the
+-- message that may carry user data masked. PostgreSQL quotes the offending input in its messages
+-- (invalid input syntax for type integer: "john.doe"), and a hook's RAISE may say anything: every
+-- single-quoted text, every double-quoted text except an object's name (relation "users", column
+-- "email", constraint "…"), and every email-shaped word becomes …. The message's words stay.
+CREATE OR REPLACE FUNCTION siwa.redact_error(p_error text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+SELECT pg_catalog.replace(pg_catalog.replace(
+         pg_catalog.regexp_replace(
+           pg_catalog.regexp_replace(
+             pg_catalog.regexp_replace(
+               pg_catalog.regexp_replace(
+                 pg_catalog.replace(pg_catalog.replace(p_error, chr(1), ''), chr(2), ''),
+                 -- names of objects: protect them from the next step
+                 '(relation|column|constraint|table|schema|type|function|procedure|index|sequence|view|trigger|operator|domain|extension|role|database|cursor|variable|parameter|field|key) "([^"]*)"',
+                 '\1 ' || chr(1) || '\2' || chr(2), 'g'),
+               '"[^"]*("|$)', '"…"', 'g'),
+             '''[^'']*(''|$)', '''…''', 'g'),
+           '[^[:space:]"''(),;:<>' || chr(1) || chr(2) || ']+@[^[:space:]"''(),;:<>' || chr(1) || chr(2) || ']+',
+           '…@…', 'g'),
+         chr(1), '"'), chr(2), '"')
+$$;
+COMMENT ON FUNCTION siwa.redact_error(text) IS
+    'Masks what may carry user data in an error text (quoted values, email addresses) and keeps the SQLSTATE, the message''s words and quoted object names. What siwa.record_failure stores in last_error.';
+
+-- What is left of a failure's last_error once the account's personal data is erased: its SQLSTATE.
+-- Skip reasons (state skipped) are the worker's own words about the event type and stay.
+CREATE OR REPLACE FUNCTION siwa.erased_error(p_error text, p_state text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+SELECT CASE
+         WHEN p_error IS NULL OR p_state = 'skipped' THEN p_error
+         WHEN p_error ~ '^[0-9A-Z]{5}: ' THEN pg_catalog.left(p_error, 5) || ': (erased with the account''s personal data)'
+         ELSE '(erased with the account''s personal data)'
+       END
+$$;
+COMMENT ON FUNCTION siwa.erased_error(text, text) IS
+    'The last_error of a notification of an erased account: only the SQLSTATE of a failure is kept; a skip reason (state skipped) is kept as it is.';
+
+-- ---------------------------------------------------------------------------------------------------
+-- Upgrades: numbered changes, each run once
+-- ---------------------------------------------------------------------------------------------------
+--
+-- The rest of this file is the desired state, written so that applying it again changes nothing
+-- (CREATE … IF NOT EXISTS, CREATE OR REPLACE, views, comments, grants): an empty database gets the
+-- current schema from it alone. What cannot be said that way — a column or constraint added to an
+-- existing table, a type or a function signature changed, a backfill — is a numbered change below. Each
+-- change N runs on a database whose recorded version is below N (and not empty), in order, exactly once:
+-- in one statement with its row in siwa.schema_version, under the advisory lock siwactl migrate also
+-- holds ('siwa.migrate'), after which the version is read. An empty database skips the changes and
+-- records every version.
+--
+-- Writing change N+1: add it at the end, with `IF v_from < N+1`, raise the version in the refusal above
+-- to N+1, and make the desired state below create
+-- the same result on an empty database (a test compares an upgraded database with a fresh one, catalog
+-- entry by catalog entry). A change runs before the desired state: it may use only what the previous
+-- released version has, and the functions defined above it. Released versions are kept in Tests/Fixtures/released-schemas/, and every one
+-- of them is migrated by the tests. A version that never shipped needs no change of its own.
+DO $$
+DECLARE
+    v_from integer;
+    v_bad  text;
+BEGIN
+    PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('siwa.migrate', 0));
+    v_from := coalesce((SELECT pg_catalog.max(version) FROM siwa.schema_version), 0);
+
+    -- 1: the first release.
+    IF v_from < 1 THEN
+        INSERT INTO siwa.schema_version (version, description)
+        VALUES (1, 'notification log, queue, accounts, sessions, refresh tokens, event history');
+    END IF;
+
+    -- 2: hardening.
+    IF v_from < 2 THEN
+        IF v_from > 0 THEN
+            ALTER TABLE siwa.settings ADD COLUMN hook_search_path text;
+            ALTER TABLE siwa.notifications ADD COLUMN busy_since timestamptz;
+            ALTER TYPE siwa.processing_result ADD ATTRIBUTE busy_seconds double precision;
+            -- Version 1's advisory lock key function: the account row lock replaced it.
+            DROP FUNCTION IF EXISTS siwa.sub_lock_key(text);
+            -- Version 1's default no-op hook, never replaced by the admins, gets its search_path (and
+            -- this version's description); a replaced hook is left exactly as it is.
+            IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+                        WHERE p.oid = pg_catalog.to_regprocedure('siwa.on_event(text, text, timestamptz, text, text)')
+                          AND p.proconfig IS NULL
+                          AND pg_catalog.regexp_replace(p.prosrc, '--[^\n]*|\s', '', 'g') = 'BEGINEND;') THEN
+                ALTER FUNCTION siwa.on_event(text, text, timestamptz, text, text)
+                    SET search_path = pg_catalog, pg_temp;
+                COMMENT ON FUNCTION siwa.on_event(text, text, timestamptz, text, text) IS
+                    'Hook called by the worker for every known event, inside the transaction that applies it (after the built-in effects). A no-op by default; replace it with CREATE OR REPLACE FUNCTION to update your own tables (give it its own SET search_path, e.g. SET search_path = app, pg_catalog, pg_temp; without one it runs with siwa.settings.hook_search_path). If it raises, nothing of that application is kept and the event is retried.';
+            END IF;
+            -- Version 1 stored errors as PostgreSQL (or a hook) worded them, quoted values and email
+            -- addresses included, and kept them, as well as the email and token of a notification that
+            -- failed or arrived after its account's erasure. Version 2 stores neither: the rows version 1
+            -- wrote are brought to what version 2 would have written (skip reasons are the worker's own
+            -- words and stay).
+            UPDATE siwa.notifications
+               SET last_error = pg_catalog.left(siwa.redact_error(pg_catalog.left(last_error, 10000)), 2000)
+             WHERE last_error IS NOT NULL AND state <> 'skipped'
+               AND last_error IS DISTINCT FROM pg_catalog.left(siwa.redact_error(pg_catalog.left(last_error, 10000)), 2000);
+            UPDATE siwa.notifications AS n
+               SET email = NULL, raw_token = NULL, last_error = siwa.erased_error(n.last_error, n.state),
+                   personal_data_erased_at = coalesce(n.personal_data_erased_at, pg_catalog.clock_timestamp())
+              FROM siwa.accounts AS a
+             WHERE a.sub = n.sub AND a.personal_data_erased_at IS NOT NULL
+               AND (n.email IS NOT NULL OR n.raw_token IS NOT NULL
+                    OR n.last_error IS DISTINCT FROM siwa.erased_error(n.last_error, n.state));
+            -- The invariants tying a notification's state to its timestamps and error, and erased rows
+            -- to their data. Version 1's functions never break them; rows edited by hand may. Those
+            -- are not repaired here (the log is an audit record: no timestamp or error is made up):
+            -- the whole upgrade stops, changing nothing, and says which rows to look at.
+            SELECT pg_catalog.string_agg(c.name || ': ' || c.bad || ' rows', ', ') INTO v_bad
+              FROM (SELECT 'notifications_applied_at_check' AS name,
+                           pg_catalog.count(*) FILTER (
+                               WHERE (n.state IN ('applied', 'skipped')) IS DISTINCT FROM (n.applied_at IS NOT NULL)) AS bad
+                      FROM siwa.notifications n
+                    UNION ALL
+                    SELECT 'notifications_dead_error_check',
+                           pg_catalog.count(*) FILTER (WHERE n.state = 'dead' AND n.last_error IS NULL)
+                      FROM siwa.notifications n
+                    UNION ALL
+                    SELECT 'notifications_erased_check',
+                           pg_catalog.count(*) FILTER (
+                               WHERE n.personal_data_erased_at IS NOT NULL
+                                 AND (n.email IS NOT NULL OR n.raw_token IS NOT NULL))
+                      FROM siwa.notifications n
+                    UNION ALL
+                    SELECT 'accounts_erased_check',
+                           pg_catalog.count(*) FILTER (
+                               WHERE a.personal_data_erased_at IS NOT NULL
+                                 AND (a.email IS NOT NULL OR a.is_private_email IS NOT NULL))
+                      FROM siwa.accounts a) AS c
+             WHERE c.bad > 0;
+            IF v_bad IS NOT NULL THEN
+                RAISE EXCEPTION 'schema version 2 adds CHECK constraints that existing rows violate (%); nothing was changed', v_bad
+                    USING ERRCODE = 'check_violation',
+                          HINT = 'See docs/operations.md, "Upgrades": find the rows with the queries given there, correct them, and migrate again.';
+            END IF;
+            ALTER TABLE siwa.notifications
+                ADD CONSTRAINT notifications_applied_at_check
+                    CHECK ((state IN ('applied', 'skipped')) = (applied_at IS NOT NULL)),
+                ADD CONSTRAINT notifications_dead_error_check CHECK (state <> 'dead' OR last_error IS NOT NULL),
+                ADD CONSTRAINT notifications_busy_check CHECK (busy_since IS NULL OR state = 'pending'),
+                ADD CONSTRAINT notifications_erased_check
+                    CHECK (personal_data_erased_at IS NULL OR (email IS NULL AND raw_token IS NULL));
+            ALTER TABLE siwa.accounts
+                ADD CONSTRAINT accounts_erased_check
+                    CHECK (personal_data_erased_at IS NULL OR (email IS NULL AND is_private_email IS NULL));
+        END IF;
+        INSERT INTO siwa.schema_version (version, description)
+        VALUES (2, 'hardening: pinned search_path, per-user serialisation by the account row lock, busy notifications put off, erasure in every state, redacted errors, receiver column grants, state invariants as CHECK constraints');
+    END IF;
+END;
+$$;
+
+COMMENT ON SCHEMA siwa IS
+    'Sign in with Apple server-to-server notifications: the verified notification log, the queue the worker drains, and the account state it maintains.';
+
+COMMENT ON TABLE siwa.schema_version IS 'One row per schema version applied to this database; the highest is current.';
+COMMENT ON COLUMN siwa.schema_version.version IS 'Schema version number (increases by one per change to schema.sql).';
+COMMENT ON COLUMN siwa.schema_version.description IS 'What this version added.';
+COMMENT ON COLUMN siwa.schema_version.applied_at IS 'When this version was first applied here.';
+
+-- ---------------------------------------------------------------------------------------------------
+-- Settings the database itself acts on (one row)
+-- ---------------------------------------------------------------------------------------------------
+
+CREATE TABLE IF NOT EXISTS siwa.settings (
+    singleton                     boolean  PRIMARY KEY DEFAULT true CHECK (singleton),
+    erase_personal_data_after     interval NOT NULL DEFAULT interval '0' CHECK (erase_personal_data_after >= interval '0'),
+    hook_search_path              text
+);
+COMMENT ON TABLE siwa.settings IS
+    'Settings read by the database functions; exactly one row. Change with UPDATE siwa.settings SET ….';
+COMMENT ON COLUMN siwa.settings.singleton IS 'Always true: keeps this table to a single row.';
+COMMENT ON COLUMN siwa.settings.erase_personal_data_after IS
+    'How long after an account-delete event the account''s personal data (email, raw tokens) is kept. 0 (default): erased in the same transaction that applies the deletion; otherwise erased by the worker''s maintenance pass once deleted_at + this interval has passed.';
+COMMENT ON COLUMN siwa.settings.hook_search_path IS
+    'The search_path the admins'' hook siwa.on_event is called with. NULL (default): the worker session''s own search_path (its role''s or connection''s setting, PostgreSQL''s default "$user", public), as a hook written without schema names expects. A hook with its own SET search_path clause (recommended) uses that instead.';
+INSERT INTO siwa.settings DEFAULT VALUES ON CONFLICT DO NOTHING;
+
+-- ---------------------------------------------------------------------------------------------------
+-- The notification log (and the worker's queue)
+-- ---------------------------------------------------------------------------------------------------
+
+CREATE TABLE IF NOT EXISTS siwa.notifications (
+    id                      bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    jti                     text        NOT NULL,
+    event_type              text        NOT NULL,
+    sub                     text        NOT NULL,
+    audience                text        NOT NULL,
+    email                   text,
+    is_private_email        boolean,
+    event_time              timestamptz NOT NULL,
+    issued_at               timestamptz NOT NULL,
+    expires_at              timestamptz,
+    raw_token               text,
+    received_at             timestamptz NOT NULL DEFAULT now(),
+    state                   text        NOT NULL DEFAULT 'pending',
+    attempts                integer     NOT NULL DEFAULT 0,
+    next_attempt_at         timestamptz NOT NULL DEFAULT now(),
+    applied_at              timestamptz,
+    last_error              text,
+    personal_data_erased_at timestamptz,
+    busy_since              timestamptz,
+    CONSTRAINT notifications_jti_key UNIQUE (jti),
+    CONSTRAINT notifications_state_check CHECK (state IN ('pending', 'applied', 'skipped', 'dead')),
+    CONSTRAINT notifications_sub_check CHECK (sub <> ''),
+    CONSTRAINT notifications_jti_check CHECK (jti <> ''),
+    -- Tied to the state: applied_at is set exactly when it is applied or skipped; a dead one says why;
+    -- only a pending one can be busy; an erased one holds no email or token.
+    CONSTRAINT notifications_applied_at_check CHECK ((state IN ('applied', 'skipped')) = (applied_at IS NOT NULL)),
+    CONSTRAINT notifications_dead_error_check CHECK (state <> 'dead' OR last_error IS NOT NULL),
+    CONSTRAINT notifications_busy_check CHECK (busy_since IS NULL OR state = 'pending'),
+    CONSTRAINT notifications_erased_check
+        CHECK (personal_data_erased_at IS NULL OR (email IS NULL AND raw_token IS NULL))
+);
+COMMENT ON TABLE siwa.notifications IS
+    'One row per verified notification from Apple, unique by jti (Apple may deliver one several times). Written by siwa-receiver, drained by siwa-worker. Read it through siwa.event_history.';
+COMMENT ON COLUMN siwa.notifications.id IS 'Surrogate key, in order of arrival.';
+COMMENT ON COLUMN siwa.notifications.jti IS 'The token''s unique identifier (jti claim): deduplicates redeliveries.';
+COMMENT ON COLUMN siwa.notifications.event_type IS
+    'Canonical event type: email-disabled, email-enabled, consent-revoked, account-delete (Apple''s spelling account-deleted is normalised), or an unknown type exactly as received.';
+COMMENT ON COLUMN siwa.notifications.sub IS 'The user''s team-scoped Apple identifier (events.sub).';
+COMMENT ON COLUMN siwa.notifications.audience IS 'The client ID (bundle ID or Services ID) the token was addressed to and matched.';
+COMMENT ON COLUMN siwa.notifications.email IS 'Email address from the event (email events only); NULL once personal data is erased.';
+COMMENT ON COLUMN siwa.notifications.is_private_email IS 'Whether the address is an Apple private relay address (email events only).';
+COMMENT ON COLUMN siwa.notifications.event_time IS 'When the event happened at Apple (events.event_time).';
+COMMENT ON COLUMN siwa.notifications.issued_at IS 'The token''s iat claim.';
+COMMENT ON COLUMN siwa.notifications.expires_at IS 'The token''s exp claim, when present.';
+COMMENT ON COLUMN siwa.notifications.raw_token IS
+    'The signed token as received, for audit (re-verify with siwactl verify --at). NULL once pruned by retention or erased with the account''s personal data.';
+COMMENT ON COLUMN siwa.notifications.received_at IS 'When the receiver committed this row (the 200 to Apple follows the commit).';
+COMMENT ON COLUMN siwa.notifications.state IS
+    'Processing state: pending (waiting for its first or next attempt), applied (effects committed), skipped (verified but nothing to do, e.g. an unknown event type; see last_error), dead (gave up after the maximum attempts; see last_error, requeue with siwactl replay).';
+COMMENT ON COLUMN siwa.notifications.attempts IS 'How many times the worker has tried to apply it.';
+COMMENT ON COLUMN siwa.notifications.next_attempt_at IS 'When a pending notification is next due (backoff after a failure).';
+COMMENT ON COLUMN siwa.notifications.applied_at IS 'When it reached applied or skipped.';
+COMMENT ON COLUMN siwa.notifications.last_error IS
+    'The last failure as SQLSTATE: message, with quoted values and email addresses masked (siwa.redact_error); only the SQLSTATE once the account''s personal data is erased. For a skipped notification, the reason.';
+COMMENT ON COLUMN siwa.notifications.personal_data_erased_at IS
+    'When email, raw token and error text were erased after an account deletion (or, for a notification that arrived after the erasure, when it was stored without them).';
+COMMENT ON COLUMN siwa.notifications.busy_since IS
+    'While pending: since when every attempt found its user (the siwa.accounts row) held by another transaction, so it was put off without counting an attempt (NULL: not busy). Cleared by the next real attempt.';
+
+CREATE INDEX IF NOT EXISTS notifications_due_idx
+    ON siwa.notifications (next_attempt_at, id) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS notifications_sub_idx ON siwa.notifications (sub, event_time);
+CREATE INDEX IF NOT EXISTS notifications_received_idx ON siwa.notifications (received_at);
+CREATE INDEX IF NOT EXISTS notifications_type_received_idx ON siwa.notifications (event_type, received_at);
+CREATE INDEX IF NOT EXISTS notifications_dead_idx ON siwa.notifications (received_at) WHERE state = 'dead';
+CREATE INDEX IF NOT EXISTS notifications_applied_idx ON siwa.notifications (applied_at) WHERE applied_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS notifications_busy_idx
+    ON siwa.notifications (busy_since) WHERE state = 'pending' AND busy_since IS NOT NULL;
+
+-- Wake the workers when there is new work, with a NOTIFY that PostgreSQL sends at commit (so never for
+-- work that was rolled back): once per statement that inserts rows (the receiver's group commit inserts
+-- many in one; a redelivered jti inserts none and wakes nobody), and for each row an UPDATE puts back
+-- to pending (a requeue). The worker's own updates — marking rows applied, or scheduling a retry of a
+-- row that stays pending — fire nothing, so they pay for no trigger.
+CREATE OR REPLACE FUNCTION siwa.notify_workers() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM inserted) THEN
+        PERFORM pg_notify('siwa_notifications', '');
+    END IF;
+    RETURN NULL;
+END;
+$$;
+COMMENT ON FUNCTION siwa.notify_workers() IS
+    'Statement trigger after INSERT: NOTIFY siwa_notifications when the statement inserted rows.';
+
+CREATE OR REPLACE FUNCTION siwa.notify_workers_requeued() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pg_notify('siwa_notifications', '');  -- identical notifications in one transaction go once
+    RETURN NULL;
+END;
+$$;
+COMMENT ON FUNCTION siwa.notify_workers_requeued() IS
+    'Row trigger after a notification is put back to pending: NOTIFY siwa_notifications.';
+
+DROP TRIGGER IF EXISTS notifications_notify_insert ON siwa.notifications;
+CREATE TRIGGER notifications_notify_insert
+    AFTER INSERT ON siwa.notifications
+    REFERENCING NEW TABLE AS inserted
+    FOR EACH STATEMENT EXECUTE FUNCTION siwa.notify_workers();
+DROP TRIGGER IF EXISTS notifications_notify_update ON siwa.notifications;
+CREATE TRIGGER notifications_notify_update
+    AFTER UPDATE OF state ON siwa.notifications
+    FOR EACH ROW WHEN (NEW.state = 'pending' AND OLD.state IS DISTINCT FROM 'pending')
+    EXECUTE FUNCTION siwa.notify_workers_requeued();
+
+-- ---------------------------------------------------------------------------------------------------
+-- State the app can use
+-- ---------------------------------------------------------------------------------------------------
+
+CREATE TABLE IF NOT EXISTS siwa.accounts (
+    sub                text        PRIMARY KEY,
+    email              text,
+    is_private_email   boolean,
+    email_status       text,
+    email_status_at    timestamptz,
+    consent_revoked_at timestamptz,
+    deleted_at         timestamptz,
+    personal_data_erased_at timestamptz,
+    created_at         timestamptz NOT NULL DEFAULT now(),
+    updated_at         timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT accounts_email_status_check CHECK (email_status IN ('enabled', 'disabled')),
+    CONSTRAINT accounts_erased_check
+        CHECK (personal_data_erased_at IS NULL OR (email IS NULL AND is_private_email IS NULL))
+);
+COMMENT ON TABLE siwa.accounts IS
+    'One row per Apple user (sub) seen in a notification or created by the app: relay-email status, consent and deletion as Apple last told us.';
+COMMENT ON COLUMN siwa.accounts.sub IS 'The user''s team-scoped Apple identifier.';
+COMMENT ON COLUMN siwa.accounts.email IS 'The latest email address Apple reported (often a private relay address); NULL once erased.';
+COMMENT ON COLUMN siwa.accounts.is_private_email IS 'Whether email is an Apple private relay address.';
+COMMENT ON COLUMN siwa.accounts.email_status IS
+    'enabled or disabled: whether Apple forwards mail to the relay address (NULL until an email event arrives). Last writer wins by event_time; no longer changes once the account is deleted.';
+COMMENT ON COLUMN siwa.accounts.email_status_at IS 'event_time of the email event that set email_status.';
+COMMENT ON COLUMN siwa.accounts.consent_revoked_at IS 'event_time of the latest consent-revoked event (the user stopped using Sign in with Apple with this app).';
+COMMENT ON COLUMN siwa.accounts.deleted_at IS 'event_time of the account-delete event (the user deleted the Apple account).';
+COMMENT ON COLUMN siwa.accounts.personal_data_erased_at IS 'When the account''s personal data was erased after deletion.';
+COMMENT ON COLUMN siwa.accounts.created_at IS 'When this row was created.';
+COMMENT ON COLUMN siwa.accounts.updated_at IS 'When this row last changed.';
+
+CREATE TABLE IF NOT EXISTS siwa.sessions (
+    id            bigint      GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+    sub           text        NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    revoked_at    timestamptz,
+    revoke_reason text
+);
+COMMENT ON TABLE siwa.sessions IS
+    'The app''s sign-in sessions for Apple users. The app inserts (sub, created_at) at sign-in and treats a row with revoked_at set as signed out.';
+COMMENT ON COLUMN siwa.sessions.id IS 'Session identifier.';
+COMMENT ON COLUMN siwa.sessions.sub IS 'The Apple user the session belongs to (no foreign key: the app may sign a user in before any notification).';
+COMMENT ON COLUMN siwa.sessions.created_at IS 'When the user signed in; consent-revoked revokes sessions created at or before its event_time.';
+COMMENT ON COLUMN siwa.sessions.revoked_at IS 'When the session was revoked; NULL while valid.';
+COMMENT ON COLUMN siwa.sessions.revoke_reason IS 'Why: consent-revoked, account-delete, or the app''s own reason.';
+CREATE INDEX IF NOT EXISTS sessions_sub_idx ON siwa.sessions (sub) WHERE revoked_at IS NULL;
+
+CREATE TABLE IF NOT EXISTS siwa.refresh_tokens (
+    id               bigint      GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+    sub              text        NOT NULL,
+    client_id        text,
+    token_sha256     bytea,
+    token_ciphertext bytea,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    revoked_at       timestamptz,
+    revoke_reason    text,
+    CONSTRAINT refresh_tokens_sha256_key UNIQUE (token_sha256)
+);
+COMMENT ON TABLE siwa.refresh_tokens IS
+    'Apple refresh tokens the app holds. Store the token encrypted by the app (token_ciphertext) and its SHA-256 for lookup; never the plaintext.';
+COMMENT ON COLUMN siwa.refresh_tokens.id IS 'Row identifier.';
+COMMENT ON COLUMN siwa.refresh_tokens.sub IS 'The Apple user the token belongs to.';
+COMMENT ON COLUMN siwa.refresh_tokens.client_id IS 'The client ID the token was issued to (needed to call Apple''s revoke endpoint).';
+COMMENT ON COLUMN siwa.refresh_tokens.token_sha256 IS 'SHA-256 of the token, for lookup without the plaintext.';
+COMMENT ON COLUMN siwa.refresh_tokens.token_ciphertext IS 'The token encrypted by the app with a key the database never sees; erased (NULL) when revoked by account deletion.';
+COMMENT ON COLUMN siwa.refresh_tokens.created_at IS 'When the app obtained the token.';
+COMMENT ON COLUMN siwa.refresh_tokens.revoked_at IS 'When the token was revoked; NULL while usable.';
+COMMENT ON COLUMN siwa.refresh_tokens.revoke_reason IS 'Why: consent-revoked, account-delete, or the app''s own reason.';
+CREATE INDEX IF NOT EXISTS refresh_tokens_sub_idx ON siwa.refresh_tokens (sub) WHERE revoked_at IS NULL;
+
+-- A notification that arrives for an account whose personal data is already erased (Apple may send an
+-- email event after the deletion, or redeliver one) is stored without its email and raw token, so that it
+-- never holds them while it waits for the worker. Runs as the receiver, which may read exactly the two
+-- columns it needs (see the grants at the end). A row stored while the erasure commits concurrently is
+-- caught when the worker applies it (siwa.apply_notification) or records its failure
+-- (siwa.record_failure).
+CREATE OR REPLACE FUNCTION siwa.erase_late_notification() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF (NEW.email IS NOT NULL OR NEW.raw_token IS NOT NULL)
+       AND EXISTS (SELECT 1 FROM siwa.accounts a
+                    WHERE a.sub = NEW.sub AND a.personal_data_erased_at IS NOT NULL) THEN
+        NEW.email := NULL;
+        NEW.raw_token := NULL;
+        NEW.personal_data_erased_at := clock_timestamp();
+    END IF;
+    RETURN NEW;
+END;
+$$;
+COMMENT ON FUNCTION siwa.erase_late_notification() IS
+    'Row trigger before INSERT on siwa.notifications: a notification of an account whose personal data is erased is stored without email and raw token.';
+DROP TRIGGER IF EXISTS notifications_erase_late ON siwa.notifications;
+CREATE TRIGGER notifications_erase_late
+    BEFORE INSERT ON siwa.notifications
+    FOR EACH ROW EXECUTE FUNCTION siwa.erase_late_notification();
+
+-- ---------------------------------------------------------------------------------------------------
+-- The admins' hook
+-- ---------------------------------------------------------------------------------------------------
+
+-- Created only when missing: admins replace it with CREATE OR REPLACE FUNCTION, and re-running this file
+-- must not undo that.
+DO $$
+BEGIN
+    IF to_regprocedure('siwa.on_event(text, text, timestamptz, text, text)') IS NULL THEN
+        CREATE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz, email text, jti text)
+        RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $body$
+        BEGIN
+            -- No-op by default. Replace to touch your own tables; runs in the worker's transaction.
+        END;
+        $body$;
+        COMMENT ON FUNCTION siwa.on_event(text, text, timestamptz, text, text) IS
+            'Hook called by the worker for every known event, inside the transaction that applies it (after the built-in effects). A no-op by default; replace it with CREATE OR REPLACE FUNCTION to update your own tables (give it its own SET search_path, e.g. SET search_path = app, pg_catalog, pg_temp; without one it runs with siwa.settings.hook_search_path). If it raises, nothing of that application is kept and the event is retried.';
+    END IF;
+END;
+$$;
+
+-- ---------------------------------------------------------------------------------------------------
+-- Applying notifications (called by siwa-worker)
+-- ---------------------------------------------------------------------------------------------------
+
+-- Work on one user (sub) is serialised by the lock on its siwa.accounts row, taken with FOR UPDATE SKIP
+-- LOCKED: only roles that may UPDATE siwa.accounts (the worker, the owner, the app) can hold it, never a
+-- role that merely connects or reads the admin views. The advisory lock on a guessable key that version 1
+-- used could be held by any role (and its key function resolved hashtextextended through the caller's
+-- search_path): it is gone, also from databases upgraded to version 2 (change 2 above).
+
+-- Erases one account's personal data: its email, its notifications' emails and raw tokens, and the
+-- encrypted refresh tokens. The caller holds the sub's siwa.accounts row lock, so no other worker applies
+-- this user's notifications meanwhile; pending rows another worker has claimed but left alone (it could
+-- not take the lock) are skipped rather than waited for, which could deadlock with that worker's batch:
+-- they are erased when applied (see siwa.process_claimed_notification).
+CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_sub text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE siwa.accounts
+       SET email = NULL, is_private_email = NULL, personal_data_erased_at = clock_timestamp(),
+           updated_at = clock_timestamp()
+     WHERE sub = p_sub;
+    -- Every state: applied, skipped, dead (a failed late event) and pending alike.
+    -- siwa.erased_error is called only for a row with a last_error: it maps NULL to NULL, and a call
+    -- costs a search_path switch (its SET clause keeps it from being inlined), which most rows (applied,
+    -- without an error) need not pay.
+    UPDATE siwa.notifications
+       SET email = NULL, raw_token = NULL,
+           last_error = CASE WHEN last_error IS NOT NULL THEN siwa.erased_error(last_error, state) END,
+           personal_data_erased_at = coalesce(personal_data_erased_at, clock_timestamp())
+     WHERE sub = p_sub AND state <> 'pending'
+       AND (email IS NOT NULL OR raw_token IS NOT NULL
+            OR (last_error IS NOT NULL AND last_error IS DISTINCT FROM siwa.erased_error(last_error, state)));
+    UPDATE siwa.notifications AS t
+       SET email = NULL, raw_token = NULL,
+           last_error = CASE WHEN t.last_error IS NOT NULL THEN siwa.erased_error(t.last_error, t.state) END,
+           personal_data_erased_at = coalesce(t.personal_data_erased_at, clock_timestamp())
+      FROM (SELECT q.id FROM siwa.notifications q
+             WHERE q.sub = p_sub AND q.state = 'pending'
+               AND (q.email IS NOT NULL OR q.raw_token IS NOT NULL
+                    OR (q.last_error IS NOT NULL
+                        AND q.last_error IS DISTINCT FROM siwa.erased_error(q.last_error, q.state)))
+             FOR UPDATE SKIP LOCKED) AS c
+     WHERE t.id = c.id;
+    UPDATE siwa.refresh_tokens SET token_ciphertext = NULL
+     WHERE sub = p_sub AND token_ciphertext IS NOT NULL;
+END;
+$$;
+COMMENT ON FUNCTION siwa.erase_personal_data(text) IS
+    'Erases one account''s personal data: email in siwa.accounts; email, raw token and the text of last_error (its SQLSTATE stays) in every stored notification of that sub, whatever its state; encrypted refresh tokens. Call with the sub''s siwa.accounts row locked (FOR UPDATE).';
+
+-- Applies the effects of one notification. Raises on failure; the caller owns the transaction and the
+-- notification's state. Returns 'applied', or 'skipped: <reason>' for a notification with nothing to do.
+CREATE OR REPLACE FUNCTION siwa.apply_notification(n siwa.notifications) RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_account   siwa.accounts;
+    v_erased    boolean;
+    v_email     text;
+    v_hook_path text;
+BEGIN
+    IF n.event_type NOT IN ('email-disabled', 'email-enabled', 'consent-revoked', 'account-delete') THEN
+        RETURN 'skipped: unknown event type ' || quote_literal(left(n.event_type, 100));
+    END IF;
+
+    -- Accounts are created on first sight of a sub, and the row lock orders work on one user with the
+    -- app's own updates. The worker (siwa.process_claimed_notification) already holds it, so the
+    -- SELECT … FOR UPDATE finds its own lock and the INSERT is needed only by a caller that does not.
+    SELECT * INTO v_account FROM siwa.accounts WHERE sub = n.sub FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO siwa.accounts (sub) VALUES (n.sub) ON CONFLICT (sub) DO NOTHING;
+        SELECT * INTO v_account FROM siwa.accounts WHERE sub = n.sub FOR UPDATE;
+    END IF;
+    v_erased := v_account.personal_data_erased_at IS NOT NULL;
+
+    IF n.event_type IN ('email-disabled', 'email-enabled') THEN
+        -- Last writer wins by event_time: an older event delivered late never overrides a newer one.
+        -- A deleted account's email status no longer changes: its relay address is gone with it.
+        UPDATE siwa.accounts
+           SET email            = CASE WHEN personal_data_erased_at IS NULL THEN coalesce(n.email, email) END,
+               is_private_email = CASE WHEN personal_data_erased_at IS NULL
+                                       THEN coalesce(n.is_private_email, is_private_email) END,
+               email_status     = CASE n.event_type WHEN 'email-enabled' THEN 'enabled' ELSE 'disabled' END,
+               email_status_at  = n.event_time,
+               updated_at       = clock_timestamp()
+         WHERE sub = n.sub AND deleted_at IS NULL
+           AND (email_status_at IS NULL OR email_status_at <= n.event_time);
+    ELSIF n.event_type = 'consent-revoked' THEN
+        -- Only what existed when the user revoked consent: a later sign-in stays valid.
+        UPDATE siwa.sessions SET revoked_at = clock_timestamp(), revoke_reason = 'consent-revoked'
+         WHERE sub = n.sub AND revoked_at IS NULL AND created_at <= n.event_time;
+        UPDATE siwa.refresh_tokens SET revoked_at = clock_timestamp(), revoke_reason = 'consent-revoked'
+         WHERE sub = n.sub AND revoked_at IS NULL AND created_at <= n.event_time;
+        UPDATE siwa.accounts
+           SET consent_revoked_at = greatest(consent_revoked_at, n.event_time), updated_at = clock_timestamp()
+         WHERE sub = n.sub;
+    ELSE -- account-delete
+        UPDATE siwa.sessions SET revoked_at = clock_timestamp(), revoke_reason = 'account-delete'
+         WHERE sub = n.sub AND revoked_at IS NULL;
+        UPDATE siwa.refresh_tokens SET revoked_at = clock_timestamp(), revoke_reason = 'account-delete'
+         WHERE sub = n.sub AND revoked_at IS NULL;
+        UPDATE siwa.accounts
+           SET deleted_at = least(deleted_at, n.event_time), updated_at = clock_timestamp()
+         WHERE sub = n.sub;
+        IF (SELECT erase_personal_data_after FROM siwa.settings) = interval '0' THEN
+            PERFORM siwa.erase_personal_data(n.sub);  -- this notification's row included
+            v_erased := true;
+        END IF;
+    END IF;
+    IF v_erased AND n.event_type <> 'account-delete' AND (n.email IS NOT NULL OR n.raw_token IS NOT NULL) THEN
+        -- The user's personal data is erased: this notification (which may have arrived, or been
+        -- claimed elsewhere, after the erasure) keeps none either.
+        UPDATE siwa.notifications
+           SET email = NULL, raw_token = NULL, personal_data_erased_at = clock_timestamp()
+         WHERE id = n.id AND (email IS NOT NULL OR raw_token IS NOT NULL);
+    END IF;
+
+    -- The hook runs with the search_path it was written for (the worker session's own, or
+    -- siwa.settings.hook_search_path), not this function's: a hook written as `UPDATE my_users …` keeps
+    -- working. set_config(…, true) inside a function with a SET clause lasts until the function returns.
+    -- The session's own path is its reset value, read once per session (pg_settings is slow) and kept in
+    -- the session's custom setting siwa.session_search_path.
+    v_email := CASE WHEN v_erased THEN NULL ELSE n.email END;
+    v_hook_path := (SELECT s.hook_search_path FROM siwa.settings s);
+    IF v_hook_path IS NULL THEN
+        v_hook_path := nullif(pg_catalog.current_setting('siwa.session_search_path', true), '');
+        IF v_hook_path IS NULL THEN
+            v_hook_path := (SELECT p.reset_val FROM pg_catalog.pg_settings p WHERE p.name = 'search_path');
+            PERFORM pg_catalog.set_config('siwa.session_search_path', v_hook_path, false);
+        END IF;
+    END IF;
+    PERFORM pg_catalog.set_config('search_path', v_hook_path, true);
+    PERFORM siwa.on_event(n.event_type, n.sub, n.event_time, v_email, n.jti);
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+    RETURN 'applied';
+END;
+$$;
+COMMENT ON FUNCTION siwa.apply_notification(siwa.notifications) IS
+    'Applies one notification''s effects (sessions, refresh tokens, account state, the on_event hook). Raises on failure; does not change the notification''s state.';
+
+-- Result rows of the processing functions. Only functions depend on it: an attribute added later is
+-- added to existing databases by a numbered change with ALTER TYPE … ADD ATTRIBUTE (at the end, so
+-- callers that name the columns they read keep working).
+DO $$
+BEGIN
+    IF to_regtype('siwa.processing_result') IS NULL THEN
+        CREATE TYPE siwa.processing_result AS (
+            id           bigint,
+            jti          text,
+            event_type   text,
+            outcome      text,
+            error        text,
+            attempt      integer,
+            latency      double precision,
+            busy_seconds double precision
+        );
+    END IF;
+END;
+$$;
+COMMENT ON TYPE siwa.processing_result IS
+    'One handled notification: outcome applied, skipped, retry, dead, gone (no longer pending) or busy (its user''s siwa.accounts row is held by another transaction; put off briefly without counting an attempt); attempt is the attempt number just made; latency is seconds from received_at to now; busy_seconds is, for a busy one, how long it has been busy in a row.';
+
+-- Handles one notification the caller has locked (FOR UPDATE), in a subtransaction:
+--  1. takes its user's siwa.accounts row lock, creating the row first if it does not exist. The lock is
+--     tried, never waited for (SKIP LOCKED); the INSERT can only wait for a concurrent uncommitted insert
+--     of the same sub, and does so for 1 ms at most (lock_timeout, 55P03). Either means the user is busy: the notification is put off for a short, growing, jittered
+--     delay (no attempt counted, busy_since set) so that it no longer fills the batches of any lane;
+--  2. applies it and marks it applied or skipped, or records the failure with backoff. A lock wait
+--     inside the application (e.g. an app transaction holding a session row) ends with the caller's
+--     lock_timeout as 55P03, which the EXCEPTION block catches: that event is retried, the rest of the
+--     batch applies.
+-- A failed or busy attempt rolls the subtransaction back, the account row it created included. Errors
+-- the EXCEPTION block cannot catch (query_canceled from statement_timeout, assert_failure) abort the
+-- caller's transaction; the worker then records them with siwa.record_failure in a new transaction.
+CREATE OR REPLACE FUNCTION siwa.process_claimed_notification(
+    n siwa.notifications, p_max_attempts integer, p_retry_base_delay interval)
+RETURNS siwa.processing_result
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    r         siwa.processing_result;
+    v_result  text;
+    v_locking boolean := true;
+    v_busy    boolean := false;
+    v_busy_for interval;
+    v_now     timestamptz;
+    v_lock_timeout text;
+BEGIN
+    r.id := n.id; r.jti := n.jti; r.event_type := n.event_type; r.attempt := n.attempts + 1;
+    BEGIN
+        PERFORM 1 FROM siwa.accounts a WHERE a.sub = n.sub FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            IF EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = n.sub) THEN
+                v_busy := true;  -- the row exists and someone else holds it
+            ELSE
+                -- The INSERT waits only for a concurrent uncommitted insert of the same sub (another
+                -- lane's batch, or the app's sign-in): that is busy too, so barely wait for it.
+                v_lock_timeout := current_setting('lock_timeout');
+                PERFORM set_config('lock_timeout', '1ms', true);
+                INSERT INTO siwa.accounts (sub) VALUES (n.sub) ON CONFLICT (sub) DO NOTHING;
+                PERFORM set_config('lock_timeout', v_lock_timeout, true);
+                PERFORM 1 FROM siwa.accounts a WHERE a.sub = n.sub FOR UPDATE SKIP LOCKED;
+                v_busy := NOT FOUND;
+            END IF;
+        END IF;
+        IF NOT v_busy THEN
+            v_locking := false;
+            v_result := siwa.apply_notification(n);
+            r.outcome := CASE WHEN v_result = 'applied' THEN 'applied' ELSE 'skipped' END;
+            r.error := CASE WHEN v_result = 'applied' THEN NULL ELSE substr(v_result, 10) END;
+            UPDATE siwa.notifications AS t
+               SET state = r.outcome, attempts = t.attempts + 1, applied_at = clock_timestamp(),
+                   last_error = r.error, busy_since = NULL
+             WHERE t.id = n.id;
+            -- A skipped notification of a user whose personal data is already erased keeps none either
+            -- (apply_notification does this itself for the notifications it applies).
+            IF r.outcome = 'skipped'
+               AND EXISTS (SELECT 1 FROM siwa.accounts a
+                            WHERE a.sub = n.sub AND a.personal_data_erased_at IS NOT NULL) THEN
+                UPDATE siwa.notifications AS t
+                   SET email = NULL, raw_token = NULL, personal_data_erased_at = clock_timestamp()
+                 WHERE t.id = n.id AND (t.email IS NOT NULL OR t.raw_token IS NOT NULL);
+            END IF;
+        END IF;
+    EXCEPTION WHEN OTHERS THEN
+        IF v_locking AND SQLSTATE IN ('55P03', '40P01') THEN
+            v_busy := true;  -- waited for a concurrent insert of this sub's account row
+        ELSE
+            r.error := left(siwa.redact_error(left(SQLSTATE || ': ' || SQLERRM, 10000)), 2000);
+            r.outcome := siwa.record_failure(n.id, r.error, p_max_attempts, p_retry_base_delay);
+        END IF;
+    END;
+    IF v_busy THEN
+        -- Put off by half the time it has been busy, between 0.1 s and 5 s, times a factor in [0.5, 1):
+        -- short at first, rarer while the user stays busy, never an attempt.
+        v_now := clock_timestamp();
+        v_busy_for := v_now - coalesce(n.busy_since, v_now);
+        UPDATE siwa.notifications AS t
+           SET next_attempt_at = v_now + least(greatest(v_busy_for / 2, interval '100 milliseconds'),
+                                               interval '5 seconds') * (0.5 + random() / 2),
+               busy_since = coalesce(t.busy_since, v_now)
+         WHERE t.id = n.id;
+        r.outcome := 'busy'; r.attempt := n.attempts; r.error := NULL;
+        r.busy_seconds := extract(epoch FROM v_busy_for)::double precision;
+    END IF;
+    r.latency := extract(epoch FROM clock_timestamp() - n.received_at);
+    RETURN r;
+END;
+$$;
+COMMENT ON FUNCTION siwa.process_claimed_notification(siwa.notifications, integer, interval) IS
+    'Applies one claimed notification in a subtransaction, holding its sub''s siwa.accounts row lock, and records the outcome (applied, skipped, retry, dead); or, when another transaction holds that row, reports it busy and puts it off briefly (busy_since, no attempt counted). The caller holds the notification''s row lock.';
+
+-- Claims up to p_limit due notifications and applies each in its own subtransaction, all in the caller's
+-- transaction: the claim (row locks, FOR UPDATE SKIP LOCKED) disappears with a crashed worker's
+-- connection, and effects commit together with the state change that marks them applied.
+-- The user's siwa.accounts row lock (tried, never waited for) keeps two events of one user from being
+-- applied concurrently by two workers; such rows are reported busy and put off briefly.
+--
+-- At most 64 per call, whatever p_limit says. Each notification's subtransaction writes (it locks its
+-- user's account row, at least), so it gets a subtransaction XID, and these stay with the transaction
+-- until it ends (only a rolled-back one gives its XID back). PostgreSQL keeps 64 of them per transaction
+-- in shared memory (PGPROC_MAX_CACHED_SUBXIDS); beyond that the transaction's cache overflows, and every
+-- snapshot any session takes while it is open must look subtransactions up in pg_subtrans, which slows
+-- the whole server down. A hook (siwa.on_event) with BEGIN … EXCEPTION blocks of its own that write uses
+-- one more per block entered: the worker's --batch-size must then be lower (docs/operations.md).
+CREATE OR REPLACE FUNCTION siwa.process_due_notifications(
+    p_limit integer, p_max_attempts integer, p_retry_base_delay interval)
+RETURNS SETOF siwa.processing_result
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n     siwa.notifications;
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    FOR n IN
+        SELECT q.* FROM siwa.notifications q
+         WHERE q.state = 'pending' AND q.next_attempt_at <= v_now
+         ORDER BY q.next_attempt_at, q.id
+         LIMIT least(p_limit, 64)
+         FOR UPDATE SKIP LOCKED
+    LOOP
+        RETURN NEXT siwa.process_claimed_notification(n, p_max_attempts, p_retry_base_delay);
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION siwa.process_due_notifications(integer, integer, interval) IS
+    'Worker entry point: claims up to p_limit (at most 64: one subtransaction each, and PostgreSQL caches 64 per transaction) due notifications (FOR UPDATE SKIP LOCKED), applies each in a subtransaction, and marks it applied, skipped, retried with backoff, or dead. One row per notification handled (busy: its user''s account row is held elsewhere; put off briefly, no attempt counted).';
+
+-- The worker's fallback when a whole batch failed with an error no subtransaction can catch: handles
+-- exactly one notification, so that the culprit can be identified and recorded separately.
+CREATE OR REPLACE FUNCTION siwa.process_notification(
+    p_id bigint, p_max_attempts integer, p_retry_base_delay interval)
+RETURNS SETOF siwa.processing_result
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n siwa.notifications;
+BEGIN
+    SELECT q.* INTO n FROM siwa.notifications q
+     WHERE q.id = p_id AND q.state = 'pending' AND q.next_attempt_at <= clock_timestamp()
+       FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        RETURN NEXT siwa.process_claimed_notification(n, p_max_attempts, p_retry_base_delay);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION siwa.process_notification(bigint, integer, interval) IS
+    'Like siwa.process_due_notifications for the one notification p_id, if it is still pending, due and not locked elsewhere. Returns no row otherwise.';
+
+-- Records a failed attempt: back off exponentially with jitter, or give up (dead) after p_max_attempts.
+CREATE OR REPLACE FUNCTION siwa.record_failure(
+    p_id bigint, p_error text, p_max_attempts integer, p_retry_base_delay interval)
+RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_attempts integer;
+    v_sub      text;
+BEGIN
+    -- A real attempt: the row is no longer busy (only a pending row may be), and a dead row always says
+    -- why it died (the CHECK constraints on siwa.notifications).
+    UPDATE siwa.notifications
+       SET attempts = attempts + 1,
+           last_error = coalesce(left(siwa.redact_error(left(nullif(p_error, ''), 10000)), 2000), '(no error text)'),
+           busy_since = NULL
+     WHERE id = p_id AND state = 'pending'
+    RETURNING attempts, sub INTO v_attempts, v_sub;
+    IF v_attempts IS NULL THEN
+        RETURN 'gone';
+    END IF;
+    -- A late event of an account whose personal data is already erased: its attempt (which would have
+    -- erased this row's data) was rolled back, so erase it here, outside that attempt, whatever follows.
+    IF EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = v_sub AND a.personal_data_erased_at IS NOT NULL) THEN
+        UPDATE siwa.notifications
+           SET email = NULL, raw_token = NULL, last_error = siwa.erased_error(last_error, state),
+               personal_data_erased_at = coalesce(personal_data_erased_at, clock_timestamp())
+         WHERE id = p_id;
+    END IF;
+    IF v_attempts >= p_max_attempts THEN
+        UPDATE siwa.notifications SET state = 'dead' WHERE id = p_id;
+        RETURN 'dead';
+    ELSE
+        -- base × 2^(attempts−1), capped at one hour, times a random factor in [0.5, 1).
+        UPDATE siwa.notifications
+           SET next_attempt_at = clock_timestamp()
+                                 + least(p_retry_base_delay * power(2, least(v_attempts - 1, 30)),
+                                         interval '1 hour') * (0.5 + random() / 2)
+         WHERE id = p_id;
+        RETURN 'retry';
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION siwa.record_failure(bigint, text, integer, interval) IS
+    'Records a failed attempt at one pending notification: stores the error redacted (siwa.redact_error), clears busy_since, erases the row''s personal data if its account''s is erased, and schedules a retry with exponential backoff (base × 2^(attempt−1), at most 1 hour) and jitter, or marks it dead after p_max_attempts. Returns retry, dead, or gone (not pending).';
+
+-- Erases personal data of deleted accounts whose retention period has passed (see siwa.settings).
+-- At most 64 accounts per call, each in a subtransaction that writes: see siwa.process_due_notifications.
+CREATE OR REPLACE FUNCTION siwa.erase_due_personal_data(p_limit integer DEFAULT 100) RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_sub   text;
+    v_count integer := 0;
+BEGIN
+    FOR v_sub IN
+        SELECT a.sub FROM siwa.accounts a, siwa.settings s
+         WHERE a.deleted_at IS NOT NULL AND a.personal_data_erased_at IS NULL
+           AND a.deleted_at + s.erase_personal_data_after <= clock_timestamp()
+         ORDER BY a.deleted_at
+         LIMIT least(p_limit, 64)
+         FOR UPDATE OF a SKIP LOCKED
+    LOOP
+        -- The account row lock (held here, skipped when a worker applying this user's events holds it)
+        -- serialises erasure with the worker, as siwa.process_claimed_notification does. A row of this
+        -- user that an app transaction holds ends the wait with lock_timeout: that account is erased on
+        -- the next pass, the others now.
+        BEGIN
+            PERFORM siwa.erase_personal_data(v_sub);
+            v_count := v_count + 1;
+        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+            NULL;
+        END;
+    END LOOP;
+    RETURN v_count;
+END;
+$$;
+COMMENT ON FUNCTION siwa.erase_due_personal_data(integer) IS
+    'Maintenance: erases the personal data of up to p_limit (at most 64, one subtransaction each) deleted accounts whose siwa.settings.erase_personal_data_after has passed. Returns how many.';
+
+-- Retention: raw tokens of finished rows (dead ones included: requeueing needs no token) and applied or
+-- skipped rows older than the given ages, in small batches. Dead rows stay until requeued or deleted.
+CREATE OR REPLACE FUNCTION siwa.prune(
+    p_tokens_older_than interval, p_rows_older_than interval, p_batch integer DEFAULT 1000)
+RETURNS TABLE (tokens_pruned integer, rows_pruned integer)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    tokens_pruned := 0;
+    rows_pruned := 0;
+    IF p_tokens_older_than IS NOT NULL THEN
+        WITH batch AS (
+            SELECT q.id FROM siwa.notifications q
+             WHERE q.raw_token IS NOT NULL AND q.state IN ('applied', 'skipped', 'dead')
+               AND q.received_at < clock_timestamp() - p_tokens_older_than
+             ORDER BY q.received_at LIMIT p_batch FOR UPDATE SKIP LOCKED)
+        UPDATE siwa.notifications t SET raw_token = NULL FROM batch WHERE t.id = batch.id;
+        GET DIAGNOSTICS tokens_pruned = ROW_COUNT;
+    END IF;
+    IF p_rows_older_than IS NOT NULL THEN
+        WITH batch AS (
+            SELECT q.id FROM siwa.notifications q
+             WHERE q.state IN ('applied', 'skipped') AND q.received_at < clock_timestamp() - p_rows_older_than
+             ORDER BY q.received_at LIMIT p_batch FOR UPDATE SKIP LOCKED)
+        DELETE FROM siwa.notifications t USING batch WHERE t.id = batch.id;
+        GET DIAGNOSTICS rows_pruned = ROW_COUNT;
+    END IF;
+    RETURN NEXT;
+END;
+$$;
+COMMENT ON FUNCTION siwa.prune(interval, interval, integer) IS
+    'Retention, one small batch per call: clears raw tokens of finished notifications (applied, skipped or dead) older than p_tokens_older_than and deletes applied or skipped rows older than p_rows_older_than (NULL: keep). Call until both counts are 0. Keep rows longer than Apple redelivers a token (days), or a redelivered jti is applied again.';
+
+-- Requeues notifications (dead ones, or one by jti) for another round of attempts.
+CREATE OR REPLACE FUNCTION siwa.requeue(p_jti text DEFAULT NULL, p_state text DEFAULT NULL,
+                                        p_since timestamptz DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    IF p_jti IS NULL AND p_state IS NULL THEN
+        RAISE EXCEPTION 'requeue needs a jti or a state';
+    END IF;
+    UPDATE siwa.notifications
+       SET state = 'pending', attempts = 0, next_attempt_at = clock_timestamp(), last_error = NULL,
+           applied_at = NULL
+     WHERE (p_jti IS NULL OR jti = p_jti)
+       AND (p_state IS NULL OR state = p_state)
+       AND (p_since IS NULL OR received_at >= p_since)
+       AND state <> 'pending';
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END;
+$$;
+COMMENT ON FUNCTION siwa.requeue(text, text, timestamptz) IS
+    'Puts finished notifications back to pending (attempts reset): one by jti, or all in a state (e.g. dead) received since a time. Returns how many.';
+
+-- ---------------------------------------------------------------------------------------------------
+-- What admins read
+-- ---------------------------------------------------------------------------------------------------
+
+CREATE OR REPLACE VIEW siwa.event_history AS
+SELECT n.jti,
+       n.event_type,
+       n.sub,
+       n.audience,
+       n.email,
+       n.is_private_email,
+       n.event_time,
+       n.received_at,
+       n.state,
+       n.attempts,
+       n.applied_at,
+       n.last_error,
+       n.issued_at,
+       n.expires_at,
+       n.next_attempt_at,
+       n.personal_data_erased_at,
+       n.id
+  FROM siwa.notifications n;
+COMMENT ON VIEW siwa.event_history IS
+    'Every verified notification, one row each, newest last by id: the one place to read what Apple told us and what the worker did with it.';
+COMMENT ON COLUMN siwa.event_history.jti IS 'The token''s unique identifier.';
+COMMENT ON COLUMN siwa.event_history.event_type IS
+    'email-disabled, email-enabled, consent-revoked, account-delete, or an unknown type as received.';
+COMMENT ON COLUMN siwa.event_history.sub IS 'The user''s team-scoped Apple identifier.';
+COMMENT ON COLUMN siwa.event_history.audience IS 'The client ID the notification was for.';
+COMMENT ON COLUMN siwa.event_history.email IS 'Email from the event; NULL for other events and once erased.';
+COMMENT ON COLUMN siwa.event_history.is_private_email IS 'Whether the email is a private relay address.';
+COMMENT ON COLUMN siwa.event_history.event_time IS 'When the event happened at Apple.';
+COMMENT ON COLUMN siwa.event_history.received_at IS 'When we stored it (the 200 to Apple follows).';
+COMMENT ON COLUMN siwa.event_history.state IS 'pending, applied, skipped or dead (see siwa.notifications.state).';
+COMMENT ON COLUMN siwa.event_history.attempts IS 'Attempts made to apply it.';
+COMMENT ON COLUMN siwa.event_history.applied_at IS 'When it was applied or skipped.';
+COMMENT ON COLUMN siwa.event_history.last_error IS 'Last failure, or why it was skipped.';
+COMMENT ON COLUMN siwa.event_history.issued_at IS 'The token''s iat.';
+COMMENT ON COLUMN siwa.event_history.expires_at IS 'The token''s exp, when present.';
+COMMENT ON COLUMN siwa.event_history.next_attempt_at IS 'When a pending notification is next due.';
+COMMENT ON COLUMN siwa.event_history.personal_data_erased_at IS 'When its personal data was erased.';
+COMMENT ON COLUMN siwa.event_history.id IS 'Arrival order.';
+
+-- ---------------------------------------------------------------------------------------------------
+-- Admin views and roles
+-- ---------------------------------------------------------------------------------------------------
+--
+-- Three views are what people read (siwa.event_history above, siwa.account_overview, siwa.queue_health);
+-- three NOLOGIN group roles say who may do what. An administrator grants a group role to a login role:
+--
+--     CREATE ROLE alice LOGIN IN ROLE siwa_admin;            -- a person reading history (docs/sql.md)
+--     CREATE ROLE receiver LOGIN PASSWORD '…' IN ROLE siwa_receiver;
+--     CREATE ROLE worker LOGIN PASSWORD '…' IN ROLE siwa_worker;
+--
+-- Functions run with the caller's rights (SECURITY INVOKER, PostgreSQL's default): each role is granted
+-- exactly the tables its functions touch and nothing runs with more rights than its caller has. Every
+-- function pins its search_path (pg_catalog, pg_temp), so objects another role creates in a schema on
+-- the caller's path (public, say) are never used in their place. The consequence: a replaced siwa.on_event hook runs as the worker, so grant
+-- siwa_worker what the hook touches in your own tables. Views, in contrast, read their tables with the
+-- rights of their owner (the role that ran this file): that is how siwa_admin reads history without any
+-- access to the tables themselves, and why the views never show raw tokens or refresh tokens.
+--
+-- Roles are cluster-wide: they are created only when missing and never altered or dropped, so passwords
+-- and memberships set by an administrator stay. Applying this file as an owner without CREATEROLE still
+-- works: missing roles are reported with a warning and their grants skipped.
+
+-- One row per account, with the counts an admin asks for first.
+CREATE OR REPLACE VIEW siwa.account_overview AS
+SELECT a.sub,
+       a.email,
+       a.is_private_email,
+       a.email_status,
+       a.email_status_at,
+       a.consent_revoked_at,
+       a.deleted_at,
+       a.personal_data_erased_at,
+       s.open_sessions,
+       t.open_refresh_tokens,
+       last_event.event_type AS last_event_type,
+       last_event.event_time AS last_event_time,
+       e.last_received_at,
+       e.event_count,
+       e.pending_events,
+       e.dead_events,
+       s.last_session_created_at,
+       r.revoked_sessions_by_reason,
+       CASE WHEN a.deleted_at IS NOT NULL THEN 'deleted' ELSE 'active' END AS account_status
+  FROM siwa.accounts a
+  CROSS JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE ss.revoked_at IS NULL) AS open_sessions,
+               max(ss.created_at) AS last_session_created_at
+          FROM siwa.sessions ss
+         WHERE ss.sub = a.sub) AS s
+  CROSS JOIN LATERAL (
+        SELECT coalesce(jsonb_object_agg(g.reason, g.sessions), '{}'::jsonb) AS revoked_sessions_by_reason
+          FROM (SELECT coalesce(ss.revoke_reason, 'unknown') AS reason, count(*) AS sessions
+                  FROM siwa.sessions ss
+                 WHERE ss.sub = a.sub AND ss.revoked_at IS NOT NULL
+                 GROUP BY 1) AS g) AS r
+  CROSS JOIN LATERAL (
+        SELECT count(*) AS open_refresh_tokens
+          FROM siwa.refresh_tokens rt
+         WHERE rt.sub = a.sub AND rt.revoked_at IS NULL) AS t
+  CROSS JOIN LATERAL (
+        SELECT max(n.received_at) AS last_received_at,
+               count(*) AS event_count,
+               count(*) FILTER (WHERE n.state = 'pending') AS pending_events,
+               count(*) FILTER (WHERE n.state = 'dead') AS dead_events
+          FROM siwa.notifications n
+         WHERE n.sub = a.sub) AS e
+  LEFT JOIN LATERAL (
+        SELECT n.event_type, n.event_time
+          FROM siwa.notifications n
+         WHERE n.sub = a.sub
+         ORDER BY n.event_time DESC, n.id DESC
+         LIMIT 1) AS last_event ON true;
+COMMENT ON VIEW siwa.account_overview IS
+    'One row per account (siwa.accounts): what Apple last told us about the user, their open sessions and refresh tokens, and a summary of their notifications. A user whose notifications are all still pending has no account row yet: see siwa.event_history.';
+COMMENT ON COLUMN siwa.account_overview.sub IS 'The user''s team-scoped Apple identifier.';
+COMMENT ON COLUMN siwa.account_overview.email IS 'Latest email address Apple reported; NULL if none or erased.';
+COMMENT ON COLUMN siwa.account_overview.is_private_email IS 'Whether email is an Apple private relay address.';
+COMMENT ON COLUMN siwa.account_overview.email_status IS
+    'enabled or disabled: whether Apple forwards mail to the relay address; NULL until an email event arrives. Frozen once the account is deleted (account_status deleted): a deleted account has no address to mail.';
+COMMENT ON COLUMN siwa.account_overview.email_status_at IS 'event_time of the email event that set email_status.';
+COMMENT ON COLUMN siwa.account_overview.consent_revoked_at IS 'event_time of the latest consent-revoked event, if any.';
+COMMENT ON COLUMN siwa.account_overview.deleted_at IS 'event_time of the account-delete event, if any.';
+COMMENT ON COLUMN siwa.account_overview.personal_data_erased_at IS 'When the account''s personal data was erased.';
+COMMENT ON COLUMN siwa.account_overview.open_sessions IS 'Sessions of this user not revoked (siwa.sessions.revoked_at IS NULL).';
+COMMENT ON COLUMN siwa.account_overview.open_refresh_tokens IS 'Refresh tokens of this user not revoked.';
+COMMENT ON COLUMN siwa.account_overview.last_event_type IS 'Type of the user''s latest notification by event_time (any state).';
+COMMENT ON COLUMN siwa.account_overview.last_event_time IS 'event_time of that latest notification.';
+COMMENT ON COLUMN siwa.account_overview.last_received_at IS 'When we last stored a notification for this user.';
+COMMENT ON COLUMN siwa.account_overview.event_count IS 'Notifications stored for this user (pruned rows no longer count).';
+COMMENT ON COLUMN siwa.account_overview.pending_events IS 'Of those, still pending (waiting for the worker).';
+COMMENT ON COLUMN siwa.account_overview.dead_events IS 'Of those, dead (the worker gave up; see siwa.event_history.last_error).';
+COMMENT ON COLUMN siwa.account_overview.last_session_created_at IS
+    'When the user last signed in (latest siwa.sessions.created_at, revoked or not); NULL if never.';
+COMMENT ON COLUMN siwa.account_overview.revoked_sessions_by_reason IS
+    'Revoked sessions counted by revoke_reason, e.g. {"consent-revoked": 2}; {} if none.';
+COMMENT ON COLUMN siwa.account_overview.account_status IS
+    'deleted (the user deleted the Apple account: deleted_at is set; email_status no longer changes and means nothing) or active.';
+
+-- The queue at a glance, one row. `siwactl stats` reads these columns by name: add, never rename.
+CREATE OR REPLACE VIEW siwa.queue_health AS
+SELECT p.pending,
+       p.due,
+       p.retrying,
+       d.dead,
+       p.oldest_pending_seconds,
+       r.received_last_hour,
+       l.applied_last_hour,
+       l.apply_latency_p50_seconds,
+       l.apply_latency_p99_seconds,
+       b.busy,
+       b.oldest_busy_seconds
+  FROM (SELECT count(*) AS pending,
+               count(*) FILTER (WHERE n.next_attempt_at <= now()) AS due,
+               count(*) FILTER (WHERE n.attempts > 0) AS retrying,
+               extract(epoch FROM now() - min(n.received_at))::double precision AS oldest_pending_seconds
+          FROM siwa.notifications n
+         WHERE n.state = 'pending') AS p,
+       (SELECT count(*) AS dead FROM siwa.notifications n WHERE n.state = 'dead') AS d,
+       (SELECT count(*) AS received_last_hour
+          FROM siwa.notifications n
+         WHERE n.received_at > now() - interval '1 hour') AS r,
+       (SELECT count(*) AS applied_last_hour,
+               percentile_cont(0.5) WITHIN GROUP (
+                   ORDER BY extract(epoch FROM n.applied_at - n.received_at)::double precision)
+                   AS apply_latency_p50_seconds,
+               percentile_cont(0.99) WITHIN GROUP (
+                   ORDER BY extract(epoch FROM n.applied_at - n.received_at)::double precision)
+                   AS apply_latency_p99_seconds
+          FROM siwa.notifications n
+         WHERE n.applied_at > now() - interval '1 hour' AND n.state IN ('applied', 'skipped')) AS l,
+       (SELECT count(*) AS busy,
+               extract(epoch FROM now() - min(n.busy_since))::double precision AS oldest_busy_seconds
+          FROM siwa.notifications n
+         WHERE n.state = 'pending' AND n.busy_since IS NOT NULL) AS b;
+COMMENT ON VIEW siwa.queue_health IS
+    'The worker''s queue right now, one row: backlog, failures, throughput and apply latency over the last hour. Read by siwactl stats.';
+COMMENT ON COLUMN siwa.queue_health.pending IS 'Notifications waiting to be applied (state pending).';
+COMMENT ON COLUMN siwa.queue_health.due IS 'Pending notifications whose next attempt is due now (next_attempt_at <= now()).';
+COMMENT ON COLUMN siwa.queue_health.retrying IS 'Pending notifications that have failed at least once (attempts > 0).';
+COMMENT ON COLUMN siwa.queue_health.dead IS 'Notifications the worker gave up on (state dead): look at last_error, requeue with siwactl replay.';
+COMMENT ON COLUMN siwa.queue_health.oldest_pending_seconds IS
+    'Seconds since the oldest pending notification was received; NULL when nothing is pending.';
+COMMENT ON COLUMN siwa.queue_health.received_last_hour IS 'Notifications received in the last hour (still stored).';
+COMMENT ON COLUMN siwa.queue_health.applied_last_hour IS
+    'Notifications finished in the last hour: applied or skipped, by applied_at.';
+COMMENT ON COLUMN siwa.queue_health.apply_latency_p50_seconds IS
+    'Median seconds from received_at to applied_at over the notifications finished in the last hour; NULL if none.';
+COMMENT ON COLUMN siwa.queue_health.apply_latency_p99_seconds IS
+    '99th percentile (interpolated) of the same latency; NULL if none.';
+COMMENT ON COLUMN siwa.queue_health.busy IS
+    'Pending notifications put off because their user''s account row is held by another transaction (busy_since set); no attempt is counted for that.';
+COMMENT ON COLUMN siwa.queue_health.oldest_busy_seconds IS
+    'Seconds the longest-busy pending notification has been waiting for its user; NULL when none is busy. Growing: a transaction (the app''s, or a stuck worker''s) holds that siwa.accounts row.';
+
+-- Indexes for these views (the others they use are above): the pending backlog by age, and every
+-- session of one user.
+CREATE INDEX IF NOT EXISTS notifications_pending_received_idx
+    ON siwa.notifications (received_at) INCLUDE (attempts, next_attempt_at) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS sessions_sub_created_idx ON siwa.sessions (sub, created_at);
+
+-- Nothing in schema siwa is usable by PUBLIC: functions are executable by everyone by default.
+REVOKE ALL ON SCHEMA siwa FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA siwa FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA siwa FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
+
+DO $$
+DECLARE
+    v_role     text;
+    v_function regprocedure;
+    v_can_create boolean := (SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user);
+BEGIN
+    FOREACH v_role IN ARRAY ARRAY['siwa_admin', 'siwa_receiver', 'siwa_worker'] LOOP
+        CONTINUE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role);
+        IF NOT v_can_create THEN
+            RAISE WARNING 'role % does not exist and % may not create it: create it (NOLOGIN) and apply schema.sql again',
+                v_role, current_user;
+            CONTINUE;
+        END IF;
+        BEGIN
+            EXECUTE format('CREATE ROLE %I NOLOGIN', v_role);
+            EXECUTE format('COMMENT ON ROLE %I IS %L', v_role, CASE v_role
+                WHEN 'siwa_admin' THEN
+                    'Sign in with Apple notifications: read the admin views siwa.event_history, siwa.account_overview, siwa.queue_health (docs/sql.md). Grant to people.'
+                WHEN 'siwa_receiver' THEN
+                    'Sign in with Apple notifications: what siwa-receiver needs (INSERT into siwa.notifications). Grant to its login role.'
+                ELSE
+                    'Sign in with Apple notifications: what siwa-worker needs (apply, retry, prune, erase). Grant to its login role.'
+                END);
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL; -- created meanwhile by a concurrent run of this file in another database
+        END;
+    END LOOP;
+
+    -- siwa_admin: read the three views, nothing else (views read their tables with the owner's rights).
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_admin') THEN
+        GRANT USAGE ON SCHEMA siwa TO siwa_admin;
+        GRANT SELECT ON siwa.event_history, siwa.account_overview, siwa.queue_health TO siwa_admin;
+    END IF;
+
+    -- siwa_receiver: INSERT … ON CONFLICT (jti) DO NOTHING RETURNING jti, of exactly the columns the
+    -- receiver writes (the state, attempts, erasure and error columns keep their defaults: it cannot
+    -- store a row already applied or erased), which needs SELECT on the conflict target column (jti)
+    -- and on no other. Schema version 1 granted INSERT on the whole table: revoked first (which revokes
+    -- column grants too), then granted per column. The identity column and the statement trigger
+    -- (siwa.notify_workers, which NOTIFYs) need no grants of their own; the row trigger
+    -- siwa.erase_late_notification reads two columns of siwa.accounts as the receiver.
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_receiver') THEN
+        GRANT USAGE ON SCHEMA siwa TO siwa_receiver;
+        REVOKE INSERT ON siwa.notifications FROM siwa_receiver;
+        GRANT INSERT (jti, event_type, sub, audience, email, is_private_email, event_time, issued_at,
+                      expires_at, raw_token)
+            ON siwa.notifications TO siwa_receiver;
+        GRANT SELECT (jti) ON siwa.notifications TO siwa_receiver;
+        GRANT SELECT (sub, personal_data_erased_at) ON siwa.accounts TO siwa_receiver;
+    END IF;
+
+    -- siwa_worker: the worker's functions and everything they touch, as the worker (SECURITY INVOKER).
+    -- Functions are matched by name so that every overload (and a function added later to this list's
+    -- family) is covered when it exists; LISTEN needs no grant. UPDATE on siwa.accounts is also what lets
+    -- the worker hold a user's row lock, the per-user serialisation no other role here can take.
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_worker') THEN
+        GRANT USAGE ON SCHEMA siwa TO siwa_worker;
+        GRANT SELECT, UPDATE, DELETE ON siwa.notifications TO siwa_worker;
+        GRANT SELECT, INSERT, UPDATE ON siwa.accounts TO siwa_worker;
+        GRANT SELECT, UPDATE ON siwa.sessions, siwa.refresh_tokens TO siwa_worker;
+        GRANT SELECT ON siwa.settings TO siwa_worker;
+        FOR v_function IN
+            SELECT p.oid::regprocedure
+              FROM pg_proc p
+             WHERE p.pronamespace = 'siwa'::regnamespace
+               AND p.proname IN ('process_due_notifications', 'process_notification',
+                                 'process_claimed_notification', 'apply_notification', 'record_failure',
+                                 'prune', 'erase_due_personal_data', 'erase_personal_data', 'on_event',
+                                 'redact_error', 'erased_error')
+        LOOP
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO siwa_worker', v_function);
+        END LOOP;
+    END IF;
+END;
+$$;
+
+-- The applying session gets its own search_path back (psql ends anyway; a longer session goes on).
+DO $$
+BEGIN
+    PERFORM pg_catalog.set_config('search_path',
+                                  pg_catalog.current_setting('siwa.schema_sql_saved_search_path'), false);
+END;
+$$;
