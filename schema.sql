@@ -482,8 +482,10 @@ $$;
 -- another worker has claimed but left alone (it could not take the lock) are skipped rather than waited
 -- for, which could deadlock with that worker's batch: they are erased when applied (see
 -- siwa.process_claimed_notification and siwa.apply_claimed_batch).
+-- Its statements are planned for each call, with the array and the tables' current sizes: see
+-- siwa.apply_claimed_batch.
 CREATE OR REPLACE FUNCTION siwa.erase_personal_data_of(p_subs text[]) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_custom_plan AS $$
 BEGIN
     UPDATE siwa.accounts
        SET email = NULL, is_private_email = NULL, personal_data_erased_at = clock_timestamp(),
@@ -816,21 +818,38 @@ DECLARE
     v_revoke_upto  timestamptz[];
     v_revoke_all   boolean[];
     v_results      siwa.processing_result[];
+    v_plan_cache_mode text;
     v_ids          bigint[];
+    v_status_at    timestamptz[];
+    v_deleted_before text[];
 BEGIN
-    -- 1. Lock the batch's users; create the missing ones. (ORDER BY: the same order in every lane.)
+    -- Plans: every statement here reads or writes a few dozen rows by their keys, with arrays as
+    -- parameters. PL/pgSQL would keep a generic plan for the session, and one made while a table was
+    -- still small (a new deployment's siwa.accounts, not yet analysed) scans it sequentially, batch
+    -- after batch, as it grows (measured: most of the pass's CPU in a 100k drain). Planned for each
+    -- batch with its arrays and the tables' current sizes, they use the keys' indexes. (Disabling
+    -- sequential scans instead makes the planner cost them at 10^10, and JIT-compile the statements
+    -- that have no other path.) The hook runs with the session's own setting.
+    v_plan_cache_mode := current_setting('plan_cache_mode');
+    PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
+
+    -- 1. Lock the batch's users; create the missing ones. Each account row is looked up by its key,
+    --    one LATERAL lookup per user, in sub order (the same order in every lane), whatever the planner
+    --    thinks of the table's size; the locked rows' state before the batch is kept for step 2.
     v_subs := ARRAY(SELECT DISTINCT b.sub FROM unnest(p_batch) AS b ORDER BY 1);
     v_ids := ARRAY(SELECT b.id FROM unnest(p_batch) AS b);
-    SELECT coalesce(array_agg(l.sub), '{}'),
-           coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}')
-      INTO v_locked, v_erased
-      FROM (SELECT a.sub, a.personal_data_erased_at FROM siwa.accounts a
-             WHERE a.sub = ANY (v_subs) ORDER BY a.sub FOR UPDATE SKIP LOCKED) AS l;
+    SELECT coalesce(array_agg(l.sub ORDER BY l.sub), '{}'),
+           coalesce(array_agg(l.email_status_at ORDER BY l.sub), '{}'),
+           coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}'),
+           coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}')
+      INTO v_locked, v_status_at, v_erased, v_deleted_before
+      FROM unnest(v_subs) AS s(sub),
+           LATERAL (SELECT a.sub, a.email_status_at, a.personal_data_erased_at, a.deleted_at
+                      FROM siwa.accounts a WHERE a.sub = s.sub FOR UPDATE SKIP LOCKED) AS l;
     IF cardinality(v_locked) < cardinality(v_subs) THEN
-        -- (Each lookup by the primary key: `sub = ANY (array)` keeps the planner from hashing the table.)
-        v_missing := ARRAY(SELECT s.sub FROM unnest(v_subs) AS s(sub) WHERE s.sub <> ALL (v_locked)
-                           EXCEPT
-                           SELECT a.sub FROM siwa.accounts a WHERE a.sub = ANY (v_subs) AND a.sub <> ALL (v_locked));
+        v_missing := ARRAY(SELECT s.sub FROM unnest(v_subs) AS s(sub)
+                            WHERE s.sub <> ALL (v_locked)
+                              AND (SELECT true FROM siwa.accounts a WHERE a.sub = s.sub) IS NULL);
         IF cardinality(v_missing) > 0 THEN
             v_lock_timeout := current_setting('lock_timeout');
             PERFORM set_config('lock_timeout', '1ms', true);
@@ -840,14 +859,18 @@ BEGIN
             SELECT coalesce(array_agg(created.sub), '{}') INTO v_inserted FROM created;
             PERFORM set_config('lock_timeout', v_lock_timeout, true);
             v_locked := v_locked || v_inserted;
+            v_status_at := v_status_at || array_fill(NULL::timestamptz, ARRAY[cardinality(v_inserted)]);
             IF cardinality(v_inserted) < cardinality(v_missing) THEN
                 -- Created by another transaction that committed meanwhile: lock it like the others.
-                SELECT v_locked || coalesce(array_agg(l.sub), '{}'),
-                       v_erased || coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}')
-                  INTO v_locked, v_erased
-                  FROM (SELECT a.sub, a.personal_data_erased_at FROM siwa.accounts a
-                         WHERE a.sub = ANY (v_missing) AND a.sub <> ALL (v_inserted)
-                         ORDER BY a.sub FOR UPDATE SKIP LOCKED) AS l;
+                SELECT v_locked || coalesce(array_agg(l.sub ORDER BY l.sub), '{}'),
+                       v_status_at || coalesce(array_agg(l.email_status_at ORDER BY l.sub), '{}'),
+                       v_erased || coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}'),
+                       v_deleted_before || coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}')
+                  INTO v_locked, v_status_at, v_erased, v_deleted_before
+                  FROM unnest(v_missing) AS s(sub),
+                       LATERAL (SELECT a.sub, a.email_status_at, a.personal_data_erased_at, a.deleted_at
+                                  FROM siwa.accounts a
+                                 WHERE a.sub = s.sub AND a.sub <> ALL (v_inserted) FOR UPDATE SKIP LOCKED) AS l;
             END IF;
         END IF;
     END IF;
@@ -889,8 +912,8 @@ BEGIN
                (array_agg(m.email ORDER BY m.ord DESC) FILTER (WHERE m.email IS NOT NULL))[1] AS email,
                (array_agg(m.is_private_email ORDER BY m.ord DESC)
                     FILTER (WHERE m.is_private_email IS NOT NULL))[1] AS is_private_email
-          FROM m JOIN siwa.accounts a ON a.sub = m.sub
-         WHERE a.sub = ANY (v_locked) AND a.deleted_at IS NULL
+          FROM m JOIN unnest(v_locked, v_status_at) AS a(sub, email_status_at) ON a.sub = m.sub
+         WHERE m.sub <> ALL (v_deleted_before)
            AND (a.email_status_at IS NULL OR a.email_status_at <= m.event_time)
            AND (m.earlier IS NULL OR m.earlier <= m.event_time)
          GROUP BY m.sub),
@@ -912,7 +935,7 @@ BEGIN
            deleted_at       = least(a.deleted_at, u.deleted_at),
            updated_at       = clock_timestamp()
       FROM u LEFT JOIN mail ON mail.sub = u.sub
-     WHERE a.sub = u.sub AND a.sub = ANY (v_locked)
+     WHERE a.sub = u.sub
        AND (mail.sub IS NOT NULL OR u.consent_revoked_at IS NOT NULL OR u.deleted_at IS NOT NULL);
 
     -- 3. Revocation, one UPDATE per table: up to the latest consent-revoked event_time that comes before
@@ -969,11 +992,13 @@ BEGIN
                 PERFORM pg_catalog.set_config('siwa.session_search_path', v_hook_path, false);
             END IF;
         END IF;
+        PERFORM set_config('plan_cache_mode', v_plan_cache_mode, true);
         PERFORM pg_catalog.set_config('search_path', v_hook_path, true);
         FOREACH v_hook IN ARRAY v_hooks LOOP
             PERFORM siwa.on_event(v_hook.event_type, v_hook.sub, v_hook.event_time, v_hook.email, v_hook.jti);
         END LOOP;
         PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+        PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
     END IF;
 
     -- 6. One UPDATE marks the batch: applied or skipped (an attempt), or busy (put off by half the time
@@ -1010,6 +1035,7 @@ BEGIN
         RAISE EXCEPTION 'siwa.apply_claimed_batch marked % of % notifications', cardinality(v_results),
                         cardinality(p_batch);
     END IF;
+    PERFORM set_config('plan_cache_mode', v_plan_cache_mode, true);
     RETURN v_results;
 END;
 $$;
