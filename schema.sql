@@ -629,21 +629,24 @@ $$;
 -- used could be held by any role (and its key function resolved hashtextextended through the caller's
 -- search_path): it is gone, also from databases upgraded to version 2 (change 2 above).
 
--- Erases one account's personal data: its email, its notifications' emails and raw tokens, and the
--- encrypted refresh tokens. The caller holds the sub's siwa.accounts row lock, so no other worker applies
--- this user's notifications meanwhile; pending rows another worker has claimed but left alone (it could
--- not take the lock) are skipped rather than waited for, which could deadlock with that worker's batch:
--- they are erased when applied (see siwa.process_claimed_notification).
-CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_sub text) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+-- Erases the personal data of the accounts p_subs: their email, their notifications' emails and raw
+-- tokens, and the encrypted refresh tokens, with one statement per table for all of them (the worker's
+-- set-based pass erases every account deleted in a batch at once). The caller holds the siwa.accounts row
+-- locks of these subs, so no other worker applies these users' notifications meanwhile; pending rows
+-- another worker has claimed but left alone (it could not take the lock) are skipped rather than waited
+-- for, which could deadlock with that worker's batch: they are erased when applied (see
+-- siwa.process_claimed_notification and siwa.apply_claimed_batch).
+-- Its statements are planned for each call, with the array and the tables' current sizes: see
+-- siwa.apply_claimed_batch.
+CREATE OR REPLACE FUNCTION siwa.erase_personal_data_of(p_subs text[]) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_ids bigint[];
 BEGIN
     UPDATE siwa.accounts
        SET email = NULL, is_private_email = NULL, personal_data_erased_at = clock_timestamp(),
            updated_at = clock_timestamp()
-     WHERE sub = p_sub;
+     WHERE sub = ANY (p_subs);
     -- Every state: applied, skipped, dead (a failed late event) and pending alike, in the log (found by
     -- its sub index in every partition). The worker's claims lock queue rows, never log rows, so this
     -- waits for no other worker's batch.
@@ -654,7 +657,7 @@ BEGIN
        SET email = NULL, raw_token = NULL,
            last_error = CASE WHEN last_error IS NOT NULL THEN siwa.erased_error(last_error, state) END,
            personal_data_erased_at = coalesce(personal_data_erased_at, clock_timestamp())
-     WHERE sub = p_sub
+     WHERE sub = ANY (p_subs)
        AND (email IS NOT NULL OR raw_token IS NOT NULL
             OR (last_error IS NOT NULL AND last_error IS DISTINCT FROM siwa.erased_error(last_error, state)));
     -- The error texts of the user's queued rows (found through the log). Rows another worker has claimed
@@ -662,7 +665,7 @@ BEGIN
     -- with that worker's batch: they are erased when applied or failed (siwa.record_failure).
     -- The ids first (the log's sub index), then the queue by its primary key: a join would let the
     -- planner read the whole queue, which it believes has few rows with an error.
-    v_ids := ARRAY(SELECT l.id FROM siwa.notification_log l WHERE l.sub = p_sub AND l.state = 'pending');
+    v_ids := ARRAY(SELECT l.id FROM siwa.notification_log l WHERE l.sub = ANY (p_subs) AND l.state = 'pending');
     IF pg_catalog.cardinality(v_ids) > 0 THEN
         UPDATE siwa.notification_queue AS t
            SET last_error = siwa.erased_error(t.last_error, 'pending')
@@ -673,7 +676,17 @@ BEGIN
          WHERE t.id = c.id;
     END IF;
     UPDATE siwa.refresh_tokens SET token_ciphertext = NULL
-     WHERE sub = p_sub AND token_ciphertext IS NOT NULL;
+     WHERE sub = ANY (p_subs) AND token_ciphertext IS NOT NULL;
+END;
+$$;
+COMMENT ON FUNCTION siwa.erase_personal_data_of(text[]) IS
+    'Erases the personal data of the accounts p_subs: email in siwa.accounts; email, raw token and the text of last_error (its SQLSTATE stays) in every stored notification of these subs, whatever its state; encrypted refresh tokens. Call with the subs'' siwa.accounts rows locked (FOR UPDATE).';
+
+-- Erases one account's personal data (siwa.erase_personal_data_of for one sub).
+CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_sub text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM siwa.erase_personal_data_of(ARRAY[p_sub]);
 END;
 $$;
 COMMENT ON FUNCTION siwa.erase_personal_data(text) IS
@@ -693,9 +706,9 @@ BEGIN
     IF n.event_type NOT IN ('email-disabled', 'email-enabled', 'consent-revoked', 'account-delete') THEN
         RETURN 'skipped: unknown event type ' || quote_literal(left(n.event_type, 100));
     END IF;
-    -- Version 3: the receiver deduplicates by (jti, issued_at), a redelivery being the same signed token.
-    -- Should Apple ever re-sign a redelivery with another iat, the jti's earlier row is found here (the
-    -- log's primary key, by jti, in every partition) and this one is skipped: applied once all the same.
+    -- The receiver stores each jti once while its key is kept (siwa.notification_jtis, the dedupe
+    -- window). Should a jti still be stored twice past it, the earlier row is found here (the log's
+    -- primary key, by jti, in every partition) and this one is skipped: applied once all the same.
     IF EXISTS (SELECT 1 FROM siwa.notification_log d
                 WHERE d.jti = n.jti AND d.issued_at <> n.issued_at AND d.id < n.id) THEN
         RETURN 'skipped: duplicate jti (an earlier notification has the same jti)';
@@ -745,9 +758,10 @@ BEGIN
             v_erased := true;
         END IF;
     END IF;
-    IF v_erased AND n.event_type <> 'account-delete' AND (n.email IS NOT NULL OR n.raw_token IS NOT NULL) THEN
+    IF v_erased AND (n.email IS NOT NULL OR n.raw_token IS NOT NULL) THEN
         -- The user's personal data is erased: this notification (which may have arrived, or been
-        -- claimed elsewhere, after the erasure) keeps none either.
+        -- claimed elsewhere, after the erasure; an account-delete of an account erased before) keeps
+        -- none either.
         UPDATE siwa.notification_log
            SET email = NULL, raw_token = NULL, personal_data_erased_at = clock_timestamp()
          WHERE jti = n.jti AND issued_at = n.issued_at AND (email IS NOT NULL OR raw_token IS NOT NULL);
@@ -893,19 +907,345 @@ $$;
 COMMENT ON FUNCTION siwa.process_claimed_notification(siwa.notifications, integer, interval) IS
     'Applies one claimed notification in a subtransaction, holding its sub''s siwa.accounts row lock, and records the outcome (applied, skipped, retry, dead); or, when another transaction holds that row, reports it busy and puts it off briefly (busy_since, no attempt counted). The caller holds the notification''s row lock.';
 
--- Claims up to p_limit due notifications and applies each in its own subtransaction, all in the caller's
--- transaction: the claim (row locks, FOR UPDATE SKIP LOCKED) disappears with a crashed worker's
--- connection, and effects commit together with the state change that marks them applied.
--- The user's siwa.accounts row lock (tried, never waited for) keeps two events of one user from being
--- applied concurrently by two workers; such rows are reported busy and put off briefly.
+-- The set-based pass ---------------------------------------------------------------------------------
 --
--- At most 64 per call, whatever p_limit says. Each notification's subtransaction writes (it locks its
--- user's account row, at least), so it gets a subtransaction XID, and these stay with the transaction
--- until it ends (only a rolled-back one gives its XID back). PostgreSQL keeps 64 of them per transaction
--- in shared memory (PGPROC_MAX_CACHED_SUBXIDS); beyond that the transaction's cache overflows, and every
--- snapshot any session takes while it is open must look subtransactions up in pg_subtrans, which slows
--- the whole server down. A hook (siwa.on_event) with BEGIN … EXCEPTION blocks of its own that write uses
--- one more per block entered: the worker's --batch-size must then be lower (docs/operations.md).
+-- siwa.process_due_notifications applies a claimed batch with siwa.apply_claimed_batch: one statement per
+-- effect for the whole batch instead of one subtransaction per notification, so that the costs paid per
+-- call (a function's SET search_path, the switch to the hook's path and back, the account row lock,
+-- the subtransaction) are paid once per batch. It must leave exactly what applying the batch's
+-- notifications one after the other, in claim order (siwa.process_claimed_notification), would leave.
+-- If any of it fails, nothing of it is kept (the caller rolls back to a savepoint) and the batch is
+-- processed one notification at a time as before: a single bad event, or a hook that raises for one,
+-- still affects only itself.
+--
+-- The tables it reads and writes, by statement: siwa.accounts (lock, create, email/consent/deletion),
+-- siwa.settings, siwa.sessions and siwa.refresh_tokens (revocation), siwa.erase_personal_data_of
+-- (erasure), siwa.on_event (the hook), siwa.notification_queue and siwa.notification_log (marking the
+-- batch's states: finished rows leave the queue and their outcome goes to the log).
+
+-- One claimed notification as the set-based pass sees it: the queue row's fields it needs (no raw
+-- token), its position in the batch (ord, claim order), and what the pass worked out about it.
+DO $$
+BEGIN
+    IF to_regtype('siwa.batch_event') IS NULL THEN
+        CREATE TYPE siwa.batch_event AS (
+            ord              integer,
+            id               bigint,
+            jti              text,
+            event_type       text,
+            sub              text,
+            email            text,
+            is_private_email boolean,
+            event_time       timestamptz,
+            received_at      timestamptz,
+            attempts         integer,
+            busy_since       timestamptz,
+            locked           boolean,
+            known            boolean,
+            first_delete     integer,
+            erased_before    boolean,
+            erased_after     boolean
+        );
+    END IF;
+END;
+$$;
+COMMENT ON TYPE siwa.batch_event IS
+    'One notification of a batch in siwa.apply_claimed_batch: ord is its claim order; locked: its user''s siwa.accounts row is held by this transaction (else it is busy); known: its event type is one the worker applies; first_delete: ord of the first account-delete of its user in the batch; erased_before: its user''s personal data is erased when its turn comes (before the batch, or by an earlier account-delete of the batch); erased_after: erased once the batch is applied.';
+
+-- Applies a claimed batch (rows the caller holds with FOR UPDATE, in claim order) with one statement per
+-- effect, and returns one siwa.processing_result per notification, in claim order. Raises on any failure;
+-- the caller owns the savepoint and falls back to one subtransaction per notification.
+--  1. Users: every account row of the batch is locked at once (FOR UPDATE SKIP LOCKED); the missing ones
+--     are created (INSERT … ON CONFLICT DO NOTHING, waiting 1 ms at most for a concurrent insert of the
+--     same sub: past that the pass raises 55P03 and the fallback reports that user busy). A user whose
+--     row another transaction holds is busy: its notifications are put off as before.
+--  2. Account state, one UPDATE: relay email status with last writer wins by event_time (also between
+--     events of one user in the batch; an email event after an account-delete of the batch, or of an
+--     already deleted account, changes nothing), consent_revoked_at, deleted_at.
+--  3. Revocation, one UPDATE each of siwa.sessions and siwa.refresh_tokens: a consent-revoked event
+--     revokes what was created up to its event_time (unless an account-delete of the batch came first),
+--     an account-delete everything.
+--  4. Erasure of the users deleted in the batch (siwa.settings.erase_personal_data_after = 0), at once.
+--  5. The hook siwa.on_event once per known event, in claim order, after all of the above, with the
+--     session's search_path (switched once for the whole loop), and the email it would have had one
+--     event at a time (NULL once the user's data is erased).
+--  6. One UPDATE marks every notification: applied, skipped (unknown type, with the reason), or busy
+--     (put off, no attempt counted); a late event of an erased user keeps no email or token.
+CREATE OR REPLACE FUNCTION siwa.apply_claimed_batch(p_batch siwa.notifications[])
+RETURNS siwa.processing_result[]
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now          timestamptz := clock_timestamp();
+    v_subs         text[];
+    v_locked       text[];
+    v_erased       text[];
+    v_missing      text[];
+    v_inserted     text[];
+    v_lock_timeout text;
+    v_erase_now    boolean;
+    v_events       siwa.batch_event[];
+    v_hooks        siwa.batch_event[];
+    v_hook         siwa.batch_event;
+    v_hook_path    text;
+    v_deleted      text[];
+    v_revoke_subs  text[];
+    v_revoke_upto  timestamptz[];
+    v_revoke_all   boolean[];
+    v_results      siwa.processing_result[];
+    v_plan_cache_mode text;
+    v_done         bigint;
+    v_marked       bigint;
+    v_status_at    timestamptz[];
+    v_deleted_before text[];
+BEGIN
+    -- Plans: every statement here reads or writes a few dozen rows by their keys, with arrays as
+    -- parameters. PL/pgSQL would keep a generic plan for the session, and one made while a table was
+    -- still small (a new deployment's siwa.accounts, not yet analysed) scans it sequentially, batch
+    -- after batch, as it grows (measured: most of the pass's CPU in a 100k drain). Planned for each
+    -- batch with its arrays and the tables' current sizes, they use the keys' indexes. (Disabling
+    -- sequential scans instead makes the planner cost them at 10^10, and JIT-compile the statements
+    -- that have no other path.) The hook runs with the session's own setting.
+    v_plan_cache_mode := current_setting('plan_cache_mode');
+    PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
+
+    -- 1. Lock the batch's users; create the missing ones. Each account row is looked up by its key,
+    --    one LATERAL lookup per user, in sub order (the same order in every lane), whatever the planner
+    --    thinks of the table's size; the locked rows' state before the batch is kept for step 2.
+    v_subs := ARRAY(SELECT DISTINCT b.sub FROM unnest(p_batch) AS b ORDER BY 1);
+    SELECT coalesce(array_agg(l.sub ORDER BY l.sub), '{}'),
+           coalesce(array_agg(l.email_status_at ORDER BY l.sub), '{}'),
+           coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}'),
+           coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}')
+      INTO v_locked, v_status_at, v_erased, v_deleted_before
+      FROM unnest(v_subs) AS s(sub),
+           LATERAL (SELECT a.sub, a.email_status_at, a.personal_data_erased_at, a.deleted_at
+                      FROM siwa.accounts a WHERE a.sub = s.sub FOR UPDATE SKIP LOCKED) AS l;
+    IF cardinality(v_locked) < cardinality(v_subs) THEN
+        v_missing := ARRAY(SELECT s.sub FROM unnest(v_subs) AS s(sub)
+                            WHERE s.sub <> ALL (v_locked)
+                              AND (SELECT true FROM siwa.accounts a WHERE a.sub = s.sub) IS NULL);
+        IF cardinality(v_missing) > 0 THEN
+            v_lock_timeout := current_setting('lock_timeout');
+            PERFORM set_config('lock_timeout', '1ms', true);
+            WITH created AS (
+                INSERT INTO siwa.accounts (sub) SELECT m.sub FROM unnest(v_missing) AS m(sub) ORDER BY m.sub
+                ON CONFLICT (sub) DO NOTHING RETURNING sub)
+            SELECT coalesce(array_agg(created.sub), '{}') INTO v_inserted FROM created;
+            PERFORM set_config('lock_timeout', v_lock_timeout, true);
+            v_locked := v_locked || v_inserted;
+            v_status_at := v_status_at || array_fill(NULL::timestamptz, ARRAY[cardinality(v_inserted)]);
+            IF cardinality(v_inserted) < cardinality(v_missing) THEN
+                -- Created by another transaction that committed meanwhile: lock it like the others.
+                SELECT v_locked || coalesce(array_agg(l.sub ORDER BY l.sub), '{}'),
+                       v_status_at || coalesce(array_agg(l.email_status_at ORDER BY l.sub), '{}'),
+                       v_erased || coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}'),
+                       v_deleted_before || coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}')
+                  INTO v_locked, v_status_at, v_erased, v_deleted_before
+                  FROM unnest(v_missing) AS s(sub),
+                       LATERAL (SELECT a.sub, a.email_status_at, a.personal_data_erased_at, a.deleted_at
+                                  FROM siwa.accounts a
+                                 WHERE a.sub = s.sub AND a.sub <> ALL (v_inserted) FOR UPDATE SKIP LOCKED) AS l;
+            END IF;
+        END IF;
+    END IF;
+
+    -- What each notification needs, worked out once.
+    v_erase_now := (SELECT s.erase_personal_data_after = interval '0' FROM siwa.settings s);
+    v_events := ARRAY(
+        SELECT ROW(e.ord, e.id, e.jti, e.event_type, e.sub, e.email, e.is_private_email, e.event_time,
+                   e.received_at, e.attempts, e.busy_since, e.locked, e.known, e.first_delete,
+                   e.locked AND (e.sub = ANY (v_erased) OR coalesce(v_erase_now AND e.first_delete <= e.ord, false)),
+                   e.locked AND (e.sub = ANY (v_erased) OR (v_erase_now AND e.first_delete IS NOT NULL))
+                  )::siwa.batch_event
+          FROM (SELECT b.*, b.ordinality::integer AS ord, b.sub = ANY (v_locked) AS locked,
+                       b.event_type IN ('email-disabled', 'email-enabled', 'consent-revoked', 'account-delete')
+                           AS known,
+                       (min(b.ordinality) FILTER (WHERE b.event_type = 'account-delete')
+                            OVER (PARTITION BY b.sub))::integer AS first_delete
+                  FROM unnest(p_batch) WITH ORDINALITY AS b) AS e
+         ORDER BY e.ord);
+
+    -- 2. Account state, one UPDATE for the batch. Email events count only before the user's first
+    --    account-delete in the batch (and not at all for an account deleted before it); one applies when
+    --    its event_time is at least the account's email_status_at and that of every earlier email event
+    --    of the user in the batch (these are exactly the ones one-at-a-time application would apply);
+    --    the last one applied sets the status, and the last email (and is_private_email) given wins.
+    WITH e AS (
+        SELECT x.* FROM unnest(v_events) AS x WHERE x.locked AND x.known),
+    m AS (
+        SELECT e.sub, e.ord, e.event_type, e.event_time, e.email, e.is_private_email,
+               max(e.event_time) OVER (PARTITION BY e.sub ORDER BY e.ord
+                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS earlier
+          FROM e
+         WHERE e.event_type IN ('email-disabled', 'email-enabled')
+           AND (e.first_delete IS NULL OR e.ord < e.first_delete)),
+    mail AS (
+        SELECT m.sub,
+               (array_agg(m.event_type ORDER BY m.ord DESC))[1] AS event_type,
+               (array_agg(m.event_time ORDER BY m.ord DESC))[1] AS event_time,
+               (array_agg(m.email ORDER BY m.ord DESC) FILTER (WHERE m.email IS NOT NULL))[1] AS email,
+               (array_agg(m.is_private_email ORDER BY m.ord DESC)
+                    FILTER (WHERE m.is_private_email IS NOT NULL))[1] AS is_private_email
+          FROM m JOIN unnest(v_locked, v_status_at) AS a(sub, email_status_at) ON a.sub = m.sub
+         WHERE m.sub <> ALL (v_deleted_before)
+           AND (a.email_status_at IS NULL OR a.email_status_at <= m.event_time)
+           AND (m.earlier IS NULL OR m.earlier <= m.event_time)
+         GROUP BY m.sub),
+    u AS (
+        SELECT e.sub,
+               max(e.event_time) FILTER (WHERE e.event_type = 'consent-revoked') AS consent_revoked_at,
+               min(e.event_time) FILTER (WHERE e.event_type = 'account-delete') AS deleted_at
+          FROM e GROUP BY e.sub)
+    UPDATE siwa.accounts AS a
+       SET email            = CASE WHEN mail.sub IS NULL THEN a.email
+                                   WHEN a.personal_data_erased_at IS NULL THEN coalesce(mail.email, a.email) END,
+           is_private_email = CASE WHEN mail.sub IS NULL THEN a.is_private_email
+                                   WHEN a.personal_data_erased_at IS NULL
+                                   THEN coalesce(mail.is_private_email, a.is_private_email) END,
+           email_status     = CASE WHEN mail.sub IS NULL THEN a.email_status
+                                   WHEN mail.event_type = 'email-enabled' THEN 'enabled' ELSE 'disabled' END,
+           email_status_at  = coalesce(mail.event_time, a.email_status_at),
+           consent_revoked_at = greatest(a.consent_revoked_at, u.consent_revoked_at),
+           deleted_at       = least(a.deleted_at, u.deleted_at),
+           updated_at       = clock_timestamp()
+      FROM u LEFT JOIN mail ON mail.sub = u.sub
+     WHERE a.sub = u.sub
+       AND (mail.sub IS NOT NULL OR u.consent_revoked_at IS NOT NULL OR u.deleted_at IS NOT NULL);
+
+    -- 3. Revocation, one UPDATE per table: up to the latest consent-revoked event_time that comes before
+    --    the user's first account-delete in the batch, everything for an account-delete. (A session
+    --    created later than every such consent-revoked is revoked by the account-delete alone.)
+    SELECT coalesce(array_agg(r.sub), '{}'), coalesce(array_agg(r.upto), '{}'), coalesce(array_agg(r.everything), '{}')
+      INTO v_revoke_subs, v_revoke_upto, v_revoke_all
+      FROM (SELECT x.sub,
+                   max(x.event_time) FILTER (WHERE x.event_type = 'consent-revoked'
+                                               AND (x.first_delete IS NULL OR x.ord < x.first_delete)) AS upto,
+                   bool_or(x.event_type = 'account-delete') AS everything
+              FROM unnest(v_events) AS x
+             WHERE x.locked AND x.event_type IN ('consent-revoked', 'account-delete')
+             GROUP BY x.sub) AS r;
+    IF cardinality(v_revoke_subs) > 0 THEN
+        UPDATE siwa.sessions AS t
+           SET revoked_at = clock_timestamp(),
+               revoke_reason = CASE WHEN t.created_at <= r.upto THEN 'consent-revoked' ELSE 'account-delete' END
+          FROM unnest(v_revoke_subs, v_revoke_upto, v_revoke_all) AS r(sub, upto, everything)
+         WHERE t.sub = ANY (v_revoke_subs) AND t.sub = r.sub AND t.revoked_at IS NULL
+           AND (r.everything OR t.created_at <= r.upto);
+        UPDATE siwa.refresh_tokens AS t
+           SET revoked_at = clock_timestamp(),
+               revoke_reason = CASE WHEN t.created_at <= r.upto THEN 'consent-revoked' ELSE 'account-delete' END
+          FROM unnest(v_revoke_subs, v_revoke_upto, v_revoke_all) AS r(sub, upto, everything)
+         WHERE t.sub = ANY (v_revoke_subs) AND t.sub = r.sub AND t.revoked_at IS NULL
+           AND (r.everything OR t.created_at <= r.upto);
+    END IF;
+
+    -- 4. Erasure of every user deleted in this batch, at once (the batch's own rows of these users
+    --    included: this transaction holds their locks).
+    IF v_erase_now THEN
+        v_deleted := ARRAY(SELECT DISTINCT x.sub FROM unnest(v_events) AS x
+                            WHERE x.locked AND x.event_type = 'account-delete');
+        IF cardinality(v_deleted) > 0 THEN
+            PERFORM siwa.erase_personal_data_of(v_deleted);
+        END IF;
+    END IF;
+
+    -- 5. The hook, once per known event in claim order, with the path it was written for (see
+    --    siwa.apply_notification): switched once around the loop, which evaluates no operator or function
+    --    of its own while the session's path is in force.
+    v_hooks := ARRAY(
+        SELECT ROW(x.ord, x.id, x.jti, x.event_type, x.sub, CASE WHEN x.erased_before THEN NULL ELSE x.email END,
+                   x.is_private_email, x.event_time, x.received_at, x.attempts, x.busy_since, x.locked, x.known,
+                   x.first_delete, x.erased_before, x.erased_after)::siwa.batch_event
+          FROM unnest(v_events) AS x WHERE x.locked AND x.known ORDER BY x.ord);
+    IF cardinality(v_hooks) > 0 THEN
+        v_hook_path := (SELECT s.hook_search_path FROM siwa.settings s);
+        IF v_hook_path IS NULL THEN
+            v_hook_path := nullif(pg_catalog.current_setting('siwa.session_search_path', true), '');
+            IF v_hook_path IS NULL THEN
+                v_hook_path := (SELECT p.reset_val FROM pg_catalog.pg_settings p WHERE p.name = 'search_path');
+                PERFORM pg_catalog.set_config('siwa.session_search_path', v_hook_path, false);
+            END IF;
+        END IF;
+        PERFORM set_config('plan_cache_mode', v_plan_cache_mode, true);
+        PERFORM pg_catalog.set_config('search_path', v_hook_path, true);
+        FOREACH v_hook IN ARRAY v_hooks LOOP
+            PERFORM siwa.on_event(v_hook.event_type, v_hook.sub, v_hook.event_time, v_hook.email, v_hook.jti);
+        END LOOP;
+        PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+        PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
+    END IF;
+
+    -- 6. Mark the batch. Finished (applied or skipped, an attempt): out of the queue, and the outcome
+    --    into its log row, one statement each (a late event of an erased user keeps no email or token).
+    --    Busy (no attempt): its queue row is put off by half the time it has been busy, between 0.1 s and
+    --    5 s, times a factor in [0.5, 1).
+    DELETE FROM siwa.notification_queue AS q
+     WHERE q.id = ANY (ARRAY(SELECT x.id FROM unnest(v_events) AS x WHERE x.locked));
+    GET DIAGNOSTICS v_done = ROW_COUNT;
+    UPDATE siwa.notification_log AS t
+       SET state      = CASE WHEN x.known THEN 'applied' ELSE 'skipped' END,
+           attempts   = x.attempts + 1,
+           applied_at = clock_timestamp(),
+           last_error = CASE WHEN x.known THEN NULL
+                             ELSE 'unknown event type ' || quote_literal(left(x.event_type, 100)) END,
+           email      = CASE WHEN x.erased_after THEN NULL ELSE t.email END,
+           raw_token  = CASE WHEN x.erased_after THEN NULL ELSE t.raw_token END,
+           personal_data_erased_at =
+               CASE WHEN x.erased_after AND (t.email IS NOT NULL OR t.raw_token IS NOT NULL)
+                    THEN clock_timestamp() ELSE t.personal_data_erased_at END
+      FROM unnest(v_events) AS x JOIN unnest(p_batch) AS n ON n.id = x.id
+     WHERE x.locked AND t.jti = n.jti AND t.issued_at = n.issued_at;
+    GET DIAGNOSTICS v_marked = ROW_COUNT;
+    IF v_marked <> v_done OR v_done <> (SELECT count(*) FROM unnest(v_events) AS x WHERE x.locked) THEN
+        RAISE EXCEPTION 'siwa.apply_claimed_batch finished % queue rows and % log rows of % applied',
+                        v_done, v_marked, (SELECT count(*) FROM unnest(v_events) AS x WHERE x.locked);
+    END IF;
+    UPDATE siwa.notification_queue AS t
+       SET busy_since      = coalesce(t.busy_since, v_now),
+           next_attempt_at = v_now + least(greatest((v_now - coalesce(t.busy_since, v_now)) / 2,
+                                                    interval '100 milliseconds'),
+                                           interval '5 seconds') * (0.5 + random() / 2)
+      FROM unnest(v_events) AS x
+     WHERE NOT x.locked AND t.id = x.id;
+    v_results := ARRAY(
+        SELECT ROW(x.id, x.jti, x.event_type,
+                   CASE WHEN NOT x.locked THEN 'busy' WHEN x.known THEN 'applied' ELSE 'skipped' END,
+                   CASE WHEN x.locked AND NOT x.known
+                        THEN 'unknown event type ' || quote_literal(left(x.event_type, 100)) END,
+                   x.attempts + CASE WHEN x.locked THEN 1 ELSE 0 END,
+                   extract(epoch FROM clock_timestamp() - x.received_at)::double precision,
+                   CASE WHEN NOT x.locked
+                        THEN extract(epoch FROM v_now - coalesce(x.busy_since, v_now))::double precision END
+                  )::siwa.processing_result
+          FROM unnest(v_events) AS x ORDER BY x.ord);
+    PERFORM set_config('plan_cache_mode', v_plan_cache_mode, true);
+    RETURN v_results;
+END;
+$$;
+COMMENT ON FUNCTION siwa.apply_claimed_batch(siwa.notifications[]) IS
+    'The worker''s set-based pass: applies a claimed batch (rows the caller holds FOR UPDATE, in claim order) with one statement per effect — account locks (busy users put off), account state with last writer wins by event_time, revocation, erasure, the on_event hook once per known event in order, one UPDATE marking every state — and returns one result per notification in claim order. Raises on any failure; the caller rolls back to a savepoint and falls back to siwa.process_claimed_notification per notification.';
+
+-- Claims up to p_limit due notifications and applies them, all in the caller's transaction: the claim
+-- (row locks, FOR UPDATE SKIP LOCKED) disappears with a crashed worker's connection, and effects commit
+-- together with the state change that marks them applied. The user's siwa.accounts row lock (tried,
+-- never waited for) keeps two events of one user from being applied concurrently by two workers; such
+-- rows are reported busy and put off briefly.
+--
+-- First the set-based pass (siwa.apply_claimed_batch) in one subtransaction. If it raises (an event whose
+-- hook raises, a lock wait past lock_timeout, anything), it is rolled back and the same batch is
+-- processed as before the set-based pass: each notification in its own subtransaction
+-- (siwa.process_claimed_notification), so that a failure affects only its own notification.
+--
+-- At most 64 per call, whatever p_limit says. In that fallback each notification's subtransaction writes
+-- (it locks its user's account row, at least), so it gets a subtransaction XID, and these stay with the
+-- transaction until it ends (only a rolled-back one gives its XID back, as the failed set-based pass
+-- does). PostgreSQL keeps 64 of them per transaction in shared memory (PGPROC_MAX_CACHED_SUBXIDS); beyond
+-- that the transaction's cache overflows, and every snapshot any session takes while it is open must
+-- look subtransactions up in pg_subtrans, which slows the whole server down. The set-based pass uses one.
+-- A hook (siwa.on_event) with BEGIN … EXCEPTION blocks of its own that write uses one more per block
+-- entered: the worker's --batch-size must then be lower (docs/operations.md).
 CREATE OR REPLACE FUNCTION siwa.process_due_notifications(
     p_limit integer, p_max_attempts integer, p_retry_base_delay interval)
 RETURNS SETOF siwa.processing_result
@@ -914,27 +1254,47 @@ SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    n     siwa.notifications;
-    v_now timestamptz := clock_timestamp();
+    n         siwa.notifications;
+    v_batch   siwa.notifications[];
+    v_results siwa.processing_result[];
 BEGIN
     -- The claim locks queue rows (in id order: oldest first; the queue's only index), never log rows.
-    FOR n IN
-        SELECT l.id, l.jti, l.event_type, l.sub, l.audience, l.email, l.is_private_email, l.event_time,
-               l.issued_at, l.expires_at, l.raw_token, l.received_at, l.state, q.attempts, q.next_attempt_at,
-               l.applied_at, q.last_error, l.personal_data_erased_at, q.busy_since
+    v_batch := ARRAY(
+        SELECT ROW(l.id, l.jti, l.event_type, l.sub, l.audience, l.email, l.is_private_email, l.event_time,
+                   l.issued_at, l.expires_at, l.raw_token, l.received_at, l.state, q.attempts,
+                   q.next_attempt_at, l.applied_at, q.last_error, l.personal_data_erased_at,
+                   q.busy_since)::siwa.notifications
           FROM siwa.notification_queue q
           JOIN siwa.notification_log l ON l.jti = q.jti AND l.issued_at = q.issued_at
-         WHERE q.next_attempt_at <= v_now
+         WHERE q.next_attempt_at <= clock_timestamp()
          ORDER BY q.id
          LIMIT least(p_limit, 64)
-         FOR UPDATE OF q SKIP LOCKED
-    LOOP
+         FOR UPDATE OF q SKIP LOCKED);
+    IF cardinality(v_batch) = 0 THEN
+        RETURN;
+    END IF;
+    -- A jti stored twice (only possible past the dedupe window, see siwa.notification_jtis) is skipped by
+    -- siwa.apply_notification: such a batch takes the one-at-a-time path.
+    IF NOT EXISTS (SELECT 1 FROM unnest(v_batch) AS b
+                    WHERE EXISTS (SELECT 1 FROM siwa.notification_log d
+                                   WHERE d.jti = b.jti AND d.issued_at <> b.issued_at AND d.id < b.id)) THEN
+        BEGIN
+            v_results := siwa.apply_claimed_batch(v_batch);
+        EXCEPTION WHEN OTHERS THEN
+            v_results := NULL;  -- rolled back to the block's start: nothing of the set-based pass is kept
+        END;
+        IF v_results IS NOT NULL THEN
+            RETURN QUERY SELECT * FROM unnest(v_results);
+            RETURN;
+        END IF;
+    END IF;
+    FOREACH n IN ARRAY v_batch LOOP
         RETURN NEXT siwa.process_claimed_notification(n, p_max_attempts, p_retry_base_delay);
     END LOOP;
 END;
 $$;
 COMMENT ON FUNCTION siwa.process_due_notifications(integer, integer, interval) IS
-    'Worker entry point: claims up to p_limit (at most 64: one subtransaction each, and PostgreSQL caches 64 per transaction) due notifications (FOR UPDATE SKIP LOCKED), applies each in a subtransaction, and marks it applied, skipped, retried with backoff, or dead. One row per notification handled (busy: its user''s account row is held elsewhere; put off briefly, no attempt counted).';
+    'Worker entry point: claims up to p_limit (at most 64) due notifications (FOR UPDATE SKIP LOCKED) and applies them with one statement per effect (siwa.apply_claimed_batch); if that fails, rolls it back and handles each in its own subtransaction (one each, and PostgreSQL caches 64 per transaction). Marks each applied, skipped, retried with backoff, or dead. One row per notification handled (busy: its user''s account row is held elsewhere; put off briefly, no attempt counted).';
 
 -- The worker's fallback when a whole batch failed with an error no subtransaction can catch: handles
 -- exactly one notification, so that the culprit can be identified and recorded separately.
@@ -1931,7 +2291,7 @@ BEGIN
                                  'process_claimed_notification', 'apply_notification', 'record_failure',
                                  'prune', 'erase_due_personal_data', 'erase_personal_data', 'on_event',
                                  'redact_error', 'erased_error', 'create_log_partitions',
-                                 'drop_log_partitions')
+                                 'drop_log_partitions', 'apply_claimed_batch', 'erase_personal_data_of')
         LOOP
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO siwa_worker', v_function);
         END LOOP;

@@ -31,10 +31,11 @@ public struct WorkerError: Error, Sendable, CustomStringConvertible {
 extension Worker {
     /// Everything the worker needs to know, built once by the executable (from flags and environment).
     public struct Configuration: Sendable {
-        /// The largest batch: each notification of a batch is applied in a subtransaction that writes,
-        /// and PostgreSQL caches the XIDs of only 64 subtransactions per transaction; one more overflows
-        /// the cache and slows down every snapshot on the server while the batch runs. The database
-        /// function claims no more than this, whatever it is asked for.
+        /// The largest batch. A batch is applied with one statement per effect in one subtransaction,
+        /// but when that fails, each notification of it is applied in a subtransaction that writes, and
+        /// PostgreSQL caches the XIDs of only 64 subtransactions per transaction; one more overflows the
+        /// cache and slows down every snapshot on the server while the batch runs. The database function
+        /// claims no more than this, whatever it is asked for.
         public static let maxBatchSize = 64
         /// The batch size when none is configured.
         public static let defaultBatchSize = 64
@@ -94,8 +95,8 @@ extension Worker {
             }
             guard (1...Self.maxBatchSize).contains(batchSize) else {
                 throw invalid(
-                    "batch size must be between 1 and \(Self.maxBatchSize): each notification of a batch uses a "
-                        + "subtransaction, and PostgreSQL caches only 64 per transaction")
+                    "batch size must be between 1 and \(Self.maxBatchSize): when a batch falls back to one "
+                        + "subtransaction per notification, PostgreSQL caches only 64 per transaction")
             }
             guard (1...1_000_000).contains(maxAttempts) else {
                 throw invalid("max attempts must be at least 1")

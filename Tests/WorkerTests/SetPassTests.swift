@@ -1,0 +1,325 @@
+import Foundation
+import Postgres
+import TestSupport
+import Testing
+import Worker
+
+/// The set-based pass (siwa.apply_claimed_batch): one statement per effect for a claimed batch, with the
+/// per-notification subtransactions only as its fallback. It must leave exactly what applying the batch
+/// one notification at a time, in claim order, leaves.
+@Suite("The set-based pass applies a batch as one-at-a-time application would")
+struct SetPassTests {
+    /// Runs siwa.process_due_notifications once and returns the outcomes by jti, in claim order.
+    private func processBatch(_ db: TestDatabase, limit: Int = 64) throws -> [String: String] {
+        var outcomes: [String: String] = [:]
+        for row in try db.connection.query(
+            "SELECT jti, outcome FROM siwa.process_due_notifications($1::integer, 5, interval '1 second')",
+            [.int(Int64(limit))])
+        {
+            outcomes[try row[0, as: String.self]] = try row[1, as: String.self]
+        }
+        return outcomes
+    }
+
+    @Test(
+        "two email events of one user in one batch converge on the newer by event_time, whatever their order")
+    func emailEventsOfOneUserInOneBatch() throws {
+        for newerFirst in [true, false] {
+            let db = try TestDatabase()
+            let newer = (
+                "new", "email-enabled", "now() - interval '1 minute'", "new@privaterelay.appleid.com"
+            )
+            let older = ("old", "email-disabled", "now() - interval '1 hour'", "old@privaterelay.appleid.com")
+            for event in newerFirst ? [newer, older] : [older, newer] {
+                try db.insert(jti: event.0, type: event.1, sub: "u", eventTime: event.2, email: event.3)
+            }
+            #expect(try processBatch(db) == ["new": "applied", "old": "applied"])
+            let row = try #require(
+                try db.connection.query("SELECT email, email_status, email_status_at FROM siwa.accounts")
+                    .first)
+            #expect(try row[0, as: String?.self] == "new@privaterelay.appleid.com")
+            #expect(try row[1, as: String?.self] == "enabled")
+            #expect(
+                try db.value(
+                    """
+                    SELECT a.email_status_at = n.event_time FROM siwa.accounts a
+                      JOIN siwa.notifications n ON n.jti = 'new'
+                    """, as: Bool.self))
+        }
+    }
+
+    @Test(
+        "the hook sees the batch's known events once each, in claim order, after the batch's built-in effects"
+    )
+    func hookSeesEventsInOrder() throws {
+        let db = try TestDatabase()
+        try db.connection.simpleQuery(
+            """
+            CREATE TABLE public.hook_calls (n serial, jti text, email text, revoked bigint);
+            CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
+                                                     email text, jti text) RETURNS void
+            LANGUAGE sql AS $$
+                INSERT INTO hook_calls (jti, email, revoked)
+                SELECT jti, email, count(*) FROM siwa.sessions WHERE revoked_at IS NOT NULL
+            $$;
+            INSERT INTO siwa.sessions (sub, created_at) VALUES ('late', now() - interval '1 day');
+            """)
+        try db.insert(jti: "e1", type: "email-enabled", sub: "u1", email: "a@privaterelay.appleid.com")
+        try db.insert(jti: "x1", type: "brand-new-type", sub: "u2")
+        try db.insert(jti: "c1", type: "consent-revoked", sub: "u3")
+        try db.insert(jti: "c2", type: "consent-revoked", sub: "late")
+        try db.insert(jti: "e2", type: "email-disabled", sub: "u1", email: "b@privaterelay.appleid.com")
+        #expect(
+            try processBatch(db)
+                == ["e1": "applied", "x1": "skipped", "c1": "applied", "c2": "applied", "e2": "applied"])
+        let calls = try db.connection.query("SELECT jti, email, revoked FROM hook_calls ORDER BY n")
+        #expect(try calls.map { try $0[0, as: String.self] } == ["e1", "c1", "c2", "e2"])
+        #expect(
+            try calls.map { try $0[1, as: String?.self] }
+                == ["a@privaterelay.appleid.com", nil, nil, "b@privaterelay.appleid.com"])
+        // Already for the first event, the session the fourth one revokes is revoked.
+        #expect(try calls.map { try $0[2, as: Int.self] } == [1, 1, 1, 1])
+        // One batch, one subtransaction: every row the hook wrote has the same xmin.
+        #expect(try db.value("SELECT count(DISTINCT xmin::text)::integer FROM hook_calls", as: Int.self) == 1)
+    }
+
+    @Test(
+        "an account-delete erases the user's rows of its own batch; the hook of a later event gets no email")
+    func deletionInsideTheBatch() throws {
+        let db = try TestDatabase()
+        try db.connection.simpleQuery(
+            """
+            CREATE TABLE public.hook_calls (n serial, jti text, email text);
+            CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
+                                                     email text, jti text) RETURNS void
+            LANGUAGE sql AS $$ INSERT INTO hook_calls (jti, email) VALUES (jti, email) $$;
+            INSERT INTO siwa.sessions (sub, created_at) VALUES ('u', now() + interval '1 day');
+            """)
+        try db.insert(jti: "before", type: "email-enabled", sub: "u", email: "a@privaterelay.appleid.com")
+        try db.insert(jti: "delete", type: "account-delete", sub: "u")
+        try db.insert(jti: "after", type: "email-disabled", sub: "u", email: "b@privaterelay.appleid.com")
+        try db.insert(jti: "other", type: "email-enabled", sub: "o", email: "o@privaterelay.appleid.com")
+        #expect(
+            try processBatch(db) == [
+                "before": "applied", "delete": "applied", "after": "applied", "other": "applied",
+            ])
+        let calls = try db.connection.query("SELECT jti, email FROM hook_calls ORDER BY n")
+        #expect(try calls.map { try $0[0, as: String.self] } == ["before", "delete", "after", "other"])
+        #expect(
+            try calls.map { try $0[1, as: String?.self] }
+                == ["a@privaterelay.appleid.com", nil, nil, "o@privaterelay.appleid.com"])
+        #expect(
+            try db.value(
+                """
+                SELECT count(*)::integer FROM siwa.notifications
+                 WHERE sub = 'u' AND email IS NULL AND raw_token IS NULL AND personal_data_erased_at IS NOT NULL
+                """, as: Int.self) == 3)
+        // The email event before the deletion set the status; the one after it changed nothing.
+        let account = try #require(
+            try db.connection.query(
+                "SELECT email, email_status, personal_data_erased_at IS NOT NULL FROM siwa.accounts WHERE sub = 'u'"
+            ).first)
+        #expect(try account[0, as: String?.self] == nil)
+        #expect(try account[1, as: String?.self] == "enabled")
+        #expect(try account[2, as: Bool.self])
+        #expect(
+            try db.value("SELECT revoke_reason FROM siwa.sessions WHERE sub = 'u'", as: String?.self)
+                == "account-delete")
+        #expect(
+            try db.value("SELECT email FROM siwa.accounts WHERE sub = 'o'", as: String?.self)
+                == "o@privaterelay.appleid.com")
+    }
+
+    @Test(
+        "a batch whose set-based pass fails falls back within the same call: the bad event retries, the rest apply"
+    )
+    func failingSetPassFallsBack() throws {
+        let db = try TestDatabase()
+        try db.connection.simpleQuery(
+            """
+            CREATE TABLE public.hook_calls (jti text);
+            CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
+                                                     email text, jti text) RETURNS void
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                IF jti = 'bad' THEN RAISE EXCEPTION 'refusing %', jti; END IF;
+                INSERT INTO public.hook_calls VALUES (jti);
+            END $$;
+            INSERT INTO siwa.sessions (sub, created_at)
+            SELECT 'user-' || g, now() - interval '1 day' FROM generate_series(0, 9) AS g;
+            INSERT INTO siwa.sessions (sub, created_at) VALUES ('poison', now() - interval '1 day');
+            """)
+        for index in 0..<5 { try db.insert(jti: "a-\(index)", type: "consent-revoked", sub: "user-\(index)") }
+        try db.insert(jti: "bad", type: "consent-revoked", sub: "poison")
+        for index in 5..<10 {
+            try db.insert(jti: "b-\(index)", type: "consent-revoked", sub: "user-\(index)")
+        }
+        let outcomes = try processBatch(db)
+        #expect(outcomes.count == 11)
+        #expect(outcomes["bad"] == "retry")
+        #expect(outcomes.filter { $0.value == "applied" }.count == 10)
+        #expect(try db.value("SELECT count(*)::integer FROM hook_calls", as: Int.self) == 10)
+        #expect(
+            try db.value(
+                "SELECT count(*)::integer FROM siwa.sessions WHERE revoked_at IS NOT NULL", as: Int.self)
+                == 10)
+        #expect(
+            try db.value("SELECT count(*)::integer FROM siwa.accounts WHERE sub = 'poison'", as: Int.self)
+                == 0)
+        #expect(
+            try db.value("SELECT last_error FROM siwa.notifications WHERE jti = 'bad'", as: String?.self)
+                == "P0001: refusing bad")
+        // The fallback's subtransactions: one per applied event (the failed one gave its XID back).
+        #expect(
+            try db.value("SELECT count(DISTINCT xmin::text)::integer FROM hook_calls", as: Int.self) == 10)
+    }
+
+    @Test("a user whose account row another transaction holds is busy in the set-based pass; the rest apply")
+    func busyUserInTheSetPass() throws {
+        let db = try TestDatabase()
+        try db.connection.execute("INSERT INTO siwa.accounts (sub) VALUES ('held')")
+        try db.insert(jti: "h1", type: "consent-revoked", sub: "held")
+        try db.insert(jti: "f1", type: "email-enabled", sub: "free", email: "f@privaterelay.appleid.com")
+        try db.insert(jti: "h2", type: "account-delete", sub: "held")
+        let app = try PostgresConnection(configuration: db.configuration)
+        defer { app.close() }
+        try app.simpleQuery("BEGIN; SELECT 1 FROM siwa.accounts WHERE sub = 'held' FOR UPDATE")
+        #expect(try processBatch(db) == ["h1": "busy", "f1": "applied", "h2": "busy"])
+        #expect(
+            try db.value(
+                """
+                SELECT bool_and(state = 'pending' AND attempts = 0 AND busy_since IS NOT NULL
+                                AND next_attempt_at > busy_since AND email IS NULL AND raw_token IS NOT NULL)
+                  FROM siwa.notifications WHERE sub = 'held'
+                """, as: Bool.self))
+        #expect(
+            try db.value("SELECT deleted_at IS NULL FROM siwa.accounts WHERE sub = 'held'", as: Bool.self))
+        try app.simpleQuery("ROLLBACK")
+    }
+
+    @Test(
+        "random batches leave what one-at-a-time application leaves: accounts, sessions, tokens, rows, hook calls",
+        arguments: 1...16)
+    func sameAsOneAtATime(seed: UInt64) throws {
+        let setup = Self.randomBatch(seed: seed)
+        let setPass = try TestDatabase()
+        let oneByOne = try TestDatabase()
+        for db in [setPass, oneByOne] {
+            try db.connection.simpleQuery(
+                """
+                CREATE TABLE public.hook_calls (n serial, event_type text, sub text, email text, jti text);
+                CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
+                                                         email text, jti text) RETURNS void
+                LANGUAGE sql AS $$
+                    INSERT INTO hook_calls (event_type, sub, email, jti) VALUES (event_type, sub, email, jti)
+                $$;
+                """ + setup)
+        }
+        _ = try processBatch(setPass)
+        try oneByOne.connection.simpleQuery(
+            """
+            DO $$
+            DECLARE i bigint;
+            BEGIN
+                FOR i IN SELECT id FROM siwa.notifications WHERE state = 'pending' ORDER BY next_attempt_at, id LOOP
+                    PERFORM siwa.process_notification(i, 5, interval '1 second');
+                END LOOP;
+            END $$;
+            """)
+        let snapshot = """
+            SELECT concat_ws(E'\\n',
+                (SELECT string_agg(a::text, E'\\n' ORDER BY a.sub) FROM (
+                    SELECT sub, email, is_private_email, email_status, email_status_at, consent_revoked_at,
+                           deleted_at, personal_data_erased_at IS NOT NULL FROM siwa.accounts) AS a),
+                (SELECT string_agg(s::text, E'\\n' ORDER BY s.id) FROM (
+                    SELECT id, sub, revoked_at IS NOT NULL, revoke_reason FROM siwa.sessions) AS s),
+                (SELECT string_agg(t::text, E'\\n' ORDER BY t.id) FROM (
+                    SELECT id, sub, revoked_at IS NOT NULL, revoke_reason, token_ciphertext IS NULL
+                      FROM siwa.refresh_tokens) AS t),
+                (SELECT string_agg(n::text, E'\\n' ORDER BY n.id) FROM (
+                    SELECT id, jti, state, attempts, last_error, email, raw_token,
+                           personal_data_erased_at IS NOT NULL, applied_at IS NOT NULL, busy_since
+                      FROM siwa.notifications) AS n),
+                (SELECT string_agg(h::text, E'\\n' ORDER BY h.n) FROM hook_calls AS h))
+            """
+        let expected = try oneByOne.value(snapshot, as: String.self)
+        let actual = try setPass.value(snapshot, as: String.self)
+        #expect(actual == expected, "seed \(seed)")
+        #expect(
+            try setPass.value("SELECT count(*)::integer FROM siwa.notifications WHERE state = 'pending'") == 0
+        )
+    }
+
+    /// SQL for a random but reproducible batch of up to 64 notifications over a few users, with accounts
+    /// (some deleted, some erased), sessions and refresh tokens created at random times, event times that
+    /// often tie, and every event type (an unknown one included).
+    static func randomBatch(seed: UInt64) -> String {
+        var random = SplitMix64(seed: seed)
+        let base = "timestamptz '2026-01-01 00:00:00+00'"
+        func time() -> String { "\(base) + interval '\(Int.random(in: 0...6, using: &random)) minutes'" }
+        var sql: [String] = []
+        if Bool.random(using: &random) {
+            sql.append("UPDATE siwa.settings SET erase_personal_data_after = interval '1 day';")
+        }
+        let subs = (0..<Int.random(in: 1...12, using: &random)).map { "s\($0)" }
+        for sub in subs {
+            if Double.random(in: 0..<1, using: &random) < 0.6 {
+                let deleted = Double.random(in: 0..<1, using: &random) < 0.25
+                let erased = deleted && Bool.random(using: &random)
+                let status = ["NULL", "'enabled'", "'disabled'"].randomElement(using: &random)!
+                let email = erased || status == "NULL" ? "NULL" : "'\(sub)-pre@privaterelay.appleid.com'"
+                sql.append(
+                    """
+                    INSERT INTO siwa.accounts (sub, email, is_private_email, email_status, email_status_at,
+                                               consent_revoked_at, deleted_at, personal_data_erased_at)
+                    VALUES ('\(sub)', \(email), \(email == "NULL" ? "NULL" : "false"), \(status),
+                            \(status == "NULL" ? "NULL" : time()), \(Bool.random(using: &random) ? "NULL" : time()),
+                            \(deleted ? time() : "NULL"), \(erased ? time() : "NULL"));
+                    """)
+            }
+            for _ in 0..<Int.random(in: 0...3, using: &random) {
+                sql.append("INSERT INTO siwa.sessions (sub, created_at) VALUES ('\(sub)', \(time()));")
+                sql.append(
+                    "INSERT INTO siwa.refresh_tokens (sub, created_at, token_ciphertext) VALUES ('\(sub)', \(time()), '\\x01');"
+                )
+            }
+        }
+        let types = [
+            "email-enabled", "email-disabled", "email-enabled", "email-disabled", "consent-revoked",
+            "account-delete", "brand-new-type",
+        ]
+        for index in 0..<Int.random(in: 1...64, using: &random) {
+            let sub = subs.randomElement(using: &random)!
+            let type = types.randomElement(using: &random)!
+            let isEmail = type.hasPrefix("email-")
+            let email =
+                isEmail && Double.random(in: 0..<1, using: &random) < 0.85
+                ? "'\(sub)-\(index)@privaterelay.appleid.com'" : "NULL"
+            let isPrivate = isEmail ? ["true", "false", "NULL"].randomElement(using: &random)! : "NULL"
+            let attempts = Int.random(in: 0...1, using: &random)
+            let lastError = Bool.random(using: &random) ? "'P0001: earlier failure'" : "NULL"
+            sql.append(
+                """
+                INSERT INTO siwa.notifications (jti, event_type, sub, audience, email, is_private_email, event_time,
+                                                issued_at, raw_token, attempts, last_error)
+                VALUES ('j\(index)', '\(type)', '\(sub)', 'com.example.app', \(email), \(isPrivate), \(time()),
+                        now(), 'header.payload.signature', \(attempts), \(lastError));
+                """)
+        }
+        sql.append("UPDATE siwa.notifications SET next_attempt_at = now() - interval '1 hour';")
+        return sql.joined(separator: "\n")
+    }
+}
+
+/// SplitMix64: a small seeded generator, so that each random case is the same on every run.
+struct SplitMix64: RandomNumberGenerator {
+    private var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
