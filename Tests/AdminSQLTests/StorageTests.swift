@@ -22,7 +22,8 @@ struct StorageTests {
         let database = try AdminDatabase.make()
         #expect(try storeAsReceiver(database, jti: "resigned", sub: "001000.vic") == .accepted)
         let later = storeAsReceiverIssuedAt.addingTimeInterval(3600)
-        #expect(try storeAsReceiver(database, jti: "resigned", sub: "001000.vic", issuedAt: later) == .duplicate)
+        #expect(
+            try storeAsReceiver(database, jti: "resigned", sub: "001000.vic", issuedAt: later) == .duplicate)
         let owner = try database.connectAsOwner()
         defer { owner.close() }
         #expect(try owner.query("SELECT count(*) FROM siwa.notification_log")[0][0, as: Int.self] == 1)
