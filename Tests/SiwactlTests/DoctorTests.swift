@@ -79,6 +79,21 @@ struct DoctorTests {
         #expect(Self.line(remote, "https")?.hasPrefix("FAIL") == true, "\(remote.standardOutput)")
     }
 
+    @Test("a slow answer and a 400 to a notification are warnings, not failures: exit 0")
+    func warningsOnly() throws {
+        let server = try StaticHTTPServer(path: Self.path)
+        defer { server.stop() }
+        server.fail(status: 400)
+        server.setDelay(.milliseconds(1500))
+        let result = try Self.doctor(
+            "http://127.0.0.1:\(server.port)\(Self.path)", ["--allow-http-loopback", "--slow-after", "1"])
+        #expect(result.status == 0, "\(result.standardOutput)")
+        #expect(Self.line(result, "route")?.hasPrefix("ok") == true, "\(result.standardOutput)")
+        #expect(Self.line(result, "signature")?.hasPrefix("warn") == true, "\(result.standardOutput)")
+        #expect(Self.line(result, "time")?.hasPrefix("warn") == true, "\(result.standardOutput)")
+        #expect(result.standardOutput.contains("healthy: 0 failed, 3 warning(s)"), "\(result.standardOutput)")
+    }
+
     @Test("nothing listening is a connection failure")
     func nothingListening() throws {
         let port = try ExecutableLocator.freePort()
@@ -154,5 +169,66 @@ struct DoctorTests {
             let tls = Self.line(result, "tls") ?? ""
             #expect(tls.hasPrefix("FAIL") && tls.contains("TLS older than 1.2"), "\(result.standardOutput)")
         }
+    }
+
+    @Test("a working receiver behind an nginx TLS proxy passes every check, TLS included, exit 0")
+    func workingReceiverOverTLS() throws {
+        let receiver = try ReceiverHarness(audience: "com.example.doctor")
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-doctor-\(UUID())")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        // TEST ONLY: a throwaway CA (trusted through SSL_CERT_FILE) and a certificate for "localhost".
+        let script = """
+            set -e
+            openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 -subj /CN=test-ca \
+              2>/dev/null
+            openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=localhost 2>/dev/null
+            printf 'subjectAltName=DNS:localhost\\n' > san.ext
+            openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 \
+              -extfile san.ext -out server.pem 2>/dev/null
+            """
+        let made = try Subprocess.run("/bin/sh", ["-c", script], workingDirectory: directory.path)
+        try #require(made.status == 0, "\(made.standardError)")
+        let port = try ExecutableLocator.freePort()
+        let dir = directory.path
+        let configuration = """
+            daemon off;
+            master_process off;
+            error_log \(dir)/error.log;
+            pid \(dir)/nginx.pid;
+            events {}
+            http {
+                access_log off;
+                client_body_temp_path \(dir)/body;
+                proxy_temp_path \(dir)/proxy;
+                server {
+                    listen 127.0.0.1:\(port) ssl;
+                    server_name localhost;
+                    ssl_certificate \(dir)/server.pem;
+                    ssl_certificate_key \(dir)/server.key;
+                    ssl_protocols TLSv1.2 TLSv1.3;
+                    location / { proxy_pass http://127.0.0.1:\(receiver.port); }
+                }
+            }
+            """
+        try configuration.write(
+            to: directory.appendingPathComponent("nginx.conf"), atomically: true, encoding: .utf8)
+        let nginx = try Subprocess(
+            "/usr/sbin/nginx", ["-p", dir, "-c", "\(dir)/nginx.conf"], workingDirectory: dir)
+        defer {
+            nginx.send(SIGKILL)
+            _ = nginx.wait(timeout: .seconds(5))
+        }
+        try #require(waitUntil { (try? RawHTTPConnection(host: "127.0.0.1", port: port)) != nil })
+        let result = try Self.doctor(
+            "https://localhost:\(port)\(Self.path)",
+            ["--audience", "com.example.doctor", "--slow-after", "30"],
+            environment: ["SSL_CERT_FILE": "\(dir)/ca.pem"])
+        #expect(result.status == 0, "\(result.standardOutput)\(result.standardError)")
+        for check in ["dns", "tls", "route", "signature", "time"] {
+            #expect(Self.line(result, check)?.hasPrefix("ok") == true, "\(check): \(result.standardOutput)")
+        }
+        #expect(Self.line(result, "https") == nil, "\(result.standardOutput)")
+        #expect(result.standardOutput.contains("healthy: 0 failed, 0 warning(s)"), "\(result.standardOutput)")
     }
 }
