@@ -206,11 +206,15 @@ public enum OutboundHTTP {
         public let description: String
         /// libcurl's result code, when libcurl reported the failure.
         public let curlCode: Int?
+        /// OpenSSL's verification result (`X509_V_ERR_…`, e.g. 18 for a self-signed certificate, 10 for
+        /// an expired one, 62 for a name mismatch), when the peer's certificate failed verification.
+        public let certificateVerifyResult: Int?
 
-        init(_ code: Code, _ description: String, curlCode: Int? = nil) {
+        init(_ code: Code, _ description: String, curlCode: Int? = nil, certificateVerifyResult: Int? = nil) {
             self.code = code
             self.description = description
             self.curlCode = curlCode
+            self.certificateVerifyResult = certificateVerifyResult
         }
     }
 

@@ -336,6 +336,7 @@ final class Transfer {
                 curlCode: Int(code.rawValue))
         }
         let kind: (OutboundHTTP.Error.Code, String)
+        var verifyResult: Int?
         switch code {
         case CURLE_OPERATION_TIMEDOUT:
             kind = (.timeout, "timed out")
@@ -351,6 +352,7 @@ final class Transfer {
             var result = 0
             if let handle { _ = siwa_curl_getinfo_long(handle, CURLINFO_SSL_VERIFYRESULT, &result) }
             kind = (.tls, "TLS certificate not trusted or not issued for the host (verify result \(result))")
+            verifyResult = result
         case CURLE_SSL_CONNECT_ERROR, CURLE_SSL_CERTPROBLEM, CURLE_SSL_CIPHER, CURLE_SSL_CACERT_BADFILE,
             CURLE_SSL_ENGINE_NOTFOUND, CURLE_SSL_ENGINE_SETFAILED, CURLE_SSL_ENGINE_INITFAILED,
             CURLE_SSL_SHUTDOWN_FAILED, CURLE_SSL_CRL_BADFILE, CURLE_SSL_ISSUER_ERROR,
@@ -367,6 +369,8 @@ final class Transfer {
         default:
             kind = (.internal, "transfer failed")
         }
-        return Failure(kind.0, "\(kind.1) (\(library))", curlCode: Int(code.rawValue))
+        return Failure(
+            kind.0, "\(kind.1) (\(library))", curlCode: Int(code.rawValue),
+            certificateVerifyResult: verifyResult)
     }
 }
