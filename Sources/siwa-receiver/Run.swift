@@ -155,5 +155,15 @@ private func makeConfiguration(_ parsed: ParsedCommand, environment: [String: St
         poolSize: try parsed.integer("pool-size", in: 1...1000) ?? 16, http: http)
     configuration.maxTokenAge =
         try parsed.seconds("max-token-age", positive: true) ?? configuration.maxTokenAge
+    // The database keeps each jti's dedupe key for 7 days after iat (siwa.notification_jtis): an older
+    // token accepted here could be stored a second time.
+    guard configuration.maxTokenAge <= maximumTokenAge else {
+        throw ConfigurationError(
+            "--max-token-age must be at most \(Int(maximumTokenAge.inSeconds)) seconds (6 days): the database keeps each jti's dedupe key for 7 days"
+        )
+    }
     return (configuration, Logger(label: "siwa-receiver", level: level))
 }
+
+/// The largest `--max-token-age`: below the database's 7-day dedupe window, with a day to spare.
+let maximumTokenAge: Duration = .seconds(6 * 86_400)

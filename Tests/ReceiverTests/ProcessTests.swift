@@ -14,6 +14,18 @@ struct ProcessTests {
         #expect(result.standardError.contains("audience"))
     }
 
+    @Test("refuses a --max-token-age beyond the database's 7-day dedupe window")
+    func maxTokenAgeWithinTheDedupeWindow() throws {
+        let result = try ExecutableLocator.run(
+            Self.binary,
+            arguments: [
+                "--database-url", "postgresql:///nowhere", "--audience", "com.example.app",
+                "--max-token-age", "604800",
+            ], environment: [:])
+        #expect(result.status == 2)
+        #expect(result.standardError.contains("--max-token-age must be at most 518400 seconds"))
+    }
+
     @Test("--help lists every setting with its environment variable")
     func help() throws {
         let result = try ExecutableLocator.run(Self.binary, arguments: ["--help"], environment: [:])
