@@ -2197,7 +2197,7 @@ BEGIN
                 WHEN 'siwa_signin' THEN
                     'Sign in with Apple: what the sign-in API (siwa-receiver --signin-listen) needs: record sign-ins and encrypted refresh tokens, request revocations. Grant to the receiver''s login role when the API is on.'
                 ELSE
-                    'Sign in with Apple: what the app needs: siwa.request_revocation inside its account-deletion transaction. Grant to the app''s login role.'
+                    'Sign in with Apple: what the app needs: record, look up and revoke its sessions and refresh tokens, siwa.session_is_valid, siwa.request_revocation inside its account-deletion transaction. Grant to the app''s login role.'
                 END);
         EXCEPTION WHEN duplicate_object OR unique_violation THEN
             NULL;

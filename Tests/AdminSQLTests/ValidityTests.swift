@@ -61,6 +61,11 @@ struct ValidityTests {
         #expect(lateRow.revoked)
         #expect(lateRow.reason == "consent-revoked")
         #expect(try isValid(app, table: table, id: late) == false)
+        // Clearing the revocation does not make it valid on read.
+        try app.execute(
+            "UPDATE siwa.\(table) SET revoked_at = NULL, revoke_reason = NULL WHERE id = $1",
+            [.int(Int64(late))])
+        #expect(try isValid(app, table: table, id: late) == false)
         let freshRow = try revocation(database, table: table, id: fresh)
         #expect(!freshRow.revoked)
         #expect(freshRow.reason == nil)
