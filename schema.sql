@@ -598,6 +598,68 @@ COMMENT ON COLUMN siwa.refresh_tokens.revoked_at IS 'When the token was revoked;
 COMMENT ON COLUMN siwa.refresh_tokens.revoke_reason IS 'Why: consent-revoked, account-delete, or the app''s own reason.';
 CREATE INDEX IF NOT EXISTS refresh_tokens_sub_idx ON siwa.refresh_tokens (sub) WHERE revoked_at IS NULL;
 
+-- The validity rule: a session or refresh token of user sub created at created_at is valid unless the
+-- account is deleted, or consent was revoked at or after created_at. The worker revokes what exists when
+-- it applies an event; this rule also covers what is recorded afterwards (a sign-in that commits after
+-- the worker ran, a clock behind, a backfill). Enforced on write (the trigger below stores such a row
+-- revoked) and on read (the app's session lookup adds AND siwa.session_is_valid(sub, created_at), which
+-- also covers a row inserted concurrently with the worker's transaction, which neither saw). One
+-- primary-key probe of siwa.accounts; SECURITY INVOKER: the caller needs SELECT on siwa.accounts
+-- (sub, consent_revoked_at, deleted_at).
+CREATE OR REPLACE FUNCTION siwa.session_is_valid(sub text, created_at timestamptz) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT NOT EXISTS (SELECT 1 FROM siwa.accounts a
+                        WHERE a.sub = session_is_valid.sub
+                          AND (a.deleted_at IS NOT NULL
+                               OR a.consent_revoked_at >= session_is_valid.created_at));
+$$;
+COMMENT ON FUNCTION siwa.session_is_valid(text, timestamptz) IS
+    'The validity rule: false when the account sub is deleted or consent was revoked at or after created_at. Add AND siwa.session_is_valid(sub, created_at) to the app''s session lookup.';
+
+-- Row trigger before INSERT or UPDATE OF created_at on siwa.sessions and siwa.refresh_tokens: a row the
+-- validity rule already invalidates is stored revoked, with the reason (consent-revoked when consent
+-- was revoked at or after its created_at, else account-delete, as the worker would have); a refresh
+-- token of an account whose personal data is erased is stored without its ciphertext. It does not fire
+-- on the worker's revocations (UPDATE of revoked_at) and leaves a row already revoked alone.
+CREATE OR REPLACE FUNCTION siwa.revoke_if_invalid() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_consent_revoked_at timestamptz;
+    v_deleted_at         timestamptz;
+    v_erased_at          timestamptz;
+BEGIN
+    SELECT a.consent_revoked_at, a.deleted_at, a.personal_data_erased_at
+      INTO v_consent_revoked_at, v_deleted_at, v_erased_at
+      FROM siwa.accounts a WHERE a.sub = NEW.sub;
+    IF NOT FOUND THEN
+        RETURN NEW;
+    END IF;
+    IF NEW.revoked_at IS NULL THEN
+        IF v_consent_revoked_at >= NEW.created_at THEN
+            NEW.revoked_at := clock_timestamp();
+            NEW.revoke_reason := 'consent-revoked';
+        ELSIF v_deleted_at IS NOT NULL THEN
+            NEW.revoked_at := clock_timestamp();
+            NEW.revoke_reason := 'account-delete';
+        END IF;
+    END IF;
+    IF TG_TABLE_NAME = 'refresh_tokens' AND v_erased_at IS NOT NULL THEN
+        NEW.token_ciphertext := NULL;
+    END IF;
+    RETURN NEW;
+END;
+$$;
+COMMENT ON FUNCTION siwa.revoke_if_invalid() IS
+    'Row trigger before INSERT or UPDATE OF created_at on siwa.sessions and siwa.refresh_tokens: stores a row that siwa.session_is_valid already invalidates revoked, with the reason; drops the ciphertext of a refresh token of an erased account.';
+DROP TRIGGER IF EXISTS sessions_revoke_if_invalid ON siwa.sessions;
+CREATE TRIGGER sessions_revoke_if_invalid
+    BEFORE INSERT OR UPDATE OF created_at ON siwa.sessions
+    FOR EACH ROW EXECUTE FUNCTION siwa.revoke_if_invalid();
+DROP TRIGGER IF EXISTS refresh_tokens_revoke_if_invalid ON siwa.refresh_tokens;
+CREATE TRIGGER refresh_tokens_revoke_if_invalid
+    BEFORE INSERT OR UPDATE OF created_at ON siwa.refresh_tokens
+    FOR EACH ROW EXECUTE FUNCTION siwa.revoke_if_invalid();
+
 -- ---------------------------------------------------------------------------------------------------
 -- The admins' hook
 -- ---------------------------------------------------------------------------------------------------
@@ -2135,7 +2197,7 @@ BEGIN
                 WHEN 'siwa_signin' THEN
                     'Sign in with Apple: what the sign-in API (siwa-receiver --signin-listen) needs: record sign-ins and encrypted refresh tokens, request revocations. Grant to the receiver''s login role when the API is on.'
                 ELSE
-                    'Sign in with Apple: what the app needs: siwa.request_revocation inside its account-deletion transaction. Grant to the app''s login role.'
+                    'Sign in with Apple: what the app needs: record, look up and revoke its sessions and refresh tokens, siwa.session_is_valid, siwa.request_revocation inside its account-deletion transaction. Grant to the app''s login role.'
                 END);
         EXCEPTION WHEN duplicate_object OR unique_violation THEN
             NULL;
@@ -2314,6 +2376,20 @@ BEGIN
         GRANT INSERT (sub, reason) ON siwa.revocation_requests TO siwa_app;
         GRANT SELECT (id) ON siwa.revocation_requests TO siwa_app;
         GRANT EXECUTE ON FUNCTION siwa.request_revocation(text, text) TO siwa_app;
+        -- Its sessions and refresh tokens: record, look up, revoke (and correct created_at, which the
+        -- validity trigger checks); never a refresh token's ciphertext or hash (it finds its tokens by id
+        -- or sub; a duplicate token is a unique violation, 23505). The validity rule (the function
+        -- and the trigger, both SECURITY INVOKER) reads three columns of siwa.accounts: whether and when
+        -- the user revoked consent or deleted the account, what the app learns from the rule anyway.
+        GRANT SELECT, INSERT (id, sub, created_at, revoked_at, revoke_reason),
+              UPDATE (created_at, revoked_at, revoke_reason)
+            ON siwa.sessions TO siwa_app;
+        GRANT SELECT (id, sub, client_id, created_at, revoked_at, revoke_reason),
+              INSERT (sub, client_id, token_sha256, token_ciphertext, created_at, revoked_at, revoke_reason),
+              UPDATE (created_at, revoked_at, revoke_reason)
+            ON siwa.refresh_tokens TO siwa_app;
+        GRANT SELECT (sub, consent_revoked_at, deleted_at, personal_data_erased_at) ON siwa.accounts TO siwa_app;
+        GRANT EXECUTE ON FUNCTION siwa.session_is_valid(text, timestamptz) TO siwa_app;
     END IF;
     -- siwa_signin: record sign-ins (codes, accounts' email, sign-ins, encrypted refresh tokens it may
     -- insert but never read back), and request revocations.
@@ -2321,7 +2397,7 @@ BEGIN
         GRANT USAGE ON SCHEMA siwa TO siwa_signin;
         GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.sign_in_codes TO siwa_signin;
         GRANT SELECT, INSERT, UPDATE ON siwa.sign_ins TO siwa_signin;
-        GRANT SELECT (sub, email, is_private_email, deleted_at, personal_data_erased_at),
+        GRANT SELECT (sub, email, is_private_email, consent_revoked_at, deleted_at, personal_data_erased_at),
               INSERT (sub, email, is_private_email),
               UPDATE (email, is_private_email, updated_at)
             ON siwa.accounts TO siwa_signin;

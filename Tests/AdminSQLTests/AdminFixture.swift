@@ -9,6 +9,10 @@ enum AdminRole: String, CaseIterable, Sendable, CustomStringConvertible {
     case admin = "siwa_admin"
     case receiver = "siwa_receiver"
     case worker = "siwa_worker"
+    /// The app: records and revokes its sessions and refresh tokens, asks the validity rule.
+    case app = "siwa_app"
+    /// The sign-in API of siwa-receiver.
+    case signin = "siwa_signin"
     /// A login role that belongs to no group role: what PUBLIC may do.
     case nobody = "nobody"
 
