@@ -82,7 +82,9 @@ let package = Package(
         // an in-process receiver.
         .target(
             name: "TestSupport",
-            dependencies: ["AppleNotifications", "Postgres", "HTTPServer", "Receiver", "SiwaSchema"]),
+            dependencies: [
+                "AppleID", "AppleNotifications", "Postgres", "HTTPServer", "Receiver", "SiwaSchema",
+            ]),
 
         .testTarget(name: "AppleNotificationsTests", dependencies: ["AppleNotifications", "TestSupport"]),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres", "TestSupport"]),
