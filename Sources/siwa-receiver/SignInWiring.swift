@@ -76,37 +76,15 @@ struct SignInSetup: Sendable {
         }
         let teamID = try required("apple-team-id")
         let keyID = try required("apple-key-id")
-        guard let pem = FileManager.default.contents(atPath: try required("apple-key-file")) else {
-            throw ConfigurationError("cannot read --apple-key-file")
-        }
-        let signer: ClientSecretSigner
-        do {
-            signer = try ClientSecretSigner(privateKeyPEM: String(decoding: pem, as: UTF8.self))
-        } catch {
-            throw ConfigurationError("--apple-key-file is not a P-256 private key (.p8)")
-        }
-        var clients: [String: AppleIDClient] = [:]
-        var providers: [ClientSecretProvider] = []
-        do {
-            for clientID in audiences.sorted() {
-                let provider = ClientSecretProvider(
-                    try .mint(signer: signer, teamID: teamID, keyID: keyID, clientID: clientID))
-                providers.append(provider)
-                clients[clientID] = try AppleIDClient(
-                    configuration: AppleIDClient.Configuration(
-                        baseURL: parsed.value("apple-url") ?? "https://appleid.apple.com",
-                        environment: environment),
-                    clientSecret: provider)
-            }
-        } catch {
-            throw ConfigurationError("Apple client settings: \(error.detail)")
-        }
+        let apple = try ConfiguredClients(
+            keyFile: try required("apple-key-file"), teamID: teamID, keyID: keyID, clientIDs: audiences,
+            baseURL: parsed.value("apple-url"), environment: environment)
         let database = try PostgresConfiguration(
             parsed.value("database-url") ?? "", applicationName: "siwa-receiver-signin")
         configuration = try SignInConfiguration(
             http: HTTPServer.Configuration(host: listen.host, port: listen.port, threadCount: 8),
-            bearerToken: token, clients: clients, cipher: cipher, database: database)
-        self.providers = providers
+            bearerToken: token, clients: apple.clients, cipher: cipher, database: database)
+        self.providers = apple.providers
     }
 
     /// The sign-in API as a service of the group: its own key store (same key set as the receiver's), its

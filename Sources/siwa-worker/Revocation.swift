@@ -74,32 +74,11 @@ func makeRevoker(
     } catch let error as TokenCipherError {
         throw ConfigurationError("--token-key-file: \(error.description)")
     }
-    guard let pem = FileManager.default.contents(atPath: keyFile) else {
-        throw ConfigurationError("cannot read --apple-key-file")
-    }
-    let signer: ClientSecretSigner
-    do {
-        signer = try ClientSecretSigner(privateKeyPEM: String(decoding: pem, as: UTF8.self))
-    } catch {
-        throw ConfigurationError("--apple-key-file is not a P-256 private key (.p8)")
-    }
-    var clients: [String: AppleIDClient] = [:]
-    var providers: [ClientSecretProvider] = []
-    do {
-        for clientID in Set(clientIDs) {
-            let provider = ClientSecretProvider(
-                try .mint(signer: signer, teamID: teamID, keyID: keyID, clientID: clientID))
-            providers.append(provider)
-            clients[clientID] = try AppleIDClient(
-                configuration: AppleIDClient.Configuration(
-                    baseURL: parsed.value("apple-url") ?? "https://appleid.apple.com",
-                    environment: environment),
-                clientSecret: provider)
-        }
-    } catch {
-        throw ConfigurationError("Apple client settings: \(error.detail)")
-    }
-    let secretProviders = providers
+    let apple = try ConfiguredClients(
+        keyFile: keyFile, teamID: teamID, keyID: keyID, clientIDs: clientIDs,
+        baseURL: parsed.value("apple-url"),
+        environment: environment)
+    let secretProviders = apple.providers
     metrics.computedGauge(
         "siwa_apple_client_secret_expiry_seconds",
         help:
@@ -109,7 +88,7 @@ func makeRevoker(
     revokerDatabase.applicationName = "siwa-worker-revoker"
     return Revoker(
         configuration: try Revoker.Configuration(
-            database: revokerDatabase, clients: clients, cipher: cipher,
+            database: revokerDatabase, clients: apple.clients, cipher: cipher,
             pollInterval: try parsed.seconds("revocation-poll-interval", positive: true) ?? .seconds(5),
             retryBaseDelay: try parsed.seconds("revocation-retry-base-delay", positive: true) ?? .seconds(5),
             refreshCheckInterval: try parsed.seconds("refresh-check-interval", positive: true)),
