@@ -42,8 +42,8 @@ DO $$
 DECLARE
     v_from integer := coalesce((SELECT pg_catalog.max(version) FROM siwa.schema_version), 0);
 BEGIN
-    IF v_from > 3 THEN
-        RAISE EXCEPTION 'the database is at schema version %, newer than this schema.sql (version 3); not applying it', v_from
+    IF v_from > 4 THEN
+        RAISE EXCEPTION 'the database is at schema version %, newer than this schema.sql (version 4); not applying it', v_from
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'Apply the schema.sql of the release that brought the database to that version, or a newer one.';
     END IF;
@@ -226,6 +226,12 @@ BEGIN
         END IF;
         INSERT INTO siwa.schema_version (version, description)
         VALUES (3, 'history split from the queue: siwa.notification_log partitioned by month of issued_at (dedupe by jti and issued_at, retention drops partitions), siwa.notification_queue of pending work, siwa.notifications a view of both');
+    END IF;
+
+    -- 4: the app's side and operations.
+    IF v_from < 4 THEN
+        INSERT INTO siwa.schema_version (version, description)
+        VALUES (4, 'the app''s side and operations: session validity rule and siwa_app, changefeed, webhooks, heartbeats, team transfer');
     END IF;
 END;
 $$;
