@@ -696,9 +696,10 @@ CREATE TRIGGER refresh_tokens_revoke_if_invalid
 -- hook siwa.on_change still hears of it, marked superseded. Unknown event types and skipped duplicates
 -- write none either. Erasure sets email and is_private_email of every change row of the user to NULL.
 --
--- The cursor, position: assigned at the very end of the writing transaction, in commit order, by
--- siwa.number_changes, under the row lock of siwa.changes_counter, which is held until that transaction
--- ends. A transaction that numbers after another therefore waited for it to commit: every position is
+-- The cursor, position: assigned at the very end of the writing transaction, in commit order, under the
+-- row lock of siwa.changes_counter, which is held until that transaction ends: by the set-based pass as
+-- it inserts its changes, its last statement (siwa.apply_claimed_batch, step 7); by siwa.number_changes
+-- for the rows the other paths inserted without a position (called last by the worker's entry points). A transaction that numbers after another therefore waited for it to commit: every position is
 -- visible before any higher one, so a reader doing WHERE position > $last ORDER BY position misses
 -- nothing, whatever order the writers inserted their rows in (ids, from a sequence, are handed out at
 -- insert and commit out of order). Rows not numbered yet are invisible to readers (siwa.changefeed). A
@@ -1257,13 +1258,16 @@ COMMENT ON TYPE siwa.batch_event IS
 --     already deleted account, changes nothing), consent_revoked_at, deleted_at.
 --  3. Revocation, one UPDATE each of siwa.sessions and siwa.refresh_tokens: a consent-revoked event
 --     revokes what was created up to its event_time (unless an account-delete of the batch came first),
---     an account-delete everything.
+--     an account-delete everything; each revoked row counted for the event that revoked it.
+--     3b. The changes (siwa.changes): what one-at-a-time application writes, in its order, with ids.
 --  4. Erasure of the users deleted in the batch (siwa.settings.erase_personal_data_after = 0), at once.
 --  5. The hook siwa.on_event once per known event, in claim order, after all of the above, with the
 --     session's search_path (switched once for the whole loop), and the email it would have had one
---     event at a time (NULL once the user's data is erased).
+--     event at a time (NULL once the user's data is erased); after each, siwa.on_change (if it exists)
+--     with the event's change and its erasure's.
 --  6. One UPDATE marks every notification: applied, skipped (unknown type, with the reason), or busy
 --     (put off, no attempt counted); a late event of an erased user keeps no email or token.
+--  7. One INSERT of the changes, numbered, under the siwa.changes_counter row lock held from then on.
 CREATE OR REPLACE FUNCTION siwa.apply_claimed_batch(p_batch siwa.notifications[])
 RETURNS siwa.processing_result[]
 LANGUAGE plpgsql
@@ -1298,7 +1302,6 @@ DECLARE
     v_list         siwa.changes[];
     v_list_ord     integer[];
     v_list_superseded boolean[];
-    v_stored       siwa.changes[];
     v_on_change    boolean;
     v_calls_change boolean[] := '{}';
     v_calls_event  siwa.batch_event[] := '{}';
@@ -1306,8 +1309,11 @@ DECLARE
     v_calls_superseded boolean[] := '{}';
     v_ncalls       integer := 0;
     v_p            integer;
+    v_change       siwa.changes;
+    v_seq          regclass;
+    v_last         bigint;
+    v_numbered     bigint;
     i              integer;
-    j              integer;
 BEGIN
     -- Plans: every statement here reads or writes a few dozen rows by their keys, with arrays as
     -- parameters. PL/pgSQL would keep a generic plan for the session, and one made while a table was
@@ -1480,8 +1486,10 @@ BEGIN
     -- 3b. The changes (siwa.changes), one per known event of a locked user in claim order, and after the
     --     user's first account-delete of the batch a siwa.personal_data_erased when it erases an account
     --     not erased before; the same rows, in the same order, as one-at-a-time application writes
-    --     (siwa.apply_notification), written before the erasure of step 4 clears their emails as it
-    --     would. A superseded event (see siwa.changes) writes none, but its record is kept for the hook.
+    --     (siwa.apply_notification). Worked out here, with the emails one-at-a-time application writes
+    --     before the erasure of step 4 clears them, given to the hook (step 5) as they are, and written
+    --     last (step 7), with the emails that erasure cleared. A superseded event (see siwa.changes)
+    --     writes none, but its record is kept for the hook.
     --     Email events: applied as in step 2. Consent-revoked: superseded when the user's consent was
     --     revoked at or after its event_time already (before the batch, or by an earlier one of the
     --     batch) and it revoked nothing. Account-delete: when the account was deleted already and it
@@ -1541,23 +1549,15 @@ BEGIN
           FROM s
          WHERE s.event_type = 'account-delete' AND s.ord = s.first_delete AND v_erase_now
            AND s.sub <> ALL (v_erased)) AS c;
+    -- Their ids now, from the identity's sequence in this order, so that the hook gets them; the rows
+    -- themselves are inserted last, numbered (step 7).
     IF false = ANY (v_list_superseded) THEN
-        WITH ins AS (
-            INSERT INTO siwa.changes (type, sub, event_time, applied_at, jti, audience, sessions_revoked,
-                                      refresh_tokens_revoked, email, is_private_email)
-            SELECT c.type, c.sub, c.event_time, c.applied_at, c.jti, c.audience, c.sessions_revoked,
-                   c.refresh_tokens_revoked, c.email, c.is_private_email
-              FROM unnest(v_list) WITH ORDINALITY AS c
-              JOIN unnest(v_list_superseded) WITH ORDINALITY AS u(superseded, i) ON u.i = c.ordinality
-             WHERE NOT u.superseded
-             ORDER BY c.ordinality
-            RETURNING *)
-        SELECT coalesce(array_agg(ROW(ins.*)::siwa.changes ORDER BY ins.id), '{}') INTO v_stored FROM ins;
-        j := 0;
+        v_seq := pg_catalog.pg_get_serial_sequence('siwa.changes', 'id')::regclass;
         FOR i IN 1 .. cardinality(v_list) LOOP
             IF NOT v_list_superseded[i] THEN
-                j := j + 1;
-                v_list[i] := v_stored[j];
+                v_change := v_list[i];
+                v_change.id := pg_catalog.nextval(v_seq);
+                v_list[i] := v_change;
             END IF;
         END LOOP;
     END IF;
@@ -1655,6 +1655,27 @@ BEGIN
                         THEN extract(epoch FROM v_now - coalesce(x.busy_since, v_now))::double precision END
                   )::siwa.processing_result
           FROM unnest(v_events) AS x ORDER BY x.ord);
+    -- 7. The changes, last: numbered as they are inserted, under the siwa.changes_counter row lock, which
+    --    is then held until the caller's transaction ends (see siwa.changes and siwa.number_changes), so
+    --    the lock covers only what is left of the transaction, not the batch's work; and no second write
+    --    of each row to number it. The emails of users erased in this batch are left out (step 4 erased
+    --    those of their earlier changes).
+    IF false = ANY (v_list_superseded) THEN
+        SELECT k.last_position INTO v_last FROM siwa.changes_counter k FOR UPDATE;
+        INSERT INTO siwa.changes (id, position, type, sub, event_time, applied_at, jti, audience, sessions_revoked,
+                                  refresh_tokens_revoked, email, is_private_email)
+        OVERRIDING SYSTEM VALUE
+        SELECT c.id, v_last + row_number() OVER (ORDER BY c.id), c.type, c.sub, c.event_time, c.applied_at, c.jti,
+               c.audience, c.sessions_revoked, c.refresh_tokens_revoked,
+               CASE WHEN c.sub = ANY (coalesce(v_deleted, '{}')) THEN NULL ELSE c.email END,
+               CASE WHEN c.sub = ANY (coalesce(v_deleted, '{}')) THEN NULL ELSE c.is_private_email END
+          FROM unnest(v_list) AS c
+         WHERE c.id IS NOT NULL
+         ORDER BY c.id;
+        GET DIAGNOSTICS v_numbered = ROW_COUNT;
+        UPDATE siwa.changes_counter SET last_position = v_last + v_numbered;
+        PERFORM pg_catalog.pg_notify('siwa_changes', (v_last + v_numbered)::text);
+    END IF;
     PERFORM set_config('plan_cache_mode', v_plan_cache_mode, true);
     RETURN v_results;
 END;
@@ -1672,6 +1693,10 @@ COMMENT ON FUNCTION siwa.apply_claimed_batch(siwa.notifications[]) IS
 -- hook raises, a lock wait past lock_timeout, anything), it is rolled back and the same batch is
 -- processed as before the set-based pass: each notification in its own subtransaction
 -- (siwa.process_claimed_notification), so that a failure affects only its own notification.
+--
+-- Last, siwa.number_changes gives the changes written the next positions (under the siwa.changes_counter
+-- row lock, held until the caller commits: call this function in a transaction of its own, as the worker
+-- does, and commit right away).
 --
 -- At most 64 per call, whatever p_limit says. In that fallback each notification's subtransaction writes
 -- (it locks its user's account row, at least), so it gets a subtransaction XID, and these stay with the
@@ -2794,6 +2819,9 @@ BEGIN
         GRANT SELECT ON siwa.settings TO siwa_worker;
         GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.changes TO siwa_worker;
         GRANT SELECT, UPDATE ON siwa.changes_counter TO siwa_worker;
+        -- The set-based pass takes its changes' ids before it inserts them (numbered, last).
+        EXECUTE format('GRANT USAGE ON SEQUENCE %s TO siwa_worker',
+                       pg_catalog.pg_get_serial_sequence('siwa.changes', 'id'));
         FOR v_function IN
             SELECT p.oid::regprocedure
               FROM pg_proc p
