@@ -228,10 +228,16 @@ BEGIN
         VALUES (3, 'history split from the queue: siwa.notification_log partitioned by month of issued_at (dedupe by jti and issued_at, retention drops partitions), siwa.notification_queue of pending work, siwa.notifications a view of both');
     END IF;
 
-    -- 4: the app's side and operations.
+    -- 4: the app's side and operations. The changefeed's retention setting (siwa.changes and the rest are
+    -- created by the desired state).
     IF v_from < 4 THEN
+        IF v_from > 0 THEN
+            ALTER TABLE siwa.settings
+                ADD COLUMN changes_retention interval NOT NULL DEFAULT interval '7 days'
+                    CONSTRAINT settings_changes_retention_check CHECK (changes_retention >= interval '0');
+        END IF;
         INSERT INTO siwa.schema_version (version, description)
-        VALUES (4, 'the app''s side and operations: session validity rule and siwa_app, changefeed, webhooks, heartbeats, team transfer');
+        VALUES (4, 'the changefeed: siwa.changes (one row per applied effect, a gap-free position), the view siwa.changefeed, NOTIFY siwa_changes, the optional hook siwa.on_change, siwa.settings.changes_retention');
     END IF;
 END;
 $$;
@@ -251,7 +257,9 @@ COMMENT ON COLUMN siwa.schema_version.applied_at IS 'When this version was first
 CREATE TABLE IF NOT EXISTS siwa.settings (
     singleton                     boolean  PRIMARY KEY DEFAULT true CHECK (singleton),
     erase_personal_data_after     interval NOT NULL DEFAULT interval '0' CHECK (erase_personal_data_after >= interval '0'),
-    hook_search_path              text
+    hook_search_path              text,
+    changes_retention             interval NOT NULL DEFAULT interval '7 days'
+        CONSTRAINT settings_changes_retention_check CHECK (changes_retention >= interval '0')
 );
 COMMENT ON TABLE siwa.settings IS
     'Settings read by the database functions; exactly one row. Change with UPDATE siwa.settings SET ….';
@@ -260,6 +268,8 @@ COMMENT ON COLUMN siwa.settings.erase_personal_data_after IS
     'How long after an account-delete event the account''s personal data (email, raw tokens) is kept. 0 (default): erased in the same transaction that applies the deletion; otherwise erased by the worker''s maintenance pass once deleted_at + this interval has passed.';
 COMMENT ON COLUMN siwa.settings.hook_search_path IS
     'The search_path the admins'' hook siwa.on_event is called with. NULL (default): the worker session''s own search_path (its role''s or connection''s setting, PostgreSQL''s default "$user", public), as a hook written without schema names expects. A hook with its own SET search_path clause (recommended) uses that instead.';
+COMMENT ON COLUMN siwa.settings.changes_retention IS
+    'How long a numbered change (siwa.changes) is kept after it was applied before siwa.prune deletes it: the longest a changefeed reader may stay away and still catch up. 7 days by default.';
 INSERT INTO siwa.settings DEFAULT VALUES ON CONFLICT DO NOTHING;
 
 -- ---------------------------------------------------------------------------------------------------
@@ -667,6 +677,158 @@ CREATE TRIGGER refresh_tokens_revoke_if_invalid
     FOR EACH ROW EXECUTE FUNCTION siwa.revoke_if_invalid();
 
 -- ---------------------------------------------------------------------------------------------------
+-- The changefeed: one row per applied effect (issue 12, item 3)
+-- ---------------------------------------------------------------------------------------------------
+--
+-- The worker writes one siwa.changes row per effect it applies, in the transaction that applies it, from
+-- both paths (siwa.apply_claimed_batch and siwa.apply_notification, which leave the same rows) and from
+-- delayed erasure (siwa.erase_due_personal_data):
+--   siwa.email_disabled, siwa.email_enabled  an email event that set the relay email status (last writer
+--                                            wins by event_time); email and is_private_email as Apple
+--                                            sent them, unless the account's personal data is erased;
+--   siwa.consent_revoked                     with the sessions and refresh tokens it revoked;
+--   siwa.account_deleted                     with the sessions and refresh tokens it revoked;
+--   siwa.personal_data_erased                when an account's personal data is actually erased (at the
+--                                            deletion, or later once siwa.settings.erase_personal_data_after
+--                                            has passed); never for an account erased before.
+-- A superseded event writes no row: one that changed nothing because the state it is about is newer (an
+-- email event older than the status, or of a deleted account; a consent-revoked no later than the
+-- recorded one that revoked nothing; an account-delete of a deleted account that revoked nothing). The
+-- hook siwa.on_change still hears of it, marked superseded. Unknown event types and skipped duplicates
+-- write none either. Erasure sets email and is_private_email of every change row of the user to NULL.
+--
+-- The cursor, position: assigned at the very end of the writing transaction, in commit order, under the
+-- row lock of siwa.changes_counter, which is held until that transaction ends: by the set-based pass as
+-- it inserts its changes, its last statement (siwa.apply_claimed_batch, step 7); by siwa.number_changes
+-- for the rows the other paths inserted without a position (called last by the worker's entry points). A transaction that numbers after another therefore waited for it to commit: every position is
+-- visible before any higher one, so a reader doing WHERE position > $last ORDER BY position misses
+-- nothing, whatever order the writers inserted their rows in (ids, from a sequence, are handed out at
+-- insert and commit out of order). Rows not numbered yet are invisible to readers (siwa.changefeed). A
+-- transaction that writes changes and ends without numbering them leaves them to the next one that
+-- numbers, which numbers every row it sees without a position: later, never lost. The lock serialises only
+-- the last moment of the worker's transactions (the numbering UPDATE and the commit), not their work.
+CREATE TABLE IF NOT EXISTS siwa.changes (
+    id                     bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    position               bigint      UNIQUE,
+    type                   text        NOT NULL CHECK (type IN ('siwa.email_disabled', 'siwa.email_enabled',
+                                        'siwa.consent_revoked', 'siwa.account_deleted', 'siwa.personal_data_erased')),
+    sub                    text        NOT NULL,
+    event_time             timestamptz NOT NULL,
+    applied_at             timestamptz NOT NULL,
+    jti                    text        NOT NULL,
+    audience               text,
+    sessions_revoked       integer     NOT NULL DEFAULT 0,
+    refresh_tokens_revoked integer     NOT NULL DEFAULT 0,
+    email                  text,
+    is_private_email       boolean
+);
+COMMENT ON TABLE siwa.changes IS
+    'The changefeed: one row per effect the worker applied (email status set, consent revoked, account deleted, personal data erased), written in the transaction that applied it. Apps read siwa.changefeed; position is the cursor.';
+COMMENT ON COLUMN siwa.changes.id IS 'Identity, in insert order (per sub, the order the changes were applied). Not a cursor: see position.';
+COMMENT ON COLUMN siwa.changes.position IS
+    'The gap-free cursor: assigned in commit order at the end of the writing transaction (siwa.number_changes); NULL until then. A reader that has seen position p has seen every change with a lower one.';
+COMMENT ON COLUMN siwa.changes.type IS
+    'siwa.email_disabled, siwa.email_enabled, siwa.consent_revoked, siwa.account_deleted or siwa.personal_data_erased.';
+COMMENT ON COLUMN siwa.changes.sub IS 'The user''s team-scoped Apple identifier.';
+COMMENT ON COLUMN siwa.changes.event_time IS
+    'Apple''s event_time of the notification that caused it (for siwa.personal_data_erased: of the account-delete).';
+COMMENT ON COLUMN siwa.changes.applied_at IS 'When the worker applied it.';
+COMMENT ON COLUMN siwa.changes.jti IS
+    'The jti of the notification that caused it (a delayed erasure: the account-delete''s, or '''' once that is no longer stored).';
+COMMENT ON COLUMN siwa.changes.audience IS 'The notification''s aud (the client ID).';
+COMMENT ON COLUMN siwa.changes.sessions_revoked IS 'Sessions (siwa.sessions) this change revoked.';
+COMMENT ON COLUMN siwa.changes.refresh_tokens_revoked IS 'Refresh tokens (siwa.refresh_tokens) this change revoked.';
+COMMENT ON COLUMN siwa.changes.email IS
+    'The email Apple sent with an email event; NULL for other changes, and once the account''s personal data is erased.';
+COMMENT ON COLUMN siwa.changes.is_private_email IS
+    'Whether that email is a private relay address (email events only); NULL once erased.';
+-- The rows siwa.number_changes still has to number (a handful at any time).
+CREATE INDEX IF NOT EXISTS changes_unnumbered_idx ON siwa.changes (id) WHERE position IS NULL;
+-- The rows erasure has to clear (email events only).
+CREATE INDEX IF NOT EXISTS changes_personal_idx ON siwa.changes (sub)
+    WHERE email IS NOT NULL OR is_private_email IS NOT NULL;
+-- Retention (siwa.prune) by applied_at: rows are appended in about that order.
+CREATE INDEX IF NOT EXISTS changes_applied_idx ON siwa.changes USING brin (applied_at)
+    WITH (autosummarize = on);
+
+CREATE TABLE IF NOT EXISTS siwa.changes_counter (
+    singleton     boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    last_position bigint  NOT NULL DEFAULT 0
+);
+COMMENT ON TABLE siwa.changes_counter IS
+    'The last position given to a change (one row). Its row lock, taken by siwa.number_changes and held to the end of the transaction, puts positions in commit order.';
+COMMENT ON COLUMN siwa.changes_counter.singleton IS 'Always true: keeps this table to a single row.';
+COMMENT ON COLUMN siwa.changes_counter.last_position IS 'The highest position given so far.';
+INSERT INTO siwa.changes_counter DEFAULT VALUES ON CONFLICT DO NOTHING;
+
+-- Numbers the changes not numbered yet (this transaction's, and any another transaction committed without
+-- numbering), in id order, after the last position given; then NOTIFY siwa_changes with the new last
+-- position (delivered at commit). Call it last in the transaction: the counter's row lock is held until
+-- the transaction ends, and every other numbering waits for it. Does nothing, and takes no lock, when
+-- there is nothing to number. Returns how many it numbered.
+CREATE OR REPLACE FUNCTION siwa.number_changes() RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_ids  bigint[];
+    v_last bigint;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM siwa.changes c WHERE c.position IS NULL) THEN
+        RETURN 0;
+    END IF;
+    SELECT k.last_position INTO v_last FROM siwa.changes_counter k FOR UPDATE;
+    -- Read after the lock: rows another transaction left unnumbered may have been numbered meanwhile.
+    v_ids := ARRAY(SELECT c.id FROM siwa.changes c WHERE c.position IS NULL ORDER BY c.id);
+    IF cardinality(v_ids) = 0 THEN
+        RETURN 0;
+    END IF;
+    UPDATE siwa.changes AS c SET position = v_last + o.n
+      FROM unnest(v_ids) WITH ORDINALITY AS o(id, n)
+     WHERE c.id = o.id;
+    v_last := v_last + cardinality(v_ids);
+    UPDATE siwa.changes_counter SET last_position = v_last;
+    PERFORM pg_catalog.pg_notify('siwa_changes', v_last::text);
+    RETURN cardinality(v_ids);
+END;
+$$;
+COMMENT ON FUNCTION siwa.number_changes() IS
+    'Gives the changes without a position the next positions, in id order, under the siwa.changes_counter row lock (held to the end of the transaction: call it last), and notifies siwa_changes with the last position. Returns how many.';
+
+-- The change type an event type writes.
+CREATE OR REPLACE FUNCTION siwa.change_type(p_event_type text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+SELECT CASE p_event_type
+         WHEN 'email-disabled' THEN 'siwa.email_disabled'
+         WHEN 'email-enabled' THEN 'siwa.email_enabled'
+         WHEN 'consent-revoked' THEN 'siwa.consent_revoked'
+         WHEN 'account-delete' THEN 'siwa.account_deleted'
+       END
+$$;
+COMMENT ON FUNCTION siwa.change_type(text) IS
+    'The siwa.changes type an applied event of this type writes (NULL for an unknown type).';
+
+-- The search_path the admins' hooks (siwa.on_event, siwa.on_change) are called with: siwa.settings.
+-- hook_search_path, or the session's own path (its reset value, read once per session from pg_settings,
+-- which is slow, and kept in the session's custom setting siwa.session_search_path). The caller switches
+-- to it with set_config(…, true) (inside a function with a SET clause that lasts until it returns).
+CREATE OR REPLACE FUNCTION siwa.hook_path() RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_hook_path text := (SELECT s.hook_search_path FROM siwa.settings s);
+BEGIN
+    IF v_hook_path IS NULL THEN
+        v_hook_path := nullif(pg_catalog.current_setting('siwa.session_search_path', true), '');
+        IF v_hook_path IS NULL THEN
+            v_hook_path := (SELECT p.reset_val FROM pg_catalog.pg_settings p WHERE p.name = 'search_path');
+            PERFORM pg_catalog.set_config('siwa.session_search_path', v_hook_path, false);
+        END IF;
+    END IF;
+    RETURN v_hook_path;
+END;
+$$;
+COMMENT ON FUNCTION siwa.hook_path() IS
+    'The search_path the hooks siwa.on_event and siwa.on_change run with: siwa.settings.hook_search_path, or the session''s own.';
+
+-- ---------------------------------------------------------------------------------------------------
 -- The admins' hook
 -- ---------------------------------------------------------------------------------------------------
 
@@ -686,6 +848,22 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- The optional second hook, siwa.on_change(change siwa.changes, superseded boolean): not created here.
+-- When an admin creates it (and grants EXECUTE on it to siwa_worker, or applies schema.sql again), the
+-- worker calls it, with the same search_path as siwa.on_event, in the same transaction:
+--   * for every known event it applies, right after siwa.on_event(…) for that event, with the change
+--     it wrote (id set, position NULL: numbered at commit) or, for a superseded event, the change it
+--     would have written (id NULL) and superseded = true;
+--   * right after that, when the event erased the user's personal data (an account-delete with
+--     siwa.settings.erase_personal_data_after = 0, of an account not erased before), with the
+--     siwa.personal_data_erased change;
+--   * for a delayed erasure (siwa.erase_due_personal_data), with its siwa.personal_data_erased change
+--     (siwa.on_event is not called for it).
+-- Both paths (the set-based siwa.apply_claimed_batch and one at a time) make exactly the same calls in
+-- the same order. A record carries what siwa.on_event lacks: audience, is_private_email, revocation
+-- counts, the type of change; its email is what siwa.on_event gets. If it raises, like siwa.on_event, nothing of that
+-- application is kept and the event is retried.
 
 -- ---------------------------------------------------------------------------------------------------
 -- Applying notifications (called by siwa-worker)
@@ -745,10 +923,13 @@ BEGIN
     END IF;
     UPDATE siwa.refresh_tokens SET token_ciphertext = NULL
      WHERE sub = ANY (p_subs) AND token_ciphertext IS NOT NULL;
+    -- The changefeed keeps no email of them either (nor what a webhook would send later).
+    UPDATE siwa.changes SET email = NULL, is_private_email = NULL
+     WHERE sub = ANY (p_subs) AND (email IS NOT NULL OR is_private_email IS NOT NULL);
 END;
 $$;
 COMMENT ON FUNCTION siwa.erase_personal_data_of(text[]) IS
-    'Erases the personal data of the accounts p_subs: email in siwa.accounts; email, raw token and the text of last_error (its SQLSTATE stays) in every stored notification of these subs, whatever its state; encrypted refresh tokens. Call with the subs'' siwa.accounts rows locked (FOR UPDATE).';
+    'Erases the personal data of the accounts p_subs: email in siwa.accounts; email, raw token and the text of last_error (its SQLSTATE stays) in every stored notification of these subs, whatever its state; encrypted refresh tokens; email and is_private_email of their siwa.changes rows. Call with the subs'' siwa.accounts rows locked (FOR UPDATE). Writes no change itself: its callers write siwa.personal_data_erased.';
 
 -- Erases one account's personal data (siwa.erase_personal_data_of for one sub).
 CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_sub text) RETURNS void
@@ -766,10 +947,17 @@ CREATE OR REPLACE FUNCTION siwa.apply_notification(n siwa.notifications) RETURNS
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    v_account   siwa.accounts;
-    v_erased    boolean;
-    v_email     text;
-    v_hook_path text;
+    v_account    siwa.accounts;
+    v_erased     boolean;
+    v_email      text;
+    v_hook_path  text;
+    v_rows       integer;
+    v_sessions   integer := 0;
+    v_tokens     integer := 0;
+    v_superseded boolean;
+    v_change     siwa.changes;
+    v_erasure    siwa.changes;
+    v_on_change  boolean;
 BEGIN
     IF n.event_type NOT IN ('email-disabled', 'email-enabled', 'consent-revoked', 'account-delete') THEN
         RETURN 'skipped: unknown event type ' || quote_literal(left(n.event_type, 100));
@@ -804,27 +992,65 @@ BEGIN
                updated_at       = clock_timestamp()
          WHERE sub = n.sub AND deleted_at IS NULL
            AND (email_status_at IS NULL OR email_status_at <= n.event_time);
+        GET DIAGNOSTICS v_rows = ROW_COUNT;
+        v_superseded := v_rows = 0;
     ELSIF n.event_type = 'consent-revoked' THEN
         -- Only what existed when the user revoked consent: a later sign-in stays valid.
         UPDATE siwa.sessions SET revoked_at = clock_timestamp(), revoke_reason = 'consent-revoked'
          WHERE sub = n.sub AND revoked_at IS NULL AND created_at <= n.event_time;
+        GET DIAGNOSTICS v_sessions = ROW_COUNT;
         UPDATE siwa.refresh_tokens SET revoked_at = clock_timestamp(), revoke_reason = 'consent-revoked'
          WHERE sub = n.sub AND revoked_at IS NULL AND created_at <= n.event_time;
+        GET DIAGNOSTICS v_tokens = ROW_COUNT;
         UPDATE siwa.accounts
            SET consent_revoked_at = greatest(consent_revoked_at, n.event_time), updated_at = clock_timestamp()
          WHERE sub = n.sub;
+        v_superseded := coalesce(v_account.consent_revoked_at >= n.event_time, false)
+                        AND v_sessions = 0 AND v_tokens = 0;
     ELSE -- account-delete
         UPDATE siwa.sessions SET revoked_at = clock_timestamp(), revoke_reason = 'account-delete'
          WHERE sub = n.sub AND revoked_at IS NULL;
+        GET DIAGNOSTICS v_sessions = ROW_COUNT;
         UPDATE siwa.refresh_tokens SET revoked_at = clock_timestamp(), revoke_reason = 'account-delete'
          WHERE sub = n.sub AND revoked_at IS NULL;
+        GET DIAGNOSTICS v_tokens = ROW_COUNT;
         UPDATE siwa.accounts
            SET deleted_at = least(deleted_at, n.event_time), updated_at = clock_timestamp()
          WHERE sub = n.sub;
-        IF (SELECT erase_personal_data_after FROM siwa.settings) = interval '0' THEN
-            PERFORM siwa.erase_personal_data(n.sub);  -- this notification's row included
-            v_erased := true;
+        v_superseded := v_account.deleted_at IS NOT NULL AND v_sessions = 0 AND v_tokens = 0;
+    END IF;
+
+    -- The change (siwa.changes), written unless superseded; its email only for an account not erased.
+    v_change.type := siwa.change_type(n.event_type);
+    v_change.sub := n.sub;
+    v_change.event_time := n.event_time;
+    v_change.applied_at := clock_timestamp();
+    v_change.jti := n.jti;
+    v_change.audience := n.audience;
+    v_change.sessions_revoked := v_sessions;
+    v_change.refresh_tokens_revoked := v_tokens;
+    IF n.event_type IN ('email-disabled', 'email-enabled') AND NOT v_erased THEN
+        v_change.email := n.email;
+        v_change.is_private_email := n.is_private_email;
+    END IF;
+    IF NOT v_superseded THEN
+        INSERT INTO siwa.changes (type, sub, event_time, applied_at, jti, audience, sessions_revoked,
+                                  refresh_tokens_revoked, email, is_private_email)
+        VALUES (v_change.type, v_change.sub, v_change.event_time, v_change.applied_at, v_change.jti,
+                v_change.audience, v_change.sessions_revoked, v_change.refresh_tokens_revoked,
+                v_change.email, v_change.is_private_email)
+        RETURNING * INTO v_change;
+    END IF;
+
+    IF n.event_type = 'account-delete' AND (SELECT erase_personal_data_after FROM siwa.settings) = interval '0' THEN
+        PERFORM siwa.erase_personal_data(n.sub);  -- this notification's row and the user's changes included
+        IF NOT v_erased THEN
+            -- Erasure actually happened (not for an account erased before).
+            INSERT INTO siwa.changes (type, sub, event_time, applied_at, jti, audience)
+            VALUES ('siwa.personal_data_erased', n.sub, n.event_time, clock_timestamp(), n.jti, n.audience)
+            RETURNING * INTO v_erasure;
         END IF;
+        v_erased := true;
     END IF;
     IF v_erased AND (n.email IS NOT NULL OR n.raw_token IS NOT NULL) THEN
         -- The user's personal data is erased: this notification (which may have arrived, or been
@@ -835,28 +1061,29 @@ BEGIN
          WHERE jti = n.jti AND issued_at = n.issued_at AND (email IS NOT NULL OR raw_token IS NOT NULL);
     END IF;
 
-    -- The hook runs with the search_path it was written for (the worker session's own, or
-    -- siwa.settings.hook_search_path), not this function's: a hook written as `UPDATE my_users …` keeps
-    -- working. set_config(…, true) inside a function with a SET clause lasts until the function returns.
-    -- The session's own path is its reset value, read once per session (pg_settings is slow) and kept in
-    -- the session's custom setting siwa.session_search_path.
+    -- The hooks run with the search_path they were written for (the worker session's own, or
+    -- siwa.settings.hook_search_path, see siwa.hook_path), not this function's: a hook written as
+    -- `UPDATE my_users …` keeps working. set_config(…, true) inside a function with a SET clause lasts
+    -- until the function returns. siwa.on_event first; then the optional siwa.on_change, if it exists,
+    -- with the change (stored, or for a superseded event the one it would have written, id NULL) and,
+    -- when this event erased the user's personal data, with that change too.
     v_email := CASE WHEN v_erased THEN NULL ELSE n.email END;
-    v_hook_path := (SELECT s.hook_search_path FROM siwa.settings s);
-    IF v_hook_path IS NULL THEN
-        v_hook_path := nullif(pg_catalog.current_setting('siwa.session_search_path', true), '');
-        IF v_hook_path IS NULL THEN
-            v_hook_path := (SELECT p.reset_val FROM pg_catalog.pg_settings p WHERE p.name = 'search_path');
-            PERFORM pg_catalog.set_config('siwa.session_search_path', v_hook_path, false);
-        END IF;
-    END IF;
+    v_on_change := pg_catalog.to_regprocedure('siwa.on_change(siwa.changes, boolean)') IS NOT NULL;
+    v_hook_path := siwa.hook_path();
     PERFORM pg_catalog.set_config('search_path', v_hook_path, true);
     PERFORM siwa.on_event(n.event_type, n.sub, n.event_time, v_email, n.jti);
+    IF v_on_change THEN
+        PERFORM siwa.on_change(v_change, v_superseded);
+        IF v_erasure.id IS NOT NULL THEN
+            PERFORM siwa.on_change(v_erasure, false);
+        END IF;
+    END IF;
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
     RETURN 'applied';
 END;
 $$;
 COMMENT ON FUNCTION siwa.apply_notification(siwa.notifications) IS
-    'Applies one notification''s effects (sessions, refresh tokens, account state, the on_event hook). Raises on failure; does not change the notification''s state.';
+    'Applies one notification''s effects (sessions, refresh tokens, account state, its siwa.changes rows, the hooks siwa.on_event and siwa.on_change). Raises on failure; does not change the notification''s state. Leaves its changes unnumbered: the caller''s transaction ends with siwa.number_changes.';
 
 -- Result rows of the processing functions. Only functions depend on it: an attribute added later is
 -- added to existing databases by a numbered change with ALTER TYPE … ADD ATTRIBUTE (at the end, so
@@ -1032,13 +1259,16 @@ COMMENT ON TYPE siwa.batch_event IS
 --     already deleted account, changes nothing), consent_revoked_at, deleted_at.
 --  3. Revocation, one UPDATE each of siwa.sessions and siwa.refresh_tokens: a consent-revoked event
 --     revokes what was created up to its event_time (unless an account-delete of the batch came first),
---     an account-delete everything.
+--     an account-delete everything; each revoked row counted for the event that revoked it.
+--     3b. The changes (siwa.changes): what one-at-a-time application writes, in its order, with ids.
 --  4. Erasure of the users deleted in the batch (siwa.settings.erase_personal_data_after = 0), at once.
 --  5. The hook siwa.on_event once per known event, in claim order, after all of the above, with the
 --     session's search_path (switched once for the whole loop), and the email it would have had one
---     event at a time (NULL once the user's data is erased).
+--     event at a time (NULL once the user's data is erased); after each, siwa.on_change (if it exists)
+--     with the event's change and its erasure's.
 --  6. One UPDATE marks every notification: applied, skipped (unknown type, with the reason), or busy
 --     (put off, no attempt counted); a late event of an erased user keeps no email or token.
+--  7. One INSERT of the changes, numbered, under the siwa.changes_counter row lock held from then on.
 CREATE OR REPLACE FUNCTION siwa.apply_claimed_batch(p_batch siwa.notifications[])
 RETURNS siwa.processing_result[]
 LANGUAGE plpgsql
@@ -1067,6 +1297,24 @@ DECLARE
     v_marked       bigint;
     v_status_at    timestamptz[];
     v_deleted_before text[];
+    v_consent_at   timestamptz[];
+    v_rs_ord       integer[];
+    v_rt_ord       integer[];
+    v_list         siwa.changes[];
+    v_list_ord     integer[];
+    v_list_superseded boolean[];
+    v_on_change    boolean;
+    v_calls_change boolean[] := '{}';
+    v_calls_event  siwa.batch_event[] := '{}';
+    v_calls_record siwa.changes[] := '{}';
+    v_calls_superseded boolean[] := '{}';
+    v_ncalls       integer := 0;
+    v_p            integer;
+    v_change       siwa.changes;
+    v_seq          regclass;
+    v_last         bigint;
+    v_numbered     bigint;
+    i              integer;
 BEGIN
     -- Plans: every statement here reads or writes a few dozen rows by their keys, with arrays as
     -- parameters. PL/pgSQL would keep a generic plan for the session, and one made while a table was
@@ -1085,10 +1333,11 @@ BEGIN
     SELECT coalesce(array_agg(l.sub ORDER BY l.sub), '{}'),
            coalesce(array_agg(l.email_status_at ORDER BY l.sub), '{}'),
            coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}'),
-           coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}')
-      INTO v_locked, v_status_at, v_erased, v_deleted_before
+           coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}'),
+           coalesce(array_agg(l.consent_revoked_at ORDER BY l.sub), '{}')
+      INTO v_locked, v_status_at, v_erased, v_deleted_before, v_consent_at
       FROM unnest(v_subs) AS s(sub),
-           LATERAL (SELECT a.sub, a.email_status_at, a.personal_data_erased_at, a.deleted_at
+           LATERAL (SELECT a.sub, a.email_status_at, a.personal_data_erased_at, a.deleted_at, a.consent_revoked_at
                       FROM siwa.accounts a WHERE a.sub = s.sub FOR UPDATE SKIP LOCKED) AS l;
     IF cardinality(v_locked) < cardinality(v_subs) THEN
         v_missing := ARRAY(SELECT s.sub FROM unnest(v_subs) AS s(sub)
@@ -1104,15 +1353,18 @@ BEGIN
             PERFORM set_config('lock_timeout', v_lock_timeout, true);
             v_locked := v_locked || v_inserted;
             v_status_at := v_status_at || array_fill(NULL::timestamptz, ARRAY[cardinality(v_inserted)]);
+            v_consent_at := v_consent_at || array_fill(NULL::timestamptz, ARRAY[cardinality(v_inserted)]);
             IF cardinality(v_inserted) < cardinality(v_missing) THEN
                 -- Created by another transaction that committed meanwhile: lock it like the others.
                 SELECT v_locked || coalesce(array_agg(l.sub ORDER BY l.sub), '{}'),
                        v_status_at || coalesce(array_agg(l.email_status_at ORDER BY l.sub), '{}'),
                        v_erased || coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}'),
-                       v_deleted_before || coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}')
-                  INTO v_locked, v_status_at, v_erased, v_deleted_before
+                       v_deleted_before || coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}'),
+                       v_consent_at || coalesce(array_agg(l.consent_revoked_at ORDER BY l.sub), '{}')
+                  INTO v_locked, v_status_at, v_erased, v_deleted_before, v_consent_at
                   FROM unnest(v_missing) AS s(sub),
-                       LATERAL (SELECT a.sub, a.email_status_at, a.personal_data_erased_at, a.deleted_at
+                       LATERAL (SELECT a.sub, a.email_status_at, a.personal_data_erased_at, a.deleted_at,
+                                       a.consent_revoked_at
                                   FROM siwa.accounts a
                                  WHERE a.sub = s.sub AND a.sub <> ALL (v_inserted) FOR UPDATE SKIP LOCKED) AS l;
             END IF;
@@ -1194,19 +1446,121 @@ BEGIN
               FROM unnest(v_events) AS x
              WHERE x.locked AND x.event_type IN ('consent-revoked', 'account-delete')
              GROUP BY x.sub) AS r;
+    --    Each revoked row is counted for the event that revoked it one event at a time: the user's first,
+    --    in claim order up to the first account-delete, that covers it (an account-delete, or a
+    --    consent-revoked at or after its created_at).
+    v_rs_ord := '{}';
+    v_rt_ord := '{}';
     IF cardinality(v_revoke_subs) > 0 THEN
-        UPDATE siwa.sessions AS t
-           SET revoked_at = clock_timestamp(),
-               revoke_reason = CASE WHEN t.created_at <= r.upto THEN 'consent-revoked' ELSE 'account-delete' END
-          FROM unnest(v_revoke_subs, v_revoke_upto, v_revoke_all) AS r(sub, upto, everything)
-         WHERE t.sub = ANY (v_revoke_subs) AND t.sub = r.sub AND t.revoked_at IS NULL
-           AND (r.everything OR t.created_at <= r.upto);
-        UPDATE siwa.refresh_tokens AS t
-           SET revoked_at = clock_timestamp(),
-               revoke_reason = CASE WHEN t.created_at <= r.upto THEN 'consent-revoked' ELSE 'account-delete' END
-          FROM unnest(v_revoke_subs, v_revoke_upto, v_revoke_all) AS r(sub, upto, everything)
-         WHERE t.sub = ANY (v_revoke_subs) AND t.sub = r.sub AND t.revoked_at IS NULL
-           AND (r.everything OR t.created_at <= r.upto);
+        WITH r AS (
+            UPDATE siwa.sessions AS t
+               SET revoked_at = clock_timestamp(),
+                   revoke_reason = CASE WHEN t.created_at <= r.upto THEN 'consent-revoked' ELSE 'account-delete' END
+              FROM unnest(v_revoke_subs, v_revoke_upto, v_revoke_all) AS r(sub, upto, everything)
+             WHERE t.sub = ANY (v_revoke_subs) AND t.sub = r.sub AND t.revoked_at IS NULL
+               AND (r.everything OR t.created_at <= r.upto)
+            RETURNING t.sub, t.created_at)
+        SELECT coalesce(array_agg((SELECT min(x.ord) FROM unnest(v_events) AS x
+                                    WHERE x.locked AND x.sub = r.sub
+                                      AND (x.first_delete IS NULL OR x.ord <= x.first_delete)
+                                      AND (x.event_type = 'account-delete'
+                                           OR (x.event_type = 'consent-revoked' AND r.created_at <= x.event_time)))),
+                        '{}')
+          INTO v_rs_ord FROM r;
+        WITH r AS (
+            UPDATE siwa.refresh_tokens AS t
+               SET revoked_at = clock_timestamp(),
+                   revoke_reason = CASE WHEN t.created_at <= r.upto THEN 'consent-revoked' ELSE 'account-delete' END
+              FROM unnest(v_revoke_subs, v_revoke_upto, v_revoke_all) AS r(sub, upto, everything)
+             WHERE t.sub = ANY (v_revoke_subs) AND t.sub = r.sub AND t.revoked_at IS NULL
+               AND (r.everything OR t.created_at <= r.upto)
+            RETURNING t.sub, t.created_at)
+        SELECT coalesce(array_agg((SELECT min(x.ord) FROM unnest(v_events) AS x
+                                    WHERE x.locked AND x.sub = r.sub
+                                      AND (x.first_delete IS NULL OR x.ord <= x.first_delete)
+                                      AND (x.event_type = 'account-delete'
+                                           OR (x.event_type = 'consent-revoked' AND r.created_at <= x.event_time)))),
+                        '{}')
+          INTO v_rt_ord FROM r;
+    END IF;
+
+    -- 3b. The changes (siwa.changes), one per known event of a locked user in claim order, and after the
+    --     user's first account-delete of the batch a siwa.personal_data_erased when it erases an account
+    --     not erased before; the same rows, in the same order, as one-at-a-time application writes
+    --     (siwa.apply_notification). Worked out here, with the emails one-at-a-time application writes
+    --     before the erasure of step 4 clears them, given to the hook (step 5) as they are, and written
+    --     last (step 7), with the emails that erasure cleared. A superseded event (see siwa.changes)
+    --     writes none, but its record is kept for the hook.
+    --     Email events: applied as in step 2. Consent-revoked: superseded when the user's consent was
+    --     revoked at or after its event_time already (before the batch, or by an earlier one of the
+    --     batch) and it revoked nothing. Account-delete: when the account was deleted already and it
+    --     revoked nothing.
+    SELECT coalesce(array_agg(c.change ORDER BY c.ord, c.kind), '{}'),
+           coalesce(array_agg(c.ord ORDER BY c.ord, c.kind), '{}'),
+           coalesce(array_agg(c.superseded ORDER BY c.ord, c.kind), '{}')
+      INTO v_list, v_list_ord, v_list_superseded
+      FROM (
+        WITH e AS (
+            SELECT x.*, n.audience,
+                   (SELECT count(*) FROM unnest(v_rs_ord) AS o(ord) WHERE o.ord = x.ord)::integer AS sessions,
+                   (SELECT count(*) FROM unnest(v_rt_ord) AS o(ord) WHERE o.ord = x.ord)::integer AS tokens
+              FROM unnest(v_events) AS x JOIN unnest(p_batch) AS n ON n.id = x.id
+             WHERE x.locked AND x.known),
+        w AS (
+            SELECT e.*, a.status_at, a.consent_at,
+                   max(e.event_time) FILTER (WHERE e.event_type IN ('email-disabled', 'email-enabled'))
+                       OVER (PARTITION BY e.sub ORDER BY e.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                       AS earlier_email,
+                   max(e.event_time) FILTER (WHERE e.event_type = 'consent-revoked')
+                       OVER (PARTITION BY e.sub ORDER BY e.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                       AS earlier_consent
+              FROM e JOIN unnest(v_locked, v_status_at, v_consent_at) AS a(sub, status_at, consent_at)
+                ON a.sub = e.sub),
+        s AS (
+            SELECT w.*,
+                   CASE w.event_type
+                       WHEN 'consent-revoked' THEN
+                           coalesce(greatest(w.consent_at, w.earlier_consent) >= w.event_time, false)
+                           AND w.sessions = 0 AND w.tokens = 0
+                       WHEN 'account-delete' THEN
+                           (w.sub = ANY (v_deleted_before) OR w.first_delete < w.ord)
+                           AND w.sessions = 0 AND w.tokens = 0
+                       ELSE NOT ((w.first_delete IS NULL OR w.ord < w.first_delete)
+                                 AND w.sub <> ALL (v_deleted_before)
+                                 AND (w.status_at IS NULL OR w.status_at <= w.event_time)
+                                 AND (w.earlier_email IS NULL OR w.earlier_email <= w.event_time))
+                   END AS superseded
+              FROM w)
+        SELECT s.ord, 0 AS kind, s.superseded,
+               jsonb_populate_record(NULL::siwa.changes, jsonb_build_object(
+                   'type', siwa.change_type(s.event_type), 'sub', s.sub, 'event_time', s.event_time,
+                   'applied_at', clock_timestamp(), 'jti', s.jti, 'audience', s.audience,
+                   'sessions_revoked', s.sessions, 'refresh_tokens_revoked', s.tokens,
+                   'email', CASE WHEN s.event_type IN ('email-disabled', 'email-enabled') AND NOT s.erased_before
+                                 THEN s.email END,
+                   'is_private_email', CASE WHEN s.event_type IN ('email-disabled', 'email-enabled')
+                                                 AND NOT s.erased_before THEN s.is_private_email END)) AS change
+          FROM s
+        UNION ALL
+        SELECT s.ord, 1, false,
+               jsonb_populate_record(NULL::siwa.changes, jsonb_build_object(
+                   'type', 'siwa.personal_data_erased', 'sub', s.sub, 'event_time', s.event_time,
+                   'applied_at', clock_timestamp(), 'jti', s.jti, 'audience', s.audience,
+                   'sessions_revoked', 0, 'refresh_tokens_revoked', 0))
+          FROM s
+         WHERE s.event_type = 'account-delete' AND s.ord = s.first_delete AND v_erase_now
+           AND s.sub <> ALL (v_erased)) AS c;
+    -- Their ids now, from the identity's sequence in this order, so that the hook gets them; the rows
+    -- themselves are inserted last, numbered (step 7).
+    IF false = ANY (v_list_superseded) THEN
+        v_seq := pg_catalog.pg_get_serial_sequence('siwa.changes', 'id')::regclass;
+        FOR i IN 1 .. cardinality(v_list) LOOP
+            IF NOT v_list_superseded[i] THEN
+                v_change := v_list[i];
+                v_change.id := pg_catalog.nextval(v_seq);
+                v_list[i] := v_change;
+            END IF;
+        END LOOP;
     END IF;
 
     -- 4. Erasure of every user deleted in this batch, at once (the batch's own rows of these users
@@ -1219,27 +1573,41 @@ BEGIN
         END IF;
     END IF;
 
-    -- 5. The hook, once per known event in claim order, with the path it was written for (see
+    -- 5. The hooks, once per known event in claim order, with the path they were written for (see
     --    siwa.apply_notification): switched once around the loop, which evaluates no operator or function
-    --    of its own while the session's path is in force.
+    --    of its own while the session's path is in force. Per event siwa.on_event, then (if it exists)
+    --    siwa.on_change with its change record and with its erasure's, exactly as one at a time: the
+    --    calls are listed first, under this function's own path.
     v_hooks := ARRAY(
         SELECT ROW(x.ord, x.id, x.jti, x.event_type, x.sub, CASE WHEN x.erased_before THEN NULL ELSE x.email END,
                    x.is_private_email, x.event_time, x.received_at, x.attempts, x.busy_since, x.locked, x.known,
                    x.first_delete, x.erased_before, x.erased_after)::siwa.batch_event
           FROM unnest(v_events) AS x WHERE x.locked AND x.known ORDER BY x.ord);
     IF cardinality(v_hooks) > 0 THEN
-        v_hook_path := (SELECT s.hook_search_path FROM siwa.settings s);
-        IF v_hook_path IS NULL THEN
-            v_hook_path := nullif(pg_catalog.current_setting('siwa.session_search_path', true), '');
-            IF v_hook_path IS NULL THEN
-                v_hook_path := (SELECT p.reset_val FROM pg_catalog.pg_settings p WHERE p.name = 'search_path');
-                PERFORM pg_catalog.set_config('siwa.session_search_path', v_hook_path, false);
-            END IF;
-        END IF;
+        v_hook_path := siwa.hook_path();
+        v_on_change := pg_catalog.to_regprocedure('siwa.on_change(siwa.changes, boolean)') IS NOT NULL;
+        v_p := 1;
+        FOREACH v_hook IN ARRAY v_hooks LOOP
+            v_ncalls := v_ncalls + 1;
+            v_calls_change[v_ncalls] := false;
+            v_calls_event[v_ncalls] := v_hook;
+            WHILE v_on_change AND v_p <= cardinality(v_list) AND v_list_ord[v_p] = v_hook.ord LOOP
+                v_ncalls := v_ncalls + 1;
+                v_calls_change[v_ncalls] := true;
+                v_calls_record[v_ncalls] := v_list[v_p];
+                v_calls_superseded[v_ncalls] := v_list_superseded[v_p];
+                v_p := v_p + 1;
+            END LOOP;
+        END LOOP;
         PERFORM set_config('plan_cache_mode', v_plan_cache_mode, true);
         PERFORM pg_catalog.set_config('search_path', v_hook_path, true);
-        FOREACH v_hook IN ARRAY v_hooks LOOP
-            PERFORM siwa.on_event(v_hook.event_type, v_hook.sub, v_hook.event_time, v_hook.email, v_hook.jti);
+        FOR i IN 1 .. v_ncalls LOOP
+            IF v_calls_change[i] THEN
+                PERFORM siwa.on_change(v_calls_record[i], v_calls_superseded[i]);
+            ELSE
+                v_hook := v_calls_event[i];
+                PERFORM siwa.on_event(v_hook.event_type, v_hook.sub, v_hook.event_time, v_hook.email, v_hook.jti);
+            END IF;
         END LOOP;
         PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
         PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
@@ -1288,6 +1656,27 @@ BEGIN
                         THEN extract(epoch FROM v_now - coalesce(x.busy_since, v_now))::double precision END
                   )::siwa.processing_result
           FROM unnest(v_events) AS x ORDER BY x.ord);
+    -- 7. The changes, last: numbered as they are inserted, under the siwa.changes_counter row lock, which
+    --    is then held until the caller's transaction ends (see siwa.changes and siwa.number_changes), so
+    --    the lock covers only what is left of the transaction, not the batch's work; and no second write
+    --    of each row to number it. The emails of users erased in this batch are left out (step 4 erased
+    --    those of their earlier changes).
+    IF false = ANY (v_list_superseded) THEN
+        SELECT k.last_position INTO v_last FROM siwa.changes_counter k FOR UPDATE;
+        INSERT INTO siwa.changes (id, position, type, sub, event_time, applied_at, jti, audience, sessions_revoked,
+                                  refresh_tokens_revoked, email, is_private_email)
+        OVERRIDING SYSTEM VALUE
+        SELECT c.id, v_last + row_number() OVER (ORDER BY c.id), c.type, c.sub, c.event_time, c.applied_at, c.jti,
+               c.audience, c.sessions_revoked, c.refresh_tokens_revoked,
+               CASE WHEN c.sub = ANY (coalesce(v_deleted, '{}')) THEN NULL ELSE c.email END,
+               CASE WHEN c.sub = ANY (coalesce(v_deleted, '{}')) THEN NULL ELSE c.is_private_email END
+          FROM unnest(v_list) AS c
+         WHERE c.id IS NOT NULL
+         ORDER BY c.id;
+        GET DIAGNOSTICS v_numbered = ROW_COUNT;
+        UPDATE siwa.changes_counter SET last_position = v_last + v_numbered;
+        PERFORM pg_catalog.pg_notify('siwa_changes', (v_last + v_numbered)::text);
+    END IF;
     PERFORM set_config('plan_cache_mode', v_plan_cache_mode, true);
     RETURN v_results;
 END;
@@ -1305,6 +1694,10 @@ COMMENT ON FUNCTION siwa.apply_claimed_batch(siwa.notifications[]) IS
 -- hook raises, a lock wait past lock_timeout, anything), it is rolled back and the same batch is
 -- processed as before the set-based pass: each notification in its own subtransaction
 -- (siwa.process_claimed_notification), so that a failure affects only its own notification.
+--
+-- Last, siwa.number_changes gives the changes written the next positions (under the siwa.changes_counter
+-- row lock, held until the caller commits: call this function in a transaction of its own, as the worker
+-- does, and commit right away).
 --
 -- At most 64 per call, whatever p_limit says. In that fallback each notification's subtransaction writes
 -- (it locks its user's account row, at least), so it gets a subtransaction XID, and these stay with the
@@ -1353,12 +1746,14 @@ BEGIN
         END;
         IF v_results IS NOT NULL THEN
             RETURN QUERY SELECT * FROM unnest(v_results);
+            PERFORM siwa.number_changes();  -- last: see siwa.changes
             RETURN;
         END IF;
     END IF;
     FOREACH n IN ARRAY v_batch LOOP
         RETURN NEXT siwa.process_claimed_notification(n, p_max_attempts, p_retry_base_delay);
     END LOOP;
+    PERFORM siwa.number_changes();
 END;
 $$;
 COMMENT ON FUNCTION siwa.process_due_notifications(integer, integer, interval) IS
@@ -1386,6 +1781,7 @@ BEGIN
        FOR UPDATE OF q SKIP LOCKED;
     IF FOUND THEN
         RETURN NEXT siwa.process_claimed_notification(n, p_max_attempts, p_retry_base_delay);
+        PERFORM siwa.number_changes();  -- last: see siwa.changes
     END IF;
 END;
 $$;
@@ -1454,11 +1850,15 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_sub   text;
-    v_count integer := 0;
+    v_sub        text;
+    v_deleted_at timestamptz;
+    v_count      integer := 0;
+    v_erasure    siwa.changes;
+    v_on_change  boolean := pg_catalog.to_regprocedure('siwa.on_change(siwa.changes, boolean)') IS NOT NULL;
+    v_hook_path  text;
 BEGIN
-    FOR v_sub IN
-        SELECT a.sub FROM siwa.accounts a, siwa.settings s
+    FOR v_sub, v_deleted_at IN
+        SELECT a.sub, a.deleted_at FROM siwa.accounts a, siwa.settings s
          WHERE a.deleted_at IS NOT NULL AND a.personal_data_erased_at IS NULL
            AND a.deleted_at + s.erase_personal_data_after <= clock_timestamp()
          ORDER BY a.deleted_at
@@ -1469,18 +1869,38 @@ BEGIN
         -- serialises erasure with the worker, as siwa.process_claimed_notification does. A row of this
         -- user that an app transaction holds ends the wait with lock_timeout: that account is erased on
         -- the next pass, the others now.
+        -- The change siwa.personal_data_erased, with the deletion's event_time, and the jti and audience
+        -- of the user's earliest stored account-delete ('' and NULL once retention dropped it); and the
+        -- hook siwa.on_change, if it exists (siwa.on_event hears nothing of a delayed erasure). If the
+        -- hook raises, this call's erasures are undone (the maintenance pass logs the failure) and tried
+        -- again on the next pass.
         BEGIN
             PERFORM siwa.erase_personal_data(v_sub);
+            INSERT INTO siwa.changes (type, sub, event_time, applied_at, jti, audience)
+            SELECT 'siwa.personal_data_erased', v_sub, v_deleted_at, clock_timestamp(),
+                   coalesce(d.jti, ''), d.audience
+              FROM (SELECT 1) AS one
+              LEFT JOIN LATERAL (SELECT l.jti, l.audience FROM siwa.notification_log l
+                                  WHERE l.sub = v_sub AND l.event_type = 'account-delete'
+                                  ORDER BY l.event_time, l.id LIMIT 1) AS d ON true
+            RETURNING * INTO v_erasure;
+            IF v_on_change THEN
+                v_hook_path := siwa.hook_path();
+                PERFORM pg_catalog.set_config('search_path', v_hook_path, true);
+                PERFORM siwa.on_change(v_erasure, false);
+                PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+            END IF;
             v_count := v_count + 1;
         EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
             NULL;
         END;
     END LOOP;
+    PERFORM siwa.number_changes();  -- last: see siwa.changes
     RETURN v_count;
 END;
 $$;
 COMMENT ON FUNCTION siwa.erase_due_personal_data(integer) IS
-    'Maintenance: erases the personal data of up to p_limit (at most 64, one subtransaction each) deleted accounts whose siwa.settings.erase_personal_data_after has passed. Returns how many.';
+    'Maintenance: erases the personal data of up to p_limit (at most 64, one subtransaction each) deleted accounts whose siwa.settings.erase_personal_data_after has passed, writing a siwa.personal_data_erased change for each (and calling siwa.on_change if it exists). Returns how many.';
 
 -- Month partitions of the log, named notification_log_YYYY_MM (UTC months of issued_at). Created ahead
 -- by siwactl migrate (this file) and by the worker's maintenance pass through
@@ -1667,11 +2087,21 @@ BEGIN
             WHERE j.issued_at < clock_timestamp() - interval '7 days'
               AND (j.expires_at IS NULL OR j.expires_at < clock_timestamp() - interval '1 minute')
             LIMIT p_batch * 10));
+    -- Changes (siwa.changes) applied longer than siwa.settings.changes_retention ago, numbered ones only
+    -- (a row without a position has not been readable yet). At most ten batches' worth per call.
+    -- HOOK POINT (webhooks): a change is never pruned before its webhook deliveries are done; that
+    -- condition goes into this WHERE clause.
+    DELETE FROM siwa.changes c
+     WHERE c.ctid = ANY (ARRAY(
+           SELECT x.ctid FROM siwa.changes x
+            WHERE x.applied_at < clock_timestamp() - (SELECT s.changes_retention FROM siwa.settings s)
+              AND x.position IS NOT NULL
+            LIMIT p_batch * 10));
     RETURN NEXT;
 END;
 $$;
 COMMENT ON FUNCTION siwa.prune(interval, interval, integer) IS
-    'Retention: clears raw tokens of finished notifications (applied, skipped or dead) received before now - p_tokens_older_than, up to p_batch per call from where the last call stopped, and drops the months of history that ended before now - p_rows_older_than (siwa.drop_log_partitions; pending and dead rows are kept). NULL: keep. Call until both counts are 0.';
+    'Retention: clears raw tokens of finished notifications (applied, skipped or dead) received before now - p_tokens_older_than, up to p_batch per call from where the last call stopped, and drops the months of history that ended before now - p_rows_older_than (siwa.drop_log_partitions; pending and dead rows are kept). NULL: keep. Also deletes dedupe keys past the window and changes (siwa.changes) older than siwa.settings.changes_retention, whatever the arguments. Call until both counts are 0.';
 
 -- Requeues notifications (dead ones, or one by jti) for another round of attempts.
 CREATE OR REPLACE FUNCTION siwa.requeue(p_jti text DEFAULT NULL, p_state text DEFAULT NULL,
@@ -1906,6 +2336,42 @@ COMMENT ON COLUMN siwa.queue_health.busy IS
     'Pending notifications put off because their user''s account row is held by another transaction (busy_since set); no attempt is counted for that.';
 COMMENT ON COLUMN siwa.queue_health.oldest_busy_seconds IS
     'Seconds the longest-busy pending notification has been waiting for its user; NULL when none is busy. Growing: a transaction (the app''s, or a stuck worker''s) holds that siwa.accounts row.';
+
+-- The changefeed for apps (siwa_app) and admins: the numbered changes, in position order. Read it with
+-- a cursor: SELECT … FROM siwa.changefeed WHERE position > $last ORDER BY position LIMIT n (the position's
+-- unique index), and LISTEN siwa_changes to hear when more become readable (payload: the last position).
+-- security_barrier: a caller's own function in a WHERE clause never sees a row not numbered yet.
+CREATE OR REPLACE VIEW siwa.changefeed WITH (security_barrier) AS
+SELECT c.position,
+       c.type,
+       c.sub,
+       c.event_time,
+       c.applied_at,
+       c.jti,
+       c.audience,
+       c.sessions_revoked,
+       c.refresh_tokens_revoked,
+       c.email,
+       c.is_private_email,
+       c.id
+  FROM siwa.changes c
+ WHERE c.position IS NOT NULL;
+COMMENT ON VIEW siwa.changefeed IS
+    'The changefeed: every change the worker applied (siwa.changes) once numbered. Poll with WHERE position > $last ORDER BY position LIMIT n: a reader never misses a change, whatever order the workers commit in. LISTEN siwa_changes for a wake-up (payload: the last position). Kept for siwa.settings.changes_retention.';
+COMMENT ON COLUMN siwa.changefeed.position IS 'The cursor: remember the last one read, ask for the ones above it.';
+COMMENT ON COLUMN siwa.changefeed.type IS
+    'siwa.email_disabled, siwa.email_enabled, siwa.consent_revoked, siwa.account_deleted or siwa.personal_data_erased.';
+COMMENT ON COLUMN siwa.changefeed.sub IS 'The user''s team-scoped Apple identifier.';
+COMMENT ON COLUMN siwa.changefeed.event_time IS 'Apple''s event_time of the notification that caused it.';
+COMMENT ON COLUMN siwa.changefeed.applied_at IS 'When the worker applied it.';
+COMMENT ON COLUMN siwa.changefeed.jti IS 'The notification''s jti (see siwa.event_history).';
+COMMENT ON COLUMN siwa.changefeed.audience IS 'The client ID the notification was for.';
+COMMENT ON COLUMN siwa.changefeed.sessions_revoked IS 'Sessions this change revoked.';
+COMMENT ON COLUMN siwa.changefeed.refresh_tokens_revoked IS 'Refresh tokens this change revoked.';
+COMMENT ON COLUMN siwa.changefeed.email IS
+    'For email events of accounts not erased: the email Apple sent. NULL otherwise, and once erased.';
+COMMENT ON COLUMN siwa.changefeed.is_private_email IS 'Whether that email is a private relay address.';
+COMMENT ON COLUMN siwa.changefeed.id IS 'The change''s stable identity (per sub, in the order applied).';
 
 -- Indexes for these views (the others they use are above): every session of one user.
 CREATE INDEX IF NOT EXISTS sessions_sub_created_idx ON siwa.sessions (sub, created_at);
@@ -2310,7 +2776,8 @@ BEGIN
     -- siwa_admin: read the three views, nothing else (views read their tables with the owner's rights).
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_admin') THEN
         GRANT USAGE ON SCHEMA siwa TO siwa_admin;
-        GRANT SELECT ON siwa.event_history, siwa.account_overview, siwa.queue_health TO siwa_admin;
+        GRANT SELECT ON siwa.event_history, siwa.account_overview, siwa.queue_health, siwa.changefeed
+            TO siwa_admin;
     END IF;
 
     -- siwa_receiver: INSERT … ON CONFLICT (jti) DO NOTHING RETURNING jti, issued_at into the dedupe keys
@@ -2351,6 +2818,11 @@ BEGIN
         GRANT SELECT, INSERT, UPDATE ON siwa.accounts TO siwa_worker;
         GRANT SELECT, UPDATE ON siwa.sessions, siwa.refresh_tokens TO siwa_worker;
         GRANT SELECT ON siwa.settings TO siwa_worker;
+        GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.changes TO siwa_worker;
+        GRANT SELECT, UPDATE ON siwa.changes_counter TO siwa_worker;
+        -- The set-based pass takes its changes' ids before it inserts them (numbered, last).
+        EXECUTE format('GRANT USAGE ON SEQUENCE %s TO siwa_worker',
+                       pg_catalog.pg_get_serial_sequence('siwa.changes', 'id'));
         FOR v_function IN
             SELECT p.oid::regprocedure
               FROM pg_proc p
@@ -2359,7 +2831,8 @@ BEGIN
                                  'process_claimed_notification', 'apply_notification', 'record_failure',
                                  'prune', 'erase_due_personal_data', 'erase_personal_data', 'on_event',
                                  'redact_error', 'erased_error', 'create_log_partitions',
-                                 'drop_log_partitions', 'apply_claimed_batch', 'erase_personal_data_of')
+                                 'drop_log_partitions', 'apply_claimed_batch', 'erase_personal_data_of',
+                                 'number_changes', 'change_type', 'hook_path', 'on_change')
         LOOP
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO siwa_worker', v_function);
         END LOOP;
@@ -2396,6 +2869,8 @@ BEGIN
             ON siwa.refresh_tokens TO siwa_app;
         GRANT SELECT (sub, consent_revoked_at, deleted_at, personal_data_erased_at) ON siwa.accounts TO siwa_app;
         GRANT EXECUTE ON FUNCTION siwa.session_is_valid(text, timestamptz) TO siwa_app;
+        -- The changefeed, through its view only (never siwa.changes, its unnumbered rows or the counter).
+        GRANT SELECT ON siwa.changefeed TO siwa_app;
     END IF;
     -- siwa_signin: record sign-ins (codes, accounts' email, sign-ins, encrypted refresh tokens it may
     -- insert but never read back), and request revocations.

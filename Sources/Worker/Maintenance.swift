@@ -79,7 +79,9 @@ struct Maintenance {
             }
             var tokens = 0
             var rows = 0
-            if configuration.retainTokens != nil || configuration.retainEvents != nil {
+            // Always: besides the raw tokens and months of history the flags ask for (NULL: kept), it
+            // deletes dedupe keys past their window and changes past siwa.settings.changes_retention.
+            do {
                 for _ in 0..<100 where !worker.isStopping {
                     guard
                         let row = try connection.query(

@@ -351,7 +351,8 @@ struct MigrateUpgradeTests {
         let personal = ["email", "raw_token", "last_error", "personal_data_erased_at"]
         // A finished notification has no next attempt from version 3 on (NULL); a pending one keeps it.
         let before = try contents(
-            connection, without: ["busy_since", "hook_search_path", "next_attempt_at"] + personal)
+            connection,
+            without: ["busy_since", "hook_search_path", "changes_retention", "next_attempt_at"] + personal)
         let personalBefore = try personalData(connection)
         let queuedBefore = try queued(connection)
 
@@ -367,7 +368,9 @@ struct MigrateUpgradeTests {
         #expect(Array(Set(fresh).subtracting(upgraded)).sorted() == [], "only in a fresh install")
         #expect(
             try contents(
-                connection, without: ["busy_since", "hook_search_path", "next_attempt_at"] + personal)
+                connection,
+                without: ["busy_since", "hook_search_path", "changes_retention", "next_attempt_at"] + personal
+            )
                 == before)
         #expect(try queued(connection) == queuedBefore)
         // Personal data and error texts are what version 2 would have written: errors redacted, and

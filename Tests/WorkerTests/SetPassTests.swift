@@ -198,7 +198,7 @@ struct SetPassTests {
     }
 
     @Test(
-        "random batches leave what one-at-a-time application leaves: accounts, sessions, tokens, rows, hook calls",
+        "random batches leave what one-at-a-time application leaves: accounts, sessions, tokens, rows, changes, hook calls",
         arguments: 1...16)
     func sameAsOneAtATime(seed: UInt64) throws {
         let setup = Self.randomBatch(seed: seed)
@@ -207,11 +207,19 @@ struct SetPassTests {
         for db in [setPass, oneByOne] {
             try db.connection.simpleQuery(
                 """
-                CREATE TABLE public.hook_calls (n serial, event_type text, sub text, email text, jti text);
+                CREATE TABLE public.hook_calls (n serial, event_type text, sub text, email text, jti text,
+                                                change text);
                 CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
                                                          email text, jti text) RETURNS void
                 LANGUAGE sql AS $$
                     INSERT INTO hook_calls (event_type, sub, email, jti) VALUES (event_type, sub, email, jti)
+                $$;
+                CREATE FUNCTION siwa.on_change(c siwa.changes, superseded boolean) RETURNS void
+                LANGUAGE sql AS $$
+                    INSERT INTO hook_calls (event_type, sub, email, jti, change)
+                    VALUES (c.type, c.sub, c.email, c.jti,
+                            concat_ws(' ', c.id IS NULL, superseded, c.position IS NULL, c.event_time, c.audience,
+                                      c.sessions_revoked, c.refresh_tokens_revoked, c.is_private_email))
                 $$;
                 """ + setup)
         }
@@ -240,6 +248,10 @@ struct SetPassTests {
                     SELECT id, jti, state, attempts, last_error, email, raw_token,
                            personal_data_erased_at IS NOT NULL, applied_at IS NOT NULL, busy_since
                       FROM siwa.notifications) AS n),
+                (SELECT string_agg(ROW(c.type, c.sub, c.event_time, c.jti, c.audience, c.sessions_revoked,
+                                       c.refresh_tokens_revoked, c.email, c.is_private_email,
+                                       c.position IS NOT NULL)::text, E'\\n' ORDER BY c.id)
+                   FROM siwa.changes AS c),
                 (SELECT string_agg(h::text, E'\\n' ORDER BY h.n) FROM hook_calls AS h))
             """
         let expected = try oneByOne.value(snapshot, as: String.self)
