@@ -742,6 +742,12 @@ BEGIN
     END IF;
     UPDATE siwa.refresh_tokens SET token_ciphertext = NULL
      WHERE sub = ANY (p_subs) AND token_ciphertext IS NOT NULL;
+    -- A team transfer's import holds the new team's email between the exchange and the rewrite. The table
+    -- is created further down this file: absent while an older file's version is being upgraded.
+    IF pg_catalog.to_regclass('siwa.transfer_imports') IS NOT NULL THEN
+        UPDATE siwa.transfer_imports SET email = NULL
+         WHERE old_sub = ANY (v_all) AND email IS NOT NULL;
+    END IF;
 END;
 $$;
 COMMENT ON FUNCTION siwa.erase_personal_data_of(text[]) IS
@@ -2293,6 +2299,8 @@ CREATE TABLE IF NOT EXISTS siwa.transfer_imports (
         CHECK (state IN ('pending', 'exchanged', 'failed', 'applied', 'mismatch', 'conflict', 'duplicate')),
     CONSTRAINT transfer_imports_email_check CHECK (state = 'exchanged' OR email IS NULL)
 );
+-- Erasure finds a held email by the old sub (the rows that hold one are few: until applied).
+CREATE INDEX IF NOT EXISTS transfer_imports_email_idx ON siwa.transfer_imports (old_sub) WHERE email IS NOT NULL;
 COMMENT ON TABLE siwa.transfer_imports IS
     'siwactl transfer import''s progress (new team): per transfer identifier, the old sub, the new sub Apple exchanged it for, and the outcome: pending, exchanged (the email is held only until applied), failed (Apple''s error), applied, mismatch (the answer does not fit the account: detail says how), conflict (the new sub already has an account), duplicate (two transfer identifiers gave the same new sub: neither applied).';
 
@@ -2718,6 +2726,8 @@ BEGIN
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_worker') THEN
         GRANT SELECT ON siwa.sub_aliases TO siwa_worker;
+        -- Erasure drops the email an import holds (siwa.erase_personal_data_of).
+        GRANT SELECT (old_sub, email), UPDATE (email) ON siwa.transfer_imports TO siwa_worker;
     END IF;
 END;
 $$;

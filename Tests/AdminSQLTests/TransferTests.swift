@@ -243,6 +243,51 @@ struct TransferSQLTests {
                 == "old.late")
     }
 
+    @Test("a late email event for the old sub of an erased account keeps no email once applied")
+    func lateEmailOfErasedAccount() throws {
+        let database = try AdminDatabase.make()
+        let owner = try database.connectAsOwner()
+        defer { owner.close() }
+        try seedUser(owner, sub: "old.gone", email: "g@privaterelay.appleid.com", isPrivate: true)
+        try applyTransfer(owner, [("old.gone", "new.gone", nil, nil)])
+        try owner.execute("UPDATE siwa.accounts SET deleted_at = now() WHERE sub = 'new.gone'")
+        try owner.execute("SELECT siwa.erase_personal_data('new.gone')")
+        // The receiver knows nothing of aliases: it stores the email; the worker drops it when applying.
+        try storeAsReceiver(
+            database, jti: "late-mail", sub: "old.gone", eventType: "email-disabled",
+            email: "g@privaterelay.appleid.com")
+        let worker = try database.connect(as: .worker)
+        defer { worker.close() }
+        _ = try worker.query("SELECT outcome FROM siwa.process_due_notifications(10, 5, interval '1 second')")
+        let row = try owner.query(
+            "SELECT email, raw_token, state FROM siwa.notification_log WHERE jti = 'late-mail'")[0]
+        #expect(try row[0, as: String?.self] == nil)
+        #expect(try row[1, as: String?.self] == nil)
+        #expect(
+            try owner.query("SELECT count(*)::bigint FROM siwa.accounts WHERE sub = 'old.gone'")[0][
+                0, as: Int.self] == 0)
+    }
+
+    @Test("erasure also drops an email the import holds for the user between exchange and rewrite")
+    func erasureReachesImportRows() throws {
+        let database = try AdminDatabase.make()
+        let owner = try database.connectAsOwner()
+        defer { owner.close() }
+        try seedUser(owner, sub: "old.i", email: "i@privaterelay.appleid.com", isPrivate: true)
+        try owner.execute(
+            """
+            INSERT INTO siwa.transfer_imports (transfer_id, transfer_sub, old_sub, new_sub, email, state)
+            VALUES ('t1', 'ts.i', 'old.i', 'new.i', 'i2@privaterelay.appleid.com', 'exchanged')
+            """)
+        let worker = try database.connect(as: .worker)
+        defer { worker.close() }
+        try worker.execute("SELECT siwa.erase_personal_data('old.i')")
+        #expect(
+            try owner.query("SELECT email FROM siwa.transfer_imports WHERE old_sub = 'old.i'")[0][
+                0, as: String?.self]
+                == nil)
+    }
+
     @Test("erasing a transferred user's data also erases the history stored under the old sub")
     func erasureFollowsAliases() throws {
         let database = try AdminDatabase.make()
