@@ -225,6 +225,38 @@ struct TransferTests {
         #expect(exportSeconds + importSeconds < 60)
     }
 
+    @Test("--stop-after stops a run that the next one resumes, and the import reads the same database")
+    func stopAfterAndSameDatabase() throws {
+        let scratch = try scratchDirectory()
+        defer { try? FileManager.default.removeItem(at: scratch) }
+        let recipient = try TransferRecipient(directory: scratch)
+        let apple = try LocalApple(extra: recipient.fakeAppleArguments)
+        let database = try TestDatabase()
+        try seed(database, count: 30)
+        let stopped = try siwactl(
+            exportArguments(apple, database) + ["--stop-after", "7"])
+        #expect(stopped.status == 0, "\(stopped.standardError)")
+        #expect(stopped.standardOutput.contains("stopped by --stop-after"))
+        #expect(
+            try count(database, "SELECT count(*)::bigint FROM siwa.transfer_exports WHERE state = 'done'")
+                == 7)
+        #expect(
+            try count(database, "SELECT count(*)::bigint FROM siwa.transfer_exports WHERE state = 'pending'")
+                == 23)
+        let resumed = try siwactl(exportArguments(apple, database))
+        #expect(resumed.status == 0, "\(resumed.standardError)")
+        #expect(resumed.standardOutput.contains("30 of 30 done; this run: 23 done"))
+        let imported = try siwactl(
+            importArguments(apple, recipient, database) + ["--from-target-team", TransferRecipient.teamID])
+        #expect(imported.status == 0, "\(imported.standardError)")
+        #expect(try count(database, "SELECT count(*)::bigint FROM siwa.sub_aliases") == 30)
+        #expect(try count(database, "SELECT count(*)::bigint FROM siwa.accounts WHERE sub LIKE '%.old'") == 0)
+        // The old team's progress keeps its own subs.
+        #expect(
+            try count(database, "SELECT count(*)::bigint FROM siwa.transfer_exports WHERE sub LIKE '%.old'")
+                == 30)
+    }
+
     @Test("a dry run changes nothing on either side")
     func dryRun() throws {
         let scratch = try scratchDirectory()
