@@ -690,17 +690,36 @@ struct TransferImport {
         }
         // 1. The list.
         try database("loading the list") {
+            var skipped = 0
+            defer {
+                if skipped > 0 {
+                    writeErrorLine(
+                        Self.name,
+                        "\(skipped) lines of the list were not loaded: their sub or transfer_sub is already listed for this transfer (see siwa.transfer_imports)"
+                    )
+                }
+            }
             if let list {
                 for start in stride(from: 0, to: list.count, by: 5000) {
                     let slice = list[start..<min(start + 5000, list.count)]
                     let json = slice.map { ["sub": $0.sub, "transfer_sub": $0.transferSub] }
                     let data = try JSONSerialization.data(withJSONObject: Array(json))
-                    _ = try connection.execute(
+                    // A line whose pair is already loaded (a second run) is not a conflict; another
+                    // pairing of a sub or transfer_sub already listed is reported.
+                    let loaded = try connection.query(
                         """
-                        INSERT INTO siwa.transfer_imports (transfer_id, transfer_sub, old_sub)
-                        SELECT $1, r.transfer_sub, r.sub FROM jsonb_to_recordset($2::jsonb) AS r(sub text, transfer_sub text)
-                        ON CONFLICT DO NOTHING
-                        """, [.text(transferID), .text(String(decoding: data, as: UTF8.self))])
+                        WITH r AS (SELECT r.sub, r.transfer_sub FROM jsonb_to_recordset($2::jsonb) AS r(sub text, transfer_sub text)),
+                             ins AS (INSERT INTO siwa.transfer_imports (transfer_id, transfer_sub, old_sub)
+                                     SELECT $1, r.transfer_sub, r.sub FROM r
+                                     ON CONFLICT DO NOTHING RETURNING 1)
+                        SELECT (SELECT count(*) FROM ins)::bigint,
+                               (SELECT count(*) FROM r WHERE EXISTS (
+                                    SELECT 1 FROM siwa.transfer_imports i
+                                     WHERE i.transfer_id = $1 AND i.transfer_sub = r.transfer_sub AND i.old_sub = r.sub))::bigint
+                        """, [.text(transferID), .text(String(decoding: data, as: UTF8.self))])[0]
+                    let inserted: Int = try loaded[0]
+                    let already: Int = try loaded[1]
+                    skipped += slice.count - inserted - already
                 }
             } else {
                 _ = try connection.execute(

@@ -313,10 +313,16 @@ struct TransferTests {
                 "sub": people[2].sub,
                 "transfer_sub": "\(TransferRecipient.teamID).\(LocalApple.teamID).\(hex(people[2].sub))",
             ]),
+            // And user 3 listed twice: the second pairing is not loaded, and said so.
+            jsonLine([
+                "sub": people[2].sub,
+                "transfer_sub": "\(TransferRecipient.teamID).TEAMD00000.\(hex(people[2].sub))",
+            ]),
         ].joined().write(to: list, atomically: true, encoding: .utf8)
         let result = try siwactl(importArguments(apple, recipient, new) + ["--input", list.path])
         #expect(result.status == 0, "\(result.standardError)")
         #expect(result.standardError.contains("2 users got a new sub that Apple also gave another user"))
+        #expect(result.standardError.contains("1 lines of the list were not loaded"))
         let states = try new.query("SELECT old_sub, state FROM siwa.transfer_imports ORDER BY old_sub").map {
             row throws -> String in "\(try row[0, as: String.self]) \(try row[1, as: String.self])"
         }
