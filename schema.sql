@@ -2315,6 +2315,27 @@ COMMENT ON TABLE siwa.sub_aliases IS
     'Each sub a team transfer replaced, with the sub it became: the account, sessions, tokens and ledgers now carry new_sub; the history keeps old_sub (siwa.history_of finds both).';
 CREATE INDEX IF NOT EXISTS sub_aliases_new_sub_idx ON siwa.sub_aliases (new_sub);
 
+-- A replaced sub never comes back as an account: a writer that resolved no alias a moment before the
+-- rewrite committed (the worker's claim, then its account lock) is refused with 40001, rolls back and
+-- retries (the worker counts an attempt; its next claim resolves the alias). One primary-key probe of
+-- a table that is empty unless a transfer happened, per account created (not per event).
+CREATE OR REPLACE FUNCTION siwa.refuse_replaced_sub() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM siwa.sub_aliases a WHERE a.old_sub = NEW.sub) THEN
+        RAISE EXCEPTION 'siwa.accounts: this sub was replaced in a team transfer (siwa.sub_aliases); use its new sub'
+            USING ERRCODE = '40001';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+COMMENT ON FUNCTION siwa.refuse_replaced_sub() IS
+    'Trigger before INSERT or UPDATE OF sub on siwa.accounts: refuses (40001) a sub that a team transfer replaced (siwa.sub_aliases.old_sub).';
+DROP TRIGGER IF EXISTS accounts_refuse_replaced_sub ON siwa.accounts;
+CREATE TRIGGER accounts_refuse_replaced_sub
+    BEFORE INSERT OR UPDATE OF sub ON siwa.accounts
+    FOR EACH ROW EXECUTE FUNCTION siwa.refuse_replaced_sub();
+
 -- One row per batch siwa.apply_sub_transfer applied: who, when, how many users and rows per table.
 CREATE TABLE IF NOT EXISTS siwa.sub_transfer_batches (
     id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -2723,6 +2744,10 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_admin') THEN
         GRANT SELECT ON siwa.sub_aliases, siwa.sub_transfer_batches, siwa.sub_columns TO siwa_admin;
         GRANT EXECUTE ON FUNCTION siwa.history_of(text) TO siwa_admin;
+    END IF;
+    -- Every role that creates accounts reads the aliases (the guard trigger above).
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_signin') THEN
+        GRANT SELECT (old_sub) ON siwa.sub_aliases TO siwa_signin;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_worker') THEN
         GRANT SELECT ON siwa.sub_aliases TO siwa_worker;

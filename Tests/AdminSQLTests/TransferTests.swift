@@ -243,6 +243,32 @@ struct TransferSQLTests {
                 == "old.late")
     }
 
+    @Test("a replaced sub never comes back as an account (40001: the writer retries and finds the alias)")
+    func replacedSubRefused() throws {
+        let database = try AdminDatabase.make()
+        let owner = try database.connectAsOwner()
+        defer { owner.close() }
+        try seedUser(owner, sub: "old.r", email: nil, isPrivate: nil)
+        try applyTransfer(owner, [("old.r", "new.r", nil, nil)])
+        for role in [AdminRole.worker, .signin] {
+            let connection = try database.connect(as: role)
+            defer { connection.close() }
+            #expect(
+                sqlState { try connection.execute("INSERT INTO siwa.accounts (sub) VALUES ('old.r')") }
+                    == "40001")
+        }
+        #expect(
+            sqlState { try owner.execute("UPDATE siwa.accounts SET sub = 'old.r' WHERE sub = 'new.r'") }
+                == "40001")
+        #expect(
+            try owner.query("SELECT count(*)::bigint FROM siwa.accounts WHERE sub = 'old.r'")[0][
+                0, as: Int.self] == 0)
+        // Other subs are created as before.
+        let worker = try database.connect(as: .worker)
+        defer { worker.close() }
+        try worker.execute("INSERT INTO siwa.accounts (sub) VALUES ('someone.else')")
+    }
+
     @Test("a late email event for the old sub of an erased account keeps no email once applied")
     func lateEmailOfErasedAccount() throws {
         let database = try AdminDatabase.make()

@@ -222,7 +222,9 @@ struct TransferTests {
             String(
                 format: "transfer of %d users: export %.1f s (killed once, resumed), import %.1f s", total,
                 exportSeconds, importSeconds))
-        #expect(exportSeconds + importSeconds < 60)
+        // About 45 s alone on 2 cores (docs/operations.md § 14); a regression guard, not a benchmark: the
+        // suite runs other tests beside it.
+        #expect(exportSeconds + importSeconds < 120)
     }
 
     @Test("--stop-after stops a run that the next one resumes, and the import reads the same database")
