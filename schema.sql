@@ -2317,23 +2317,35 @@ CREATE INDEX IF NOT EXISTS sub_aliases_new_sub_idx ON siwa.sub_aliases (new_sub)
 
 -- A replaced sub never comes back as an account: a writer that resolved no alias a moment before the
 -- rewrite committed (the worker's claim, then its account lock) is refused with 40001, rolls back and
--- retries (the worker counts an attempt; its next claim resolves the alias). One primary-key probe of
--- a table that is empty unless a transfer happened, per account created (not per event).
+-- retries (the worker counts an attempt; its next claim resolves the alias). Checked once per INSERT
+-- statement (a transition table: the worker creates a batch's accounts in one statement), and per row
+-- only for an UPDATE that sets sub, which no service does.
 CREATE OR REPLACE FUNCTION siwa.refuse_replaced_sub() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM siwa.sub_aliases a WHERE a.old_sub = NEW.sub) THEN
+    IF TG_LEVEL = 'ROW' THEN
+        IF EXISTS (SELECT 1 FROM siwa.sub_aliases a WHERE a.old_sub = NEW.sub) THEN
+            RAISE EXCEPTION 'siwa.accounts: this sub was replaced in a team transfer (siwa.sub_aliases); use its new sub'
+                USING ERRCODE = '40001';
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF EXISTS (SELECT 1 FROM inserted_accounts i JOIN siwa.sub_aliases a ON a.old_sub = i.sub) THEN
         RAISE EXCEPTION 'siwa.accounts: this sub was replaced in a team transfer (siwa.sub_aliases); use its new sub'
             USING ERRCODE = '40001';
     END IF;
-    RETURN NEW;
+    RETURN NULL;
 END;
 $$;
 COMMENT ON FUNCTION siwa.refuse_replaced_sub() IS
-    'Trigger before INSERT or UPDATE OF sub on siwa.accounts: refuses (40001) a sub that a team transfer replaced (siwa.sub_aliases.old_sub).';
-DROP TRIGGER IF EXISTS accounts_refuse_replaced_sub ON siwa.accounts;
-CREATE TRIGGER accounts_refuse_replaced_sub
-    BEFORE INSERT OR UPDATE OF sub ON siwa.accounts
+    'Triggers on siwa.accounts (after each INSERT statement, before each UPDATE OF sub): refuses (40001) a sub that a team transfer replaced (siwa.sub_aliases.old_sub).';
+DROP TRIGGER IF EXISTS accounts_refuse_replaced_sub_insert ON siwa.accounts;
+CREATE TRIGGER accounts_refuse_replaced_sub_insert
+    AFTER INSERT ON siwa.accounts REFERENCING NEW TABLE AS inserted_accounts
+    FOR EACH STATEMENT EXECUTE FUNCTION siwa.refuse_replaced_sub();
+DROP TRIGGER IF EXISTS accounts_refuse_replaced_sub_update ON siwa.accounts;
+CREATE TRIGGER accounts_refuse_replaced_sub_update
+    BEFORE UPDATE OF sub ON siwa.accounts
     FOR EACH ROW EXECUTE FUNCTION siwa.refuse_replaced_sub();
 
 -- One row per batch siwa.apply_sub_transfer applied: who, when, how many users and rows per table.
