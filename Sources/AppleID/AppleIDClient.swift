@@ -102,9 +102,10 @@ public struct AppleIDClient: Sendable {
             "/auth/revoke", [("token", token), ("token_type_hint", hint.rawValue)], timeout: timeout)
     }
 
-    /// POSTs the form with client_id and client_secret; returns the body of a 200 answer.
-    private func call(_ path: String, _ form: [(String, String)], timeout: Duration?) throws(AppleIDError)
-        -> [UInt8]
+    /// POSTs the form with client_id and client_secret (and `bearer` as the Authorization header);
+    /// returns the body of a 200 answer.
+    func call(_ path: String, _ form: [(String, String)], bearer: String? = nil, timeout: Duration?)
+        throws(AppleIDError) -> [UInt8]
     {
         let deadline = timeout ?? configuration.timeout
         guard deadline > .zero else { throw AppleIDError(.configuration, "the deadline must be positive") }
@@ -124,7 +125,7 @@ public struct AppleIDClient: Sendable {
                     headers: [
                         .init("Content-Type", "application/x-www-form-urlencoded"),
                         .init("Accept", "application/json"),
-                    ],
+                    ] + (bearer.map { [.init("Authorization", "Bearer " + $0)] } ?? []),
                     body: Array(body.utf8)))
         } catch {
             switch error.code {

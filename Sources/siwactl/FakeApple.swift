@@ -15,7 +15,8 @@ enum FakeAppleVerb {
             /auth/keys, re-reading it when it changes (to demonstrate key rotation). Given --team-id,
             --key-id, --team-key and --client-id it also answers /auth/token and /auth/revoke as Apple
             does, signing id_tokens with DIR/private-key.pem; after revoking a real token it POSTs a signed
-            consent-revoked notification to --notify-url. 'siwactl fake-apple authorize' mints an
+            consent-revoked notification to --notify-url; /auth/usermigrationinfo answers both sides of
+            an app transfer (--transfer-team adds the recipient team). 'siwactl fake-apple authorize' mints an
             authorization code for a test user, 'siwactl fake-apple fault' makes it fail on demand.
             Logs one line per request on stderr, prints the JWKS URL on stdout, and runs until SIGTERM or
             SIGINT.
@@ -56,6 +57,16 @@ enum FakeAppleVerb {
             CommandOption(
                 "code-lifetime", valueName: "SECONDS", help: "How long authorization codes stay valid.",
                 environmentVariable: "SIWA_FAKE_APPLE_CODE_LIFETIME", defaultValue: "300"),
+            CommandOption(
+                "transfer-team", valueName: "TEAM:KEYID:PEM",
+                help:
+                    "Another team whose client secrets are accepted (the recipient of an app transfer): its team ID, key ID and public key file.",
+                isRepeatable: true, environmentVariable: "SIWA_FAKE_APPLE_TRANSFER_TEAMS"),
+            CommandOption(
+                "migration-users", valueName: "FILE",
+                help:
+                    "JSON lines {sub, email, is_private_email}: the users whose email /auth/usermigrationinfo returns to the recipient team.",
+                environmentVariable: "SIWA_FAKE_APPLE_MIGRATION_USERS"),
         ])
 
     static let path = "/auth/keys"
@@ -174,6 +185,32 @@ enum FakeAppleVerb {
                 teamID: parsed.value("team-id")!, keyID: parsed.value("key-id")!,
                 clientIDs: parsed.values("client-id").flatMap { $0.split(separator: ",").map(String.init) },
                 teamKey: teamKey, notifyURL: parsed.value("notify-url"), codeLifetime: codeLifetime)
+            for entry in parsed.values("transfer-team").flatMap({ $0.split(separator: ",").map(String.init) })
+            {
+                let parts = entry.split(separator: ":", maxSplits: 2).map(String.init)
+                guard parts.count == 3, FakeAppleAuthority.isTeamID(parts[0]) else {
+                    throw ToolFailure("--transfer-team must be TEAMID:KEYID:PEM (a ten-character team ID)")
+                }
+                do {
+                    settings?.otherTeams[parts[0]] = (
+                        parts[1], try ClientSecretVerifier(pem: try readText(path: parts[2]))
+                    )
+                } catch let error as ClientSecretError {
+                    throw ToolFailure("--transfer-team \(parts[0]): \(error)")
+                }
+            }
+            if let path = parsed.value("migration-users") {
+                for line in try readText(path: path).split(separator: "\n") where !line.isEmpty {
+                    guard
+                        let object = try? JSONSerialization.jsonObject(with: Data(line.utf8))
+                            as? [String: Any],
+                        let sub = object["sub"] as? String
+                    else { throw ToolFailure("--migration-users: each line must be a JSON object with sub") }
+                    settings?.migrationUsers[sub] = (
+                        object["email"] as? String, (object["is_private_email"] as? Bool) ?? false
+                    )
+                }
+            }
         }
         let authority =
             try signer.map {

@@ -23,15 +23,24 @@ final class FakeAppleAuthority: Sendable {
         var teamKey: ClientSecretVerifier
         var notifyURL: String?
         var codeLifetime: TimeInterval = 300
+        /// More teams whose client secrets are accepted (the recipient of an app transfer), by team ID.
+        var otherTeams: [String: (keyID: String, key: ClientSecretVerifier)] = [:]
+        /// Users Apple knows for the migration endpoint (email, is_private_email), by the old team's sub.
+        var migrationUsers: [String: (email: String?, isPrivate: Bool)] = [:]
     }
 
     /// Failures on demand: for the next `remaining` calls (nil: all) to `endpoints`, wait `delay`, then
-    /// answer `failWith` (an OAuth error word, or an HTTP status) instead of the real answer.
+    /// answer `failWith` (an OAuth error word, or an HTTP status) instead of the real answer. Only for
+    /// calls about `subjects` (the migration endpoint's sub or transfer_sub), when given; only every
+    /// `every`-th call to the endpoints, when given.
     struct FaultPlan: Sendable, Equatable {
         var failWith: String?
         var delay: Duration = .zero
         var remaining: Int?
         var endpoints: Set<String> = ["token", "revoke"]
+        var subjects: Set<String>?
+        var every: Int?
+        var calls = 0
 
         static let errorWords: Set<String> = [
             "invalid_grant", "invalid_client", "invalid_request", "unsupported_grant_type",
@@ -64,7 +73,9 @@ final class FakeAppleAuthority: Sendable {
         var refreshTokens: [String: Grant] = [:]
         /// Access token → its refresh token.
         var accessTokens: [String: String] = [:]
-        var fault: FaultPlan?
+        /// Access tokens for the migration endpoint: client ID, team, when issued.
+        var migrationTokens: [String: (clientID: String, teamID: String, issuedAt: Date)] = [:]
+        var faults: [FaultPlan] = []
     }
 
     let settings: Settings?
@@ -79,13 +90,14 @@ final class FakeAppleAuthority: Sendable {
         self.settings = settings
         self.signer = signer
         self.log = log
-        state.withLock { $0.fault = fault }
+        state.withLock { $0.faults = fault.map { [$0] } ?? [] }
     }
 
     /// The answer for the paths this owns, or nil.
     func handle(_ request: HTTPRequest) -> HTTPResponse? {
         switch request.path {
-        case "/auth/token", "/auth/revoke", "/fake/authorize", "/fake/faults": break
+        case "/auth/token", "/auth/revoke", "/auth/usermigrationinfo", "/fake/authorize", "/fake/faults":
+            break
         default: return nil
         }
         guard request.method == "POST" else { return .error(status: 405, "method not allowed") }
@@ -99,8 +111,15 @@ final class FakeAppleAuthority: Sendable {
         case "/fake/faults": return setFaults(request)
         default: break
         }
-        let endpoint = request.path == "/auth/token" ? "token" : "revoke"
-        if let fault = takeFault(endpoint: endpoint) {
+        let endpoint =
+            switch request.path {
+            case "/auth/token": "token"
+            case "/auth/usermigrationinfo": "migration"
+            default: "revoke"
+            }
+        let form = parseForm(request)
+        let subject = endpoint == "migration" ? (form?["sub"] ?? form?["transfer_sub"]) : nil
+        if let fault = takeFault(endpoint: endpoint, subject: subject) {
             if fault.delay > .zero { Thread.sleep(forTimeInterval: fault.delay.inSeconds) }
             if let failWith = fault.failWith {
                 log("\(request.path): failing on demand with \(failWith)")
@@ -108,8 +127,13 @@ final class FakeAppleAuthority: Sendable {
                 return .error(status: 400, failWith)
             }
         }
-        guard let form = parseForm(request) else { return .error(status: 400, "invalid_request") }
-        return endpoint == "token" ? token(form, settings) : revoke(form, settings)
+        guard let form else { return .error(status: 400, "invalid_request") }
+        switch endpoint {
+        case "token": return token(form, settings)
+        case "migration":
+            return migrationInfo(form, authorization: request.headers["Authorization"], settings)
+        default: return revoke(form, settings)
+        }
     }
 
     // MARK: - /auth/token
@@ -124,6 +148,21 @@ final class FakeAppleAuthority: Sendable {
         }
         let now = Date()
         switch grantType {
+        case "client_credentials":
+            // The migration endpoint's token: scope user.migration, valid an hour, usable many times.
+            guard form["scope"] == "user.migration" else {
+                log("/auth/token: invalid_scope (client_credentials needs scope user.migration)")
+                return .error(status: 400, "invalid_scope")
+            }
+            let team = (try? ClientSecretClaims(decoding: secret).teamID) ?? ""
+            let access = "m" + randomToken()
+            state.withLock { state in
+                state.migrationTokens = state.migrationTokens.filter {
+                    now.timeIntervalSince($0.value.issuedAt) < 7200
+                }
+                state.migrationTokens[access] = (clientID, team, now)
+            }
+            return answer(["access_token": access, "token_type": "Bearer", "expires_in": 3600])
         case "authorization_code":
             guard let code = form["code"], !code.isEmpty else {
                 return .error(status: 400, "invalid_request")
@@ -267,8 +306,9 @@ final class FakeAppleAuthority: Sendable {
             return "client_secret is not a JWT"
         }
         guard claims.algorithm == "ES256" else { return "alg is not ES256" }
-        guard claims.keyID == settings.keyID else { return "kid is not the team's key ID" }
-        guard claims.teamID == settings.teamID else { return "iss is not the team ID" }
+        let other = settings.otherTeams[claims.teamID]
+        guard claims.keyID == (other?.keyID ?? settings.keyID) else { return "kid is not the team's key ID" }
+        guard claims.teamID == settings.teamID || other != nil else { return "iss is not the team ID" }
         guard claims.clientID == clientID else { return "sub is not the client_id" }
         guard claims.audience == ClientSecretSigner.audience else {
             return "aud is not \(ClientSecretSigner.audience)"
@@ -279,7 +319,9 @@ final class FakeAppleAuthority: Sendable {
         guard claims.expiresAt.timeIntervalSince(claims.issuedAt) <= ClientSecretSigner.maximumLifetime else {
             return "exp - iat exceeds six months"
         }
-        guard settings.teamKey.verifySignature(of: secret) else { return "bad signature for the team's key" }
+        guard (other?.key ?? settings.teamKey).verifySignature(of: secret) else {
+            return "bad signature for the team's key"
+        }
         return nil
     }
 
@@ -333,32 +375,128 @@ final class FakeAppleAuthority: Sendable {
         }
         if let endpoint = object["endpoint"] as? String {
             switch endpoint {
-            case "token", "revoke": plan.endpoints = [endpoint]
+            case "token", "revoke", "migration": plan.endpoints = [endpoint]
             case "both": break
             default: return .error(status: 400, "bad endpoint")
             }
         }
+        if let subjects = object["subjects"] as? [String] {
+            guard !subjects.isEmpty else { return .error(status: 400, "bad subjects") }
+            plan.subjects = Set(subjects)
+        }
+        if let every = object["every"] as? Int {
+            guard every > 0 else { return .error(status: 400, "bad every") }
+            plan.every = every
+        }
+        let add = (object["add"] as? Bool) ?? false
         let active = plan.failWith != nil || plan.delay > .zero
-        state.withLock { $0.fault = active ? plan : nil }
+        state.withLock { state in
+            if !add { state.faults = [] }
+            if active { state.faults.append(plan) }
+        }
         log(
-            "faults: \(active ? "\(plan.failWith ?? "no failure"), delay \(plan.delay), times \(plan.remaining.map(String.init) ?? "all"), \(plan.endpoints.sorted().joined(separator: "+"))" : "cleared")"
+            "faults: \(active ? "\(add ? "added " : "")\(plan.failWith ?? "no failure"), delay \(plan.delay), times \(plan.remaining.map(String.init) ?? "all"), \(plan.endpoints.sorted().joined(separator: "+"))\(plan.subjects.map { ", \($0.count) subjects" } ?? "")\(plan.every.map { ", every \($0)th call" } ?? "")" : "cleared")"
         )
         return HTTPResponse(status: 204)
     }
 
-    private func takeFault(endpoint: String) -> FaultPlan? {
+    /// The first fault plan that applies to this call, counted (and dropped when used up).
+    private func takeFault(endpoint: String, subject: String?) -> FaultPlan? {
         state.withLock { state in
-            guard let plan = state.fault, plan.endpoints.contains(endpoint) else { return nil }
-            if let remaining = plan.remaining {
-                state.fault =
-                    remaining <= 1
-                    ? nil
-                    : {
-                        var next = plan; next.remaining = remaining - 1; return next
-                    }()
+            var chosen: FaultPlan?
+            for index in state.faults.indices where state.faults[index].endpoints.contains(endpoint) {
+                state.faults[index].calls += 1
+                let plan = state.faults[index]
+                guard chosen == nil else { continue }
+                if let subjects = plan.subjects, !subjects.contains(subject ?? "") { continue }
+                if let every = plan.every, plan.calls % every != 0 { continue }
+                chosen = plan
+                if let remaining = plan.remaining { state.faults[index].remaining = remaining - 1 }
             }
-            return plan
+            state.faults.removeAll { $0.remaining.map { $0 <= 0 } ?? false }
+            return chosen
         }
+    }
+
+    // MARK: - /auth/usermigrationinfo
+
+    /// Both sides of Apple's user migration. The old team sends `sub` and `target` (the recipient's team
+    /// ID) and gets `transfer_sub`; the recipient sends `transfer_sub` and gets its own `sub`, `email`
+    /// and `is_private_email`. Both with a bearer access token from the client_credentials grant (scope
+    /// user.migration) of the same client ID. Transfer identifiers and new subs are deterministic (a
+    /// restarted fake answers the same), one-to-one per target team.
+    private func migrationInfo(_ form: [String: String], authorization: String?, _ settings: Settings)
+        -> HTTPResponse
+    {
+        guard let clientID = form["client_id"], let secret = form["client_secret"] else {
+            return .error(status: 400, "invalid_request")
+        }
+        if let refusal = authenticate(clientID: clientID, secret: secret, settings) {
+            log("/auth/usermigrationinfo: invalid_client (\(refusal))")
+            return .error(status: 400, "invalid_client")
+        }
+        guard let authorization, authorization.hasPrefix("Bearer ") else {
+            log("/auth/usermigrationinfo: invalid_request (no bearer token)")
+            return .error(status: 400, "invalid_request")
+        }
+        let bearer = String(authorization.dropFirst("Bearer ".count))
+        let now = Date()
+        let grant = state.withLock { $0.migrationTokens[bearer] }
+        guard let grant, now.timeIntervalSince(grant.issuedAt) < 3600, grant.clientID == clientID else {
+            log("/auth/usermigrationinfo: invalid_grant (unknown, expired or another client's access token)")
+            return .error(status: 400, "invalid_grant")
+        }
+        if let sub = form["sub"], let target = form["target"] {
+            guard !sub.isEmpty, Self.isTeamID(target), target != grant.teamID, form["transfer_sub"] == nil
+            else {
+                return .error(status: 400, "invalid_request")
+            }
+            let transferSub = "\(target).\(grant.teamID).\(Self.hex(sub))"
+            return answer(["transfer_sub": transferSub])
+        }
+        if let transferSub = form["transfer_sub"], form["sub"] == nil {
+            let parts = transferSub.split(separator: ".", omittingEmptySubsequences: false).map(String.init)
+            guard parts.count == 3, parts[0] == grant.teamID, let oldSub = Self.unhex(parts[2]),
+                !oldSub.isEmpty
+            else {
+                log("/auth/usermigrationinfo: invalid_request (not a transfer identifier for this team)")
+                return .error(status: 400, "invalid_request")
+            }
+            let newSub = "\(grant.teamID.lowercased()).\(Self.hex(oldSub))"
+            var body: [String: Any] = ["sub": newSub]
+            if let user = settings.migrationUsers[oldSub] {
+                if user.isPrivate {
+                    body["email"] = "\(Self.hex(newSub).suffix(16))@privaterelay.appleid.com"
+                    body["is_private_email"] = true
+                } else if let email = user.email {
+                    body["email"] = email
+                    body["is_private_email"] = false
+                }
+            }
+            return answer(body)
+        }
+        return .error(status: 400, "invalid_request")
+    }
+
+    static func isTeamID(_ text: String) -> Bool {
+        text.count == 10 && text.allSatisfy { $0.isASCII && ($0.isUppercase || $0.isNumber) }
+    }
+
+    static func hex(_ text: String) -> String {
+        text.utf8.map { String(format: "%02x", $0) }.joined()
+    }
+
+    static func unhex(_ text: String) -> String? {
+        guard text.count % 2 == 0 else { return nil }
+        var bytes: [UInt8] = []
+        var index = text.startIndex
+        while index < text.endIndex {
+            let next = text.index(index, offsetBy: 2)
+            guard let byte = UInt8(text[index..<next], radix: 16) else { return nil }
+            bytes.append(byte)
+            index = next
+        }
+        return String(validating: bytes, as: UTF8.self)
     }
 
     // MARK: - helpers

@@ -46,9 +46,15 @@ enum FakeAppleClientVerbs {
             CommandOption("delay-ms", valueName: "MS", help: "Delay each answer by MS milliseconds."),
             CommandOption("times", valueName: "N", help: "Only the next N calls."),
             CommandOption(
-                "endpoint", valueName: "token|revoke|both", help: "Which endpoint fails.",
+                "endpoint", valueName: "token|revoke|both|migration",
+                help: "Which endpoint fails (both: token and revoke; migration: /auth/usermigrationinfo).",
                 defaultValue: "both"),
-        ])
+            CommandOption(
+                "subjects", valueName: "FILE",
+                help: "Only migration calls about these subs or transfer_subs (one a line)."),
+            CommandOption("every", valueName: "N", help: "Only every N-th call to the endpoint."),
+        ],
+        flags: [CommandFlag("add", help: "Add this fault to those in force instead of replacing them.")])
 
     static func authorize(_ arguments: [String], _ environment: [String: String]) async -> Int32 {
         switch parse(authorizeSpec, arguments, environment) {
@@ -83,7 +89,19 @@ enum FakeAppleClientVerbs {
         case .success(let parsed):
             var body: [String: Any] = ["endpoint": parsed.value("endpoint")!]
             if let failWith = parsed.value("fail-with") { body["fail_with"] = failWith }
-            for (option, key) in [("delay-ms", "delay_ms"), ("times", "times")] {
+            if parsed.flag("add") { body["add"] = true }
+            if let path = parsed.value("subjects") {
+                do {
+                    body["subjects"] = try readText(path: path).split(separator: "\n").map(String.init).filter
+                    {
+                        !$0.isEmpty
+                    }
+                } catch {
+                    writeErrorLine(faultSpec.name, "\(error)")
+                    return ExitStatus.usage
+                }
+            }
+            for (option, key) in [("delay-ms", "delay_ms"), ("times", "times"), ("every", "every")] {
                 guard let text = parsed.value(option) else { continue }
                 guard let number = Int(text), number >= 0 else {
                     writeErrorLine(faultSpec.name, "--\(option) must be a whole number")
