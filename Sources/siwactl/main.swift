@@ -7,6 +7,7 @@ import ServiceSupport
 let verbs: [Verb] = [
     KeygenVerb.verb, SignVerb.verb, VerifyVerb.verb, ClientSecretVerb.verb, MigrateVerb.verb, EventsVerb.verb,
     ReplayVerb.verb, StatsVerb.verb, FakeAppleVerb.verb, SimulateVerb.verb, DoctorVerb.verb,
+    WebhooksVerb.verb,
 ]
 
 func topLevelHelp() -> String {
