@@ -209,7 +209,8 @@ struct ProcessTests {
         #expect(retried == Array(ids.prefix(3)))
         let gaps = try database.connection.query(
             """
-            SELECT extract(epoch FROM next_attempt_at - started_at)::float8 FROM siwa.webhook_attempt_history
+            SELECT extract(epoch FROM next_attempt_at - started_at)::float8 - (latency_ms / 1000.0)::float8
+              FROM siwa.webhook_attempt_history
              WHERE change_id = $1 AND outcome = 'retry' ORDER BY attempt
             """, [.int(Int64(ids[0]))]
         ).map { try $0[0, as: Double.self] }
