@@ -2494,6 +2494,44 @@ SELECT d.id, 'msg_' || d.change_id || '_' || d.endpoint_id AS webhook_id, d.chan
   JOIN siwa.changes c ON c.id = d.change_id;
 COMMENT ON VIEW siwa.webhook_delivery_status IS
     'One row per change and webhook endpoint: pending, delivered or dead, with attempts and the last answer.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.id IS 'The endpoint''s id (siwactl webhooks --endpoint ID).';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.url IS 'Where deliveries are POSTed.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.types IS 'The change types sent here; NULL: every type.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.enabled IS 'Whether changes fan out here and pending deliveries are attempted.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.max_in_flight IS 'Attempts to this endpoint at once, across all workers.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.created_at IS 'When the endpoint was added.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.disabled_at IS 'When it was disabled; NULL while enabled.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.live_secrets IS 'Secrets that sign now: 2 during a rotation''s overlap, else 1.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.pending IS 'Deliveries not yet delivered or dead.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.dead IS 'Deliveries given up after the retry schedule (siwactl webhooks replay).';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.last_delivered_at IS 'When a delivery to it last got a 2xx.';
+COMMENT ON COLUMN siwa.webhook_attempt_history.id IS 'The attempt''s id (attempt order).';
+COMMENT ON COLUMN siwa.webhook_attempt_history.delivery_id IS 'The delivery (siwa.webhook_delivery_status.id).';
+COMMENT ON COLUMN siwa.webhook_attempt_history.change_id IS 'The change sent (siwa.changes.id).';
+COMMENT ON COLUMN siwa.webhook_attempt_history.endpoint_id IS 'The endpoint it was sent to.';
+COMMENT ON COLUMN siwa.webhook_attempt_history.type IS 'The change''s type, e.g. siwa.consent_revoked.';
+COMMENT ON COLUMN siwa.webhook_attempt_history.sub IS 'The user''s team-scoped Apple identifier.';
+COMMENT ON COLUMN siwa.webhook_attempt_history.attempt IS 'Which attempt of the delivery (1, 2, …; a replay starts again at 1).';
+COMMENT ON COLUMN siwa.webhook_attempt_history.started_at IS 'When the attempt was signed and sent.';
+COMMENT ON COLUMN siwa.webhook_attempt_history.latency_ms IS 'How long the HTTP exchange took (or until it failed).';
+COMMENT ON COLUMN siwa.webhook_attempt_history.next_attempt_at IS 'When the next attempt is due after a retry outcome; NULL otherwise.';
+COMMENT ON COLUMN siwa.webhook_attempt_history.error IS 'Why it failed, in our own words (HTTP 503, timeout: …); never a secret, a body or an email.';
+COMMENT ON COLUMN siwa.webhook_attempt_history.delivery_state IS 'The delivery''s state now: pending, delivered or dead.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.id IS 'The delivery''s id (siwactl webhooks replay --delivery ID).';
+COMMENT ON COLUMN siwa.webhook_delivery_status.webhook_id IS 'The webhook-id header: msg_<change_id>_<endpoint_id>, the same for every attempt.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.change_id IS 'The change sent (siwa.changes.id).';
+COMMENT ON COLUMN siwa.webhook_delivery_status.endpoint_id IS 'The endpoint it is sent to.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.type IS 'The change''s type, e.g. siwa.consent_revoked.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.sub IS 'The user''s team-scoped Apple identifier.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.state IS 'pending (waiting, in flight or retrying), delivered (a 2xx) or dead (the schedule ran out).';
+COMMENT ON COLUMN siwa.webhook_delivery_status.attempts IS 'Attempts made (since the last replay).';
+COMMENT ON COLUMN siwa.webhook_delivery_status.next_attempt_at IS 'When a pending delivery is next due.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.created_at IS 'When the change fanned out to this endpoint.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.first_attempt_at IS 'When the first attempt (since the last replay) was made; the retry schedule runs from here.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.last_attempt_at IS 'When the last attempt was made.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.delivered_at IS 'When the endpoint answered 2xx.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.last_status IS 'The last HTTP status answered; NULL when there was no answer.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.last_error IS 'The last failure, in our own words; never a secret, a body or an email.';
 
 -- ---------------------------------------------------------------------------------------------------
 -- Month partitions ahead, and change 3, the rows
