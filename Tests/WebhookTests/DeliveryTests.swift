@@ -123,7 +123,9 @@ struct DeliveryTests {
         for pair in zip(times, times.dropFirst()) { #expect(pair.1 - pair.0 >= .milliseconds(250)) }
     }
 
-    @Test("after the schedule a delivery is dead, and the sub's later changes go out")
+    @Test(
+        "after the schedule a delivery is dead, and the sub's later changes go out; other users are not held up"
+    )
     func deadAfterSchedule() throws {
         let database = try WebhookDatabase()
         let receiver = try WebhookReceiver { delivery, _ in
@@ -133,13 +135,18 @@ struct DeliveryTests {
         let first = try database.insertChange(sub: "s")
         #expect(first == 1)
         let second = try database.insertChange(sub: "s")
+        let otherUser = try database.insertChange(sub: "t")
         let running = RunningDispatcher(
             try database.dispatcher(
                 retryBaseDelay: .milliseconds(50), maxRetryDelay: .milliseconds(100),
-                giveUpAfter: .milliseconds(600)))
+                giveUpAfter: .milliseconds(1500)))
         defer { running.stop() }
+        // Another user's change goes out while the first user's is still being retried.
+        #expect(waitUntil(timeout: .seconds(10)) { receiver.accepted.map(\.changeID) == [otherUser] })
+        #expect(try database.count("dead") == 0)
         #expect(waitUntil(timeout: .seconds(10)) { (try? database.count("dead")) == 1 })
-        #expect(waitUntil(timeout: .seconds(10)) { receiver.accepted.map(\.changeID) == [second] })
+        #expect(
+            waitUntil(timeout: .seconds(10)) { receiver.accepted.map(\.changeID) == [otherUser, second] })
         let outcomes = try database.connection.query(
             "SELECT outcome FROM siwa.webhook_attempt_history WHERE change_id = $1 ORDER BY attempt",
             [.int(Int64(first))]

@@ -218,3 +218,30 @@ struct ProcessTests {
         #expect(gaps.last! > gaps.first!)
     }
 }
+
+@Suite("Webhooks and shutdown", .serialized)
+struct ShutdownTests {
+    @Test("SIGTERM during an attempt: the attempt finishes and is recorded before siwa-worker exits 0")
+    func sigtermDuringAttempt() throws {
+        let database = try WebhookDatabase()
+        let receiver = try WebhookReceiver { _, _ in (204, .seconds(2)) }
+        try database.addEndpoint(url: receiver.url, secret: .generate())
+        let change = try database.insertChange(sub: "t")
+        let worker = try Subprocess(
+            ExecutableLocator.url(named: "siwa-worker").path,
+            ["--database-url", database.url, "--log-level", "error", "--webhook-poll-interval", "0.1"])
+        #expect(
+            waitUntil(timeout: .seconds(20)) {
+                (try? database.value(
+                    """
+                    SELECT count(*)::int FROM pg_stat_activity
+                     WHERE datname = current_database() AND application_name = 'siwa-worker-webhooks'
+                       AND state = 'idle in transaction'
+                    """) as Int) ?? 0 >= 1
+            })
+        worker.send(SIGTERM)
+        #expect(worker.wait(timeout: .seconds(20)) == .exited(0))
+        #expect(try database.value("SELECT state FROM siwa.webhook_delivery_status") as String == "delivered")
+        #expect(receiver.accepted.map(\.changeID) == [change])
+    }
+}
