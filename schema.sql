@@ -2251,7 +2251,12 @@ CREATE TABLE IF NOT EXISTS siwa.changes (
 --    text of our own words: never the secret, the body or the answer's body). Admins read
 --    siwa.webhook_attempt_history.
 -- Order: per endpoint and sub, a delivery is not attempted while an earlier change's delivery to that
--- endpoint is pending (in flight or waiting for a retry). A dead delivery no longer blocks the later ones:
+-- endpoint is pending (in flight or waiting for a retry). So that a claim looks at queue heads only, not
+-- at every waiting delivery, each delivery carries `ready`: set by the fan-out for a delivery with no
+-- pending one of its endpoint and sub ahead of it, passed on by the worker to the next one when a
+-- delivery ends (delivered or dead), recomputed by replays, and swept by the worker every few seconds
+-- (a fan-out that ran while the delivery ahead was ending may have seen it still pending). The claim
+-- checks the order itself as well, so a wrong hint can delay a delivery but never reorder one. A dead delivery no longer blocks the later ones:
 -- the user's later changes go out rather than waiting forever, and a replay of the dead one then arrives
 -- after them (receivers compare the body's timestamp, the event time; docs/webhooks.md).
 -- Pruning: a change with a pending delivery must not be deleted (deleting a change deletes its delivery
@@ -2321,14 +2326,17 @@ CREATE TABLE IF NOT EXISTS siwa.webhook_deliveries (
     delivered_at     timestamptz,
     last_status      integer,
     last_error       text,
+    ready            boolean     NOT NULL DEFAULT true,
     CONSTRAINT webhook_deliveries_state_check CHECK (state IN ('pending', 'delivered', 'dead')),
     CONSTRAINT webhook_deliveries_error_check CHECK (length(last_error) <= 300),
     UNIQUE (change_id, endpoint_id)
 );
 COMMENT ON TABLE siwa.webhook_deliveries IS
     'One row per change and webhook endpoint: pending, delivered (a 2xx) or dead. No payload, no email: the body is built from siwa.changes at send time.';
-CREATE INDEX IF NOT EXISTS webhook_deliveries_due_idx
-    ON siwa.webhook_deliveries (next_attempt_at) WHERE state = 'pending';
+COMMENT ON COLUMN siwa.webhook_deliveries.ready IS
+    'Whether it heads its endpoint and sub''s queue (no earlier change of the sub pending to the endpoint): only these are claimed. A hint kept by the fan-out, the worker and replays; the claim checks the order itself too.';
+CREATE INDEX IF NOT EXISTS webhook_deliveries_ready_idx
+    ON siwa.webhook_deliveries (next_attempt_at, id) WHERE state = 'pending' AND ready;
 CREATE INDEX IF NOT EXISTS webhook_deliveries_order_idx
     ON siwa.webhook_deliveries (endpoint_id, sub, change_id) WHERE state = 'pending';
 
@@ -2355,8 +2363,11 @@ CREATE INDEX IF NOT EXISTS webhook_attempts_delivery_idx ON siwa.webhook_attempt
 CREATE OR REPLACE FUNCTION siwa.webhook_fan_out() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    INSERT INTO siwa.webhook_deliveries (change_id, endpoint_id, sub)
-    SELECT c.id, e.id, c.sub
+    INSERT INTO siwa.webhook_deliveries (change_id, endpoint_id, sub, ready)
+    SELECT c.id, e.id, c.sub,
+           pg_catalog.row_number() OVER (PARTITION BY e.id, c.sub ORDER BY c.id) = 1
+           AND NOT EXISTS (SELECT 1 FROM siwa.webhook_deliveries p
+                            WHERE p.endpoint_id = e.id AND p.sub = c.sub AND p.state = 'pending')
       FROM new_changes c
       JOIN siwa.webhook_endpoints e ON e.enabled AND (e.types IS NULL OR c.type = ANY (e.types))
      ORDER BY c.id, e.id;
@@ -2422,7 +2433,8 @@ CREATE OR REPLACE FUNCTION siwa.replay_webhook_deliveries(
     p_since timestamptz DEFAULT NULL, p_until timestamptz DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_count integer;
+    v_count     integer;
+    v_endpoints bigint[];
 BEGIN
     IF num_nonnulls(p_delivery, p_change, p_endpoint) <> 1 THEN
         RAISE EXCEPTION 'give exactly one of a delivery, a change or an endpoint' USING ERRCODE = '22023';
@@ -2431,12 +2443,15 @@ BEGIN
         RAISE EXCEPTION 'a time range needs an endpoint' USING ERRCODE = '22023';
     END IF;
     IF p_endpoint IS NULL THEN
-        UPDATE siwa.webhook_deliveries d
-           SET state = 'pending', attempts = 0, next_attempt_at = now(), first_attempt_at = NULL,
-               delivered_at = NULL
-         WHERE d.state <> 'pending' AND (d.id = p_delivery OR d.change_id = p_change);
-        GET DIAGNOSTICS v_count = ROW_COUNT;
+        WITH replayed AS (
+            UPDATE siwa.webhook_deliveries d
+               SET state = 'pending', attempts = 0, next_attempt_at = now(), first_attempt_at = NULL,
+                   delivered_at = NULL
+             WHERE d.state <> 'pending' AND (d.id = p_delivery OR d.change_id = p_change)
+            RETURNING d.endpoint_id)
+        SELECT count(*), array_agg(DISTINCT r.endpoint_id) INTO v_count, v_endpoints FROM replayed r;
     ELSE
+        v_endpoints := ARRAY[p_endpoint];
         WITH upserted AS (
             INSERT INTO siwa.webhook_deliveries AS d (change_id, endpoint_id, sub)
             SELECT c.id, e.id, c.sub
@@ -2452,6 +2467,12 @@ BEGIN
             RETURNING 1)
         SELECT count(*) INTO v_count FROM upserted;
     END IF;
+    -- Queue heads again: a replayed delivery goes before the later pending ones of its sub.
+    UPDATE siwa.webhook_deliveries d SET ready = (d.change_id = h.head)
+      FROM (SELECT q.endpoint_id, q.sub, min(q.change_id) AS head FROM siwa.webhook_deliveries q
+             WHERE q.state = 'pending' AND q.endpoint_id = ANY (v_endpoints) GROUP BY q.endpoint_id, q.sub) h
+     WHERE d.endpoint_id = h.endpoint_id AND d.sub = h.sub AND d.state = 'pending'
+       AND d.ready <> (d.change_id = h.head);
     IF v_count > 0 THEN
         PERFORM pg_catalog.pg_notify('siwa_webhooks', '');
     END IF;

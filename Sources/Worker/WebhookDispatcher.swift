@@ -137,6 +137,7 @@ public final class WebhookDispatcher: Sendable {
         defer { connection.close() }
         var outcomes: [Outcome] = []
         var saturated: Set<Int> = []
+        try sweep(on: connection)
         let start = try connection.query("SELECT now()")[0][0, as: Date.self]
         while let step = try attemptOne(on: connection, saturated: &saturated, dueBy: start) {
             if let outcome = step { outcomes.append(outcome) }
@@ -150,7 +151,12 @@ public final class WebhookDispatcher: Sendable {
                 let connection = try PostgresConnection(configuration: configuration.database)
                 defer { connection.close() }
                 try connection.listen(Self.channel)
+                var lastSweep = ContinuousClock.now
                 while !isStopping {
+                    if index == 0, ContinuousClock.now - lastSweep >= Self.sweepInterval {
+                        lastSweep = ContinuousClock.now
+                        try sweep(on: connection)
+                    }
                     var saturated: Set<Int> = []
                     while !isStopping, try attemptOne(on: connection, saturated: &saturated) != nil {}
                     if isStopping { break }
@@ -159,7 +165,7 @@ public final class WebhookDispatcher: Sendable {
                         """
                         SELECT extract(epoch FROM min(d.next_attempt_at) - clock_timestamp())::float8
                           FROM siwa.webhook_deliveries d JOIN siwa.webhook_endpoints e ON e.id = d.endpoint_id
-                         WHERE d.state = 'pending' AND d.next_attempt_at > now() AND e.enabled
+                         WHERE d.state = 'pending' AND d.ready AND d.next_attempt_at > now() AND e.enabled
                         """)[0][0, as: Double?.self]
                     var wait = min(configuration.pollInterval, .milliseconds(500))
                     if !saturated.isEmpty { wait = min(wait, .milliseconds(20)) }
@@ -176,6 +182,25 @@ public final class WebhookDispatcher: Sendable {
         }
     }
 
+    /// How often lane 0 looks for deliveries whose `ready` hint was missed (see ``sweep(on:)``).
+    static let sweepInterval: Duration = .seconds(5)
+
+    /// Marks ready every pending delivery with no pending delivery of its endpoint and sub ahead of it: a
+    /// fan-out that ran while the delivery ahead was ending may have seen that one still pending, and the
+    /// worker that ended it did not yet see the new one. Returns how many it marked.
+    @discardableResult
+    func sweep(on connection: PostgresConnection) throws -> Int {
+        try connection.execute(
+            """
+            UPDATE siwa.webhook_deliveries d SET ready = true
+             WHERE d.state = 'pending' AND NOT d.ready
+               AND NOT EXISTS (
+                   SELECT 1 FROM siwa.webhook_deliveries p
+                    WHERE p.endpoint_id = d.endpoint_id AND p.sub = d.sub AND p.state = 'pending'
+                      AND p.change_id < d.change_id)
+            """)
+    }
+
     /// One attempt in one transaction. Returns nil when nothing is claimable now, `.some(nil)` when the
     /// claimed delivery's endpoint had no free slot (added to `saturated`, skipped until the next pass).
     /// With `dueBy`, only deliveries due by then are claimed (a drain does not retry what it just tried).
@@ -186,10 +211,12 @@ public final class WebhookDispatcher: Sendable {
         return try connection.transaction { connection -> Outcome?? in
             let claimed = try connection.query(
                 """
-                SELECT d.id, d.change_id, d.endpoint_id, d.attempts, d.first_attempt_at, e.url, e.max_in_flight
+                SELECT d.id, d.change_id, d.endpoint_id, d.attempts, d.first_attempt_at, e.url, e.max_in_flight,
+                       d.sub
                   FROM siwa.webhook_deliveries d
                   JOIN siwa.webhook_endpoints e ON e.id = d.endpoint_id
-                 WHERE d.state = 'pending' AND d.next_attempt_at <= coalesce($2::timestamptz, now()) AND e.enabled
+                 WHERE d.state = 'pending' AND d.ready
+                   AND d.next_attempt_at <= coalesce($2::timestamptz, now()) AND e.enabled
                    AND d.endpoint_id <> ALL ($1::bigint[])
                    AND NOT EXISTS (
                        SELECT 1 FROM siwa.webhook_deliveries p
@@ -207,6 +234,7 @@ public final class WebhookDispatcher: Sendable {
             let firstAttempt = try row[4, as: Date?.self]
             let url = try row[5, as: String.self]
             let maxInFlight = try row[6, as: Int.self]
+            let sub = try row[7, as: String.self]
             let slot = try connection.query(
                 """
                 SELECT slot FROM siwa.webhook_slots WHERE endpoint_id = $1 AND slot < $2
@@ -295,6 +323,17 @@ public final class WebhookDispatcher: Sendable {
                     .int(Int64(delivery)), .text(outcome), .int(Int64(attempt)), .date(started),
                     .double(delay ?? 0), status.map { .int(Int64($0)) }, boundedError.map { .text($0) },
                 ])
+            if outcome != "retry" {
+                // The next change of this sub to this endpoint heads the queue now.
+                try connection.execute(
+                    """
+                    UPDATE siwa.webhook_deliveries SET ready = true
+                     WHERE id = (SELECT id FROM siwa.webhook_deliveries
+                                  WHERE endpoint_id = $1 AND sub = $2 AND state = 'pending'
+                                  ORDER BY change_id LIMIT 1)
+                       AND NOT ready
+                    """, [.int(Int64(endpoint)), .text(sub)])
+            }
             attempts[outcome]?.increment()
             if outcome != "delivered" {
                 logger.warning(

@@ -256,6 +256,41 @@ struct DeliveryTests {
         #expect(late.deliveries.map(\.id) == ["msg_\(change)_\(lateID)"])
     }
 
+    @Test(
+        "queue heads: a missed ready hint is swept up; a replayed delivery goes before later ones of its sub")
+    func queueHeads() throws {
+        let database = try WebhookDatabase()
+        let receiver = try WebhookReceiver { delivery, _ in
+            delivery.changeID == 2 ? (503, .zero) : (204, .zero)
+        }
+        try database.addEndpoint(url: receiver.url, secret: .generate())
+        let dispatcher = try database.dispatcher(retryBaseDelay: .seconds(60), maxRetryDelay: .seconds(60))
+        // A fan-out that raced with the end of the delivery ahead leaves a head not ready: the sweep finds it.
+        let first = try database.insertChange(sub: "q")
+        try database.connection.execute("UPDATE siwa.webhook_deliveries SET ready = false")
+        _ = try dispatcher.drainOnce()
+        #expect(receiver.accepted.map(\.changeID) == [first])
+        // The second is refused (retry in a minute); the third waits behind it.
+        let second = try database.insertChange(sub: "q")
+        let third = try database.insertChange(sub: "q")
+        _ = try dispatcher.drainOnce()
+        func ready() throws -> [Int] {
+            try database.connection.query(
+                "SELECT change_id::int FROM siwa.webhook_deliveries WHERE state = 'pending' AND ready ORDER BY 1"
+            ).map { try $0[0, as: Int.self] }
+        }
+        #expect(try ready() == [second])
+        // Replaying the first puts it at the head: it goes out now, and the second heads the queue again.
+        #expect(
+            try database.value("SELECT siwa.replay_webhook_deliveries(p_change => $1)", [.int(Int64(first))])
+                as Int == 1)
+        #expect(try ready() == [first])
+        _ = try dispatcher.drainOnce()
+        #expect(receiver.deliveries.map(\.changeID) == [first, second, first])
+        #expect(try ready() == [second])
+        #expect(!receiver.deliveries.contains { $0.changeID == third })
+    }
+
     @Test("the endpoint policy holds at send time: no redirects followed, answers' bodies bounded")
     func sendPolicy() throws {
         let database = try WebhookDatabase()
