@@ -11,13 +11,14 @@ BIN         = $(shell $(SWIFT) build $(BUILD_FLAGS) --show-bin-path 2>/dev/null)
 # What each goal needs from Debian. Building: the C libraries' headers (libcurl: outbound HTTP, through
 # the HTTPClient module). The demo: PostgreSQL (server
 # and psql), curl and python3 for the script, the openssl CLI for the demo's team key. Testing, on top:
-# CA certificates, and nginx, systemd-analyze and PyYAML for validate-deploy.
+# CA certificates, nginx, systemd-analyze and PyYAML for validate-deploy, and python3-venv for the webhook
+# tests' independent verifier (the PyPI package standardwebhooks in .build/webhooks-venv).
 BUILD_PACKAGES = pkg-config libpq-dev libssl-dev libmicrohttpd-dev libcurl4-openssl-dev
 DEMO_PACKAGES  = $(BUILD_PACKAGES) postgresql curl python3 openssl
-TEST_PACKAGES  = $(DEMO_PACKAGES) ca-certificates nginx systemd python3-yaml
+TEST_PACKAGES  = $(DEMO_PACKAGES) ca-certificates nginx systemd python3-yaml python3-venv
 
 .PHONY: all deps demo-deps test-deps build release test lint format demo run coverage bench clean \
-        validate-deploy
+        validate-deploy webhooks-venv
 
 all: build
 
@@ -42,11 +43,16 @@ lint:
 format:
 	$(SWIFT) format -i -r Sources Tests Plugins Fuzz Package.swift
 
-test: test-deps lint validate-deploy
+test: test-deps lint validate-deploy webhooks-venv
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
 
-coverage: test-deps
+# The webhook tests verify signatures with a second implementation: the PyPI package standardwebhooks,
+# installed into .build/webhooks-venv (git-ignored) by pip.
+webhooks-venv: test-deps
+	@./scripts/webhooks-venv
+
+coverage: test-deps webhooks-venv
 	$(SWIFT) test --enable-code-coverage
 	"$$(dirname "$$(readlink -f "$$(command -v $(SWIFT))")")/llvm-cov" report \
 	  "$$($(SWIFT) build --show-bin-path)/siwa-notificationsPackageTests.xctest" \

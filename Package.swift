@@ -40,7 +40,11 @@ let package = Package(
         .target(
             name: "Receiver",
             dependencies: ["AppleNotifications", "HTTPClient", "Postgres", "HTTPServer", "ServiceSupport"]),
-        .target(name: "Worker", dependencies: ["Postgres", "ServiceSupport", "AppleID", "TokenVault"]),
+        .target(
+            name: "Worker",
+            dependencies: ["Postgres", "ServiceSupport", "AppleID", "TokenVault", "HTTPClient", "Webhooks"]),
+        // Standard Webhooks: whsec_ secrets, v1 signatures (OpenSSL's HMAC), endpoint URL policy.
+        .target(name: "Webhooks", dependencies: ["COpenSSL"]),
         // Refresh tokens encrypted at rest (AES-256-GCM, rotating keys), for the sign-in API and the revoker.
         .target(name: "TokenVault", dependencies: ["COpenSSL"]),
         // The internal sign-in API hosted by siwa-receiver: code exchange, id_token checks, revocation requests.
@@ -68,13 +72,13 @@ let package = Package(
             name: "siwa-worker",
             dependencies: [
                 "Worker", "Postgres", "HTTPServer", "ServiceSupport", "AppleID", "AppleNotifications",
-                "TokenVault",
+                "TokenVault", "Webhooks",
             ]),
         .executableTarget(
             name: "siwactl",
             dependencies: [
                 "AppleNotifications", "AppleID", "HTTPClient", "Postgres", "ServiceSupport", "HTTPServer",
-                "SiwaSchema", "Receiver",
+                "SiwaSchema", "Receiver", "Webhooks",
             ]),
         .executableTarget(name: "siwa-bench", dependencies: ["AppleNotifications"]),
 
@@ -92,6 +96,11 @@ let package = Package(
         .testTarget(name: "HTTPClientTests", dependencies: ["HTTPClient", "HTTPServer", "TestSupport"]),
         .testTarget(name: "ReceiverTests", dependencies: ["Receiver", "TestSupport"]),
         .testTarget(name: "WorkerTests", dependencies: ["Worker", "TestSupport"]),
+        .testTarget(
+            name: "WebhookTests",
+            dependencies: [
+                "Webhooks", "Worker", "Postgres", "HTTPServer", "HTTPClient", "ServiceSupport", "TestSupport",
+            ]),
         .testTarget(name: "ServiceSupportTests", dependencies: ["ServiceSupport"]),
         .testTarget(name: "AdminSQLTests", dependencies: ["Postgres", "Receiver", "TestSupport"]),
         .testTarget(name: "SiwactlTests", dependencies: ["SiwaSchema", "TestSupport"]),

@@ -7,6 +7,8 @@
   - the receiver: wrk posting distinct pre-signed Apple-shaped notifications (rows counted in the database);
   - the worker: how fast one and two workers drain 100k queued notifications;
   - idle end-to-end latency, receive → applied;
+  - signed webhooks: deliveries per second to a fast local endpoint (`siwactl webhooks listen`), and idle
+    lag change → webhook acknowledged (and Apple's POST → webhook once the worker writes the changefeed);
 
 and prints a table with ratios and the CPU each process spent per notification, read from /proc (utime +
 stime of the receiver, of every process of the PostgreSQL cluster, of the load generator and of the worker,
@@ -15,6 +17,7 @@ only on loopback. Standard library only.
 """
 
 import argparse
+import base64
 import http.client
 import json
 import os
@@ -544,6 +547,84 @@ def idle_latency(cluster, binaries, jwks_url, bodies, count=200):
             "http_p50_ms": percentile(client_ms, 50), "http_p99_ms": percentile(client_ms, 99)}
 
 
+def webhooks(cluster, binaries, jwks_url, bodies, changes=20_000, subs=2_000, idle_count=200):
+    """Webhook throughput to a fast local endpoint (`siwactl webhooks listen`, which verifies every
+    signature) with one worker process, and idle lag: change applied → webhook acknowledged, and, when the
+    worker writes siwa.changes (the changefeed), Apple's POST → webhook acknowledged."""
+    db = "webhooks"
+    cluster.create_database(db)
+    port = free_port()
+    secret = "whsec_" + base64.b64encode(os.urandom(32)).decode()
+    listener = subprocess.Popen(
+        [binaries["siwactl"], "webhooks", "listen", "--port", str(port), "--secret", secret],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = None
+    receiver = None
+    try:
+        wait_until(lambda: http_status(f"http://127.0.0.1:{port}/") == 405, "webhooks listen")
+        cluster.psql(db, f"SELECT siwa.add_webhook_endpoint('http://127.0.0.1:{port}/', '{secret}', NULL, 16)")
+        cluster.psql(db, f"""
+            INSERT INTO siwa.changes (type, sub, event_time, applied_at, jti, audience, sessions_revoked)
+            SELECT 'siwa.consent_revoked', 'wh-sub-' || (g % {subs}), now(), now(), 'wh-' || g, '{AUDIENCE}', 1
+              FROM generate_series(1, {changes}) g""")
+        cluster.psql(db, "VACUUM ANALYZE siwa.webhook_deliveries")
+        idle_children = cluster.child_count()
+        pg_before = cluster.cpu_seconds(settle_to=idle_children)
+        started = time.monotonic()
+        worker = subprocess.Popen(
+            [binaries["siwa-worker"], "--database-url", cluster.url(db), "--webhook-concurrency", "8",
+             "--log-level", "error"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: cluster.psql(db, "SELECT count(*) FROM siwa.webhook_deliveries WHERE state = 'pending'")
+                   == "0", "every webhook delivered", timeout=600, interval=0.1)
+        elapsed = time.monotonic() - started
+        worker_cpu = process_cpu_seconds(worker.pid)
+        listener_cpu = process_cpu_seconds(listener.pid)
+        pg_cpu = cluster.cpu_seconds(settle_to=idle_children) - pg_before
+        delivered = int(cluster.psql(db, "SELECT count(*) FROM siwa.webhook_deliveries WHERE state = 'delivered'"))
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+
+        # Idle lag, one notification at a time, through the whole pipeline.
+        receiver = Receiver(binaries["siwa-receiver"], cluster.url(db), jwks_url, 1)
+        worker = subprocess.Popen(
+            [binaries["siwa-worker"], "--database-url", cluster.url(db), "--log-level", "error"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)  # LISTEN before the first one
+        with open(bodies) as f:
+            lines = [next(f) for _ in range(idle_count)]
+        for body in lines:
+            request = urllib.request.Request(
+                receiver.url + "/apple/notifications", data=body.strip().encode(),
+                headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=10) as response:
+                response.read()
+            time.sleep(0.02)
+        wait_until(lambda: cluster.psql(db, "SELECT count(*) FROM siwa.webhook_deliveries WHERE state = 'pending'")
+                   == "0", "idle webhooks delivered", timeout=60)
+        lags = sorted(float(x) for x in cluster.psql(db, f"""
+            SELECT extract(epoch FROM d.delivered_at - c.applied_at) * 1000
+              FROM siwa.webhook_deliveries d JOIN siwa.changes c ON c.id = d.change_id
+             WHERE c.id > {changes}""").split())
+        end_to_end = sorted(float(x) for x in cluster.psql(db, """
+            SELECT extract(epoch FROM d.delivered_at - l.received_at) * 1000
+              FROM siwa.webhook_deliveries d JOIN siwa.changes c ON c.id = d.change_id
+              JOIN siwa.notification_log l ON l.jti = c.jti""").split())
+    finally:
+        for process in (worker, listener):
+            if process and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                process.wait(timeout=30)
+        if receiver:
+            receiver.stop()
+    return {"changes": changes, "subs": subs, "delivered": delivered, "seconds": elapsed,
+            "per_second": delivered / elapsed, "worker_us": per_row_us(worker_cpu, delivered),
+            "postgres_us": per_row_us(pg_cpu, delivered), "listener_us": per_row_us(listener_cpu, delivered),
+            "lag_p50_ms": percentile(lags, 50), "lag_p99_ms": percentile(lags, 99),
+            "end_to_end_p50_ms": percentile(end_to_end, 50) if end_to_end else None,
+            "end_to_end_p99_ms": percentile(end_to_end, 99) if end_to_end else None}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=int, default=8, help="duration of each load run")
@@ -554,6 +635,7 @@ def main():
                              "e.g. 10000000 for the 10-million-row measurement")
     parser.add_argument("--quick", action="store_true", help="only the 64-connection runs (no sweep, no prefill)")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--only", choices=["webhooks"], help="run only this part")
     args = parser.parse_args()
 
     binaries = binaries_in(os.path.join(ROOT, ".build", "release"))
@@ -565,7 +647,7 @@ def main():
     os.chmod(workdir, 0o755)
     cluster = Cluster(tempfile.mkdtemp(prefix="siwa-bench-pg-"))
     fake_apple = None
-    results = {"machine": {"cores": os.cpu_count()}, "ingest": {}, "drain": {}, "idle": {}}
+    results = {"machine": {"cores": os.cpu_count()}, "ingest": {}, "drain": {}, "idle": {}, "webhooks": {}}
     try:
         keys = os.path.join(workdir, "keys")
         kid = keygen(binaries["siwactl"], keys)
@@ -574,6 +656,11 @@ def main():
         log(f"pre-signing {args.tokens:,} distinct notifications")
         sign(binaries["siwa-bench"], keys, kid, AUDIENCE, args.tokens, bodies)
 
+        if args.only == "webhooks":
+            log("webhooks: throughput and lag")
+            results["webhooks"] = webhooks(cluster, binaries, jwks_url, bodies)
+            print_webhooks(results["webhooks"])
+            return
         sweep = [64] if args.quick else [int(c) for c in args.sweep.split(",")]
         for connections in sweep:
             log(f"ingest at {connections} connections")
@@ -588,6 +675,8 @@ def main():
             results["drain"][str(workers)] = drain(cluster, binaries, workers)
         log("idle end-to-end latency")
         results["idle"] = idle_latency(cluster, binaries, jwks_url, bodies)
+        log("webhooks: throughput and lag")
+        results["webhooks"] = webhooks(cluster, binaries, jwks_url, bodies)
     finally:
         if fake_apple:
             fake_apple.terminate()
@@ -638,6 +727,8 @@ def print_table(results):
     print(f"  receive → applied: p50 {idle['applied_p50_ms']:.2f} ms, p99 {idle['applied_p99_ms']:.2f} ms")
     print(f"  HTTP round trip:   p50 {idle['http_p50_ms']:.2f} ms, p99 {idle['http_p99_ms']:.2f} ms")
     print()
+    print_webhooks(results["webhooks"])
+    print()
     targets = []
     r64 = results["ingest"].get("64")
     if r64:
@@ -660,6 +751,23 @@ def print_table(results):
     print("Targets")
     for name, met, value in targets:
         print(f"  [{'met' if met else 'MISSED'}] {name}: {value}")
+
+
+def print_webhooks(w):
+    if not w:
+        return
+    print(f"Webhooks ({w['changes']:,} changes of {w['subs']:,} users, one worker with 8 webhook lanes, endpoint "
+          "max_in_flight 16, siwactl webhooks listen verifying each)")
+    print(f"  throughput: {w['per_second']:.0f} deliveries/s ({w['delivered']:,} in {w['seconds']:.1f} s); CPU per "
+          f"delivery: worker {w['worker_us']:.0f} µs, PostgreSQL {w['postgres_us']:.0f} µs, listener "
+          f"{w['listener_us']:.0f} µs")
+    print(f"  idle lag, change applied → webhook acknowledged: p50 {w['lag_p50_ms']:.2f} ms, "
+          f"p99 {w['lag_p99_ms']:.2f} ms")
+    if w["end_to_end_p50_ms"] is not None:
+        print(f"  idle lag, Apple's POST received → webhook acknowledged: p50 {w['end_to_end_p50_ms']:.2f} ms, "
+              f"p99 {w['end_to_end_p99_ms']:.2f} ms")
+    else:
+        print("  Apple's POST → webhook: not measured (the worker does not write siwa.changes on this branch)")
 
 
 if __name__ == "__main__":

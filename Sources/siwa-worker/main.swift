@@ -64,7 +64,7 @@ let spec = CommandSpec(
         CommandOption(
             "metrics-listen", valueName: "HOST:PORT", help: "Serve Prometheus metrics at /metrics here.",
             environmentVariable: "SIWA_WORKER_METRICS_LISTEN"),
-    ] + revokerOptions,
+    ] + revokerOptions + webhookOptions,
     flags: [
         CommandFlag(
             "once", help: "Drain everything that is due, run maintenance once, then exit.",
@@ -98,6 +98,7 @@ let metrics = MetricsRegistry()
 let configuration: Worker.Configuration
 let metricsAddress: ListenAddress?
 let revoker: Revoker?
+let webhooks: WebhookDispatcher?
 do {
     metricsAddress = try parsed.listenAddress("metrics-listen")
     let database: PostgresConfiguration
@@ -120,6 +121,9 @@ do {
         lockTimeout: lockTimeout > .zero ? lockTimeout : nil,
         retainTokens: try parsed.number("retain-tokens-days").map { .seconds($0 * 86_400) },
         retainEvents: try parsed.number("retain-events-days").map { .seconds($0 * 86_400) })
+    webhooks = try makeWebhookDispatcher(
+        parsed, database: database, environment: ProcessInfo.processInfo.environment, logger: logger,
+        metrics: metrics)
     revoker = try makeRevoker(
         parsed, database: database, environment: ProcessInfo.processInfo.environment, logger: logger,
         metrics: metrics)
@@ -195,6 +199,11 @@ if parsed.flag("once") {
 // The revocation outbox's consumer (issue 13), its own thread and connection, when configured.
 if let revoker, !parsed.flag("once") {
     services.append(.task("revoker", run: { revoker.run() }, stop: { revoker.stop() }))
+}
+
+// Signed outbound webhooks (issue 12): their own lanes and connections, unless --webhook-concurrency 0.
+if let webhooks, !parsed.flag("once") {
+    services.append(.task("webhooks", run: { webhooks.run() }, stop: { webhooks.stop() }))
 }
 
 /// Why a service could not start or failed, for the group's log line (no database message in it).

@@ -8,6 +8,7 @@ let verbs: [Verb] = [
     KeygenVerb.verb, SignVerb.verb, VerifyVerb.verb, ClientSecretVerb.verb, MigrateVerb.verb, EventsVerb.verb,
     ReplayVerb.verb, StatsVerb.verb, FakeAppleVerb.verb, SimulateVerb.verb, DoctorVerb.verb,
     TransferVerb.verb,
+    WebhooksVerb.verb,
 ]
 
 func topLevelHelp() -> String {

@@ -1,0 +1,175 @@
+import COpenSSL
+import Foundation
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Standard Webhooks (https://www.standardwebhooks.com, spec version 1): the `whsec_` secrets, the
+/// `v1` signature over `webhook-id.webhook-timestamp.body`, and its verification.
+///
+/// The HMAC-SHA256 is OpenSSL's (EVP_MAC); nothing here is hand-rolled crypto.
+public enum StandardWebhooks {
+    /// The prefix of a secret's text form.
+    public static let secretPrefix = "whsec_"
+    /// How far a `webhook-timestamp` may be from now, either way, for ``verify(id:timestamp:signature:body:secrets:tolerance:now:)``.
+    public static let defaultTolerance: Duration = .seconds(300)
+
+    /// Why a secret, a signature or a message was refused. Never holds a secret or a body.
+    public struct Error: Swift.Error, Sendable, Equatable, CustomStringConvertible {
+        /// The reason, in a few words.
+        public let description: String
+        /// An error with this reason.
+        public init(_ description: String) { self.description = description }
+    }
+
+    /// A signing secret: 24 to 64 random bytes, written `whsec_` + standard base64.
+    public struct Secret: Sendable, Equatable, CustomStringConvertible {
+        /// The key bytes.
+        public let key: [UInt8]
+
+        /// Parses `whsec_<base64>`; the key must be 24 to 64 bytes.
+        public init(_ text: String) throws(StandardWebhooks.Error) {
+            guard text.hasPrefix(StandardWebhooks.secretPrefix) else {
+                throw Error("a webhook secret starts with whsec_")
+            }
+            let encoded = String(text.dropFirst(StandardWebhooks.secretPrefix.count))
+            guard !encoded.isEmpty, encoded.count % 4 == 0,
+                encoded.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "+/=".contains($0)) }),
+                let data = Data(base64Encoded: encoded)
+            else { throw Error("a webhook secret is whsec_ and standard base64 (padded)") }
+            guard (24...64).contains(data.count) else {
+                throw Error("a webhook secret holds 24 to 64 bytes (this one \(data.count))")
+            }
+            key = [UInt8](data)
+        }
+
+        /// A new secret of 32 random bytes (OpenSSL's RAND_bytes).
+        public static func generate() -> Secret {
+            var bytes = [UInt8](repeating: 0, count: 32)
+            precondition(RAND_bytes(&bytes, 32) == 1, "RAND_bytes failed")
+            return try! Secret("whsec_" + Data(bytes).base64EncodedString())  // valid by construction
+        }
+
+        /// The text form, `whsec_…`: print it once, store it, never log it.
+        public var text: String { StandardWebhooks.secretPrefix + Data(key).base64EncodedString() }
+
+        /// Redacted: a secret never appears in logs or errors by accident.
+        public var description: String { "whsec_…(redacted)" }
+    }
+
+    /// The signed content: `id.timestamp.body`.
+    static func signedContent(id: String, timestamp: Int, body: [UInt8]) -> [UInt8] {
+        Array("\(id).\(timestamp).".utf8) + body
+    }
+
+    /// One `v1,<base64 HMAC-SHA256>` signature.
+    public static func signature(id: String, timestamp: Int, body: [UInt8], secret: Secret) -> String {
+        "v1,"
+            + Data(
+                hmacSHA256(key: secret.key, message: signedContent(id: id, timestamp: timestamp, body: body))
+            )
+            .base64EncodedString()
+    }
+
+    /// The `webhook-signature` header value: one signature per secret, space-separated (several during
+    /// a rotation's overlap).
+    public static func signatureHeader(id: String, timestamp: Int, body: [UInt8], secrets: [Secret]) -> String
+    {
+        secrets.map { signature(id: id, timestamp: timestamp, body: body, secret: $0) }.joined(separator: " ")
+    }
+
+    /// Verifies a received message: the three headers' values and the raw body, against any of
+    /// `secrets`; the timestamp must be within `tolerance` of `now`.
+    /// - Throws: ``Error`` naming what failed (missing header, timestamp, no matching signature).
+    public static func verify(
+        id: String?, timestamp: String?, signature: String?, body: [UInt8], secrets: [Secret],
+        tolerance: Duration = defaultTolerance, now: Date = Date()
+    ) throws(StandardWebhooks.Error) {
+        guard let id, !id.isEmpty, let timestamp, let signature else {
+            throw Error("missing webhook-id, webhook-timestamp or webhook-signature")
+        }
+        guard let seconds = Int(timestamp), timestamp.allSatisfy(\.isNumber) else {
+            throw Error("webhook-timestamp is not whole seconds")
+        }
+        let skew = now.timeIntervalSince1970 - Double(seconds)
+        let limit = Double(tolerance.components.seconds)
+        if skew > limit { throw Error("webhook-timestamp too old") }
+        if skew < -limit { throw Error("webhook-timestamp too new") }
+        let content = signedContent(id: id, timestamp: seconds, body: body)
+        let expected = secrets.map { hmacSHA256(key: $0.key, message: content) }
+        for candidate in signature.split(separator: " ") {
+            guard candidate.hasPrefix("v1,"), let given = Data(base64Encoded: String(candidate.dropFirst(3)))
+            else { continue }
+            let givenBytes = [UInt8](given)
+            for mac in expected where mac.count == givenBytes.count {
+                if CRYPTO_memcmp(mac, givenBytes, mac.count) == 0 { return }
+            }
+        }
+        throw Error("no matching signature")
+    }
+
+    /// HMAC-SHA256 of `message` under `key`, by OpenSSL's EVP_MAC.
+    public static func hmacSHA256(key: [UInt8], message: [UInt8]) -> [UInt8] {
+        guard let mac = EVP_MAC_fetch(nil, "HMAC", nil) else { fatalError("OpenSSL has no HMAC") }
+        defer { EVP_MAC_free(mac) }
+        guard let context = EVP_MAC_CTX_new(mac) else { fatalError("EVP_MAC_CTX_new failed") }
+        defer { EVP_MAC_CTX_free(context) }
+        var output = [UInt8](repeating: 0, count: 32)
+        var length = 0
+        let ok = "digest".withCString { name in
+            "SHA256".withCString { digest in
+                var parameters = [
+                    OSSL_PARAM_construct_utf8_string(name, UnsafeMutablePointer(mutating: digest), 0),
+                    OSSL_PARAM_construct_end(),
+                ]
+                return key.withUnsafeBufferPointer { keyBytes in
+                    EVP_MAC_init(context, keyBytes.baseAddress, keyBytes.count, &parameters) == 1
+                }
+            }
+        }
+        precondition(ok, "EVP_MAC_init failed")
+        precondition(
+            message.withUnsafeBufferPointer { EVP_MAC_update(context, $0.baseAddress, $0.count) } == 1,
+            "EVP_MAC_update failed")
+        precondition(EVP_MAC_final(context, &output, &length, output.count) == 1 && length == 32)
+        return output
+    }
+
+    /// Why `url` may not be a webhook endpoint, or nil when it may: `https` with a host, or plain `http`
+    /// only to a loopback IP literal (127.0.0.0/8, `[::1]`; not the name `localhost`); no
+    /// `user:password@`, no whitespace or control characters.
+    public static func endpointProblem(_ url: String) -> String? {
+        guard url.count <= 2000,
+            !url.contains(where: { $0.isWhitespace || $0.asciiValue.map { $0 < 32 || $0 == 127 } ?? false })
+        else { return "the URL is too long or holds whitespace or control characters" }
+        guard let components = URLComponents(string: url), let scheme = components.scheme?.lowercased(),
+            let host = components.host, !host.isEmpty
+        else { return "not an absolute URL" }
+        if components.user != nil || components.password != nil
+            || url.split(separator: "/").dropFirst().first?.contains("@") == true
+        {
+            return "credentials in the URL are not allowed"
+        }
+        switch scheme {
+        case "https": return nil
+        case "http":
+            return isLoopbackLiteral(host)
+                ? nil : "plain http only to a loopback IP literal (127.0.0.1, [::1]); use https"
+        default: return "the scheme must be https"
+        }
+    }
+
+    /// Whether `host` (IPv6 possibly in brackets) is a loopback IP literal: 127.0.0.0/8 or ::1.
+    public static func isLoopbackLiteral(_ host: String) -> Bool {
+        var literal = host
+        if literal.hasPrefix("["), literal.hasSuffix("]") { literal = String(literal.dropFirst().dropLast()) }
+        var v4 = in_addr()
+        if inet_pton(AF_INET, literal, &v4) == 1 { return UInt32(bigEndian: v4.s_addr) >> 24 == 127 }
+        var v6 = in6_addr()
+        if inet_pton(AF_INET6, literal, &v6) == 1 {
+            return withUnsafeBytes(of: &v6) { $0.prefix(15).allSatisfy { $0 == 0 } && $0[15] == 1 }
+        }
+        return false
+    }
+}

@@ -1,0 +1,407 @@
+import Foundation
+import HTTPServer
+import Postgres
+import ServiceSupport
+import Webhooks
+
+/// `siwactl webhooks`: manage signed outbound webhook endpoints, replay deliveries, and listen locally.
+enum WebhooksVerb {
+    static let subcommands:
+        [(name: String, spec: CommandSpec, run: @Sendable (ParsedCommand) throws -> Void)] = [
+            ("add", addSpec, add), ("list", listSpec, list),
+            ("disable", disableSpec, { try setEnabled($0, false) }),
+            ("enable", enableSpec, { try setEnabled($0, true) }), ("rotate-secret", rotateSpec, rotate),
+            ("replay", replaySpec, replay), ("listen", listenSpec, listen),
+        ]
+
+    static let verb = Verb(
+        name: "webhooks", abstract: "Manage signed webhook endpoints; replay deliveries; listen locally."
+    ) { arguments, environment in
+        guard let first = arguments.first, let sub = subcommands.first(where: { $0.name == first }) else {
+            let help =
+                "usage: siwactl webhooks SUBCOMMAND [OPTIONS]\n\nsubcommands:\n"
+                + subcommands.map {
+                    "  \($0.name)" + String(repeating: " ", count: 15 - $0.name.count)
+                        + firstLine($0.spec.abstract)
+                }
+                .joined(separator: "\n") + "\n\nRun 'siwactl webhooks SUBCOMMAND --help' for its options.\n"
+            if arguments.first == "--help" || arguments.first == "-h" || arguments.first == "help" {
+                writeStandardOutput(help)
+                return ExitStatus.success
+            }
+            writeErrorLine(
+                "siwactl webhooks",
+                arguments.first.map { "unknown subcommand '\($0)'" } ?? "missing subcommand")
+            FileHandle.standardError.write(Data(help.utf8))
+            return ExitStatus.usage
+        }
+        switch parse(sub.spec, Array(arguments.dropFirst()), environment) {
+        case .failure(let exit): return exit.status
+        case .success(let parsed):
+            do {
+                try sub.run(parsed)
+                return ExitStatus.success
+            } catch let error as UsageError {
+                writeErrorLine(sub.spec.name, error.message)
+                return ExitStatus.usage
+            } catch {
+                writeErrorLine(sub.spec.name, "\(error)")
+                return ExitStatus.failure
+            }
+        }
+    }
+
+    /// A usage error found after parsing (exit status 2).
+    struct UsageError: Error {
+        var message: String
+        init(_ message: String) { self.message = message }
+    }
+
+    static func firstLine(_ text: String) -> String {
+        String(text.split(separator: "\n").first ?? "")
+    }
+
+    static let types = [
+        "siwa.email_disabled", "siwa.email_enabled", "siwa.consent_revoked", "siwa.account_deleted",
+        "siwa.personal_data_erased",
+    ]
+
+    // MARK: add
+
+    static let addSpec = CommandSpec(
+        name: "siwactl webhooks add",
+        abstract: """
+            Add a webhook endpoint: https (or http to a loopback IP literal). Without --secret a whsec_ secret
+            is generated and printed once. Prints the endpoint's id and secret.
+            """,
+        options: [
+            .databaseURL,
+            CommandOption("url", valueName: "URL", help: "Where deliveries are POSTed.", isRequired: true),
+            CommandOption("secret", valueName: "whsec_…", help: "The signing secret (default: a new one)."),
+            CommandOption(
+                "types", valueName: "TYPE,…",
+                help: "Only these change types (default: all): \(types.joined(separator: ", "))."),
+            CommandOption(
+                "max-in-flight", valueName: "N", help: "Attempts to this endpoint at once, 1 to 64.",
+                defaultValue: "4"),
+        ])
+
+    static func add(_ parsed: ParsedCommand) throws {
+        let url = parsed.value("url") ?? ""
+        if let problem = StandardWebhooks.endpointProblem(url) { throw UsageError("--url: \(problem)") }
+        let secret: StandardWebhooks.Secret
+        if let text = parsed.value("secret") {
+            do { secret = try StandardWebhooks.Secret(text) } catch { throw UsageError("--secret: \(error)") }
+        } else {
+            secret = .generate()
+        }
+        let chosen = try parsedTypes(parsed)
+        let maxInFlight: Int
+        do { maxInFlight = try parsed.integer("max-in-flight", in: 1...64) ?? 4 } catch {
+            throw UsageError(error.message)
+        }
+        let connection = try connect(parsed)
+        defer { connection.close() }
+        let id = try database("adding the endpoint") {
+            try connection.query(
+                "SELECT siwa.add_webhook_endpoint($1, $2, $3::text[], $4::integer)",
+                [
+                    .text(url), .text(secret.text),
+                    chosen.map { .text("{" + $0.joined(separator: ",") + "}") },
+                    .int(Int64(maxInFlight)),
+                ]
+            )[0][0, as: Int.self]
+        }
+        writeStandardOutput("endpoint \(id): \(url)\n")
+        if parsed.value("secret") == nil {
+            writeStandardOutput("secret: \(secret.text)\n")
+            writeErrorLine(
+                "siwactl webhooks add",
+                "the secret is shown once: store it where your app verifies deliveries")
+        }
+    }
+
+    static func parsedTypes(_ parsed: ParsedCommand) throws -> [String]? {
+        guard let text = parsed.value("types") else { return nil }
+        let chosen = text.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter {
+            !$0.isEmpty
+        }
+        guard !chosen.isEmpty, chosen.allSatisfy(types.contains) else {
+            throw UsageError("--types: a comma-separated list of \(types.joined(separator: ", "))")
+        }
+        return chosen
+    }
+
+    // MARK: list
+
+    static let listSpec = CommandSpec(
+        name: "siwactl webhooks list",
+        abstract: "List webhook endpoints with their delivery counts (never their secrets).",
+        options: [.databaseURL], flags: [CommandFlag("json", help: "One JSON object per line.")])
+
+    static func list(_ parsed: ParsedCommand) throws {
+        let connection = try connect(parsed)
+        defer { connection.close() }
+        let rows = try database("listing endpoints") {
+            try connection.query(
+                """
+                SELECT id, url, coalesce(array_to_string(types, ','), 'all'), enabled, max_in_flight, live_secrets,
+                       pending, dead, last_delivered_at
+                  FROM siwa.webhook_endpoint_overview ORDER BY id
+                """)
+        }
+        var table: [[String]] = []
+        for row in rows {
+            let cells = [
+                String(try row[0, as: Int.self]), try row[1, as: String.self], try row[2, as: String.self],
+                try row[3, as: Bool.self] ? "yes" : "no", String(try row[4, as: Int.self]),
+                String(try row[5, as: Int.self]), String(try row[6, as: Int.self]),
+                String(try row[7, as: Int.self]),
+                try row[8, as: Date?.self].map(formatShort) ?? "-",
+            ]
+            if parsed.flag("json") {
+                writeStandardOutput(
+                    jsonLine([
+                        "id": Int(cells[0])!, "url": cells[1], "types": cells[2],
+                        "enabled": cells[3] == "yes",
+                        "max_in_flight": Int(cells[4])!, "live_secrets": Int(cells[5])!,
+                        "pending": Int(cells[6])!,
+                        "dead": Int(cells[7])!, "last_delivered_at": cells[8],
+                    ]))
+            }
+            table.append(cells)
+        }
+        if !parsed.flag("json") {
+            writeStandardOutput(
+                renderTable(
+                    header: [
+                        "ID", "URL", "TYPES", "ENABLED", "IN-FLIGHT", "SECRETS", "PENDING", "DEAD",
+                        "LAST DELIVERED",
+                    ],
+                    rows: table))
+        }
+    }
+
+    // MARK: disable / enable
+
+    static let disableSpec = CommandSpec(
+        name: "siwactl webhooks disable",
+        abstract: "Disable an endpoint: new changes no longer fan out to it and its pending deliveries wait.",
+        options: [.databaseURL, endpointOption])
+    static let enableSpec = CommandSpec(
+        name: "siwactl webhooks enable",
+        abstract: "Enable an endpoint again: its pending deliveries resume (replay fills the gap).",
+        options: [.databaseURL, endpointOption])
+    static let endpointOption = CommandOption(
+        "endpoint", valueName: "ID", help: "The endpoint's id (siwactl webhooks list).", isRequired: true)
+
+    static func endpointID(_ parsed: ParsedCommand) throws -> Int {
+        guard let text = parsed.value("endpoint"), let id = Int(text), id > 0 else {
+            throw UsageError("--endpoint must be an endpoint id")
+        }
+        return id
+    }
+
+    static func setEnabled(_ parsed: ParsedCommand, _ enabled: Bool) throws {
+        let id = try endpointID(parsed)
+        let connection = try connect(parsed)
+        defer { connection.close() }
+        let count = try database("updating the endpoint") {
+            try connection.execute(
+                """
+                UPDATE siwa.webhook_endpoints
+                   SET enabled = $2, disabled_at = CASE WHEN $2 THEN NULL ELSE now() END WHERE id = $1
+                """, [.int(Int64(id)), .bool(enabled)])
+        }
+        guard count == 1 else { throw ToolFailure("no endpoint \(id)") }
+        if enabled { try connection.execute("SELECT pg_notify('siwa_webhooks', '')") }
+        writeStandardOutput("endpoint \(id) \(enabled ? "enabled" : "disabled")\n")
+    }
+
+    // MARK: rotate-secret
+
+    static let rotateSpec = CommandSpec(
+        name: "siwactl webhooks rotate-secret",
+        abstract: """
+            Add a new signing secret (generated and printed once unless --secret); the current one keeps
+            signing alongside it for --overlap (e.g. 24h, 90m, 0), then stops.
+            """,
+        options: [
+            .databaseURL, endpointOption,
+            CommandOption("secret", valueName: "whsec_…", help: "The new secret (default: a new one)."),
+            CommandOption(
+                "overlap", valueName: "DURATION", help: "How long the old secret still signs (s, m, h, d).",
+                defaultValue: "24h"),
+        ])
+
+    static func rotate(_ parsed: ParsedCommand) throws {
+        let id = try endpointID(parsed)
+        let secret: StandardWebhooks.Secret
+        if let text = parsed.value("secret") {
+            do { secret = try StandardWebhooks.Secret(text) } catch { throw UsageError("--secret: \(error)") }
+        } else {
+            secret = .generate()
+        }
+        guard let overlap = parseDuration(parsed.value("overlap") ?? "24h") else {
+            throw UsageError("--overlap must be a duration such as 24h, 90m, 3600s or 0")
+        }
+        let connection = try connect(parsed)
+        defer { connection.close() }
+        let found = try database("rotating the secret") {
+            try connection.query(
+                "SELECT siwa.rotate_webhook_secret($1::bigint, $2, make_interval(secs => $3))",
+                [.int(Int64(id)), .text(secret.text), .double(overlap)]
+            )[0][0, as: Bool.self]
+        }
+        guard found else { throw ToolFailure("no endpoint \(id)") }
+        writeStandardOutput(
+            "endpoint \(id): new secret signs now; the previous one signs for \(formatAge(overlap)) more\n")
+        if parsed.value("secret") == nil { writeStandardOutput("secret: \(secret.text)\n") }
+    }
+
+    /// `90`, `90s`, `15m`, `24h`, `2d`: seconds.
+    static func parseDuration(_ text: String) -> Double? {
+        let trimmed = text.trimmingCharacters(in: .whitespaces)
+        let units: [Character: Double] = ["s": 1, "m": 60, "h": 3600, "d": 86400]
+        if let last = trimmed.last, let unit = units[last], let value = Double(trimmed.dropLast()),
+            value.isFinite,
+            value >= 0
+        {
+            return value * unit
+        }
+        if let value = Double(trimmed), value.isFinite, value >= 0 { return value }
+        return nil
+    }
+
+    // MARK: replay
+
+    static let replaySpec = CommandSpec(
+        name: "siwactl webhooks replay",
+        abstract: """
+            Queue deliveries again, with the same webhook-id and a fresh retry schedule: one --delivery, every
+            delivery of one --change, or for one --endpoint every change applied --since/--until (creating the
+            deliveries it never had). Pending ones are left alone. Prints how many were queued.
+            """,
+        options: [
+            .databaseURL,
+            CommandOption("delivery", valueName: "ID", help: "A delivery (siwa.webhook_delivery_status.id)."),
+            CommandOption("change", valueName: "ID", help: "A change (siwa.changes.id): all its deliveries."),
+            CommandOption("endpoint", valueName: "ID", help: "An endpoint: every change in the time range."),
+            CommandOption(
+                "since", valueName: "TIME", help: "With --endpoint: applied since (ISO 8601, or an age: 2h)."),
+            CommandOption(
+                "until", valueName: "TIME", help: "With --endpoint: applied before (ISO 8601, or an age)."),
+        ])
+
+    static func replay(_ parsed: ParsedCommand) throws {
+        func id(_ name: String) throws -> PostgresData? {
+            guard let text = parsed.value(name) else { return nil }
+            guard let value = Int64(text), value > 0 else { throw UsageError("--\(name) must be an id") }
+            return .int(value)
+        }
+        let delivery = try id("delivery")
+        let change = try id("change")
+        let endpoint = try id("endpoint")
+        guard [delivery, change, endpoint].compactMap({ $0 }).count == 1 else {
+            throw UsageError("give exactly one of --delivery, --change or --endpoint")
+        }
+        func time(_ name: String) throws -> PostgresData? {
+            guard let text = parsed.value(name) else { return nil }
+            guard endpoint != nil else { throw UsageError("--\(name) needs --endpoint") }
+            guard let date = parseSince(text) else {
+                throw UsageError("--\(name): ISO 8601 or an age such as 2h")
+            }
+            return .date(date)
+        }
+        let since = try time("since")
+        let until = try time("until")
+        let connection = try connect(parsed)
+        defer { connection.close() }
+        let count = try database("replaying") {
+            try connection.query(
+                "SELECT siwa.replay_webhook_deliveries($1::bigint, $2::bigint, $3::bigint, $4::timestamptz, $5::timestamptz)",
+                [delivery, change, endpoint, since, until]
+            )[0][0, as: Int.self]
+        }
+        writeStandardOutput("queued \(count) deliver\(count == 1 ? "y" : "ies")\n")
+    }
+
+    // MARK: listen
+
+    static let listenSpec = CommandSpec(
+        name: "siwactl webhooks listen",
+        abstract: """
+            A local webhook endpoint for developers: listens on 127.0.0.1, verifies each delivery's signature
+            and timestamp (±5 min), prints it as one JSON line, and answers 204 (or --status); 401 for a bad
+            signature, 400 for a missing header or a stale timestamp. Until SIGINT/SIGTERM.
+            """,
+        options: [
+            CommandOption(
+                "port", valueName: "N", help: "The port (0: any free one, printed).", isRequired: true),
+            CommandOption(
+                "secret", valueName: "whsec_…", help: "The endpoint's secret; repeat for several (rotation).",
+                isRepeatable: true, isRequired: true, environmentVariable: "SIWA_WEBHOOK_SECRET"),
+            CommandOption(
+                "status", valueName: "CODE",
+                help: "The status answered to a verified delivery (e.g. 500 to test retries).",
+                defaultValue: "204"),
+        ])
+
+    static func listen(_ parsed: ParsedCommand) throws {
+        let port: Int
+        let answer: Int
+        do {
+            port = try parsed.integer("port", in: 0...65535) ?? 0
+            answer = try parsed.integer("status", in: 200...599) ?? 204
+        } catch { throw UsageError(error.message) }
+        var secrets: [StandardWebhooks.Secret] = []
+        for text in parsed.values("secret").flatMap({ $0.split(separator: " ").map(String.init) }) {
+            do { secrets.append(try StandardWebhooks.Secret(text)) } catch {
+                throw UsageError("--secret: \(error)")
+            }
+        }
+        let signals = TerminationSignals()
+        let secretsInUse = secrets
+        let server = HTTPServer(
+            configuration: HTTPServer.Configuration(
+                host: "127.0.0.1", port: port, threadCount: 2, maxBodyBytes: 1 << 20)
+        ) { request in
+            handle(request, secrets: secretsInUse, answer: answer)
+        }
+        do { try server.start() } catch { throw ToolFailure("cannot listen on 127.0.0.1:\(port): \(error)") }
+        writeErrorLine(
+            "siwactl webhooks listen",
+            "listening on http://127.0.0.1:\(server.port ?? port)/ (\(secrets.count) secret\(secrets.count == 1 ? "" : "s"))"
+        )
+        let name = signals.wait()
+        writeErrorLine("siwactl webhooks listen", "\(name), stopping")
+        server.shutdown(gracePeriod: .seconds(2))
+    }
+
+    /// Verifies one request and prints it (stdout, one JSON line) or why it was refused (stderr).
+    static func handle(_ request: HTTPRequest, secrets: [StandardWebhooks.Secret], answer: Int)
+        -> HTTPResponse
+    {
+        guard request.method == "POST" else { return .error(status: 405, "POST only") }
+        let id = request.headers["webhook-id"]
+        do {
+            try StandardWebhooks.verify(
+                id: id, timestamp: request.headers["webhook-timestamp"],
+                signature: request.headers["webhook-signature"], body: request.body, secrets: secrets)
+        } catch {
+            let status = error.description == "no matching signature" ? 401 : 400
+            writeErrorLine(
+                "siwactl webhooks listen", "refused \(id ?? "(no webhook-id)") with \(status): \(error)")
+            return .error(status: status, error.description)
+        }
+        let body =
+            (try? JSONSerialization.jsonObject(with: request.data))
+            ?? String(decoding: request.body, as: UTF8.self)
+        var line: [String: Any] = [
+            "webhook_id": id ?? "", "verified": true, "answered": answer, "body": body,
+        ]
+        if let object = body as? [String: Any], let type = object["type"] { line["type"] = type }
+        writeStandardOutput(jsonLine(line))
+        return HTTPResponse(status: answer)
+    }
+}

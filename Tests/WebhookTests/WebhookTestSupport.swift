@@ -1,0 +1,246 @@
+import Foundation
+import HTTPServer
+import Postgres
+import ServiceSupport
+import Synchronization
+import TestSupport
+import Webhooks
+import Worker
+
+let quietLogger = Logger(label: "test", level: .error, sink: { _ in })
+
+/// A fresh database with schema.sql applied, connected as the owner; endpoints and changes are added
+/// the way siwactl and the worker add them.
+final class WebhookDatabase: @unchecked Sendable {
+    let configuration: PostgresConfiguration
+    let connection: PostgresConnection
+
+    init() throws {
+        configuration = try PostgresCluster.shared.createSchemaDatabase()
+        connection = try PostgresConnection(configuration: configuration)
+    }
+
+    deinit { connection.close() }
+
+    /// The database's URL, for the executables' --database-url.
+    var url: String { (try? PostgresCluster.shared.url(database: configuration.database ?? "")) ?? "" }
+
+    /// Adds an endpoint (siwa.add_webhook_endpoint, as siwactl webhooks add does); returns its id.
+    @discardableResult
+    func addEndpoint(
+        url: String, secret: StandardWebhooks.Secret, types: [String]? = nil, maxInFlight: Int = 4
+    ) throws -> Int {
+        try connection.query(
+            "SELECT siwa.add_webhook_endpoint($1, $2, $3::text[], $4::integer)",
+            [
+                .text(url), .text(secret.text), types.map { .text("{" + $0.joined(separator: ",") + "}") },
+                .int(Int64(maxInFlight)),
+            ])[0][0, as: Int.self]
+    }
+
+    /// Inserts one change as the worker would (the provisional siwa.changes); returns its id.
+    @discardableResult
+    func insertChange(
+        type: String = "siwa.consent_revoked", sub: String, email: String? = nil
+    ) throws -> Int {
+        try connection.query(
+            """
+            INSERT INTO siwa.changes (type, sub, event_time, applied_at, jti, audience, email, is_private_email,
+                                      sessions_revoked)
+            VALUES ($1, $2, now() - interval '1 minute', now(), gen_random_uuid()::text, 'com.example.app', $3::text,
+                    CASE WHEN $3::text IS NOT NULL THEN true END, 1)
+            RETURNING id
+            """, [.text(type), .text(sub), email.map { .text($0) }])[0][0, as: Int.self]
+    }
+
+    /// Inserts `count` changes for each of `subs`, interleaved, in one statement per round (as the
+    /// worker's batch does); returns their ids in insertion order.
+    func insertChanges(subs: [String], count: Int) throws -> [Int] {
+        var ids: [Int] = []
+        for _ in 0..<count {
+            ids += try connection.query(
+                """
+                INSERT INTO siwa.changes (type, sub, event_time, applied_at, jti)
+                SELECT 'siwa.consent_revoked', s, now(), now(), gen_random_uuid()::text
+                  FROM unnest($1::text[]) WITH ORDINALITY AS u(s, n) ORDER BY n
+                RETURNING id
+                """, [.text("{" + subs.joined(separator: ",") + "}")]
+            ).map { try $0[0, as: Int.self] }
+        }
+        return ids
+    }
+
+    /// The first column of the first row.
+    func value<T: PostgresDecodable>(
+        _ sql: String, _ parameters: [PostgresData?] = [], as type: T.Type = T.self
+    )
+        throws -> T
+    {
+        try connection.query(sql, parameters)[0][0, as: T.self]
+    }
+
+    /// How many deliveries are in `state`.
+    func count(_ state: String) throws -> Int {
+        try value("SELECT count(*)::int FROM siwa.webhook_deliveries WHERE state = $1", [.text(state)])
+    }
+
+    /// A dispatcher with a test-short schedule.
+    func dispatcher(
+        concurrency: Int = 4, timeout: Duration = .seconds(5), retryBaseDelay: Duration = .milliseconds(50),
+        maxRetryDelay: Duration = .milliseconds(200), giveUpAfter: Duration = .seconds(60),
+        configuration: PostgresConfiguration? = nil
+    ) throws -> WebhookDispatcher {
+        WebhookDispatcher(
+            configuration: try WebhookDispatcher.Configuration(
+                database: configuration ?? self.configuration, concurrency: concurrency, timeout: timeout,
+                retryBaseDelay: retryBaseDelay, maxRetryDelay: maxRetryDelay, giveUpAfter: giveUpAfter,
+                pollInterval: .milliseconds(100)),
+            logger: quietLogger)
+    }
+}
+
+/// A dispatcher's `run()` on a thread of its own, stopped and joined by ``stop()``.
+final class RunningDispatcher: Sendable {
+    let dispatcher: WebhookDispatcher
+    private let done = DispatchSemaphore(value: 0)
+
+    init(_ dispatcher: WebhookDispatcher) {
+        self.dispatcher = dispatcher
+        let thread = Thread { [dispatcher, done] in
+            dispatcher.run()
+            done.signal()
+        }
+        thread.start()
+    }
+
+    func stop() {
+        dispatcher.stop()
+        done.wait()
+    }
+}
+
+/// One request a ``WebhookReceiver`` got.
+struct ReceivedDelivery: Sendable {
+    var id: String?
+    var timestamp: String?
+    var signature: String?
+    var body: [UInt8]
+    var status: Int
+    var at: ContinuousClock.Instant
+
+    /// The parsed body.
+    var json: [String: Any] { (try? JSONSerialization.jsonObject(with: Data(body))) as? [String: Any] ?? [:] }
+    /// `data.change_id` of the body.
+    var changeID: Int { (json["data"] as? [String: Any])?["change_id"] as? Int ?? -1 }
+    /// `data.sub` of the body.
+    var sub: String { (json["data"] as? [String: Any])?["sub"] as? String ?? "" }
+}
+
+/// A real local HTTP endpoint (HTTPServer on 127.0.0.1) that records every request and answers what
+/// `answer` says (a status, after an optional delay).
+final class WebhookReceiver: Sendable {
+    private let server: HTTPServer
+    private final class Log: Sendable {
+        let list = Mutex<[ReceivedDelivery]>([])
+    }
+    private let received = Log()
+    let port: Int
+
+    init(
+        threads: Int = 8,
+        answer:
+            @escaping @Sendable (_ delivery: ReceivedDelivery, _ seen: Int) -> (status: Int, delay: Duration) =
+            {
+                _, _ in (204, .zero)
+            }
+    ) throws {
+        let received = self.received
+        server = HTTPServer(
+            configuration: HTTPServer.Configuration(host: "127.0.0.1", port: 0, threadCount: threads)
+        ) { request in
+            var delivery = ReceivedDelivery(
+                id: request.headers["webhook-id"], timestamp: request.headers["webhook-timestamp"],
+                signature: request.headers["webhook-signature"], body: request.body, status: 0, at: .now)
+            let seen = received.list.withLock { list in list.filter { $0.id == delivery.id }.count }
+            let (status, delay) = answer(delivery, seen)
+            if delay > .zero { Thread.sleep(forTimeInterval: delay.inSeconds) }
+            delivery.status = status
+            received.list.withLock { $0.append(delivery) }
+            return HTTPResponse(status: status)
+        }
+        try server.start()
+        port = server.port ?? 0
+    }
+
+    deinit { server.shutdown(gracePeriod: .zero) }
+
+    /// The endpoint's URL.
+    var url: String { "http://127.0.0.1:\(port)/hooks" }
+
+    /// Everything received so far, in arrival order.
+    var deliveries: [ReceivedDelivery] { received.list.withLock { $0 } }
+
+    /// Those answered 2xx.
+    var accepted: [ReceivedDelivery] { deliveries.filter { (200...299).contains($0.status) } }
+}
+
+extension Duration {
+    var inSeconds: Double {
+        let (seconds, attoseconds) = components
+        return Double(seconds) + Double(attoseconds) / 1e18
+    }
+}
+
+/// The independent verifier: the PyPI package `standardwebhooks` in .build/webhooks-venv (made by
+/// scripts/webhooks-venv, which `make test` runs; made here too when missing).
+enum ReferenceVerifier {
+    static let python = RepositoryRoot.url.appendingPathComponent(".build/webhooks-venv/bin/python").path
+    static let script = RepositoryRoot.url.appendingPathComponent("scripts/webhooks-verify.py").path
+
+    struct Missing: Error, CustomStringConvertible {
+        var description: String
+    }
+
+    /// `ok` or `fail: …` for each delivery checked against `secret`.
+    static func verify(_ deliveries: [ReceivedDelivery], secret: StandardWebhooks.Secret) throws -> [String] {
+        if !FileManager.default.isExecutableFile(atPath: python) {
+            let made = try Subprocess.run(
+                RepositoryRoot.url.appendingPathComponent("scripts/webhooks-venv").path, [],
+                timeout: .seconds(300))
+            guard made.status == 0 else {
+                throw Missing(
+                    description:
+                        "the standardwebhooks venv is missing and scripts/webhooks-venv failed (run make webhooks-venv): \(made.standardError)"
+                )
+            }
+        }
+        var input = ""
+        for delivery in deliveries {
+            var headers: [String: String] = [:]
+            headers["webhook-id"] = delivery.id
+            headers["webhook-timestamp"] = delivery.timestamp
+            headers["webhook-signature"] = delivery.signature
+            let object: [String: Any] = [
+                "secret": secret.text, "headers": headers,
+                "body_base64": Data(delivery.body).base64EncodedString(),
+            ]
+            input +=
+                String(decoding: try JSONSerialization.data(withJSONObject: object), as: UTF8.self) + "\n"
+        }
+        let result = try Subprocess.run(python, [script], input: Data(input.utf8), timeout: .seconds(60))
+        guard result.status == 0 else {
+            throw Missing(description: "webhooks-verify.py failed: \(result.standardError)")
+        }
+        return result.standardOutput.split(separator: "\n").map(String.init)
+    }
+}
+
+/// Whether, per sub, the change ids of `deliveries` (in arrival order) never go down.
+func inOrderPerSub(_ deliveries: [ReceivedDelivery]) -> Bool {
+    var last: [String: Int] = [:]
+    for delivery in deliveries {
+        if let previous = last[delivery.sub], delivery.changeID < previous { return false }
+        last[delivery.sub] = delivery.changeID
+    }
+    return true
+}
