@@ -175,7 +175,8 @@ public final class WebhookDispatcher: Sendable {
             } catch {
                 let code = (error as? PostgresError).map { $0.sqlState ?? $0.code.description } ?? "unknown"
                 logger.warning(
-                    "webhooks: database failure; reconnecting", ["lane": .int(index), "error": .string(code)])
+                    "webhooks: database failure; connecting again",
+                    ["lane": .int(index), "error": .string(code)])
                 let deadline = ContinuousClock.now + .seconds(1)
                 while !isStopping, ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.05) }
             }
