@@ -927,8 +927,14 @@ def crash(cluster):
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    wait_until(lambda: not os.path.exists(f"/proc/{postmaster}") or
-               "zombie" in open(f"/proc/{postmaster}/status").read(), "the primary's processes to die", 10)
+    def dead(pid):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                return "zombie" in f.read()
+        except OSError:
+            return True
+
+    wait_until(lambda: all(dead(pid) for pid in [postmaster, *children]), "the primary's processes to die", 10)
 
 
 FAILOVER_HOOK_SQL = """
@@ -1052,6 +1058,7 @@ def drill_failover(ctx, synchronous):
             crashed_at = time.monotonic()
             primary.crashed = True
             crash(primary)
+            dead_at = time.monotonic()  # every process of the primary gone
             log(f"  primary killed -9 (its WAL sender stopped {crashed_at - lag_at:.1f} s before)")
             time.sleep(ctx.detect_seconds)
             promote_at = time.monotonic()
@@ -1067,7 +1074,9 @@ def drill_failover(ctx, synchronous):
         finally:
             load.stop()
         answered_503 = answered_between(answers, crashed_at, first_200, 503)
-        not_ready = [s for s in prober.between(crashed_at, promoted_at) if s != 200]
+        # From the last primary process's death to the promotion command: there is no primary at all.
+        without_primary = prober.between(dead_at, promote_at)
+        not_ready = [s for s in without_primary if s != 200]
         ready_again = next((at for at, s in prober.seen if at >= promoted_at and s == 200), None)
         lag_200 = sum(1 for a in answers.all() if a[1] == 200 and lag_at <= a[2] + a[3] < crashed_at)
         log(f"  answers: 200 within the {ctx.lag_seconds} s of lag {lag_200}; 503 from the crash to the first 200 "
@@ -1089,9 +1098,9 @@ def drill_failover(ctx, synchronous):
             result.check(not lost_first, f"every jti answered 200 before Apple's retries is on the new primary "
                                          f"({len(acknowledged_first)} acknowledged, {len(lost_first)} lost)")
             result.check(answered_503 > 0, f"503 while there was no primary ({answered_503} answers)")
-            probes = prober.between(crashed_at, promoted_at)
-            result.check(bool(not_ready), f"/readyz answered 503 while there was no primary ({len(not_ready)} of "
-                                          f"{len(probes)} probes)")
+            result.check(bool(not_ready) and len(not_ready) == len(without_primary),
+                         f"/readyz answered 503 on every probe while there was no primary ({len(not_ready)} of "
+                         f"{len(without_primary)} probes)")
             result.check(ready_again is not None, f"/readyz answered 200 again after the promotion ({ready_text})")
             result.check(receiver.alive() and receiver.process.pid == receiver_pid, "the receiver was never restarted")
             result.check(worker.poll() is None, "the worker was never restarted")
