@@ -75,7 +75,8 @@ fuzz: deps
 	SWIFT=$(SWIFT) FUZZ_SECONDS=$(FUZZ_SECONDS) ./Fuzz/fuzz.sh $(FUZZ_TARGETS)
 
 # Fault drills (not part of `make test`): release binaries, a throwaway PostgreSQL, loopback only; PostgreSQL
-# restarts, kill -9 of receiver and workers, JWKS faults, pool exhaustion, disk full. Exits 1 on any lost
+# restarts, kill -9 of receiver and workers, JWKS faults, pool exhaustion, disk full, failover to a
+# synchronous standby (and what asynchronous replication loses). Exits 1 on any lost
 # acknowledged notification. Pass options with DRILLS_ARGS, e.g. `make drills DRILLS_ARGS=--quick`.
 .PHONY: drills
 drills: demo-deps

@@ -17,6 +17,12 @@ when we are root) on loopback only, breaks something on purpose under load, and 
      --pool-size 2, and every connection the receiver's role may open held by another client; and disk
      full: the log's partitions and the queue in a tablespace on a 2 MiB tmpfs mounted for the drill (root only; skipped,
      with the reason printed, where mounting is not allowed).
+  6. Failover to a streaming standby under load: a primary and a synchronous standby (pg_basebackup -R),
+     the receiver and a worker connected to both hosts with target_session_attrs=read-write; the primary's
+     WAL sender stopped for a moment, then every primary process killed -9 and the standby promoted. Every
+     jti answered 200 is on the new primary, applied exactly once; 503 and /readyz 503 while there is no
+     primary; both services recover by themselves. 6b repeats it with asynchronous replication and
+     reports (without failing) the acknowledged notifications it loses.
 
 Each drill prints what it did and the counts it checked; the run ends with a summary table and exits 1 on
 any violation. Known limitations are reported as findings with their numbers (--strict makes them fail). Standard library only; reuses scripts/bench.py's helpers.
@@ -631,6 +637,14 @@ def drill_jwks(ctx):
     return result
 
 
+def metric_or_none(port, name):
+    """`metric`, or None while nothing answers on `port`."""
+    try:
+        return metric(port, name)
+    except (OSError, http.client.HTTPException):
+        return None
+
+
 def metric(port, name):
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     connection.request("GET", "/metrics")
@@ -872,6 +886,286 @@ def drill_disk_full(ctx):
 
 
 # ---------------------------------------------------------------------------------------------------
+# Drill 6: failover to a streaming standby
+# ---------------------------------------------------------------------------------------------------
+
+class Standby(Cluster):
+    """A streaming replica of `primary` (pg_basebackup -R, as `postgres` when we are root) in its own
+    directory, with its own socket and port; `promote()` makes it the primary."""
+
+    def __init__(self, root, primary):  # noqa: super().__init__ would initdb: set up by hand instead
+        self.bindir = primary.bindir
+        self.root = root
+        self.data = os.path.join(root, "data")
+        self.port = free_port()
+        self.as_postgres = primary.as_postgres
+        if self.as_postgres:
+            shutil.chown(root, "postgres")
+        self._tool("pg_basebackup", "-D", self.data, "-h", primary.root, "-p", str(primary.port), "-U", "postgres",
+                   "-R", "-X", "stream", "--checkpoint=fast")
+        self.options = primary.options.replace(f"-k {primary.root} -p {primary.port}", f"-k {root} -p {self.port}")
+        self.start()
+
+    def promote(self):
+        self._tool("pg_ctl", "-D", self.data, "-w", "-t", "60", "promote")
+
+
+def process_name(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def crash(cluster):
+    """kill -9 of the postmaster and every one of its processes at once: a machine or container dying."""
+    postmaster = cluster.postmaster_pid()
+    children = bench.children_of(postmaster)
+    for pid in [postmaster, *children]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    def dead(pid):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                return "zombie" in f.read()
+        except OSError:
+            return True
+
+    wait_until(lambda: all(dead(pid) for pid in [postmaster, *children]), "the primary's processes to die", 10)
+
+
+FAILOVER_HOOK_SQL = """
+CREATE SCHEMA drill;
+-- No unique key: an event applied twice shows as two rows instead of failing.
+CREATE TABLE drill.hook_effects (
+    jti        text NOT NULL,
+    event_type text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz, email text, jti text)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO drill.hook_effects (jti, event_type) VALUES (on_event.jti, on_event.event_type);
+END;
+$$;
+"""
+
+
+class Prober:
+    """GETs `url` every `interval` seconds in a thread, recording (monotonic time, status or None)."""
+
+    def __init__(self, url, interval=0.1):
+        self.url = url
+        self.interval = interval
+        self.seen = []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stopping.is_set():
+            at = time.monotonic()
+            self.seen.append((at, http_status(self.url, timeout=3)))
+            self.stopping.wait(self.interval)
+
+    def stop(self):
+        self.stopping.set()
+        self.thread.join(timeout=10)
+
+    def between(self, start, end):
+        return [status for at, status in self.seen if start <= at <= end]
+
+
+def resend_until_stored(answers, port, bodies, timeout):
+    """Apple's retries: every body not answered 200 is posted again until it is (bounded by `timeout`)."""
+    by_jti = dict(bodies)
+    acknowledged = answers.acknowledged()
+    waiting = [jti for jti, _ in bodies if jti in answers.by_jti and jti not in acknowledged]
+    resent = len(waiting)
+    deadline = time.monotonic() + timeout
+    connection = None
+    while waiting and time.monotonic() < deadline:
+        jti = waiting[0]
+        if connection is None:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=COMMIT_TIMEOUT_S + 5)
+        started = time.monotonic()
+        try:
+            status, _ = post(connection, by_jti[jti])
+        except (OSError, http.client.HTTPException):
+            status = "error"
+            connection.close()
+            connection = None
+        answers.record(jti, status, started, time.monotonic() - started)
+        if status == 200:
+            waiting.pop(0)
+        else:
+            time.sleep(0.2)
+    if connection:
+        connection.close()
+    return resent, len(waiting)
+
+
+def drill_failover(ctx, synchronous):
+    mode = "synchronous" if synchronous else "asynchronous"
+    result = Result("6 failover (sync replication)" if synchronous else "6b failover (async; shown, not checked)")
+    log(f"drill {result.name}: a primary and a streaming standby ({mode} replication); siwa-receiver and "
+        "siwa-worker connect with host=primary,standby&target_session_attrs=read-write. Under load the "
+        f"primary's WAL sender is stopped for {ctx.lag_seconds} s (replication lag), then every primary process is "
+        f"killed -9; {ctx.detect_seconds} s later the standby is promoted")
+    primary = standby = receiver = worker = prober = worker_log = None
+    roots = [tempfile.mkdtemp(prefix="siwa-drills-primary-"), tempfile.mkdtemp(prefix="siwa-drills-standby-")]
+    db = "drill6"
+    try:
+        primary = Cluster(roots[0])
+        primary.create_database(db)
+        primary.psql(db, FAILOVER_HOOK_SQL)
+        standby = Standby(roots[1], primary)
+        # Set on the primary only after the base backup, so the standby does not inherit it: once promoted
+        # it runs alone, and with '*' and no standby every commit would wait forever.
+        if synchronous:
+            primary.psql("postgres", "ALTER SYSTEM SET synchronous_standby_names = '*'")
+        primary.psql("postgres", "SELECT pg_reload_conf()")
+        wanted = "sync" if synchronous else "async"
+        wait_until(lambda: primary.psql("postgres", "SELECT sync_state FROM pg_stat_replication "
+                                                    "WHERE state = 'streaming'") == wanted,
+                   f"the standby to stream ({wanted})", 30)
+        url = (f"postgresql://postgres@/{db}?host={primary.root},{standby.root}&port={primary.port},{standby.port}"
+               "&target_session_attrs=read-write")
+        log(f"  database URL: {url}")
+        receiver = Receiver(ctx, f"drill6-{wanted}", url, ctx.jwks_url).start()
+        receiver_pid = receiver.process.pid
+        metrics_port = free_port()
+        worker_log = open(os.path.join(ctx.workdir, f"drill6-{wanted}-worker.log"), "a")
+        worker = subprocess.Popen(
+            [ctx.binaries["siwa-worker"], "--database-url", url + "&application_name=drill6-worker",
+             "--concurrency", "2", "--poll-interval", "0.2", "--retry-base-delay", "0.1",
+             "--metrics-listen", f"127.0.0.1:{metrics_port}", "--log-level", "warning"],
+            stdout=worker_log, stderr=worker_log)
+        wait_until(lambda: metric_or_none(metrics_port, "siwa_worker_connected_lanes") == 2, "the worker's lanes", 30)
+        prober = Prober(f"http://127.0.0.1:{receiver.port}/readyz")
+        answers = Answers()
+        load = Load(lambda: receiver.port, ctx.bodies, answers, threads=ctx.threads, pause=0.02).start()
+        try:
+            time.sleep(ctx.warmup)
+            walsender = next(pid for pid in bench.children_of(primary.postmaster_pid())
+                             if "walsender" in process_name(pid))
+            os.kill(walsender, signal.SIGSTOP)
+            lag_at = time.monotonic()
+            time.sleep(ctx.lag_seconds)
+            crashed_at = time.monotonic()
+            primary.crashed = True
+            crash(primary)
+            dead_at = time.monotonic()  # every process of the primary gone
+            log(f"  primary killed -9 (its WAL sender stopped {crashed_at - lag_at:.1f} s before)")
+            time.sleep(ctx.detect_seconds)
+            promote_at = time.monotonic()
+            standby.promote()
+            promoted_at = time.monotonic()
+            log(f"  standby promoted in {promoted_at - promote_at:.2f} s")
+            wait_until(lambda: answered_after(answers, promoted_at, 200), "200s after the promotion", 60)
+            first_200 = min(a[2] + a[3] for a in answers.all() if a[1] == 200 and a[2] >= promoted_at)
+            wait_until(lambda: metric_or_none(metrics_port, "siwa_worker_connected_lanes") == 2,
+                       "the worker's lanes to reconnect", 60)
+            lanes_back = time.monotonic()
+            time.sleep(ctx.warmup)
+        finally:
+            load.stop()
+        answered_503 = answered_between(answers, crashed_at, first_200, 503)
+        # From the last primary process's death to the promotion command: there is no primary at all.
+        without_primary = prober.between(dead_at, promote_at)
+        not_ready = [s for s in without_primary if s != 200]
+        ready_again = next((at for at, s in prober.seen if at >= promoted_at and s == 200), None)
+        lag_200 = sum(1 for a in answers.all() if a[1] == 200 and lag_at <= a[2] + a[3] < crashed_at)
+        log(f"  answers: 200 within the {ctx.lag_seconds} s of lag {lag_200}; 503 from the crash to the first 200 "
+            f"after promotion {answered_503}; first 200 {first_200 - crashed_at:.2f} s after the crash "
+            f"({first_200 - promoted_at:.2f} s after the promotion); worker lanes connected again "
+            f"{lanes_back - promoted_at:.2f} s after it")
+        reconnects = metric(metrics_port, "siwa_worker_reconnects_total")
+        acknowledged_first = set(answers.acknowledged())
+        lost_first = acknowledged_first - set(standby.stored_jtis(db))
+        resent, unanswered = resend_until_stored(answers, receiver.port, ctx.bodies, timeout=60)
+        log(f"  Apple's retries: {resent} notifications not answered 200 were sent again; {unanswered} still not 200")
+        result.counts["retried"] = resent
+        wait_until(lambda: standby.psql(db, "SELECT count(*) FROM siwa.notification_queue") == "0",
+                   "the worker to drain the queue on the new primary", ctx.worker_timeout)
+        prober.stop()
+        ready_text = f"{ready_again - promoted_at:.2f} s" if ready_again else "never"
+        if synchronous:
+            check_invariant(result, standby, db, answers)
+            result.check(not lost_first, f"every jti answered 200 before Apple's retries is on the new primary "
+                                         f"({len(acknowledged_first)} acknowledged, {len(lost_first)} lost)")
+            result.check(answered_503 > 0, f"503 while there was no primary ({answered_503} answers)")
+            result.check(bool(not_ready) and len(not_ready) == len(without_primary),
+                         f"/readyz answered 503 on every probe while there was no primary ({len(not_ready)} of "
+                         f"{len(without_primary)} probes)")
+            result.check(ready_again is not None, f"/readyz answered 200 again after the promotion ({ready_text})")
+            result.check(receiver.alive() and receiver.process.pid == receiver_pid, "the receiver was never restarted")
+            result.check(worker.poll() is None, "the worker was never restarted")
+            result.check(reconnects > 0, f"the worker's lanes reconnected ({reconnects:.0f} reconnects counted)")
+            result.check(unanswered == 0, "every notification was answered 200 after Apple's retries")
+            sent = {jti for jti in answers.by_jti}
+            stored = standby.stored_jtis(db)
+            result.check(sent <= set(stored) and len(stored) == len(set(stored)),
+                         f"after Apple's retries every jti sent is stored, once ({len(sent)} sent, {len(stored)} rows)")
+        else:
+            every = answers.all()
+            stored = set(standby.stored_jtis(db))
+            result.counts.update({"sent": len(every), "200": sum(1 for a in every if a[1] == 200),
+                                  "503": sum(1 for a in every if a[1] == 503),
+                                  "conn errors": sum(1 for a in every if a[1] == "error"), "other": 0,
+                                  "stored": len(stored), "lost": len(lost_first), "dup rows": 0})
+            log(f"  asynchronous replication: {len(lost_first)} of the {len(acknowledged_first)} notifications "
+                f"answered 200 are NOT on the new primary (committed on the old primary during the "
+                f"{ctx.lag_seconds} s of lag, answered 200, never replicated); Apple does not retry a 200")
+            result.notes.append(f"async lost {len(lost_first)} acknowledged: why the drill uses synchronous replication")
+        row = standby.psql(db, """
+            SELECT count(*) FILTER (WHERE state = 'applied'), count(*) FILTER (WHERE state <> 'applied'),
+                   count(*), (SELECT count(*) FROM drill.hook_effects),
+                   (SELECT count(DISTINCT jti) FROM drill.hook_effects),
+                   (SELECT count(*) FROM drill.hook_effects h
+                     WHERE NOT EXISTS (SELECT 1 FROM siwa.notifications n WHERE n.jti = h.jti))
+              FROM siwa.notifications""").split("|")
+        applied, unapplied, events, hooks, distinct_hooks, stray = map(int, row)
+        log(f"  worker on the new primary: {events} events, applied {applied}, other {unapplied}; hook effects "
+            f"{hooks} ({distinct_hooks} distinct jtis, {stray} for no stored event)")
+        result.check(applied == events and unapplied == 0, f"every stored event is applied ({applied}/{events})")
+        result.check(hooks == distinct_hooks == events and stray == 0,
+                     f"each event's effect exactly once on the new primary ({hooks} effects for {events} events, "
+                     f"{hooks - distinct_hooks} applied twice)")
+        result.counts["dup rows"] = result.counts.get("dup rows", 0) + hooks - distinct_hooks
+        result.notes.append(f"recovered {first_200 - crashed_at:.1f} s after the crash, "
+                            f"{first_200 - promoted_at:.2f} s after promotion; {answered_503} 503s")
+    finally:
+        if prober:
+            prober.stop()
+        if worker and worker.poll() is None:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        if worker_log:
+            worker_log.close()
+        if receiver:
+            receiver.stop()
+        # The crashed primary is not stopped again: its postmaster.pid names a process that is gone.
+        for cluster in (standby, primary if primary and not getattr(primary, "crashed", False) else None):
+            if cluster is None:
+                continue
+            try:
+                cluster.stop("immediate")
+            except subprocess.CalledProcessError:
+                pass
+        if not ctx.keep:
+            for root in roots:
+                shutil.rmtree(root, ignore_errors=True)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------------------
 
@@ -922,6 +1216,9 @@ def main():
     ctx.worker_events = 3000 if args.quick else 10000
     ctx.hook_sleep = 0.001
     ctx.worker_timeout = 180
+    ctx.lag_seconds = 1.0
+    ctx.detect_seconds = 1.0 if args.quick else 2.0
+    ctx.keep = args.keep
     only = {s.strip() for s in args.only.split(",") if s.strip()}
 
     ctx.workdir = tempfile.mkdtemp(prefix="siwa-drills-")
@@ -950,6 +1247,8 @@ def main():
             ("5", lambda: drill_head_of_line(ctx)),
             ("5", lambda: drill_connection_limit(ctx)),
             ("5", lambda: drill_disk_full(ctx)),
+            ("6", lambda: drill_failover(ctx, synchronous=True)),
+            ("6", lambda: drill_failover(ctx, synchronous=False)),
         ]
         for number, drill in drills:
             if only and number not in only:

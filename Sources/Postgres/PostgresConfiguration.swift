@@ -26,6 +26,9 @@ public struct PostgresConfiguration: Sendable, CustomStringConvertible {
     public let host: String?
     /// The port from the connection string, if it names one.
     public let port: String?
+    /// `target_session_attrs` from the connection string (e.g. `read-write`: of several hosts, only a
+    /// primary), if it sets one.
+    public let targetSessionAttributes: String?
 
     /// Parses and validates `connectionString` (URL or conninfo form) without connecting.
     /// - Throws: `PostgresError` with code `.invalidConfiguration` when libpq cannot parse it.
@@ -66,6 +69,7 @@ public struct PostgresConfiguration: Sendable, CustomStringConvertible {
         self.user = values["user"]
         self.host = values["host"] ?? values["hostaddr"]
         self.port = values["port"]
+        self.targetSessionAttributes = values["target_session_attrs"]
     }
 
     /// A reason for a parse failure that quotes nothing from the connection string.
@@ -94,17 +98,30 @@ public struct PostgresConfiguration: Sendable, CustomStringConvertible {
         return "libpq cannot parse it (its message is not shown: it may quote the password)"
     }
 
-    /// A summary such as `postgresql://app@/siwa?host=/run/postgresql&port=5432`, without any password.
+    /// A summary such as `postgresql://app@/siwa?host=/run/postgresql&port=5432` or, for several hosts,
+    /// `postgresql://app@db-a:5432,db-b:5432/siwa?target_session_attrs=read-write`, without any password.
     public var description: String {
         var text = "postgresql://"
         if let user { text += user + "@" }
-        let hostIsSocket = host?.hasPrefix("/") ?? false
-        if let host, !hostIsSocket { text += host }
-        if let port, !hostIsSocket { text += ":" + port }
+        let hosts =
+            host.map { $0.split(separator: ",", omittingEmptySubsequences: false).map(String.init) } ?? []
+        let ports =
+            port.map { $0.split(separator: ",", omittingEmptySubsequences: false).map(String.init) } ?? []
+        let hostIsSocket = hosts.contains { $0.hasPrefix("/") }
+        if !hostIsSocket && !hosts.isEmpty {
+            // libpq pairs the nth host with the nth port, or every host with a single port.
+            text += hosts.indices.map { index in
+                let hostPort = ports.count == 1 ? ports[0] : index < ports.count ? ports[index] : ""
+                return hosts[index] + (hostPort.isEmpty ? "" : ":" + hostPort)
+            }.joined(separator: ",")
+        } else if !hostIsSocket, let port {
+            text += ":" + port
+        }
         text += "/" + (database ?? "")
         var query: [String] = []
         if let host, hostIsSocket { query.append("host=" + host) }
         if let port, hostIsSocket { query.append("port=" + port) }
+        if let targetSessionAttributes { query.append("target_session_attrs=" + targetSessionAttributes) }
         if !query.isEmpty { text += "?" + query.joined(separator: "&") }
         return text
     }

@@ -220,6 +220,11 @@ public final class PostgresConnection: @unchecked Sendable {
 
     // MARK: Pool support
 
+    /// For pools: marks the connection as not to be reused (it reaches a server that cannot write).
+    func discard() {
+        sawConnectionError = true
+    }
+
     /// For pools: true when an idle connection still looks alive. Reads anything the server sent
     /// (e.g. a shutdown notice followed by end-of-file) without blocking.
     func isAliveWhenIdle() -> Bool {
@@ -376,7 +381,12 @@ public final class PostgresConnection: @unchecked Sendable {
             let base = firstError?.message ?? String(cString: PQerrorMessage(handle)).trimmingWhitespace()
             throw PostgresError(code: .connectionLost, message: base, sqlState: firstError?.sqlState)
         }
-        if let firstError { throw firstError }
+        if let firstError {
+            // A server that accepts no writes (a standby after a failover, or read-only by default): this
+            // session stays there, so it is not reused; a new connection may reach the primary.
+            if firstError.code == .readOnly { sawConnectionError = true }
+            throw firstError
+        }
         return results
     }
 

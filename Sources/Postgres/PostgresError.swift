@@ -36,6 +36,10 @@ public struct PostgresError: Error, Sendable, CustomStringConvertible, CustomDeb
         public static let queryFailed = Code("query_failed")
         /// A value in a result could not be decoded as the requested Swift type.
         public static let decoding = Code("decoding")
+        /// SQLSTATE 25006: the server accepts no writes — a hot standby (a failover or a connection string
+        /// without `target_session_attrs=read-write` led here) or `default_transaction_read_only`. The
+        /// connection is not reused: a new one may reach the read-write primary. Retry the work.
+        public static let readOnly = Code("read_only")
         /// A wait ran out of time, or the server cancelled a statement (SQLSTATE 57014).
         public static let timeout = Code("timeout")
         /// No pooled connection became free before the acquisition timeout.
@@ -65,9 +69,10 @@ public struct PostgresError: Error, Sendable, CustomStringConvertible, CustomDeb
         self.constraintName = constraintName
     }
 
-    /// True when the connection this came from can no longer be used.
+    /// True when the connection this came from can no longer be used (it broke, or it reaches a server
+    /// that accepts no writes, ``Code/readOnly``): the work failed as a whole, not because of its data.
     public var isConnectionError: Bool {
-        code == .connectionFailed || code == .connectionLost || code == .connectionClosed
+        code == .connectionFailed || code == .connectionLost || code == .connectionClosed || code == .readOnly
     }
 
     /// True when running the same work again (on a fresh connection or transaction) may succeed.
@@ -100,6 +105,7 @@ extension PostgresError {
         case "40001": return .serializationFailure
         case "40P01": return .deadlock
         case "57014": return .timeout
+        case "25006": return .readOnly
         case "57P01", "57P02", "57P03": return .connectionLost
         default:
             if state.hasPrefix("08") { return .connectionLost }

@@ -74,6 +74,32 @@ public final class PostgresPool: Sendable {
         }
     }
 
+    /// Checks that the database answers and accepts writes, for the readiness probes of services that
+    /// write: a hot standby (or a server with `default_transaction_read_only`) fails with
+    /// ``PostgresError/Code/readOnly``, and the connection that found it is closed rather than pooled,
+    /// so that the next one may reach the read-write primary (with `target_session_attrs=read-write`).
+    public func checkWritable(timeout: Duration? = nil) throws(PostgresError) {
+        do {
+            let readOnly = try withConnection(timeout: timeout) { connection in
+                let readOnly = try connection.query(
+                    "SELECT pg_catalog.current_setting('transaction_read_only') = 'on'"
+                )
+                .first?[0, as: Bool.self]
+                if readOnly != false { connection.discard() }
+                return readOnly
+            }
+            guard readOnly == false else {
+                throw PostgresError(
+                    code: .readOnly, message: "the server accepts no writes (a hot standby, or read-only)",
+                    sqlState: "25006")
+            }
+        } catch let error as PostgresError {
+            throw error
+        } catch {
+            throw PostgresError(code: .queryFailed, message: "the writability check failed: \(error)")
+        }
+    }
+
     /// Closes idle connections and refuses new work; connections in use are closed when returned.
     public func close() {
         let idle = state.withLock { state in

@@ -199,9 +199,10 @@ public final class NotificationStore: @unchecked Sendable {
         watch(ticket)
     }
 
-    /// Whether the database answers (readiness).
+    /// Whether the database answers and accepts writes (readiness): false while the only server
+    /// reachable is a standby (during a failover) or read-only, when every store would fail.
     public func isReachable() -> Bool {
-        (try? pool.ping()) != nil
+        (try? pool.checkWritable()) != nil
     }
 
     /// Commits what is queued, then stops the committer threads and the deadline watcher and returns
@@ -303,6 +304,7 @@ public final class NotificationStore: @unchecked Sendable {
         let started = ContinuousClock.now
         do {
             let inserted = try insert(batch)
+            if inserted.isEmpty { try awaitReplication() }
             observeBatch(batch.count, ContinuousClock.now - started)
             // The first ticket for each inserted jti is accepted; any other (a duplicate in the same
             // batch, or a jti stored before) is a duplicate.
@@ -315,6 +317,27 @@ public final class NotificationStore: @unchecked Sendable {
             for ticket in batch { commit([ticket]) }
         } catch {
             for ticket in batch { ticket.finish(.failure(error)) }
+        }
+    }
+
+    /// Before a batch that wrote nothing (every row a duplicate) is answered 200: waits, as a commit
+    /// does, until what this session found is as durable as a commit is (on the synchronous standby,
+    /// with synchronous replication).
+    ///
+    /// A transaction that writes no WAL commits without waiting for any standby; yet the row it found may
+    /// be committed on the primary only: the primary restarted (or an operator cancelled the wait) while
+    /// the first delivery's commit waited for a standby that was away, and Apple's retry came. Answering
+    /// 200 then could lose the row at a failover. So the batch writes one record of WAL in a transaction
+    /// of its own (a transactional logical-decoding message, prefix `siwa`, empty: no table is touched),
+    /// whose commit returns only once the standby has everything up to it. Where the function is
+    /// missing or not granted to the receiver's role, the answer is given as before.
+    private func awaitReplication() throws {
+        do {
+            try pool.withConnection { connection in
+                _ = try connection.query("SELECT pg_catalog.pg_logical_emit_message(true, 'siwa', '')")
+            }
+        } catch let error as PostgresError where error.sqlState == "42883" || error.sqlState == "42501" {
+            return
         }
     }
 

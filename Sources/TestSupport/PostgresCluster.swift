@@ -66,6 +66,21 @@ public final class PostgresCluster: Sendable {
 
     /// Creates and starts a new, independent cluster (for tests that stop and restart the server).
     public static func start() throws -> PostgresCluster {
+        try start(basedOn: nil)
+    }
+
+    /// Creates and starts a streaming standby of this cluster (`pg_basebackup -R`, a hot standby that
+    /// accepts reads only) with its own directory, socket and port; ``promote()`` makes it a primary.
+    public func startStandby() throws -> PostgresCluster {
+        try Self.start(basedOn: self)
+    }
+
+    /// Promotes a standby to a primary (`pg_ctl promote`) and waits until it accepts writes.
+    public func promote() throws {
+        try run(binDirectory + "/pg_ctl", ["-D", dataDirectory, "-w", "-t", "60", "-s", "promote"])
+    }
+
+    private static func start(basedOn primary: PostgresCluster?) throws -> PostgresCluster {
         Registry.prepare()
         let binDirectory = try findBinDirectory()
         let root = try makeRootDirectory()
@@ -78,7 +93,7 @@ public final class PostgresCluster: Sendable {
             Registry.add(root: root, dataDirectory: cluster.dataDirectory)
             do {
                 if !FileManager.default.fileExists(atPath: cluster.dataDirectory + "/PG_VERSION") {
-                    try cluster.initialize()
+                    if let primary { try cluster.copy(from: primary) } else { try cluster.initialize() }
                 }
                 try cluster.writeSettings()
                 try cluster.start()
@@ -175,6 +190,17 @@ public final class PostgresCluster: Sendable {
         try run(
             binDirectory + "/initdb",
             ["-D", dataDirectory, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8", "--locale=C"])
+    }
+
+    /// A base backup of `primary` set up to stream from it (`standby.signal`, `primary_conninfo`).
+    private func copy(from primary: PostgresCluster) throws {
+        try run(
+            binDirectory + "/pg_basebackup",
+            [
+                "-D", dataDirectory, "-h", primary.socketDirectory, "-p", String(primary.port), "-U",
+                "postgres",
+                "-R", "-X", "stream", "--checkpoint=fast", "--no-sync",
+            ])
     }
 
     private func writeSettings() throws {

@@ -124,8 +124,10 @@ final class Lane {
                     return (summary, WorkerError(code: .database, message: error.description), nil)
                 }
                 logger.warning(
-                    error.isConnectionError
-                        ? "database unavailable; reconnecting" : "database error; reconnecting",
+                    error.code == .readOnly
+                        ? "database accepts no writes (a standby?); reconnecting"
+                        : error.isConnectionError
+                            ? "database unavailable; reconnecting" : "database error; reconnecting",
                     [
                         "lane": .int(index), "error_code": .string(error.code.description),
                         "sqlstate": .string(error.sqlState ?? ""),

@@ -37,6 +37,29 @@ struct ConfigurationTests {
         }
     }
 
+    @Test(
+        "describes several hosts host by host, with target_session_attrs, never the password",
+        arguments: [
+            (
+                "postgresql://app:hunter2@db-a:5432,db-b:5433/siwa?target_session_attrs=read-write",
+                "postgresql://app@db-a:5432,db-b:5433/siwa?target_session_attrs=read-write"
+            ),
+            (
+                "host=db-a,db-b port=6432 dbname=siwa user=app password=hunter2 target_session_attrs=read-write",
+                "postgresql://app@db-a:6432,db-b:6432/siwa?target_session_attrs=read-write"
+            ),
+            (
+                "postgresql://app:hunter2@/siwa?host=/run/a,/run/b&port=5432,5433&target_session_attrs=read-write",
+                "postgresql://app@/siwa?host=/run/a,/run/b&port=5432,5433&target_session_attrs=read-write"
+            ),
+            ("postgresql://app:hunter2@db.internal:6543/siwa", "postgresql://app@db.internal:6543/siwa"),
+        ])
+    func describesSeveralHosts(url: String, expected: String) throws {
+        let configuration = try PostgresConfiguration(url)
+        #expect(configuration.description == expected)
+        #expect(!configuration.description.contains("hunter2"))
+    }
+
     @Test("rejects a malformed connection string without connecting")
     func rejectsGarbage() {
         let error = postgresError { _ = try PostgresConfiguration("host=a port") }
