@@ -41,6 +41,8 @@ let package = Package(
             name: "Receiver",
             dependencies: ["AppleNotifications", "HTTPClient", "Postgres", "HTTPServer", "ServiceSupport"]),
         .target(name: "Worker", dependencies: ["Postgres", "ServiceSupport", "AppleID", "TokenVault"]),
+        // Heartbeats in siwa.service_heartbeats and the database's health gauges on /metrics (issue 14).
+        .target(name: "ServiceHealth", dependencies: ["Postgres", "ServiceSupport"]),
         // Refresh tokens encrypted at rest (AES-256-GCM, rotating keys), for the sign-in API and the revoker.
         .target(name: "TokenVault", dependencies: ["COpenSSL"]),
         // The internal sign-in API hosted by siwa-receiver: code exchange, id_token checks, revocation requests.
@@ -62,13 +64,13 @@ let package = Package(
             dependencies: [
                 "Receiver", "Postgres", "HTTPServer", "ServiceSupport", "SignIn", "AppleID",
                 "AppleNotifications",
-                "TokenVault",
+                "TokenVault", "ServiceHealth", "SiwaSchema",
             ]),
         .executableTarget(
             name: "siwa-worker",
             dependencies: [
                 "Worker", "Postgres", "HTTPServer", "ServiceSupport", "AppleID", "AppleNotifications",
-                "TokenVault",
+                "TokenVault", "ServiceHealth", "SiwaSchema",
             ]),
         .executableTarget(
             name: "siwactl",
