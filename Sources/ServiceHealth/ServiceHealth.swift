@@ -248,15 +248,15 @@ public final class ServiceHealth: Sendable {
         }
         running?.join()
         state.withLock { state in
-            if let connection = state.connection {
+            if let connection = try? Self.open(&state.connection, configuration) {
                 _ = try? connection.query(
                     "DELETE FROM siwa.service_heartbeats WHERE kind = $1 AND host = $2 AND pid = $3::integer",
                     [
                         .text(configuration.kind.name), .text(configuration.host),
                         .int(Int64(configuration.processID)),
                     ])
-                connection.close()
             }
+            state.connection?.close()
             state.connection = nil
         }
     }
