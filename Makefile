@@ -11,10 +11,11 @@ BIN         = $(shell $(SWIFT) build $(BUILD_FLAGS) --show-bin-path 2>/dev/null)
 # What each goal needs from Debian. Building: the C libraries' headers (libcurl: outbound HTTP, through
 # the HTTPClient module). The demo: PostgreSQL (server
 # and psql), curl and python3 for the script, the openssl CLI for the demo's team key. Testing, on top:
-# CA certificates, and nginx, systemd-analyze and PyYAML for validate-deploy.
+# CA certificates, and nginx, systemd-analyze, PyYAML and promtool (Debian's prometheus package: only its
+# promtool is used; the server it also installs is not started by the tests) for validate-deploy.
 BUILD_PACKAGES = pkg-config libpq-dev libssl-dev libmicrohttpd-dev libcurl4-openssl-dev
 DEMO_PACKAGES  = $(BUILD_PACKAGES) postgresql curl python3 openssl
-TEST_PACKAGES  = $(DEMO_PACKAGES) ca-certificates nginx systemd python3-yaml
+TEST_PACKAGES  = $(DEMO_PACKAGES) ca-certificates nginx systemd python3-yaml prometheus
 
 .PHONY: all deps demo-deps test-deps build release test lint format demo run coverage bench clean \
         validate-deploy
