@@ -2469,6 +2469,13 @@ ALTER TABLE siwa.service_heartbeats ENABLE ROW LEVEL SECURITY;
 --     days are tried in turn and the first with a row answers (NULL: none within 400 days). A window
 --     reads about as many rows as arrived between its start and the latest one, so the search is
 --     bounded by the silence it measures; the caller runs it once and then passes what it found.
+--     Both read only the month partitions of issued_at from 8 days before the bound: a token is
+--     accepted at most 6 days after its iat (--max-token-age), or until its exp, which Apple sets a day
+--     after iat (a token with a later exp, received more than 8 days after its iat, would be missed here
+--     until the next one arrives). Within a partition, BRIN reads the block ranges that may hold rows
+--     since the bound, and the ones not summarized yet (autosummarize does each within about a minute
+--     of its filling; a month's last, partly filled range stays unsummarized until a manual
+--     brin_summarize_new_values, and is read every time).
 --   installed_at: when schema version 1 was recorded, the floor for a database that never received one.
 --   last_applied_at: the latest applied_at (one descent of the applied_at index per partition).
 --   dead: dead notifications (the partial index of skipped and dead rows).
@@ -2490,12 +2497,14 @@ BEGIN
         -- NULL when nothing was received since (the caller keeps its answer): never the windows, which
         -- would read the whole silence on every call.
         last_received_at := (SELECT max(l.received_at) FROM siwa.notification_log l
-                              WHERE l.received_at >= p_received_since);
+                              WHERE l.received_at >= p_received_since
+                                AND l.issued_at >= p_received_since - interval '8 days');
     ELSE
         FOREACH v_window IN ARRAY ARRAY['1 hour', '6 hours', '1 day', '2 days', '4 days', '8 days', '16 days', '32 days',
                                        '64 days', '128 days', '400 days']::interval[] LOOP
             last_received_at := (SELECT max(l.received_at) FROM siwa.notification_log l
-                                  WHERE l.received_at >= now() - v_window);
+                                  WHERE l.received_at >= now() - v_window
+                                    AND l.issued_at >= now() - v_window - interval '8 days');
             EXIT WHEN last_received_at IS NOT NULL;
         END LOOP;
     END IF;
