@@ -2522,13 +2522,15 @@ COMMENT ON FUNCTION siwa.health_gauges(timestamptz) IS
 REVOKE ALL ON FUNCTION siwa.health_gauges(timestamptz) FROM PUBLIC;
 
 -- The client IDs in use, for siwactl doctor --database-url to compare with the receivers' audiences:
--- the audiences of notifications received since p_since (the BRIN index of received_at), and the
+-- the audiences of notifications received since p_since (the BRIN index of received_at, in the
+-- partitions an 8-day window of issued_at reaches, as in siwa.health_gauges), and the
 -- client IDs of sign-ins and of refresh tokens not revoked. Distinct values only; SECURITY DEFINER so
 -- that a siwa_admin member can run the check without reading the tables.
 CREATE OR REPLACE FUNCTION siwa.client_ids_in_use(p_since timestamptz)
 RETURNS TABLE (source text, client_id text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    SELECT DISTINCT 'notifications', l.audience FROM siwa.notification_log l WHERE l.received_at >= p_since
+    SELECT DISTINCT 'notifications', l.audience FROM siwa.notification_log l
+     WHERE l.received_at >= p_since AND l.issued_at >= p_since - interval '8 days'
     UNION ALL
     SELECT DISTINCT 'sign-ins', s.client_id FROM siwa.sign_ins s
     UNION ALL
