@@ -88,6 +88,8 @@ public final class ServiceHealth: Sendable {
     private let logger: Logger
     private let startedAt = Date()
     private let state = Mutex(State())
+    /// The last reading, for callers that find `state` busy.
+    private let published = Mutex<(done: Bool, failed: Bool, snapshot: Snapshot?)>((false, false, nil))
     private let stopping = Atomic<Bool>(false)
     private let thread = Mutex<JoinableThread?>(nil)
 
@@ -138,42 +140,50 @@ public final class ServiceHealth: Sendable {
     }
 
     /// The gauges, read from the database when the last reading is older than
-    /// ``Configuration/cacheDuration`` (concurrent callers wait for one reading); `nil` when the
-    /// database cannot answer now.
+    /// ``Configuration/cacheDuration``; `nil` when the database cannot answer now. Once a first reading
+    /// is done, a caller that finds the connection busy (another reading, a heartbeat) gets the last
+    /// reading instead of waiting: a scrape never queues behind the database.
     public func snapshot() -> Snapshot? {
-        state.withLock { state in
-            if let fetchedAt = state.fetchedAt, ContinuousClock.now - fetchedAt < configuration.cacheDuration
-            {
-                return state.lastFetchFailed ? nil : state.snapshot
-            }
-            let since = state.snapshot?.lastReceived
-            do {
-                let connection = try Self.open(&state.connection, configuration)
-                let row = try connection.query(
-                    """
-                    SELECT extract(epoch FROM g.last_received_at)::float8, extract(epoch FROM g.installed_at)::float8,
-                           extract(epoch FROM g.last_applied_at)::float8, g.dead, g.oldest_pending_seconds
-                      FROM siwa.health_gauges(to_timestamp($1::float8)) g
-                    """, [since.map { .double($0) }])[0]
-                let fresh = Snapshot(
-                    lastReceived: try row[0, as: Double?.self] ?? since,
-                    installed: try row[1, as: Double?.self],
-                    lastApplied: try row[2, as: Double?.self],
-                    dead: try row[3, as: Int.self],
-                    oldestPendingSeconds: try row[4, as: Double.self])
-                state.snapshot = fresh
-                state.lastFetchFailed = false
-            } catch {
-                state.connection?.close()
-                state.connection = nil
-                if !state.lastFetchFailed {
-                    logger.warning("cannot read the health gauges", ["error": .string(Self.describe(error))])
-                }
-                state.lastFetchFailed = true
-            }
-            state.fetchedAt = ContinuousClock.now
+        let last = published.withLock { $0 }
+        if last.done, let answer = state.withLockIfAvailable({ read(&$0) }) { return answer }
+        if last.done { return last.failed ? nil : last.snapshot }
+        return state.withLock { read(&$0) }
+    }
+
+    /// One reading (or the cached one), with the state locked; publishes it.
+    private func read(_ state: inout State) -> Snapshot? {
+        if let fetchedAt = state.fetchedAt, ContinuousClock.now - fetchedAt < configuration.cacheDuration {
             return state.lastFetchFailed ? nil : state.snapshot
         }
+        let since = state.snapshot?.lastReceived
+        do {
+            let connection = try Self.open(&state.connection, configuration)
+            let row = try connection.query(
+                """
+                SELECT extract(epoch FROM g.last_received_at)::float8, extract(epoch FROM g.installed_at)::float8,
+                       extract(epoch FROM g.last_applied_at)::float8, g.dead, g.oldest_pending_seconds
+                  FROM siwa.health_gauges(to_timestamp($1::float8)) g
+                """, [since.map { .double($0) }])[0]
+            // NULL with a bound: nothing received since; the previous answer stands.
+            state.snapshot = Snapshot(
+                lastReceived: try row[0, as: Double?.self] ?? since,
+                installed: try row[1, as: Double?.self],
+                lastApplied: try row[2, as: Double?.self],
+                dead: try row[3, as: Int.self],
+                oldestPendingSeconds: try row[4, as: Double.self])
+            state.lastFetchFailed = false
+        } catch {
+            state.connection?.close()
+            state.connection = nil
+            if !state.lastFetchFailed {
+                logger.warning("cannot read the health gauges", ["error": .string(Self.describe(error))])
+            }
+            state.lastFetchFailed = true
+        }
+        state.fetchedAt = ContinuousClock.now
+        let reading = (done: true, failed: state.lastFetchFailed, snapshot: state.snapshot)
+        published.withLock { $0 = reading }
+        return reading.failed ? nil : reading.snapshot
     }
 
     // MARK: Heartbeats
