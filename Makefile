@@ -11,11 +11,13 @@ BIN         = $(shell $(SWIFT) build $(BUILD_FLAGS) --show-bin-path 2>/dev/null)
 # What each goal needs from Debian. Building: the C libraries' headers (libcurl: outbound HTTP, through
 # the HTTPClient module). The demo: PostgreSQL (server
 # and psql), curl and python3 for the script, the openssl CLI for the demo's team key. Testing, on top:
-# CA certificates, nginx, systemd-analyze and PyYAML for validate-deploy, and python3-venv for the webhook
-# tests' independent verifier (the PyPI package standardwebhooks in .build/webhooks-venv).
+# CA certificates, nginx, systemd-analyze, PyYAML and promtool (Debian's prometheus package: only its
+# promtool is used; the server it also installs is not started by the tests) for validate-deploy, and
+# python3-venv for the webhook tests' independent verifier (the PyPI package standardwebhooks in
+# .build/webhooks-venv).
 BUILD_PACKAGES = pkg-config libpq-dev libssl-dev libmicrohttpd-dev libcurl4-openssl-dev
 DEMO_PACKAGES  = $(BUILD_PACKAGES) postgresql curl python3 openssl
-TEST_PACKAGES  = $(DEMO_PACKAGES) ca-certificates nginx systemd python3-yaml python3-venv
+TEST_PACKAGES  = $(DEMO_PACKAGES) ca-certificates nginx systemd python3-yaml python3-venv prometheus
 
 .PHONY: all deps demo-deps test-deps build release test lint format demo run coverage bench clean \
         validate-deploy webhooks-venv

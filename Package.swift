@@ -45,6 +45,8 @@ let package = Package(
             dependencies: ["Postgres", "ServiceSupport", "AppleID", "TokenVault", "HTTPClient", "Webhooks"]),
         // Standard Webhooks: whsec_ secrets, v1 signatures (OpenSSL's HMAC), endpoint URL policy.
         .target(name: "Webhooks", dependencies: ["COpenSSL"]),
+        // Heartbeats in siwa.service_heartbeats and the database's health gauges on /metrics (issue 14).
+        .target(name: "ServiceHealth", dependencies: ["Postgres", "ServiceSupport"]),
         // Refresh tokens encrypted at rest (AES-256-GCM, rotating keys), for the sign-in API and the revoker.
         .target(name: "TokenVault", dependencies: ["COpenSSL"]),
         // The internal sign-in API hosted by siwa-receiver: code exchange, id_token checks, revocation requests.
@@ -66,13 +68,13 @@ let package = Package(
             dependencies: [
                 "Receiver", "Postgres", "HTTPServer", "ServiceSupport", "SignIn", "AppleID",
                 "AppleNotifications",
-                "TokenVault",
+                "TokenVault", "ServiceHealth", "SiwaSchema",
             ]),
         .executableTarget(
             name: "siwa-worker",
             dependencies: [
                 "Worker", "Postgres", "HTTPServer", "ServiceSupport", "AppleID", "AppleNotifications",
-                "TokenVault", "Webhooks",
+                "TokenVault", "Webhooks", "ServiceHealth", "SiwaSchema",
             ]),
         .executableTarget(
             name: "siwactl",

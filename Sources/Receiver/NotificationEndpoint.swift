@@ -185,7 +185,7 @@ public final class NotificationEndpoint: Sendable {
         _ outcome: DeliveryOutcome, _ response: HTTPResponse, started: ContinuousClock.Instant,
         fields: inout [String: Logger.Value]
     ) {
-        metrics.delivery(outcome).increment()
+        metrics.record(outcome)
         fields["status"] = .int(response.status)
         fields["outcome"] = .string(outcome.rawValue)
         fields["latency_ms"] = .double((Self.seconds(since: started) * 1e6).rounded() / 1e3)
@@ -263,10 +263,27 @@ public final class ReceiverMetrics: Sendable {
                 labels: [("outcome", outcome.rawValue)])
         }
         self.deliveries = deliveries
+        registry.computedGauge(
+            "siwa_receiver_last_verified_notification_timestamp_seconds",
+            help:
+                "Unix time this receiver process last answered 200 to a verified notification; 0 since its start."
+        ) { [self] in Double(lastVerifiedMilliseconds.load(ordering: .relaxed)) / 1000 }
     }
 
     /// Deliveries by outcome (created once, so counting takes no lock).
     public func delivery(_ outcome: DeliveryOutcome) -> Counter { deliveries[outcome]! }
+
+    /// Counts one answered delivery; a verified one (accepted or duplicate) also moves
+    /// `siwa_receiver_last_verified_notification_timestamp_seconds`.
+    public func record(_ outcome: DeliveryOutcome) {
+        delivery(outcome).increment()
+        if outcome == .accepted || outcome == .duplicate {
+            lastVerifiedMilliseconds.store(Int(Date().timeIntervalSince1970 * 1000), ordering: .relaxed)
+        }
+    }
+
+    /// When this process last answered 200 to a verified notification (Unix milliseconds; 0: never).
+    private let lastVerifiedMilliseconds = Atomic<Int>(0)
 
     /// Verification failures by reason (the error code).
     public func verificationFailure(_ reason: String) -> Counter {

@@ -152,6 +152,9 @@ public final class MetricsRegistry: Sendable {
     }
 
     private static func format(_ value: Double) -> String {
+        // The exposition format's spellings (Swift's own would be "nan" and "inf").
+        if value.isNaN { return "NaN" }
+        if value.isInfinite { return value > 0 ? "+Inf" : "-Inf" }
         if value == value.rounded(), abs(value) < 1e15 { return String(Int64(value)) }
         return String(value)
     }

@@ -209,7 +209,13 @@ final class WorkerMetrics: Sendable {
     /// Counts one handled notification under its outcome (or `unknown`): none goes uncounted.
     func count(_ outcome: Worker.Outcome) {
         (outcomes[outcome] ?? unknownOutcomes).increment()
+        if outcome == .applied || outcome == .skipped {
+            lastApplicationMilliseconds.store(Int(Date().timeIntervalSince1970 * 1000), ordering: .relaxed)
+        }
     }
+
+    /// When this process last applied or skipped a notification (Unix milliseconds; 0: not yet).
+    let lastApplicationMilliseconds = Atomic<Int>(0)
 
     let outcomes: [Worker.Outcome: Counter]
     /// Outcomes this worker does not know (reported by a newer schema), counted under one label so that
@@ -258,5 +264,9 @@ final class WorkerMetrics: Sendable {
             help: "How long the longest-busy pending notification has waited for its user's account row "
                 + "(held by another transaction), as of the last drain; 0 when none is busy."
         ) { [self] in Double(oldestBusyMilliseconds.load(ordering: .relaxed)) / 1000 }
+        registry.computedGauge(
+            "siwa_worker_last_application_timestamp_seconds",
+            help: "Unix time this worker process last applied or skipped a notification; 0 since its start."
+        ) { [self] in Double(lastApplicationMilliseconds.load(ordering: .relaxed)) / 1000 }
     }
 }

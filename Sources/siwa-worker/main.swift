@@ -167,6 +167,17 @@ if let metricsAddress {
             },
             stop: { server.shutdown(gracePeriod: .seconds(2)) }))
 }
+// Its heartbeat and the database's health gauges on /metrics (issue 14); not for a --once drain.
+if !parsed.flag("once") {
+    do {
+        services.append(
+            try healthService(
+                parsed, database: configuration.database, revokerOn: revoker != nil, metrics: metrics,
+                logger: logger))
+    } catch {
+        fail("\(error)", status: 2)
+    }
+}
 if parsed.flag("once") {
     services.append(
         .task(

@@ -17,7 +17,8 @@ enum DoctorVerb {
         abstract: """
             Check a deployed notification endpoint as Apple will reach it: DNS, https with TLS 1.2+ and a
             trusted certificate for the host, POST {} answered 400, a notification signed by a key Apple
-            never had answered 401, answer time. One line per check (ok, warn, FAIL) with the fix; exit
+            never had answered 401, answer time; with --database-url, that workers are alive and that the
+            receivers accept every client ID in use. One line per check (ok, warn, FAIL) with the fix; exit
             status 1 when any check failed.
             """,
         options: [
@@ -31,6 +32,17 @@ enum DoctorVerb {
             CommandOption(
                 "slow-after", valueName: "SECONDS", help: "Warn when an answer takes longer than this.",
                 environmentVariable: "SIWA_DOCTOR_SLOW_AFTER", defaultValue: "2"),
+            CommandOption(
+                "database-url", valueName: "URL",
+                help: """
+                    Also check the database (as its owner or a siwa_admin member): workers alive, and the \
+                    receivers' audiences against the client IDs in use.
+                    """,
+                environmentVariable: "SIWA_DATABASE_URL"),
+            CommandOption(
+                "heartbeat-max-age", valueName: "SECONDS",
+                help: "A receiver or worker whose last heartbeat is older than this is not alive.",
+                environmentVariable: "SIWA_DOCTOR_HEARTBEAT_MAX_AGE", defaultValue: "60"),
         ],
         flags: [
             CommandFlag(
@@ -50,9 +62,11 @@ enum DoctorVerb {
         case .success(let parsed):
             let timeout: Duration
             let slowAfter: Duration
+            let heartbeatMaxAge: Duration
             do {
                 timeout = try parsed.seconds("timeout", positive: true) ?? .seconds(10)
                 slowAfter = try parsed.seconds("slow-after", positive: true) ?? .seconds(2)
+                heartbeatMaxAge = try parsed.seconds("heartbeat-max-age", positive: true) ?? .seconds(60)
             } catch let error as CommandLineError {
                 writeErrorLine(spec.name, error.message)
                 return ExitStatus.usage
@@ -75,6 +89,9 @@ enum DoctorVerb {
                 slowAfter: slowAfter,
                 environment: environment)
             doctor.run()
+            if let databaseURL = parsed.value("database-url"), !databaseURL.isEmpty {
+                doctor.checkDatabase(url: databaseURL, heartbeatMaxAge: heartbeatMaxAge)
+            }
             let failed = doctor.findings.filter { $0.verdict == .fail }.count
             let warned = doctor.findings.filter { $0.verdict == .warn }.count
             writeStandardOutput(
@@ -125,7 +142,7 @@ struct Doctor {
     }
 
     /// Prints a finding at once, so a slow check shows what came before it.
-    private mutating func report(_ verdict: Verdict, _ check: String, _ message: String, fix: String? = nil) {
+    mutating func report(_ verdict: Verdict, _ check: String, _ message: String, fix: String? = nil) {
         let finding = Finding(verdict: verdict, check: check, message: message, fix: fix)
         findings.append(finding)
         var line =

@@ -53,6 +53,19 @@ struct LoggingAndMetricsTests {
             #expect(text.contains(line + "\n"), "missing: \(line)")
         }
     }
+
+    @Test(
+        "a gauge that cannot be read renders NaN, and infinities as +Inf and -Inf, as Prometheus spells them")
+    func specialValues() {
+        let registry = MetricsRegistry()
+        registry.computedGauge("siwa_nan", help: "Unknown.") { .nan }
+        registry.computedGauge("siwa_up", help: "Up.") { .infinity }
+        registry.computedGauge("siwa_down", help: "Down.") { -.infinity }
+        let text = registry.render()
+        #expect(text.contains("siwa_nan NaN\n"), "\(text)")
+        #expect(text.contains("siwa_up +Inf\n"), "\(text)")
+        #expect(text.contains("siwa_down -Inf\n"), "\(text)")
+    }
 }
 
 @Suite("Duration conversions")

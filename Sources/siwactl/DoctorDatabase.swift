@@ -1,0 +1,184 @@
+import Foundation
+import Postgres
+import ServiceSupport
+
+/// `siwactl doctor --database-url`: what only the database can tell (issue 14, item 1). Reads
+/// `siwa.service_heartbeats` (every receiver and worker refreshes its row every 15 s) and
+/// `siwa.client_ids_in_use`; as the schema's owner or a member of `siwa_admin`.
+extension Doctor {
+    /// One running process as its heartbeat says.
+    struct Heartbeat {
+        var kind: String
+        var host: String
+        var pid: Int
+        var audiences: [String]
+        var age: Double
+        var name: String { "\(host) pid \(pid)" }
+    }
+
+    /// How far back notifications' audiences count as in use.
+    static let audienceWindowDays = 30
+
+    mutating func checkDatabase(url: String, heartbeatMaxAge: Duration) {
+        let connection: PostgresConnection
+        do {
+            connection = try PostgresConnection(
+                configuration: try PostgresConfiguration(url, applicationName: "siwactl-doctor"))
+        } catch {
+            report(
+                .fail, "database", "cannot connect: \(error.message)",
+                fix: "check --database-url (SIWA_DATABASE_URL): host, database, role and password")
+            return
+        }
+        defer { connection.close() }
+        let heartbeats: [Heartbeat]
+        var inUse: [String: [String]] = [:]  // client ID → where it is used
+        do {
+            heartbeats = try connection.query(
+                """
+                SELECT kind, host, pid, array_to_json(audiences)::text,
+                       extract(epoch FROM now() - last_seen)::float8
+                  FROM siwa.service_heartbeats ORDER BY kind, host, pid
+                """
+            ).map { row in
+                let json = try row[3, as: String.self]
+                let audiences = (try? JSONSerialization.jsonObject(with: Data(json.utf8))) as? [String] ?? []
+                return Heartbeat(
+                    kind: try row[0, as: String.self], host: try row[1, as: String.self],
+                    pid: try row[2, as: Int.self], audiences: audiences, age: try row[4, as: Double.self])
+            }
+            for row in try connection.query(
+                "SELECT source, client_id FROM siwa.client_ids_in_use(now() - make_interval(days => $1::integer))",
+                [.int(Int64(Self.audienceWindowDays))])
+            {
+                inUse[try row[1, as: String.self], default: []].append(try row[0, as: String.self])
+            }
+        } catch {
+            let denied = (error as? PostgresError)?.sqlState == "42501"
+            let missing =
+                (error as? PostgresError)?.sqlState.map { ["42P01", "42883", "3F000"].contains($0) } == true
+            report(
+                .fail, "database",
+                "cannot read the heartbeats: \((error as? PostgresError)?.message ?? "\(error)")",
+                fix: denied
+                    ? "connect as the schema's owner or a member of siwa_admin (GRANT siwa_admin TO you)"
+                    : missing
+                        ? "migrate the database (siwactl migrate) to a schema with siwa.service_heartbeats"
+                        : "check the database and the role")
+            return
+        }
+        let maxAge = heartbeatMaxAge.inSeconds
+        let fresh = heartbeats.filter { $0.age <= maxAge }
+        let workers = fresh.filter { $0.kind == "worker" }
+        let receivers = fresh.filter { $0.kind == "receiver" }
+        checkWorkers(workers, all: heartbeats.filter { $0.kind == "worker" }, maxAge: maxAge)
+        guard checkReceivers(receivers, all: heartbeats.filter { $0.kind == "receiver" }, maxAge: maxAge)
+        else {
+            return
+        }
+        checkAudiences(receivers, inUse: inUse)
+        checkRevoker(workers, inUse: inUse)
+    }
+
+    private mutating func checkWorkers(_ workers: [Heartbeat], all: [Heartbeat], maxAge: Double) {
+        if !workers.isEmpty {
+            report(
+                .ok, "workers",
+                "\(workers.count) worker(s) alive: \(workers.map(\.name).joined(separator: ", "))")
+            return
+        }
+        let last = all.min { $0.age < $1.age }
+        report(
+            .fail, "workers",
+            last.map { "no worker is alive: the last heartbeat (\($0.name)) is \(formatAge($0.age)) old" }
+                ?? "no worker is alive: none has ever recorded a heartbeat in this database",
+            fix: """
+                start siwa-worker against this database (systemctl start siwa-worker; kubectl scale \
+                deployment/siwa-worker --replicas=1) and read its log; until then notifications are stored \
+                but not applied (no heartbeat within \(Int(maxAge)) s)
+                """)
+    }
+
+    /// False when there is no live receiver to compare.
+    private mutating func checkReceivers(_ receivers: [Heartbeat], all: [Heartbeat], maxAge: Double) -> Bool {
+        guard !receivers.isEmpty else {
+            report(
+                .fail, "receivers",
+                all.isEmpty
+                    ? "no receiver has ever recorded a heartbeat in this database"
+                    : "no receiver is alive: the last heartbeat is \(formatAge(all.map(\.age).min() ?? 0)) old",
+                fix: """
+                    the receiver answering at \(url) stores into another database, or is not running: point its \
+                    SIWA_DATABASE_URL here (no heartbeat within \(Int(maxAge)) s)
+                    """)
+            return false
+        }
+        let lists = Set(receivers.map { $0.audiences.sorted() })
+        if lists.count > 1 {
+            report(
+                .warn, "receivers",
+                "the \(receivers.count) receivers accept different audiences: "
+                    + receivers.map { "\($0.name): \($0.audiences.sorted().joined(separator: ","))" }
+                    .joined(separator: "; "),
+                fix: "give every receiver the same SIWA_AUDIENCES and restart them")
+        } else {
+            report(
+                .ok, "receivers",
+                "\(receivers.count) receiver(s) alive, accepting \(lists.first?.joined(separator: ", ") ?? "")"
+            )
+        }
+        return true
+    }
+
+    private mutating func checkAudiences(_ receivers: [Heartbeat], inUse: [String: [String]]) {
+        guard !inUse.isEmpty else {
+            report(
+                .ok, "audiences",
+                "no client ID in use yet (no notification in \(Self.audienceWindowDays) days, no sign-in): nothing to compare"
+            )
+            return
+        }
+        var refused = false
+        for (clientID, sources) in inUse.sorted(by: { $0.key < $1.key }) {
+            let missing = receivers.filter { !$0.audiences.contains(clientID) }
+            guard !missing.isEmpty else { continue }
+            refused = true
+            let who =
+                missing.count == receivers.count
+                ? "no receiver accepts it"
+                : "\(missing.map(\.name).joined(separator: ", ")) do(es) not accept it"
+            report(
+                .fail, "audiences",
+                "\(clientID) is in use (\(Self.describe(sources))) but \(who): Apple's notifications for it are refused (401 wrong_audience) and lost",
+                fix: "add \(clientID) to SIWA_AUDIENCES (--audience) of every receiver and restart them")
+        }
+        if !refused {
+            let unused = Set(receivers.flatMap(\.audiences)).subtracting(inUse.keys).sorted()
+            report(
+                .ok, "audiences",
+                "every client ID in use (\(inUse.keys.sorted().joined(separator: ", "))) is accepted by every receiver"
+                    + (unused.isEmpty ? "" : "; not seen in use yet: \(unused.joined(separator: ", "))"))
+        }
+    }
+
+    /// A worker whose revoker is on (it records its client IDs) must know every client ID of a stored
+    /// refresh token, or it cannot revoke those tokens.
+    private mutating func checkRevoker(_ workers: [Heartbeat], inUse: [String: [String]]) {
+        let revokers = workers.filter { !$0.audiences.isEmpty }
+        guard !revokers.isEmpty else { return }
+        let tokenClients = inUse.filter { $0.value.contains("refresh tokens") }.keys.sorted()
+        for clientID in tokenClients {
+            let missing = revokers.filter { !$0.audiences.contains(clientID) }
+            guard !missing.isEmpty else { continue }
+            report(
+                .warn, "revoker",
+                "refresh tokens issued to \(clientID) are stored, but the revoker of \(missing.map(\.name).joined(separator: ", ")) has no client secret for it",
+                fix: "add \(clientID) to the worker's SIWA_AUDIENCES (--client-id) and restart it")
+        }
+    }
+
+    private static func describe(_ sources: [String]) -> String {
+        sources.map { $0 == "notifications" ? "notifications of the last \(audienceWindowDays) days" : $0 }
+            .joined(separator: ", ")
+    }
+}
