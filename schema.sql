@@ -237,7 +237,7 @@ BEGIN
                     CONSTRAINT settings_changes_retention_check CHECK (changes_retention >= interval '0');
         END IF;
         INSERT INTO siwa.schema_version (version, description)
-        VALUES (4, 'the changefeed: siwa.changes (one row per applied effect, a gap-free position), the view siwa.changefeed, NOTIFY siwa_changes, the optional hook siwa.on_change, siwa.settings.changes_retention');
+        VALUES (4, 'the app''s side and operations: siwa.changes and the changefeed (a gap-free position, NOTIFY siwa_changes, siwa.settings.changes_retention), the optional hook siwa.on_change, signed webhooks, service heartbeats and health gauges, team transfer with siwa.sub_aliases');
     END IF;
 END;
 $$;
