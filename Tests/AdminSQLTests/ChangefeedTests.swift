@@ -250,6 +250,42 @@ struct ChangefeedTests {
                 == "c2 c3 late")
     }
 
+    @Test("siwa.prune keeps a change while a webhook delivery of it is pending, then deletes both")
+    func retentionWaitsForWebhookDeliveries() throws {
+        let database = try AdminDatabase.make()
+        let owner = try database.connectAsOwner()
+        defer { owner.close() }
+        try owner.simpleQuery(
+            """
+            SELECT siwa.add_webhook_endpoint('http://127.0.0.1:9/hooks',
+                                             'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw');
+            """)
+        for index in 0..<2 {
+            try Self.insert(owner, jti: "w\(index)", type: "consent-revoked", sub: "v\(index)")
+        }
+        let worker = try database.connect(as: .worker)
+        defer { worker.close() }
+        _ = try worker.query(Self.drain)
+        // Both changes are past the retention; w0's delivery is done, w1's is still pending.
+        try owner.simpleQuery(
+            """
+            UPDATE siwa.settings SET changes_retention = interval '1 day';
+            UPDATE siwa.changes SET applied_at = now() - interval '2 days';
+            UPDATE siwa.webhook_deliveries d SET state = 'delivered', delivered_at = now()
+              FROM siwa.changes c WHERE c.id = d.change_id AND c.jti = 'w0';
+            """)
+        let changes = "SELECT coalesce(string_agg(jti, ' ' ORDER BY id), '') FROM siwa.changes"
+        let deliveries = "SELECT count(*)::integer FROM siwa.webhook_deliveries"
+        #expect(try owner.query(deliveries)[0][0, as: Int.self] == 2)
+        _ = try worker.query("SELECT * FROM siwa.prune(NULL, NULL)")
+        #expect(try owner.query(changes)[0][0, as: String.self] == "w1")
+        #expect(try owner.query(deliveries)[0][0, as: Int.self] == 1)
+        try owner.simpleQuery("UPDATE siwa.webhook_deliveries SET state = 'dead', last_error = 'gave up'")
+        _ = try worker.query("SELECT * FROM siwa.prune(NULL, NULL)")
+        #expect(try owner.query(changes)[0][0, as: String.self] == "")
+        #expect(try owner.query(deliveries)[0][0, as: Int.self] == 0)
+    }
+
     /// The cursor test's state shared with its threads: what the reader read, in order, and failures.
     final class Shared: Sendable {
         struct Read: Sendable {
