@@ -329,4 +329,126 @@ struct TransferSQLTests {
         #expect(try row[0] as String? == nil)
         #expect(try row[1] as String? == nil)
     }
+
+    @Test(
+        "a user's changes and pending webhook deliveries move to the new sub, and their order per sub holds, also for a late change"
+    )
+    func changesAndDeliveriesFollowTheTransfer() throws {
+        let database = try AdminDatabase.make()
+        let owner = try database.connectAsOwner()
+        defer { owner.close() }
+        let worker = try database.connect(as: .worker)
+        defer { worker.close() }
+        let app = try database.connect(as: .app)
+        defer { app.close() }
+        // Two endpoints (as siwactl webhooks add), then changes applied by the worker while nothing is
+        // delivered: three of the user's, one of someone else's in between.
+        for url in ["https://hooks.example.com/one", "https://hooks.example.com/two"] {
+            try owner.execute(
+                "SELECT siwa.add_webhook_endpoint($1::text, 'whsec_' || encode(sha256(convert_to($1::text, 'UTF8')), 'base64'))",
+                [.text(url)])
+        }
+        try seedUser(owner, sub: "old.w", email: "w@privaterelay.appleid.com", isPrivate: true)
+        func apply(_ jti: String, _ sub: String, _ type: String, email: String? = nil) throws {
+            try storeAsReceiver(database, jti: jti, sub: sub, eventType: type, email: email)
+            #expect(
+                try worker.query(
+                    "SELECT outcome FROM siwa.process_due_notifications(10, 5, interval '1 second')"
+                )
+                .map { row throws -> String in try row[0] } == ["applied"])
+        }
+        try apply("w-1", "old.w", "email-disabled", email: "w@privaterelay.appleid.com")
+        try apply("o-1", "other.u", "consent-revoked")
+        try apply("w-2", "old.w", "consent-revoked")
+        try apply("w-3", "old.w", "email-enabled", email: "w@privaterelay.appleid.com")
+        let changes = try owner.query("SELECT id::bigint FROM siwa.changes WHERE sub = 'old.w' ORDER BY id")
+            .map {
+                row throws -> Int in try row[0]
+            }
+        #expect(changes.count == 3)
+        // The first delivery to endpoint 1 failed once and waits for its retry: the others queue behind it.
+        try owner.execute(
+            """
+            UPDATE siwa.webhook_deliveries SET attempts = 1, next_attempt_at = now() + interval '1 hour',
+                   last_error = 'HTTP 503'
+             WHERE change_id = $1 AND endpoint_id = 1
+            """, [.int(Int64(changes[0]))])
+        let feedBefore = try app.query("SELECT position, id FROM siwa.changefeed ORDER BY position").map {
+            row throws -> String in "\(try row[0] as Int) \(try row[1] as Int)"
+        }
+
+        #expect(
+            try applyTransfer(owner, [("old.w", "new.w", "w2@privaterelay.appleid.com", true)]) == [
+                "old.w": "applied"
+            ])
+
+        // Rewritten: the same changes (ids, positions) and deliveries, under the new sub.
+        let count = { (sql: String) throws -> Int in try owner.query(sql)[0][0, as: Int.self] }
+        #expect(try count("SELECT count(*)::bigint FROM siwa.changes WHERE sub = 'old.w'") == 0)
+        #expect(try count("SELECT count(*)::bigint FROM siwa.webhook_deliveries WHERE sub = 'old.w'") == 0)
+        #expect(
+            try owner.query("SELECT id::bigint FROM siwa.changes WHERE sub = 'new.w' ORDER BY id").map {
+                row throws -> Int in try row[0]
+            } == changes)
+        #expect(
+            try count(
+                "SELECT count(*)::bigint FROM siwa.webhook_deliveries d JOIN siwa.changes c ON c.id = d.change_id WHERE d.sub = 'new.w' AND c.sub = 'new.w' AND d.state = 'pending'"
+            ) == 6)
+        let rewritten = try owner.query(
+            "SELECT coalesce((rewritten->>'changes.sub')::bigint, 0), coalesce((rewritten->>'webhook_deliveries.sub')::bigint, 0) FROM siwa.sub_transfer_batches"
+        )[0]
+        #expect(try rewritten[0] as Int == 3)
+        #expect(try rewritten[1] as Int == 6)
+        // The app's changefeed: the same positions in the same order, naming the sub the app now knows.
+        #expect(
+            try app.query("SELECT position, id FROM siwa.changefeed ORDER BY position").map {
+                row throws -> String in "\(try row[0] as Int) \(try row[1] as Int)"
+            } == feedBefore)
+        #expect(
+            try app.query("SELECT count(*)::bigint FROM siwa.changefeed WHERE sub = 'new.w'")[0][
+                0, as: Int.self]
+                == 3)
+
+        // A late notification for the old sub: applied to the new sub; its change and deliveries too.
+        try apply("w-4", "old.w", "email-disabled", email: "w2@privaterelay.appleid.com")
+        #expect(try count("SELECT count(*)::bigint FROM siwa.changes WHERE sub = 'old.w'") == 0)
+        #expect(try count("SELECT count(*)::bigint FROM siwa.webhook_deliveries WHERE sub = 'old.w'") == 0)
+        #expect(try count("SELECT count(*)::bigint FROM siwa.changes WHERE sub = 'new.w'") == 4)
+
+        // What a claim may take (the dispatcher's conditions: pending, ready, no earlier pending delivery
+        // of its endpoint and sub): each endpoint's queue heads only, the user's first change on both;
+        // and no ready hint points past an earlier pending delivery.
+        let claimable =
+            """
+            SELECT d.endpoint_id || ' ' || d.sub || ' ' || d.change_id FROM siwa.webhook_deliveries d
+             WHERE d.state = 'pending' AND d.ready
+               AND NOT EXISTS (SELECT 1 FROM siwa.webhook_deliveries p
+                                WHERE p.endpoint_id = d.endpoint_id AND p.sub = d.sub AND p.state = 'pending'
+                                  AND p.change_id < d.change_id)
+             ORDER BY d.endpoint_id, d.sub
+            """
+        let other = try count("SELECT id::bigint FROM siwa.changes WHERE sub = 'other.u'")
+        #expect(
+            try owner.query(claimable).map { row throws -> String in try row[0] } == [
+                "1 new.w \(changes[0])", "1 other.u \(other)", "2 new.w \(changes[0])", "2 other.u \(other)",
+            ])
+        #expect(
+            try count(
+                """
+                SELECT count(*)::bigint FROM siwa.webhook_deliveries d
+                 WHERE d.state = 'pending' AND d.ready
+                   AND EXISTS (SELECT 1 FROM siwa.webhook_deliveries p
+                                WHERE p.endpoint_id = d.endpoint_id AND p.sub = d.sub AND p.state = 'pending'
+                                  AND p.change_id < d.change_id)
+                """) == 0)
+        // The queue of the new sub, per endpoint, in change order: the four changes, the late one last.
+        let late = try count("SELECT max(id)::bigint FROM siwa.changes WHERE sub = 'new.w'")
+        for endpoint in [1, 2] {
+            #expect(
+                try owner.query(
+                    "SELECT change_id::bigint FROM siwa.webhook_deliveries WHERE endpoint_id = $1 AND sub = 'new.w' AND state = 'pending' ORDER BY change_id",
+                    [.int(Int64(endpoint))]
+                ).map { row throws -> Int in try row[0] } == changes + [late])
+        }
+    }
 }
