@@ -1443,9 +1443,10 @@ BEGIN
      WHERE a.sub = u.sub
        AND (mail.sub IS NOT NULL OR u.consent_revoked_at IS NOT NULL OR u.deleted_at IS NOT NULL);
 
-    -- 3. Revocation, one UPDATE per table: up to the latest consent-revoked event_time that comes before
-    --    the user's first account-delete in the batch, everything for an account-delete. (A session
-    --    created later than every such consent-revoked is revoked by the account-delete alone.)
+    -- 3. Revocation, one statement updating both tables: up to the latest consent-revoked event_time
+    --    that comes before the user's first account-delete in the batch, everything for an
+    --    account-delete. (A session created later than every such consent-revoked is revoked by the
+    --    account-delete alone.)
     SELECT coalesce(array_agg(r.sub), '{}'), coalesce(array_agg(r.upto), '{}'), coalesce(array_agg(r.everything), '{}')
       INTO v_revoke_subs, v_revoke_upto, v_revoke_all
       FROM (SELECT x.sub,
@@ -1461,36 +1462,35 @@ BEGIN
     v_rs_ord := '{}';
     v_rt_ord := '{}';
     IF cardinality(v_revoke_subs) > 0 THEN
-        WITH r AS (
+        WITH revoke AS (
+            SELECT * FROM unnest(v_revoke_subs, v_revoke_upto, v_revoke_all) AS r(sub, upto, everything)),
+        sessions AS (
             UPDATE siwa.sessions AS t
                SET revoked_at = clock_timestamp(),
                    revoke_reason = CASE WHEN t.created_at <= r.upto THEN 'consent-revoked' ELSE 'account-delete' END
-              FROM unnest(v_revoke_subs, v_revoke_upto, v_revoke_all) AS r(sub, upto, everything)
+              FROM revoke AS r
              WHERE t.sub = ANY (v_revoke_subs) AND t.sub = r.sub AND t.revoked_at IS NULL
                AND (r.everything OR t.created_at <= r.upto)
-            RETURNING t.sub, t.created_at)
-        SELECT coalesce(array_agg((SELECT min(x.ord) FROM unnest(v_events) AS x
-                                    WHERE x.locked AND x.sub = r.sub
-                                      AND (x.first_delete IS NULL OR x.ord <= x.first_delete)
-                                      AND (x.event_type = 'account-delete'
-                                           OR (x.event_type = 'consent-revoked' AND r.created_at <= x.event_time)))),
-                        '{}')
-          INTO v_rs_ord FROM r;
-        WITH r AS (
+            RETURNING true AS is_session, t.sub, t.created_at),
+        tokens AS (
             UPDATE siwa.refresh_tokens AS t
                SET revoked_at = clock_timestamp(),
                    revoke_reason = CASE WHEN t.created_at <= r.upto THEN 'consent-revoked' ELSE 'account-delete' END
-              FROM unnest(v_revoke_subs, v_revoke_upto, v_revoke_all) AS r(sub, upto, everything)
+              FROM revoke AS r
              WHERE t.sub = ANY (v_revoke_subs) AND t.sub = r.sub AND t.revoked_at IS NULL
                AND (r.everything OR t.created_at <= r.upto)
-            RETURNING t.sub, t.created_at)
-        SELECT coalesce(array_agg((SELECT min(x.ord) FROM unnest(v_events) AS x
-                                    WHERE x.locked AND x.sub = r.sub
-                                      AND (x.first_delete IS NULL OR x.ord <= x.first_delete)
-                                      AND (x.event_type = 'account-delete'
-                                           OR (x.event_type = 'consent-revoked' AND r.created_at <= x.event_time)))),
-                        '{}')
-          INTO v_rt_ord FROM r;
+            RETURNING false AS is_session, t.sub, t.created_at),
+        revoked AS (
+            SELECT v.is_session,
+                   (SELECT min(x.ord) FROM unnest(v_events) AS x
+                     WHERE x.locked AND x.sub = v.sub
+                       AND (x.first_delete IS NULL OR x.ord <= x.first_delete)
+                       AND (x.event_type = 'account-delete'
+                            OR (x.event_type = 'consent-revoked' AND v.created_at <= x.event_time))) AS ord
+              FROM (SELECT * FROM sessions UNION ALL SELECT * FROM tokens) AS v)
+        SELECT coalesce(array_agg(revoked.ord) FILTER (WHERE revoked.is_session), '{}'),
+               coalesce(array_agg(revoked.ord) FILTER (WHERE NOT revoked.is_session), '{}')
+          INTO v_rs_ord, v_rt_ord FROM revoked;
     END IF;
 
     -- 3b. The changes (siwa.changes), one per known event of a locked user in claim order, and after the
