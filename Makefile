@@ -20,7 +20,7 @@ DEMO_PACKAGES  = $(BUILD_PACKAGES) postgresql curl python3 openssl
 TEST_PACKAGES  = $(DEMO_PACKAGES) ca-certificates nginx systemd python3-yaml python3-venv prometheus
 
 .PHONY: all deps demo-deps test-deps build release test lint format demo run coverage bench clean \
-        validate-deploy webhooks-venv dist dist-test container-deps
+        validate-deploy webhooks-venv dist dist-test image image-test container-deps
 
 all: build
 
@@ -107,9 +107,12 @@ run: demo-deps build
 #                    LICENSE, NOTICE, CHANGELOG.md) and dist/SHA256SUMS
 #   make dist-test   that tarball on a Debian 12 root without Swift (mmdebstrap minbase + the run-time
 #                    libraries): migrate, receiver and worker against PostgreSQL, one notification applied
+#   make image       deploy/container/Dockerfile with podman from local Debian base images (no registry)
+#   make image-test  the same first deployment from the image: non-root, read-only root file system
 # The container targets run as root (podman, mmdebstrap, PostgreSQL as postgres).
 VERSION       := $(shell tr -d '[:space:]' < VERSION)
 DIST_TARBALL   = dist/siwa-$(VERSION)-linux-$(shell uname -m).tar.gz
+IMAGE         ?= localhost/siwa:$(VERSION)
 CONTAINER_PACKAGES = mmdebstrap podman buildah runc uidmap postgresql curl python3 python3-yaml
 
 container-deps:
@@ -120,6 +123,12 @@ dist: deps
 
 dist-test: dist container-deps
 	./scripts/install-test tarball $(DIST_TARBALL)
+
+image: container-deps
+	IMAGE=$(IMAGE) ./scripts/image
+
+image-test: image
+	./scripts/install-test image $(IMAGE)
 
 clean:
 	$(SWIFT) package clean
