@@ -55,6 +55,7 @@ format:
 
 test: test-deps lint validate-deploy webhooks-venv
 	$(SWIFT) build --build-tests
+	./scripts/test-schema "$$($(SWIFT) build --show-bin-path)"
 	$(SWIFT) test --skip-build
 
 # The webhook tests verify signatures with a second implementation: the PyPI package standardwebhooks,

@@ -57,7 +57,8 @@ let package = Package(
                 "TokenVault",
             ]),
 
-        // schema.sql embedded as a Swift constant at build time (schema.sql stays the only source).
+        // schema.sql embedded as a Swift constant at build time (the only file embedded and applied). It is
+        // generated from schema/ by `make schema`; the plugin fails the build while it is stale.
         .target(name: "SiwaSchema", plugins: ["EmbedSchema"]),
         .plugin(name: "EmbedSchema", capability: .buildTool(), dependencies: ["embed-schema"]),
         .executableTarget(name: "embed-schema"),
