@@ -192,7 +192,7 @@ CREATE TRIGGER accounts_match_revocation_echo
     AFTER INSERT OR UPDATE OF consent_revoked_at ON siwa.accounts
     FOR EACH ROW WHEN (NEW.consent_revoked_at IS NOT NULL) EXECUTE FUNCTION siwa.match_revocation_echo();
 
--- Refresh-token checks (issue 13, item 4; optional, siwa-worker --refresh-check-interval): each stored
+-- Refresh-token checks (optional, siwa-worker --refresh-check-interval): each stored
 -- token is refreshed at Apple at most once per interval; invalid_grant means the user's consent is gone,
 -- which Apple should have told us with consent-revoked. The check then records a consent-revoked of our
 -- own (jti 'siwa-refresh-check:…', no raw token) that the worker applies like Apple's, so a missed
