@@ -27,8 +27,8 @@ DO $$
 DECLARE
     v_from integer := coalesce((SELECT pg_catalog.max(version) FROM siwa.schema_version), 0);
 BEGIN
-    IF v_from > 4 THEN
-        RAISE EXCEPTION 'the database is at schema version %, newer than this schema.sql (version 4); not applying it', v_from
+    IF v_from > 5 THEN
+        RAISE EXCEPTION 'the database is at schema version %, newer than this schema.sql (version 5); not applying it', v_from
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'Apply the schema.sql of the release that brought the database to that version, or a newer one.';
     END IF;

@@ -143,5 +143,11 @@ BEGIN
         INSERT INTO siwa.schema_version (version, description)
         VALUES (4, 'the app''s side and operations: siwa.changes and the changefeed (a gap-free position, NOTIFY siwa_changes, siwa.settings.changes_retention), the optional hook siwa.on_change, signed webhooks, service heartbeats and health gauges, team transfer with siwa.sub_aliases');
     END IF;
+
+    -- 5: one home for each rule. Changes to existing tables and functions go inside `IF v_from > 0`.
+    IF v_from < 5 THEN
+        INSERT INTO siwa.schema_version (version, description)
+        VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects');
+    END IF;
 END;
 $$;
