@@ -138,18 +138,59 @@ COMMENT ON COLUMN siwa.notification_queue.busy_since IS
 COMMENT ON COLUMN siwa.notification_queue.last_error IS
     'The last failure, redacted as in siwa.notification_log.last_error (only its SQLSTATE once the account''s personal data is erased).';
 
--- The receiver writes log and queue in one statement per batch (Sources/Receiver/NotificationStore.swift):
---     WITH stored AS (INSERT INTO siwa.notification_log … ON CONFLICT (jti, issued_at) DO NOTHING
---                     RETURNING id, jti, issued_at),
---          queued AS (INSERT INTO siwa.notification_queue (id, jti, issued_at) SELECT … FROM stored …)
---     SELECT jti FROM stored …, pg_notify('siwa_notifications', '') once if it queued anything
--- NOTIFY is sent at commit (never for work rolled back); a redelivered jti inserts nothing and wakes
--- nobody. A notification of an account whose personal data is already erased (Apple may send an email
--- event after the deletion, or redeliver one) is stored without email and raw token: the same statement
--- leaves them out (one primary-key probe of siwa.accounts per row). A row stored while the erasure
--- commits concurrently is caught when the worker applies it (siwa.apply_notification) or records its
--- failure (siwa.record_failure). There is no trigger on either table: version 2's row trigger cost ~30 µs
--- per row, a statement trigger with a transition table ~20.
+-- The receiver stores a batch of verified notifications with one call of siwa.store_notifications
+-- (Sources/Receiver/NotificationStore.swift): the dedupe keys, the log rows and their queue rows in one
+-- statement, and NOTIFY siwa_notifications once if it queued anything. NOTIFY is sent at commit (never
+-- for work rolled back); a redelivered jti inserts nothing and wakes nobody. A notification of an
+-- account whose personal data is already erased (Apple may send an email event after the deletion, or
+-- redeliver one) is stored without email and raw token: the same statement leaves them out (one
+-- primary-key probe of siwa.accounts per row). A row stored while the erasure commits concurrently is
+-- caught when the worker applies it or records its failure (siwa.record_failure). There is no trigger
+-- on either table: version 2's row trigger cost ~30 µs per row, a statement trigger with a transition
+-- table ~20.
+CREATE OR REPLACE FUNCTION siwa.store_notifications(
+    p_jti text[], p_event_type text[], p_sub text[], p_audience text[], p_email text[],
+    p_is_private_email boolean[], p_event_time timestamptz[], p_issued_at timestamptz[],
+    p_expires_at timestamptz[], p_raw_token text[])
+RETURNS SETOF text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    -- PL/pgSQL keeps the statement's plan for the session, as the receiver's prepared statement did.
+    RETURN QUERY
+    WITH batch AS (
+        SELECT * FROM unnest(p_jti, p_event_type, p_sub, p_audience, p_email, p_is_private_email,
+                             p_event_time, p_issued_at, p_expires_at, p_raw_token)
+               AS b(jti, event_type, sub, audience, email, is_private_email, event_time, issued_at,
+                    expires_at, raw_token)),
+    fresh AS (
+        INSERT INTO siwa.notification_jtis AS k (jti, issued_at, expires_at)
+        SELECT b.jti, b.issued_at, b.expires_at FROM batch b
+        ON CONFLICT (jti) DO NOTHING
+        RETURNING k.jti, k.issued_at),
+    stored AS (
+        INSERT INTO siwa.notification_log AS l
+            (jti, event_type, sub, audience, email, is_private_email, event_time, issued_at, expires_at,
+             raw_token, personal_data_erased_at)
+        SELECT b.jti, b.event_type, b.sub, b.audience,
+               CASE WHEN a.sub IS NULL THEN b.email END, b.is_private_email, b.event_time, b.issued_at,
+               b.expires_at, CASE WHEN a.sub IS NULL THEN b.raw_token END,
+               CASE WHEN a.sub IS NOT NULL THEN pg_catalog.clock_timestamp() END
+          FROM batch b
+          JOIN fresh f ON f.jti = b.jti AND f.issued_at = b.issued_at
+          LEFT JOIN siwa.accounts a ON a.sub = b.sub AND a.personal_data_erased_at IS NOT NULL
+        ON CONFLICT (jti, issued_at) DO NOTHING
+        RETURNING l.id, l.jti, l.issued_at),
+    queued AS (
+        INSERT INTO siwa.notification_queue (id, jti, issued_at)
+        SELECT s.id, s.jti, s.issued_at FROM stored s
+        RETURNING 1)
+    SELECT s.jti FROM stored s
+     WHERE (SELECT pg_catalog.count(pg_catalog.pg_notify('siwa_notifications', ''))
+              FROM (SELECT 1 FROM queued LIMIT 1) AS w) >= 0;
+END;
+$$;
+COMMENT ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], text[], boolean[], timestamptz[], timestamptz[], timestamptz[], text[]) IS
+    'The receiver''s store: a batch of verified notifications (one array per column, same length) into the dedupe keys, the log and the queue, in one statement; returns the jti of each row stored now (a duplicate returns nothing). Runs with the caller''s rights: the receiver''s column grants (schema/85-privileges.sql).';
 
 -- The view with version 2's columns (the worker functions' row type).
 CREATE OR REPLACE VIEW siwa.notifications AS

@@ -39,16 +39,16 @@ BEGIN
 END;
 $$;
 
--- siwa_receiver: INSERT … ON CONFLICT (jti) DO NOTHING RETURNING jti, issued_at into the dedupe keys
--- (jti, issued_at, expires_at), then INSERT … ON CONFLICT (jti, issued_at) DO NOTHING RETURNING id,
--- jti, issued_at into the log, of exactly the columns the receiver writes (the state, attempts and error columns keep
--- their defaults: it cannot store a row already applied; personal_data_erased_at it may set, for a
--- row it stores without email and token), which needs SELECT on those three columns and on no other
--- (not sub, email, raw_token or the outcome); and INSERT of (id, jti, issued_at) into the queue, the
--- rest keeping its defaults. A queue row is worth no more to a stolen receiver role than the new
--- notification it can store anyway. A table-wide INSERT grant (as version 1 had on its table) is
--- revoked first (which revokes column grants too). The receiver reads two columns of siwa.accounts
--- to store nothing personal of an erased account.
+-- siwa_receiver: EXECUTE on siwa.store_notifications, which runs with its rights: INSERT … ON CONFLICT
+-- (jti) DO NOTHING RETURNING jti, issued_at into the dedupe keys (jti, issued_at, expires_at), then
+-- INSERT … ON CONFLICT (jti, issued_at) DO NOTHING RETURNING id, jti, issued_at into the log, of exactly
+-- the columns the receiver writes (the state, attempts and error columns keep their defaults: it cannot
+-- store a row already applied; personal_data_erased_at it may set, for a row it stores without email
+-- and token), which needs SELECT on those three columns and on no other (not sub, email, raw_token or the
+-- outcome); and INSERT of (id, jti, issued_at) into the queue, the rest keeping its defaults. A queue row
+-- is worth no more to a stolen receiver role than the new notification it can store anyway. A
+-- table-wide INSERT grant (as version 1 had on its table) is revoked first (which revokes column grants
+-- too). The receiver reads two columns of siwa.accounts to store nothing personal of an erased account.
 -- Its heartbeats (of its own kind) and the health gauges.
 DO $$
 BEGIN
@@ -64,6 +64,8 @@ BEGIN
         REVOKE INSERT ON siwa.notification_queue FROM siwa_receiver;
         GRANT INSERT (id, jti, issued_at) ON siwa.notification_queue TO siwa_receiver;
         GRANT SELECT (sub, personal_data_erased_at) ON siwa.accounts TO siwa_receiver;
+        GRANT EXECUTE ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], text[], boolean[],
+            timestamptz[], timestamptz[], timestamptz[], text[]) TO siwa_receiver;
         GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.service_heartbeats TO siwa_receiver;
         GRANT EXECUTE ON FUNCTION siwa.health_gauges(timestamptz) TO siwa_receiver;
         DROP POLICY IF EXISTS service_heartbeats_receiver ON siwa.service_heartbeats;
