@@ -47,12 +47,15 @@ final class ServiceProcess: @unchecked Sendable {
         return started
     }
 
-    /// A worker (metrics on a free port) as a member of `siwa_worker`; returns once /metrics answers.
-    static func worker(_ database: TestDatabase, _ extra: [String] = []) throws -> ServiceProcess {
+    /// A worker (metrics on a free port) as a member of `siwa_worker` (or with `databaseURL`); returns
+    /// once /metrics answers.
+    static func worker(_ database: TestDatabase, _ extra: [String] = [], databaseURL: String? = nil) throws
+        -> ServiceProcess
+    {
         let port = try ExecutableLocator.freePort()
         let started = try ServiceProcess(
             "siwa-worker", ["--metrics-listen", "127.0.0.1:\(port)", "--poll-interval", "0.2"] + extra,
-            databaseURL: try database.url(asMemberOf: "siwa_worker"),
+            databaseURL: try databaseURL ?? database.url(asMemberOf: "siwa_worker"),
             metricsURL: "http://127.0.0.1:\(port)/metrics", notificationURL: nil)
         guard waitUntil(timeout: .seconds(20), { (try? started.scrape()) != nil }) else {
             throw ExecutableError("the worker's metrics did not answer: \(started.log)")
