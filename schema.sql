@@ -241,9 +241,10 @@ BEGIN
     END IF;
 
     -- 5: ready to adopt. Heartbeats record the product version and the commit each process was built
-    -- from (NULL in the rows of processes built before version 5, which write only version).
+    -- from (NULL in the rows of processes built before version 5, which write only version). The table
+    -- came with version 4: from an older version the desired state creates it with the columns.
     IF v_from < 5 THEN
-        IF v_from > 0 THEN
+        IF v_from >= 4 THEN
             ALTER TABLE siwa.service_heartbeats
                 ADD COLUMN product_version text
                     CONSTRAINT service_heartbeats_product_version_check CHECK (length(product_version) BETWEEN 1 AND 64),
