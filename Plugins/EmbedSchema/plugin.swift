@@ -2,9 +2,11 @@ import Foundation
 import PackagePlugin
 
 /// Turns the repository's schema.sql into a Swift source file of the target it is applied to, so the
-/// schema is compiled into binaries (`siwactl migrate`) while schema.sql stays the single source; and
-/// the repository's VERSION file with the commit it is built from into another, so that every binary
-/// can say what it is (`--version`, `siwa_build_info`, heartbeats).
+/// schema is compiled into binaries (`siwactl migrate`) while schema.sql stays the single source. The
+/// tool also regenerates schema.sql from its part files in schema/ and fails the build when the
+/// committed file differs (run `make schema`), so the parts are inputs too. A second command embeds
+/// the repository's VERSION file with the commit it is built from, so that every binary can say what
+/// it is (`--version`, `siwa_build_info`, heartbeats).
 ///
 /// The commit is `SIWA_BUILD_COMMIT` when set in the build's environment (a tarball or image build has
 /// no `.git`), else `git rev-parse HEAD` of the package directory, else `unknown`. The build command's
@@ -14,6 +16,11 @@ struct EmbedSchema: BuildToolPlugin {
     func createBuildCommands(context: PluginContext, target: any Target) throws -> [Command] {
         let package = context.package.directoryURL
         let schema = package.appendingPathComponent("schema.sql")
+        let parts = package.appendingPathComponent("schema")
+        let partFiles =
+            ((try? FileManager.default.contentsOfDirectory(atPath: parts.path)) ?? [])
+            .filter { $0.hasSuffix(".sql") }.sorted()
+            .map { parts.appendingPathComponent($0) }
         let version = package.appendingPathComponent("VERSION")
         let output = context.pluginWorkDirectoryURL.appendingPathComponent("EmbeddedSchema.swift")
         let buildOutput = context.pluginWorkDirectoryURL.appendingPathComponent("EmbeddedBuild.swift")
@@ -25,8 +32,8 @@ struct EmbedSchema: BuildToolPlugin {
             .buildCommand(
                 displayName: "Embedding schema.sql into \(target.name)",
                 executable: tool,
-                arguments: [schema.path, output.path],
-                inputFiles: [schema],
+                arguments: [schema.path, output.path, parts.path],
+                inputFiles: [schema] + partFiles,
                 outputFiles: [output]),
             .buildCommand(
                 displayName: "Embedding VERSION and the commit into \(target.name)",
