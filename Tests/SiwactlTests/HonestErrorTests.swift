@@ -105,6 +105,33 @@ struct HonestErrorTests {
         #expect(!"\(error)".contains("Sup3rS3cret"), "\(error)")
     }
 
+    @Test(
+        "without any keys the receiver says so (not 'keeping the last good keys') and logs the reason it answers"
+    )
+    func noKeysHeld() throws {
+        let database = try TestDatabase()
+        let nothing = try ExecutableLocator.freePort()  // nothing listens here
+        let receiver = try ServiceProcess.receiver(
+            database, audiences: [TestSigning.audience], jwksURL: "http://127.0.0.1:\(nothing)/auth/keys")
+        #expect(
+            waitUntil(timeout: .seconds(20)) { receiver.log.contains("could not fetch Apple's key set") },
+            "\(receiver.log)")
+        #expect(receiver.log.contains("no keys held"), "\(receiver.log)")
+        #expect(!receiver.log.contains("keeping the last good keys"), "\(receiver.log)")
+
+        let body = Array(#"{"payload":"\#(TestSigning.token())"}"#.utf8)
+        let answer = try TestHTTPClient.post(receiver.notificationURL!, body: body)
+        #expect(answer.status == 503)
+        #expect(answer.text.contains(#""reason":"keys_unavailable""#), "\(answer.text)")
+        #expect(
+            waitUntil(timeout: .seconds(10)) {
+                receiver.log.split(separator: "\n").contains {
+                    $0.contains(#""msg":"notification""#) && $0.contains(#""status":503"#)
+                        && $0.contains(#""reason":"keys_unavailable""#)
+                }
+            }, "\(receiver.log)")
+    }
+
     @Test("a worker connected as a superuser, and a receiver trusting a key set not Apple's, warn at start")
     func unsafeConfigurationWarnings() throws {
         let database = try TestDatabase()

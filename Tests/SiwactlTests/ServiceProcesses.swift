@@ -47,6 +47,25 @@ final class ServiceProcess: @unchecked Sendable {
         return started
     }
 
+    /// A receiver whose key set is at `jwksURL` (perhaps unreachable), as a member of `siwa_receiver`;
+    /// returns once it answers /healthz (it is not ready without keys).
+    static func receiver(_ database: TestDatabase, audiences: [String], jwksURL: String) throws
+        -> ServiceProcess
+    {
+        let port = try ExecutableLocator.freePort()
+        let base = "http://127.0.0.1:\(port)"
+        let started = try ServiceProcess(
+            "siwa-receiver",
+            ["--listen", "127.0.0.1:\(port)", "--jwks-url", jwksURL] + audiences.flatMap { ["--audience", $0] },
+            databaseURL: try database.url(asMemberOf: "siwa_receiver"), metricsURL: base + "/metrics",
+            notificationURL: base + "/apple/notifications")
+        guard waitUntil(timeout: .seconds(20), { (try? TestHTTPClient.get(base + "/healthz").status) == 200 })
+        else {
+            throw ExecutableError("the receiver did not answer /healthz: \(started.log)")
+        }
+        return started
+    }
+
     /// A worker (metrics on a free port) as a member of `siwa_worker` (or with `databaseURL`); returns
     /// once /metrics answers.
     static func worker(_ database: TestDatabase, _ extra: [String] = [], databaseURL: String? = nil) throws
