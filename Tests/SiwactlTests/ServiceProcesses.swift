@@ -56,7 +56,8 @@ final class ServiceProcess: @unchecked Sendable {
         let base = "http://127.0.0.1:\(port)"
         let started = try ServiceProcess(
             "siwa-receiver",
-            ["--listen", "127.0.0.1:\(port)", "--jwks-url", jwksURL] + audiences.flatMap { ["--audience", $0] },
+            ["--listen", "127.0.0.1:\(port)", "--jwks-url", jwksURL]
+                + audiences.flatMap { ["--audience", $0] },
             databaseURL: try database.url(asMemberOf: "siwa_receiver"), metricsURL: base + "/metrics",
             notificationURL: base + "/apple/notifications")
         guard waitUntil(timeout: .seconds(20), { (try? TestHTTPClient.get(base + "/healthz").status) == 200 })
