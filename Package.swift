@@ -115,7 +115,8 @@ let package = Package(
             ]),
         .testTarget(name: "ServiceSupportTests", dependencies: ["ServiceSupport"]),
         .testTarget(name: "AdminSQLTests", dependencies: ["Postgres", "Receiver", "TestSupport"]),
-        .testTarget(name: "SiwactlTests", dependencies: ["SiwaSchema", "TestSupport"]),
+        .testTarget(
+            name: "SiwactlTests", dependencies: ["SiwaSchema", "TestSupport", "TeamTransfer", "AppleID"]),
         .testTarget(name: "AppleIDTests", dependencies: ["AppleID", "ServiceSupport", "TestSupport"]),
         .testTarget(
             name: "SignInTests",

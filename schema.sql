@@ -42,8 +42,8 @@ DO $$
 DECLARE
     v_from integer := coalesce((SELECT pg_catalog.max(version) FROM siwa.schema_version), 0);
 BEGIN
-    IF v_from > 4 THEN
-        RAISE EXCEPTION 'the database is at schema version %, newer than this schema.sql (version 4); not applying it', v_from
+    IF v_from > 5 THEN
+        RAISE EXCEPTION 'the database is at schema version %, newer than this schema.sql (version 5); not applying it', v_from
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'Apply the schema.sql of the release that brought the database to that version, or a newer one.';
     END IF;
@@ -238,6 +238,13 @@ BEGIN
         END IF;
         INSERT INTO siwa.schema_version (version, description)
         VALUES (4, 'the app''s side and operations: siwa.changes and the changefeed (a gap-free position, NOTIFY siwa_changes, siwa.settings.changes_retention), the optional hook siwa.on_change, signed webhooks, service heartbeats and health gauges, team transfer with siwa.sub_aliases');
+    END IF;
+
+    -- 5: one home for each rule. The team transfer's progress changes only through siwa.transfer_*
+    -- functions (created by the desired state; no table changes).
+    IF v_from < 5 THEN
+        INSERT INTO siwa.schema_version (version, description)
+        VALUES (5, 'one home for each rule: the team transfer''s progress through siwa.transfer_* functions');
     END IF;
 END;
 $$;

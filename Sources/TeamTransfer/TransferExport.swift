@@ -30,6 +30,12 @@ public struct TransferExport {
         public var sub: String
         /// Apple's transfer identifier for the target team.
         public var transferSub: String
+
+        /// One user's entry.
+        public init(sub: String, transferSub: String) {
+            self.sub = sub
+            self.transferSub = transferSub
+        }
     }
 
     /// What a run did.

@@ -49,6 +49,14 @@ public struct TransferTotals: Sendable, Equatable {
     public var transient: Int
     /// Whether `TransferPacing.stopAfter` ended the run.
     public var stoppedEarly: Bool
+
+    /// Totals as counted.
+    public init(done: Int, refused: Int, transient: Int, stoppedEarly: Bool) {
+        self.done = done
+        self.refused = refused
+        self.transient = transient
+        self.stoppedEarly = stoppedEarly
+    }
 }
 
 /// One call's outcome for one user.

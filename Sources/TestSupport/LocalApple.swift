@@ -21,6 +21,12 @@ public final class LocalApple {
         case inProcess
         /// `siwactl fake-apple` as a child process.
         case process
+
+        /// In process, unless the environment says `LOCAL_APPLE_MODE=process` (to compare the two, or to
+        /// run every test against the real command).
+        public static var standard: Mode {
+            ProcessInfo.processInfo.environment["LOCAL_APPLE_MODE"] == "process" ? .process : .inProcess
+        }
     }
 
     /// Another team whose client secrets are accepted (the recipient of an app transfer).
@@ -56,7 +62,7 @@ public final class LocalApple {
     /// `migrationUsers`: a JSON-lines file {sub, email, is_private_email}; `extra`: more `siwactl
     /// fake-apple` arguments (``Mode/process`` only).
     public init(
-        port: Int = 0, mode: Mode = .inProcess, notifyURL: String? = nil, codeLifetime: Double? = nil,
+        port: Int = 0, mode: Mode = .standard, notifyURL: String? = nil, codeLifetime: Double? = nil,
         transferTeams: [TransferTeam] = [], migrationUsers: URL? = nil, extra: [String] = []
     ) throws {
         precondition(mode == .process || extra.isEmpty, "extra arguments need Mode.process")

@@ -115,8 +115,9 @@ struct AppleIDClientTests {
                     "SELECT count(*) FROM siwa.event_history WHERE sub = $1 AND event_type = 'consent-revoked'",
                     [.text("001.revoked")])[0][0, as: Int.self]) == 1
             })
+        // The local Apple logs the receiver's answer after the receiver has stored the notification.
+        #expect(waitUntil(timeout: .seconds(20)) { notifying.log.contains("→ 200") })
         #expect(notifying.log.contains("consent-revoked jti="))
-        #expect(notifying.log.contains("→ 200"))
         #expect(
             try receiver.query("SELECT count(*) FROM siwa.notifications")[0][0, as: Int.self] == 1)
     }
