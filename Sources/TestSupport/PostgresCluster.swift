@@ -41,6 +41,10 @@ public final class PostgresCluster: Sendable {
     public let binDirectory: String
     private let runAsPostgres: Bool
     private let state = Mutex(State())
+    /// The database holding schema.sql that ``createSchemaDatabase()`` copies (made on first use, once
+    /// per cluster; its error, when it failed, is kept and thrown to every later caller). Held while the
+    /// template is made, so that callers wait for it instead of making it twice.
+    let schemaTemplate = Mutex<Result<String, any Error>?>(nil)
 
     private struct State {
         var running = false
@@ -167,12 +171,24 @@ public final class PostgresCluster: Sendable {
     /// Creates a fresh, uniquely named database (optionally running `sql` in it, e.g. schema.sql) and
     /// returns a configuration for it. Safe to call from parallel tests.
     public func createDatabase(applying sql: String? = nil) throws -> PostgresConfiguration {
+        try createDatabase(copying: nil, applying: sql)
+    }
+
+    /// Creates a fresh, uniquely named database as a copy of `template` (a database nobody is connected
+    /// to; nil: the empty `template0`), optionally running `sql` in it.
+    func createDatabase(copying template: String?, applying sql: String? = nil) throws
+        -> PostgresConfiguration
+    {
         let name = try state.withLock { state throws -> String in
             state.databaseCounter += 1
             let name = "test_\(getpid())_\(state.databaseCounter)"
             let admin = try PostgresConnection(configuration: configuration(database: "postgres"))
             defer { admin.close() }
-            try admin.simpleQuery("CREATE DATABASE \(name) TEMPLATE template0 ENCODING 'UTF8' LOCALE 'C'")
+            if let template {
+                try admin.simpleQuery("CREATE DATABASE \(name) TEMPLATE \(template)")
+            } else {
+                try admin.simpleQuery("CREATE DATABASE \(name) TEMPLATE template0 ENCODING 'UTF8' LOCALE 'C'")
+            }
             return name
         }
         let result = try configuration(database: name)
