@@ -45,6 +45,8 @@ public final class PostgresCluster: Sendable {
     /// per cluster; its error, when it failed, is kept and thrown to every later caller). Held while the
     /// template is made, so that callers wait for it instead of making it twice.
     let schemaTemplate = Mutex<Result<String, any Error>?>(nil)
+    /// The login roles ``loginRole(memberOf:)`` has made sure of.
+    private let loginRoles = Mutex<Set<String>>([])
 
     private struct State {
         var running = false
@@ -198,6 +200,29 @@ public final class PostgresCluster: Sendable {
             try connection.simpleQuery(sql)
         }
         return result
+    }
+
+    /// The login role the tests use for the group role `group` (nil: a login role in no group),
+    /// `siwa_test_<group>_login`, created once per cluster on a connection of its own (so that tests
+    /// on several threads may ask at once).
+    public func loginRole(memberOf group: String?) throws -> String {
+        let login = "siwa_test_\(group ?? "nobody")_login"
+        try loginRoles.withLock { created in
+            guard !created.contains(login) else { return }
+            let admin = try PostgresConnection(configuration: configuration(database: "postgres"))
+            defer { admin.close() }
+            let membership = group.map { " IN ROLE \($0)" } ?? ""
+            try admin.simpleQuery(
+                """
+                DO $$ BEGIN
+                    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '\(login)') THEN
+                        CREATE ROLE \(login) LOGIN\(membership);
+                    END IF;
+                END $$
+                """)
+            created.insert(login)
+        }
+        return login
     }
 
     // MARK: Setup
