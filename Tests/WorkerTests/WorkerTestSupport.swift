@@ -8,18 +8,17 @@ import Worker
 
 /// The worker's helpers on TestSupport's `TestDatabase` (schema.sql, the owner's connection).
 extension TestDatabase {
-    /// Inserts one pending notification; `eventTime` and `issuedAt` are SQL (e.g. `now() - interval '1 hour'`).
+    /// Stores one pending notification as siwa-receiver does; `eventTime` and `issuedAt` are SQL (e.g.
+    /// `now() - interval '1 hour'`).
     func insert(
         jti: String, type: String, sub: String, eventTime: String = "now()", email: String? = nil,
         issuedAt: String = "now()"
     ) throws {
-        try connection.execute(
-            """
-            INSERT INTO siwa.notifications
-                (jti, event_type, sub, audience, email, is_private_email, event_time, issued_at, raw_token)
-            VALUES ($1, $2, $3, 'com.example.app', $4, $5, \(eventTime), \(issuedAt), 'header.payload.signature')
-            """,
-            [.text(jti), .text(type), .text(sub), email.map { .text($0) }, email.map { _ in .bool(true) }])
+        try connection.storeAsReceiver(
+            SeededNotification(
+                jti: jti, type: type, sub: sub, email: email, isPrivateEmail: email.map { _ in true },
+                eventTime: connection.instant(eventTime),
+                issuedAt: connection.instant(issuedAt)))
     }
 
     /// The state of the notification with `jti`.
