@@ -20,7 +20,7 @@ DEMO_PACKAGES  = $(BUILD_PACKAGES) postgresql curl python3 openssl
 TEST_PACKAGES  = $(DEMO_PACKAGES) ca-certificates nginx systemd python3-yaml python3-venv prometheus
 
 .PHONY: all deps demo-deps test-deps build release test lint format demo run coverage bench clean \
-        validate-deploy webhooks-venv
+        validate-deploy webhooks-venv schema schema-check dist dist-test image image-test container-deps
 
 all: build
 
@@ -39,14 +39,23 @@ build: deps
 release:
 	$(MAKE) build CONFIG=release
 
-lint:
+lint: schema-check
 	$(SWIFT) format lint --strict -r Sources Tests Plugins Fuzz Package.swift
+
+# schema.sql is generated from the part files in schema/ (docs/architecture.md, "The SQL layout"): edit
+# the parts, then `make schema`. The build (the EmbedSchema plugin) and `make lint` fail while it is stale.
+schema:
+	python3 scripts/schema
+
+schema-check:
+	@python3 scripts/schema --check
 
 format:
 	$(SWIFT) format -i -r Sources Tests Plugins Fuzz Package.swift
 
 test: test-deps lint validate-deploy webhooks-venv
 	$(SWIFT) build --build-tests
+	./scripts/test-schema "$$($(SWIFT) build --show-bin-path)"
 	$(SWIFT) test --skip-build
 
 # The webhook tests verify signatures with a second implementation: the PyPI package standardwebhooks,
@@ -101,7 +110,36 @@ demo: demo-deps build
 run: demo-deps build
 	@./scripts/run "$(BIN)"
 
+# Releases (not part of `make test`: minutes each). The version is the file VERSION.
+#   make dist        release binaries with the Swift runtime linked in, packed as
+#                    dist/siwa-<version>-linux-<arch>.tar.gz (bin/, schema.sql, deploy/, docs/, README.md,
+#                    LICENSE, NOTICE, CHANGELOG.md) and dist/SHA256SUMS
+#   make dist-test   that tarball on a Debian 12 root without Swift (mmdebstrap minbase + the run-time
+#                    libraries): migrate, receiver and worker against PostgreSQL, one notification applied
+#   make image       deploy/container/Dockerfile with podman from local Debian base images (no registry)
+#   make image-test  the same first deployment from the image: non-root, read-only root file system
+# The container targets run as root (podman, mmdebstrap, PostgreSQL as postgres).
+VERSION       := $(shell tr -d '[:space:]' < VERSION)
+DIST_TARBALL   = dist/siwa-$(VERSION)-linux-$(shell uname -m).tar.gz
+IMAGE         ?= localhost/siwa:$(VERSION)
+CONTAINER_PACKAGES = mmdebstrap podman buildah runc uidmap postgresql curl python3 python3-yaml
+
+container-deps:
+	@./scripts/ensure-debian-packages $(CONTAINER_PACKAGES)
+
+dist: deps
+	SWIFT=$(SWIFT) ./scripts/dist
+
+dist-test: dist container-deps
+	./scripts/install-test tarball $(DIST_TARBALL)
+
+image: container-deps
+	IMAGE=$(IMAGE) ./scripts/image
+
+image-test: image
+	./scripts/install-test image $(IMAGE)
+
 clean:
 	$(SWIFT) package clean
 	if [ -L .siwa ]; then rm -rf "$$(readlink .siwa)"; fi
-	rm -rf .siwa
+	rm -rf .siwa dist

@@ -3,6 +3,7 @@ import Foundation
 import HTTPServer
 import Postgres
 import ServiceSupport
+import SiwaSchema
 import Worker
 
 // siwa-worker: applies stored Sign in with Apple notifications. This file only parses the configuration
@@ -69,7 +70,7 @@ let spec = CommandSpec(
         CommandFlag(
             "once", help: "Drain everything that is due, run maintenance once, then exit.",
             environmentVariable: "SIWA_WORKER_ONCE")
-    ])
+    ], offersVersion: true)
 
 /// Reports a usage or configuration error on one line of stderr and ends the process (no thread of ours
 /// runs yet).
@@ -89,12 +90,17 @@ if parsed.helpRequested {
     writeStandardOutput(spec.helpText())
     terminateProcess(status: 0)
 }
+if parsed.versionRequested {
+    writeStandardOutput(SiwaBuild.versionLine("siwa-worker") + "\n")
+    terminateProcess(status: 0)
+}
 
 guard let level = Logger.Level(name: parsed.value("log-level") ?? "info") else {
     fail("--log-level must be debug, info, warning or error", status: 2)
 }
 let logger = Logger(label: "siwa-worker", level: level)
 let metrics = MetricsRegistry()
+metrics.buildInfo(labels: SiwaBuild.metricLabels)
 let configuration: Worker.Configuration
 let metricsAddress: ListenAddress?
 let revoker: Revoker?
@@ -167,7 +173,7 @@ if let metricsAddress {
             },
             stop: { server.shutdown(gracePeriod: .seconds(2)) }))
 }
-// Its heartbeat and the database's health gauges on /metrics (issue 14); not for a --once drain.
+// Its heartbeat and the database's health gauges on /metrics; not for a --once drain.
 if !parsed.flag("once") {
     do {
         services.append(
@@ -207,12 +213,12 @@ if parsed.flag("once") {
             }))
 }
 
-// The revocation outbox's consumer (issue 13), its own thread and connection, when configured.
+// The revocation outbox's consumer, its own thread and connection, when configured.
 if let revoker, !parsed.flag("once") {
     services.append(.task("revoker", run: { revoker.run() }, stop: { revoker.stop() }))
 }
 
-// Signed outbound webhooks (issue 12): their own lanes and connections, unless --webhook-concurrency 0.
+// Signed outbound webhooks: their own lanes and connections, unless --webhook-concurrency 0.
 if let webhooks, !parsed.flag("once") {
     services.append(.task("webhooks", run: { webhooks.run() }, stop: { webhooks.stop() }))
 }
