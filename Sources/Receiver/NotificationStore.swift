@@ -317,10 +317,20 @@ public final class NotificationStore: @unchecked Sendable {
     }
 
     private func insert(_ batch: [Ticket]) throws -> Set<String> {
+        try pool.withConnection { connection in
+            try Self.insert(batch.map { ($0.notification, $0.rawToken) }, on: connection)
+        }
+    }
+
+    /// Stores `batch` on `connection` with the statement every batch of the store runs (``insertSQL``,
+    /// one row per notification); returns the jtis it inserted (a jti stored before is not inserted).
+    /// Public so that tests seed notifications exactly the way the receiver stores them.
+    public static func insert(
+        _ batch: [(notification: ServerNotification, rawToken: String)], on connection: PostgresConnection
+    ) throws -> Set<String> {
         var columns = Array(repeating: [PostgresData?](), count: 10)
         for column in columns.indices { columns[column].reserveCapacity(batch.count) }
-        for ticket in batch {
-            let n = ticket.notification
+        for (n, rawToken) in batch {
             columns[0].append(.text(n.jti))
             columns[1].append(.text(n.eventType.rawValue))
             columns[2].append(.text(n.subject))
@@ -330,11 +340,9 @@ public final class NotificationStore: @unchecked Sendable {
             columns[6].append(.date(n.eventTime))
             columns[7].append(.date(n.issuedAt))
             columns[8].append(n.expiresAt.map { .date($0) })
-            columns[9].append(.text(ticket.rawToken))
+            columns[9].append(.text(rawToken))
         }
-        let rows = try pool.withConnection { connection in
-            try connection.query(Self.insertSQL, columns.map { .array($0) })
-        }
+        let rows = try connection.query(insertSQL, columns.map { .array($0) })
         var inserted = Set<String>(minimumCapacity: rows.count)
         for row in rows { inserted.insert(try row[0, as: String.self]) }
         return inserted

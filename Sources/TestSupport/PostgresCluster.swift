@@ -41,6 +41,12 @@ public final class PostgresCluster: Sendable {
     public let binDirectory: String
     private let runAsPostgres: Bool
     private let state = Mutex(State())
+    /// The database holding schema.sql that ``createSchemaDatabase()`` copies (made on first use, once
+    /// per cluster; its error, when it failed, is kept and thrown to every later caller). Held while the
+    /// template is made, so that callers wait for it instead of making it twice.
+    let schemaTemplate = Mutex<Result<String, any Error>?>(nil)
+    /// The login roles ``loginRole(memberOf:)`` has made sure of.
+    private let loginRoles = Mutex<Set<String>>([])
 
     private struct State {
         var running = false
@@ -167,12 +173,24 @@ public final class PostgresCluster: Sendable {
     /// Creates a fresh, uniquely named database (optionally running `sql` in it, e.g. schema.sql) and
     /// returns a configuration for it. Safe to call from parallel tests.
     public func createDatabase(applying sql: String? = nil) throws -> PostgresConfiguration {
+        try createDatabase(copying: nil, applying: sql)
+    }
+
+    /// Creates a fresh, uniquely named database as a copy of `template` (a database nobody is connected
+    /// to; nil: the empty `template0`), optionally running `sql` in it.
+    func createDatabase(copying template: String?, applying sql: String? = nil) throws
+        -> PostgresConfiguration
+    {
         let name = try state.withLock { state throws -> String in
             state.databaseCounter += 1
             let name = "test_\(getpid())_\(state.databaseCounter)"
             let admin = try PostgresConnection(configuration: configuration(database: "postgres"))
             defer { admin.close() }
-            try admin.simpleQuery("CREATE DATABASE \(name) TEMPLATE template0 ENCODING 'UTF8' LOCALE 'C'")
+            if let template {
+                try admin.simpleQuery("CREATE DATABASE \(name) TEMPLATE \(template)")
+            } else {
+                try admin.simpleQuery("CREATE DATABASE \(name) TEMPLATE template0 ENCODING 'UTF8' LOCALE 'C'")
+            }
             return name
         }
         let result = try configuration(database: name)
@@ -182,6 +200,29 @@ public final class PostgresCluster: Sendable {
             try connection.simpleQuery(sql)
         }
         return result
+    }
+
+    /// The login role the tests use for the group role `group` (nil: a login role in no group),
+    /// `siwa_test_<group>_login`, created once per cluster on a connection of its own (so that tests
+    /// on several threads may ask at once).
+    public func loginRole(memberOf group: String?) throws -> String {
+        let login = "siwa_test_\(group ?? "nobody")_login"
+        try loginRoles.withLock { created in
+            guard !created.contains(login) else { return }
+            let admin = try PostgresConnection(configuration: configuration(database: "postgres"))
+            defer { admin.close() }
+            let membership = group.map { " IN ROLE \($0)" } ?? ""
+            try admin.simpleQuery(
+                """
+                DO $$ BEGIN
+                    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '\(login)') THEN
+                        CREATE ROLE \(login) LOGIN\(membership);
+                    END IF;
+                END $$
+                """)
+            created.insert(login)
+        }
+        return login
     }
 
     // MARK: Setup

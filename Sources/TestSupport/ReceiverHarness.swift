@@ -13,7 +13,7 @@ import Synchronization
 /// - ``Mode/live``: a whole `NotificationReceiver` listening on a loopback port; requests go over HTTP.
 /// - ``Mode/direct``: the same endpoint, key store and storage without an HTTP server; requests are
 ///   handed to `NotificationEndpoint.handle(_:)` directly (no port, no framing, no HTTP limits).
-public final class ReceiverHarness: @unchecked Sendable {
+public final class ReceiverHarness: Sendable {
     /// Where the receiver fetches its keys.
     public struct Keys: Sendable {
         let body: Data?
@@ -39,7 +39,7 @@ public final class ReceiverHarness: @unchecked Sendable {
         public static let direct = Mode(name: "direct")
     }
 
-    private struct Direct {
+    private struct Direct: Sendable {
         let endpoint: NotificationEndpoint
         let keys: KeyStore
         let store: NotificationStore

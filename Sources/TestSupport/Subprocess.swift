@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 /// glibc's `posix_spawn_file_actions_addclosefrom_np` (2.34+), which Swift's Glibc module does not export.
 private typealias AddCloseFrom =
@@ -11,7 +12,7 @@ private let closeFrom: AddCloseFrom? = dlopen(nil, RTLD_NOW).flatMap { handle in
 ///
 /// Tests use this instead of `Foundation.Process`, whose SIGCHLD-based exit detection can miss exits
 /// when several processes are started concurrently (the test then hangs on a zombie).
-public final class Subprocess: @unchecked Sendable {
+public final class Subprocess: Sendable {
     /// How a process ended.
     public enum Termination: Equatable, Sendable {
         case exited(Int32)
@@ -20,8 +21,9 @@ public final class Subprocess: @unchecked Sendable {
 
     /// The child's process id.
     public let pid: pid_t
-    private let lock = NSLock()
-    private var termination: Termination?
+    /// How the child ended, once reaped. Held while signalling and reaping, so that a signal never
+    /// reaches a reaped (and perhaps reused) pid.
+    private let termination = Mutex<Termination?>(nil)
 
     /// Starts `executable` with `arguments`.
     /// - Parameters:
@@ -77,9 +79,9 @@ public final class Subprocess: @unchecked Sendable {
 
     /// Sends `signal` to the child (if it has not been reaped yet).
     public func send(_ signal: Int32) {
-        lock.lock()
-        defer { lock.unlock() }
-        if termination == nil { kill(pid, signal) }
+        termination.withLock { termination in
+            if termination == nil { kill(pid, signal) }
+        }
     }
 
     /// Whether the child is still running.
@@ -97,16 +99,16 @@ public final class Subprocess: @unchecked Sendable {
     }
 
     private func poll() -> Termination? {
-        lock.lock()
-        defer { lock.unlock() }
-        if let termination { return termination }
-        var status: Int32 = 0
-        let result = waitpid(pid, &status, WNOHANG)
-        guard result == pid else { return nil }
-        // WIFEXITED / WEXITSTATUS / WTERMSIG are macros; decode the status word by hand.
-        let signal = status & 0x7f
-        termination = signal == 0 ? .exited((status >> 8) & 0xff) : .signaled(signal)
-        return termination
+        termination.withLock { termination in
+            if let termination { return termination }
+            var status: Int32 = 0
+            let result = waitpid(pid, &status, WNOHANG)
+            guard result == pid else { return nil }
+            // WIFEXITED / WEXITSTATUS / WTERMSIG are macros; decode the status word by hand.
+            let signal = status & 0x7f
+            termination = signal == 0 ? .exited((status >> 8) & 0xff) : .signaled(signal)
+            return termination
+        }
     }
 
     deinit {

@@ -18,50 +18,27 @@ enum AdminRole: String, CaseIterable, Sendable, CustomStringConvertible {
 
     var description: String { rawValue }
 
-    /// The login role the tests use for this group role.
+    /// The group role (nil for ``nobody``).
+    var group: String? { self == .nobody ? nil : rawValue }
+
+    /// The login role the tests use for this group role (TestSupport's `PostgresCluster.loginRole`).
     var loginName: String { "siwa_test_\(rawValue)_login" }
 }
 
-/// A test database holding schema.sql, reachable as the superuser and as each role's login.
-struct AdminDatabase: Sendable {
-    let superuser: PostgresConfiguration
-    let name: String
+/// The admin SQL tests' name for TestSupport's `TestDatabase`: schema.sql, reachable as the superuser
+/// and as each role's login.
+typealias AdminDatabase = TestDatabase
 
-    /// Creates the login roles once per process, after schema.sql has created the group roles.
-    private static let logins: Result<Void, any Error> = Result {
-        let connection = try PostgresConnection(
-            configuration: PostgresCluster.shared.createSchemaDatabase())
-        defer { connection.close() }
-        for role in AdminRole.allCases {
-            let membership = role == .nobody ? "" : " IN ROLE \(role.rawValue)"
-            try connection.simpleQuery(
-                """
-                DO $$ BEGIN
-                    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '\(role.loginName)') THEN
-                        CREATE ROLE \(role.loginName) LOGIN\(membership);
-                    END IF;
-                END $$
-                """)
-        }
-    }
-
+extension TestDatabase {
     /// A fresh database with schema.sql applied.
-    static func make() throws -> AdminDatabase {
-        try logins.get()
-        let configuration = try PostgresCluster.shared.createSchemaDatabase()
-        return AdminDatabase(superuser: configuration, name: configuration.database ?? "")
-    }
+    static func make() throws -> AdminDatabase { try TestDatabase() }
 
     /// A connection as the superuser (owner of everything).
-    func connectAsOwner() throws -> PostgresConnection {
-        try PostgresConnection(configuration: superuser)
-    }
+    func connectAsOwner() throws -> PostgresConnection { try connect() }
 
     /// A configuration for `role`'s login role.
     func configuration(as role: AdminRole) throws -> PostgresConfiguration {
-        let cluster = try PostgresCluster.shared
-        return try PostgresConfiguration(
-            "host=\(cluster.socketDirectory) port=\(cluster.port) dbname=\(name) user=\(role.loginName)")
+        try configuration(asMemberOf: role.group)
     }
 
     /// A connection as `role`'s login role.

@@ -9,22 +9,16 @@ import Testing
 /// siwa.changefeed with a position cursor that never misses a change, NOTIFY siwa_changes, retention.
 @Suite("The changefeed: every applied effect once, in a cursor no reader can miss")
 struct ChangefeedTests {
-    /// Inserts a due notification as the owner (through the view siwa.notifications).
+    /// Stores a notification as siwa-receiver does, as the owner; `eventTime` is SQL.
     static func insert(
         _ owner: PostgresConnection, jti: String, type: String, sub: String, eventTime: String = "now()",
         email: String? = nil, isPrivateEmail: Bool? = nil, audience: String = "com.example.app"
     ) throws {
-        try owner.query(
-            """
-            INSERT INTO siwa.notifications (jti, event_type, sub, audience, email, is_private_email, event_time,
-                                            issued_at, raw_token, next_attempt_at)
-            VALUES ($1, $2, $3, $4, $5, $6, \(eventTime), now(), 'header.payload.signature',
-                    now() - interval '1 second')
-            """,
-            [
-                .text(jti), .text(type), .text(sub), .text(audience), email.map { .text($0) },
-                isPrivateEmail.map { .bool($0) },
-            ])
+        try owner.storeAsReceiver(
+            SeededNotification(
+                jti: jti, type: type, sub: sub, audience: audience, email: email,
+                isPrivateEmail: isPrivateEmail,
+                eventTime: owner.instant(eventTime)))
     }
 
     /// Everything siwa_app reads from the changefeed, in position order, as one line per change.
@@ -308,15 +302,12 @@ struct ChangefeedTests {
             try Self.insert(owner, jti: "held-\(index)", type: "consent-revoked", sub: "held-\(index)")
         }
         let total = 400
-        try owner.execute(
-            """
-            INSERT INTO siwa.notifications (jti, event_type, sub, audience, email, event_time, issued_at,
-                                            next_attempt_at)
-            SELECT 'n-' || g, CASE WHEN g % 2 = 0 THEN 'email-enabled' ELSE 'consent-revoked' END, 'user-' || g,
-                   'com.example.app', CASE WHEN g % 2 = 0 THEN 'u' || g || '@privaterelay.appleid.com' END,
-                   now(), now(), now() - interval '1 second'
-              FROM generate_series(1, \(total)) AS g
-            """)
+        try owner.storeAsReceiver(
+            (1...total).map { g in
+                SeededNotification(
+                    jti: "n-\(g)", type: g % 2 == 0 ? "email-enabled" : "consent-revoked", sub: "user-\(g)",
+                    email: g % 2 == 0 ? "u\(g)@privaterelay.appleid.com" : nil)
+            })
         let held = try database.connect(as: .worker)
         defer { held.close() }
         try held.simpleQuery(

@@ -312,17 +312,19 @@ struct DeletedAccountTests {
         defer { owner.close() }
         // Pam disabled her relay email, then deleted her account. Carol deleted hers (applied by the
         // seed); an email-disabled from before her deletion arrives late.
-        try owner.query(
-            """
-            INSERT INTO siwa.notifications (jti, event_type, sub, audience, email, is_private_email, event_time,
-                                            issued_at, raw_token)
-            VALUES ('jti-pam-1', 'email-disabled', '001000.pam', 'com.example.app', 'pam@privaterelay.appleid.com',
-                    true, now() - interval '3 days', now(), 'token'),
-                   ('jti-pam-2', 'account-delete', '001000.pam', 'com.example.app', NULL, NULL,
-                    now() - interval '1 day', now(), 'token'),
-                   ('jti-carol-late', 'email-disabled', $1, 'com.example.app', 'carol@example.com', false,
-                    now() - interval '2 days', now(), 'token')
-            """, [.text(Seed.carol)])
+        let day = 86_400.0
+        try owner.storeAsReceiver([
+            SeededNotification(
+                jti: "jti-pam-1", type: "email-disabled", sub: "001000.pam",
+                email: "pam@privaterelay.appleid.com",
+                isPrivateEmail: true, eventTime: Date().addingTimeInterval(-3 * day), rawToken: "token"),
+            SeededNotification(
+                jti: "jti-pam-2", type: "account-delete", sub: "001000.pam",
+                eventTime: Date().addingTimeInterval(-day), rawToken: "token"),
+            SeededNotification(
+                jti: "jti-carol-late", type: "email-disabled", sub: Seed.carol, email: "carol@example.com",
+                isPrivateEmail: false, eventTime: Date().addingTimeInterval(-2 * day), rawToken: "token"),
+        ])
         let worker = try database.connect(as: .worker)
         defer { worker.close() }
         for jti in ["jti-pam-1", "jti-pam-2", "jti-carol-late"] {

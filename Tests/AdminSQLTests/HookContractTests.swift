@@ -86,13 +86,10 @@ struct HookContractTests {
         let (database, owner) = try Self.recordingDatabase()
         defer { owner.close() }
         func deliver(issuedAgo seconds: Int) throws {
-            try owner.execute(
-                """
-                INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at,
-                                                next_attempt_at)
-                VALUES ('again', 'consent-revoked', 'u', 'com.example.app', timestamptz '2026-01-01 00:00:00+00',
-                        now() - interval '\(seconds) seconds', now() - interval '1 second')
-                """)
+            try owner.storeAsReceiver(
+                SeededNotification(
+                    jti: "again", sub: "u", eventTime: owner.instant("timestamptz '2026-01-01 00:00:00+00'"),
+                    issuedAt: Date().addingTimeInterval(-Double(seconds))))
         }
         try deliver(issuedAgo: 30)
         #expect(try Self.drain(database) == ["applied"])

@@ -44,15 +44,12 @@ struct StorageTests {
         let database = try AdminDatabase.make()
         let owner = try database.connectAsOwner()
         defer { owner.close() }
-        try owner.simpleQuery(
-            """
-            INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at)
-            VALUES ('resigned', 'consent-revoked', '001000.vic', 'com.example.app', now(), now() - interval '1 hour');
-            -- The key pruned (past the window) and the same jti stored again, as a late token would be.
-            DELETE FROM siwa.notification_jtis;
-            INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at)
-            VALUES ('resigned', 'consent-revoked', '001000.vic', 'com.example.app', now(), now());
-            """)
+        try owner.storeAsReceiver(
+            SeededNotification(jti: "resigned", sub: "001000.vic", issuedAt: Date().addingTimeInterval(-3600))
+        )
+        // The key pruned (past the window) and the same jti stored again, as a late token would be.
+        try owner.simpleQuery("DELETE FROM siwa.notification_jtis")
+        try owner.storeAsReceiver(SeededNotification(jti: "resigned", sub: "001000.vic"))
         let outcomes = try owner.transaction { connection in
             try connection.query(
                 "SELECT outcome, error FROM siwa.process_due_notifications(10, 5, interval '1 second')"
@@ -128,11 +125,10 @@ struct StorageTests {
         let database = try AdminDatabase.make()
         let owner = try database.connectAsOwner()
         defer { owner.close() }
-        try owner.simpleQuery(
-            """
-            INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at, raw_token)
-            VALUES ('far', 'consent-revoked', '001000.wes', 'com.example.app', now(), '2031-05-17 12:00:00+00', 't');
-            """)
+        try owner.storeAsReceiver(
+            SeededNotification(
+                jti: "far", sub: "001000.wes", issuedAt: owner.instant("'2031-05-17 12:00:00+00'"),
+                rawToken: "t"))
         #expect(
             try owner.query("SELECT count(*) FROM siwa.notification_log_default")[0][0, as: Int.self] == 1)
         #expect(try owner.query("SELECT siwa.create_log_partition('2031-05-01')")[0][0, as: Bool.self])

@@ -193,11 +193,7 @@ struct TransferSQLTests {
         defer { owner.close() }
         try seedUser(owner, sub: "old.h", email: nil, isPrivate: nil)
         try applyTransfer(owner, [("old.h", "new.h", nil, nil)])
-        try owner.execute(
-            """
-            INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at)
-            VALUES ('after-new.h', 'consent-revoked', 'new.h', 'com.example.app', now(), now())
-            """)
+        try owner.storeAsReceiver(SeededNotification(jti: "after-new.h", sub: "new.h"))
         let admin = try database.connect(as: .admin)
         defer { admin.close() }
         for sub in ["old.h", "new.h"] {

@@ -56,7 +56,6 @@ final class SignInFixture {
             keys: .url(URL(string: "http://127.0.0.1:\(port)/auth/keys")!), audience: LocalApple.clientID,
             cooldown: .milliseconds(50), poolSize: 2, waitForKeys: false)
         apple = try LocalApple(port: port, notifyURL: notify ? receiver.notificationURL : nil)
-        try Self.createLogins(receiver.database)
         keyFile = try writeKeyFile([("k1", randomKey())], in: apple.directory)
         cipher = try TokenCipher(keyFile: keyFile)
         var clients: [String: AppleIDClient] = [:]
@@ -82,32 +81,20 @@ final class SignInFixture {
 
     deinit { service.shutdown() }
 
-    /// Login roles for the services under test: the sign-in API as siwa_signin, the revoker as siwa_worker,
-    /// so that the tests prove the grants suffice.
-    static func createLogins(_ database: PostgresConfiguration) throws {
-        let connection = try PostgresConnection(configuration: database)
-        defer { connection.close() }
-        for (login, group) in [("signin_test_login", "siwa_signin"), ("worker_test_login", "siwa_worker")] {
-            _ = try connection.simpleQuery(
-                """
-                DO $$ BEGIN
-                    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '\(login)') THEN
-                        CREATE ROLE \(login) LOGIN IN ROLE \(group);
-                    END IF;
-                EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-                END $$
-                """)
-        }
-    }
+    /// The services under test connect as login roles of their group roles (TestSupport's
+    /// `PostgresCluster.loginRole`): the sign-in API as a member of siwa_signin, the revoker of
+    /// siwa_worker, so that the tests prove the grants suffice.
+    static let groups = ["signin_test_login": "siwa_signin", "worker_test_login": "siwa_worker"]
 
-    /// The fixture's database as `login`.
+    /// The fixture's database as the login role `login` (a key of ``groups``) stands for.
     func login(_ login: String) throws -> PostgresConfiguration { try Self.login(login, receiver.database) }
 
     static func login(_ login: String, _ database: PostgresConfiguration) throws -> PostgresConfiguration {
         let cluster = try PostgresCluster.shared
+        guard let group = groups[login] else { throw ExecutableError("no group role for \(login)") }
         return try PostgresConfiguration(
-            "host=\(cluster.socketDirectory) port=\(cluster.port) dbname=\(database.database ?? "") user=\(login)"
-        )
+            "host=\(cluster.socketDirectory) port=\(cluster.port) dbname=\(database.database ?? "") "
+                + "user=\(cluster.loginRole(memberOf: group))")
     }
 
     var url: String { "http://127.0.0.1:\(service.port ?? 0)" }

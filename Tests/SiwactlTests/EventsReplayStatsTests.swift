@@ -224,7 +224,7 @@ struct StatsTests {
 
     @Test("a database without the schema is reported with the fix")
     func unmigrated() throws {
-        let database = try TestDatabase(withSchema: false)
+        let database = try TestDatabase(.empty)
         let result = try siwactl(["stats", "--database-url", database.url])
         #expect(result.status == 1)
         #expect(result.standardError.contains("siwactl migrate"))

@@ -16,7 +16,7 @@ struct MigrateTests {
 
     @Test("migrates an empty database, then again without changing or dropping anything")
     func migratesTwice() throws {
-        let database = try TestDatabase(withSchema: false)
+        let database = try TestDatabase(.empty)
         let first = try siwactl(["migrate", "--database-url", database.url])
         #expect(first.status == 0, "\(first.standardError)")
         #expect(first.standardOutput.contains("schema version before: none"))
@@ -34,7 +34,7 @@ struct MigrateTests {
 
     @Test("a copy of the binary far from the source tree migrates (the schema is embedded)")
     func copiedBinaryMigrates() throws {
-        let database = try TestDatabase(withSchema: false)
+        let database = try TestDatabase(.empty)
         let directory = try scratchDirectory()
         defer { try? FileManager.default.removeItem(at: directory) }
         let copy = directory.appendingPathComponent("siwactl")
@@ -87,7 +87,7 @@ struct MigrateSearchPathTests {
 
     @Test("run by a superuser owner, it runs nothing a role with CREATE on public planted there")
     func plantedFunctionsNeverRun() throws {
-        let database = try TestDatabase(withSchema: false)
+        let database = try TestDatabase(.empty)
         let attacker = try Self.attacker(database)
         try database.query("GRANT CREATE ON SCHEMA public TO PUBLIC")  // PostgreSQL ≤ 14's default
         let cluster = try PostgresCluster.shared
@@ -132,7 +132,7 @@ struct MigrateSearchPathTests {
 
     @Test("warns on stderr, and still migrates, when every role may create objects in public")
     func warnsWhenPublicMayCreate() throws {
-        let database = try TestDatabase(withSchema: false)
+        let database = try TestDatabase(.empty)
         try database.query("GRANT CREATE ON SCHEMA public TO PUBLIC")
         let result = try siwactl(["migrate", "--database-url", database.url])
         #expect(result.status == 0, "\(result.standardError)")
@@ -145,7 +145,7 @@ struct MigrateSearchPathTests {
 
     @Test("names the roles other than the owner that may create objects in a schema on the path")
     func warnsAboutOneRole() throws {
-        let database = try TestDatabase(withSchema: false)
+        let database = try TestDatabase(.empty)
         let attacker = try Self.attacker(database)
         try database.query("GRANT CREATE ON SCHEMA public TO \(attacker)")
         let result = try siwactl(["migrate", "--database-url", database.url])
@@ -155,7 +155,7 @@ struct MigrateSearchPathTests {
 
     @Test("says nothing when only the owner and superusers may create objects on the path")
     func quietByDefault() throws {
-        let database = try TestDatabase(withSchema: false)
+        let database = try TestDatabase(.empty)
         let result = try siwactl(["migrate", "--database-url", database.url])
         #expect(result.status == 0, "\(result.standardError)")
         #expect(!result.standardError.contains("warning"), "\(result.standardError)")
@@ -275,7 +275,7 @@ func contents(_ connection: PostgresConnection, without: [String] = []) throws -
 struct MigrateUpgradeTests {
     /// The catalog of a database freshly migrated by the binary.
     static func freshCatalog() throws -> [String] {
-        let fresh = try TestDatabase(withSchema: false)
+        let fresh = try TestDatabase(.empty)
         let result = try siwactl(["migrate", "--database-url", fresh.url])
         guard result.status == 0 else {
             throw ExecutableError("fresh migrate failed: \(result.standardError)")
@@ -336,7 +336,7 @@ struct MigrateUpgradeTests {
     func upgradesReleasedVersion(version: Int) throws {
         let released = try #require(try releasedSchemas().first { $0.version == version })
         #expect(released.version < SiwaSchema.version)
-        let database = try TestDatabase(withSchema: false)
+        let database = try TestDatabase(.empty)
         let connection = try database.connect()
         defer { connection.close() }
         try connection.simpleQuery(released.sql)
@@ -396,7 +396,7 @@ struct MigrateUpgradeTests {
 
     @Test("re-run on the current version, it changes nothing in the catalog")
     func rerunChangesNothing() throws {
-        let database = try TestDatabase(withSchema: false)
+        let database = try TestDatabase(.empty)
         let first = try siwactl(["migrate", "--database-url", database.url])
         #expect(first.status == 0, "\(first.standardError)")
         let connection = try database.connect()
@@ -418,7 +418,7 @@ struct MigrateUpgradeTests {
     )
     func refusesRowsBreakingInvariants() throws {
         let released = try #require(try releasedSchemas().first)
-        let database = try TestDatabase(withSchema: false)
+        let database = try TestDatabase(.empty)
         let connection = try database.connect()
         defer { connection.close() }
         try connection.simpleQuery(released.sql)

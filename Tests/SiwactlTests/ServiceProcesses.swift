@@ -110,23 +110,3 @@ final class ServiceProcess: @unchecked Sendable {
     /// What the process logged so far.
     var log: String { (try? String(contentsOf: logURL, encoding: .utf8)) ?? "" }
 }
-
-extension TestDatabase {
-    /// A URL of this database for a login role that is a member of `group` (created once per cluster).
-    func url(asMemberOf group: String) throws -> String {
-        let login = "siwa_test_ctl_\(group)_login"
-        try query(
-            """
-            DO $$ BEGIN
-                IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '\(login)') THEN
-                    CREATE ROLE \(login) LOGIN IN ROLE \(group);
-                END IF;
-            EXCEPTION WHEN duplicate_object OR unique_violation THEN
-                NULL;
-            END $$
-            """)
-        let cluster = try PostgresCluster.shared
-        return
-            "postgresql://\(login)@/\(configuration.database ?? "")?host=\(cluster.socketDirectory)&port=\(cluster.port)"
-    }
-}

@@ -13,26 +13,8 @@ func siwactl(
         executable, arguments: arguments, environment: environment, input: input, timeout: .seconds(60))
 }
 
-/// A fresh database in the shared cluster, optionally with the schema applied, and its URL.
-struct TestDatabase {
-    let configuration: PostgresConfiguration
-    let url: String
-
-    init(withSchema: Bool = true) throws {
-        let cluster = try PostgresCluster.shared
-        configuration = try withSchema ? cluster.createSchemaDatabase() : cluster.createDatabase()
-        url = cluster.url(database: configuration.database!)
-    }
-
-    func connect() throws -> PostgresConnection { try PostgresConnection(configuration: configuration) }
-
-    @discardableResult
-    func query(_ sql: String, _ parameters: [PostgresData?] = []) throws -> PostgresRows {
-        let connection = try connect()
-        defer { connection.close() }
-        return try connection.query(sql, parameters)
-    }
-
+/// siwactl's helpers on TestSupport's `TestDatabase`.
+extension TestDatabase {
     /// Inserts one notification as the receiver and worker would have left it.
     /// - Parameters:
     ///   - receivedAgo: seconds before now that it was received.

@@ -5,22 +5,9 @@ import TestSupport
 import Testing
 import Webhooks
 
-/// A URL of `database` for a login role that is a member of `group` (created once per cluster).
+/// A URL of `database` for a login role that is a member of `group`.
 private func loginURL(_ database: WebhookDatabase, memberOf group: String) throws -> String {
-    let login = "webhooks_e2e_\(group)"
-    try database.connection.simpleQuery(
-        """
-        DO $$ BEGIN
-            IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '\(login)') THEN
-                CREATE ROLE \(login) LOGIN IN ROLE \(group);
-            END IF;
-        EXCEPTION WHEN duplicate_object OR unique_violation THEN
-            NULL;
-        END $$
-        """)
-    let cluster = try PostgresCluster.shared
-    return
-        "postgresql://\(login)@/\(database.configuration.database ?? "")?host=\(cluster.socketDirectory)&port=\(cluster.port)"
+    try database.url(asMemberOf: group)
 }
 
 private func temporaryPath(_ name: String) -> String {

@@ -5,27 +5,9 @@ import Testing
 import Webhooks
 import Worker
 
-/// Login roles, members of the group roles schema.sql creates, for this suite.
-private let logins: Result<Void, any Error> = Result {
-    let database = try WebhookDatabase()
-    for role in ["siwa_admin", "siwa_app", "siwa_worker"] {
-        try database.connection.simpleQuery(
-            """
-            DO $$ BEGIN
-                IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'webhooks_test_\(role)') THEN
-                    CREATE ROLE webhooks_test_\(role) LOGIN IN ROLE \(role);
-                END IF;
-            END $$
-            """)
-    }
-}
-
+/// `database` as a login role that is a member of the group role `role`.
 private func configuration(_ database: WebhookDatabase, as role: String) throws -> PostgresConfiguration {
-    try logins.get()
-    let cluster = try PostgresCluster.shared
-    return try PostgresConfiguration(
-        "host=\(cluster.socketDirectory) port=\(cluster.port) dbname=\(database.configuration.database ?? "") user=webhooks_test_\(role)"
-    )
+    try database.configuration(asMemberOf: role)
 }
 
 private func sqlState(_ body: () throws -> Void) -> String? {

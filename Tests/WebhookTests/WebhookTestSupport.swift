@@ -9,22 +9,11 @@ import Worker
 
 let quietLogger = Logger(label: "test", level: .error, sink: { _ in })
 
-/// A fresh database with schema.sql applied, connected as the owner; endpoints and changes are added
-/// the way siwactl and the worker add them.
-final class WebhookDatabase: @unchecked Sendable {
-    let configuration: PostgresConfiguration
-    let connection: PostgresConnection
+/// The webhook tests' name for TestSupport's `TestDatabase` (schema.sql, connected as the owner).
+typealias WebhookDatabase = TestDatabase
 
-    init() throws {
-        configuration = try PostgresCluster.shared.createSchemaDatabase()
-        connection = try PostgresConnection(configuration: configuration)
-    }
-
-    deinit { connection.close() }
-
-    /// The database's URL, for the executables' --database-url.
-    var url: String { (try? PostgresCluster.shared.url(database: configuration.database ?? "")) ?? "" }
-
+/// Endpoints and changes added the way siwactl and the worker add them.
+extension TestDatabase {
     /// Adds an endpoint (siwa.add_webhook_endpoint, as siwactl webhooks add does); returns its id.
     @discardableResult
     func addEndpoint(
@@ -68,15 +57,6 @@ final class WebhookDatabase: @unchecked Sendable {
             ).map { try $0[0, as: Int.self] }
         }
         return ids
-    }
-
-    /// The first column of the first row.
-    func value<T: PostgresDecodable>(
-        _ sql: String, _ parameters: [PostgresData?] = [], as type: T.Type = T.self
-    )
-        throws -> T
-    {
-        try connection.query(sql, parameters)[0][0, as: T.self]
     }
 
     /// How many deliveries are in `state`.

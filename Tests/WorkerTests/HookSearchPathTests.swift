@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import TestSupport
 import Testing
 import Worker
 

@@ -19,16 +19,14 @@ struct ProcessTests {
         """
 
     private func insertMany(_ db: TestDatabase, count: Int, subjects: Int) throws {
-        try db.connection.execute(
-            """
-            INSERT INTO siwa.notifications (jti, event_type, sub, audience, email, event_time, issued_at)
-            SELECT 'bulk-' || i,
-                   (ARRAY['consent-revoked', 'email-disabled', 'email-enabled'])[1 + i % 3],
-                   'sub-' || (i % $2::integer), 'com.example.app',
-                   CASE WHEN i % 3 > 0 THEN 'u' || i || '@privaterelay.appleid.com' END,
-                   now() - make_interval(secs => i), now()
-              FROM generate_series(1, $1::integer) AS i
-            """, [.int(Int64(count)), .int(Int64(subjects))])
+        let now = Date()
+        try db.connection.storeAsReceiver(
+            (1...count).map { i in
+                SeededNotification(
+                    jti: "bulk-\(i)", type: ["consent-revoked", "email-disabled", "email-enabled"][i % 3],
+                    sub: "sub-\(i % subjects)", email: i % 3 > 0 ? "u\(i)@privaterelay.appleid.com" : nil,
+                    eventTime: now.addingTimeInterval(-Double(i)), issuedAt: now)
+            })
     }
 
     @Test("two workers drain 3000 events over 300 users, one killed mid-drain; each hook effect happens once")
@@ -85,11 +83,7 @@ struct ProcessTests {
         try cluster.start()
         let again = try PostgresConnection(configuration: db.configuration)
         defer { again.close() }
-        try again.execute(
-            """
-            INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at)
-            VALUES ('after-restart', 'consent-revoked', 'u', 'com.example.app', now(), now())
-            """)
+        try again.storeAsReceiver(SeededNotification(jti: "after-restart", sub: "u"))
         let applied = try waitUntil(timeout: .seconds(20)) {
             try again.query("SELECT state FROM siwa.notifications").first?[0, as: String.self] == "applied"
         }

@@ -15,13 +15,10 @@ struct WorkerShutdownCycleTests {
         """
 
     private func queue(_ connection: PostgresConnection, cycle: Int, from: Int, count: Int) throws {
-        try connection.execute(
-            """
-            INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at)
-            SELECT 'cycle-' || $1::integer || '-' || i, 'consent-revoked', 'sub-' || $1::integer || '-' || i,
-                   'com.example.app', now(), now()
-              FROM generate_series($2::integer, $2::integer + $3::integer - 1) AS i
-            """, [.int(Int64(cycle)), .int(Int64(from)), .int(Int64(count))])
+        try connection.storeAsReceiver(
+            (from..<from + count).map {
+                SeededNotification(jti: "cycle-\(cycle)-\($0)", sub: "sub-\(cycle)-\($0)")
+            })
     }
 
     private func applied(_ connection: PostgresConnection, cycle: Int) throws -> Int {

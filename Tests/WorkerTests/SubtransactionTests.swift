@@ -29,10 +29,9 @@ struct SubtransactionTests {
             BEGIN
                 INSERT INTO public.hook_rows (top) VALUES (pg_catalog.pg_current_xact_id());
             END $$;
-            INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at)
-            SELECT 'sx-' || g, 'consent-revoked', 'sx-user-' || g, 'com.example.app', now(), now()
-              FROM generate_series(1, 200) AS g;
             """)
+        try db.connection.storeAsReceiver(
+            (1...200).map { SeededNotification(jti: "sx-\($0)", sub: "sx-user-\($0)") })
         let worker = Worker(
             configuration: try Worker.Configuration(database: db.configuration, concurrency: 1),
             logger: quietLogger)
@@ -64,11 +63,11 @@ struct SubtransactionTests {
                 IF jti LIKE 'sx-bad-%' THEN RAISE EXCEPTION 'refusing'; END IF;
                 INSERT INTO public.hook_rows (top) VALUES (pg_catalog.pg_current_xact_id());
             END $$;
-            INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at)
-            SELECT CASE WHEN g % 64 = 1 THEN 'sx-bad-' ELSE 'sx-' END || g, 'consent-revoked', 'sx-user-' || g,
-                   'com.example.app', now(), now()
-              FROM generate_series(1, 192) AS g;
             """)
+        try db.connection.storeAsReceiver(
+            (1...192).map {
+                SeededNotification(jti: ($0 % 64 == 1 ? "sx-bad-" : "sx-") + "\($0)", sub: "sx-user-\($0)")
+            })
         let worker = Worker(
             configuration: try Worker.Configuration(
                 database: db.configuration, concurrency: 1, maxAttempts: 1),
@@ -86,12 +85,8 @@ struct SubtransactionTests {
     @Test("siwa.process_due_notifications claims at most 64, whatever it is asked for")
     func processingFunctionCaps() throws {
         let db = try TestDatabase()
-        try db.connection.simpleQuery(
-            """
-            INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at)
-            SELECT 'cap-' || g, 'consent-revoked', 'cap-user-' || g, 'com.example.app', now(), now()
-              FROM generate_series(1, 100) AS g;
-            """)
+        try db.connection.storeAsReceiver(
+            (1...100).map { SeededNotification(jti: "cap-\($0)", sub: "cap-user-\($0)") })
         let (handled, subtransactions) = try db.connection.transaction { connection in
             let handled = try connection.query(
                 "SELECT outcome FROM siwa.process_due_notifications(1000, 5, interval '1 second')"

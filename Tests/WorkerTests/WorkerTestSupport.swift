@@ -6,48 +6,19 @@ import Synchronization
 import TestSupport
 import Worker
 
-/// A fresh database with schema.sql applied, and a connection to it for the test's own SQL.
-final class TestDatabase: @unchecked Sendable {
-    let configuration: PostgresConfiguration
-    let connection: PostgresConnection
-    let cluster: PostgresCluster
-
-    init(cluster: PostgresCluster? = nil) throws {
-        let cluster = try cluster ?? PostgresCluster.shared
-        self.cluster = cluster
-        configuration = try cluster.createSchemaDatabase()
-        connection = try PostgresConnection(configuration: configuration)
-    }
-
-    deinit { connection.close() }
-
-    /// The database's URL, for `siwa-worker --database-url`.
-    var url: String { cluster.url(database: configuration.database ?? "") }
-
-    /// Inserts one pending notification; `eventTime` and `issuedAt` are SQL (e.g. `now() - interval '1 hour'`).
+/// The worker's helpers on TestSupport's `TestDatabase` (schema.sql, the owner's connection).
+extension TestDatabase {
+    /// Stores one pending notification as siwa-receiver does; `eventTime` and `issuedAt` are SQL (e.g.
+    /// `now() - interval '1 hour'`).
     func insert(
         jti: String, type: String, sub: String, eventTime: String = "now()", email: String? = nil,
         issuedAt: String = "now()"
     ) throws {
-        try connection.execute(
-            """
-            INSERT INTO siwa.notifications
-                (jti, event_type, sub, audience, email, is_private_email, event_time, issued_at, raw_token)
-            VALUES ($1, $2, $3, 'com.example.app', $4, $5, \(eventTime), \(issuedAt), 'header.payload.signature')
-            """,
-            [.text(jti), .text(type), .text(sub), email.map { .text($0) }, email.map { _ in .bool(true) }])
-    }
-
-    /// The first column of the first row, decoded as `T`.
-    func value<T: PostgresDecodable>(
-        _ sql: String, _ parameters: [PostgresData?] = [], as type: T.Type = T.self
-    )
-        throws -> T
-    {
-        guard let row = try connection.query(sql, parameters).first else {
-            throw PostgresError(code: .decoding, message: "no row for: \(sql)")
-        }
-        return try row[0, as: T.self]
+        try connection.storeAsReceiver(
+            SeededNotification(
+                jti: jti, type: type, sub: sub, email: email, isPrivateEmail: email.map { _ in true },
+                eventTime: connection.instant(eventTime),
+                issuedAt: connection.instant(issuedAt)))
     }
 
     /// The state of the notification with `jti`.
@@ -124,28 +95,6 @@ final class WorkerProcess: @unchecked Sendable {
 
     /// What the process logged so far.
     var log: String { (try? String(contentsOf: logURL, encoding: .utf8)) ?? "" }
-}
-
-extension TestDatabase {
-    /// A connection to this database as a login role that is a member of `group` (created once per
-    /// cluster, e.g. `siwa_admin`: what a person reading history connects as).
-    func connect(asMemberOf group: String) throws -> PostgresConnection {
-        let login = "siwa_test_worker_\(group)_login"
-        try connection.simpleQuery(
-            """
-            DO $$ BEGIN
-                IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '\(login)') THEN
-                    CREATE ROLE \(login) LOGIN IN ROLE \(group);
-                END IF;
-            EXCEPTION WHEN duplicate_object OR unique_violation THEN
-                NULL;
-            END $$
-            """)
-        return try PostgresConnection(
-            configuration: PostgresConfiguration(
-                "host=\(cluster.socketDirectory) port=\(cluster.port) dbname=\(configuration.database ?? "") user=\(login)"
-            ))
-    }
 }
 
 /// Runs `worker.drainOnce()` on a thread of its own and waits up to `timeout` for it to return. If it
