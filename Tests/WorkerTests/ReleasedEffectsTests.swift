@@ -8,7 +8,7 @@ import Testing
 /// The guard of "each effect once": the worker's effects have one implementation (the set-based pass,
 /// run on a batch of one by its fallback), and they must be exactly those of the released schema
 /// version 4, which had two (the pass, and one notification at a time). The same seeded random
-/// notifications, signed as Apple signs them and stored by the receiver's own store, are applied by
+/// notifications, signed as Apple signs them and stored by each version's receiver, are applied by
 /// version 4 (Tests/Fixtures/released-schemas/schema-v4.sql) in one database and by schema.sql in
 /// another, through the functions the worker calls, and everything they leave is compared.
 @Suite("The worker's effects are those of the released schema version 4")
@@ -59,17 +59,68 @@ struct ReleasedEffectsTests {
                FROM public.hook_calls AS h))
         """
 
-    /// One database: a connection, and the receiver's store writing into it.
+    /// The statement version 4's receiver stored a batch with (its NotificationStore.insertSQL, released
+    /// with schema version 4), here with a batch of one: the dedupe key, the log row (without email and
+    /// token for an erased account), the queue row and the NOTIFY.
+    static let version4Store = """
+        WITH batch AS (
+            SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::boolean[],
+                                 $7::timestamptz[], $8::timestamptz[], $9::timestamptz[], $10::text[])
+                   AS b(jti, event_type, sub, audience, email, is_private_email, event_time, issued_at,
+                        expires_at, raw_token)),
+        fresh AS (
+            INSERT INTO siwa.notification_jtis (jti, issued_at, expires_at)
+            SELECT b.jti, b.issued_at, b.expires_at FROM batch b
+            ON CONFLICT (jti) DO NOTHING
+            RETURNING jti, issued_at),
+        stored AS (
+            INSERT INTO siwa.notification_log
+                (jti, event_type, sub, audience, email, is_private_email, event_time, issued_at, expires_at,
+                 raw_token, personal_data_erased_at)
+            SELECT b.jti, b.event_type, b.sub, b.audience,
+                   CASE WHEN a.sub IS NULL THEN b.email END, b.is_private_email, b.event_time, b.issued_at,
+                   b.expires_at, CASE WHEN a.sub IS NULL THEN b.raw_token END,
+                   CASE WHEN a.sub IS NOT NULL THEN clock_timestamp() END
+              FROM batch b
+              JOIN fresh f ON f.jti = b.jti AND f.issued_at = b.issued_at
+              LEFT JOIN siwa.accounts a ON a.sub = b.sub AND a.personal_data_erased_at IS NOT NULL
+            ON CONFLICT (jti, issued_at) DO NOTHING
+            RETURNING id, jti, issued_at),
+        queued AS (
+            INSERT INTO siwa.notification_queue (id, jti, issued_at)
+            SELECT s.id, s.jti, s.issued_at FROM stored s
+            RETURNING 1)
+        SELECT s.jti FROM stored s
+         WHERE (SELECT count(pg_notify('siwa_notifications', '')) FROM (SELECT 1 FROM queued LIMIT 1) AS w) >= 0
+        """
+
+    /// One database: a connection, and the receiver's store writing into it (this version's
+    /// NotificationStore, or for version 4 the statement its receiver used).
     struct Side {
         let connection: PostgresConnection
         let pool: PostgresPool
         let store: NotificationStore
+        let isVersion4: Bool
 
-        init(schema: String) throws {
+        init(schema: String, isVersion4: Bool) throws {
             let configuration = try PostgresCluster.shared.createDatabase(applying: schema)
             connection = try PostgresConnection(configuration: configuration)
             pool = PostgresPool(configuration: configuration, maxConnections: 1)
             store = NotificationStore(pool: pool, configuration: .init(committers: 1))
+            self.isVersion4 = isVersion4
+        }
+
+        /// Stores `n` as that version's receiver does.
+        func store(_ n: ServerNotification, rawToken: String) throws -> NotificationStore.Outcome {
+            guard isVersion4 else { return try store.store(n, rawToken: rawToken) }
+            let columns: [PostgresData?] = [
+                .text(n.jti), .text(n.eventType.rawValue), .text(n.subject), .text(n.audience),
+                n.email.map { .text($0) }, n.isPrivateEmail.map { .bool($0) }, .date(n.eventTime),
+                .date(n.issuedAt), n.expiresAt.map { .date($0) }, .text(rawToken),
+            ]
+            let stored = try connection.query(
+                ReleasedEffectsTests.version4Store, columns.map { .array([$0]) })
+            return stored.isEmpty ? .duplicate : .accepted
         }
 
         func close() {
@@ -95,8 +146,8 @@ struct ReleasedEffectsTests {
             contentsOf: RepositoryRoot.url.appendingPathComponent(
                 "Tests/Fixtures/released-schemas/schema-v4.sql"),
             encoding: .utf8)
-        let version4 = try Side(schema: released)
-        let current = try Side(schema: TestSchema.sql)
+        let version4 = try Side(schema: released, isVersion4: true)
+        let current = try Side(schema: TestSchema.sql, isVersion4: false)
         defer {
             version4.close()
             current.close()
@@ -116,7 +167,7 @@ struct ReleasedEffectsTests {
                     try side.connection.execute(
                         "DELETE FROM siwa.notification_jtis WHERE jti = $1", [.text(notification.jti)])
                 }
-                outcomes.append(try side.store.store(notification, rawToken: delivery.token))
+                outcomes.append(try side.store(notification, rawToken: delivery.token))
             }
             #expect(outcomes[0] == outcomes[1], "seed \(seed): stored \(outcomes)")
         }
