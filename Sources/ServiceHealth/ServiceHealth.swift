@@ -4,7 +4,7 @@ import ServiceSupport
 import Synchronization
 
 /// What a running siwa-receiver or siwa-worker tells the database about itself, and the database's
-/// health gauges for its `/metrics` (issue 14).
+/// health gauges for its `/metrics`.
 ///
 /// One connection of its own, opened lazily and reopened after an error: a heartbeat row in
 /// `siwa.service_heartbeats` every ``Configuration/heartbeatInterval`` (stale rows of the same kind
