@@ -317,6 +317,16 @@ BEGIN
 
     -- 5: one home for each rule. Changes to existing tables and functions go inside `IF v_from > 0`.
     IF v_from < 5 THEN
+        -- Ready to adopt: heartbeats record the product version and the commit each process was built
+        -- from (NULL in the rows of processes built before version 5, which write only version). The
+        -- table came with version 4: from an older version the desired state creates it with the columns.
+        IF v_from >= 4 THEN
+            ALTER TABLE siwa.service_heartbeats
+                ADD COLUMN product_version text
+                    CONSTRAINT service_heartbeats_product_version_check CHECK (length(product_version) BETWEEN 1 AND 64),
+                ADD COLUMN build_commit text
+                    CONSTRAINT service_heartbeats_build_commit_check CHECK (length(build_commit) BETWEEN 1 AND 64);
+        END IF;
         IF v_from > 0 THEN
             -- Each effect once: the set-based pass is the only implementation of the worker's effects
             -- (its fallback runs it on batches of one) and returns its changes, which
@@ -328,7 +338,7 @@ BEGIN
             DROP FUNCTION IF EXISTS siwa.number_changes();
         END IF;
         INSERT INTO siwa.schema_version (version, description)
-        VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects');
+        VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;
 END;
 $$;
@@ -3277,7 +3287,8 @@ COMMENT ON COLUMN siwa.webhook_delivery_status.last_error IS 'The last failure, 
 -- Every siwa-receiver and siwa-worker process upserts its row here every few seconds (and deletes rows
 -- of its own kind not seen for a day), so that `siwactl doctor --database-url` can tell whether workers
 -- are alive and which audiences the receivers accept. Row-level security keeps each role to the rows of
--- its own kind: a receiver cannot fake a live worker. Both objects are new: no numbered change.
+-- its own kind: a receiver cannot fake a live worker. Both objects came new in version 4; the columns
+-- product_version and build_commit came in version 5 (numbered change 5).
 
 CREATE TABLE IF NOT EXISTS siwa.service_heartbeats (
     kind       text        NOT NULL,
@@ -3287,6 +3298,10 @@ CREATE TABLE IF NOT EXISTS siwa.service_heartbeats (
     audiences  text[]      NOT NULL DEFAULT '{}',
     started_at timestamptz NOT NULL,
     last_seen  timestamptz NOT NULL DEFAULT now(),
+    product_version text
+        CONSTRAINT service_heartbeats_product_version_check CHECK (length(product_version) BETWEEN 1 AND 64),
+    build_commit    text
+        CONSTRAINT service_heartbeats_build_commit_check CHECK (length(build_commit) BETWEEN 1 AND 64),
     CONSTRAINT service_heartbeats_pkey PRIMARY KEY (kind, host, pid),
     CONSTRAINT service_heartbeats_kind_check CHECK (kind IN ('receiver', 'worker')),
     CONSTRAINT service_heartbeats_host_check CHECK (length(host) BETWEEN 1 AND 255),
@@ -3303,6 +3318,10 @@ COMMENT ON COLUMN siwa.service_heartbeats.audiences IS
     'A receiver''s accepted client IDs (--audience); for a worker, the revoker''s client IDs (--client-id), empty when the revoker is off.';
 COMMENT ON COLUMN siwa.service_heartbeats.started_at IS 'When the process started.';
 COMMENT ON COLUMN siwa.service_heartbeats.last_seen IS 'Its latest heartbeat.';
+COMMENT ON COLUMN siwa.service_heartbeats.product_version IS
+    'The product version the process was built as (its --version, e.g. 5.0.0); NULL for a process built before schema version 5.';
+COMMENT ON COLUMN siwa.service_heartbeats.build_commit IS
+    'The commit the process was built from (unknown when the build did not know it); NULL for a process built before schema version 5.';
 ALTER TABLE siwa.service_heartbeats ENABLE ROW LEVEL SECURITY;
 
 -- The gauges of /metrics that come from the database, one row of aggregates, cheap on a large log:

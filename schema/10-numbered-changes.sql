@@ -146,6 +146,16 @@ BEGIN
 
     -- 5: one home for each rule. Changes to existing tables and functions go inside `IF v_from > 0`.
     IF v_from < 5 THEN
+        -- Ready to adopt: heartbeats record the product version and the commit each process was built
+        -- from (NULL in the rows of processes built before version 5, which write only version). The
+        -- table came with version 4: from an older version the desired state creates it with the columns.
+        IF v_from >= 4 THEN
+            ALTER TABLE siwa.service_heartbeats
+                ADD COLUMN product_version text
+                    CONSTRAINT service_heartbeats_product_version_check CHECK (length(product_version) BETWEEN 1 AND 64),
+                ADD COLUMN build_commit text
+                    CONSTRAINT service_heartbeats_build_commit_check CHECK (length(build_commit) BETWEEN 1 AND 64);
+        END IF;
         IF v_from > 0 THEN
             -- Each effect once: the set-based pass is the only implementation of the worker's effects
             -- (its fallback runs it on batches of one) and returns its changes, which
@@ -157,7 +167,7 @@ BEGIN
             DROP FUNCTION IF EXISTS siwa.number_changes();
         END IF;
         INSERT INTO siwa.schema_version (version, description)
-        VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects');
+        VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;
 END;
 $$;

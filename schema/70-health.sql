@@ -3,7 +3,8 @@
 -- Every siwa-receiver and siwa-worker process upserts its row here every few seconds (and deletes rows
 -- of its own kind not seen for a day), so that `siwactl doctor --database-url` can tell whether workers
 -- are alive and which audiences the receivers accept. Row-level security keeps each role to the rows of
--- its own kind: a receiver cannot fake a live worker. Both objects are new: no numbered change.
+-- its own kind: a receiver cannot fake a live worker. Both objects came new in version 4; the columns
+-- product_version and build_commit came in version 5 (numbered change 5).
 
 CREATE TABLE IF NOT EXISTS siwa.service_heartbeats (
     kind       text        NOT NULL,
@@ -13,6 +14,10 @@ CREATE TABLE IF NOT EXISTS siwa.service_heartbeats (
     audiences  text[]      NOT NULL DEFAULT '{}',
     started_at timestamptz NOT NULL,
     last_seen  timestamptz NOT NULL DEFAULT now(),
+    product_version text
+        CONSTRAINT service_heartbeats_product_version_check CHECK (length(product_version) BETWEEN 1 AND 64),
+    build_commit    text
+        CONSTRAINT service_heartbeats_build_commit_check CHECK (length(build_commit) BETWEEN 1 AND 64),
     CONSTRAINT service_heartbeats_pkey PRIMARY KEY (kind, host, pid),
     CONSTRAINT service_heartbeats_kind_check CHECK (kind IN ('receiver', 'worker')),
     CONSTRAINT service_heartbeats_host_check CHECK (length(host) BETWEEN 1 AND 255),
@@ -29,6 +34,10 @@ COMMENT ON COLUMN siwa.service_heartbeats.audiences IS
     'A receiver''s accepted client IDs (--audience); for a worker, the revoker''s client IDs (--client-id), empty when the revoker is off.';
 COMMENT ON COLUMN siwa.service_heartbeats.started_at IS 'When the process started.';
 COMMENT ON COLUMN siwa.service_heartbeats.last_seen IS 'Its latest heartbeat.';
+COMMENT ON COLUMN siwa.service_heartbeats.product_version IS
+    'The product version the process was built as (its --version, e.g. 5.0.0); NULL for a process built before schema version 5.';
+COMMENT ON COLUMN siwa.service_heartbeats.build_commit IS
+    'The commit the process was built from (unknown when the build did not know it); NULL for a process built before schema version 5.';
 ALTER TABLE siwa.service_heartbeats ENABLE ROW LEVEL SECURITY;
 
 -- The gauges of /metrics that come from the database, one row of aggregates, cheap on a large log:

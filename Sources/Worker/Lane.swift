@@ -123,16 +123,20 @@ final class Lane {
                 if once {
                     return (summary, WorkerError(code: .database, message: error.description), nil)
                 }
+                var fields: [String: Logger.Value] = [
+                    "lane": .int(index), "error_code": .string(error.code.description),
+                    "sqlstate": .string(error.sqlState ?? ""),
+                    "retry_in_ms": .int(Int(reconnectDelay.wholeMilliseconds)),
+                ]
+                // Why the server refused the connection (wrong password, no such database, no
+                // pg_hba.conf entry), password masked.
+                if let reason = error.connectionFailureReason { fields["reason"] = .string(reason) }
                 logger.warning(
                     error.code == .readOnly
                         ? "database accepts no writes (a standby?); reconnecting"
                         : error.isConnectionError
                             ? "database unavailable; reconnecting" : "database error; reconnecting",
-                    [
-                        "lane": .int(index), "error_code": .string(error.code.description),
-                        "sqlstate": .string(error.sqlState ?? ""),
-                        "retry_in_ms": .int(Int(reconnectDelay.wholeMilliseconds)),
-                    ])
+                    fields)
                 worker.sleep(reconnectDelay)
                 reconnectDelay = min(reconnectDelay * 2, configuration.maxReconnectDelay)
             }

@@ -127,7 +127,11 @@ public final class Revoker: Sendable {
                 }
             } catch {
                 let code = (error as? PostgresError).map { $0.sqlState ?? $0.code.description } ?? "unknown"
-                logger.warning("revoker: database failure; reconnecting", ["error": .string(code)])
+                var fields: [String: Logger.Value] = ["error": .string(code)]
+                if let reason = (error as? PostgresError)?.connectionFailureReason {
+                    fields["reason"] = .string(reason)
+                }
+                logger.warning("revoker: database failure; reconnecting", fields)
                 let deadline = ContinuousClock.now + .seconds(1)
                 while !stopRequested.load(ordering: .sequentiallyConsistent), ContinuousClock.now < deadline {
                     Thread.sleep(forTimeInterval: 0.05)

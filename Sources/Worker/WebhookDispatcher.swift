@@ -174,9 +174,11 @@ public final class WebhookDispatcher: Sendable {
                 }
             } catch {
                 let code = (error as? PostgresError).map { $0.sqlState ?? $0.code.description } ?? "unknown"
-                logger.warning(
-                    "webhooks: database failure; connecting again",
-                    ["lane": .int(index), "error": .string(code)])
+                var fields: [String: Logger.Value] = ["lane": .int(index), "error": .string(code)]
+                if let reason = (error as? PostgresError)?.connectionFailureReason {
+                    fields["reason"] = .string(reason)
+                }
+                logger.warning("webhooks: database failure; connecting again", fields)
                 let deadline = ContinuousClock.now + .seconds(1)
                 while !isStopping, ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.05) }
             }
