@@ -35,8 +35,17 @@ let package = Package(
         // Outbound HTTP (key sets, and later Apple's token endpoints and webhooks): libcurl under a policy.
         .target(name: "HTTPClient", dependencies: ["CCurl", "CCurlShim"]),
         .target(name: "ServiceSupport"),
-        // Apple's Sign in with Apple REST API (/auth/token, /auth/revoke) on HTTPClient.
+        // Apple's Sign in with Apple REST API (/auth/token, /auth/revoke) on HTTPClient, and the one
+        // declaration of the Apple credential options every executable shares.
         .target(name: "AppleID", dependencies: ["AppleNotifications", "HTTPClient", "ServiceSupport"]),
+        // A team transfer (Apple's /auth/usermigrationinfo): export and import runs, paced and resumable;
+        // every change to the progress tables is a siwa.* function. Never prints or reads the environment.
+        .target(name: "TeamTransfer", dependencies: ["AppleID", "Postgres", "ServiceSupport"]),
+        // The local Apple (siwactl fake-apple, and tests in process): JWKS, /auth/token, /auth/revoke,
+        // /auth/usermigrationinfo, faults on demand. Loopback only; never prints or reads the environment.
+        .target(
+            name: "FakeApple",
+            dependencies: ["AppleNotifications", "HTTPClient", "HTTPServer", "ServiceSupport"]),
         .target(
             name: "Receiver",
             dependencies: ["AppleNotifications", "HTTPClient", "Postgres", "HTTPServer", "ServiceSupport"]),
@@ -81,7 +90,7 @@ let package = Package(
             name: "siwactl",
             dependencies: [
                 "AppleNotifications", "AppleID", "HTTPClient", "Postgres", "ServiceSupport", "HTTPServer",
-                "SiwaSchema", "Receiver", "Webhooks",
+                "SiwaSchema", "Receiver", "Webhooks", "TeamTransfer", "FakeApple",
             ]),
         .executableTarget(name: "siwa-bench", dependencies: ["AppleNotifications"]),
 
@@ -90,7 +99,8 @@ let package = Package(
         .target(
             name: "TestSupport",
             dependencies: [
-                "AppleID", "AppleNotifications", "Postgres", "HTTPServer", "Receiver", "SiwaSchema",
+                "AppleID", "AppleNotifications", "FakeApple", "Postgres", "HTTPServer", "Receiver",
+                "SiwaSchema",
             ]),
 
         .testTarget(name: "AppleNotificationsTests", dependencies: ["AppleNotifications", "TestSupport"]),
@@ -107,7 +117,8 @@ let package = Package(
             ]),
         .testTarget(name: "ServiceSupportTests", dependencies: ["ServiceSupport"]),
         .testTarget(name: "AdminSQLTests", dependencies: ["Postgres", "Receiver", "TestSupport"]),
-        .testTarget(name: "SiwactlTests", dependencies: ["SiwaSchema", "TestSupport"]),
+        .testTarget(
+            name: "SiwactlTests", dependencies: ["SiwaSchema", "TestSupport", "TeamTransfer", "AppleID"]),
         .testTarget(name: "AppleIDTests", dependencies: ["AppleID", "ServiceSupport", "TestSupport"]),
         .testTarget(
             name: "SignInTests",

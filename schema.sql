@@ -2940,6 +2940,154 @@ $$;
 COMMENT ON FUNCTION siwa.apply_sub_transfer(text, text[], text[], text[], boolean[]) IS
     'A team transfer''s rewrite of one batch (old subs, new subs, and Apple''s email and is_private_email for each): verifies, rewrites every sub column siwa.sub_columns lists, keeps the old subs in siwa.sub_aliases, records the batch in siwa.sub_transfer_batches. One row per user: applied, already, mismatch or conflict. Refuses the whole batch (23505) when a sub appears twice. Owner only unless granted.';
 
+-- The progress of a transfer run (siwactl transfer, the TeamTransfer library): every change to
+-- siwa.transfer_exports and siwa.transfer_imports outside siwa.apply_sub_transfer is one of these
+-- functions. The owner's, as the tables are (EXECUTE is granted to no role).
+--
+-- Old team: lists every account not deleted for the target team (a sub already listed keeps its row).
+CREATE OR REPLACE FUNCTION siwa.transfer_export_enlist(p_target_team text) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_count bigint;
+BEGIN
+    INSERT INTO siwa.transfer_exports (target_team, sub)
+    SELECT p_target_team, a.sub FROM siwa.accounts a WHERE a.deleted_at IS NULL
+    ON CONFLICT (target_team, sub) DO NOTHING;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END;
+$$;
+COMMENT ON FUNCTION siwa.transfer_export_enlist(text) IS
+    'A team transfer''s export (old team): adds a pending row to siwa.transfer_exports for every account not deleted that has none for the target team. Returns the rows added.';
+
+-- Old team: what Apple answered for a batch of users. p_outcomes is a JSON array of
+-- {k: sub, s: done|failed|pending, v: transfer_sub, a: attempts, err: Apple's error, st: its status}.
+CREATE OR REPLACE FUNCTION siwa.transfer_export_record(p_target_team text, p_outcomes jsonb) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_count bigint;
+BEGIN
+    UPDATE siwa.transfer_exports e
+       SET state = r.s, transfer_sub = r.v,
+           attempts = e.attempts + r.a, apple_error = r.err, apple_status = r.st,
+           last_attempt_at = clock_timestamp(),
+           done_at = CASE WHEN r.s = 'done' THEN clock_timestamp() END
+      FROM jsonb_to_recordset(p_outcomes) AS r(k text, s text, v text, a integer, err text, st integer)
+     WHERE e.target_team = p_target_team AND e.sub = r.k;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END;
+$$;
+COMMENT ON FUNCTION siwa.transfer_export_record(text, jsonb) IS
+    'A team transfer''s export (old team): records Apple''s answers for a batch of users (JSON array of {k, s, v, a, err, st}: sub, state done/failed/pending, transfer_sub, attempts made, Apple''s error and status). Returns the rows updated.';
+
+-- New team: loads the old team's list (JSON array of {sub, transfer_sub}). A pair already loaded (a
+-- second run) is counted as already; another pairing of a sub or transfer_sub already listed is neither
+-- loaded nor counted (the caller reports it).
+CREATE OR REPLACE FUNCTION siwa.transfer_import_load(p_transfer_id text, p_pairs jsonb)
+RETURNS TABLE (loaded bigint, already bigint)
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH r AS (SELECT r.sub, r.transfer_sub FROM jsonb_to_recordset(p_pairs) AS r(sub text, transfer_sub text)),
+         ins AS (INSERT INTO siwa.transfer_imports (transfer_id, transfer_sub, old_sub)
+                 SELECT p_transfer_id, r.transfer_sub, r.sub FROM r
+                 ON CONFLICT DO NOTHING RETURNING 1)
+    SELECT (SELECT count(*) FROM ins)::bigint,
+           (SELECT count(*) FROM r WHERE EXISTS (
+                SELECT 1 FROM siwa.transfer_imports i
+                 WHERE i.transfer_id = p_transfer_id AND i.transfer_sub = r.transfer_sub AND i.old_sub = r.sub))::bigint;
+$$;
+COMMENT ON FUNCTION siwa.transfer_import_load(text, jsonb) IS
+    'A team transfer''s import (new team): loads {sub, transfer_sub} pairs of the old team''s list into siwa.transfer_imports. Returns the pairs loaded now and those loaded by an earlier run; the rest conflict with a pairing already listed.';
+
+-- New team, both teams in one database: loads the list from the export's done rows.
+CREATE OR REPLACE FUNCTION siwa.transfer_import_load_exports(p_transfer_id text, p_target_team text)
+RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_count bigint;
+BEGIN
+    INSERT INTO siwa.transfer_imports (transfer_id, transfer_sub, old_sub)
+    SELECT p_transfer_id, e.transfer_sub, e.sub FROM siwa.transfer_exports e
+     WHERE e.target_team = p_target_team AND e.state = 'done'
+    ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END;
+$$;
+COMMENT ON FUNCTION siwa.transfer_import_load_exports(text, text) IS
+    'A team transfer''s import when both teams share a database: loads the done rows of siwa.transfer_exports for the target team into siwa.transfer_imports. Returns the rows added.';
+
+-- New team: what Apple answered for a batch of transfer identifiers. p_outcomes is a JSON array of
+-- {k: transfer_sub, s: done|failed|pending, v: new sub, e: email, p: is_private_email, a, err, st}.
+CREATE OR REPLACE FUNCTION siwa.transfer_import_record(p_transfer_id text, p_outcomes jsonb) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_count bigint;
+BEGIN
+    UPDATE siwa.transfer_imports i
+       SET state = CASE r.s WHEN 'done' THEN 'exchanged' ELSE r.s END, new_sub = r.v,
+           email = CASE WHEN r.s = 'done' THEN r.e END, is_private_email = r.p,
+           attempts = i.attempts + r.a, apple_error = r.err, apple_status = r.st,
+           last_attempt_at = clock_timestamp()
+      FROM jsonb_to_recordset(p_outcomes)
+           AS r(k text, s text, v text, e text, p boolean, a integer, err text, st integer)
+     WHERE i.transfer_id = p_transfer_id AND i.transfer_sub = r.k;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END;
+$$;
+COMMENT ON FUNCTION siwa.transfer_import_record(text, jsonb) IS
+    'A team transfer''s import (new team): records Apple''s answers for a batch of transfer identifiers (JSON array of {k, s, v, e, p, a, err, st}); done becomes exchanged, holding the email until applied. Returns the rows updated.';
+
+-- New team: the wrong-identifier guard. A new sub Apple gave for two old subs of this transfer, or that
+-- is already another old sub's alias, is applied to neither: those exchanged rows become duplicate and
+-- drop the email they held.
+CREATE OR REPLACE FUNCTION siwa.transfer_import_refuse_duplicates(p_transfer_id text) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_count bigint;
+BEGIN
+    -- Fresh statistics: a run has just filled the table, and the grouping below meets all of it.
+    ANALYZE siwa.transfer_imports;
+    WITH duplicate AS (
+        SELECT d.new_sub FROM siwa.transfer_imports d
+         WHERE d.transfer_id = p_transfer_id AND d.state IN ('exchanged', 'applied', 'duplicate')
+         GROUP BY d.new_sub HAVING count(*) > 1
+        UNION
+        SELECT i.new_sub FROM siwa.transfer_imports i
+          JOIN siwa.sub_aliases a ON a.new_sub = i.new_sub AND a.old_sub <> i.old_sub
+         WHERE i.transfer_id = p_transfer_id AND i.state = 'exchanged')
+    UPDATE siwa.transfer_imports i
+       SET state = 'duplicate', email = NULL,
+           detail = 'Apple gave this new sub for more than one old sub (or it is already another old sub''s alias)'
+      FROM duplicate
+     WHERE i.transfer_id = p_transfer_id AND i.state = 'exchanged' AND i.new_sub = duplicate.new_sub;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END;
+$$;
+COMMENT ON FUNCTION siwa.transfer_import_refuse_duplicates(text) IS
+    'A team transfer''s wrong-identifier guard (new team): marks duplicate (not applied, email dropped) every exchanged row whose new sub Apple also gave another old sub of the transfer, or that is already another old sub''s alias. Returns the rows marked.';
+
+-- New team: rewrites the next batch of exchanged users (at most p_limit, in old-sub order) with
+-- siwa.apply_sub_transfer; the users per outcome, no row when nothing was left to rewrite.
+CREATE OR REPLACE FUNCTION siwa.transfer_import_apply_batch(p_transfer_id text, p_limit integer)
+RETURNS TABLE (outcome text, users bigint)
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH b AS MATERIALIZED (
+        SELECT i.old_sub, i.new_sub, i.email, i.is_private_email FROM siwa.transfer_imports i
+         WHERE i.transfer_id = p_transfer_id AND i.state = 'exchanged' ORDER BY i.old_sub LIMIT p_limit)
+    SELECT r.outcome, count(*)::bigint
+      FROM siwa.apply_sub_transfer(p_transfer_id,
+               ARRAY(SELECT b.old_sub FROM b ORDER BY b.old_sub),
+               ARRAY(SELECT b.new_sub FROM b ORDER BY b.old_sub),
+               ARRAY(SELECT b.email FROM b ORDER BY b.old_sub),
+               ARRAY(SELECT b.is_private_email FROM b ORDER BY b.old_sub)) AS r
+     GROUP BY r.outcome;
+$$;
+COMMENT ON FUNCTION siwa.transfer_import_apply_batch(text, integer) IS
+    'A team transfer''s rewrite (new team): applies the next batch of at most p_limit exchanged users of the transfer with siwa.apply_sub_transfer, in old-sub order. One row per outcome with its users; none when nothing is left.';
+
 -- A user's history by either sub: every notification stored for the sub, for the sub it became, and
 -- for every sub that became it.
 CREATE OR REPLACE FUNCTION siwa.history_of(p_sub text) RETURNS SETOF siwa.event_history

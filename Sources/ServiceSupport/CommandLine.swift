@@ -22,13 +22,18 @@ public struct CommandOption: Sendable {
     public var environmentVariable: String?
     /// The value used when neither the command line nor the environment gives one.
     public var defaultValue: String?
+    /// Old names of the option (without dashes), still accepted: a value given under one counts as
+    /// given under ``name``. Shown in help as old names.
+    public var aliases: [String]
 
     /// Declares an option.
     public init(
         _ name: String, valueName: String = "VALUE", help: String, isRepeatable: Bool = false,
-        isRequired: Bool = false, environmentVariable: String? = nil, defaultValue: String? = nil
+        isRequired: Bool = false, environmentVariable: String? = nil, defaultValue: String? = nil,
+        aliases: [String] = []
     ) {
         self.name = name
+        self.aliases = aliases
         self.valueName = valueName
         self.help = help
         self.isRepeatable = isRepeatable
@@ -192,7 +197,7 @@ public struct CommandSpec: Sendable {
                 inlineValue = String(name[name.index(after: equals)...])
                 name = String(name[..<equals])
             }
-            if let option = options.first(where: { $0.name == name }) {
+            if let option = options.first(where: { $0.name == name || $0.aliases.contains(name) }) {
                 let value: String
                 if let inlineValue {
                     value = inlineValue
@@ -203,10 +208,11 @@ public struct CommandSpec: Sendable {
                     value = arguments[index]
                     index += 1
                 }
-                if !option.isRepeatable, parsed.options[name] != nil {
-                    throw CommandLineError(.unexpectedArgument, "option --\(name) given more than once")
+                if !option.isRepeatable, parsed.options[option.name] != nil {
+                    throw CommandLineError(
+                        .unexpectedArgument, "option --\(option.name) given more than once")
                 }
-                parsed.options[name, default: []].append(value)
+                parsed.options[option.name, default: []].append(value)
             } else if flags.contains(where: { $0.name == name }) {
                 guard inlineValue == nil else {
                     throw CommandLineError(.invalidValue, "flag --\(name) takes no value")
@@ -272,6 +278,11 @@ public struct CommandSpec: Sendable {
             if option.isRepeatable { help += " (repeatable)" }
             if let variable = option.environmentVariable { help += " [env: \(variable)]" }
             if let defaultValue = option.defaultValue { help += " [default: \(defaultValue)]" }
+            if !option.aliases.isEmpty {
+                help +=
+                    " (old name\(option.aliases.count > 1 ? "s" : ""): "
+                    + option.aliases.map { "--" + $0 }.joined(separator: ", ") + ")"
+            }
             rows.append(("--\(option.name) \(option.valueName)", help))
         }
         for flag in flags {
@@ -289,5 +300,21 @@ public struct CommandSpec: Sendable {
             lines.append("  " + left + String(repeating: " ", count: width - left.count + 2) + right)
         }
         return lines.joined(separator: "\n") + "\n"
+    }
+}
+
+extension CommandOption {
+    /// The same option, required.
+    public func requiring() -> CommandOption {
+        var copy = self
+        copy.isRequired = true
+        return copy
+    }
+
+    /// The same option with one more old name (without dashes) accepted for it.
+    public func aliased(_ name: String) -> CommandOption {
+        var copy = self
+        copy.aliases.append(name)
+        return copy
     }
 }

@@ -1,3 +1,4 @@
+import AppleID
 import Foundation
 import HTTPServer
 import Postgres
@@ -18,10 +19,7 @@ let receiverCommand = CommandSpec(
             environmentVariable: "SIWA_LISTEN",
             defaultValue: "127.0.0.1:8080"),
         .databaseURL,
-        CommandOption(
-            "audience", valueName: "CLIENT_ID",
-            help: "Accepted client ID (bundle ID or Services ID); repeat for several. Required.",
-            isRepeatable: true, isRequired: true, environmentVariable: "SIWA_AUDIENCES"),
+        AppleCredentialOptions.audiences(required: true),
         CommandOption(
             "jwks-url", valueName: "URL", help: "Apple's key set (https; http only for loopback).",
             environmentVariable: "SIWA_JWKS_URL", defaultValue: appleKeySetURL),
@@ -159,7 +157,7 @@ private func makeConfiguration(_ parsed: ParsedCommand, environment: [String: St
     http.connectionTimeout =
         try parsed.seconds("connection-timeout", positive: true) ?? http.connectionTimeout
     http.threadCount = try parsed.integer("threads", in: 1...1024) ?? http.threadCount
-    let audiences = parsed.values("audience").flatMap { $0.split(separator: ",").map(String.init) }
+    let audiences = AppleCredentialOptions.audiences(parsed)
     let keys = KeyStore.Configuration(
         refreshInterval: try parsed.seconds("jwks-refresh", positive: true) ?? .seconds(3600),
         cooldown: try parsed.seconds("jwks-cooldown", positive: true) ?? .seconds(30))

@@ -10,34 +10,21 @@ import Synchronization
 import TokenVault
 
 /// The sign-in API's settings (off unless --signin-listen is given; then all of them are required).
-let signInOptions: [CommandOption] = [
-    CommandOption(
-        "signin-listen", valueName: "HOST:PORT",
-        help: "Serve the internal sign-in API (POST /v1/sign-ins, /v1/revocations) here; off by default.",
-        environmentVariable: "SIWA_SIGNIN_LISTEN"),
-    CommandOption(
-        "signin-token-file", valueName: "FILE",
-        help: "File holding the API's bearer token (32+ characters). Required with --signin-listen.",
-        environmentVariable: "SIWA_SIGNIN_TOKEN_FILE"),
-    CommandOption(
-        "token-key-file", valueName: "FILE",
-        help: "Refresh-token encryption keys, 'KEY_ID BASE64' per line, the first encrypts (chmod 600).",
-        environmentVariable: "SIWA_TOKEN_KEY_FILE"),
-    CommandOption(
-        "apple-team-id", valueName: "ID", help: "Your Apple team ID (client secrets' iss).",
-        environmentVariable: "SIWA_APPLE_TEAM_ID"),
-    CommandOption(
-        "apple-key-id", valueName: "ID", help: "The Sign in with Apple key's ID (client secrets' kid).",
-        environmentVariable: "SIWA_APPLE_KEY_ID"),
-    CommandOption(
-        "apple-key-file", valueName: "FILE",
-        help: "The Sign in with Apple key (.p8), to mint client secrets.",
-        environmentVariable: "SIWA_APPLE_KEY_FILE"),
-    CommandOption(
-        "apple-url", valueName: "URL",
-        help: "Apple's base URL (http only to loopback, for siwactl fake-apple).",
-        environmentVariable: "SIWA_APPLE_URL", defaultValue: "https://appleid.apple.com"),
-]
+let signInOptions: [CommandOption] =
+    [
+        CommandOption(
+            "signin-listen", valueName: "HOST:PORT",
+            help: "Serve the internal sign-in API (POST /v1/sign-ins, /v1/revocations) here; off by default.",
+            environmentVariable: "SIWA_SIGNIN_LISTEN"),
+        CommandOption(
+            "signin-token-file", valueName: "FILE",
+            help: "File holding the API's bearer token (32+ characters). Required with --signin-listen.",
+            environmentVariable: "SIWA_SIGNIN_TOKEN_FILE"),
+        CommandOption(
+            "token-key-file", valueName: "FILE",
+            help: "Refresh-token encryption keys, 'KEY_ID BASE64' per line, the first encrypts (chmod 600).",
+            environmentVariable: "SIWA_TOKEN_KEY_FILE"),
+    ] + AppleCredentialOptions.credentials()
 
 /// The sign-in API built from the command line, or nil when it is off.
 struct SignInSetup: Sendable {
@@ -74,11 +61,8 @@ struct SignInSetup: Sendable {
         } catch let error as TokenCipherError {
             throw ConfigurationError("--token-key-file: \(error.description)")
         }
-        let teamID = try required("apple-team-id")
-        let keyID = try required("apple-key-id")
-        let apple = try ConfiguredClients(
-            keyFile: try required("apple-key-file"), teamID: teamID, keyID: keyID, clientIDs: audiences,
-            baseURL: parsed.value("apple-url"), environment: environment)
+        let apple = try AppleCredentials(parsed, neededBy: "--signin-listen").clients(
+            audiences, environment: environment)
         let database = try PostgresConfiguration(
             parsed.value("database-url") ?? "", applicationName: "siwa-receiver-signin")
         configuration = try SignInConfiguration(

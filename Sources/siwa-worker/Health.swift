@@ -1,3 +1,4 @@
+import AppleID
 import Foundation
 import Postgres
 import ServiceHealth
@@ -13,8 +14,7 @@ func healthService(
 ) throws -> Service {
     let clientIDs =
         revokerOn
-        ? parsed.values("client-id").flatMap { $0.split(separator: ",").map(String.init) }
-            .map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty } : []
+        ? AppleCredentialOptions.audiences(parsed) : []
     let health = ServiceHealth(
         configuration: try ServiceHealth.Configuration(
             database: database, kind: .worker, audiences: clientIDs, version: SiwaBuild.version,

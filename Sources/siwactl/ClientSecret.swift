@@ -1,3 +1,4 @@
+import AppleID
 import AppleNotifications
 import Foundation
 import ServiceSupport
@@ -20,18 +21,11 @@ enum ClientSecretVerb {
             with 'siwactl client-secret check-key'.
             """,
         options: [
-            CommandOption(
-                "team-id", valueName: "T", help: "Your Apple team ID (iss).", isRequired: true,
-                environmentVariable: "SIWA_APPLE_TEAM_ID"),
-            CommandOption(
-                "key-id", valueName: "K", help: "The key's ID (kid).", isRequired: true,
-                environmentVariable: "SIWA_APPLE_KEY_ID"),
+            AppleCredentialOptions.teamID.requiring(), AppleCredentialOptions.keyID.requiring(),
             CommandOption(
                 "client-id", valueName: "C", help: "The client ID: bundle ID or Services ID (sub).",
                 isRequired: true),
-            CommandOption(
-                "key", valueName: "P8", help: "The private key file (PKCS#8 PEM).", isRequired: true,
-                environmentVariable: "SIWA_APPLE_KEY_FILE"),
+            AppleCredentialOptions.keyFile.requiring().aliased("key"),
             CommandOption(
                 "days", valueName: "N", help: "Lifetime in days, 1 to 180.", defaultValue: "180"),
         ])
@@ -61,15 +55,8 @@ enum ClientSecretVerb {
             when nothing failed, 1 when a check failed, 2 on a usage error.
             """,
         options: [
-            CommandOption(
-                "key", valueName: "P8", help: "The private key file.", isRequired: true,
-                environmentVariable: "SIWA_APPLE_KEY_FILE"),
-            CommandOption(
-                "key-id", valueName: "K", help: "The key ID the service sends as kid.",
-                environmentVariable: "SIWA_APPLE_KEY_ID"),
-            CommandOption(
-                "team-id", valueName: "T", help: "The team ID the service sends as iss.",
-                environmentVariable: "SIWA_APPLE_TEAM_ID"),
+            AppleCredentialOptions.keyFile.requiring().aliased("key"), AppleCredentialOptions.keyID,
+            AppleCredentialOptions.teamID,
             CommandOption(
                 "public-key", valueName: "PEM", help: "The public key the key must match (PUBLIC KEY PEM)."),
         ])
@@ -114,10 +101,12 @@ enum ClientSecretVerb {
     }
 
     static func make(_ parsed: ParsedCommand, days: Int) throws {
-        let signer = try ClientSecretSigner(privateKeyPEM: try readText(path: parsed.value("key")!))
+        let signer = try ClientSecretSigner(
+            privateKeyPEM: try readText(path: parsed.value(AppleCredentialOptions.keyFile.name)!))
         let now = Date()
         let token = try signer.sign(
-            teamID: parsed.value("team-id")!, keyID: parsed.value("key-id")!,
+            teamID: parsed.value(AppleCredentialOptions.teamID.name)!,
+            keyID: parsed.value(AppleCredentialOptions.keyID.name)!,
             clientID: parsed.value("client-id")!,
             issuedAt: now, lifetime: TimeInterval(days) * 86400)
         writeStandardOutput(token + "\n")
@@ -175,7 +164,7 @@ enum ClientSecretVerb {
 
     /// Runs the .p8 checks, printing a verdict per check; true when none failed.
     static func checkKey(_ parsed: ParsedCommand) -> Bool {
-        let path = parsed.value("key")!
+        let path = parsed.value(AppleCredentialOptions.keyFile.name)!
         var failures = 0
         func verdict(_ level: String, _ text: String) {
             if level == "FAIL" { failures += 1 }
@@ -229,14 +218,14 @@ enum ClientSecretVerb {
         if fileName.hasPrefix("AuthKey_"), fileName.hasSuffix(".p8") {
             nameKeyID = String(fileName.dropFirst("AuthKey_".count).dropLast(".p8".count))
         }
-        if let keyID = parsed.value("key-id") {
+        if let keyID = parsed.value(AppleCredentialOptions.keyID.name) {
             if ClientSecretSigner.isWellFormedAppleID(keyID) {
                 verdict("ok", "key ID \(keyID) is well formed")
             } else {
                 verdict("FAIL", "key ID '\(keyID)' is not ten upper-case letters or digits")
             }
             if let nameKeyID, nameKeyID != keyID {
-                verdict("warn", "the file name says key ID \(nameKeyID), but --key-id is \(keyID)")
+                verdict("warn", "the file name says key ID \(nameKeyID), but --apple-key-id is \(keyID)")
             }
         } else if let nameKeyID {
             verdict(
@@ -245,9 +234,10 @@ enum ClientSecretVerb {
             )
         } else {
             verdict(
-                "warn", "no --key-id and the file is not named AuthKey_KEYID.p8: the key ID was not checked")
+                "warn",
+                "no --apple-key-id and the file is not named AuthKey_KEYID.p8: the key ID was not checked")
         }
-        if let teamID = parsed.value("team-id") {
+        if let teamID = parsed.value(AppleCredentialOptions.teamID.name) {
             if ClientSecretSigner.isWellFormedAppleID(teamID) {
                 verdict("ok", "team ID \(teamID) is well formed")
             } else {

@@ -55,24 +55,6 @@ func parseSince(_ text: String, now: Date = Date()) -> Date? {
     return dateOnly.date(from: trimmed)
 }
 
-/// `2026-01-31 12:00:05Z`: second precision, for tables.
-func formatShort(_ date: Date) -> String {
-    let formatter = ISO8601DateFormatter()
-    formatter.formatOptions = [
-        .withFullDate, .withTime, .withColonSeparatorInTime, .withSpaceBetweenDateAndTime,
-    ]
-    return formatter.string(from: date) + "Z"
-}
-
-/// A duration for people: `42s`, `3m 05s`, `2h 10m`, `3d 4h`.
-func formatAge(_ seconds: Double) -> String {
-    let total = Int(seconds.rounded(.down))
-    if total < 60 { return "\(total)s" }
-    if total < 3600 { return "\(total / 60)m \(String(format: "%02d", total % 60))s" }
-    if total < 86400 { return "\(total / 3600)h \(String(format: "%02d", total % 3600 / 60))m" }
-    return "\(total / 86400)d \(total % 86400 / 3600)h"
-}
-
 /// Left-aligned columns separated by two spaces, with a header row.
 func renderTable(header: [String], rows: [[String]]) -> String {
     var widths = header.map(\.count)

@@ -213,7 +213,7 @@ extension Doctor {
             report(
                 .warn, "revoker",
                 "refresh tokens issued to \(clientID) are stored, but the revoker of \(missing.map(\.name).joined(separator: ", ")) has no client secret for it",
-                fix: "add \(clientID) to the worker's SIWA_AUDIENCES (--client-id) and restart it")
+                fix: "add \(clientID) to the worker's SIWA_AUDIENCES (--audience) and restart it")
         }
     }
 

@@ -1,9 +1,8 @@
 import AppleNotifications
+import FakeApple
 import Foundation
 import HTTPClient
-import HTTPServer
 import ServiceSupport
-import Synchronization
 
 /// `siwactl fake-apple`: a local stand-in for Apple: the key endpoint serving a JWKS file, and, when
 /// given a team, its key and client IDs, the token and revoke endpoints (see ``FakeAppleAuthority``).
@@ -69,7 +68,7 @@ enum FakeAppleVerb {
                 environmentVariable: "SIWA_FAKE_APPLE_MIGRATION_USERS"),
         ])
 
-    static let path = "/auth/keys"
+    static let path = FakeAppleServer.keysPath
 
     static let verb = Verb(name: "fake-apple", abstract: "A local Apple: keys, token and revoke endpoints.") {
         arguments, environment in
@@ -157,24 +156,8 @@ enum FakeAppleVerb {
     ) throws {
         // Installed before serving, so a signal arriving early is not lost.
         let signals = TerminationSignals()
-        let directory = URL(fileURLWithPath: parsed.value("keys")!)
-        let file = KeySetFile(path: directory.appendingPathComponent("jwks.json").path)
-        if case .failure(let failure) = file.current() { throw failure }
         var settings: FakeAppleAuthority.Settings?
-        var signer: NotificationSigner?
         if withTokens {
-            let keyPath = directory.appendingPathComponent("private-key.pem").path
-            let pem = try readText(path: keyPath)
-            let unnamed = try NotificationSigner(privateKeyPEM: pem)
-            // Sign with the kid that jwks.json publishes for this key, so verifiers find it.
-            let published =
-                (try? JSONWebKeySet(
-                    jsonData: (try? Data(contentsOf: URL(fileURLWithPath: file.path))) ?? Data()))
-            let kid = published?.keyIDs.first {
-                published?.key(id: $0)?.modulus == unnamed.publicKey().modulus
-            }
-            guard let kid else { throw ToolFailure("\(keyPath) is not the key published in \(file.path)") }
-            signer = try NotificationSigner(privateKeyPEM: pem, keyID: kid)
             let teamKey: ClientSecretVerifier
             do {
                 teamKey = try ClientSecretVerifier(pem: try readText(path: parsed.value("team-key")!))
@@ -184,7 +167,8 @@ enum FakeAppleVerb {
             settings = FakeAppleAuthority.Settings(
                 teamID: parsed.value("team-id")!, keyID: parsed.value("key-id")!,
                 clientIDs: parsed.values("client-id").flatMap { $0.split(separator: ",").map(String.init) },
-                teamKey: teamKey, notifyURL: parsed.value("notify-url"), codeLifetime: codeLifetime)
+                teamKey: teamKey,
+                notifyURL: parsed.value("notify-url"), codeLifetime: codeLifetime)
             for entry in parsed.values("transfer-team").flatMap({ $0.split(separator: ",").map(String.init) })
             {
                 let parts = entry.split(separator: ":", maxSplits: 2).map(String.init)
@@ -212,103 +196,20 @@ enum FakeAppleVerb {
                 }
             }
         }
-        let authority =
-            try signer.map {
-                FakeAppleAuthority(settings: settings, signer: $0, fault: fault) {
-                    writeErrorLine("fake-apple", $0)
-                }
-            }
-            ?? FakeAppleAuthority(
-                settings: nil, signer: try NotificationSigner.generate(), fault: nil
-            ) { writeErrorLine("fake-apple", $0) }
-        var configuration = HTTPServer.Configuration()
-        configuration.host = listen.host
-        configuration.port = listen.port
-        configuration.threadCount = 4
-        let server = HTTPServer(
-            configuration: configuration,
-            onResponse: { request, response, _ in
-                writeErrorLine(
-                    "fake-apple",
-                    "\(request.remoteAddress) \(request.method) \(request.path) \(response.status)"
-                )
-            },
-            handler: { request in
-                if let answer = authority.handle(request) { return answer }
-                guard request.path == path else { return .error(status: 404, "not found") }
-                guard request.method == "GET" || request.method == "HEAD" else {
-                    return .error(status: 405, "method not allowed")
-                }
-                switch file.current() {
-                case .success(let body):
-                    return HTTPResponse(
-                        status: 200,
-                        headers: ["Content-Type": "application/json", "Cache-Control": "no-store"],
-                        body: [UInt8](body))
-                case .failure:
-                    return .error(status: 503, "no valid key set")
-                }
-            })
+        let server = try FakeAppleServer(
+            configuration: FakeAppleServer.Configuration(
+                host: listen.host, port: listen.port, keysDirectory: parsed.value("keys")!,
+                settings: settings,
+                fault: fault)
+        ) { writeErrorLine("fake-apple", $0) }
         do {
             try server.start()
         } catch {
             throw ToolFailure("cannot listen on \(listen): \(error)")
         }
-        let host = listen.host.contains(":") ? "[\(listen.host)]" : listen.host
-        writeStandardOutput("http://\(host):\(server.port ?? listen.port)\(path)\n")
+        writeStandardOutput(server.baseURL! + FakeAppleServer.keysPath + "\n")
         let name = signals.wait()
         writeErrorLine("fake-apple", "\(name), stopping")
         server.shutdown(gracePeriod: .seconds(2))
-    }
-}
-
-/// The JWKS file, re-read whenever its identity, size or modification time changes. A file that is
-/// not a valid key set is reported once and the last good one is kept.
-final class KeySetFile: Sendable {
-    private struct Stamp: Equatable {
-        var inode: UInt64
-        var size: Int64
-        var modified: timespec
-
-        static func == (lhs: Stamp, rhs: Stamp) -> Bool {
-            lhs.inode == rhs.inode && lhs.size == rhs.size && lhs.modified.tv_sec == rhs.modified.tv_sec
-                && lhs.modified.tv_nsec == rhs.modified.tv_nsec
-        }
-    }
-
-    private struct State {
-        var stamp: Stamp?
-        var body: Data?
-    }
-
-    let path: String
-    private let state = Mutex(State())
-
-    init(path: String) { self.path = path }
-
-    /// The key set to serve, or why there is none.
-    func current() -> Result<Data, ToolFailure> {
-        var info = stat()
-        guard stat(path, &info) == 0 else {
-            return state.withLock {
-                $0.body.map { .success($0) } ?? .failure(ToolFailure("cannot read \(path)"))
-            }
-        }
-        let stamp = Stamp(inode: UInt64(info.st_ino), size: Int64(info.st_size), modified: info.st_mtim)
-        return state.withLock { state -> Result<Data, ToolFailure> in
-            if state.stamp != stamp {
-                state.stamp = stamp
-                if let data = FileManager.default.contents(atPath: path),
-                    let keys = try? JSONWebKeySet(jsonData: data), !keys.keyIDs.isEmpty
-                {
-                    state.body = data
-                    writeErrorLine(
-                        "fake-apple", "loaded \(path): kids \(keys.keyIDs.joined(separator: ", "))")
-                } else {
-                    writeErrorLine("fake-apple", "\(path) is not a usable key set; keeping the previous one")
-                }
-            }
-            return state.body.map { .success($0) } ?? .failure(ToolFailure("\(path) is not a usable key set"))
-        }
     }
 }

@@ -1,3 +1,4 @@
+import AppleID
 import AppleNotifications
 import Foundation
 import Receiver
@@ -18,10 +19,7 @@ enum VerifyVerb {
                     "Key set: a file, or an https URL (http only for loopback), fetched as the receiver does.",
                 isRequired: true,
                 environmentVariable: "SIWA_JWKS_URL"),
-            CommandOption(
-                "audience", valueName: "AUD", help: "Accepted client ID.", isRepeatable: true,
-                isRequired: true,
-                environmentVariable: "SIWA_AUDIENCES"),
+            AppleCredentialOptions.audiences(required: true),
             CommandOption("at", valueName: "ISO8601", help: "Verify as of this instant instead of now."),
             CommandOption(
                 "max-token-age", valueName: "SECONDS",
@@ -52,7 +50,7 @@ enum VerifyVerb {
     static func run(_ parsed: ParsedCommand, now: Date, environment: [String: String]) async throws {
         let maxTokenAge = try parsed.seconds("max-token-age", positive: true) ?? .seconds(86400)
         let verifier = try NotificationVerifier(
-            audiences: Set(parsed.values("audience")), maxTokenAge: maxTokenAge.inSeconds)
+            audiences: Set(AppleCredentialOptions.audiences(parsed)), maxTokenAge: maxTokenAge.inSeconds)
         let input = parsed.positionals[0]
         let raw: String
         if input == "-" {

@@ -55,7 +55,7 @@ struct AppleIDClientTests {
 
     @Test("a code older than its lifetime is invalid_grant")
     func expiredCode() throws {
-        let apple = try LocalApple(extra: ["--code-lifetime", "0.2"])
+        let apple = try LocalApple(codeLifetime: 0.2)
         let code = try apple.authorize(sub: "001.late").code
         Thread.sleep(forTimeInterval: 0.5)  // the condition is time itself passing
         #expect(appleError { _ = try apple.client().exchange(code: code) }?.code == .invalidGrant)
@@ -92,7 +92,7 @@ struct AppleIDClientTests {
         let receiver = try ReceiverHarness(
             keys: .url(URL(string: "http://127.0.0.1:\(port)/auth/keys")!), audience: LocalApple.clientID,
             cooldown: .milliseconds(50), poolSize: 2, waitForKeys: false)
-        let notifying = try LocalApple(port: port, extra: ["--notify-url", receiver.notificationURL])
+        let notifying = try LocalApple(port: port, notifyURL: receiver.notificationURL)
         let client = try notifying.client()
         let tokens = try client.exchange(
             code: notifying.authorize(sub: "001.revoked", email: "r@example.com").code)
@@ -115,8 +115,9 @@ struct AppleIDClientTests {
                     "SELECT count(*) FROM siwa.event_history WHERE sub = $1 AND event_type = 'consent-revoked'",
                     [.text("001.revoked")])[0][0, as: Int.self]) == 1
             })
+        // The local Apple logs the receiver's answer after the receiver has stored the notification.
+        #expect(waitUntil(timeout: .seconds(20)) { notifying.log.contains("→ 200") })
         #expect(notifying.log.contains("consent-revoked jti="))
-        #expect(notifying.log.contains("→ 200"))
         #expect(
             try receiver.query("SELECT count(*) FROM siwa.notifications")[0][0, as: Int.self] == 1)
     }

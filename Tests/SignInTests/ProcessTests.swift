@@ -14,9 +14,7 @@ struct SignInProcessTests {
         let databaseURL = cluster.url(database: database.database ?? "")
         let receiverPort = try ExecutableLocator.freePort()
         let signInPort = try ExecutableLocator.freePort()
-        let apple = try LocalApple(extra: [
-            "--notify-url", "http://127.0.0.1:\(receiverPort)/apple/notifications",
-        ])
+        let apple = try LocalApple(notifyURL: "http://127.0.0.1:\(receiverPort)/apple/notifications")
         let directory = apple.directory
         let keyFile = try writeKeyFile([("k1", randomKey())], in: directory)
         let tokenFile = directory.appendingPathComponent("bearer").path

@@ -55,7 +55,7 @@ final class SignInFixture {
         receiver = try ReceiverHarness(
             keys: .url(URL(string: "http://127.0.0.1:\(port)/auth/keys")!), audience: LocalApple.clientID,
             cooldown: .milliseconds(50), poolSize: 2, waitForKeys: false)
-        apple = try LocalApple(port: port, extra: notify ? ["--notify-url", receiver.notificationURL] : [])
+        apple = try LocalApple(port: port, notifyURL: notify ? receiver.notificationURL : nil)
         try Self.createLogins(receiver.database)
         keyFile = try writeKeyFile([("k1", randomKey())], in: apple.directory)
         cipher = try TokenCipher(keyFile: keyFile)

@@ -23,8 +23,8 @@ struct TransferRecipient {
         chmod(keyFile.path, 0o600)
     }
 
-    var fakeAppleArguments: [String] {
-        ["--transfer-team", "\(Self.teamID):\(Self.keyID):\(publicKeyFile.path)"]
+    var transferTeam: LocalApple.TransferTeam {
+        LocalApple.TransferTeam(teamID: Self.teamID, keyID: Self.keyID, publicKeyFile: publicKeyFile)
     }
 }
 
@@ -106,8 +106,7 @@ struct TransferTests {
         try people.map { jsonLine(["sub": $0.sub, "email": $0.email, "is_private_email": $0.isPrivate]) }
             .joined()
             .write(to: usersFile, atomically: true, encoding: .utf8)
-        let apple = try LocalApple(
-            extra: recipient.fakeAppleArguments + ["--migration-users", usersFile.path])
+        let apple = try LocalApple(transferTeams: [recipient.transferTeam], migrationUsers: usersFile)
         let old = try TestDatabase()
         try seed(old, count: total)
 
@@ -232,7 +231,7 @@ struct TransferTests {
         let scratch = try scratchDirectory()
         defer { try? FileManager.default.removeItem(at: scratch) }
         let recipient = try TransferRecipient(directory: scratch)
-        let apple = try LocalApple(extra: recipient.fakeAppleArguments)
+        let apple = try LocalApple(transferTeams: [recipient.transferTeam])
         let database = try TestDatabase()
         try seed(database, count: 30)
         let stopped = try siwactl(
@@ -264,7 +263,7 @@ struct TransferTests {
         let scratch = try scratchDirectory()
         defer { try? FileManager.default.removeItem(at: scratch) }
         let recipient = try TransferRecipient(directory: scratch)
-        let apple = try LocalApple(extra: recipient.fakeAppleArguments)
+        let apple = try LocalApple(transferTeams: [recipient.transferTeam])
         let old = try TestDatabase()
         try seed(old, count: 20)
         let dry = try siwactl(exportArguments(apple, old) + ["--dry-run"])
@@ -294,7 +293,7 @@ struct TransferTests {
         let scratch = try scratchDirectory()
         defer { try? FileManager.default.removeItem(at: scratch) }
         let recipient = try TransferRecipient(directory: scratch)
-        let apple = try LocalApple(extra: recipient.fakeAppleArguments)
+        let apple = try LocalApple(transferTeams: [recipient.transferTeam])
         let new = try TestDatabase()
         try seed(new, count: 3)
         let people = users(3)

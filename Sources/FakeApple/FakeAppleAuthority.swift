@@ -5,8 +5,9 @@ import HTTPServer
 import ServiceSupport
 import Synchronization
 
-/// The token side of `siwactl fake-apple`: `/auth/token`, `/auth/revoke` and the test-only
-/// `/fake/authorize` and `/fake/faults`, with Apple's answers, kept in memory.
+/// The token side of the local Apple (`siwactl fake-apple`, ``FakeAppleServer``): `/auth/token`,
+/// `/auth/revoke`, `/auth/usermigrationinfo` and the test-only `/fake/authorize` and `/fake/faults`, with
+/// Apple's answers, kept in memory.
 ///
 /// Behaves as Apple documents and as observed: client secrets are checked (ES256 signature with the
 /// team's key, `kid`, `iss`, `sub` = `client_id`, `aud`, `iat`/`exp` at most six months apart, not
@@ -14,41 +15,74 @@ import Synchronization
 /// expire after five minutes; refresh tokens stay valid until revoked; `/auth/revoke` answers 200
 /// even for unknown tokens, and when it revoked a real one, POSTs a signed `consent-revoked`
 /// notification to the configured URL.
-final class FakeAppleAuthority: Sendable {
+public final class FakeAppleAuthority: Sendable {
     /// The team and clients Apple knows, and where it sends notifications.
-    struct Settings: Sendable {
-        var teamID: String
-        var keyID: String
-        var clientIDs: [String]
-        var teamKey: ClientSecretVerifier
-        var notifyURL: String?
-        var codeLifetime: TimeInterval = 300
+    public struct Settings: Sendable {
+        /// The team whose client secrets are accepted (`iss`).
+        public var teamID: String
+        /// Its key ID (`kid`).
+        public var keyID: String
+        /// The client IDs Apple knows; the first is the default of `/fake/authorize`.
+        public var clientIDs: [String]
+        /// The team key's public half, to check client secrets.
+        public var teamKey: ClientSecretVerifier
+        /// Where to POST `consent-revoked` after a revocation.
+        public var notifyURL: String?
+        /// How long authorization codes stay valid, in seconds.
+        public var codeLifetime: TimeInterval
         /// More teams whose client secrets are accepted (the recipient of an app transfer), by team ID.
-        var otherTeams: [String: (keyID: String, key: ClientSecretVerifier)] = [:]
+        public var otherTeams: [String: (keyID: String, key: ClientSecretVerifier)]
         /// Users Apple knows for the migration endpoint (email, is_private_email), by the old team's sub.
-        var migrationUsers: [String: (email: String?, isPrivate: Bool)] = [:]
+        public var migrationUsers: [String: (email: String?, isPrivate: Bool)]
+
+        /// Settings for one team.
+        public init(
+            teamID: String, keyID: String, clientIDs: [String], teamKey: ClientSecretVerifier,
+            notifyURL: String? = nil, codeLifetime: TimeInterval = 300,
+            otherTeams: [String: (keyID: String, key: ClientSecretVerifier)] = [:],
+            migrationUsers: [String: (email: String?, isPrivate: Bool)] = [:]
+        ) {
+            self.teamID = teamID
+            self.keyID = keyID
+            self.clientIDs = clientIDs
+            self.teamKey = teamKey
+            self.notifyURL = notifyURL
+            self.codeLifetime = codeLifetime
+            self.otherTeams = otherTeams
+            self.migrationUsers = migrationUsers
+        }
     }
 
     /// Failures on demand: for the next `remaining` calls (nil: all) to `endpoints`, wait `delay`, then
     /// answer `failWith` (an OAuth error word, or an HTTP status) instead of the real answer. Only for
     /// calls about `subjects` (the migration endpoint's sub or transfer_sub), when given; only every
     /// `every`-th call to the endpoints, when given.
-    struct FaultPlan: Sendable, Equatable {
-        var failWith: String?
-        var delay: Duration = .zero
-        var remaining: Int?
-        var endpoints: Set<String> = ["token", "revoke"]
-        var subjects: Set<String>?
-        var every: Int?
+    public struct FaultPlan: Sendable, Equatable {
+        /// An OAuth error word, or an HTTP status 429 / 500–599; nil: only the delay.
+        public var failWith: String?
+        /// How long to wait before answering.
+        public var delay: Duration = .zero
+        /// How many more calls fail (nil: all).
+        public var remaining: Int?
+        /// `token`, `revoke`, `migration`.
+        public var endpoints: Set<String> = ["token", "revoke"]
+        /// Only migration calls about these subs or transfer_subs.
+        public var subjects: Set<String>?
+        /// Only every n-th call.
+        public var every: Int?
         var calls = 0
 
-        static let errorWords: Set<String> = [
+        /// A plan that fails nothing.
+        public init() {}
+
+        /// The OAuth error words `failWith` may be.
+        public static let errorWords: Set<String> = [
             "invalid_grant", "invalid_client", "invalid_request", "unsupported_grant_type",
             "unauthorized_client", "invalid_scope",
         ]
 
         /// Whether `failWith` is an error word or a status 429 / 500–599.
-        static func isValid(failWith: String) -> Bool {
+        public static func isValid(failWith: String) -> Bool {
             if errorWords.contains(failWith) { return true }
             guard let status = Int(failWith) else { return false }
             return status == 429 || (500...599).contains(status)
@@ -78,12 +112,16 @@ final class FakeAppleAuthority: Sendable {
         var faults: [FaultPlan] = []
     }
 
-    let settings: Settings?
-    let signer: NotificationSigner
+    /// The team and clients; nil: the token endpoints answer 404.
+    public let settings: Settings?
+    /// Signs id_tokens and consent-revoked notifications (Apple's key).
+    public let signer: NotificationSigner
     private let state = Mutex(State())
     private let log: @Sendable (String) -> Void
 
-    init(
+    /// An authority with `settings` (nil: no token endpoints), signing with `signer`, failing as `fault`
+    /// says from the start, logging one line per notable event to `log`.
+    public init(
         settings: Settings?, signer: NotificationSigner, fault: FaultPlan?,
         log: @escaping @Sendable (String) -> Void
     ) {
@@ -94,7 +132,7 @@ final class FakeAppleAuthority: Sendable {
     }
 
     /// The answer for the paths this owns, or nil.
-    func handle(_ request: HTTPRequest) -> HTTPResponse? {
+    public func handle(_ request: HTTPRequest) -> HTTPResponse? {
         switch request.path {
         case "/auth/token", "/auth/revoke", "/auth/usermigrationinfo", "/fake/authorize", "/fake/faults":
             break
@@ -167,17 +205,17 @@ final class FakeAppleAuthority: Sendable {
             guard let code = form["code"], !code.isEmpty else {
                 return .error(status: 400, "invalid_request")
             }
-            let outcome: Result<(Grant, String, String), ToolFailure> = state.withLock { state in
-                guard let entry = state.codes[code] else { return .failure(ToolFailure("unknown code")) }
-                guard !entry.used else { return .failure(ToolFailure("code already used")) }
+            let outcome: Result<(Grant, String, String), Refusal> = state.withLock { state in
+                guard let entry = state.codes[code] else { return .failure(Refusal("unknown code")) }
+                guard !entry.used else { return .failure(Refusal("code already used")) }
                 guard now.timeIntervalSince(entry.issuedAt) <= settings.codeLifetime else {
-                    return .failure(ToolFailure("code expired"))
+                    return .failure(Refusal("code expired"))
                 }
                 guard entry.grant.clientID == clientID else {
-                    return .failure(ToolFailure("code issued to another client ID"))
+                    return .failure(Refusal("code issued to another client ID"))
                 }
                 if let expected = entry.grant.redirectURI, form["redirect_uri"] != expected {
-                    return .failure(ToolFailure("redirect_uri does not match the authorization's"))
+                    return .failure(Refusal("redirect_uri does not match the authorization's"))
                 }
                 state.codes[code]!.used = true
                 let refresh = "r" + randomToken()
@@ -478,7 +516,8 @@ final class FakeAppleAuthority: Sendable {
         return .error(status: 400, "invalid_request")
     }
 
-    static func isTeamID(_ text: String) -> Bool {
+    /// Whether `text` is a team ID: ten upper-case letters and digits.
+    public static func isTeamID(_ text: String) -> Bool {
         text.count == 10 && text.allSatisfy { $0.isASCII && ($0.isUppercase || $0.isNumber) }
     }
 
@@ -531,7 +570,7 @@ final class FakeAppleAuthority: Sendable {
 
 /// An `application/x-www-form-urlencoded` body as a dictionary; nil when the content type is another,
 /// a field repeats (RFC 6749 §3.2) or the encoding is broken.
-func parseForm(_ request: HTTPRequest) -> [String: String]? {
+public func parseForm(_ request: HTTPRequest) -> [String: String]? {
     guard let type = request.headers["Content-Type"]?.lowercased(),
         type.split(separator: ";").first?.trimmingCharacters(in: .whitespaces)
             == "application/x-www-form-urlencoded"
@@ -549,6 +588,12 @@ func parseForm(_ request: HTTPRequest) -> [String: String]? {
 
 private func formDecode(_ text: Substring) -> String? {
     text.replacingOccurrences(of: "+", with: " ").removingPercentEncoding
+}
+
+/// Why a code is refused (for the log; Apple says only `invalid_grant`).
+private struct Refusal: Error {
+    var description: String
+    init(_ description: String) { self.description = description }
 }
 
 /// 32 random bytes as hex (the system's CSPRNG).

@@ -1,0 +1,186 @@
+import AppleID
+import Foundation
+import Postgres
+
+/// The old team's side of an app transfer: for every known sub (siwa.accounts, deleted ones excepted)
+/// asks Apple for its transfer identifier to the target team and records it, or Apple's exact error, in
+/// siwa.transfer_exports. Resumable: what is done is not asked again; a refusal only with
+/// `TransferPacing.retryFailed`. Runs as the schema's owner, on one connection (`on:`, used from one
+/// thread at a time).
+public struct TransferExport {
+    /// Where the export stands for the target team.
+    public struct Status: Sendable, Equatable {
+        /// Accounts not deleted.
+        public var users: Int
+        /// Accounts not listed for the target team yet.
+        public var notAsked: Int
+        /// Users with a transfer identifier.
+        public var done: Int
+        /// Users Apple refused.
+        public var failed: Int
+        /// Users listed but not answered yet (or failing transiently).
+        public var pending: Int
+        /// What a run would ask Apple for.
+        public var toDo: Int
+    }
+
+    /// One user's transfer identifier, as the new team's list holds it.
+    public struct Entry: Sendable, Equatable {
+        /// The old team's sub.
+        public var sub: String
+        /// Apple's transfer identifier for the target team.
+        public var transferSub: String
+
+        /// One user's entry.
+        public init(sub: String, transferSub: String) {
+            self.sub = sub
+            self.transferSub = transferSub
+        }
+    }
+
+    /// What a run did.
+    public struct Result: Sendable, Equatable {
+        /// Accounts not deleted (what "done" counts towards).
+        public var users: Int
+        /// Users done before this run.
+        public var alreadyDone: Int
+        /// This run's calls to Apple.
+        public var totals: TransferTotals
+    }
+
+    let client: AppleIDClient
+    /// The recipient's team ID.
+    public let targetTeam: String
+    let pacing: TransferPacing
+
+    /// An export to `targetTeam` with `client` (this team's credentials for the transferred app).
+    /// Refuses a target that is not a team ID or is this team (`ownTeam`), and a closed window.
+    public init(client: AppleIDClient, ownTeam: String, targetTeam: String, pacing: TransferPacing) throws {
+        guard TransferWindow.isTeamID(targetTeam) else {
+            throw TeamTransferError(
+                "--target-team must be a ten-character team ID (upper-case letters and digits)")
+        }
+        guard targetTeam != ownTeam else {
+            throw TeamTransferError("--target-team is this team: the recipient is the other team")
+        }
+        try TransferWindow.requireOpen(transferDate: pacing.transferDate)
+        self.client = client
+        self.targetTeam = targetTeam
+        self.pacing = pacing
+    }
+
+    /// Checks that the database holds the transfer tables.
+    public func requireSchema(on connection: PostgresConnection) throws {
+        try requireTransferSchema(connection)
+    }
+
+    /// Where the export stands; changes nothing.
+    public func status(on connection: PostgresConnection) throws -> Status {
+        let counts = try database("counting users") {
+            try connection.query(
+                """
+                SELECT (SELECT count(*) FROM siwa.accounts a WHERE a.deleted_at IS NULL)::bigint,
+                       (SELECT count(*) FROM siwa.accounts a WHERE a.deleted_at IS NULL
+                           AND NOT EXISTS (SELECT 1 FROM siwa.transfer_exports e
+                                            WHERE e.target_team = $1 AND e.sub = a.sub))::bigint,
+                       (SELECT count(*) FROM siwa.transfer_exports e WHERE e.target_team = $1 AND e.state = 'done')::bigint,
+                       (SELECT count(*) FROM siwa.transfer_exports e WHERE e.target_team = $1 AND e.state = 'failed')::bigint,
+                       (SELECT count(*) FROM siwa.transfer_exports e WHERE e.target_team = $1 AND e.state = 'pending')::bigint
+                """, [.text(targetTeam)])[0]
+        }
+        let (users, new, done, failed, pending): (Int, Int, Int, Int, Int) = (
+            try counts[0], try counts[1], try counts[2], try counts[3], try counts[4]
+        )
+        return Status(
+            users: users, notAsked: new, done: done, failed: failed, pending: pending,
+            toDo: new + pending + (pacing.retryFailed ? failed : 0))
+    }
+
+    /// Asks Apple for a migration access token (the dry run's check of the credentials).
+    public func checkCredentials() throws {
+        do {
+            _ = try client.migrationToken()
+        } catch {
+            throw TeamTransferError(
+                "dry run: Apple refused the client credentials: \(error.appleError ?? error.code.rawValue)")
+        }
+    }
+
+    /// Lists every account for the target team, then asks Apple for each pending user (and each
+    /// refused one with `retryFailed`), recording answers in batches. `progress` gets a line now and
+    /// then (from this thread).
+    public func run(
+        on connection: PostgresConnection, progress: @escaping @Sendable (String) -> Void = { _ in }
+    ) throws -> Result {
+        let status = try status(on: connection)
+        let team = targetTeam
+        try database("recording the users to export") {
+            _ = try connection.query("SELECT siwa.transfer_export_enlist($1)", [.text(team)])
+        }
+        let keys = try database("reading the users to export") {
+            try connection.query(
+                """
+                SELECT e.sub FROM siwa.transfer_exports e
+                 WHERE e.target_team = $1 AND (e.state = 'pending' OR ($2 AND e.state = 'failed'))
+                 ORDER BY e.sub
+                """, [.text(team), .bool(pacing.retryFailed)]
+            ).map { row throws -> String in try row[0] }
+        }
+        let client = self.client
+        let runner = TransferRunner(client: client, pacing: pacing)
+        let totals = try runner.run(
+            keys: keys, total: status.users, alreadyDone: status.done, progress: progress,
+            call: { (sub, token) throws(AppleIDError) in
+                .done(try client.transferIdentifier(sub: sub, targetTeam: team, token: token), nil)
+            },
+            record: { batch in
+                try database("recording progress") {
+                    _ = try connection.query(
+                        "SELECT siwa.transfer_export_record($1, $2::jsonb)",
+                        [.text(team), .text(outcomesJSON(batch))])
+                }
+            })
+        return Result(users: status.users, alreadyDone: status.done, totals: totals)
+    }
+
+    /// Every user done, in sub order: the list for the new team.
+    public func entries(on connection: PostgresConnection) throws -> [Entry] {
+        try database("reading the transfer identifiers") {
+            try connection.query(
+                """
+                SELECT e.sub, e.transfer_sub FROM siwa.transfer_exports e
+                 WHERE e.target_team = $1 AND e.state = 'done' ORDER BY e.sub
+                """, [.text(targetTeam)]
+            ).map { row throws -> Entry in Entry(sub: try row[0], transferSub: try row[1]) }
+        }
+    }
+
+    /// Writes every done user as `{sub, target_team, transfer_sub}` per line to `path`, replacing the
+    /// file at once (mode 600). Returns the users written.
+    @discardableResult
+    public func writeList(from connection: PostgresConnection, to path: String) throws -> Int {
+        let rows = try entries(on: connection)
+        var text = ""
+        for row in rows {
+            text += jsonLine(["sub": row.sub, "transfer_sub": row.transferSub, "target_team": targetTeam])
+        }
+        let temporary = path + ".tmp-\(getpid())"
+        guard
+            FileManager.default.createFile(
+                atPath: temporary, contents: Data(text.utf8), attributes: [.posixPermissions: 0o600])
+        else { throw TeamTransferError("cannot write \(temporary)") }
+        guard rename(temporary, path) == 0 else {
+            unlink(temporary)
+            throw TeamTransferError("cannot replace \(path)")
+        }
+        return rows.count
+    }
+}
+
+/// One JSON object per line, keys sorted, slashes unescaped.
+func jsonLine(_ object: [String: Any]) -> String {
+    let data =
+        (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]))
+        ?? Data("{}".utf8)
+    return String(decoding: data, as: UTF8.self) + "\n"
+}
