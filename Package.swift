@@ -108,7 +108,8 @@ let package = Package(
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport"]),
         .testTarget(name: "HTTPClientTests", dependencies: ["HTTPClient", "HTTPServer", "TestSupport"]),
         .testTarget(name: "ReceiverTests", dependencies: ["Receiver", "TestSupport"]),
-        .testTarget(name: "WorkerTests", dependencies: ["Worker", "TestSupport"]),
+        .testTarget(
+            name: "WorkerTests", dependencies: ["Worker", "Receiver", "AppleNotifications", "TestSupport"]),
         .testTarget(
             name: "WebhookTests",
             dependencies: [

@@ -12,7 +12,7 @@
 --   schema/20-log-and-queue.sql      The notification log, its dedupe keys, the worker's queue, and the view of both (siwa.notifications)
 --   schema/25-accounts.sql           State the app can use: accounts, sessions, refresh tokens, and the validity rule (siwa.session_is_valid)
 --   schema/30-changes-and-hooks.sql  The changes (siwa.changes, one row per applied effect), their numbering, and the hooks siwa.on_event and siwa.on_change
---   schema/35-claim-and-apply.sql    Applying notifications: claim, the set-based pass, one at a time, failures (called by siwa-worker)
+--   schema/35-claim-and-apply.sql    Applying notifications: claim, the set-based pass (the only implementation of the effects) and its fallback on batches of one, failures (called by siwa-worker)
 --   schema/40-erasure.sql            Erasure of a user's personal data: at the deletion and delayed (siwa.settings.erase_personal_data_after)
 --   schema/45-retention.sql          Retention: month partitions of the log, token and history pruning, dedupe keys, changes; requeue
 --   schema/50-admin-views.sql        What admins read: siwa.event_history, siwa.account_overview, siwa.queue_health, and the changefeed
@@ -327,6 +327,16 @@ BEGIN
                 ADD COLUMN build_commit text
                     CONSTRAINT service_heartbeats_build_commit_check CHECK (length(build_commit) BETWEEN 1 AND 64);
         END IF;
+        IF v_from > 0 THEN
+            -- Each effect once: the set-based pass is the only implementation of the worker's effects
+            -- (its fallback runs it on batches of one) and returns its changes, which
+            -- siwa.number_changes(changes) inserts and numbers. Version 4's one-at-a-time functions go;
+            -- the two whose signature changed are created again by the desired state.
+            DROP FUNCTION IF EXISTS siwa.process_claimed_notification(siwa.notifications, integer, interval);
+            DROP FUNCTION IF EXISTS siwa.apply_notification(siwa.notifications);
+            DROP FUNCTION IF EXISTS siwa.apply_claimed_batch(siwa.notifications[]);
+            DROP FUNCTION IF EXISTS siwa.number_changes();
+        END IF;
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;
@@ -372,7 +382,7 @@ INSERT INTO siwa.settings DEFAULT VALUES ON CONFLICT DO NOTHING;
 -- accepted: for 7 days after its iat (the dedupe window; the receiver's --max-token-age, 24 h by default,
 -- must stay below it) and until its exp; siwa.prune deletes older keys (a small table: days of keys,
 -- never the history). Past the window, a token is refused by the receiver for its age, and should one
--- still arrive, siwa.apply_notification finds the jti's earlier row and skips the second.
+-- still arrive, the worker's set-based pass finds the jti's earlier row and skips the second.
 -- A token whose iat falls outside every month partition lands in the DEFAULT partition: no insert fails
 -- for want of a partition.
 --
@@ -504,7 +514,7 @@ COMMENT ON COLUMN siwa.notification_queue.last_error IS
 -- account whose personal data is already erased (Apple may send an email event after the deletion, or
 -- redeliver one) is stored without email and raw token: the same statement leaves them out (one
 -- primary-key probe of siwa.accounts per row). A row stored while the erasure commits concurrently is
--- caught when the worker applies it or records its failure (siwa.record_failure). There is no trigger
+-- caught when the worker applies it (siwa.apply_claimed_batch) or records its failure (siwa.record_failure). There is no trigger
 -- on either table: version 2's row trigger cost ~30 µs per row, a statement trigger with a transition
 -- table ~20.
 CREATE OR REPLACE FUNCTION siwa.store_notifications(
@@ -805,8 +815,8 @@ CREATE TRIGGER refresh_tokens_revoke_if_invalid
 -- ===================================================================================================
 
 -- The worker writes one siwa.changes row per effect it applies, in the transaction that applies it, from
--- both paths (siwa.apply_claimed_batch and siwa.apply_notification, which leave the same rows) and from
--- delayed erasure (siwa.erase_due_personal_data):
+-- the set-based pass (siwa.apply_claimed_batch, for a batch or, in its fallback, for a batch of one) and
+-- from delayed erasure (siwa.erase_due_personal_data):
 --   siwa.email_disabled, siwa.email_enabled  an email event that set the relay email status (last writer
 --                                            wins by event_time); email and is_private_email as Apple
 --                                            sent them, unless the account's personal data is erased;
@@ -822,9 +832,10 @@ CREATE TRIGGER refresh_tokens_revoke_if_invalid
 -- write none either. Erasure sets email and is_private_email of every change row of the user to NULL.
 --
 -- The cursor, position: assigned at the very end of the writing transaction, in commit order, under the
--- row lock of siwa.changes_counter, which is held until that transaction ends: by the set-based pass as
--- it inserts its changes, its last statement (siwa.apply_claimed_batch, step 7); by siwa.number_changes
--- for the rows the other paths inserted without a position (called last by the worker's entry points). A transaction that numbers after another therefore waited for it to commit: every position is
+-- row lock of siwa.changes_counter, which is held until that transaction ends, by one function,
+-- siwa.number_changes, called last by the worker's entry points: it inserts the set-based pass's changes
+-- numbered (the pass hands them over with their ids, so no row is written twice) and numbers the rows
+-- other writers (delayed erasure) inserted without a position. A transaction that numbers after another therefore waited for it to commit: every position is
 -- visible before any higher one, so a reader doing WHERE position > $last ORDER BY position misses
 -- nothing, whatever order the writers inserted their rows in (ids, from a sequence, are handed out at
 -- insert and commit out of order). Rows not numbered yet are invisible to readers (siwa.changefeed). A
@@ -885,37 +896,58 @@ COMMENT ON COLUMN siwa.changes_counter.singleton IS 'Always true: keeps this tab
 COMMENT ON COLUMN siwa.changes_counter.last_position IS 'The highest position given so far.';
 INSERT INTO siwa.changes_counter DEFAULT VALUES ON CONFLICT DO NOTHING;
 
--- Numbers the changes not numbered yet (this transaction's, and any another transaction committed without
--- numbering), in id order, after the last position given; then NOTIFY siwa_changes with the new last
--- position (delivered at commit). Call it last in the transaction: the counter's row lock is held until
--- the transaction ends, and every other numbering waits for it. Does nothing, and takes no lock, when
--- there is nothing to number. Returns how many it numbered.
-CREATE OR REPLACE FUNCTION siwa.number_changes() RETURNS integer
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+-- Numbers the changes, the one place positions are given: first p_new, the set-based pass's changes of
+-- this transaction (their ids taken already, not inserted yet), inserted here with the next positions in
+-- id order; then the rows already inserted without a position (by another writer of this transaction, or
+-- left by one that committed without numbering), in id order. A change of an account whose personal
+-- data is erased by now (by an account-delete applied later in the same transaction) is inserted without
+-- its email. Then NOTIFY siwa_changes with the new last position (delivered at commit). Call it last in
+-- the transaction: the counter's row lock is held until the transaction ends, and every other numbering
+-- waits for it. Does nothing, and takes no lock, when there is nothing to number. Returns how many it
+-- numbered. Planned for each call (see siwa.apply_claimed_batch).
+CREATE OR REPLACE FUNCTION siwa.number_changes(p_new siwa.changes[] DEFAULT '{}') RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_ids  bigint[];
     v_last bigint;
+    v_new  integer := 0;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM siwa.changes c WHERE c.position IS NULL) THEN
+    IF coalesce(cardinality(p_new), 0) = 0
+       AND NOT EXISTS (SELECT 1 FROM siwa.changes c WHERE c.position IS NULL) THEN
         RETURN 0;
     END IF;
     SELECT k.last_position INTO v_last FROM siwa.changes_counter k FOR UPDATE;
+    IF cardinality(p_new) > 0 THEN
+        INSERT INTO siwa.changes (id, position, type, sub, event_time, applied_at, jti, audience, sessions_revoked,
+                                  refresh_tokens_revoked, email, is_private_email)
+        OVERRIDING SYSTEM VALUE
+        SELECT c.id, v_last + row_number() OVER (ORDER BY c.id), c.type, c.sub, c.event_time, c.applied_at, c.jti,
+               c.audience, c.sessions_revoked, c.refresh_tokens_revoked,
+               CASE WHEN NOT e.erased THEN c.email END, CASE WHEN NOT e.erased THEN c.is_private_email END
+          FROM unnest(p_new) AS c,
+               LATERAL (SELECT CASE WHEN c.email IS NULL AND c.is_private_email IS NULL THEN false
+                                    ELSE EXISTS (SELECT 1 FROM siwa.accounts a
+                                                  WHERE a.sub = c.sub AND a.personal_data_erased_at IS NOT NULL)
+                               END AS erased) AS e
+         ORDER BY c.id;
+        GET DIAGNOSTICS v_new = ROW_COUNT;
+    END IF;
     -- Read after the lock: rows another transaction left unnumbered may have been numbered meanwhile.
     v_ids := ARRAY(SELECT c.id FROM siwa.changes c WHERE c.position IS NULL ORDER BY c.id);
-    IF cardinality(v_ids) = 0 THEN
+    IF v_new + cardinality(v_ids) = 0 THEN
         RETURN 0;
     END IF;
-    UPDATE siwa.changes AS c SET position = v_last + o.n
+    UPDATE siwa.changes AS c SET position = v_last + v_new + o.n
       FROM unnest(v_ids) WITH ORDINALITY AS o(id, n)
      WHERE c.id = o.id;
-    v_last := v_last + cardinality(v_ids);
+    v_last := v_last + v_new + cardinality(v_ids);
     UPDATE siwa.changes_counter SET last_position = v_last;
     PERFORM pg_catalog.pg_notify('siwa_changes', v_last::text);
-    RETURN cardinality(v_ids);
+    RETURN v_new + cardinality(v_ids);
 END;
 $$;
-COMMENT ON FUNCTION siwa.number_changes() IS
-    'Gives the changes without a position the next positions, in id order, under the siwa.changes_counter row lock (held to the end of the transaction: call it last), and notifies siwa_changes with the last position. Returns how many.';
+COMMENT ON FUNCTION siwa.number_changes(siwa.changes[]) IS
+    'The one place changes are numbered: inserts p_new (the set-based pass''s changes, ids given; without email for an account erased by now) with the next positions in id order, then gives the changes without a position the next ones, in id order, under the siwa.changes_counter row lock (held to the end of the transaction: call it last), and notifies siwa_changes with the last position. Returns how many.';
 
 -- The change type an event type writes.
 CREATE OR REPLACE FUNCTION siwa.change_type(p_event_type text) RETURNS text
@@ -984,13 +1016,13 @@ $$;
 --     siwa.personal_data_erased change;
 --   * for a delayed erasure (siwa.erase_due_personal_data), with its siwa.personal_data_erased change
 --     (siwa.on_event is not called for it).
--- Both paths (the set-based siwa.apply_claimed_batch and one at a time) make exactly the same calls in
--- the same order. A record carries what siwa.on_event lacks: audience, is_private_email, revocation
+-- The set-based pass makes these calls in this order for a batch as for each notification of it applied
+-- alone (a batch of one, its fallback). A record carries what siwa.on_event lacks: audience, is_private_email, revocation
 -- counts, the type of change; its email is what siwa.on_event gets. If it raises, like siwa.on_event, nothing of that
 -- application is kept and the event is retried.
 
 -- ===================================================================================================
--- schema/35-claim-and-apply.sql: Applying notifications: claim, the set-based pass, one at a time, failures (called by siwa-worker)
+-- schema/35-claim-and-apply.sql: Applying notifications: claim, the set-based pass (the only implementation of the effects) and its fallback on batches of one, failures (called by siwa-worker)
 -- ===================================================================================================
 
 -- Work on one user (sub) is serialised by the lock on its siwa.accounts row, taken with FOR UPDATE SKIP
@@ -999,150 +1031,6 @@ $$;
 -- used could be held by any role (and its key function resolved hashtextextended through the caller's
 -- search_path): it is gone, also from databases upgraded to version 2 (change 2 in
 -- schema/10-numbered-changes.sql).
-
--- Applies the effects of one notification. Raises on failure; the caller owns the transaction and the
--- notification's state. Returns 'applied', or 'skipped: <reason>' for a notification with nothing to do.
-CREATE OR REPLACE FUNCTION siwa.apply_notification(n siwa.notifications) RETURNS text
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
-DECLARE
-    v_account    siwa.accounts;
-    v_erased     boolean;
-    v_email      text;
-    v_hook_path  text;
-    v_rows       integer;
-    v_sessions   integer := 0;
-    v_tokens     integer := 0;
-    v_superseded boolean;
-    v_change     siwa.changes;
-    v_erasure    siwa.changes;
-    v_on_change  boolean;
-BEGIN
-    IF n.event_type NOT IN ('email-disabled', 'email-enabled', 'consent-revoked', 'account-delete') THEN
-        RETURN 'skipped: unknown event type ' || quote_literal(left(n.event_type, 100));
-    END IF;
-    -- The receiver stores each jti once while its key is kept (siwa.notification_jtis, the dedupe
-    -- window). Should a jti still be stored twice past it, the earlier row is found here (the log's
-    -- primary key, by jti, in every partition) and this one is skipped: applied once all the same.
-    IF EXISTS (SELECT 1 FROM siwa.notification_log d
-                WHERE d.jti = n.jti AND d.issued_at <> n.issued_at AND d.id < n.id) THEN
-        RETURN 'skipped: duplicate jti (an earlier notification has the same jti)';
-    END IF;
-
-    -- Accounts are created on first sight of a sub, and the row lock orders work on one user with the
-    -- app's own updates. The worker (siwa.process_claimed_notification) already holds it, so the
-    -- SELECT … FOR UPDATE finds its own lock and the INSERT is needed only by a caller that does not.
-    SELECT * INTO v_account FROM siwa.accounts WHERE sub = n.sub FOR UPDATE;
-    IF NOT FOUND THEN
-        INSERT INTO siwa.accounts (sub) VALUES (n.sub) ON CONFLICT (sub) DO NOTHING;
-        SELECT * INTO v_account FROM siwa.accounts WHERE sub = n.sub FOR UPDATE;
-    END IF;
-    v_erased := v_account.personal_data_erased_at IS NOT NULL;
-
-    IF n.event_type IN ('email-disabled', 'email-enabled') THEN
-        -- Last writer wins by event_time: an older event delivered late never overrides a newer one.
-        -- A deleted account's email status no longer changes: its relay address is gone with it.
-        UPDATE siwa.accounts
-           SET email            = CASE WHEN personal_data_erased_at IS NULL THEN coalesce(n.email, email) END,
-               is_private_email = CASE WHEN personal_data_erased_at IS NULL
-                                       THEN coalesce(n.is_private_email, is_private_email) END,
-               email_status     = CASE n.event_type WHEN 'email-enabled' THEN 'enabled' ELSE 'disabled' END,
-               email_status_at  = n.event_time,
-               updated_at       = clock_timestamp()
-         WHERE sub = n.sub AND deleted_at IS NULL
-           AND (email_status_at IS NULL OR email_status_at <= n.event_time);
-        GET DIAGNOSTICS v_rows = ROW_COUNT;
-        v_superseded := v_rows = 0;
-    ELSIF n.event_type = 'consent-revoked' THEN
-        -- Only what existed when the user revoked consent: a later sign-in stays valid.
-        UPDATE siwa.sessions SET revoked_at = clock_timestamp(), revoke_reason = 'consent-revoked'
-         WHERE sub = n.sub AND revoked_at IS NULL AND created_at <= n.event_time;
-        GET DIAGNOSTICS v_sessions = ROW_COUNT;
-        UPDATE siwa.refresh_tokens SET revoked_at = clock_timestamp(), revoke_reason = 'consent-revoked'
-         WHERE sub = n.sub AND revoked_at IS NULL AND created_at <= n.event_time;
-        GET DIAGNOSTICS v_tokens = ROW_COUNT;
-        UPDATE siwa.accounts
-           SET consent_revoked_at = greatest(consent_revoked_at, n.event_time), updated_at = clock_timestamp()
-         WHERE sub = n.sub;
-        v_superseded := coalesce(v_account.consent_revoked_at >= n.event_time, false)
-                        AND v_sessions = 0 AND v_tokens = 0;
-    ELSE -- account-delete
-        UPDATE siwa.sessions SET revoked_at = clock_timestamp(), revoke_reason = 'account-delete'
-         WHERE sub = n.sub AND revoked_at IS NULL;
-        GET DIAGNOSTICS v_sessions = ROW_COUNT;
-        UPDATE siwa.refresh_tokens SET revoked_at = clock_timestamp(), revoke_reason = 'account-delete'
-         WHERE sub = n.sub AND revoked_at IS NULL;
-        GET DIAGNOSTICS v_tokens = ROW_COUNT;
-        UPDATE siwa.accounts
-           SET deleted_at = least(deleted_at, n.event_time), updated_at = clock_timestamp()
-         WHERE sub = n.sub;
-        v_superseded := v_account.deleted_at IS NOT NULL AND v_sessions = 0 AND v_tokens = 0;
-    END IF;
-
-    -- The change (siwa.changes), written unless superseded; its email only for an account not erased.
-    v_change.type := siwa.change_type(n.event_type);
-    v_change.sub := n.sub;
-    v_change.event_time := n.event_time;
-    v_change.applied_at := clock_timestamp();
-    v_change.jti := n.jti;
-    v_change.audience := n.audience;
-    v_change.sessions_revoked := v_sessions;
-    v_change.refresh_tokens_revoked := v_tokens;
-    IF n.event_type IN ('email-disabled', 'email-enabled') AND NOT v_erased THEN
-        v_change.email := n.email;
-        v_change.is_private_email := n.is_private_email;
-    END IF;
-    IF NOT v_superseded THEN
-        INSERT INTO siwa.changes (type, sub, event_time, applied_at, jti, audience, sessions_revoked,
-                                  refresh_tokens_revoked, email, is_private_email)
-        VALUES (v_change.type, v_change.sub, v_change.event_time, v_change.applied_at, v_change.jti,
-                v_change.audience, v_change.sessions_revoked, v_change.refresh_tokens_revoked,
-                v_change.email, v_change.is_private_email)
-        RETURNING * INTO v_change;
-    END IF;
-
-    IF n.event_type = 'account-delete' AND (SELECT erase_personal_data_after FROM siwa.settings) = interval '0' THEN
-        PERFORM siwa.erase_personal_data(n.sub);  -- this notification's row and the user's changes included
-        IF NOT v_erased THEN
-            -- Erasure actually happened (not for an account erased before).
-            INSERT INTO siwa.changes (type, sub, event_time, applied_at, jti, audience)
-            VALUES ('siwa.personal_data_erased', n.sub, n.event_time, clock_timestamp(), n.jti, n.audience)
-            RETURNING * INTO v_erasure;
-        END IF;
-        v_erased := true;
-    END IF;
-    IF v_erased AND (n.email IS NOT NULL OR n.raw_token IS NOT NULL) THEN
-        -- The user's personal data is erased: this notification (which may have arrived, or been
-        -- claimed elsewhere, after the erasure; an account-delete of an account erased before) keeps
-        -- none either.
-        UPDATE siwa.notification_log
-           SET email = NULL, raw_token = NULL, personal_data_erased_at = clock_timestamp()
-         WHERE jti = n.jti AND issued_at = n.issued_at AND (email IS NOT NULL OR raw_token IS NOT NULL);
-    END IF;
-
-    -- The hooks run with the search_path they were written for (the worker session's own, or
-    -- siwa.settings.hook_search_path, see siwa.hook_path), not this function's: a hook written as
-    -- `UPDATE my_users …` keeps working. set_config(…, true) inside a function with a SET clause lasts
-    -- until the function returns. siwa.on_event first; then the optional siwa.on_change, if it exists,
-    -- with the change (stored, or for a superseded event the one it would have written, id NULL) and,
-    -- when this event erased the user's personal data, with that change too.
-    v_email := CASE WHEN v_erased THEN NULL ELSE n.email END;
-    v_on_change := pg_catalog.to_regprocedure('siwa.on_change(siwa.changes, boolean)') IS NOT NULL;
-    v_hook_path := siwa.hook_path();
-    PERFORM pg_catalog.set_config('search_path', v_hook_path, true);
-    PERFORM siwa.on_event(n.event_type, n.sub, n.event_time, v_email, n.jti);
-    IF v_on_change THEN
-        PERFORM siwa.on_change(v_change, v_superseded);
-        IF v_erasure.id IS NOT NULL THEN
-            PERFORM siwa.on_change(v_erasure, false);
-        END IF;
-    END IF;
-    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
-    RETURN 'applied';
-END;
-$$;
-COMMENT ON FUNCTION siwa.apply_notification(siwa.notifications) IS
-    'Applies one notification''s effects (sessions, refresh tokens, account state, its siwa.changes rows, the hooks siwa.on_event and siwa.on_change). Raises on failure; does not change the notification''s state. Leaves its changes unnumbered: the caller''s transaction ends with siwa.number_changes.';
 
 -- Result rows of the processing functions. Only functions depend on it: an attribute added later is
 -- added to existing databases by a numbered change with ALTER TYPE … ADD ATTRIBUTE (at the end, so
@@ -1166,111 +1054,51 @@ $$;
 COMMENT ON TYPE siwa.processing_result IS
     'One handled notification: outcome applied, skipped, retry, dead, gone (no longer pending) or busy (its user''s siwa.accounts row is held by another transaction; put off briefly without counting an attempt); attempt is the attempt number just made; latency is seconds from received_at to now; busy_seconds is, for a busy one, how long it has been busy in a row.';
 
--- Handles one notification the caller has locked (FOR UPDATE), in a subtransaction:
---  1. takes its user's siwa.accounts row lock, creating the row first if it does not exist. The lock is
---     tried, never waited for (SKIP LOCKED); the INSERT can only wait for a concurrent uncommitted insert
---     of the same sub, and does so for 1 ms at most (lock_timeout, 55P03). Either means the user is busy: the notification is put off for a short, growing, jittered
---     delay (no attempt counted, busy_since set) so that it no longer fills the batches of any lane;
---  2. applies it and marks it applied or skipped, or records the failure with backoff. A lock wait
---     inside the application (e.g. an app transaction holding a session row) ends with the caller's
---     lock_timeout as 55P03, which the EXCEPTION block catches: that event is retried, the rest of the
---     batch applies.
--- A failed or busy attempt rolls the subtransaction back, the account row it created included. Errors
--- the EXCEPTION block cannot catch (query_canceled from statement_timeout, assert_failure) abort the
--- caller's transaction; the worker then records them with siwa.record_failure in a new transaction.
-CREATE OR REPLACE FUNCTION siwa.process_claimed_notification(
-    n siwa.notifications, p_max_attempts integer, p_retry_base_delay interval)
-RETURNS siwa.processing_result
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
-AS $$
+-- Creates the accounts p_subs (that do not exist yet) and returns the subs it created, which this
+-- transaction holds until it ends. The INSERT waits only for a concurrent uncommitted insert of the same
+-- sub (another lane's batch, or the app's sign-in), and for 1 ms at most (lock_timeout, then 55P03): that
+-- user is busy. Called by the set-based pass (step 1) and by its fallback, which creates a batch of one's
+-- account before the pass so that such a wait is told apart from a lock wait of the effects.
+CREATE OR REPLACE FUNCTION siwa.create_accounts(p_subs text[]) RETURNS text[]
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET lock_timeout = '1ms' AS $$
 DECLARE
-    r         siwa.processing_result;
-    v_result  text;
-    v_locking boolean := true;
-    v_busy    boolean := false;
-    v_busy_for interval;
-    v_now     timestamptz;
-    v_lock_timeout text;
+    v_created text[];
 BEGIN
-    r.id := n.id; r.jti := n.jti; r.event_type := n.event_type; r.attempt := n.attempts + 1;
-    BEGIN
-        PERFORM 1 FROM siwa.accounts a WHERE a.sub = n.sub FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
-            IF EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = n.sub) THEN
-                v_busy := true;  -- the row exists and someone else holds it
-            ELSE
-                -- The INSERT waits only for a concurrent uncommitted insert of the same sub (another
-                -- lane's batch, or the app's sign-in): that is busy too, so barely wait for it.
-                v_lock_timeout := current_setting('lock_timeout');
-                PERFORM set_config('lock_timeout', '1ms', true);
-                INSERT INTO siwa.accounts (sub) VALUES (n.sub) ON CONFLICT (sub) DO NOTHING;
-                PERFORM set_config('lock_timeout', v_lock_timeout, true);
-                PERFORM 1 FROM siwa.accounts a WHERE a.sub = n.sub FOR UPDATE SKIP LOCKED;
-                v_busy := NOT FOUND;
-            END IF;
-        END IF;
-        IF NOT v_busy THEN
-            v_locking := false;
-            v_result := siwa.apply_notification(n);
-            r.outcome := CASE WHEN v_result = 'applied' THEN 'applied' ELSE 'skipped' END;
-            r.error := CASE WHEN v_result = 'applied' THEN NULL ELSE substr(v_result, 10) END;
-            -- Done: out of the queue, the outcome into the log (one update of its row).
-            DELETE FROM siwa.notification_queue WHERE id = n.id;
-            UPDATE siwa.notification_log AS t
-               SET state = r.outcome, attempts = n.attempts + 1, applied_at = clock_timestamp(),
-                   last_error = r.error
-             WHERE t.jti = n.jti AND t.issued_at = n.issued_at;
-            -- A skipped notification of a user whose personal data is already erased keeps none either
-            -- (apply_notification does this itself for the notifications it applies).
-            IF r.outcome = 'skipped'
-               AND EXISTS (SELECT 1 FROM siwa.accounts a
-                            WHERE a.sub = n.sub AND a.personal_data_erased_at IS NOT NULL) THEN
-                UPDATE siwa.notification_log AS t
-                   SET email = NULL, raw_token = NULL, personal_data_erased_at = clock_timestamp()
-                 WHERE t.jti = n.jti AND t.issued_at = n.issued_at
-                   AND (t.email IS NOT NULL OR t.raw_token IS NOT NULL);
-            END IF;
-        END IF;
-    EXCEPTION WHEN OTHERS THEN
-        IF v_locking AND SQLSTATE IN ('55P03', '40P01') THEN
-            v_busy := true;  -- waited for a concurrent insert of this sub's account row
-        ELSE
-            r.error := left(siwa.redact_error(left(SQLSTATE || ': ' || SQLERRM, 10000)), 2000);
-            r.outcome := siwa.record_failure(n.id, r.error, p_max_attempts, p_retry_base_delay);
-        END IF;
-    END;
-    IF v_busy THEN
-        -- Put off by half the time it has been busy, between 0.1 s and 5 s, times a factor in [0.5, 1):
-        -- short at first, rarer while the user stays busy, never an attempt.
-        v_now := clock_timestamp();
-        v_busy_for := v_now - coalesce(n.busy_since, v_now);
-        UPDATE siwa.notification_queue AS t
-           SET next_attempt_at = v_now + least(greatest(v_busy_for / 2, interval '100 milliseconds'),
-                                               interval '5 seconds') * (0.5 + random() / 2),
-               busy_since = coalesce(t.busy_since, v_now)
-         WHERE t.id = n.id;
-        r.outcome := 'busy'; r.attempt := n.attempts; r.error := NULL;
-        r.busy_seconds := extract(epoch FROM v_busy_for)::double precision;
-    END IF;
-    r.latency := extract(epoch FROM clock_timestamp() - n.received_at);
-    RETURN r;
+    WITH created AS (
+        INSERT INTO siwa.accounts (sub) SELECT m.sub FROM unnest(p_subs) AS m(sub) ORDER BY m.sub
+        ON CONFLICT (sub) DO NOTHING RETURNING sub)
+    SELECT coalesce(array_agg(created.sub), '{}') INTO v_created FROM created;
+    RETURN v_created;
 END;
 $$;
-COMMENT ON FUNCTION siwa.process_claimed_notification(siwa.notifications, integer, interval) IS
-    'Applies one claimed notification in a subtransaction, holding its sub''s siwa.accounts row lock, and records the outcome (applied, skipped, retry, dead); or, when another transaction holds that row, reports it busy and puts it off briefly (busy_since, no attempt counted). The caller holds the notification''s row lock.';
+COMMENT ON FUNCTION siwa.create_accounts(text[]) IS
+    'Creates the siwa.accounts rows of p_subs that do not exist (ON CONFLICT DO NOTHING), waiting 1 ms at most for a concurrent insert of the same sub (55P03: that user is busy), and returns the subs it created.';
+
+-- Puts off pending notifications whose user is busy (its siwa.accounts row held by another transaction):
+-- by half the time each has been busy (busy_since, set to p_now when it was not busy yet), between 0.1 s
+-- and 5 s, times a factor in [0.5, 1): short at first, rarer while the user stays busy, never an attempt.
+CREATE OR REPLACE FUNCTION siwa.put_off_busy(p_ids bigint[], p_now timestamptz) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    UPDATE siwa.notification_queue AS t
+       SET busy_since      = coalesce(t.busy_since, p_now),
+           next_attempt_at = p_now + least(greatest((p_now - coalesce(t.busy_since, p_now)) / 2,
+                                                    interval '100 milliseconds'),
+                                           interval '5 seconds') * (0.5 + random() / 2)
+     WHERE t.id = ANY (p_ids)
+$$;
+COMMENT ON FUNCTION siwa.put_off_busy(bigint[], timestamptz) IS
+    'Puts off the pending notifications p_ids of busy users (busy_since set, next attempt in 0.05–5 s, growing while the user stays busy); counts no attempt.';
 
 -- The set-based pass ---------------------------------------------------------------------------------
 --
--- siwa.process_due_notifications applies a claimed batch with siwa.apply_claimed_batch: one statement per
--- effect for the whole batch instead of one subtransaction per notification, so that the costs paid per
--- call (a function's SET search_path, the switch to the hook's path and back, the account row lock,
--- the subtransaction) are paid once per batch. It must leave exactly what applying the batch's
--- notifications one after the other, in claim order (siwa.process_claimed_notification), would leave.
--- If any of it fails, nothing of it is kept (the caller rolls back to a savepoint) and the batch is
--- processed one notification at a time as before: a single bad event, or a hook that raises for one,
--- still affects only itself.
+-- siwa.apply_claimed_batch is the only implementation of the worker's effects: one statement per effect
+-- for the whole batch instead of one subtransaction per notification, so that the costs paid per call (a
+-- function's SET search_path, the switch to the hook's path and back, the account row lock, the
+-- subtransaction) are paid once per batch. It leaves exactly what applying the batch's notifications one
+-- after the other, in claim order, each as a batch of one, leaves. If any of it fails, nothing of it is
+-- kept (siwa.process_claimed_notifications rolls its subtransaction back) and the same pass runs on each
+-- notification alone, in a subtransaction of its own, the failure recorded for the one that fails: a
+-- single bad event, or a hook that raises for one, still affects only itself.
 --
 -- The tables it reads and writes, by statement: siwa.accounts (lock, create, email/consent/deletion),
 -- siwa.settings, siwa.sessions and siwa.refresh_tokens (revocation), siwa.erase_personal_data_of
@@ -1304,15 +1132,21 @@ BEGIN
 END;
 $$;
 COMMENT ON TYPE siwa.batch_event IS
-    'One notification of a batch in siwa.apply_claimed_batch: ord is its claim order; locked: its user''s siwa.accounts row is held by this transaction (else it is busy); known: its event type is one the worker applies; first_delete: ord of the first account-delete of its user in the batch; erased_before: its user''s personal data is erased when its turn comes (before the batch, or by an earlier account-delete of the batch); erased_after: erased once the batch is applied.';
+    'One notification of a batch in siwa.apply_claimed_batch: ord is its claim order; locked: its user''s siwa.accounts row is held by this transaction (else it is busy); known: it is applied (its event type is one the worker applies, and it is no duplicate of an earlier stored jti); first_delete: ord of the first account-delete of its user in the batch; erased_before: its user''s personal data is erased when its turn comes (before the batch, or by an earlier account-delete of the batch); erased_after: erased once the batch is applied.';
 
--- Applies a claimed batch (rows the caller holds with FOR UPDATE, in claim order) with one statement per
--- effect, and returns one siwa.processing_result per notification, in claim order. Raises on any failure;
--- the caller owns the savepoint and falls back to one subtransaction per notification.
+-- Applies a claimed batch (rows the caller holds with FOR UPDATE, in claim order, each with the sub it is
+-- applied to: see siwa.process_claimed_notifications) with one statement per effect, and returns one
+-- siwa.processing_result per notification, in claim order (results), and the changes it wrote, with
+-- their ids, for siwa.number_changes to insert (changes). Raises on any failure; the caller owns the
+-- subtransaction and falls back to batches of one.
+--  0. Skips: an unknown event type, and a jti stored twice (possible only past the dedupe window, see
+--     siwa.notification_jtis: the log's earlier row, found by its primary key in every partition, was
+--     applied, and this one is skipped), are skipped with their reason; the user is locked all the same.
 --  1. Users: every account row of the batch is locked at once (FOR UPDATE SKIP LOCKED); the missing ones
---     are created (INSERT … ON CONFLICT DO NOTHING, waiting 1 ms at most for a concurrent insert of the
---     same sub: past that the pass raises 55P03 and the fallback reports that user busy). A user whose
---     row another transaction holds is busy: its notifications are put off as before.
+--     are created (siwa.create_accounts, waiting 1 ms at most for a concurrent insert of the same sub:
+--     past that the pass raises 55P03, and the fallback, which creates a batch of one's account itself
+--     first, reports that user busy). A user whose row another transaction holds is busy: its
+--     notifications are put off (siwa.put_off_busy).
 --  2. Account state, one UPDATE: relay email status with last writer wins by event_time (also between
 --     events of one user in the batch; an email event after an account-delete of the batch, or of an
 --     already deleted account, changes nothing), consent_revoked_at, deleted_at.
@@ -1325,11 +1159,12 @@ COMMENT ON TYPE siwa.batch_event IS
 --     session's search_path (switched once for the whole loop), and the email it would have had one
 --     event at a time (NULL once the user's data is erased); after each, siwa.on_change (if it exists)
 --     with the event's change and its erasure's.
---  6. One UPDATE marks every notification: applied, skipped (unknown type, with the reason), or busy
---     (put off, no attempt counted); a late event of an erased user keeps no email or token.
---  7. One INSERT of the changes, numbered, under the siwa.changes_counter row lock held from then on.
-CREATE OR REPLACE FUNCTION siwa.apply_claimed_batch(p_batch siwa.notifications[])
-RETURNS siwa.processing_result[]
+--  6. One UPDATE marks every notification: applied, skipped (with the reason), or busy (put off, no
+--     attempt counted); a late event of an erased user keeps no email or token.
+--  7. The changes are returned, not inserted: the caller inserts them last, numbered, with those of the
+--     other batches of its transaction (siwa.number_changes).
+CREATE OR REPLACE FUNCTION siwa.apply_claimed_batch(
+    p_batch siwa.notifications[], OUT results siwa.processing_result[], OUT changes siwa.changes[])
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1340,7 +1175,7 @@ DECLARE
     v_erased       text[];
     v_missing      text[];
     v_inserted     text[];
-    v_lock_timeout text;
+    v_duplicates   bigint[];
     v_erase_now    boolean;
     v_events       siwa.batch_event[];
     v_hooks        siwa.batch_event[];
@@ -1350,7 +1185,6 @@ DECLARE
     v_revoke_subs  text[];
     v_revoke_upto  timestamptz[];
     v_revoke_all   boolean[];
-    v_results      siwa.processing_result[];
     v_plan_cache_mode text;
     v_done         bigint;
     v_marked       bigint;
@@ -1371,8 +1205,6 @@ DECLARE
     v_p            integer;
     v_change       siwa.changes;
     v_seq          regclass;
-    v_last         bigint;
-    v_numbered     bigint;
     i              integer;
 BEGIN
     -- Plans: every statement here reads or writes a few dozen rows by their keys, with arrays as
@@ -1403,13 +1235,7 @@ BEGIN
                             WHERE s.sub <> ALL (v_locked)
                               AND (SELECT true FROM siwa.accounts a WHERE a.sub = s.sub) IS NULL);
         IF cardinality(v_missing) > 0 THEN
-            v_lock_timeout := current_setting('lock_timeout');
-            PERFORM set_config('lock_timeout', '1ms', true);
-            WITH created AS (
-                INSERT INTO siwa.accounts (sub) SELECT m.sub FROM unnest(v_missing) AS m(sub) ORDER BY m.sub
-                ON CONFLICT (sub) DO NOTHING RETURNING sub)
-            SELECT coalesce(array_agg(created.sub), '{}') INTO v_inserted FROM created;
-            PERFORM set_config('lock_timeout', v_lock_timeout, true);
+            v_inserted := siwa.create_accounts(v_missing);
             v_locked := v_locked || v_inserted;
             v_status_at := v_status_at || array_fill(NULL::timestamptz, ARRAY[cardinality(v_inserted)]);
             v_consent_at := v_consent_at || array_fill(NULL::timestamptz, ARRAY[cardinality(v_inserted)]);
@@ -1430,6 +1256,11 @@ BEGIN
         END IF;
     END IF;
 
+    -- 0. A jti stored twice: the later row is skipped (the log's primary key, by jti, in every partition).
+    v_duplicates := ARRAY(SELECT b.id FROM unnest(p_batch) AS b
+                           WHERE EXISTS (SELECT 1 FROM siwa.notification_log d
+                                          WHERE d.jti = b.jti AND d.issued_at <> b.issued_at AND d.id < b.id));
+
     -- What each notification needs, worked out once.
     v_erase_now := (SELECT s.erase_personal_data_after = interval '0' FROM siwa.settings s);
     v_events := ARRAY(
@@ -1440,8 +1271,8 @@ BEGIN
                   )::siwa.batch_event
           FROM (SELECT b.*, b.ordinality::integer AS ord, b.sub = ANY (v_locked) AS locked,
                        b.event_type IN ('email-disabled', 'email-enabled', 'consent-revoked', 'account-delete')
-                           AS known,
-                       (min(b.ordinality) FILTER (WHERE b.event_type = 'account-delete')
+                           AND b.id <> ALL (v_duplicates) AS known,
+                       (min(b.ordinality) FILTER (WHERE b.event_type = 'account-delete' AND b.id <> ALL (v_duplicates))
                             OVER (PARTITION BY b.sub))::integer AS first_delete
                   FROM unnest(p_batch) WITH ORDINALITY AS b) AS e
          ORDER BY e.ord);
@@ -1504,7 +1335,7 @@ BEGIN
                                                AND (x.first_delete IS NULL OR x.ord < x.first_delete)) AS upto,
                    bool_or(x.event_type = 'account-delete') AS everything
               FROM unnest(v_events) AS x
-             WHERE x.locked AND x.event_type IN ('consent-revoked', 'account-delete')
+             WHERE x.locked AND x.known AND x.event_type IN ('consent-revoked', 'account-delete')
              GROUP BY x.sub) AS r;
     --    Each revoked row is counted for the event that revoked it one event at a time: the user's first,
     --    in claim order up to the first account-delete, that covers it (an account-delete, or a
@@ -1533,7 +1364,7 @@ BEGIN
         revoked AS (
             SELECT v.is_session,
                    (SELECT min(x.ord) FROM unnest(v_events) AS x
-                     WHERE x.locked AND x.sub = v.sub
+                     WHERE x.locked AND x.known AND x.sub = v.sub
                        AND (x.first_delete IS NULL OR x.ord <= x.first_delete)
                        AND (x.event_type = 'account-delete'
                             OR (x.event_type = 'consent-revoked' AND v.created_at <= x.event_time))) AS ord
@@ -1545,11 +1376,11 @@ BEGIN
 
     -- 3b. The changes (siwa.changes), one per known event of a locked user in claim order, and after the
     --     user's first account-delete of the batch a siwa.personal_data_erased when it erases an account
-    --     not erased before; the same rows, in the same order, as one-at-a-time application writes
-    --     (siwa.apply_notification). Worked out here, with the emails one-at-a-time application writes
-    --     before the erasure of step 4 clears them, given to the hook (step 5) as they are, and written
-    --     last (step 7), with the emails that erasure cleared. A superseded event (see siwa.changes)
-    --     writes none, but its record is kept for the hook.
+    --     not erased before; the same rows, in the same order, as applying the batch's notifications one
+    --     at a time writes. Worked out here, with the emails one-at-a-time application writes before the
+    --     erasure of step 4 clears them, given to the hook (step 5) as they are, and returned (step 7):
+    --     siwa.number_changes inserts them without the emails that erasure cleared. A superseded event
+    --     (see siwa.changes) writes none, but its record is kept for the hook.
     --     Email events: applied as in step 2. Consent-revoked: superseded when the user's consent was
     --     revoked at or after its event_time already (before the batch, or by an earlier one of the
     --     batch) and it revoked nothing. Account-delete: when the account was deleted already and it
@@ -1610,7 +1441,8 @@ BEGIN
          WHERE s.event_type = 'account-delete' AND s.ord = s.first_delete AND v_erase_now
            AND s.sub <> ALL (v_erased)) AS c;
     -- Their ids now, from the identity's sequence in this order, so that the hook gets them; the rows
-    -- themselves are inserted last, numbered (step 7).
+    -- themselves are inserted by the caller, numbered (step 7).
+    changes := '{}';
     IF false = ANY (v_list_superseded) THEN
         v_seq := pg_catalog.pg_get_serial_sequence('siwa.changes', 'id')::regclass;
         FOR i IN 1 .. cardinality(v_list) LOOP
@@ -1618,6 +1450,7 @@ BEGIN
                 v_change := v_list[i];
                 v_change.id := pg_catalog.nextval(v_seq);
                 v_list[i] := v_change;
+                changes := changes || v_change;
             END IF;
         END LOOP;
     END IF;
@@ -1626,14 +1459,14 @@ BEGIN
     --    included: this transaction holds their locks).
     IF v_erase_now THEN
         v_deleted := ARRAY(SELECT DISTINCT x.sub FROM unnest(v_events) AS x
-                            WHERE x.locked AND x.event_type = 'account-delete');
+                            WHERE x.locked AND x.known AND x.event_type = 'account-delete');
         IF cardinality(v_deleted) > 0 THEN
             PERFORM siwa.erase_personal_data_of(v_deleted);
         END IF;
     END IF;
 
     -- 5. The hooks, once per known event in claim order, with the path they were written for (see
-    --    siwa.apply_notification): switched once around the loop, which evaluates no operator or function
+    --    siwa.hook_path): switched once around the loop, which evaluates no operator or function
     --    of its own while the session's path is in force. Per event siwa.on_event, then (if it exists)
     --    siwa.on_change with its change record and with its erasure's, exactly as one at a time: the
     --    calls are listed first, under this function's own path.
@@ -1674,8 +1507,21 @@ BEGIN
 
     -- 6. Mark the batch. Finished (applied or skipped, an attempt): out of the queue, and the outcome
     --    into its log row, one statement each (a late event of an erased user keeps no email or token).
-    --    Busy (no attempt): its queue row is put off by half the time it has been busy, between 0.1 s and
-    --    5 s, times a factor in [0.5, 1).
+    --    Busy (no attempt): its queue row is put off (siwa.put_off_busy). The results first: the log
+    --    row's last_error is the result's (a skip's reason).
+    results := ARRAY(
+        SELECT ROW(x.id, x.jti, x.event_type,
+                   CASE WHEN NOT x.locked THEN 'busy' WHEN x.known THEN 'applied' ELSE 'skipped' END,
+                   CASE WHEN x.locked THEN CASE WHEN x.known THEN NULL
+                                            WHEN x.event_type IN ('email-disabled', 'email-enabled', 'consent-revoked', 'account-delete')
+                                            THEN 'duplicate jti (an earlier notification has the same jti)'
+                                            ELSE 'unknown event type ' || quote_literal(left(x.event_type, 100)) END END,
+                   x.attempts + CASE WHEN x.locked THEN 1 ELSE 0 END,
+                   extract(epoch FROM clock_timestamp() - x.received_at)::double precision,
+                   CASE WHEN NOT x.locked
+                        THEN extract(epoch FROM v_now - coalesce(x.busy_since, v_now))::double precision END
+                  )::siwa.processing_result
+          FROM unnest(v_events) AS x ORDER BY x.ord);
     DELETE FROM siwa.notification_queue AS q
      WHERE q.id = ANY (ARRAY(SELECT x.id FROM unnest(v_events) AS x WHERE x.locked));
     GET DIAGNOSTICS v_done = ROW_COUNT;
@@ -1683,89 +1529,145 @@ BEGIN
        SET state      = CASE WHEN x.known THEN 'applied' ELSE 'skipped' END,
            attempts   = x.attempts + 1,
            applied_at = clock_timestamp(),
-           last_error = CASE WHEN x.known THEN NULL
-                             ELSE 'unknown event type ' || quote_literal(left(x.event_type, 100)) END,
+           last_error = r.error,
            email      = CASE WHEN x.erased_after THEN NULL ELSE t.email END,
            raw_token  = CASE WHEN x.erased_after THEN NULL ELSE t.raw_token END,
            personal_data_erased_at =
                CASE WHEN x.erased_after AND (t.email IS NOT NULL OR t.raw_token IS NOT NULL)
                     THEN clock_timestamp() ELSE t.personal_data_erased_at END
-      FROM unnest(v_events) AS x JOIN unnest(p_batch) AS n ON n.id = x.id
+      FROM unnest(v_events) AS x JOIN unnest(p_batch) AS n ON n.id = x.id JOIN unnest(results) AS r ON r.id = x.id
      WHERE x.locked AND t.jti = n.jti AND t.issued_at = n.issued_at;
     GET DIAGNOSTICS v_marked = ROW_COUNT;
     IF v_marked <> v_done OR v_done <> (SELECT count(*) FROM unnest(v_events) AS x WHERE x.locked) THEN
         RAISE EXCEPTION 'siwa.apply_claimed_batch finished % queue rows and % log rows of % applied',
                         v_done, v_marked, (SELECT count(*) FROM unnest(v_events) AS x WHERE x.locked);
     END IF;
-    UPDATE siwa.notification_queue AS t
-       SET busy_since      = coalesce(t.busy_since, v_now),
-           next_attempt_at = v_now + least(greatest((v_now - coalesce(t.busy_since, v_now)) / 2,
-                                                    interval '100 milliseconds'),
-                                           interval '5 seconds') * (0.5 + random() / 2)
-      FROM unnest(v_events) AS x
-     WHERE NOT x.locked AND t.id = x.id;
-    v_results := ARRAY(
-        SELECT ROW(x.id, x.jti, x.event_type,
-                   CASE WHEN NOT x.locked THEN 'busy' WHEN x.known THEN 'applied' ELSE 'skipped' END,
-                   CASE WHEN x.locked AND NOT x.known
-                        THEN 'unknown event type ' || quote_literal(left(x.event_type, 100)) END,
-                   x.attempts + CASE WHEN x.locked THEN 1 ELSE 0 END,
-                   extract(epoch FROM clock_timestamp() - x.received_at)::double precision,
-                   CASE WHEN NOT x.locked
-                        THEN extract(epoch FROM v_now - coalesce(x.busy_since, v_now))::double precision END
-                  )::siwa.processing_result
-          FROM unnest(v_events) AS x ORDER BY x.ord);
-    -- 7. The changes, last: numbered as they are inserted, under the siwa.changes_counter row lock, which
-    --    is then held until the caller's transaction ends (see siwa.changes and siwa.number_changes), so
-    --    the lock covers only what is left of the transaction, not the batch's work; and no second write
-    --    of each row to number it. The emails of users erased in this batch are left out (step 4 erased
-    --    those of their earlier changes).
-    IF false = ANY (v_list_superseded) THEN
-        SELECT k.last_position INTO v_last FROM siwa.changes_counter k FOR UPDATE;
-        INSERT INTO siwa.changes (id, position, type, sub, event_time, applied_at, jti, audience, sessions_revoked,
-                                  refresh_tokens_revoked, email, is_private_email)
-        OVERRIDING SYSTEM VALUE
-        SELECT c.id, v_last + row_number() OVER (ORDER BY c.id), c.type, c.sub, c.event_time, c.applied_at, c.jti,
-               c.audience, c.sessions_revoked, c.refresh_tokens_revoked,
-               CASE WHEN c.sub = ANY (coalesce(v_deleted, '{}')) THEN NULL ELSE c.email END,
-               CASE WHEN c.sub = ANY (coalesce(v_deleted, '{}')) THEN NULL ELSE c.is_private_email END
-          FROM unnest(v_list) AS c
-         WHERE c.id IS NOT NULL
-         ORDER BY c.id;
-        GET DIAGNOSTICS v_numbered = ROW_COUNT;
-        UPDATE siwa.changes_counter SET last_position = v_last + v_numbered;
-        PERFORM pg_catalog.pg_notify('siwa_changes', (v_last + v_numbered)::text);
+    IF false = ANY (ARRAY(SELECT x.locked FROM unnest(v_events) AS x)) THEN
+        PERFORM siwa.put_off_busy(ARRAY(SELECT x.id FROM unnest(v_events) AS x WHERE NOT x.locked), v_now);
     END IF;
+    -- 7. The changes (with their ids) go to the caller, which inserts them numbered, last in its
+    --    transaction (siwa.number_changes): the siwa.changes_counter row lock then covers only what is
+    --    left of the transaction, not the work of the batch (nor of the batches of one of a fallback).
     PERFORM set_config('plan_cache_mode', v_plan_cache_mode, true);
-    RETURN v_results;
 END;
 $$;
 COMMENT ON FUNCTION siwa.apply_claimed_batch(siwa.notifications[]) IS
-    'The worker''s set-based pass: applies a claimed batch (rows the caller holds FOR UPDATE, in claim order) with one statement per effect — account locks (busy users put off), account state with last writer wins by event_time, revocation, erasure, the on_event hook once per known event in order, one UPDATE marking every state — and returns one result per notification in claim order. Raises on any failure; the caller rolls back to a savepoint and falls back to siwa.process_claimed_notification per notification.';
+    'The worker''s set-based pass, the only implementation of its effects: applies a claimed batch (rows the caller holds FOR UPDATE, in claim order, subs resolved through siwa.sub_aliases) with one statement per effect — skips (unknown type, duplicate jti), account locks (busy users put off), account state with last writer wins by event_time, revocation, erasure, the hooks once per known event in order, one UPDATE marking every state — and returns one result per notification in claim order and the changes it wrote, with ids, for siwa.number_changes to insert. Raises on any failure; siwa.process_claimed_notifications then runs it on batches of one.';
 
--- Claims up to p_limit due notifications and applies them, all in the caller's transaction: the claim
--- (row locks, FOR UPDATE SKIP LOCKED) disappears with a crashed worker's connection, and effects commit
--- together with the state change that marks them applied. The user's siwa.accounts row lock (tried,
--- never waited for) keeps two events of one user from being applied concurrently by two workers; such
--- rows are reported busy and put off briefly.
+-- Applies claimed notifications (rows the caller holds with FOR UPDATE, in claim order) and returns one
+-- siwa.processing_result per notification, in claim order; the worker's two entry points below claim
+-- and call it. All in the caller's transaction: the claim disappears with a crashed worker's connection,
+-- and effects commit together with the state change that marks them applied. The user's siwa.accounts
+-- row lock (tried, never waited for) keeps two events of one user from being applied concurrently by
+-- two workers; such rows are reported busy and put off briefly.
 --
--- First the set-based pass (siwa.apply_claimed_batch) in one subtransaction. If it raises (an event whose
--- hook raises, a lock wait past lock_timeout, anything), it is rolled back and the same batch is
--- processed as before the set-based pass: each notification in its own subtransaction
--- (siwa.process_claimed_notification), so that a failure affects only its own notification.
+-- A sub that a team transfer replaced is applied to the account it became (siwa.sub_aliases): resolved
+-- here, once, for the pass and its fallback.
 --
--- Last, siwa.number_changes gives the changes written the next positions (under the siwa.changes_counter
--- row lock, held until the caller commits: call this function in a transaction of its own, as the worker
--- does, and commit right away).
+-- First the set-based pass (siwa.apply_claimed_batch) on the whole batch, in one subtransaction. If it
+-- raises (an event whose hook raises, a lock wait past lock_timeout, anything), it is rolled back and the
+-- fallback runs the same pass on each notification alone, a batch of one, in its own subtransaction (as
+-- River's inline completer turns one job into a batch of one): a failure affects only its own
+-- notification, recorded by siwa.record_failure (retry with backoff, or dead). A batch of one goes to
+-- that form at once. Before the pass, the fallback creates a missing account itself
+-- (siwa.create_accounts), so that a wait for a concurrent insert of the same sub (55P03 after 1 ms, or
+-- a deadlock) tells that the user is busy, while a lock wait in the effects (e.g. an app transaction
+-- holding a session row, past the caller's lock_timeout) is a failure like any other.
 --
--- At most 64 per call, whatever p_limit says. In that fallback each notification's subtransaction writes
--- (it locks its user's account row, at least), so it gets a subtransaction XID, and these stay with the
--- transaction until it ends (only a rolled-back one gives its XID back, as the failed set-based pass
--- does). PostgreSQL keeps 64 of them per transaction in shared memory (PGPROC_MAX_CACHED_SUBXIDS); beyond
--- that the transaction's cache overflows, and every snapshot any session takes while it is open must
--- look subtransactions up in pg_subtrans, which slows the whole server down. The set-based pass uses one.
--- A hook (siwa.on_event) with BEGIN … EXCEPTION blocks of its own that write uses one more per block
--- entered: the worker's --batch-size must then be lower (docs/operations.md).
+-- Last, siwa.number_changes inserts the changes the passes wrote, numbered (under the
+-- siwa.changes_counter row lock, held until the caller commits: call this in a transaction of its own,
+-- as the worker does, and commit right away).
+--
+-- Errors no EXCEPTION block catches (query_canceled from statement_timeout, assert_failure) abort the
+-- caller's transaction; the worker then handles the batch's notifications one per transaction
+-- (siwa.process_notification) and records a failure with siwa.record_failure in a transaction of its
+-- own.
+--
+-- At most 64 notifications per call (the entry points claim no more). In the fallback each
+-- notification's subtransaction writes (it locks its user's account row, at least), so it gets a
+-- subtransaction XID, and these stay with the transaction until it ends (only a rolled-back one gives
+-- its XID back, as the failed pass on the whole batch does). PostgreSQL keeps 64 of them per
+-- transaction in shared memory (PGPROC_MAX_CACHED_SUBXIDS); beyond that the transaction's cache
+-- overflows, and every snapshot any session takes while it is open must look subtransactions up in
+-- pg_subtrans, which slows the whole server down. The pass on the whole batch uses one. A hook
+-- (siwa.on_event) with BEGIN … EXCEPTION blocks of its own that write uses one more per block entered:
+-- the worker's --batch-size must then be lower (docs/operations.md).
+CREATE OR REPLACE FUNCTION siwa.process_claimed_notifications(
+    p_batch siwa.notifications[], p_max_attempts integer, p_retry_base_delay interval)
+RETURNS SETOF siwa.processing_result
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    n             siwa.notifications;
+    v_batch       siwa.notifications[];
+    v_results     siwa.processing_result[];
+    v_changes     siwa.changes[];
+    v_one         siwa.processing_result[];
+    v_one_changes siwa.changes[];
+    r             siwa.processing_result;
+    v_locking     boolean;
+    v_now         timestamptz;
+BEGIN
+    IF coalesce(cardinality(p_batch), 0) = 0 THEN
+        RETURN;
+    END IF;
+    v_batch := ARRAY(
+        SELECT ROW(b.id, b.jti, b.event_type,
+                   coalesce((SELECT sa.new_sub FROM siwa.sub_aliases sa WHERE sa.old_sub = b.sub), b.sub),
+                   b.audience, b.email, b.is_private_email, b.event_time, b.issued_at, b.expires_at, b.raw_token,
+                   b.received_at, b.state, b.attempts, b.next_attempt_at, b.applied_at, b.last_error,
+                   b.personal_data_erased_at, b.busy_since)::siwa.notifications
+          FROM unnest(p_batch) WITH ORDINALITY AS b
+         ORDER BY b.ordinality);
+    IF cardinality(v_batch) > 1 THEN
+        BEGIN
+            SELECT p.results, p.changes INTO v_results, v_changes FROM siwa.apply_claimed_batch(v_batch) AS p;
+        EXCEPTION WHEN OTHERS THEN
+            v_results := NULL;  -- rolled back to the block's start: nothing of the pass is kept
+        END;
+    END IF;
+    IF v_results IS NULL THEN
+        v_results := '{}';
+        v_changes := '{}';
+        FOREACH n IN ARRAY v_batch LOOP
+            v_locking := true;
+            BEGIN
+                IF NOT EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = n.sub) THEN
+                    PERFORM siwa.create_accounts(ARRAY[n.sub]);
+                END IF;
+                v_locking := false;
+                SELECT p.results, p.changes INTO v_one, v_one_changes FROM siwa.apply_claimed_batch(ARRAY[n]) AS p;
+                v_results := v_results || v_one;
+                v_changes := v_changes || v_one_changes;
+            EXCEPTION WHEN OTHERS THEN
+                -- Rolled back, the account row it created included.
+                r := ROW(n.id, n.jti, n.event_type, NULL, NULL, n.attempts + 1, NULL, NULL)::siwa.processing_result;
+                IF v_locking AND SQLSTATE IN ('55P03', '40P01') THEN
+                    v_now := clock_timestamp();
+                    PERFORM siwa.put_off_busy(ARRAY[n.id], v_now);
+                    r.outcome := 'busy';
+                    r.attempt := n.attempts;
+                    r.busy_seconds := extract(epoch FROM v_now - coalesce(n.busy_since, v_now))::double precision;
+                ELSE
+                    r.error := left(siwa.redact_error(left(SQLSTATE || ': ' || SQLERRM, 10000)), 2000);
+                    r.outcome := siwa.record_failure(n.id, r.error, p_max_attempts, p_retry_base_delay);
+                END IF;
+                r.latency := extract(epoch FROM clock_timestamp() - n.received_at);
+                v_results := v_results || r;
+            END;
+        END LOOP;
+    END IF;
+    RETURN QUERY SELECT * FROM unnest(v_results);
+    PERFORM siwa.number_changes(v_changes);  -- last: see siwa.changes
+END;
+$$;
+COMMENT ON FUNCTION siwa.process_claimed_notifications(siwa.notifications[], integer, interval) IS
+    'Applies notifications the caller has claimed (FOR UPDATE, in claim order; subs resolved through siwa.sub_aliases) with the set-based pass (siwa.apply_claimed_batch) in one subtransaction; if that fails, runs the pass on each alone in its own subtransaction and records the failure of one that fails (siwa.record_failure), or reports it busy. Inserts the changes numbered last (siwa.number_changes). One row per notification.';
+
+-- Worker entry point: claims up to p_limit (at most 64) due notifications, oldest first, and applies
+-- them (siwa.process_claimed_notifications).
 CREATE OR REPLACE FUNCTION siwa.process_due_notifications(
     p_limit integer, p_max_attempts integer, p_retry_base_delay interval)
 RETURNS SETOF siwa.processing_result
@@ -1774,16 +1676,11 @@ SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    n         siwa.notifications;
-    v_batch   siwa.notifications[];
-    v_results siwa.processing_result[];
+    v_batch siwa.notifications[];
 BEGIN
     -- The claim locks queue rows (in id order: oldest first; the queue's only index), never log rows.
     v_batch := ARRAY(
-        -- A sub that a team transfer replaced is applied to the account it became (siwa.sub_aliases).
-        SELECT ROW(l.id, l.jti, l.event_type,
-                   coalesce((SELECT sa.new_sub FROM siwa.sub_aliases sa WHERE sa.old_sub = l.sub), l.sub),
-                   l.audience, l.email, l.is_private_email, l.event_time,
+        SELECT ROW(l.id, l.jti, l.event_type, l.sub, l.audience, l.email, l.is_private_email, l.event_time,
                    l.issued_at, l.expires_at, l.raw_token, l.received_at, l.state, q.attempts,
                    q.next_attempt_at, l.applied_at, q.last_error, l.personal_data_erased_at,
                    q.busy_since)::siwa.notifications
@@ -1793,36 +1690,15 @@ BEGIN
          ORDER BY q.id
          LIMIT least(p_limit, 64)
          FOR UPDATE OF q SKIP LOCKED);
-    IF cardinality(v_batch) = 0 THEN
-        RETURN;
-    END IF;
-    -- A jti stored twice (only possible past the dedupe window, see siwa.notification_jtis) is skipped by
-    -- siwa.apply_notification: such a batch takes the one-at-a-time path.
-    IF NOT EXISTS (SELECT 1 FROM unnest(v_batch) AS b
-                    WHERE EXISTS (SELECT 1 FROM siwa.notification_log d
-                                   WHERE d.jti = b.jti AND d.issued_at <> b.issued_at AND d.id < b.id)) THEN
-        BEGIN
-            v_results := siwa.apply_claimed_batch(v_batch);
-        EXCEPTION WHEN OTHERS THEN
-            v_results := NULL;  -- rolled back to the block's start: nothing of the set-based pass is kept
-        END;
-        IF v_results IS NOT NULL THEN
-            RETURN QUERY SELECT * FROM unnest(v_results);
-            PERFORM siwa.number_changes();  -- last: see siwa.changes
-            RETURN;
-        END IF;
-    END IF;
-    FOREACH n IN ARRAY v_batch LOOP
-        RETURN NEXT siwa.process_claimed_notification(n, p_max_attempts, p_retry_base_delay);
-    END LOOP;
-    PERFORM siwa.number_changes();
+    RETURN QUERY SELECT * FROM siwa.process_claimed_notifications(v_batch, p_max_attempts, p_retry_base_delay);
 END;
 $$;
 COMMENT ON FUNCTION siwa.process_due_notifications(integer, integer, interval) IS
-    'Worker entry point: claims up to p_limit (at most 64) due notifications (FOR UPDATE SKIP LOCKED) and applies them with one statement per effect (siwa.apply_claimed_batch); if that fails, rolls it back and handles each in its own subtransaction (one each, and PostgreSQL caches 64 per transaction). Marks each applied, skipped, retried with backoff, or dead. One row per notification handled (busy: its user''s account row is held elsewhere; put off briefly, no attempt counted).';
+    'Worker entry point: claims up to p_limit (at most 64) due notifications (FOR UPDATE SKIP LOCKED) and applies them with one statement per effect (siwa.apply_claimed_batch); if that fails, rolls it back and applies each alone in its own subtransaction (one each, and PostgreSQL caches 64 per transaction). Marks each applied, skipped, retried with backoff, or dead. One row per notification handled (busy: its user''s account row is held elsewhere; put off briefly, no attempt counted).';
 
 -- The worker's fallback when a whole batch failed with an error no subtransaction can catch: handles
--- exactly one notification, so that the culprit can be identified and recorded separately.
+-- exactly one notification, a batch of one, so that the culprit can be identified and recorded
+-- separately.
 CREATE OR REPLACE FUNCTION siwa.process_notification(
     p_id bigint, p_max_attempts integer, p_retry_base_delay interval)
 RETURNS SETOF siwa.processing_result
@@ -1831,22 +1707,18 @@ SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    n siwa.notifications;
+    v_batch siwa.notifications[];
 BEGIN
-    SELECT l.id, l.jti, l.event_type,
-           coalesce((SELECT sa.new_sub FROM siwa.sub_aliases sa WHERE sa.old_sub = l.sub), l.sub),
-           l.audience, l.email, l.is_private_email, l.event_time,
-           l.issued_at, l.expires_at, l.raw_token, l.received_at, l.state, q.attempts, q.next_attempt_at,
-           l.applied_at, q.last_error, l.personal_data_erased_at, q.busy_since
-      INTO n
-      FROM siwa.notification_queue q
-      JOIN siwa.notification_log l ON l.jti = q.jti AND l.issued_at = q.issued_at
-     WHERE q.id = p_id AND q.next_attempt_at <= clock_timestamp()
-       FOR UPDATE OF q SKIP LOCKED;
-    IF FOUND THEN
-        RETURN NEXT siwa.process_claimed_notification(n, p_max_attempts, p_retry_base_delay);
-        PERFORM siwa.number_changes();  -- last: see siwa.changes
-    END IF;
+    v_batch := ARRAY(
+        SELECT ROW(l.id, l.jti, l.event_type, l.sub, l.audience, l.email, l.is_private_email, l.event_time,
+                   l.issued_at, l.expires_at, l.raw_token, l.received_at, l.state, q.attempts,
+                   q.next_attempt_at, l.applied_at, q.last_error, l.personal_data_erased_at,
+                   q.busy_since)::siwa.notifications
+          FROM siwa.notification_queue q
+          JOIN siwa.notification_log l ON l.jti = q.jti AND l.issued_at = q.issued_at
+         WHERE q.id = p_id AND q.next_attempt_at <= clock_timestamp()
+           FOR UPDATE OF q SKIP LOCKED);
+    RETURN QUERY SELECT * FROM siwa.process_claimed_notifications(v_batch, p_max_attempts, p_retry_base_delay);
 END;
 $$;
 COMMENT ON FUNCTION siwa.process_notification(bigint, integer, interval) IS
@@ -1917,7 +1789,7 @@ COMMENT ON FUNCTION siwa.record_failure(bigint, text, integer, interval) IS
 -- locks of these subs, so no other worker applies these users' notifications meanwhile; pending rows
 -- another worker has claimed but left alone (it could not take the lock) are skipped rather than waited
 -- for, which could deadlock with that worker's batch: they are erased when applied (see
--- siwa.process_claimed_notification and siwa.apply_claimed_batch).
+-- siwa.apply_claimed_batch).
 -- Its statements are planned for each call, with the array and the tables' current sizes: see
 -- siwa.apply_claimed_batch.
 CREATE OR REPLACE FUNCTION siwa.erase_personal_data_of(p_subs text[]) RETURNS void
@@ -1987,7 +1859,7 @@ COMMENT ON FUNCTION siwa.erase_personal_data(text) IS
     'Erases one account''s personal data: email in siwa.accounts; email, raw token and the text of last_error (its SQLSTATE stays) in every stored notification of that sub, whatever its state; encrypted refresh tokens. Call with the sub''s siwa.accounts row locked (FOR UPDATE).';
 
 -- Erases personal data of deleted accounts whose retention period has passed (see siwa.settings).
--- At most 64 accounts per call, each in a subtransaction that writes: see siwa.process_due_notifications.
+-- At most 64 accounts per call, each in a subtransaction that writes: see siwa.process_claimed_notifications.
 CREATE OR REPLACE FUNCTION siwa.erase_due_personal_data(p_limit integer DEFAULT 100) RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -2009,7 +1881,7 @@ BEGIN
          FOR UPDATE OF a SKIP LOCKED
     LOOP
         -- The account row lock (held here, skipped when a worker applying this user's events holds it)
-        -- serialises erasure with the worker, as siwa.process_claimed_notification does. A row of this
+        -- serialises erasure with the worker, as its set-based pass does. A row of this
         -- user that an app transaction holds ends the wait with lock_timeout: that account is erased on
         -- the next pass, the others now.
         -- The change siwa.personal_data_erased, with the deletion's event_time, and the jti and audience
@@ -3915,7 +3787,7 @@ BEGIN
               FROM pg_proc p
              WHERE p.pronamespace = 'siwa'::regnamespace
                AND p.proname IN ('process_due_notifications', 'process_notification',
-                                 'process_claimed_notification', 'apply_notification', 'record_failure',
+                                 'process_claimed_notifications', 'create_accounts', 'put_off_busy', 'record_failure',
                                  'prune', 'erase_due_personal_data', 'erase_personal_data', 'on_event',
                                  'redact_error', 'erased_error', 'create_log_partitions',
                                  'drop_log_partitions', 'apply_claimed_batch', 'erase_personal_data_of',

@@ -156,6 +156,16 @@ BEGIN
                 ADD COLUMN build_commit text
                     CONSTRAINT service_heartbeats_build_commit_check CHECK (length(build_commit) BETWEEN 1 AND 64);
         END IF;
+        IF v_from > 0 THEN
+            -- Each effect once: the set-based pass is the only implementation of the worker's effects
+            -- (its fallback runs it on batches of one) and returns its changes, which
+            -- siwa.number_changes(changes) inserts and numbers. Version 4's one-at-a-time functions go;
+            -- the two whose signature changed are created again by the desired state.
+            DROP FUNCTION IF EXISTS siwa.process_claimed_notification(siwa.notifications, integer, interval);
+            DROP FUNCTION IF EXISTS siwa.apply_notification(siwa.notifications);
+            DROP FUNCTION IF EXISTS siwa.apply_claimed_batch(siwa.notifications[]);
+            DROP FUNCTION IF EXISTS siwa.number_changes();
+        END IF;
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;

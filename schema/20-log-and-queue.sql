@@ -13,7 +13,7 @@
 -- accepted: for 7 days after its iat (the dedupe window; the receiver's --max-token-age, 24 h by default,
 -- must stay below it) and until its exp; siwa.prune deletes older keys (a small table: days of keys,
 -- never the history). Past the window, a token is refused by the receiver for its age, and should one
--- still arrive, siwa.apply_notification finds the jti's earlier row and skips the second.
+-- still arrive, the worker's set-based pass finds the jti's earlier row and skips the second.
 -- A token whose iat falls outside every month partition lands in the DEFAULT partition: no insert fails
 -- for want of a partition.
 --
@@ -145,7 +145,7 @@ COMMENT ON COLUMN siwa.notification_queue.last_error IS
 -- account whose personal data is already erased (Apple may send an email event after the deletion, or
 -- redeliver one) is stored without email and raw token: the same statement leaves them out (one
 -- primary-key probe of siwa.accounts per row). A row stored while the erasure commits concurrently is
--- caught when the worker applies it or records its failure (siwa.record_failure). There is no trigger
+-- caught when the worker applies it (siwa.apply_claimed_batch) or records its failure (siwa.record_failure). There is no trigger
 -- on either table: version 2's row trigger cost ~30 µs per row, a statement trigger with a transition
 -- table ~20.
 CREATE OR REPLACE FUNCTION siwa.store_notifications(

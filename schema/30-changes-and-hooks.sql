@@ -1,8 +1,8 @@
 -- The changes (siwa.changes, one row per applied effect), their numbering, and the hooks siwa.on_event and siwa.on_change
 
 -- The worker writes one siwa.changes row per effect it applies, in the transaction that applies it, from
--- both paths (siwa.apply_claimed_batch and siwa.apply_notification, which leave the same rows) and from
--- delayed erasure (siwa.erase_due_personal_data):
+-- the set-based pass (siwa.apply_claimed_batch, for a batch or, in its fallback, for a batch of one) and
+-- from delayed erasure (siwa.erase_due_personal_data):
 --   siwa.email_disabled, siwa.email_enabled  an email event that set the relay email status (last writer
 --                                            wins by event_time); email and is_private_email as Apple
 --                                            sent them, unless the account's personal data is erased;
@@ -18,9 +18,10 @@
 -- write none either. Erasure sets email and is_private_email of every change row of the user to NULL.
 --
 -- The cursor, position: assigned at the very end of the writing transaction, in commit order, under the
--- row lock of siwa.changes_counter, which is held until that transaction ends: by the set-based pass as
--- it inserts its changes, its last statement (siwa.apply_claimed_batch, step 7); by siwa.number_changes
--- for the rows the other paths inserted without a position (called last by the worker's entry points). A transaction that numbers after another therefore waited for it to commit: every position is
+-- row lock of siwa.changes_counter, which is held until that transaction ends, by one function,
+-- siwa.number_changes, called last by the worker's entry points: it inserts the set-based pass's changes
+-- numbered (the pass hands them over with their ids, so no row is written twice) and numbers the rows
+-- other writers (delayed erasure) inserted without a position. A transaction that numbers after another therefore waited for it to commit: every position is
 -- visible before any higher one, so a reader doing WHERE position > $last ORDER BY position misses
 -- nothing, whatever order the writers inserted their rows in (ids, from a sequence, are handed out at
 -- insert and commit out of order). Rows not numbered yet are invisible to readers (siwa.changefeed). A
@@ -81,37 +82,58 @@ COMMENT ON COLUMN siwa.changes_counter.singleton IS 'Always true: keeps this tab
 COMMENT ON COLUMN siwa.changes_counter.last_position IS 'The highest position given so far.';
 INSERT INTO siwa.changes_counter DEFAULT VALUES ON CONFLICT DO NOTHING;
 
--- Numbers the changes not numbered yet (this transaction's, and any another transaction committed without
--- numbering), in id order, after the last position given; then NOTIFY siwa_changes with the new last
--- position (delivered at commit). Call it last in the transaction: the counter's row lock is held until
--- the transaction ends, and every other numbering waits for it. Does nothing, and takes no lock, when
--- there is nothing to number. Returns how many it numbered.
-CREATE OR REPLACE FUNCTION siwa.number_changes() RETURNS integer
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+-- Numbers the changes, the one place positions are given: first p_new, the set-based pass's changes of
+-- this transaction (their ids taken already, not inserted yet), inserted here with the next positions in
+-- id order; then the rows already inserted without a position (by another writer of this transaction, or
+-- left by one that committed without numbering), in id order. A change of an account whose personal
+-- data is erased by now (by an account-delete applied later in the same transaction) is inserted without
+-- its email. Then NOTIFY siwa_changes with the new last position (delivered at commit). Call it last in
+-- the transaction: the counter's row lock is held until the transaction ends, and every other numbering
+-- waits for it. Does nothing, and takes no lock, when there is nothing to number. Returns how many it
+-- numbered. Planned for each call (see siwa.apply_claimed_batch).
+CREATE OR REPLACE FUNCTION siwa.number_changes(p_new siwa.changes[] DEFAULT '{}') RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_ids  bigint[];
     v_last bigint;
+    v_new  integer := 0;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM siwa.changes c WHERE c.position IS NULL) THEN
+    IF coalesce(cardinality(p_new), 0) = 0
+       AND NOT EXISTS (SELECT 1 FROM siwa.changes c WHERE c.position IS NULL) THEN
         RETURN 0;
     END IF;
     SELECT k.last_position INTO v_last FROM siwa.changes_counter k FOR UPDATE;
+    IF cardinality(p_new) > 0 THEN
+        INSERT INTO siwa.changes (id, position, type, sub, event_time, applied_at, jti, audience, sessions_revoked,
+                                  refresh_tokens_revoked, email, is_private_email)
+        OVERRIDING SYSTEM VALUE
+        SELECT c.id, v_last + row_number() OVER (ORDER BY c.id), c.type, c.sub, c.event_time, c.applied_at, c.jti,
+               c.audience, c.sessions_revoked, c.refresh_tokens_revoked,
+               CASE WHEN NOT e.erased THEN c.email END, CASE WHEN NOT e.erased THEN c.is_private_email END
+          FROM unnest(p_new) AS c,
+               LATERAL (SELECT CASE WHEN c.email IS NULL AND c.is_private_email IS NULL THEN false
+                                    ELSE EXISTS (SELECT 1 FROM siwa.accounts a
+                                                  WHERE a.sub = c.sub AND a.personal_data_erased_at IS NOT NULL)
+                               END AS erased) AS e
+         ORDER BY c.id;
+        GET DIAGNOSTICS v_new = ROW_COUNT;
+    END IF;
     -- Read after the lock: rows another transaction left unnumbered may have been numbered meanwhile.
     v_ids := ARRAY(SELECT c.id FROM siwa.changes c WHERE c.position IS NULL ORDER BY c.id);
-    IF cardinality(v_ids) = 0 THEN
+    IF v_new + cardinality(v_ids) = 0 THEN
         RETURN 0;
     END IF;
-    UPDATE siwa.changes AS c SET position = v_last + o.n
+    UPDATE siwa.changes AS c SET position = v_last + v_new + o.n
       FROM unnest(v_ids) WITH ORDINALITY AS o(id, n)
      WHERE c.id = o.id;
-    v_last := v_last + cardinality(v_ids);
+    v_last := v_last + v_new + cardinality(v_ids);
     UPDATE siwa.changes_counter SET last_position = v_last;
     PERFORM pg_catalog.pg_notify('siwa_changes', v_last::text);
-    RETURN cardinality(v_ids);
+    RETURN v_new + cardinality(v_ids);
 END;
 $$;
-COMMENT ON FUNCTION siwa.number_changes() IS
-    'Gives the changes without a position the next positions, in id order, under the siwa.changes_counter row lock (held to the end of the transaction: call it last), and notifies siwa_changes with the last position. Returns how many.';
+COMMENT ON FUNCTION siwa.number_changes(siwa.changes[]) IS
+    'The one place changes are numbered: inserts p_new (the set-based pass''s changes, ids given; without email for an account erased by now) with the next positions in id order, then gives the changes without a position the next ones, in id order, under the siwa.changes_counter row lock (held to the end of the transaction: call it last), and notifies siwa_changes with the last position. Returns how many.';
 
 -- The change type an event type writes.
 CREATE OR REPLACE FUNCTION siwa.change_type(p_event_type text) RETURNS text
@@ -180,7 +202,7 @@ $$;
 --     siwa.personal_data_erased change;
 --   * for a delayed erasure (siwa.erase_due_personal_data), with its siwa.personal_data_erased change
 --     (siwa.on_event is not called for it).
--- Both paths (the set-based siwa.apply_claimed_batch and one at a time) make exactly the same calls in
--- the same order. A record carries what siwa.on_event lacks: audience, is_private_email, revocation
+-- The set-based pass makes these calls in this order for a batch as for each notification of it applied
+-- alone (a batch of one, its fallback). A record carries what siwa.on_event lacks: audience, is_private_email, revocation
 -- counts, the type of change; its email is what siwa.on_event gets. If it raises, like siwa.on_event, nothing of that
 -- application is kept and the event is retried.

@@ -6,7 +6,7 @@
 -- locks of these subs, so no other worker applies these users' notifications meanwhile; pending rows
 -- another worker has claimed but left alone (it could not take the lock) are skipped rather than waited
 -- for, which could deadlock with that worker's batch: they are erased when applied (see
--- siwa.process_claimed_notification and siwa.apply_claimed_batch).
+-- siwa.apply_claimed_batch).
 -- Its statements are planned for each call, with the array and the tables' current sizes: see
 -- siwa.apply_claimed_batch.
 CREATE OR REPLACE FUNCTION siwa.erase_personal_data_of(p_subs text[]) RETURNS void
@@ -76,7 +76,7 @@ COMMENT ON FUNCTION siwa.erase_personal_data(text) IS
     'Erases one account''s personal data: email in siwa.accounts; email, raw token and the text of last_error (its SQLSTATE stays) in every stored notification of that sub, whatever its state; encrypted refresh tokens. Call with the sub''s siwa.accounts row locked (FOR UPDATE).';
 
 -- Erases personal data of deleted accounts whose retention period has passed (see siwa.settings).
--- At most 64 accounts per call, each in a subtransaction that writes: see siwa.process_due_notifications.
+-- At most 64 accounts per call, each in a subtransaction that writes: see siwa.process_claimed_notifications.
 CREATE OR REPLACE FUNCTION siwa.erase_due_personal_data(p_limit integer DEFAULT 100) RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -98,7 +98,7 @@ BEGIN
          FOR UPDATE OF a SKIP LOCKED
     LOOP
         -- The account row lock (held here, skipped when a worker applying this user's events holds it)
-        -- serialises erasure with the worker, as siwa.process_claimed_notification does. A row of this
+        -- serialises erasure with the worker, as its set-based pass does. A row of this
         -- user that an app transaction holds ends the wait with lock_timeout: that account is erased on
         -- the next pass, the others now.
         -- The change siwa.personal_data_erased, with the deletion's event_time, and the jti and audience

@@ -177,8 +177,11 @@ final class Lane {
         }
     }
 
-    /// One batch in one transaction; if the batch fails as a whole (an error its subtransactions could
-    /// not catch, such as a statement timeout), the same work is done one notification at a time.
+    /// One batch in one transaction, one call: the database runs the set-based pass on the batch and, if
+    /// that fails, the same pass on each notification alone, recording its failure (a batch of one in a
+    /// subtransaction of its own). Only an error no subtransaction can catch (a statement timeout, which
+    /// cancels the whole call) comes back here: then the due notifications are handled one per
+    /// transaction (``runOneByOne``).
     private func runBatch(_ connection: PostgresConnection) throws(PostgresError) -> [ProcessedNotification] {
         let rows: PostgresRows
         do {
@@ -207,8 +210,9 @@ final class Lane {
         return handled
     }
 
-    /// The fallback: each due notification in its own transaction; one whose transaction fails is
-    /// recorded as a failed attempt in a separate transaction, so it cannot wedge the queue.
+    /// The fallback for an error that cancelled the whole batch: each due notification in its own
+    /// transaction (`siwa.process_notification`: the same pass on a batch of one); one whose transaction
+    /// fails is recorded as a failed attempt in a separate transaction, so it cannot wedge the queue.
     private func runOneByOne(_ connection: PostgresConnection) throws(PostgresError)
         -> [ProcessedNotification]
     {

@@ -172,10 +172,12 @@ struct ChangefeedTests {
         let database = try AdminDatabase.make()
         let owner = try database.connectAsOwner()
         defer { owner.close() }
-        // Applied without the worker's entry points (which number last): committed without a position.
-        try Self.insert(owner, jti: "by-hand", type: "consent-revoked", sub: "h")
-        try owner.execute("SELECT siwa.apply_notification(n) FROM siwa.notifications n WHERE jti = 'by-hand'")
-        try owner.execute("DELETE FROM siwa.notification_queue")
+        // Written without the worker's entry points (which number last): committed without a position.
+        try owner.execute(
+            """
+            INSERT INTO siwa.changes (type, sub, event_time, applied_at, jti, audience)
+            VALUES ('siwa.consent_revoked', 'h', now(), now(), 'by-hand', 'com.example.app')
+            """)
         let app = try database.connect(as: .app)
         defer { app.close() }
         #expect(try Self.feed(app).isEmpty)
@@ -297,10 +299,8 @@ struct ChangefeedTests {
         let database = try AdminDatabase.make()
         let owner = try database.connectAsOwner()
         defer { owner.close() }
-        // Held back: applied first (the lowest ids), committed last.
-        for index in 0..<3 {
-            try Self.insert(owner, jti: "held-\(index)", type: "consent-revoked", sub: "held-\(index)")
-        }
+        // Held back: written first (the lowest ids), numbered and committed last, as a transaction that
+        // writes changes and numbers them at its end does (siwa.erase_due_personal_data).
         let total = 400
         try owner.storeAsReceiver(
             (1...total).map { g in
@@ -313,9 +313,9 @@ struct ChangefeedTests {
         try held.simpleQuery(
             """
             BEGIN;
-            SELECT 1 FROM siwa.notification_queue q WHERE q.jti LIKE 'held-%' FOR UPDATE;
-            SELECT (siwa.process_claimed_notification(n, 5, interval '1 second')).outcome
-              FROM siwa.notifications n WHERE n.jti LIKE 'held-%' ORDER BY n.id;
+            INSERT INTO siwa.changes (type, sub, event_time, applied_at, jti, audience)
+            SELECT 'siwa.consent_revoked', 'held-' || g, now(), now(), 'held-' || g, 'com.example.app'
+              FROM generate_series(0, 2) AS g ORDER BY g;
             """)
         #expect(
             try held.query("SELECT array_agg(id ORDER BY id)::text FROM siwa.changes")[0][0, as: String.self]
@@ -381,7 +381,7 @@ struct ChangefeedTests {
         #expect(shared.read.withLock { $0.ids.isEmpty })
         try holder.simpleQuery("COMMIT")
 
-        // Every notification but the held ones is applied and readable...
+        // Every notification is applied and readable...
         #expect(try waitUntil(timeout: .seconds(60)) { shared.read.withLock { $0.ids.count } == total })
         // ...changes with higher ids than the held ones, which are not readable yet: a reader that kept
         // the last id as its cursor would skip the held ones for good.

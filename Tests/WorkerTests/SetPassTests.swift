@@ -4,9 +4,10 @@ import TestSupport
 import Testing
 import Worker
 
-/// The set-based pass (siwa.apply_claimed_batch): one statement per effect for a claimed batch, with the
-/// per-notification subtransactions only as its fallback. It must leave exactly what applying the batch
-/// one notification at a time, in claim order, leaves.
+/// The set-based pass (siwa.apply_claimed_batch): one statement per effect for a claimed batch, and the
+/// only implementation of the effects: its fallback runs it on each notification alone (a batch of one,
+/// in a subtransaction of its own). It must leave exactly what applying the batch one notification at a
+/// time, in claim order, leaves; ReleasedEffectsTests compares both with the released version 4.
 @Suite("The set-based pass applies a batch as one-at-a-time application would")
 struct SetPassTests {
     /// Runs siwa.process_due_notifications once and returns the outcomes by jti, in claim order.
@@ -195,131 +196,6 @@ struct SetPassTests {
         #expect(
             try db.value("SELECT deleted_at IS NULL FROM siwa.accounts WHERE sub = 'held'", as: Bool.self))
         try app.simpleQuery("ROLLBACK")
-    }
-
-    @Test(
-        "random batches leave what one-at-a-time application leaves: accounts, sessions, tokens, rows, changes, hook calls",
-        arguments: 1...16)
-    func sameAsOneAtATime(seed: UInt64) throws {
-        let setup = Self.randomBatch(seed: seed)
-        let setPass = try TestDatabase()
-        let oneByOne = try TestDatabase()
-        for db in [setPass, oneByOne] {
-            try db.connection.simpleQuery(
-                """
-                CREATE TABLE public.hook_calls (n serial, event_type text, sub text, email text, jti text,
-                                                change text);
-                CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
-                                                         email text, jti text) RETURNS void
-                LANGUAGE sql AS $$
-                    INSERT INTO hook_calls (event_type, sub, email, jti) VALUES (event_type, sub, email, jti)
-                $$;
-                CREATE FUNCTION siwa.on_change(c siwa.changes, superseded boolean) RETURNS void
-                LANGUAGE sql AS $$
-                    INSERT INTO hook_calls (event_type, sub, email, jti, change)
-                    VALUES (c.type, c.sub, c.email, c.jti,
-                            concat_ws(' ', c.id IS NULL, superseded, c.position IS NULL, c.event_time, c.audience,
-                                      c.sessions_revoked, c.refresh_tokens_revoked, c.is_private_email))
-                $$;
-                """ + setup)
-        }
-        _ = try processBatch(setPass)
-        try oneByOne.connection.simpleQuery(
-            """
-            DO $$
-            DECLARE i bigint;
-            BEGIN
-                FOR i IN SELECT id FROM siwa.notifications WHERE state = 'pending' ORDER BY next_attempt_at, id LOOP
-                    PERFORM siwa.process_notification(i, 5, interval '1 second');
-                END LOOP;
-            END $$;
-            """)
-        let snapshot = """
-            SELECT concat_ws(E'\\n',
-                (SELECT string_agg(a::text, E'\\n' ORDER BY a.sub) FROM (
-                    SELECT sub, email, is_private_email, email_status, email_status_at, consent_revoked_at,
-                           deleted_at, personal_data_erased_at IS NOT NULL FROM siwa.accounts) AS a),
-                (SELECT string_agg(s::text, E'\\n' ORDER BY s.id) FROM (
-                    SELECT id, sub, revoked_at IS NOT NULL, revoke_reason FROM siwa.sessions) AS s),
-                (SELECT string_agg(t::text, E'\\n' ORDER BY t.id) FROM (
-                    SELECT id, sub, revoked_at IS NOT NULL, revoke_reason, token_ciphertext IS NULL
-                      FROM siwa.refresh_tokens) AS t),
-                (SELECT string_agg(n::text, E'\\n' ORDER BY n.id) FROM (
-                    SELECT id, jti, state, attempts, last_error, email, raw_token,
-                           personal_data_erased_at IS NOT NULL, applied_at IS NOT NULL, busy_since
-                      FROM siwa.notifications) AS n),
-                (SELECT string_agg(ROW(c.type, c.sub, c.event_time, c.jti, c.audience, c.sessions_revoked,
-                                       c.refresh_tokens_revoked, c.email, c.is_private_email,
-                                       c.position IS NOT NULL)::text, E'\\n' ORDER BY c.id)
-                   FROM siwa.changes AS c),
-                (SELECT string_agg(h::text, E'\\n' ORDER BY h.n) FROM hook_calls AS h))
-            """
-        let expected = try oneByOne.value(snapshot, as: String.self)
-        let actual = try setPass.value(snapshot, as: String.self)
-        #expect(actual == expected, "seed \(seed)")
-        #expect(
-            try setPass.value("SELECT count(*)::integer FROM siwa.notifications WHERE state = 'pending'") == 0
-        )
-    }
-
-    /// SQL for a random but reproducible batch of up to 64 notifications over a few users, with accounts
-    /// (some deleted, some erased), sessions and refresh tokens created at random times, event times that
-    /// often tie, and every event type (an unknown one included).
-    static func randomBatch(seed: UInt64) -> String {
-        var random = SplitMix64(seed: seed)
-        let base = "timestamptz '2026-01-01 00:00:00+00'"
-        func time() -> String { "\(base) + interval '\(Int.random(in: 0...6, using: &random)) minutes'" }
-        var sql: [String] = []
-        if Bool.random(using: &random) {
-            sql.append("UPDATE siwa.settings SET erase_personal_data_after = interval '1 day';")
-        }
-        let subs = (0..<Int.random(in: 1...12, using: &random)).map { "s\($0)" }
-        for sub in subs {
-            if Double.random(in: 0..<1, using: &random) < 0.6 {
-                let deleted = Double.random(in: 0..<1, using: &random) < 0.25
-                let erased = deleted && Bool.random(using: &random)
-                let status = ["NULL", "'enabled'", "'disabled'"].randomElement(using: &random)!
-                let email = erased || status == "NULL" ? "NULL" : "'\(sub)-pre@privaterelay.appleid.com'"
-                sql.append(
-                    """
-                    INSERT INTO siwa.accounts (sub, email, is_private_email, email_status, email_status_at,
-                                               consent_revoked_at, deleted_at, personal_data_erased_at)
-                    VALUES ('\(sub)', \(email), \(email == "NULL" ? "NULL" : "false"), \(status),
-                            \(status == "NULL" ? "NULL" : time()), \(Bool.random(using: &random) ? "NULL" : time()),
-                            \(deleted ? time() : "NULL"), \(erased ? time() : "NULL"));
-                    """)
-            }
-            for _ in 0..<Int.random(in: 0...3, using: &random) {
-                sql.append("INSERT INTO siwa.sessions (sub, created_at) VALUES ('\(sub)', \(time()));")
-                sql.append(
-                    "INSERT INTO siwa.refresh_tokens (sub, created_at, token_ciphertext) VALUES ('\(sub)', \(time()), '\\x01');"
-                )
-            }
-        }
-        let types = [
-            "email-enabled", "email-disabled", "email-enabled", "email-disabled", "consent-revoked",
-            "account-delete", "brand-new-type",
-        ]
-        for index in 0..<Int.random(in: 1...64, using: &random) {
-            let sub = subs.randomElement(using: &random)!
-            let type = types.randomElement(using: &random)!
-            let isEmail = type.hasPrefix("email-")
-            let email =
-                isEmail && Double.random(in: 0..<1, using: &random) < 0.85
-                ? "'\(sub)-\(index)@privaterelay.appleid.com'" : "NULL"
-            let isPrivate = isEmail ? ["true", "false", "NULL"].randomElement(using: &random)! : "NULL"
-            let attempts = Int.random(in: 0...1, using: &random)
-            let lastError = Bool.random(using: &random) ? "'P0001: earlier failure'" : "NULL"
-            sql.append(
-                """
-                INSERT INTO siwa.notifications (jti, event_type, sub, audience, email, is_private_email, event_time,
-                                                issued_at, raw_token, attempts, last_error)
-                VALUES ('j\(index)', '\(type)', '\(sub)', 'com.example.app', \(email), \(isPrivate), \(time()),
-                        now(), 'header.payload.signature', \(attempts), \(lastError));
-                """)
-        }
-        sql.append("UPDATE siwa.notifications SET next_attempt_at = now() - interval '1 hour';")
-        return sql.joined(separator: "\n")
     }
 }
 
