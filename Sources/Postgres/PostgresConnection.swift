@@ -187,6 +187,14 @@ public final class PostgresConnection: @unchecked Sendable {
     /// Returns the notifications received so far (possibly several), or `[]` on timeout.
     /// - Throws: `.connectionLost` when the server closes the connection while waiting.
     public func waitForNotifications(timeout: Duration) throws(PostgresError) -> [PostgresNotification] {
+        try waitForNotifications(timeout: timeout, wakeDescriptor: nil)
+    }
+
+    /// Waits as ``waitForNotifications(timeout:)`` does, returning early (with none) as soon as
+    /// `wakeDescriptor` becomes readable: a stop signal's descriptor wakes a LISTEN wait at once.
+    public func waitForNotifications(timeout: Duration, wakeDescriptor: Int32?) throws(PostgresError)
+        -> [PostgresNotification]
+    {
         let handle = try openHandle()
         let deadline = ContinuousClock.now + timeout
         if PQconsumeInput(handle) == 0 || PQstatus(handle) != CONNECTION_OK {
@@ -202,13 +210,18 @@ public final class PostgresConnection: @unchecked Sendable {
                 sawConnectionError = true
                 throw connectionLost(handle)
             }
-            var descriptor = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
-            let ready = poll(&descriptor, 1, Self.milliseconds(remaining))
+            var descriptors = [
+                pollfd(fd: socket, events: Int16(POLLIN), revents: 0),
+                pollfd(fd: wakeDescriptor ?? -1, events: Int16(POLLIN), revents: 0),
+            ]
+            let ready = poll(
+                &descriptors, nfds_t(wakeDescriptor == nil ? 1 : 2), Self.milliseconds(remaining))
             if ready < 0 {
                 if errno == EINTR { continue }
                 throw PostgresError(code: .connectionLost, message: "poll() failed with errno \(errno)")
             }
             guard ready > 0 else { continue }
+            if wakeDescriptor != nil, descriptors[1].revents != 0 { return [] }
             if PQconsumeInput(handle) == 0 || PQstatus(handle) != CONNECTION_OK {
                 sawConnectionError = true
                 throw connectionLost(handle)

@@ -4,7 +4,7 @@ import ServiceSupport
 import Synchronization
 
 /// What a running siwa-receiver or siwa-worker tells the database about itself, and the database's
-/// health gauges for its `/metrics` (issue 14).
+/// health gauges for its `/metrics`.
 ///
 /// One connection of its own, opened lazily and reopened after an error: a heartbeat row in
 /// `siwa.service_heartbeats` every ``Configuration/heartbeatInterval`` (stale rows of the same kind
@@ -90,8 +90,8 @@ public final class ServiceHealth: Sendable {
     private let state = Mutex(State())
     /// The last reading, for callers that find `state` busy.
     private let published = Mutex<(done: Bool, failed: Bool, snapshot: Snapshot?)>((false, false, nil))
-    private let stopping = Atomic<Bool>(false)
-    private let thread = Mutex<JoinableThread?>(nil)
+    /// The heartbeat thread and its stop signal, while started.
+    private let running = Mutex<(thread: JoinableThread, stop: StopSignal)?>(nil)
 
     public init(configuration: Configuration, logger: Logger) {
         self.configuration = configuration
@@ -195,23 +195,15 @@ public final class ServiceHealth: Sendable {
                 let connection = try Self.open(&state.connection, configuration)
                 try connection.query(
                     """
-                    INSERT INTO siwa.service_heartbeats AS h (kind, host, pid, version, audiences, started_at, last_seen)
-                    VALUES ($1, $2, $3::integer, $4, $5::text[], $6, now())
-                    ON CONFLICT (kind, host, pid) DO UPDATE
-                       SET version = excluded.version, audiences = excluded.audiences,
-                           started_at = excluded.started_at, last_seen = excluded.last_seen
+                    SELECT siwa.record_heartbeat($1, $2, $3::integer, $4, $5::text[], $6,
+                                                 $7::float8 * interval '1 second')
                     """,
                     [
                         .text(configuration.kind.name), .text(configuration.host),
                         .int(Int64(configuration.processID)), .text(configuration.version),
                         .array(configuration.audiences.map { .text($0) }), .date(startedAt),
+                        .double(configuration.pruneAfter.inSeconds),
                     ])
-                try connection.query(
-                    """
-                    DELETE FROM siwa.service_heartbeats
-                     WHERE kind = $1 AND last_seen < now() - make_interval(secs => $2::float8)
-                    """,
-                    [.text(configuration.kind.name), .double(configuration.pruneAfter.inSeconds)])
             } catch {
                 state.connection?.close()
                 state.connection = nil
@@ -221,19 +213,27 @@ public final class ServiceHealth: Sendable {
     }
 
     /// Starts the heartbeat thread: a heartbeat and a first reading of the gauges at once (so the first
-    /// scrape finds them warm), then a heartbeat every interval.
+    /// scrape finds them warm), then a heartbeat every interval (a ``ConsumerLoop`` without LISTEN: a
+    /// failed heartbeat is tried again after the shared reconnect backoff, not a whole interval later).
     public func start() {
-        stopping.store(false, ordering: .relaxed)
+        let stop = StopSignal()
         let started = JoinableThread(name: "siwa-heartbeat") { [self] in
             _ = snapshot()
-            while !stopping.load(ordering: .relaxed) {
-                do {
+            var loop = ConsumerLoop<Void>(
+                state: ConsumerLoopState(pollInterval: configuration.heartbeatInterval), stop: stop,
+                connect: {},
+                drain: { [self] _ in
                     try beat()
-                    if state.withLock({ $0.heartbeatFailed }) {
-                        logger.info("heartbeats recorded again")
-                        state.withLock { $0.heartbeatFailed = false }
+                    let recovered = state.withLock { state in
+                        defer { state.heartbeatFailed = false }
+                        return state.heartbeatFailed
                     }
-                } catch {
+                    if recovered { logger.info("heartbeats recorded again") }
+                    return nil
+                },
+                wait: { _, duration in stop.sleep(duration) },
+                close: {},
+                failed: { [self] error, _ in
                     let first = state.withLock { state in
                         defer { state.heartbeatFailed = true }
                         return !state.heartbeatFailed
@@ -241,26 +241,25 @@ public final class ServiceHealth: Sendable {
                     if first {
                         logger.warning("cannot record a heartbeat", ["error": .string(Self.describe(error))])
                     }
-                }
-                sleep(configuration.heartbeatInterval)
-            }
+                })
+            try? loop.run()
         }
-        thread.withLock { $0 = started }
+        running.withLock { $0 = (started, stop) }
     }
 
-    /// Stops the heartbeat thread (joined) and deletes this process's row, so that a stopped process
-    /// does not look alive; closes the connection.
+    /// Stops the heartbeat thread (woken at once, and joined) and deletes this process's row, so that a
+    /// stopped process does not look alive; closes the connection.
     public func stop() {
-        stopping.store(true, ordering: .relaxed)
-        let running = thread.withLock { thread in
-            defer { thread = nil }
-            return thread
+        let started = running.withLock { running in
+            defer { running = nil }
+            return running
         }
-        running?.join()
+        started?.stop.stop()
+        started?.thread.join()
         state.withLock { state in
             if let connection = try? Self.open(&state.connection, configuration) {
                 _ = try? connection.query(
-                    "DELETE FROM siwa.service_heartbeats WHERE kind = $1 AND host = $2 AND pid = $3::integer",
+                    "SELECT siwa.remove_heartbeat($1, $2, $3::integer)",
                     [
                         .text(configuration.kind.name), .text(configuration.host),
                         .int(Int64(configuration.processID)),
@@ -268,15 +267,6 @@ public final class ServiceHealth: Sendable {
             }
             state.connection?.close()
             state.connection = nil
-        }
-    }
-
-    private func sleep(_ duration: Duration) {
-        let deadline = ContinuousClock.now + duration
-        while !stopping.load(ordering: .relaxed) {
-            let remaining = deadline - ContinuousClock.now
-            if remaining <= .zero { return }
-            Thread.sleep(forTimeInterval: min(remaining, .milliseconds(50)).inSeconds)
         }
     }
 
