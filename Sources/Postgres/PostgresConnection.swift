@@ -21,6 +21,9 @@ public struct PostgresNotification: Sendable, Hashable {
 /// Use it from one thread at a time (it is `Sendable` so it can be handed between threads, e.g. by
 /// `PostgresPool`, but it does no locking). Every statement is sent with its parameters separately
 /// (never interpolated); results are fully read before a call returns.
+// @unchecked: it holds a libpq handle and mutable state without a lock, so it is safe only as the
+// contract above says: used by one thread at a time, handed over with a happens-before edge (a pool's
+// lock, a thread's start or join). It is Sendable so that such hand-overs compile.
 public final class PostgresConnection: @unchecked Sendable {
     /// The connection's state as libpq sees it.
     public struct Status: Hashable, Sendable, CustomStringConvertible {
