@@ -3930,12 +3930,17 @@ COMMENT ON FUNCTION siwa.record_webhook_attempt(bigint, text, timestamptz, integ
 -- minute and before a --once drain; the claim checks the order itself, so a wrong hint can only delay.
 CREATE OR REPLACE FUNCTION siwa.repair_webhook_ready() RETURNS integer
 LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
-    WITH repaired AS (
-        UPDATE siwa.webhook_deliveries d SET ready = NOT d.ready
+    -- Rows another transaction holds (a claim, a record, a fan-out's share lock) are skipped, not
+    -- waited for: they are being kept by that transaction, and a repair never deadlocks with it.
+    WITH wrong AS (
+        SELECT d.id FROM siwa.webhook_deliveries d
          WHERE d.state = 'pending'
            AND d.ready = EXISTS (SELECT 1 FROM siwa.webhook_deliveries p
                                   WHERE p.endpoint_id = d.endpoint_id AND p.sub = d.sub
                                     AND p.state = 'pending' AND p.change_id < d.change_id)
+           FOR UPDATE OF d SKIP LOCKED),
+    repaired AS (
+        UPDATE siwa.webhook_deliveries d SET ready = NOT d.ready FROM wrong w WHERE d.id = w.id
         RETURNING 1)
     SELECT pg_catalog.count(*)::integer FROM repaired
 $$;
