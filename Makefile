@@ -20,7 +20,7 @@ DEMO_PACKAGES  = $(BUILD_PACKAGES) postgresql curl python3 openssl
 TEST_PACKAGES  = $(DEMO_PACKAGES) ca-certificates nginx systemd python3-yaml python3-venv prometheus
 
 .PHONY: all deps demo-deps test-deps build release test lint format demo run coverage bench clean \
-        validate-deploy webhooks-venv
+        validate-deploy webhooks-venv schema schema-check
 
 all: build
 
@@ -39,14 +39,23 @@ build: deps
 release:
 	$(MAKE) build CONFIG=release
 
-lint:
+lint: schema-check
 	$(SWIFT) format lint --strict -r Sources Tests Plugins Fuzz Package.swift
+
+# schema.sql is generated from the part files in schema/ (docs/architecture.md, "The SQL layout"): edit
+# the parts, then `make schema`. The build (the EmbedSchema plugin) and `make lint` fail while it is stale.
+schema:
+	python3 scripts/schema
+
+schema-check:
+	@python3 scripts/schema --check
 
 format:
 	$(SWIFT) format -i -r Sources Tests Plugins Fuzz Package.swift
 
 test: test-deps lint validate-deploy webhooks-venv
 	$(SWIFT) build --build-tests
+	./scripts/test-schema "$$($(SWIFT) build --show-bin-path)"
 	$(SWIFT) test --skip-build
 
 # The webhook tests verify signatures with a second implementation: the PyPI package standardwebhooks,

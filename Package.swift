@@ -45,7 +45,7 @@ let package = Package(
             dependencies: ["Postgres", "ServiceSupport", "AppleID", "TokenVault", "HTTPClient", "Webhooks"]),
         // Standard Webhooks: whsec_ secrets, v1 signatures (OpenSSL's HMAC), endpoint URL policy.
         .target(name: "Webhooks", dependencies: ["COpenSSL"]),
-        // Heartbeats in siwa.service_heartbeats and the database's health gauges on /metrics (issue 14).
+        // Heartbeats in siwa.service_heartbeats and the database's health gauges on /metrics.
         .target(name: "ServiceHealth", dependencies: ["Postgres", "ServiceSupport"]),
         // Refresh tokens encrypted at rest (AES-256-GCM, rotating keys), for the sign-in API and the revoker.
         .target(name: "TokenVault", dependencies: ["COpenSSL"]),
@@ -57,7 +57,8 @@ let package = Package(
                 "TokenVault",
             ]),
 
-        // schema.sql embedded as a Swift constant at build time (schema.sql stays the only source).
+        // schema.sql embedded as a Swift constant at build time (the only file embedded and applied). It is
+        // generated from schema/ by `make schema`; the plugin fails the build while it is stale.
         .target(name: "SiwaSchema", plugins: ["EmbedSchema"]),
         .plugin(name: "EmbedSchema", capability: .buildTool(), dependencies: ["embed-schema"]),
         .executableTarget(name: "embed-schema"),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""make drills: fault drills that prove nothing acknowledged is lost (issue 7, part 3).
+"""make drills: fault drills that prove nothing acknowledged is lost.
 
 Each drill runs the real binaries against a throwaway PostgreSQL cluster (fsync on, run as `postgres`
 when we are root) on loopback only, breaks something on purpose under load, and checks the invariant:

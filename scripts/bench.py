@@ -337,29 +337,15 @@ def run_wrk(url, connections, seconds, bodies, workdir):
 TOKEN = "x" * 700
 
 # The two ceilings, one single-row INSERT per transaction with a random (unique) jti: the lean table, and
-# our own table shape, the receiver's INSERT into siwa.notification_log (one row of its batch statement,
-# with the same join to siwa.accounts and the same statement trigger queueing the row).
+# our own table shape, the receiver's store siwa.store_notifications with a batch of one row (the same
+# dedupe key, log row, join to siwa.accounts, queue row and NOTIFY as the receiver's batches).
 LEAN_TABLE = "CREATE TABLE lean (jti text PRIMARY KEY, payload text)"
 LEAN_INSERT = (f"INSERT INTO lean (jti, payload) VALUES (gen_random_uuid()::text, '{TOKEN}') "
                "ON CONFLICT (jti) DO NOTHING;\n")
 OWN_INSERT = (
-    "WITH batch AS (SELECT * FROM (VALUES (gen_random_uuid()::text, 'consent-revoked', "
-    f"'001234.bench', '{AUDIENCE}', NULL::text, NULL::boolean, now(), now(), now() + interval '1 day', '{TOKEN}')) "
-    "AS b(jti, event_type, sub, audience, email, is_private_email, event_time, issued_at, expires_at, raw_token)), "
-    "fresh AS (INSERT INTO siwa.notification_jtis (jti, issued_at, expires_at) "
-    "SELECT b.jti, b.issued_at, b.expires_at FROM batch b ON CONFLICT (jti) DO NOTHING RETURNING jti, issued_at), "
-    "stored AS (INSERT INTO siwa.notification_log (jti, event_type, sub, audience, email, is_private_email, "
-    "event_time, issued_at, expires_at, raw_token, personal_data_erased_at) "
-    "SELECT b.jti, b.event_type, b.sub, b.audience, CASE WHEN a.sub IS NULL THEN b.email END, b.is_private_email, "
-    "b.event_time, b.issued_at, b.expires_at, CASE WHEN a.sub IS NULL THEN b.raw_token END, "
-    "CASE WHEN a.sub IS NOT NULL THEN clock_timestamp() END "
-    "FROM batch b JOIN fresh f ON f.jti = b.jti AND f.issued_at = b.issued_at "
-    "LEFT JOIN siwa.accounts a ON a.sub = b.sub AND a.personal_data_erased_at IS NOT NULL "
-    "ON CONFLICT (jti, issued_at) DO NOTHING RETURNING id, jti, issued_at), "
-    "queued AS (INSERT INTO siwa.notification_queue (id, jti, issued_at) SELECT s.id, s.jti, s.issued_at FROM stored s "
-    "RETURNING 1) "
-    "SELECT s.jti FROM stored s "
-    "WHERE (SELECT count(pg_notify('siwa_notifications', '')) FROM (SELECT 1 FROM queued LIMIT 1) AS w) >= 0;\n")
+    "SELECT siwa.store_notifications(ARRAY[gen_random_uuid()::text], ARRAY['consent-revoked'], "
+    f"ARRAY['001234.bench'], ARRAY['{AUDIENCE}'], ARRAY[NULL::text], ARRAY[NULL::boolean], ARRAY[now()], "
+    f"ARRAY[now()], ARRAY[now() + interval '1 day'], ARRAY['{TOKEN}']);\n")
 
 
 def run_pgbench(cluster, db, connections, seconds, workdir, statement=OWN_INSERT, table="siwa.notification_log"):

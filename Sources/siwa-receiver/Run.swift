@@ -97,7 +97,7 @@ func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
                 receiver.set(started)
             }, stop: { receiver.get()?.shutdown() })
     ]
-    // Its heartbeat and the database's health gauges (issue 14), once the receiver's registry exists.
+    // Its heartbeat and the database's health gauges, once the receiver's registry exists.
     do {
         services.append(
             try healthService(
@@ -106,7 +106,7 @@ func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
         writeErrorLine("siwa-receiver", "\(error)")
         return 2
     }
-    // The internal sign-in API (issue 13), on its own listener when --signin-listen is given.
+    // The internal sign-in API, on its own listener when --signin-listen is given.
     if let signIn {
         services.append(
             signIn.service(

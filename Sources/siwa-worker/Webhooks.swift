@@ -3,7 +3,7 @@ import Postgres
 import ServiceSupport
 import Worker
 
-/// The webhook dispatcher's settings (issue 12): on by default; lanes idle while no endpoint exists.
+/// The webhook dispatcher's settings: on by default; lanes idle while no endpoint exists.
 let webhookOptions: [CommandOption] = [
     CommandOption(
         "webhook-concurrency", valueName: "N",

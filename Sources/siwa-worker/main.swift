@@ -167,7 +167,7 @@ if let metricsAddress {
             },
             stop: { server.shutdown(gracePeriod: .seconds(2)) }))
 }
-// Its heartbeat and the database's health gauges on /metrics (issue 14); not for a --once drain.
+// Its heartbeat and the database's health gauges on /metrics; not for a --once drain.
 if !parsed.flag("once") {
     do {
         services.append(
@@ -207,12 +207,12 @@ if parsed.flag("once") {
             }))
 }
 
-// The revocation outbox's consumer (issue 13), its own thread and connection, when configured.
+// The revocation outbox's consumer, its own thread and connection, when configured.
 if let revoker, !parsed.flag("once") {
     services.append(.task("revoker", run: { revoker.run() }, stop: { revoker.stop() }))
 }
 
-// Signed outbound webhooks (issue 12): their own lanes and connections, unless --webhook-concurrency 0.
+// Signed outbound webhooks: their own lanes and connections, unless --webhook-concurrency 0.
 if let webhooks, !parsed.flag("once") {
     services.append(.task("webhooks", run: { webhooks.run() }, stop: { webhooks.stop() }))
 }

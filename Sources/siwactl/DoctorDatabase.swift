@@ -2,7 +2,7 @@ import Foundation
 import Postgres
 import ServiceSupport
 
-/// `siwactl doctor --database-url`: what only the database can tell (issue 14, item 1). Reads
+/// `siwactl doctor --database-url`: what only the database can tell. Reads
 /// `siwa.service_heartbeats` (every receiver and worker refreshes its row every 15 s) and
 /// `siwa.client_ids_in_use`; as the schema's owner or a member of `siwa_admin`.
 extension Doctor {

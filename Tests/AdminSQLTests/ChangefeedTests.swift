@@ -5,7 +5,7 @@ import Synchronization
 import TestSupport
 import Testing
 
-/// The changefeed (issue 12, item 3): one siwa.changes row per applied effect, read by apps through
+/// The changefeed: one siwa.changes row per applied effect, read by apps through
 /// siwa.changefeed with a position cursor that never misses a change, NOTIFY siwa_changes, retention.
 @Suite("The changefeed: every applied effect once, in a cursor no reader can miss")
 struct ChangefeedTests {

@@ -3,7 +3,7 @@ import Postgres
 import TestSupport
 import Testing
 
-/// `siwa.service_heartbeats` and `siwa.health_gauges` (issue 14): each service role writes the heartbeats
+/// `siwa.service_heartbeats` and `siwa.health_gauges`: each service role writes the heartbeats
 /// of its own kind only, and reads the health gauges' aggregates without any other grant.
 @Suite("Health: heartbeats by kind, and the gauges' aggregates")
 struct HealthSQLTests {

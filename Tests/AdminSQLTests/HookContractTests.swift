@@ -3,7 +3,7 @@ import Postgres
 import TestSupport
 import Testing
 
-/// The hook contract (issue 12, item 6): exactly when the worker calls siwa.on_event and the optional
+/// The hook contract: exactly when the worker calls siwa.on_event and the optional
 /// siwa.on_change, and what they are told. Both paths make the same calls (SetPassTests compares them).
 @Suite("The hooks: when siwa.on_event and siwa.on_change are called, and with what")
 struct HookContractTests {

@@ -2,7 +2,7 @@ import Foundation
 import TestSupport
 import Testing
 
-/// `siwactl doctor URL --database-url …` against real receivers and workers (issue 14, item 1): the
+/// `siwactl doctor URL --database-url …` against real receivers and workers: the
 /// database's checks, run as a siwa_admin member.
 extension DoctorTests {
     /// Runs the doctor on `receiver` with the database checks, as a member of siwa_admin.

@@ -2,7 +2,7 @@ import Foundation
 import TestSupport
 import Testing
 
-/// Issue 14, item 2: the health series on the /metrics of a real siwa-receiver and siwa-worker, each
+/// The health series on the /metrics of a real siwa-receiver and siwa-worker, each
 /// connected as a member of its own group role.
 @Suite("The receiver's and worker's /metrics carry the health series")
 struct HealthMetricsTests {

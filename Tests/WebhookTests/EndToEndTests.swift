@@ -69,7 +69,7 @@ private struct Posted {
     }
 }
 
-/// The whole loop through public interfaces (issue 12): Apple's signed notification → a real
+/// The whole loop through public interfaces: Apple's signed notification → a real
 /// siwa-receiver (as a member of siwa_receiver) → a real siwa-worker (siwa_worker) applying it and
 /// writing the changefeed → a Standard Webhooks delivery to an endpoint registered with `siwactl
 /// webhooks add`, verified by the independent Python implementation; the app's side read as siwa_app.

@@ -4,7 +4,7 @@ import TestSupport
 import Testing
 import Worker
 
-/// The changefeed as siwa-worker's lanes and maintenance pass keep it (issue 12, item 3).
+/// The changefeed as siwa-worker's lanes and maintenance pass keep it.
 @Suite("siwa-worker keeps the changefeed: numbered as it commits, pruned by its maintenance pass")
 struct ChangefeedWorkerTests {
     @Test("two lanes draining leave every change numbered: positions 1 to n, none left without one")

@@ -1,0 +1,49 @@
+-- What this file is, how to apply it, and the contract: what apps and admins may rely on
+
+-- Sign in with Apple server-to-server notifications: the database.
+--
+-- Re-runnable: `psql -v ON_ERROR_STOP=1 --single-transaction -f schema.sql` on an empty or an existing
+-- database (at any earlier version, see "Upgrades" below) brings it to
+-- the current version and never drops data. `siwactl migrate` applies this same file (it is embedded in
+-- the binary). Everything lives in schema `siwa`.
+--
+-- Admins read history from the view siwa.event_history; see docs/sql.md for a cookbook.
+--
+-- search_path: this file runs with the path pg_catalog, pg_temp (set just below), and every function it
+-- creates carries `SET search_path = pg_catalog, pg_temp`. So no object another role created (a
+-- `public.hashtextextended(text, integer)` that wins overload resolution, say) can stand in for one of
+-- PostgreSQL's, whatever the search_path of the session that applies this file or calls the functions.
+-- Objects of this schema are always written siwa.…. The one exception is the admins' hook siwa.on_event:
+-- it is called with the worker session's own search_path (see siwa.settings.hook_search_path).
+-- The session's own path is restored at the end of the file.
+--
+-- The contract: what apps, admins and operators may rely on. These keep their names, columns and
+-- meaning from one schema version to the next (a column may be added, never renamed or dropped):
+--   Admins (siwa_admin):   the views siwa.event_history, siwa.account_overview, siwa.queue_health,
+--                          siwa.changefeed, siwa.revocation_ledger, siwa.webhook_endpoint_overview,
+--                          siwa.webhook_attempt_history, siwa.webhook_delivery_status; the tables
+--                          siwa.sub_aliases, siwa.sub_transfer_batches, siwa.sub_columns and
+--                          siwa.service_heartbeats (read only); siwa.history_of(sub),
+--                          siwa.health_gauges(), siwa.client_ids_in_use(since).
+--   The app (siwa_app):    siwa.session_is_valid(sub, created_at); siwa.request_revocation(sub, reason),
+--                          inside its account-deletion transaction; the changefeed siwa.changefeed (and
+--                          LISTEN siwa_changes); its sessions and refresh tokens in siwa.sessions and
+--                          siwa.refresh_tokens, and the columns of siwa.accounts granted to it.
+--   Hooks (the owner):     siwa.on_event(event_type, sub, event_time, email, jti), replaced by the
+--                          admins and never undone by this file; the optional
+--                          siwa.on_change(change siwa.changes, superseded boolean).
+--   Settings and tools     siwa.settings (erase_personal_data_after, hook_search_path,
+--   (the owner):           changes_retention); siwa.requeue, siwa.prune, siwa.erase_personal_data,
+--                          siwa.add_webhook_endpoint, siwa.rotate_webhook_secret,
+--                          siwa.replay_webhook_deliveries, siwa.apply_sub_transfer (through siwactl);
+--                          the roles siwa_admin, siwa_receiver, siwa_worker, siwa_signin and siwa_app
+--                          and what each is granted (schema/85-privileges.sql).
+-- Everything else is internal and may change in any version: the log, queue and dedupe tables behind
+-- the views (siwa.notification_log, siwa.notification_queue, siwa.notification_jtis, the compatibility
+-- view siwa.notifications), siwa.changes and its counter, the worker's functions (claim, apply,
+-- record_failure, the set-based pass, erasure, retention, partitions), the revoker's, sign-in's,
+-- transfer's and webhooks' bookkeeping tables, and the types they return. Read history through the
+-- views, not the tables.
+--
+-- Layout: this file is generated from the parts in schema/ (listed above, in the order they run) by
+-- `make schema`; edit the parts, never this file. The build fails while this file is stale.

@@ -1,0 +1,915 @@
+-- Applying notifications: claim, the set-based pass, one at a time, failures (called by siwa-worker)
+
+-- Work on one user (sub) is serialised by the lock on its siwa.accounts row, taken with FOR UPDATE SKIP
+-- LOCKED: only roles that may UPDATE siwa.accounts (the worker, the owner, the app) can hold it, never a
+-- role that merely connects or reads the admin views. The advisory lock on a guessable key that version 1
+-- used could be held by any role (and its key function resolved hashtextextended through the caller's
+-- search_path): it is gone, also from databases upgraded to version 2 (change 2 in
+-- schema/10-numbered-changes.sql).
+
+-- Applies the effects of one notification. Raises on failure; the caller owns the transaction and the
+-- notification's state. Returns 'applied', or 'skipped: <reason>' for a notification with nothing to do.
+CREATE OR REPLACE FUNCTION siwa.apply_notification(n siwa.notifications) RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    v_account    siwa.accounts;
+    v_erased     boolean;
+    v_email      text;
+    v_hook_path  text;
+    v_rows       integer;
+    v_sessions   integer := 0;
+    v_tokens     integer := 0;
+    v_superseded boolean;
+    v_change     siwa.changes;
+    v_erasure    siwa.changes;
+    v_on_change  boolean;
+BEGIN
+    IF n.event_type NOT IN ('email-disabled', 'email-enabled', 'consent-revoked', 'account-delete') THEN
+        RETURN 'skipped: unknown event type ' || quote_literal(left(n.event_type, 100));
+    END IF;
+    -- The receiver stores each jti once while its key is kept (siwa.notification_jtis, the dedupe
+    -- window). Should a jti still be stored twice past it, the earlier row is found here (the log's
+    -- primary key, by jti, in every partition) and this one is skipped: applied once all the same.
+    IF EXISTS (SELECT 1 FROM siwa.notification_log d
+                WHERE d.jti = n.jti AND d.issued_at <> n.issued_at AND d.id < n.id) THEN
+        RETURN 'skipped: duplicate jti (an earlier notification has the same jti)';
+    END IF;
+
+    -- Accounts are created on first sight of a sub, and the row lock orders work on one user with the
+    -- app's own updates. The worker (siwa.process_claimed_notification) already holds it, so the
+    -- SELECT … FOR UPDATE finds its own lock and the INSERT is needed only by a caller that does not.
+    SELECT * INTO v_account FROM siwa.accounts WHERE sub = n.sub FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO siwa.accounts (sub) VALUES (n.sub) ON CONFLICT (sub) DO NOTHING;
+        SELECT * INTO v_account FROM siwa.accounts WHERE sub = n.sub FOR UPDATE;
+    END IF;
+    v_erased := v_account.personal_data_erased_at IS NOT NULL;
+
+    IF n.event_type IN ('email-disabled', 'email-enabled') THEN
+        -- Last writer wins by event_time: an older event delivered late never overrides a newer one.
+        -- A deleted account's email status no longer changes: its relay address is gone with it.
+        UPDATE siwa.accounts
+           SET email            = CASE WHEN personal_data_erased_at IS NULL THEN coalesce(n.email, email) END,
+               is_private_email = CASE WHEN personal_data_erased_at IS NULL
+                                       THEN coalesce(n.is_private_email, is_private_email) END,
+               email_status     = CASE n.event_type WHEN 'email-enabled' THEN 'enabled' ELSE 'disabled' END,
+               email_status_at  = n.event_time,
+               updated_at       = clock_timestamp()
+         WHERE sub = n.sub AND deleted_at IS NULL
+           AND (email_status_at IS NULL OR email_status_at <= n.event_time);
+        GET DIAGNOSTICS v_rows = ROW_COUNT;
+        v_superseded := v_rows = 0;
+    ELSIF n.event_type = 'consent-revoked' THEN
+        -- Only what existed when the user revoked consent: a later sign-in stays valid.
+        UPDATE siwa.sessions SET revoked_at = clock_timestamp(), revoke_reason = 'consent-revoked'
+         WHERE sub = n.sub AND revoked_at IS NULL AND created_at <= n.event_time;
+        GET DIAGNOSTICS v_sessions = ROW_COUNT;
+        UPDATE siwa.refresh_tokens SET revoked_at = clock_timestamp(), revoke_reason = 'consent-revoked'
+         WHERE sub = n.sub AND revoked_at IS NULL AND created_at <= n.event_time;
+        GET DIAGNOSTICS v_tokens = ROW_COUNT;
+        UPDATE siwa.accounts
+           SET consent_revoked_at = greatest(consent_revoked_at, n.event_time), updated_at = clock_timestamp()
+         WHERE sub = n.sub;
+        v_superseded := coalesce(v_account.consent_revoked_at >= n.event_time, false)
+                        AND v_sessions = 0 AND v_tokens = 0;
+    ELSE -- account-delete
+        UPDATE siwa.sessions SET revoked_at = clock_timestamp(), revoke_reason = 'account-delete'
+         WHERE sub = n.sub AND revoked_at IS NULL;
+        GET DIAGNOSTICS v_sessions = ROW_COUNT;
+        UPDATE siwa.refresh_tokens SET revoked_at = clock_timestamp(), revoke_reason = 'account-delete'
+         WHERE sub = n.sub AND revoked_at IS NULL;
+        GET DIAGNOSTICS v_tokens = ROW_COUNT;
+        UPDATE siwa.accounts
+           SET deleted_at = least(deleted_at, n.event_time), updated_at = clock_timestamp()
+         WHERE sub = n.sub;
+        v_superseded := v_account.deleted_at IS NOT NULL AND v_sessions = 0 AND v_tokens = 0;
+    END IF;
+
+    -- The change (siwa.changes), written unless superseded; its email only for an account not erased.
+    v_change.type := siwa.change_type(n.event_type);
+    v_change.sub := n.sub;
+    v_change.event_time := n.event_time;
+    v_change.applied_at := clock_timestamp();
+    v_change.jti := n.jti;
+    v_change.audience := n.audience;
+    v_change.sessions_revoked := v_sessions;
+    v_change.refresh_tokens_revoked := v_tokens;
+    IF n.event_type IN ('email-disabled', 'email-enabled') AND NOT v_erased THEN
+        v_change.email := n.email;
+        v_change.is_private_email := n.is_private_email;
+    END IF;
+    IF NOT v_superseded THEN
+        INSERT INTO siwa.changes (type, sub, event_time, applied_at, jti, audience, sessions_revoked,
+                                  refresh_tokens_revoked, email, is_private_email)
+        VALUES (v_change.type, v_change.sub, v_change.event_time, v_change.applied_at, v_change.jti,
+                v_change.audience, v_change.sessions_revoked, v_change.refresh_tokens_revoked,
+                v_change.email, v_change.is_private_email)
+        RETURNING * INTO v_change;
+    END IF;
+
+    IF n.event_type = 'account-delete' AND (SELECT erase_personal_data_after FROM siwa.settings) = interval '0' THEN
+        PERFORM siwa.erase_personal_data(n.sub);  -- this notification's row and the user's changes included
+        IF NOT v_erased THEN
+            -- Erasure actually happened (not for an account erased before).
+            INSERT INTO siwa.changes (type, sub, event_time, applied_at, jti, audience)
+            VALUES ('siwa.personal_data_erased', n.sub, n.event_time, clock_timestamp(), n.jti, n.audience)
+            RETURNING * INTO v_erasure;
+        END IF;
+        v_erased := true;
+    END IF;
+    IF v_erased AND (n.email IS NOT NULL OR n.raw_token IS NOT NULL) THEN
+        -- The user's personal data is erased: this notification (which may have arrived, or been
+        -- claimed elsewhere, after the erasure; an account-delete of an account erased before) keeps
+        -- none either.
+        UPDATE siwa.notification_log
+           SET email = NULL, raw_token = NULL, personal_data_erased_at = clock_timestamp()
+         WHERE jti = n.jti AND issued_at = n.issued_at AND (email IS NOT NULL OR raw_token IS NOT NULL);
+    END IF;
+
+    -- The hooks run with the search_path they were written for (the worker session's own, or
+    -- siwa.settings.hook_search_path, see siwa.hook_path), not this function's: a hook written as
+    -- `UPDATE my_users …` keeps working. set_config(…, true) inside a function with a SET clause lasts
+    -- until the function returns. siwa.on_event first; then the optional siwa.on_change, if it exists,
+    -- with the change (stored, or for a superseded event the one it would have written, id NULL) and,
+    -- when this event erased the user's personal data, with that change too.
+    v_email := CASE WHEN v_erased THEN NULL ELSE n.email END;
+    v_on_change := pg_catalog.to_regprocedure('siwa.on_change(siwa.changes, boolean)') IS NOT NULL;
+    v_hook_path := siwa.hook_path();
+    PERFORM pg_catalog.set_config('search_path', v_hook_path, true);
+    PERFORM siwa.on_event(n.event_type, n.sub, n.event_time, v_email, n.jti);
+    IF v_on_change THEN
+        PERFORM siwa.on_change(v_change, v_superseded);
+        IF v_erasure.id IS NOT NULL THEN
+            PERFORM siwa.on_change(v_erasure, false);
+        END IF;
+    END IF;
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+    RETURN 'applied';
+END;
+$$;
+COMMENT ON FUNCTION siwa.apply_notification(siwa.notifications) IS
+    'Applies one notification''s effects (sessions, refresh tokens, account state, its siwa.changes rows, the hooks siwa.on_event and siwa.on_change). Raises on failure; does not change the notification''s state. Leaves its changes unnumbered: the caller''s transaction ends with siwa.number_changes.';
+
+-- Result rows of the processing functions. Only functions depend on it: an attribute added later is
+-- added to existing databases by a numbered change with ALTER TYPE … ADD ATTRIBUTE (at the end, so
+-- callers that name the columns they read keep working).
+DO $$
+BEGIN
+    IF to_regtype('siwa.processing_result') IS NULL THEN
+        CREATE TYPE siwa.processing_result AS (
+            id           bigint,
+            jti          text,
+            event_type   text,
+            outcome      text,
+            error        text,
+            attempt      integer,
+            latency      double precision,
+            busy_seconds double precision
+        );
+    END IF;
+END;
+$$;
+COMMENT ON TYPE siwa.processing_result IS
+    'One handled notification: outcome applied, skipped, retry, dead, gone (no longer pending) or busy (its user''s siwa.accounts row is held by another transaction; put off briefly without counting an attempt); attempt is the attempt number just made; latency is seconds from received_at to now; busy_seconds is, for a busy one, how long it has been busy in a row.';
+
+-- Handles one notification the caller has locked (FOR UPDATE), in a subtransaction:
+--  1. takes its user's siwa.accounts row lock, creating the row first if it does not exist. The lock is
+--     tried, never waited for (SKIP LOCKED); the INSERT can only wait for a concurrent uncommitted insert
+--     of the same sub, and does so for 1 ms at most (lock_timeout, 55P03). Either means the user is busy: the notification is put off for a short, growing, jittered
+--     delay (no attempt counted, busy_since set) so that it no longer fills the batches of any lane;
+--  2. applies it and marks it applied or skipped, or records the failure with backoff. A lock wait
+--     inside the application (e.g. an app transaction holding a session row) ends with the caller's
+--     lock_timeout as 55P03, which the EXCEPTION block catches: that event is retried, the rest of the
+--     batch applies.
+-- A failed or busy attempt rolls the subtransaction back, the account row it created included. Errors
+-- the EXCEPTION block cannot catch (query_canceled from statement_timeout, assert_failure) abort the
+-- caller's transaction; the worker then records them with siwa.record_failure in a new transaction.
+CREATE OR REPLACE FUNCTION siwa.process_claimed_notification(
+    n siwa.notifications, p_max_attempts integer, p_retry_base_delay interval)
+RETURNS siwa.processing_result
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    r         siwa.processing_result;
+    v_result  text;
+    v_locking boolean := true;
+    v_busy    boolean := false;
+    v_busy_for interval;
+    v_now     timestamptz;
+    v_lock_timeout text;
+BEGIN
+    r.id := n.id; r.jti := n.jti; r.event_type := n.event_type; r.attempt := n.attempts + 1;
+    BEGIN
+        PERFORM 1 FROM siwa.accounts a WHERE a.sub = n.sub FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            IF EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = n.sub) THEN
+                v_busy := true;  -- the row exists and someone else holds it
+            ELSE
+                -- The INSERT waits only for a concurrent uncommitted insert of the same sub (another
+                -- lane's batch, or the app's sign-in): that is busy too, so barely wait for it.
+                v_lock_timeout := current_setting('lock_timeout');
+                PERFORM set_config('lock_timeout', '1ms', true);
+                INSERT INTO siwa.accounts (sub) VALUES (n.sub) ON CONFLICT (sub) DO NOTHING;
+                PERFORM set_config('lock_timeout', v_lock_timeout, true);
+                PERFORM 1 FROM siwa.accounts a WHERE a.sub = n.sub FOR UPDATE SKIP LOCKED;
+                v_busy := NOT FOUND;
+            END IF;
+        END IF;
+        IF NOT v_busy THEN
+            v_locking := false;
+            v_result := siwa.apply_notification(n);
+            r.outcome := CASE WHEN v_result = 'applied' THEN 'applied' ELSE 'skipped' END;
+            r.error := CASE WHEN v_result = 'applied' THEN NULL ELSE substr(v_result, 10) END;
+            -- Done: out of the queue, the outcome into the log (one update of its row).
+            DELETE FROM siwa.notification_queue WHERE id = n.id;
+            UPDATE siwa.notification_log AS t
+               SET state = r.outcome, attempts = n.attempts + 1, applied_at = clock_timestamp(),
+                   last_error = r.error
+             WHERE t.jti = n.jti AND t.issued_at = n.issued_at;
+            -- A skipped notification of a user whose personal data is already erased keeps none either
+            -- (apply_notification does this itself for the notifications it applies).
+            IF r.outcome = 'skipped'
+               AND EXISTS (SELECT 1 FROM siwa.accounts a
+                            WHERE a.sub = n.sub AND a.personal_data_erased_at IS NOT NULL) THEN
+                UPDATE siwa.notification_log AS t
+                   SET email = NULL, raw_token = NULL, personal_data_erased_at = clock_timestamp()
+                 WHERE t.jti = n.jti AND t.issued_at = n.issued_at
+                   AND (t.email IS NOT NULL OR t.raw_token IS NOT NULL);
+            END IF;
+        END IF;
+    EXCEPTION WHEN OTHERS THEN
+        IF v_locking AND SQLSTATE IN ('55P03', '40P01') THEN
+            v_busy := true;  -- waited for a concurrent insert of this sub's account row
+        ELSE
+            r.error := left(siwa.redact_error(left(SQLSTATE || ': ' || SQLERRM, 10000)), 2000);
+            r.outcome := siwa.record_failure(n.id, r.error, p_max_attempts, p_retry_base_delay);
+        END IF;
+    END;
+    IF v_busy THEN
+        -- Put off by half the time it has been busy, between 0.1 s and 5 s, times a factor in [0.5, 1):
+        -- short at first, rarer while the user stays busy, never an attempt.
+        v_now := clock_timestamp();
+        v_busy_for := v_now - coalesce(n.busy_since, v_now);
+        UPDATE siwa.notification_queue AS t
+           SET next_attempt_at = v_now + least(greatest(v_busy_for / 2, interval '100 milliseconds'),
+                                               interval '5 seconds') * (0.5 + random() / 2),
+               busy_since = coalesce(t.busy_since, v_now)
+         WHERE t.id = n.id;
+        r.outcome := 'busy'; r.attempt := n.attempts; r.error := NULL;
+        r.busy_seconds := extract(epoch FROM v_busy_for)::double precision;
+    END IF;
+    r.latency := extract(epoch FROM clock_timestamp() - n.received_at);
+    RETURN r;
+END;
+$$;
+COMMENT ON FUNCTION siwa.process_claimed_notification(siwa.notifications, integer, interval) IS
+    'Applies one claimed notification in a subtransaction, holding its sub''s siwa.accounts row lock, and records the outcome (applied, skipped, retry, dead); or, when another transaction holds that row, reports it busy and puts it off briefly (busy_since, no attempt counted). The caller holds the notification''s row lock.';
+
+-- The set-based pass ---------------------------------------------------------------------------------
+--
+-- siwa.process_due_notifications applies a claimed batch with siwa.apply_claimed_batch: one statement per
+-- effect for the whole batch instead of one subtransaction per notification, so that the costs paid per
+-- call (a function's SET search_path, the switch to the hook's path and back, the account row lock,
+-- the subtransaction) are paid once per batch. It must leave exactly what applying the batch's
+-- notifications one after the other, in claim order (siwa.process_claimed_notification), would leave.
+-- If any of it fails, nothing of it is kept (the caller rolls back to a savepoint) and the batch is
+-- processed one notification at a time as before: a single bad event, or a hook that raises for one,
+-- still affects only itself.
+--
+-- The tables it reads and writes, by statement: siwa.accounts (lock, create, email/consent/deletion),
+-- siwa.settings, siwa.sessions and siwa.refresh_tokens (revocation), siwa.erase_personal_data_of
+-- (erasure), siwa.on_event (the hook), siwa.notification_queue and siwa.notification_log (marking the
+-- batch's states: finished rows leave the queue and their outcome goes to the log).
+
+-- One claimed notification as the set-based pass sees it: the queue row's fields it needs (no raw
+-- token), its position in the batch (ord, claim order), and what the pass worked out about it.
+DO $$
+BEGIN
+    IF to_regtype('siwa.batch_event') IS NULL THEN
+        CREATE TYPE siwa.batch_event AS (
+            ord              integer,
+            id               bigint,
+            jti              text,
+            event_type       text,
+            sub              text,
+            email            text,
+            is_private_email boolean,
+            event_time       timestamptz,
+            received_at      timestamptz,
+            attempts         integer,
+            busy_since       timestamptz,
+            locked           boolean,
+            known            boolean,
+            first_delete     integer,
+            erased_before    boolean,
+            erased_after     boolean
+        );
+    END IF;
+END;
+$$;
+COMMENT ON TYPE siwa.batch_event IS
+    'One notification of a batch in siwa.apply_claimed_batch: ord is its claim order; locked: its user''s siwa.accounts row is held by this transaction (else it is busy); known: its event type is one the worker applies; first_delete: ord of the first account-delete of its user in the batch; erased_before: its user''s personal data is erased when its turn comes (before the batch, or by an earlier account-delete of the batch); erased_after: erased once the batch is applied.';
+
+-- Applies a claimed batch (rows the caller holds with FOR UPDATE, in claim order) with one statement per
+-- effect, and returns one siwa.processing_result per notification, in claim order. Raises on any failure;
+-- the caller owns the savepoint and falls back to one subtransaction per notification.
+--  1. Users: every account row of the batch is locked at once (FOR UPDATE SKIP LOCKED); the missing ones
+--     are created (INSERT … ON CONFLICT DO NOTHING, waiting 1 ms at most for a concurrent insert of the
+--     same sub: past that the pass raises 55P03 and the fallback reports that user busy). A user whose
+--     row another transaction holds is busy: its notifications are put off as before.
+--  2. Account state, one UPDATE: relay email status with last writer wins by event_time (also between
+--     events of one user in the batch; an email event after an account-delete of the batch, or of an
+--     already deleted account, changes nothing), consent_revoked_at, deleted_at.
+--  3. Revocation, one UPDATE each of siwa.sessions and siwa.refresh_tokens: a consent-revoked event
+--     revokes what was created up to its event_time (unless an account-delete of the batch came first),
+--     an account-delete everything; each revoked row counted for the event that revoked it.
+--     3b. The changes (siwa.changes): what one-at-a-time application writes, in its order, with ids.
+--  4. Erasure of the users deleted in the batch (siwa.settings.erase_personal_data_after = 0), at once.
+--  5. The hook siwa.on_event once per known event, in claim order, after all of the above, with the
+--     session's search_path (switched once for the whole loop), and the email it would have had one
+--     event at a time (NULL once the user's data is erased); after each, siwa.on_change (if it exists)
+--     with the event's change and its erasure's.
+--  6. One UPDATE marks every notification: applied, skipped (unknown type, with the reason), or busy
+--     (put off, no attempt counted); a late event of an erased user keeps no email or token.
+--  7. One INSERT of the changes, numbered, under the siwa.changes_counter row lock held from then on.
+CREATE OR REPLACE FUNCTION siwa.apply_claimed_batch(p_batch siwa.notifications[])
+RETURNS siwa.processing_result[]
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now          timestamptz := clock_timestamp();
+    v_subs         text[];
+    v_locked       text[];
+    v_erased       text[];
+    v_missing      text[];
+    v_inserted     text[];
+    v_lock_timeout text;
+    v_erase_now    boolean;
+    v_events       siwa.batch_event[];
+    v_hooks        siwa.batch_event[];
+    v_hook         siwa.batch_event;
+    v_hook_path    text;
+    v_deleted      text[];
+    v_revoke_subs  text[];
+    v_revoke_upto  timestamptz[];
+    v_revoke_all   boolean[];
+    v_results      siwa.processing_result[];
+    v_plan_cache_mode text;
+    v_done         bigint;
+    v_marked       bigint;
+    v_status_at    timestamptz[];
+    v_deleted_before text[];
+    v_consent_at   timestamptz[];
+    v_rs_ord       integer[];
+    v_rt_ord       integer[];
+    v_list         siwa.changes[];
+    v_list_ord     integer[];
+    v_list_superseded boolean[];
+    v_on_change    boolean;
+    v_calls_change boolean[] := '{}';
+    v_calls_event  siwa.batch_event[] := '{}';
+    v_calls_record siwa.changes[] := '{}';
+    v_calls_superseded boolean[] := '{}';
+    v_ncalls       integer := 0;
+    v_p            integer;
+    v_change       siwa.changes;
+    v_seq          regclass;
+    v_last         bigint;
+    v_numbered     bigint;
+    i              integer;
+BEGIN
+    -- Plans: every statement here reads or writes a few dozen rows by their keys, with arrays as
+    -- parameters. PL/pgSQL would keep a generic plan for the session, and one made while a table was
+    -- still small (a new deployment's siwa.accounts, not yet analysed) scans it sequentially, batch
+    -- after batch, as it grows (measured: most of the pass's CPU in a 100k drain). Planned for each
+    -- batch with its arrays and the tables' current sizes, they use the keys' indexes. (Disabling
+    -- sequential scans instead makes the planner cost them at 10^10, and JIT-compile the statements
+    -- that have no other path.) The hook runs with the session's own setting.
+    v_plan_cache_mode := current_setting('plan_cache_mode');
+    PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
+
+    -- 1. Lock the batch's users; create the missing ones. Each account row is looked up by its key,
+    --    one LATERAL lookup per user, in sub order (the same order in every lane), whatever the planner
+    --    thinks of the table's size; the locked rows' state before the batch is kept for step 2.
+    v_subs := ARRAY(SELECT DISTINCT b.sub FROM unnest(p_batch) AS b ORDER BY 1);
+    SELECT coalesce(array_agg(l.sub ORDER BY l.sub), '{}'),
+           coalesce(array_agg(l.email_status_at ORDER BY l.sub), '{}'),
+           coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}'),
+           coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}'),
+           coalesce(array_agg(l.consent_revoked_at ORDER BY l.sub), '{}')
+      INTO v_locked, v_status_at, v_erased, v_deleted_before, v_consent_at
+      FROM unnest(v_subs) AS s(sub),
+           LATERAL (SELECT a.sub, a.email_status_at, a.personal_data_erased_at, a.deleted_at, a.consent_revoked_at
+                      FROM siwa.accounts a WHERE a.sub = s.sub FOR UPDATE SKIP LOCKED) AS l;
+    IF cardinality(v_locked) < cardinality(v_subs) THEN
+        v_missing := ARRAY(SELECT s.sub FROM unnest(v_subs) AS s(sub)
+                            WHERE s.sub <> ALL (v_locked)
+                              AND (SELECT true FROM siwa.accounts a WHERE a.sub = s.sub) IS NULL);
+        IF cardinality(v_missing) > 0 THEN
+            v_lock_timeout := current_setting('lock_timeout');
+            PERFORM set_config('lock_timeout', '1ms', true);
+            WITH created AS (
+                INSERT INTO siwa.accounts (sub) SELECT m.sub FROM unnest(v_missing) AS m(sub) ORDER BY m.sub
+                ON CONFLICT (sub) DO NOTHING RETURNING sub)
+            SELECT coalesce(array_agg(created.sub), '{}') INTO v_inserted FROM created;
+            PERFORM set_config('lock_timeout', v_lock_timeout, true);
+            v_locked := v_locked || v_inserted;
+            v_status_at := v_status_at || array_fill(NULL::timestamptz, ARRAY[cardinality(v_inserted)]);
+            v_consent_at := v_consent_at || array_fill(NULL::timestamptz, ARRAY[cardinality(v_inserted)]);
+            IF cardinality(v_inserted) < cardinality(v_missing) THEN
+                -- Created by another transaction that committed meanwhile: lock it like the others.
+                SELECT v_locked || coalesce(array_agg(l.sub ORDER BY l.sub), '{}'),
+                       v_status_at || coalesce(array_agg(l.email_status_at ORDER BY l.sub), '{}'),
+                       v_erased || coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}'),
+                       v_deleted_before || coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}'),
+                       v_consent_at || coalesce(array_agg(l.consent_revoked_at ORDER BY l.sub), '{}')
+                  INTO v_locked, v_status_at, v_erased, v_deleted_before, v_consent_at
+                  FROM unnest(v_missing) AS s(sub),
+                       LATERAL (SELECT a.sub, a.email_status_at, a.personal_data_erased_at, a.deleted_at,
+                                       a.consent_revoked_at
+                                  FROM siwa.accounts a
+                                 WHERE a.sub = s.sub AND a.sub <> ALL (v_inserted) FOR UPDATE SKIP LOCKED) AS l;
+            END IF;
+        END IF;
+    END IF;
+
+    -- What each notification needs, worked out once.
+    v_erase_now := (SELECT s.erase_personal_data_after = interval '0' FROM siwa.settings s);
+    v_events := ARRAY(
+        SELECT ROW(e.ord, e.id, e.jti, e.event_type, e.sub, e.email, e.is_private_email, e.event_time,
+                   e.received_at, e.attempts, e.busy_since, e.locked, e.known, e.first_delete,
+                   e.locked AND (e.sub = ANY (v_erased) OR coalesce(v_erase_now AND e.first_delete <= e.ord, false)),
+                   e.locked AND (e.sub = ANY (v_erased) OR (v_erase_now AND e.first_delete IS NOT NULL))
+                  )::siwa.batch_event
+          FROM (SELECT b.*, b.ordinality::integer AS ord, b.sub = ANY (v_locked) AS locked,
+                       b.event_type IN ('email-disabled', 'email-enabled', 'consent-revoked', 'account-delete')
+                           AS known,
+                       (min(b.ordinality) FILTER (WHERE b.event_type = 'account-delete')
+                            OVER (PARTITION BY b.sub))::integer AS first_delete
+                  FROM unnest(p_batch) WITH ORDINALITY AS b) AS e
+         ORDER BY e.ord);
+
+    -- 2. Account state, one UPDATE for the batch. Email events count only before the user's first
+    --    account-delete in the batch (and not at all for an account deleted before it); one applies when
+    --    its event_time is at least the account's email_status_at and that of every earlier email event
+    --    of the user in the batch (these are exactly the ones one-at-a-time application would apply);
+    --    the last one applied sets the status, and the last email (and is_private_email) given wins.
+    WITH e AS (
+        SELECT x.* FROM unnest(v_events) AS x WHERE x.locked AND x.known),
+    m AS (
+        SELECT e.sub, e.ord, e.event_type, e.event_time, e.email, e.is_private_email,
+               max(e.event_time) OVER (PARTITION BY e.sub ORDER BY e.ord
+                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS earlier
+          FROM e
+         WHERE e.event_type IN ('email-disabled', 'email-enabled')
+           AND (e.first_delete IS NULL OR e.ord < e.first_delete)),
+    mail AS (
+        SELECT m.sub,
+               (array_agg(m.event_type ORDER BY m.ord DESC))[1] AS event_type,
+               (array_agg(m.event_time ORDER BY m.ord DESC))[1] AS event_time,
+               (array_agg(m.email ORDER BY m.ord DESC) FILTER (WHERE m.email IS NOT NULL))[1] AS email,
+               (array_agg(m.is_private_email ORDER BY m.ord DESC)
+                    FILTER (WHERE m.is_private_email IS NOT NULL))[1] AS is_private_email
+          FROM m JOIN unnest(v_locked, v_status_at) AS a(sub, email_status_at) ON a.sub = m.sub
+         WHERE m.sub <> ALL (v_deleted_before)
+           AND (a.email_status_at IS NULL OR a.email_status_at <= m.event_time)
+           AND (m.earlier IS NULL OR m.earlier <= m.event_time)
+         GROUP BY m.sub),
+    u AS (
+        SELECT e.sub,
+               max(e.event_time) FILTER (WHERE e.event_type = 'consent-revoked') AS consent_revoked_at,
+               min(e.event_time) FILTER (WHERE e.event_type = 'account-delete') AS deleted_at
+          FROM e GROUP BY e.sub)
+    UPDATE siwa.accounts AS a
+       SET email            = CASE WHEN mail.sub IS NULL THEN a.email
+                                   WHEN a.personal_data_erased_at IS NULL THEN coalesce(mail.email, a.email) END,
+           is_private_email = CASE WHEN mail.sub IS NULL THEN a.is_private_email
+                                   WHEN a.personal_data_erased_at IS NULL
+                                   THEN coalesce(mail.is_private_email, a.is_private_email) END,
+           email_status     = CASE WHEN mail.sub IS NULL THEN a.email_status
+                                   WHEN mail.event_type = 'email-enabled' THEN 'enabled' ELSE 'disabled' END,
+           email_status_at  = coalesce(mail.event_time, a.email_status_at),
+           consent_revoked_at = greatest(a.consent_revoked_at, u.consent_revoked_at),
+           deleted_at       = least(a.deleted_at, u.deleted_at),
+           updated_at       = clock_timestamp()
+      FROM u LEFT JOIN mail ON mail.sub = u.sub
+     WHERE a.sub = u.sub
+       AND (mail.sub IS NOT NULL OR u.consent_revoked_at IS NOT NULL OR u.deleted_at IS NOT NULL);
+
+    -- 3. Revocation, one statement updating both tables: up to the latest consent-revoked event_time
+    --    that comes before the user's first account-delete in the batch, everything for an
+    --    account-delete. (A session created later than every such consent-revoked is revoked by the
+    --    account-delete alone.)
+    SELECT coalesce(array_agg(r.sub), '{}'), coalesce(array_agg(r.upto), '{}'), coalesce(array_agg(r.everything), '{}')
+      INTO v_revoke_subs, v_revoke_upto, v_revoke_all
+      FROM (SELECT x.sub,
+                   max(x.event_time) FILTER (WHERE x.event_type = 'consent-revoked'
+                                               AND (x.first_delete IS NULL OR x.ord < x.first_delete)) AS upto,
+                   bool_or(x.event_type = 'account-delete') AS everything
+              FROM unnest(v_events) AS x
+             WHERE x.locked AND x.event_type IN ('consent-revoked', 'account-delete')
+             GROUP BY x.sub) AS r;
+    --    Each revoked row is counted for the event that revoked it one event at a time: the user's first,
+    --    in claim order up to the first account-delete, that covers it (an account-delete, or a
+    --    consent-revoked at or after its created_at).
+    v_rs_ord := '{}';
+    v_rt_ord := '{}';
+    IF cardinality(v_revoke_subs) > 0 THEN
+        WITH revoke AS (
+            SELECT * FROM unnest(v_revoke_subs, v_revoke_upto, v_revoke_all) AS r(sub, upto, everything)),
+        sessions AS (
+            UPDATE siwa.sessions AS t
+               SET revoked_at = clock_timestamp(),
+                   revoke_reason = CASE WHEN t.created_at <= r.upto THEN 'consent-revoked' ELSE 'account-delete' END
+              FROM revoke AS r
+             WHERE t.sub = ANY (v_revoke_subs) AND t.sub = r.sub AND t.revoked_at IS NULL
+               AND (r.everything OR t.created_at <= r.upto)
+            RETURNING true AS is_session, t.sub, t.created_at),
+        tokens AS (
+            UPDATE siwa.refresh_tokens AS t
+               SET revoked_at = clock_timestamp(),
+                   revoke_reason = CASE WHEN t.created_at <= r.upto THEN 'consent-revoked' ELSE 'account-delete' END
+              FROM revoke AS r
+             WHERE t.sub = ANY (v_revoke_subs) AND t.sub = r.sub AND t.revoked_at IS NULL
+               AND (r.everything OR t.created_at <= r.upto)
+            RETURNING false AS is_session, t.sub, t.created_at),
+        revoked AS (
+            SELECT v.is_session,
+                   (SELECT min(x.ord) FROM unnest(v_events) AS x
+                     WHERE x.locked AND x.sub = v.sub
+                       AND (x.first_delete IS NULL OR x.ord <= x.first_delete)
+                       AND (x.event_type = 'account-delete'
+                            OR (x.event_type = 'consent-revoked' AND v.created_at <= x.event_time))) AS ord
+              FROM (SELECT * FROM sessions UNION ALL SELECT * FROM tokens) AS v)
+        SELECT coalesce(array_agg(revoked.ord) FILTER (WHERE revoked.is_session), '{}'),
+               coalesce(array_agg(revoked.ord) FILTER (WHERE NOT revoked.is_session), '{}')
+          INTO v_rs_ord, v_rt_ord FROM revoked;
+    END IF;
+
+    -- 3b. The changes (siwa.changes), one per known event of a locked user in claim order, and after the
+    --     user's first account-delete of the batch a siwa.personal_data_erased when it erases an account
+    --     not erased before; the same rows, in the same order, as one-at-a-time application writes
+    --     (siwa.apply_notification). Worked out here, with the emails one-at-a-time application writes
+    --     before the erasure of step 4 clears them, given to the hook (step 5) as they are, and written
+    --     last (step 7), with the emails that erasure cleared. A superseded event (see siwa.changes)
+    --     writes none, but its record is kept for the hook.
+    --     Email events: applied as in step 2. Consent-revoked: superseded when the user's consent was
+    --     revoked at or after its event_time already (before the batch, or by an earlier one of the
+    --     batch) and it revoked nothing. Account-delete: when the account was deleted already and it
+    --     revoked nothing.
+    SELECT coalesce(array_agg(c.change ORDER BY c.ord, c.kind), '{}'),
+           coalesce(array_agg(c.ord ORDER BY c.ord, c.kind), '{}'),
+           coalesce(array_agg(c.superseded ORDER BY c.ord, c.kind), '{}')
+      INTO v_list, v_list_ord, v_list_superseded
+      FROM (
+        WITH e AS (
+            SELECT x.*, n.audience,
+                   (SELECT count(*) FROM unnest(v_rs_ord) AS o(ord) WHERE o.ord = x.ord)::integer AS sessions,
+                   (SELECT count(*) FROM unnest(v_rt_ord) AS o(ord) WHERE o.ord = x.ord)::integer AS tokens
+              FROM unnest(v_events) AS x JOIN unnest(p_batch) AS n ON n.id = x.id
+             WHERE x.locked AND x.known),
+        w AS (
+            SELECT e.*, a.status_at, a.consent_at,
+                   max(e.event_time) FILTER (WHERE e.event_type IN ('email-disabled', 'email-enabled'))
+                       OVER (PARTITION BY e.sub ORDER BY e.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                       AS earlier_email,
+                   max(e.event_time) FILTER (WHERE e.event_type = 'consent-revoked')
+                       OVER (PARTITION BY e.sub ORDER BY e.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                       AS earlier_consent
+              FROM e JOIN unnest(v_locked, v_status_at, v_consent_at) AS a(sub, status_at, consent_at)
+                ON a.sub = e.sub),
+        s AS (
+            SELECT w.*,
+                   CASE w.event_type
+                       WHEN 'consent-revoked' THEN
+                           coalesce(greatest(w.consent_at, w.earlier_consent) >= w.event_time, false)
+                           AND w.sessions = 0 AND w.tokens = 0
+                       WHEN 'account-delete' THEN
+                           (w.sub = ANY (v_deleted_before) OR w.first_delete < w.ord)
+                           AND w.sessions = 0 AND w.tokens = 0
+                       ELSE NOT ((w.first_delete IS NULL OR w.ord < w.first_delete)
+                                 AND w.sub <> ALL (v_deleted_before)
+                                 AND (w.status_at IS NULL OR w.status_at <= w.event_time)
+                                 AND (w.earlier_email IS NULL OR w.earlier_email <= w.event_time))
+                   END AS superseded
+              FROM w)
+        SELECT s.ord, 0 AS kind, s.superseded,
+               jsonb_populate_record(NULL::siwa.changes, jsonb_build_object(
+                   'type', siwa.change_type(s.event_type), 'sub', s.sub, 'event_time', s.event_time,
+                   'applied_at', clock_timestamp(), 'jti', s.jti, 'audience', s.audience,
+                   'sessions_revoked', s.sessions, 'refresh_tokens_revoked', s.tokens,
+                   'email', CASE WHEN s.event_type IN ('email-disabled', 'email-enabled') AND NOT s.erased_before
+                                 THEN s.email END,
+                   'is_private_email', CASE WHEN s.event_type IN ('email-disabled', 'email-enabled')
+                                                 AND NOT s.erased_before THEN s.is_private_email END)) AS change
+          FROM s
+        UNION ALL
+        SELECT s.ord, 1, false,
+               jsonb_populate_record(NULL::siwa.changes, jsonb_build_object(
+                   'type', 'siwa.personal_data_erased', 'sub', s.sub, 'event_time', s.event_time,
+                   'applied_at', clock_timestamp(), 'jti', s.jti, 'audience', s.audience,
+                   'sessions_revoked', 0, 'refresh_tokens_revoked', 0))
+          FROM s
+         WHERE s.event_type = 'account-delete' AND s.ord = s.first_delete AND v_erase_now
+           AND s.sub <> ALL (v_erased)) AS c;
+    -- Their ids now, from the identity's sequence in this order, so that the hook gets them; the rows
+    -- themselves are inserted last, numbered (step 7).
+    IF false = ANY (v_list_superseded) THEN
+        v_seq := pg_catalog.pg_get_serial_sequence('siwa.changes', 'id')::regclass;
+        FOR i IN 1 .. cardinality(v_list) LOOP
+            IF NOT v_list_superseded[i] THEN
+                v_change := v_list[i];
+                v_change.id := pg_catalog.nextval(v_seq);
+                v_list[i] := v_change;
+            END IF;
+        END LOOP;
+    END IF;
+
+    -- 4. Erasure of every user deleted in this batch, at once (the batch's own rows of these users
+    --    included: this transaction holds their locks).
+    IF v_erase_now THEN
+        v_deleted := ARRAY(SELECT DISTINCT x.sub FROM unnest(v_events) AS x
+                            WHERE x.locked AND x.event_type = 'account-delete');
+        IF cardinality(v_deleted) > 0 THEN
+            PERFORM siwa.erase_personal_data_of(v_deleted);
+        END IF;
+    END IF;
+
+    -- 5. The hooks, once per known event in claim order, with the path they were written for (see
+    --    siwa.apply_notification): switched once around the loop, which evaluates no operator or function
+    --    of its own while the session's path is in force. Per event siwa.on_event, then (if it exists)
+    --    siwa.on_change with its change record and with its erasure's, exactly as one at a time: the
+    --    calls are listed first, under this function's own path.
+    v_hooks := ARRAY(
+        SELECT ROW(x.ord, x.id, x.jti, x.event_type, x.sub, CASE WHEN x.erased_before THEN NULL ELSE x.email END,
+                   x.is_private_email, x.event_time, x.received_at, x.attempts, x.busy_since, x.locked, x.known,
+                   x.first_delete, x.erased_before, x.erased_after)::siwa.batch_event
+          FROM unnest(v_events) AS x WHERE x.locked AND x.known ORDER BY x.ord);
+    IF cardinality(v_hooks) > 0 THEN
+        v_hook_path := siwa.hook_path();
+        v_on_change := pg_catalog.to_regprocedure('siwa.on_change(siwa.changes, boolean)') IS NOT NULL;
+        v_p := 1;
+        FOREACH v_hook IN ARRAY v_hooks LOOP
+            v_ncalls := v_ncalls + 1;
+            v_calls_change[v_ncalls] := false;
+            v_calls_event[v_ncalls] := v_hook;
+            WHILE v_on_change AND v_p <= cardinality(v_list) AND v_list_ord[v_p] = v_hook.ord LOOP
+                v_ncalls := v_ncalls + 1;
+                v_calls_change[v_ncalls] := true;
+                v_calls_record[v_ncalls] := v_list[v_p];
+                v_calls_superseded[v_ncalls] := v_list_superseded[v_p];
+                v_p := v_p + 1;
+            END LOOP;
+        END LOOP;
+        PERFORM set_config('plan_cache_mode', v_plan_cache_mode, true);
+        PERFORM pg_catalog.set_config('search_path', v_hook_path, true);
+        FOR i IN 1 .. v_ncalls LOOP
+            IF v_calls_change[i] THEN
+                PERFORM siwa.on_change(v_calls_record[i], v_calls_superseded[i]);
+            ELSE
+                v_hook := v_calls_event[i];
+                PERFORM siwa.on_event(v_hook.event_type, v_hook.sub, v_hook.event_time, v_hook.email, v_hook.jti);
+            END IF;
+        END LOOP;
+        PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+        PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
+    END IF;
+
+    -- 6. Mark the batch. Finished (applied or skipped, an attempt): out of the queue, and the outcome
+    --    into its log row, one statement each (a late event of an erased user keeps no email or token).
+    --    Busy (no attempt): its queue row is put off by half the time it has been busy, between 0.1 s and
+    --    5 s, times a factor in [0.5, 1).
+    DELETE FROM siwa.notification_queue AS q
+     WHERE q.id = ANY (ARRAY(SELECT x.id FROM unnest(v_events) AS x WHERE x.locked));
+    GET DIAGNOSTICS v_done = ROW_COUNT;
+    UPDATE siwa.notification_log AS t
+       SET state      = CASE WHEN x.known THEN 'applied' ELSE 'skipped' END,
+           attempts   = x.attempts + 1,
+           applied_at = clock_timestamp(),
+           last_error = CASE WHEN x.known THEN NULL
+                             ELSE 'unknown event type ' || quote_literal(left(x.event_type, 100)) END,
+           email      = CASE WHEN x.erased_after THEN NULL ELSE t.email END,
+           raw_token  = CASE WHEN x.erased_after THEN NULL ELSE t.raw_token END,
+           personal_data_erased_at =
+               CASE WHEN x.erased_after AND (t.email IS NOT NULL OR t.raw_token IS NOT NULL)
+                    THEN clock_timestamp() ELSE t.personal_data_erased_at END
+      FROM unnest(v_events) AS x JOIN unnest(p_batch) AS n ON n.id = x.id
+     WHERE x.locked AND t.jti = n.jti AND t.issued_at = n.issued_at;
+    GET DIAGNOSTICS v_marked = ROW_COUNT;
+    IF v_marked <> v_done OR v_done <> (SELECT count(*) FROM unnest(v_events) AS x WHERE x.locked) THEN
+        RAISE EXCEPTION 'siwa.apply_claimed_batch finished % queue rows and % log rows of % applied',
+                        v_done, v_marked, (SELECT count(*) FROM unnest(v_events) AS x WHERE x.locked);
+    END IF;
+    UPDATE siwa.notification_queue AS t
+       SET busy_since      = coalesce(t.busy_since, v_now),
+           next_attempt_at = v_now + least(greatest((v_now - coalesce(t.busy_since, v_now)) / 2,
+                                                    interval '100 milliseconds'),
+                                           interval '5 seconds') * (0.5 + random() / 2)
+      FROM unnest(v_events) AS x
+     WHERE NOT x.locked AND t.id = x.id;
+    v_results := ARRAY(
+        SELECT ROW(x.id, x.jti, x.event_type,
+                   CASE WHEN NOT x.locked THEN 'busy' WHEN x.known THEN 'applied' ELSE 'skipped' END,
+                   CASE WHEN x.locked AND NOT x.known
+                        THEN 'unknown event type ' || quote_literal(left(x.event_type, 100)) END,
+                   x.attempts + CASE WHEN x.locked THEN 1 ELSE 0 END,
+                   extract(epoch FROM clock_timestamp() - x.received_at)::double precision,
+                   CASE WHEN NOT x.locked
+                        THEN extract(epoch FROM v_now - coalesce(x.busy_since, v_now))::double precision END
+                  )::siwa.processing_result
+          FROM unnest(v_events) AS x ORDER BY x.ord);
+    -- 7. The changes, last: numbered as they are inserted, under the siwa.changes_counter row lock, which
+    --    is then held until the caller's transaction ends (see siwa.changes and siwa.number_changes), so
+    --    the lock covers only what is left of the transaction, not the batch's work; and no second write
+    --    of each row to number it. The emails of users erased in this batch are left out (step 4 erased
+    --    those of their earlier changes).
+    IF false = ANY (v_list_superseded) THEN
+        SELECT k.last_position INTO v_last FROM siwa.changes_counter k FOR UPDATE;
+        INSERT INTO siwa.changes (id, position, type, sub, event_time, applied_at, jti, audience, sessions_revoked,
+                                  refresh_tokens_revoked, email, is_private_email)
+        OVERRIDING SYSTEM VALUE
+        SELECT c.id, v_last + row_number() OVER (ORDER BY c.id), c.type, c.sub, c.event_time, c.applied_at, c.jti,
+               c.audience, c.sessions_revoked, c.refresh_tokens_revoked,
+               CASE WHEN c.sub = ANY (coalesce(v_deleted, '{}')) THEN NULL ELSE c.email END,
+               CASE WHEN c.sub = ANY (coalesce(v_deleted, '{}')) THEN NULL ELSE c.is_private_email END
+          FROM unnest(v_list) AS c
+         WHERE c.id IS NOT NULL
+         ORDER BY c.id;
+        GET DIAGNOSTICS v_numbered = ROW_COUNT;
+        UPDATE siwa.changes_counter SET last_position = v_last + v_numbered;
+        PERFORM pg_catalog.pg_notify('siwa_changes', (v_last + v_numbered)::text);
+    END IF;
+    PERFORM set_config('plan_cache_mode', v_plan_cache_mode, true);
+    RETURN v_results;
+END;
+$$;
+COMMENT ON FUNCTION siwa.apply_claimed_batch(siwa.notifications[]) IS
+    'The worker''s set-based pass: applies a claimed batch (rows the caller holds FOR UPDATE, in claim order) with one statement per effect — account locks (busy users put off), account state with last writer wins by event_time, revocation, erasure, the on_event hook once per known event in order, one UPDATE marking every state — and returns one result per notification in claim order. Raises on any failure; the caller rolls back to a savepoint and falls back to siwa.process_claimed_notification per notification.';
+
+-- Claims up to p_limit due notifications and applies them, all in the caller's transaction: the claim
+-- (row locks, FOR UPDATE SKIP LOCKED) disappears with a crashed worker's connection, and effects commit
+-- together with the state change that marks them applied. The user's siwa.accounts row lock (tried,
+-- never waited for) keeps two events of one user from being applied concurrently by two workers; such
+-- rows are reported busy and put off briefly.
+--
+-- First the set-based pass (siwa.apply_claimed_batch) in one subtransaction. If it raises (an event whose
+-- hook raises, a lock wait past lock_timeout, anything), it is rolled back and the same batch is
+-- processed as before the set-based pass: each notification in its own subtransaction
+-- (siwa.process_claimed_notification), so that a failure affects only its own notification.
+--
+-- Last, siwa.number_changes gives the changes written the next positions (under the siwa.changes_counter
+-- row lock, held until the caller commits: call this function in a transaction of its own, as the worker
+-- does, and commit right away).
+--
+-- At most 64 per call, whatever p_limit says. In that fallback each notification's subtransaction writes
+-- (it locks its user's account row, at least), so it gets a subtransaction XID, and these stay with the
+-- transaction until it ends (only a rolled-back one gives its XID back, as the failed set-based pass
+-- does). PostgreSQL keeps 64 of them per transaction in shared memory (PGPROC_MAX_CACHED_SUBXIDS); beyond
+-- that the transaction's cache overflows, and every snapshot any session takes while it is open must
+-- look subtransactions up in pg_subtrans, which slows the whole server down. The set-based pass uses one.
+-- A hook (siwa.on_event) with BEGIN … EXCEPTION blocks of its own that write uses one more per block
+-- entered: the worker's --batch-size must then be lower (docs/operations.md).
+CREATE OR REPLACE FUNCTION siwa.process_due_notifications(
+    p_limit integer, p_max_attempts integer, p_retry_base_delay interval)
+RETURNS SETOF siwa.processing_result
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    n         siwa.notifications;
+    v_batch   siwa.notifications[];
+    v_results siwa.processing_result[];
+BEGIN
+    -- The claim locks queue rows (in id order: oldest first; the queue's only index), never log rows.
+    v_batch := ARRAY(
+        -- A sub that a team transfer replaced is applied to the account it became (siwa.sub_aliases).
+        SELECT ROW(l.id, l.jti, l.event_type,
+                   coalesce((SELECT sa.new_sub FROM siwa.sub_aliases sa WHERE sa.old_sub = l.sub), l.sub),
+                   l.audience, l.email, l.is_private_email, l.event_time,
+                   l.issued_at, l.expires_at, l.raw_token, l.received_at, l.state, q.attempts,
+                   q.next_attempt_at, l.applied_at, q.last_error, l.personal_data_erased_at,
+                   q.busy_since)::siwa.notifications
+          FROM siwa.notification_queue q
+          JOIN siwa.notification_log l ON l.jti = q.jti AND l.issued_at = q.issued_at
+         WHERE q.next_attempt_at <= clock_timestamp()
+         ORDER BY q.id
+         LIMIT least(p_limit, 64)
+         FOR UPDATE OF q SKIP LOCKED);
+    IF cardinality(v_batch) = 0 THEN
+        RETURN;
+    END IF;
+    -- A jti stored twice (only possible past the dedupe window, see siwa.notification_jtis) is skipped by
+    -- siwa.apply_notification: such a batch takes the one-at-a-time path.
+    IF NOT EXISTS (SELECT 1 FROM unnest(v_batch) AS b
+                    WHERE EXISTS (SELECT 1 FROM siwa.notification_log d
+                                   WHERE d.jti = b.jti AND d.issued_at <> b.issued_at AND d.id < b.id)) THEN
+        BEGIN
+            v_results := siwa.apply_claimed_batch(v_batch);
+        EXCEPTION WHEN OTHERS THEN
+            v_results := NULL;  -- rolled back to the block's start: nothing of the set-based pass is kept
+        END;
+        IF v_results IS NOT NULL THEN
+            RETURN QUERY SELECT * FROM unnest(v_results);
+            PERFORM siwa.number_changes();  -- last: see siwa.changes
+            RETURN;
+        END IF;
+    END IF;
+    FOREACH n IN ARRAY v_batch LOOP
+        RETURN NEXT siwa.process_claimed_notification(n, p_max_attempts, p_retry_base_delay);
+    END LOOP;
+    PERFORM siwa.number_changes();
+END;
+$$;
+COMMENT ON FUNCTION siwa.process_due_notifications(integer, integer, interval) IS
+    'Worker entry point: claims up to p_limit (at most 64) due notifications (FOR UPDATE SKIP LOCKED) and applies them with one statement per effect (siwa.apply_claimed_batch); if that fails, rolls it back and handles each in its own subtransaction (one each, and PostgreSQL caches 64 per transaction). Marks each applied, skipped, retried with backoff, or dead. One row per notification handled (busy: its user''s account row is held elsewhere; put off briefly, no attempt counted).';
+
+-- The worker's fallback when a whole batch failed with an error no subtransaction can catch: handles
+-- exactly one notification, so that the culprit can be identified and recorded separately.
+CREATE OR REPLACE FUNCTION siwa.process_notification(
+    p_id bigint, p_max_attempts integer, p_retry_base_delay interval)
+RETURNS SETOF siwa.processing_result
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    n siwa.notifications;
+BEGIN
+    SELECT l.id, l.jti, l.event_type,
+           coalesce((SELECT sa.new_sub FROM siwa.sub_aliases sa WHERE sa.old_sub = l.sub), l.sub),
+           l.audience, l.email, l.is_private_email, l.event_time,
+           l.issued_at, l.expires_at, l.raw_token, l.received_at, l.state, q.attempts, q.next_attempt_at,
+           l.applied_at, q.last_error, l.personal_data_erased_at, q.busy_since
+      INTO n
+      FROM siwa.notification_queue q
+      JOIN siwa.notification_log l ON l.jti = q.jti AND l.issued_at = q.issued_at
+     WHERE q.id = p_id AND q.next_attempt_at <= clock_timestamp()
+       FOR UPDATE OF q SKIP LOCKED;
+    IF FOUND THEN
+        RETURN NEXT siwa.process_claimed_notification(n, p_max_attempts, p_retry_base_delay);
+        PERFORM siwa.number_changes();  -- last: see siwa.changes
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION siwa.process_notification(bigint, integer, interval) IS
+    'Like siwa.process_due_notifications for the one notification p_id, if it is still pending, due and not locked elsewhere. Returns no row otherwise.';
+
+-- Records a failed attempt: back off exponentially with jitter, or give up (dead) after p_max_attempts.
+CREATE OR REPLACE FUNCTION siwa.record_failure(
+    p_id bigint, p_error text, p_max_attempts integer, p_retry_base_delay interval)
+RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    v_attempts  integer;
+    v_sub       text;
+    v_jti       text;
+    v_issued_at timestamptz;
+    v_error     text;
+BEGIN
+    -- A real attempt: the row is no longer busy, and a dead row always says why it died (the CHECK
+    -- constraints on siwa.notification_log).
+    UPDATE siwa.notification_queue
+       SET attempts = attempts + 1,
+           last_error = coalesce(left(siwa.redact_error(left(nullif(p_error, ''), 10000)), 2000), '(no error text)'),
+           busy_since = NULL
+     WHERE id = p_id
+    RETURNING attempts, jti, issued_at, last_error INTO v_attempts, v_jti, v_issued_at, v_error;
+    IF v_attempts IS NULL THEN
+        RETURN 'gone';
+    END IF;
+    v_sub := (SELECT l.sub FROM siwa.notification_log l WHERE l.jti = v_jti AND l.issued_at = v_issued_at);
+    -- A late event of an account whose personal data is already erased: its attempt (which would have
+    -- erased this row's data) was rolled back, so erase it here, outside that attempt, whatever follows.
+    IF EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = v_sub AND a.personal_data_erased_at IS NOT NULL) THEN
+        v_error := siwa.erased_error(v_error, 'pending');
+        UPDATE siwa.notification_queue SET last_error = v_error WHERE id = p_id;
+        UPDATE siwa.notification_log
+           SET email = NULL, raw_token = NULL,
+               last_error = CASE WHEN last_error IS NOT NULL THEN siwa.erased_error(last_error, state) END,
+               personal_data_erased_at = coalesce(personal_data_erased_at, clock_timestamp())
+         WHERE jti = v_jti AND issued_at = v_issued_at;
+    END IF;
+    IF v_attempts >= p_max_attempts THEN
+        DELETE FROM siwa.notification_queue WHERE id = p_id;
+        UPDATE siwa.notification_log SET state = 'dead', attempts = v_attempts, last_error = v_error
+         WHERE jti = v_jti AND issued_at = v_issued_at;
+        RETURN 'dead';
+    ELSE
+        -- base × 2^(attempts−1), capped at one hour, times a random factor in [0.5, 1).
+        UPDATE siwa.notification_queue
+           SET next_attempt_at = clock_timestamp()
+                                 + least(p_retry_base_delay * power(2, least(v_attempts - 1, 30)),
+                                         interval '1 hour') * (0.5 + random() / 2)
+         WHERE id = p_id;
+        RETURN 'retry';
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION siwa.record_failure(bigint, text, integer, interval) IS
+    'Records a failed attempt at one pending notification: stores the error redacted (siwa.redact_error), clears busy_since, erases the row''s personal data if its account''s is erased, and schedules a retry with exponential backoff (base × 2^(attempt−1), at most 1 hour) and jitter, or marks it dead after p_max_attempts. Returns retry, dead, or gone (not pending).';

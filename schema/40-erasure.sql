@@ -1,0 +1,135 @@
+-- Erasure of a user's personal data: at the deletion and delayed (siwa.settings.erase_personal_data_after)
+
+-- Erases the personal data of the accounts p_subs: their email, their notifications' emails and raw
+-- tokens, and the encrypted refresh tokens, with one statement per table for all of them (the worker's
+-- set-based pass erases every account deleted in a batch at once). The caller holds the siwa.accounts row
+-- locks of these subs, so no other worker applies these users' notifications meanwhile; pending rows
+-- another worker has claimed but left alone (it could not take the lock) are skipped rather than waited
+-- for, which could deadlock with that worker's batch: they are erased when applied (see
+-- siwa.process_claimed_notification and siwa.apply_claimed_batch).
+-- Its statements are planned for each call, with the array and the tables' current sizes: see
+-- siwa.apply_claimed_batch.
+CREATE OR REPLACE FUNCTION siwa.erase_personal_data_of(p_subs text[]) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_custom_plan AS $$
+DECLARE
+    v_ids bigint[];
+    v_all text[];
+BEGIN
+    UPDATE siwa.accounts
+       SET email = NULL, is_private_email = NULL, personal_data_erased_at = clock_timestamp(),
+           updated_at = clock_timestamp()
+     WHERE sub = ANY (p_subs);
+    -- The history of a user whose sub a team transfer replaced is stored under the old sub too.
+    v_all := p_subs || ARRAY(SELECT a.old_sub FROM siwa.sub_aliases a WHERE a.new_sub = ANY (p_subs));
+    -- Every state: applied, skipped, dead (a failed late event) and pending alike, in the log (found by
+    -- its sub index in every partition). The worker's claims lock queue rows, never log rows, so this
+    -- waits for no other worker's batch.
+    -- siwa.erased_error is called only for a row with a last_error: it maps NULL to NULL, and a call
+    -- costs a search_path switch (its SET clause keeps it from being inlined), which most rows (applied,
+    -- without an error) need not pay.
+    UPDATE siwa.notification_log
+       SET email = NULL, raw_token = NULL,
+           last_error = CASE WHEN last_error IS NOT NULL THEN siwa.erased_error(last_error, state) END,
+           personal_data_erased_at = coalesce(personal_data_erased_at, clock_timestamp())
+     WHERE sub = ANY (v_all)
+       AND (email IS NOT NULL OR raw_token IS NOT NULL
+            OR (last_error IS NOT NULL AND last_error IS DISTINCT FROM siwa.erased_error(last_error, state)));
+    -- The error texts of the user's queued rows (found through the log). Rows another worker has claimed
+    -- but left alone (it could not take the lock) are skipped rather than waited for, which could deadlock
+    -- with that worker's batch: they are erased when applied or failed (siwa.record_failure).
+    -- The ids first (the log's sub index), then the queue by its primary key: a join would let the
+    -- planner read the whole queue, which it believes has few rows with an error.
+    v_ids := ARRAY(SELECT l.id FROM siwa.notification_log l WHERE l.sub = ANY (v_all) AND l.state = 'pending');
+    IF pg_catalog.cardinality(v_ids) > 0 THEN
+        UPDATE siwa.notification_queue AS t
+           SET last_error = siwa.erased_error(t.last_error, 'pending')
+          FROM (SELECT q.id FROM siwa.notification_queue q
+                 WHERE q.id = ANY (v_ids) AND q.last_error IS NOT NULL
+                   AND q.last_error IS DISTINCT FROM siwa.erased_error(q.last_error, 'pending')
+                 FOR UPDATE SKIP LOCKED) AS c
+         WHERE t.id = c.id;
+    END IF;
+    UPDATE siwa.refresh_tokens SET token_ciphertext = NULL
+     WHERE sub = ANY (p_subs) AND token_ciphertext IS NOT NULL;
+    -- The changefeed keeps no email of them either (nor what a webhook would send later).
+    UPDATE siwa.changes SET email = NULL, is_private_email = NULL
+     WHERE sub = ANY (v_all) AND (email IS NOT NULL OR is_private_email IS NOT NULL);
+    -- A team transfer's import holds the new team's email between the exchange and the rewrite. The table
+    -- is created further down this file: absent while an older file's version is being upgraded.
+    IF pg_catalog.to_regclass('siwa.transfer_imports') IS NOT NULL THEN
+        UPDATE siwa.transfer_imports SET email = NULL
+         WHERE old_sub = ANY (v_all) AND email IS NOT NULL;
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION siwa.erase_personal_data_of(text[]) IS
+    'Erases the personal data of the accounts p_subs: email in siwa.accounts; email, raw token and the text of last_error (its SQLSTATE stays) in every stored notification of these subs, whatever its state; encrypted refresh tokens; email and is_private_email of their siwa.changes rows. Call with the subs'' siwa.accounts rows locked (FOR UPDATE). Writes no change itself: its callers write siwa.personal_data_erased.';
+
+-- Erases one account's personal data (siwa.erase_personal_data_of for one sub).
+CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_sub text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM siwa.erase_personal_data_of(ARRAY[p_sub]);
+END;
+$$;
+COMMENT ON FUNCTION siwa.erase_personal_data(text) IS
+    'Erases one account''s personal data: email in siwa.accounts; email, raw token and the text of last_error (its SQLSTATE stays) in every stored notification of that sub, whatever its state; encrypted refresh tokens. Call with the sub''s siwa.accounts row locked (FOR UPDATE).';
+
+-- Erases personal data of deleted accounts whose retention period has passed (see siwa.settings).
+-- At most 64 accounts per call, each in a subtransaction that writes: see siwa.process_due_notifications.
+CREATE OR REPLACE FUNCTION siwa.erase_due_personal_data(p_limit integer DEFAULT 100) RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_sub        text;
+    v_deleted_at timestamptz;
+    v_count      integer := 0;
+    v_erasure    siwa.changes;
+    v_on_change  boolean := pg_catalog.to_regprocedure('siwa.on_change(siwa.changes, boolean)') IS NOT NULL;
+    v_hook_path  text;
+BEGIN
+    FOR v_sub, v_deleted_at IN
+        SELECT a.sub, a.deleted_at FROM siwa.accounts a, siwa.settings s
+         WHERE a.deleted_at IS NOT NULL AND a.personal_data_erased_at IS NULL
+           AND a.deleted_at + s.erase_personal_data_after <= clock_timestamp()
+         ORDER BY a.deleted_at
+         LIMIT least(p_limit, 64)
+         FOR UPDATE OF a SKIP LOCKED
+    LOOP
+        -- The account row lock (held here, skipped when a worker applying this user's events holds it)
+        -- serialises erasure with the worker, as siwa.process_claimed_notification does. A row of this
+        -- user that an app transaction holds ends the wait with lock_timeout: that account is erased on
+        -- the next pass, the others now.
+        -- The change siwa.personal_data_erased, with the deletion's event_time, and the jti and audience
+        -- of the user's earliest stored account-delete ('' and NULL once retention dropped it); and the
+        -- hook siwa.on_change, if it exists (siwa.on_event hears nothing of a delayed erasure). If the
+        -- hook raises, this call's erasures are undone (the maintenance pass logs the failure) and tried
+        -- again on the next pass.
+        BEGIN
+            PERFORM siwa.erase_personal_data(v_sub);
+            INSERT INTO siwa.changes (type, sub, event_time, applied_at, jti, audience)
+            SELECT 'siwa.personal_data_erased', v_sub, v_deleted_at, clock_timestamp(),
+                   coalesce(d.jti, ''), d.audience
+              FROM (SELECT 1) AS one
+              LEFT JOIN LATERAL (SELECT l.jti, l.audience FROM siwa.notification_log l
+                                  WHERE l.sub = v_sub AND l.event_type = 'account-delete'
+                                  ORDER BY l.event_time, l.id LIMIT 1) AS d ON true
+            RETURNING * INTO v_erasure;
+            IF v_on_change THEN
+                v_hook_path := siwa.hook_path();
+                PERFORM pg_catalog.set_config('search_path', v_hook_path, true);
+                PERFORM siwa.on_change(v_erasure, false);
+                PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+            END IF;
+            v_count := v_count + 1;
+        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+            NULL;
+        END;
+    END LOOP;
+    PERFORM siwa.number_changes();  -- last: see siwa.changes
+    RETURN v_count;
+END;
+$$;
+COMMENT ON FUNCTION siwa.erase_due_personal_data(integer) IS
+    'Maintenance: erases the personal data of up to p_limit (at most 64, one subtransaction each) deleted accounts whose siwa.settings.erase_personal_data_after has passed, writing a siwa.personal_data_erased change for each (and calling siwa.on_change if it exists). Returns how many.';

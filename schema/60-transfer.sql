@@ -1,0 +1,305 @@
+-- Moving users when the app changes teams: the rewrite list, progress, aliases, siwa.history_of
+
+-- A user's sub is team-scoped: when the app moves to another developer team, every sub changes. The old
+-- team asks Apple for each user's transfer identifier (siwactl transfer export, progress in
+-- siwa.transfer_exports); the new team exchanges each for its new sub (siwactl transfer import, progress
+-- in siwa.transfer_imports) and rewrites every table that holds a sub, one batch per call of
+-- siwa.apply_sub_transfer, which records the batch in siwa.sub_transfer_batches and keeps each old sub
+-- in siwa.sub_aliases. The history (siwa.notification_log) keeps the sub Apple sent: siwa.history_of
+-- finds a user's history by either sub. A notification for an old sub arriving after the transfer (a
+-- redelivery) is stored as sent and applied to the aliased account (the worker's claim resolves the
+-- alias). Every object here is new: tables created only when missing, functions replaced.
+
+-- The rewrite list: every column named sub of a table in schema siwa, and what a transfer does with it.
+-- A table added later with a sub column adds its row here (INSERT … ON CONFLICT DO UPDATE, below);
+-- siwa.apply_sub_transfer refuses to run while any sub column is missing from this list.
+CREATE TABLE IF NOT EXISTS siwa.sub_columns (
+    table_name  text NOT NULL,
+    column_name text NOT NULL,
+    on_transfer text NOT NULL,
+    why         text NOT NULL,
+    PRIMARY KEY (table_name, column_name),
+    CONSTRAINT sub_columns_on_transfer_check CHECK (on_transfer IN ('rewrite', 'keep'))
+);
+COMMENT ON TABLE siwa.sub_columns IS
+    'The rewrite list of a team transfer: every column named sub of a table in schema siwa, rewritten to the new sub (rewrite) or kept as it is (keep). siwa.apply_sub_transfer refuses to run while a sub column is missing here.';
+INSERT INTO siwa.sub_columns (table_name, column_name, on_transfer, why) VALUES
+    ('accounts', 'sub', 'rewrite', 'the user''s account'),
+    ('sessions', 'sub', 'rewrite', 'the app''s sessions'),
+    ('refresh_tokens', 'sub', 'rewrite', 'stored refresh tokens'),
+    ('sign_in_codes', 'sub', 'rewrite', 'exchanged authorization codes'),
+    ('sign_ins', 'sub', 'rewrite', 'sign-ins per client ID'),
+    ('revocation_requests', 'sub', 'rewrite', 'the revocation ledger'),
+    ('changes', 'sub', 'rewrite', 'the changefeed: a change read or delivered after the transfer names the sub the app now knows'),
+    ('webhook_deliveries', 'sub', 'rewrite', 'per-user delivery order, which follows the change''s sub'),
+    ('notification_log', 'sub', 'keep', 'the history keeps the sub Apple sent; siwa.history_of finds it by either sub'),
+    ('transfer_exports', 'sub', 'keep', 'the old team''s own progress, by its own subs')
+ON CONFLICT (table_name, column_name) DO UPDATE SET on_transfer = EXCLUDED.on_transfer, why = EXCLUDED.why;
+
+-- Old team: one row per user and target team, what Apple answered for it.
+CREATE TABLE IF NOT EXISTS siwa.transfer_exports (
+    target_team     text        NOT NULL,
+    sub             text        NOT NULL,
+    transfer_sub    text,
+    state           text        NOT NULL DEFAULT 'pending',
+    attempts        integer     NOT NULL DEFAULT 0,
+    apple_status    integer,
+    apple_error     text,
+    last_attempt_at timestamptz,
+    done_at         timestamptz,
+    PRIMARY KEY (target_team, sub),
+    CONSTRAINT transfer_exports_state_check CHECK (state IN ('pending', 'done', 'failed')),
+    CONSTRAINT transfer_exports_done_check CHECK ((state = 'done') = (transfer_sub IS NOT NULL))
+);
+COMMENT ON TABLE siwa.transfer_exports IS
+    'siwactl transfer export''s progress (old team): per user and target team, the transfer identifier Apple gave (done), or Apple''s exact error (failed: a refusal; pending with an error: a transient failure to retry), and the attempts.';
+COMMENT ON COLUMN siwa.transfer_exports.apple_error IS
+    'Apple''s error as answered: the error word of a 400 (invalid_request, invalid_grant, …), or the failure kind with its status (rate_limited 429, server_error 503, timeout).';
+
+-- New team: one row per transfer identifier received, what Apple answered and what the rewrite did.
+CREATE TABLE IF NOT EXISTS siwa.transfer_imports (
+    transfer_id      text        NOT NULL,
+    transfer_sub     text        NOT NULL,
+    old_sub          text        NOT NULL,
+    new_sub          text,
+    email            text,
+    is_private_email boolean,
+    state            text        NOT NULL DEFAULT 'pending',
+    attempts         integer     NOT NULL DEFAULT 0,
+    apple_status     integer,
+    apple_error      text,
+    detail           text,
+    last_attempt_at  timestamptz,
+    applied_at       timestamptz,
+    PRIMARY KEY (transfer_id, transfer_sub),
+    CONSTRAINT transfer_imports_old_sub_key UNIQUE (transfer_id, old_sub),
+    CONSTRAINT transfer_imports_state_check
+        CHECK (state IN ('pending', 'exchanged', 'failed', 'applied', 'mismatch', 'conflict', 'duplicate')),
+    CONSTRAINT transfer_imports_email_check CHECK (state = 'exchanged' OR email IS NULL)
+);
+-- Erasure finds a held email by the old sub (the rows that hold one are few: until applied).
+CREATE INDEX IF NOT EXISTS transfer_imports_email_idx ON siwa.transfer_imports (old_sub) WHERE email IS NOT NULL;
+COMMENT ON TABLE siwa.transfer_imports IS
+    'siwactl transfer import''s progress (new team): per transfer identifier, the old sub, the new sub Apple exchanged it for, and the outcome: pending, exchanged (the email is held only until applied), failed (Apple''s error), applied, mismatch (the answer does not fit the account: detail says how), conflict (the new sub already has an account), duplicate (two transfer identifiers gave the same new sub: neither applied).';
+
+CREATE TABLE IF NOT EXISTS siwa.sub_aliases (
+    old_sub        text        PRIMARY KEY,
+    new_sub        text        NOT NULL,
+    transferred_at timestamptz NOT NULL DEFAULT now(),
+    transfer_id    text        NOT NULL,
+    CONSTRAINT sub_aliases_subs_check CHECK (old_sub <> '' AND new_sub <> '' AND old_sub <> new_sub)
+);
+COMMENT ON TABLE siwa.sub_aliases IS
+    'Each sub a team transfer replaced, with the sub it became: the account, sessions, tokens and ledgers now carry new_sub; the history keeps old_sub (siwa.history_of finds both).';
+CREATE INDEX IF NOT EXISTS sub_aliases_new_sub_idx ON siwa.sub_aliases (new_sub);
+
+-- A replaced sub never comes back as an account: a writer that resolved no alias a moment before the
+-- rewrite committed (the worker's claim, then its account lock) is refused with 40001, rolls back and
+-- retries (the worker counts an attempt; its next claim resolves the alias). Checked once per INSERT
+-- statement (a transition table: the worker creates a batch's accounts in one statement), and per row
+-- only for an UPDATE that sets sub, which no service does.
+CREATE OR REPLACE FUNCTION siwa.refuse_replaced_sub() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_LEVEL = 'ROW' THEN
+        IF EXISTS (SELECT 1 FROM siwa.sub_aliases a WHERE a.old_sub = NEW.sub) THEN
+            RAISE EXCEPTION 'siwa.accounts: this sub was replaced in a team transfer (siwa.sub_aliases); use its new sub'
+                USING ERRCODE = '40001';
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF EXISTS (SELECT 1 FROM inserted_accounts i JOIN siwa.sub_aliases a ON a.old_sub = i.sub) THEN
+        RAISE EXCEPTION 'siwa.accounts: this sub was replaced in a team transfer (siwa.sub_aliases); use its new sub'
+            USING ERRCODE = '40001';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+COMMENT ON FUNCTION siwa.refuse_replaced_sub() IS
+    'Triggers on siwa.accounts (after each INSERT statement, before each UPDATE OF sub): refuses (40001) a sub that a team transfer replaced (siwa.sub_aliases.old_sub).';
+DROP TRIGGER IF EXISTS accounts_refuse_replaced_sub_insert ON siwa.accounts;
+CREATE TRIGGER accounts_refuse_replaced_sub_insert
+    AFTER INSERT ON siwa.accounts REFERENCING NEW TABLE AS inserted_accounts
+    FOR EACH STATEMENT EXECUTE FUNCTION siwa.refuse_replaced_sub();
+DROP TRIGGER IF EXISTS accounts_refuse_replaced_sub_update ON siwa.accounts;
+CREATE TRIGGER accounts_refuse_replaced_sub_update
+    BEFORE UPDATE OF sub ON siwa.accounts
+    FOR EACH ROW EXECUTE FUNCTION siwa.refuse_replaced_sub();
+
+-- One row per batch siwa.apply_sub_transfer applied: who, when, how many users and rows per table.
+CREATE TABLE IF NOT EXISTS siwa.sub_transfer_batches (
+    id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    transfer_id text        NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now(),
+    applied_by  text        NOT NULL DEFAULT session_user,
+    users       integer     NOT NULL,
+    outcomes    jsonb       NOT NULL,
+    rewritten   jsonb       NOT NULL
+);
+COMMENT ON TABLE siwa.sub_transfer_batches IS
+    'The audit trail of team transfers: one row per batch rewritten by siwa.apply_sub_transfer, with the login role that ran it, the users per outcome and the rows rewritten per table.';
+
+-- The rewrite, one batch per call, in one transaction: checks the batch (refused whole, 23505, when two
+-- old subs map to one new sub, within it or with an earlier alias), checks each answer against the
+-- account (mismatch: the private flag differs, or a non-private email differs), refuses a new sub that
+-- already has an account (conflict), rewrites every column siwa.sub_columns lists as rewrite, replaces
+-- the email of private-relay accounts with the new team's relay address, records the aliases, the
+-- import rows' outcomes (siwa.transfer_imports, email dropped) and the batch. Idempotent: a pair already
+-- aliased is 'already'. SECURITY DEFINER with the pinned search_path, so that the owner may grant it to a
+-- login role for the migration; EXECUTE is granted to no role here (siwa_app, siwa_admin: 42501).
+CREATE OR REPLACE FUNCTION siwa.apply_sub_transfer(
+    p_transfer_id text, p_old_subs text[], p_new_subs text[], p_emails text[], p_private boolean[])
+RETURNS TABLE (old_sub text, new_sub text, outcome text, detail text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+-- Hash joins: the batch meets each table once. Several tables have no index on sub alone (sessions and
+-- refresh_tokens index only the unrevoked rows), and a nested loop over an array the planner believes
+-- short scans them once per user.
+SET enable_nestloop = off AS $$
+DECLARE
+    v_unlisted  text;
+    v_duplicate text;
+    v_column    record;
+    v_count     bigint;
+    v_rewritten jsonb := '{}';
+    v_old       text[];
+    v_new       text[];
+    v_emails    text[];
+    v_private   boolean[];
+    v_outcomes  text[];
+    v_details   text[];
+    v_apply_old text[];
+    v_apply_new text[];
+BEGIN
+    IF p_transfer_id IS NULL OR p_transfer_id = '' OR p_old_subs IS NULL OR p_new_subs IS NULL
+       OR cardinality(p_old_subs) <> cardinality(p_new_subs)
+       OR cardinality(coalesce(p_emails, '{}')) NOT IN (0, cardinality(p_old_subs))
+       OR cardinality(coalesce(p_private, '{}')) NOT IN (0, cardinality(p_old_subs))
+       OR EXISTS (SELECT 1 FROM unnest(p_old_subs, p_new_subs) AS m(o, n)
+                   WHERE m.o IS NULL OR m.n IS NULL OR m.o = '' OR m.n = '' OR m.o = m.n) THEN
+        RAISE EXCEPTION 'siwa.apply_sub_transfer: a transfer id and two arrays of non-empty, distinct subs of one length'
+            USING ERRCODE = '22023';
+    END IF;
+    IF cardinality(p_old_subs) = 0 THEN
+        RETURN;
+    END IF;
+    PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('siwa.transfer', 0));
+    SELECT string_agg(format('siwa.%I.%I', c.relname, a.attname), ', ' ORDER BY c.relname) INTO v_unlisted
+      FROM pg_catalog.pg_class c JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid
+     WHERE c.relnamespace = 'siwa'::regnamespace AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+       AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = 'sub'
+       AND NOT EXISTS (SELECT 1 FROM siwa.sub_columns s
+                        WHERE s.table_name = c.relname AND s.column_name = a.attname);
+    IF v_unlisted IS NOT NULL THEN
+        RAISE EXCEPTION 'siwa.apply_sub_transfer: % not in siwa.sub_columns; say whether a transfer rewrites it', v_unlisted
+            USING ERRCODE = '55000';
+    END IF;
+    -- The wrong-identifier guard: one new sub for two old ones refuses the whole batch.
+    SELECT string_agg(d.n, ', ') INTO v_duplicate
+      FROM (SELECT m.n FROM unnest(p_new_subs) AS m(n) GROUP BY m.n HAVING count(*) > 1
+            UNION
+            SELECT m.o FROM unnest(p_old_subs) AS m(o) GROUP BY m.o HAVING count(*) > 1
+            UNION
+            SELECT m.n FROM unnest(p_old_subs, p_new_subs) AS m(o, n)
+              JOIN siwa.sub_aliases a ON a.new_sub = m.n AND a.old_sub <> m.o) AS d;
+    IF v_duplicate IS NOT NULL THEN
+        RAISE EXCEPTION 'siwa.apply_sub_transfer: a sub appears twice in the batch or is already another sub''s alias target; nothing was changed'
+            USING ERRCODE = '23505', DETAIL = format('%s sub(s)', cardinality(string_to_array(v_duplicate, ', ')));
+    END IF;
+
+    -- Lock the accounts concerned, in sub order, as the worker does.
+    PERFORM 1 FROM siwa.accounts a
+     WHERE a.sub = ANY (p_old_subs) OR a.sub = ANY (p_new_subs)
+     ORDER BY a.sub FOR UPDATE;
+    -- Each user's outcome (no temporary table: this runs as the owner).
+    SELECT array_agg(c.o ORDER BY c.ord), array_agg(c.n ORDER BY c.ord), array_agg(c.e ORDER BY c.ord),
+           array_agg(c.p ORDER BY c.ord), array_agg(c.outcome ORDER BY c.ord), array_agg(c.why ORDER BY c.ord)
+      INTO v_old, v_new, v_emails, v_private, v_outcomes, v_details
+      FROM (SELECT b.ord, b.o, b.n, b.e, b.p, x.outcome, x.why
+              FROM unnest(p_old_subs, p_new_subs,
+                          coalesce(p_emails, array_fill(NULL::text, ARRAY[cardinality(p_old_subs)])),
+                          coalesce(p_private, array_fill(NULL::boolean, ARRAY[cardinality(p_old_subs)])))
+                   WITH ORDINALITY AS b(o, n, e, p, ord)
+              LEFT JOIN siwa.accounts acct ON acct.sub = b.o
+              CROSS JOIN LATERAL (
+                SELECT CASE
+                    WHEN EXISTS (SELECT 1 FROM siwa.sub_aliases a WHERE a.old_sub = b.o AND a.new_sub = b.n)
+                        THEN 'already'
+                    WHEN EXISTS (SELECT 1 FROM siwa.sub_aliases a WHERE a.old_sub = b.o)
+                        THEN 'mismatch'
+                    WHEN acct.is_private_email IS NOT NULL AND b.p IS NOT NULL AND acct.is_private_email <> b.p
+                        THEN 'mismatch'
+                    WHEN acct.is_private_email = false AND b.p = false AND acct.email IS NOT NULL
+                         AND b.e IS NOT NULL AND lower(acct.email) <> lower(b.e)
+                        THEN 'mismatch'
+                    WHEN EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = b.n)
+                         OR EXISTS (SELECT 1 FROM siwa.sign_ins s WHERE s.sub = b.n)
+                        THEN 'conflict'
+                    ELSE 'applied' END AS outcome,
+                       CASE
+                    WHEN EXISTS (SELECT 1 FROM siwa.sub_aliases a WHERE a.old_sub = b.o AND a.new_sub = b.n)
+                        THEN NULL
+                    WHEN EXISTS (SELECT 1 FROM siwa.sub_aliases a WHERE a.old_sub = b.o)
+                        THEN 'the old sub is already aliased to another sub'
+                    WHEN acct.is_private_email IS NOT NULL AND b.p IS NOT NULL AND acct.is_private_email <> b.p
+                        THEN 'is_private_email differs from the account''s'
+                    WHEN acct.is_private_email = false AND b.p = false AND acct.email IS NOT NULL
+                         AND b.e IS NOT NULL AND lower(acct.email) <> lower(b.e)
+                        THEN 'the email differs from the account''s'
+                    WHEN EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = b.n)
+                         OR EXISTS (SELECT 1 FROM siwa.sign_ins s WHERE s.sub = b.n)
+                        THEN 'the new sub already has an account or sign-in'
+                    END AS why) AS x) AS c;
+
+    v_apply_old := ARRAY(SELECT m.o FROM unnest(v_old, v_new, v_outcomes) AS m(o, n, r) WHERE m.r = 'applied');
+    v_apply_new := ARRAY(SELECT m.n FROM unnest(v_old, v_new, v_outcomes) AS m(o, n, r) WHERE m.r = 'applied');
+    FOR v_column IN
+        SELECT s.table_name, s.column_name FROM siwa.sub_columns s
+         WHERE s.on_transfer = 'rewrite' ORDER BY s.table_name, s.column_name
+    LOOP
+        EXECUTE format('UPDATE siwa.%I AS t SET %I = m.n FROM unnest($1::text[], $2::text[]) AS m(o, n) WHERE t.%I = m.o',
+                       v_column.table_name, v_column.column_name, v_column.column_name)
+          USING v_apply_old, v_apply_new;
+        GET DIAGNOSTICS v_count = ROW_COUNT;
+        v_rewritten := v_rewritten || jsonb_build_object(v_column.table_name || '.' || v_column.column_name, v_count);
+    END LOOP;
+    -- The new team's relay address replaces the old team's (which stops forwarding for the new team).
+    UPDATE siwa.accounts a SET email = m.e, updated_at = clock_timestamp()
+      FROM unnest(v_new, v_emails, v_private, v_outcomes) AS m(n, e, p, r)
+     WHERE m.r = 'applied' AND a.sub = m.n AND m.p AND m.e IS NOT NULL
+       AND a.personal_data_erased_at IS NULL AND a.is_private_email IS DISTINCT FROM false;
+    -- Earlier aliases of the old subs (a second transfer) follow to the newest sub.
+    UPDATE siwa.sub_aliases a SET new_sub = m.n
+      FROM unnest(v_apply_old, v_apply_new) AS m(o, n) WHERE a.new_sub = m.o;
+    INSERT INTO siwa.sub_aliases (old_sub, new_sub, transfer_id)
+    SELECT m.o, m.n, p_transfer_id FROM unnest(v_apply_old, v_apply_new) AS m(o, n);
+    UPDATE siwa.transfer_imports i
+       SET state = CASE m.r WHEN 'already' THEN 'applied' ELSE m.r END,
+           new_sub = m.n, detail = m.why, email = NULL,
+           applied_at = CASE WHEN m.r IN ('applied', 'already') THEN coalesce(i.applied_at, clock_timestamp()) END
+      FROM unnest(v_old, v_new, v_outcomes, v_details) AS m(o, n, r, why)
+     WHERE i.transfer_id = p_transfer_id AND i.old_sub = m.o;
+    INSERT INTO siwa.sub_transfer_batches (transfer_id, users, outcomes, rewritten)
+    SELECT p_transfer_id, cardinality(p_old_subs),
+           (SELECT jsonb_object_agg(o.r, o.k)
+              FROM (SELECT m.r, count(*) AS k FROM unnest(v_outcomes) AS m(r) GROUP BY m.r) AS o),
+           v_rewritten;
+    RETURN QUERY SELECT m.o, m.n, m.r, m.why FROM unnest(v_old, v_new, v_outcomes, v_details) AS m(o, n, r, why);
+END;
+$$;
+COMMENT ON FUNCTION siwa.apply_sub_transfer(text, text[], text[], text[], boolean[]) IS
+    'A team transfer''s rewrite of one batch (old subs, new subs, and Apple''s email and is_private_email for each): verifies, rewrites every sub column siwa.sub_columns lists, keeps the old subs in siwa.sub_aliases, records the batch in siwa.sub_transfer_batches. One row per user: applied, already, mismatch or conflict. Refuses the whole batch (23505) when a sub appears twice. Owner only unless granted.';
+
+-- A user's history by either sub: every notification stored for the sub, for the sub it became, and
+-- for every sub that became it.
+CREATE OR REPLACE FUNCTION siwa.history_of(p_sub text) RETURNS SETOF siwa.event_history
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    WITH current AS (
+        SELECT coalesce((SELECT a.new_sub FROM siwa.sub_aliases a WHERE a.old_sub = p_sub), p_sub) AS sub),
+    subs AS (
+        SELECT c.sub FROM current c
+        UNION SELECT p_sub
+        UNION SELECT a.old_sub FROM siwa.sub_aliases a, current c WHERE a.new_sub = c.sub)
+    SELECT e.* FROM siwa.event_history e WHERE e.sub = ANY (ARRAY(SELECT s.sub FROM subs s)) ORDER BY e.id;
+$$;
+COMMENT ON FUNCTION siwa.history_of(text) IS
+    'A user''s notifications by either sub: the one given, the sub it became in a team transfer, and every sub that became it (siwa.sub_aliases); the rows of siwa.event_history, oldest first.';

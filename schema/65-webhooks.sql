@@ -1,0 +1,484 @@
+-- Signed outbound webhooks: endpoints, secrets, slots, deliveries, attempts, and their views
+
+-- Every change in siwa.changes is sent to every enabled endpoint whose types it matches, by siwa-worker,
+-- as a Standard Webhooks message (webhook-id msg_<change id>_<endpoint id>, webhook-timestamp,
+-- webhook-signature v1,… with each of the endpoint's live secrets; docs/webhooks.md).
+--  - siwa.webhook_endpoints: where to send (https, or http to a loopback IP literal), which types, whether
+--    enabled, and how many attempts may be in flight at once (max_in_flight).
+--  - siwa.webhook_secrets: the endpoint's whsec_ secrets. A rotation gives the current one an expiry (the
+--    overlap) and adds a new one; until the expiry both sign. Readable by siwa_worker and the owner only.
+--  - siwa.webhook_slots: 64 lockable rows per endpoint. A claim (siwa.claim_webhook_delivery) locks the
+--    first for its short transaction while it counts the endpoint's live leases, so at most
+--    max_in_flight attempts to one endpoint run at once, across every worker process; no lock is held
+--    during an attempt.
+--  - siwa.webhook_deliveries: one row per change and endpoint, written by the AFTER INSERT trigger on
+--    siwa.changes in the change's transaction. It holds no payload and no email: the body is built from
+--    the change row at send time, so an erasure (email set NULL in the change) also erases what is sent
+--    later. pending → delivered (a 2xx) or dead (the retry schedule ran out).
+--  - siwa.webhook_attempts: every attempt (HTTP status or none, latency, the next attempt, a bounded error
+--    text of our own words: never the secret, the body or the answer's body). Admins read
+--    siwa.webhook_attempt_history.
+-- Order: per endpoint and sub, a delivery is not attempted while an earlier change's delivery to that
+-- endpoint is pending (in flight or waiting for a retry). So that a claim looks at queue heads only, not
+-- at every waiting delivery, each delivery carries `ready`, kept by SQL alone: set by the fan-out for a
+-- delivery with no pending one of its endpoint and sub ahead of it (it share-locks those ahead, so a
+-- delivery being finished is waited for), passed on by siwa.record_webhook_attempt to the next one when
+-- a delivery ends (delivered or dead), recomputed by replays, and repaired by siwa.repair_webhook_ready
+-- (once a minute) for what a replay racing a finish could leave. The claim
+-- checks the order itself as well, so a wrong hint can delay a delivery but never reorder one. A dead delivery no longer blocks the later ones:
+-- the user's later changes go out rather than waiting forever, and a replay of the dead one then arrives
+-- after them (receivers compare the body's timestamp, the event time; docs/webhooks.md).
+-- Pruning: a change with a pending delivery must not be deleted (deleting a change deletes its delivery
+-- history, ON DELETE CASCADE): the changefeed's pruning adds
+--     AND NOT EXISTS (SELECT 1 FROM siwa.webhook_deliveries d WHERE d.change_id = c.id AND d.state = 'pending')
+-- Every object here is new: created only when missing, functions replaced, never data dropped.
+
+CREATE TABLE IF NOT EXISTS siwa.webhook_endpoints (
+    id            bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    url           text        NOT NULL,
+    types         text[],
+    enabled       boolean     NOT NULL DEFAULT true,
+    max_in_flight integer     NOT NULL DEFAULT 4,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    disabled_at   timestamptz,
+    -- https anywhere; plain http only to a loopback IP literal; never user:password@ in the URL.
+    CONSTRAINT webhook_endpoints_url_check CHECK (
+        length(url) <= 2000
+        AND url !~ '[[:space:][:cntrl:]]'
+        AND (url ~* '^https://[^/?#@]+([/?#]|$)'
+             OR url ~* '^http://(127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|\[::1\])(:[0-9]{1,5})?([/?#]|$)')),
+    CONSTRAINT webhook_endpoints_types_check CHECK (
+        types IS NULL OR (cardinality(types) > 0 AND types <@ ARRAY['siwa.email_disabled', 'siwa.email_enabled',
+            'siwa.consent_revoked', 'siwa.account_deleted', 'siwa.personal_data_erased'])),
+    CONSTRAINT webhook_endpoints_max_in_flight_check CHECK (max_in_flight BETWEEN 1 AND 64)
+);
+COMMENT ON TABLE siwa.webhook_endpoints IS
+    'Webhook endpoints (siwactl webhooks add): where siwa-worker sends each change, signed (Standard Webhooks).';
+COMMENT ON COLUMN siwa.webhook_endpoints.types IS 'The change types sent here; NULL: every type.';
+COMMENT ON COLUMN siwa.webhook_endpoints.enabled IS 'Whether new changes fan out here and pending deliveries are attempted.';
+COMMENT ON COLUMN siwa.webhook_endpoints.max_in_flight IS 'Attempts to this endpoint at once, across all workers (1 to 64).';
+
+CREATE TABLE IF NOT EXISTS siwa.webhook_secrets (
+    id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    endpoint_id bigint      NOT NULL REFERENCES siwa.webhook_endpoints (id) ON DELETE CASCADE,
+    secret      text        NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    expires_at  timestamptz,
+    -- whsec_ and the standard base64 of 24 to 64 random bytes (Standard Webhooks).
+    CONSTRAINT webhook_secrets_secret_check CHECK (
+        secret ~ '^whsec_[A-Za-z0-9+/]+={0,2}$' AND length(secret) BETWEEN 6 + 32 AND 6 + 88)
+);
+COMMENT ON TABLE siwa.webhook_secrets IS
+    'Webhook signing secrets (whsec_…): every secret of an endpoint not past expires_at signs. Readable by siwa_worker and the owner only.';
+COMMENT ON COLUMN siwa.webhook_secrets.expires_at IS 'NULL: the current secret; else the end of its rotation overlap.';
+CREATE INDEX IF NOT EXISTS webhook_secrets_endpoint_idx ON siwa.webhook_secrets (endpoint_id);
+
+CREATE TABLE IF NOT EXISTS siwa.webhook_slots (
+    endpoint_id bigint  NOT NULL REFERENCES siwa.webhook_endpoints (id) ON DELETE CASCADE,
+    slot        integer NOT NULL,
+    PRIMARY KEY (endpoint_id, slot)
+);
+COMMENT ON TABLE siwa.webhook_slots IS
+    'Lockable rows per endpoint: a claim locks the first while it counts the endpoint''s live leases against siwa.webhook_endpoints.max_in_flight.';
+
+CREATE TABLE IF NOT EXISTS siwa.webhook_deliveries (
+    id               bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    change_id        bigint      NOT NULL REFERENCES siwa.changes (id) ON DELETE CASCADE,
+    endpoint_id      bigint      NOT NULL REFERENCES siwa.webhook_endpoints (id) ON DELETE CASCADE,
+    sub              text        NOT NULL,
+    state            text        NOT NULL DEFAULT 'pending',
+    attempts         integer     NOT NULL DEFAULT 0,
+    next_attempt_at  timestamptz NOT NULL DEFAULT now(),
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    first_attempt_at timestamptz,
+    last_attempt_at  timestamptz,
+    delivered_at     timestamptz,
+    last_status      integer,
+    last_error       text,
+    ready            boolean     NOT NULL DEFAULT true,
+    lease_owner      text,
+    lease_expires_at timestamptz,
+    CONSTRAINT webhook_deliveries_lease_check CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL)),
+    CONSTRAINT webhook_deliveries_state_check CHECK (state IN ('pending', 'delivered', 'dead')),
+    CONSTRAINT webhook_deliveries_error_check CHECK (length(last_error) <= 300),
+    UNIQUE (change_id, endpoint_id)
+);
+COMMENT ON TABLE siwa.webhook_deliveries IS
+    'One row per change and webhook endpoint: pending, delivered (a 2xx) or dead. No payload, no email: the body is built from siwa.changes at send time.';
+COMMENT ON COLUMN siwa.webhook_deliveries.ready IS
+    'Whether it heads its endpoint and sub''s queue (no earlier change of the sub pending to the endpoint): only these are claimed. A hint kept by the fan-out, the worker and replays; the claim checks the order itself too.';
+CREATE INDEX IF NOT EXISTS webhook_deliveries_ready_idx
+    ON siwa.webhook_deliveries (next_attempt_at, id) WHERE state = 'pending' AND ready;
+CREATE INDEX IF NOT EXISTS webhook_deliveries_order_idx
+    ON siwa.webhook_deliveries (endpoint_id, sub, change_id) WHERE state = 'pending';
+
+CREATE TABLE IF NOT EXISTS siwa.webhook_attempts (
+    id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    delivery_id     bigint      NOT NULL REFERENCES siwa.webhook_deliveries (id) ON DELETE CASCADE,
+    attempt         integer     NOT NULL,
+    started_at      timestamptz NOT NULL,
+    latency_ms      integer     NOT NULL,
+    status          integer,
+    outcome         text        NOT NULL,
+    next_attempt_at timestamptz,
+    error           text,
+    CONSTRAINT webhook_attempts_outcome_check CHECK (outcome IN ('delivered', 'retry', 'dead')),
+    CONSTRAINT webhook_attempts_error_check CHECK (length(error) <= 300)
+);
+COMMENT ON TABLE siwa.webhook_attempts IS 'Every webhook attempt; admins read siwa.webhook_attempt_history.';
+CREATE INDEX IF NOT EXISTS webhook_attempts_delivery_idx ON siwa.webhook_attempts (delivery_id);
+
+-- The fan-out: once per INSERT statement on siwa.changes (the worker's set-based pass inserts a batch's
+-- changes in one), one delivery per new change and enabled endpoint whose types match, and one NOTIFY
+-- siwa_webhooks (sent at commit) when there is any. SECURITY INVOKER: the inserting role (the worker, the
+-- owner) needs SELECT on siwa.webhook_endpoints and INSERT on siwa.webhook_deliveries.
+CREATE OR REPLACE FUNCTION siwa.webhook_fan_out() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    -- The pending deliveries ahead of the new ones, share-locked in change order (the order in which
+    -- siwa.record_webhook_attempt locks them): a delivery being finished is waited for and then seen
+    -- ended, and one not yet being finished cannot end before this transaction commits, when its
+    -- finisher sees the new delivery. Either way `ready` is right when this transaction commits.
+    PERFORM 1 FROM siwa.webhook_deliveries p
+     WHERE p.state = 'pending'
+       AND (p.endpoint_id, p.sub) IN (
+           SELECT e.id, c.sub FROM new_changes c
+             JOIN siwa.webhook_endpoints e ON e.enabled AND (e.types IS NULL OR c.type = ANY (e.types)))
+     ORDER BY p.change_id, p.id
+       FOR SHARE OF p;
+    INSERT INTO siwa.webhook_deliveries (change_id, endpoint_id, sub, ready)
+    SELECT c.id, e.id, c.sub,
+           pg_catalog.row_number() OVER (PARTITION BY e.id, c.sub ORDER BY c.id) = 1
+           AND NOT EXISTS (SELECT 1 FROM siwa.webhook_deliveries p
+                            WHERE p.endpoint_id = e.id AND p.sub = c.sub AND p.state = 'pending')
+      FROM new_changes c
+      JOIN siwa.webhook_endpoints e ON e.enabled AND (e.types IS NULL OR c.type = ANY (e.types))
+     ORDER BY c.id, e.id;
+    IF FOUND THEN
+        PERFORM pg_catalog.pg_notify('siwa_webhooks', '');
+    END IF;
+    RETURN NULL;
+END;
+$$;
+COMMENT ON FUNCTION siwa.webhook_fan_out() IS
+    'Statement trigger after INSERT on siwa.changes: one webhook delivery per new change and matching enabled endpoint.';
+DROP TRIGGER IF EXISTS changes_webhook_fan_out ON siwa.changes;
+CREATE TRIGGER changes_webhook_fan_out
+    AFTER INSERT ON siwa.changes REFERENCING NEW TABLE AS new_changes
+    FOR EACH STATEMENT EXECUTE FUNCTION siwa.webhook_fan_out();
+
+-- Adds an endpoint with its secret and its slots; returns its id. For siwactl webhooks add (the owner).
+CREATE OR REPLACE FUNCTION siwa.add_webhook_endpoint(p_url text, p_secret text, p_types text[] DEFAULT NULL,
+                                                     p_max_in_flight integer DEFAULT 4) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    INSERT INTO siwa.webhook_endpoints AS e (url, types, max_in_flight)
+    VALUES (p_url, p_types, p_max_in_flight) RETURNING e.id INTO v_id;
+    INSERT INTO siwa.webhook_secrets (endpoint_id, secret) VALUES (v_id, p_secret);
+    INSERT INTO siwa.webhook_slots (endpoint_id, slot) SELECT v_id, s FROM generate_series(0, 63) s;
+    RETURN v_id;
+END;
+$$;
+COMMENT ON FUNCTION siwa.add_webhook_endpoint(text, text, text[], integer) IS
+    'Adds a webhook endpoint with its first secret (siwactl webhooks add); returns its id.';
+
+-- Rotates an endpoint's secret: the live ones expire after p_overlap (they sign until then), the new one
+-- signs from now on; secrets already expired are deleted. Returns false for an unknown endpoint.
+CREATE OR REPLACE FUNCTION siwa.rotate_webhook_secret(p_endpoint bigint, p_secret text, p_overlap interval)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM 1 FROM siwa.webhook_endpoints e WHERE e.id = p_endpoint FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF p_overlap IS NULL OR p_overlap < interval '0' THEN
+        RAISE EXCEPTION 'the overlap must not be negative' USING ERRCODE = '22023';
+    END IF;
+    DELETE FROM siwa.webhook_secrets s WHERE s.endpoint_id = p_endpoint AND s.expires_at <= now();
+    UPDATE siwa.webhook_secrets s SET expires_at = now() + p_overlap
+     WHERE s.endpoint_id = p_endpoint AND (s.expires_at IS NULL OR s.expires_at > now() + p_overlap);
+    INSERT INTO siwa.webhook_secrets (endpoint_id, secret) VALUES (p_endpoint, p_secret);
+    RETURN true;
+END;
+$$;
+COMMENT ON FUNCTION siwa.rotate_webhook_secret(bigint, text, interval) IS
+    'Adds a new signing secret; the live ones keep signing for the overlap (siwactl webhooks rotate-secret).';
+
+-- Puts deliveries back to pending with a fresh retry schedule (same webhook-id: receivers dedupe on it):
+-- one delivery; every delivery of one change; or, for one endpoint, every change applied in
+-- [p_since, p_until) that matches its types, creating the deliveries it never had (an endpoint added
+-- later, or disabled meanwhile). Pending ones are left as they are. Returns how many were queued.
+CREATE OR REPLACE FUNCTION siwa.replay_webhook_deliveries(
+    p_delivery bigint DEFAULT NULL, p_change bigint DEFAULT NULL, p_endpoint bigint DEFAULT NULL,
+    p_since timestamptz DEFAULT NULL, p_until timestamptz DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_count     integer;
+    v_endpoints bigint[];
+BEGIN
+    IF num_nonnulls(p_delivery, p_change, p_endpoint) <> 1 THEN
+        RAISE EXCEPTION 'give exactly one of a delivery, a change or an endpoint' USING ERRCODE = '22023';
+    END IF;
+    IF p_endpoint IS NULL AND (p_since IS NOT NULL OR p_until IS NOT NULL) THEN
+        RAISE EXCEPTION 'a time range needs an endpoint' USING ERRCODE = '22023';
+    END IF;
+    IF p_endpoint IS NULL THEN
+        WITH replayed AS (
+            UPDATE siwa.webhook_deliveries d
+               SET state = 'pending', attempts = 0, next_attempt_at = now(), first_attempt_at = NULL,
+                   delivered_at = NULL
+             WHERE d.state <> 'pending' AND (d.id = p_delivery OR d.change_id = p_change)
+            RETURNING d.endpoint_id)
+        SELECT count(*), array_agg(DISTINCT r.endpoint_id) INTO v_count, v_endpoints FROM replayed r;
+    ELSE
+        v_endpoints := ARRAY[p_endpoint];
+        WITH upserted AS (
+            INSERT INTO siwa.webhook_deliveries AS d (change_id, endpoint_id, sub)
+            SELECT c.id, e.id, c.sub
+              FROM siwa.webhook_endpoints e
+              JOIN siwa.changes c ON (e.types IS NULL OR c.type = ANY (e.types))
+             WHERE e.id = p_endpoint
+               AND c.applied_at >= coalesce(p_since, '-infinity') AND c.applied_at < coalesce(p_until, 'infinity')
+             ORDER BY c.id
+            ON CONFLICT (change_id, endpoint_id) DO UPDATE
+               SET state = 'pending', attempts = 0, next_attempt_at = now(), first_attempt_at = NULL,
+                   delivered_at = NULL
+             WHERE d.state <> 'pending'
+            RETURNING 1)
+        SELECT count(*) INTO v_count FROM upserted;
+    END IF;
+    -- Queue heads again: a replayed delivery goes before the later pending ones of its sub.
+    UPDATE siwa.webhook_deliveries d SET ready = (d.change_id = h.head)
+      FROM (SELECT q.endpoint_id, q.sub, min(q.change_id) AS head FROM siwa.webhook_deliveries q
+             WHERE q.state = 'pending' AND q.endpoint_id = ANY (v_endpoints) GROUP BY q.endpoint_id, q.sub) h
+     WHERE d.endpoint_id = h.endpoint_id AND d.sub = h.sub AND d.state = 'pending'
+       AND d.ready <> (d.change_id = h.head);
+    IF v_count > 0 THEN
+        PERFORM pg_catalog.pg_notify('siwa_webhooks', '');
+    END IF;
+    RETURN v_count;
+END;
+$$;
+COMMENT ON FUNCTION siwa.replay_webhook_deliveries(bigint, bigint, bigint, timestamptz, timestamptz) IS
+    'Queues deliveries again (siwactl webhooks replay): by delivery, by change, or by endpoint and applied_at range.';
+
+-- What admins read: endpoints without their secrets, and every attempt.
+CREATE OR REPLACE VIEW siwa.webhook_endpoint_overview AS
+SELECT e.id, e.url, e.types, e.enabled, e.max_in_flight, e.created_at, e.disabled_at,
+       (SELECT count(*) FROM siwa.webhook_secrets s
+         WHERE s.endpoint_id = e.id AND (s.expires_at IS NULL OR s.expires_at > now())) AS live_secrets,
+       (SELECT count(*) FROM siwa.webhook_deliveries d WHERE d.endpoint_id = e.id AND d.state = 'pending') AS pending,
+       (SELECT count(*) FROM siwa.webhook_deliveries d WHERE d.endpoint_id = e.id AND d.state = 'dead') AS dead,
+       (SELECT max(d.delivered_at) FROM siwa.webhook_deliveries d WHERE d.endpoint_id = e.id) AS last_delivered_at
+  FROM siwa.webhook_endpoints e;
+COMMENT ON VIEW siwa.webhook_endpoint_overview IS
+    'Webhook endpoints with their delivery counts; never their secrets.';
+
+CREATE OR REPLACE VIEW siwa.webhook_attempt_history AS
+SELECT a.id, d.id AS delivery_id, 'msg_' || d.change_id || '_' || d.endpoint_id AS webhook_id,
+       d.change_id, d.endpoint_id, c.type, d.sub, a.attempt, a.started_at, a.latency_ms, a.status, a.outcome,
+       a.next_attempt_at, a.error, d.state AS delivery_state
+  FROM siwa.webhook_attempts a
+  JOIN siwa.webhook_deliveries d ON d.id = a.delivery_id
+  JOIN siwa.changes c ON c.id = d.change_id;
+COMMENT ON VIEW siwa.webhook_attempt_history IS
+    'Every webhook attempt: status (NULL: no answer), latency, outcome, when the next is due, a bounded error text (never a secret, body or email).';
+COMMENT ON COLUMN siwa.webhook_attempt_history.webhook_id IS 'The webhook-id header, the same for every attempt of a delivery.';
+COMMENT ON COLUMN siwa.webhook_attempt_history.status IS 'The HTTP status answered; NULL when there was no answer (timeout, refused, TLS).';
+COMMENT ON COLUMN siwa.webhook_attempt_history.outcome IS 'delivered (2xx), retry (next_attempt_at says when) or dead (the schedule ran out).';
+
+CREATE OR REPLACE VIEW siwa.webhook_delivery_status AS
+SELECT d.id, 'msg_' || d.change_id || '_' || d.endpoint_id AS webhook_id, d.change_id, d.endpoint_id, c.type,
+       d.sub, d.state, d.attempts, d.next_attempt_at, d.created_at, d.first_attempt_at, d.last_attempt_at,
+       d.delivered_at, d.last_status, d.last_error
+  FROM siwa.webhook_deliveries d
+  JOIN siwa.changes c ON c.id = d.change_id;
+COMMENT ON VIEW siwa.webhook_delivery_status IS
+    'One row per change and webhook endpoint: pending, delivered or dead, with attempts and the last answer.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.id IS 'The endpoint''s id (siwactl webhooks --endpoint ID).';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.url IS 'Where deliveries are POSTed.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.types IS 'The change types sent here; NULL: every type.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.enabled IS 'Whether changes fan out here and pending deliveries are attempted.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.max_in_flight IS 'Attempts to this endpoint at once, across all workers.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.created_at IS 'When the endpoint was added.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.disabled_at IS 'When it was disabled; NULL while enabled.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.live_secrets IS 'Secrets that sign now: 2 during a rotation''s overlap, else 1.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.pending IS 'Deliveries not yet delivered or dead.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.dead IS 'Deliveries given up after the retry schedule (siwactl webhooks replay).';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.last_delivered_at IS 'When a delivery to it last got a 2xx.';
+COMMENT ON COLUMN siwa.webhook_attempt_history.id IS 'The attempt''s id (attempt order).';
+COMMENT ON COLUMN siwa.webhook_attempt_history.delivery_id IS 'The delivery (siwa.webhook_delivery_status.id).';
+COMMENT ON COLUMN siwa.webhook_attempt_history.change_id IS 'The change sent (siwa.changes.id).';
+COMMENT ON COLUMN siwa.webhook_attempt_history.endpoint_id IS 'The endpoint it was sent to.';
+COMMENT ON COLUMN siwa.webhook_attempt_history.type IS 'The change''s type, e.g. siwa.consent_revoked.';
+COMMENT ON COLUMN siwa.webhook_attempt_history.sub IS 'The user''s team-scoped Apple identifier.';
+COMMENT ON COLUMN siwa.webhook_attempt_history.attempt IS 'Which attempt of the delivery (1, 2, …; a replay starts again at 1).';
+COMMENT ON COLUMN siwa.webhook_attempt_history.started_at IS 'When the attempt was signed and sent.';
+COMMENT ON COLUMN siwa.webhook_attempt_history.latency_ms IS 'How long the HTTP exchange took (or until it failed).';
+COMMENT ON COLUMN siwa.webhook_attempt_history.next_attempt_at IS 'When the next attempt is due after a retry outcome; NULL otherwise.';
+COMMENT ON COLUMN siwa.webhook_attempt_history.error IS 'Why it failed, in our own words (HTTP 503, timeout: …); never a secret, a body or an email.';
+COMMENT ON COLUMN siwa.webhook_attempt_history.delivery_state IS 'The delivery''s state now: pending, delivered or dead.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.id IS 'The delivery''s id (siwactl webhooks replay --delivery ID).';
+COMMENT ON COLUMN siwa.webhook_delivery_status.webhook_id IS 'The webhook-id header: msg_<change_id>_<endpoint_id>, the same for every attempt.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.change_id IS 'The change sent (siwa.changes.id).';
+COMMENT ON COLUMN siwa.webhook_delivery_status.endpoint_id IS 'The endpoint it is sent to.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.type IS 'The change''s type, e.g. siwa.consent_revoked.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.sub IS 'The user''s team-scoped Apple identifier.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.state IS 'pending (waiting, in flight or retrying), delivered (a 2xx) or dead (the schedule ran out).';
+COMMENT ON COLUMN siwa.webhook_delivery_status.attempts IS 'Attempts made (since the last replay).';
+COMMENT ON COLUMN siwa.webhook_delivery_status.next_attempt_at IS 'When a pending delivery is next due.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.created_at IS 'When the change fanned out to this endpoint.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.first_attempt_at IS 'When the first attempt (since the last replay) was made; the retry schedule runs from here.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.last_attempt_at IS 'When the last attempt was made.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.delivered_at IS 'When the endpoint answered 2xx.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.last_status IS 'The last HTTP status answered; NULL when there was no answer.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.last_error IS 'The last failure, in our own words; never a secret, a body or an email.';
+
+-- Leases for the webhook lanes: see the comment above siwa.claim_revocation (schema/55-sign-in.sql).
+
+-- The webhook lanes' claim: the first due delivery that heads its endpoint and sub's queue (`ready`
+-- and no earlier pending delivery of the pair, leased or not, so per-user order holds), of an enabled
+-- endpoint not in p_skip, due by p_due_by (a drain passes its start: it never retries what it just
+-- tried), not leased or with an expired lease. 'claimed': the lease is written (p_lease long); the row carries what the POST needs (URL, live secrets newest first). 'saturated':
+-- the endpoint already has max_in_flight live leases (counted under its row's lock, so two workers
+-- cannot both take the last one): nothing is written; the caller skips the endpoint this pass. No row:
+-- nothing is claimable.
+CREATE OR REPLACE FUNCTION siwa.claim_webhook_delivery(p_owner text, p_lease interval,
+                                                       p_skip bigint[] DEFAULT '{}',
+                                                       p_due_by timestamptz DEFAULT NULL)
+RETURNS TABLE (outcome text, delivery_id bigint, change_id bigint, endpoint_id bigint, attempt integer,
+               first_attempt_at timestamptz, url text, secrets text[])
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_delivery siwa.webhook_deliveries%ROWTYPE;
+    v_endpoint siwa.webhook_endpoints%ROWTYPE;
+    v_in_flight integer;
+BEGIN
+    IF p_owner IS NULL OR p_lease IS NULL OR p_lease <= interval '0' THEN
+        RAISE EXCEPTION 'a claim needs an owner and a positive lease' USING ERRCODE = '22023';
+    END IF;
+    SELECT d.* INTO v_delivery
+      FROM siwa.webhook_deliveries d
+      JOIN siwa.webhook_endpoints e ON e.id = d.endpoint_id
+     WHERE d.state = 'pending' AND d.ready AND e.enabled
+       AND d.next_attempt_at <= coalesce(p_due_by, pg_catalog.now())
+       AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= pg_catalog.clock_timestamp())
+       AND d.endpoint_id <> ALL (coalesce(p_skip, '{}'))
+       AND NOT EXISTS (
+           SELECT 1 FROM siwa.webhook_deliveries p
+            WHERE p.endpoint_id = d.endpoint_id AND p.sub = d.sub AND p.state = 'pending'
+              AND p.change_id < d.change_id)
+     ORDER BY d.next_attempt_at, d.id
+     LIMIT 1
+       FOR UPDATE OF d SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    -- The endpoint's first slot row serialises the claims that count its leases (held to this
+    -- transaction's short end only).
+    PERFORM 1 FROM siwa.webhook_slots s WHERE s.endpoint_id = v_delivery.endpoint_id AND s.slot = 0
+       FOR UPDATE;
+    SELECT e.* INTO v_endpoint FROM siwa.webhook_endpoints e WHERE e.id = v_delivery.endpoint_id;
+    SELECT pg_catalog.count(*) INTO v_in_flight
+      FROM siwa.webhook_deliveries d
+     WHERE d.endpoint_id = v_delivery.endpoint_id AND d.state = 'pending'
+       AND d.lease_expires_at > pg_catalog.clock_timestamp();
+    IF v_in_flight >= v_endpoint.max_in_flight THEN
+        RETURN QUERY SELECT 'saturated'::text, v_delivery.id, v_delivery.change_id, v_delivery.endpoint_id,
+                            NULL::integer, NULL::timestamptz, NULL::text, NULL::text[];
+        RETURN;
+    END IF;
+    UPDATE siwa.webhook_deliveries d
+       SET lease_owner = p_owner, lease_expires_at = pg_catalog.clock_timestamp() + p_lease
+     WHERE d.id = v_delivery.id;
+    RETURN QUERY
+    SELECT 'claimed'::text, v_delivery.id, v_delivery.change_id, v_delivery.endpoint_id,
+           v_delivery.attempts + 1, v_delivery.first_attempt_at, v_endpoint.url,
+           ARRAY(SELECT s.secret FROM siwa.webhook_secrets s
+                  WHERE s.endpoint_id = v_delivery.endpoint_id
+                    AND (s.expires_at IS NULL OR s.expires_at > pg_catalog.now())
+                  ORDER BY s.id DESC);
+END;
+$$;
+COMMENT ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timestamptz) IS
+    'The webhook lanes'' claim: leases the first due queue head (rescuing an expired lease) and returns what the POST needs; ''saturated'' when its endpoint has max_in_flight live leases. Executable by siwa_worker.';
+
+-- Records one attempt of a delivery the caller leased: the attempt row, the delivery's new state
+-- (p_outcome: delivered, retry after p_retry_in seconds, or dead), the lease released, and — when the
+-- delivery ended — `ready` passed on to the next pending delivery of its endpoint and sub. False, with
+-- nothing written, when the lease is no longer the caller's (it expired and another lane took the
+-- delivery over). Locks the delivery, then the next head: the order in which the fan-out share-locks
+-- them (siwa.webhook_fan_out), so the two never deadlock and `ready` is never left stale.
+CREATE OR REPLACE FUNCTION siwa.record_webhook_attempt(p_delivery bigint, p_owner text, p_started timestamptz,
+                                                       p_latency_ms integer, p_status integer, p_outcome text,
+                                                       p_retry_in double precision, p_error text)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_delivery siwa.webhook_deliveries%ROWTYPE;
+    v_next     timestamptz;
+BEGIN
+    IF p_outcome IS NULL OR p_outcome NOT IN ('delivered', 'retry', 'dead') THEN
+        RAISE EXCEPTION 'an attempt ends delivered, retry or dead' USING ERRCODE = '22023';
+    END IF;
+    SELECT d.* INTO v_delivery FROM siwa.webhook_deliveries d
+     WHERE d.id = p_delivery AND d.state = 'pending' AND d.lease_owner = p_owner
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    v_next := CASE WHEN p_outcome = 'retry'
+                   THEN pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => coalesce(p_retry_in, 0)) END;
+    INSERT INTO siwa.webhook_attempts
+        (delivery_id, attempt, started_at, latency_ms, status, outcome, next_attempt_at, error)
+    VALUES (p_delivery, v_delivery.attempts + 1, p_started, p_latency_ms, p_status, p_outcome, v_next,
+            pg_catalog.left(p_error, 300));
+    UPDATE siwa.webhook_deliveries d
+       SET state = CASE WHEN p_outcome = 'retry' THEN 'pending' ELSE p_outcome END, attempts = d.attempts + 1,
+           first_attempt_at = coalesce(d.first_attempt_at, p_started), last_attempt_at = p_started,
+           next_attempt_at = coalesce(v_next, d.next_attempt_at),
+           delivered_at = CASE WHEN p_outcome = 'delivered' THEN pg_catalog.clock_timestamp() END,
+           last_status = p_status, last_error = pg_catalog.left(p_error, 300),
+           lease_owner = NULL, lease_expires_at = NULL
+     WHERE d.id = p_delivery;
+    IF p_outcome <> 'retry' THEN
+        -- The next change of this sub to this endpoint heads the queue now.
+        UPDATE siwa.webhook_deliveries d SET ready = true
+         WHERE d.id = (SELECT q.id FROM siwa.webhook_deliveries q
+                        WHERE q.endpoint_id = v_delivery.endpoint_id AND q.sub = v_delivery.sub
+                          AND q.state = 'pending'
+                        ORDER BY q.change_id LIMIT 1)
+           AND NOT d.ready;
+    END IF;
+    RETURN true;
+END;
+$$;
+COMMENT ON FUNCTION siwa.record_webhook_attempt(bigint, text, timestamptz, integer, integer, text, double precision, text) IS
+    'Records a leased webhook attempt (delivered, retry or dead), releases the lease and passes `ready` on; false when the lease is no longer the caller''s. Executable by siwa_worker.';
+
+-- Marks ready every pending delivery with no pending delivery of its endpoint and sub ahead of it, and
+-- not ready one with such a delivery ahead; returns how many it changed. Every transition keeps `ready`
+-- itself (the fan-out, siwa.record_webhook_attempt, replays); this is a repair for what they cannot
+-- see, such as a replay running while the delivery ahead is being recorded. The worker calls it once a
+-- minute and before a --once drain; the claim checks the order itself, so a wrong hint can only delay.
+CREATE OR REPLACE FUNCTION siwa.repair_webhook_ready() RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    -- Rows another transaction holds (a claim, a record, a fan-out's share lock) are skipped, not
+    -- waited for: they are being kept by that transaction, and a repair never deadlocks with it.
+    WITH wrong AS (
+        SELECT d.id FROM siwa.webhook_deliveries d
+         WHERE d.state = 'pending'
+           AND d.ready = EXISTS (SELECT 1 FROM siwa.webhook_deliveries p
+                                  WHERE p.endpoint_id = d.endpoint_id AND p.sub = d.sub
+                                    AND p.state = 'pending' AND p.change_id < d.change_id)
+           FOR UPDATE OF d SKIP LOCKED),
+    repaired AS (
+        UPDATE siwa.webhook_deliveries d SET ready = NOT d.ready FROM wrong w WHERE d.id = w.id
+        RETURNING 1)
+    SELECT pg_catalog.count(*)::integer FROM repaired
+$$;
+COMMENT ON FUNCTION siwa.repair_webhook_ready() IS
+    'Recomputes the webhook queue heads'' `ready` hint where it is wrong; returns how many rows it changed. Executable by siwa_worker.';

@@ -1,0 +1,214 @@
+-- Privileges: nothing for PUBLIC, then what each role is granted, one block per role
+
+-- Nothing in schema siwa is usable by PUBLIC: functions are executable by everyone by default.
+REVOKE ALL ON SCHEMA siwa FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA siwa FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA siwa FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
+-- The SECURITY DEFINER gauges of schema/70-health.sql: never PUBLIC's (also covered by the line above).
+REVOKE ALL ON FUNCTION siwa.health_gauges(timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION siwa.client_ids_in_use(timestamptz) FROM PUBLIC;
+
+-- Each block grants one role what its job needs, and only when the role exists (see
+-- schema/80-roles.sql). Functions run with the caller's rights: a role is granted the tables its
+-- functions touch. Views read their tables with the owner's rights: siwa_admin reads views, not tables.
+-- Secrets (siwa.webhook_secrets) are readable by siwa_worker and the owner only. The team transfer's
+-- progress tables (an exchanged row holds an email until applied) and siwa.apply_sub_transfer are the
+-- owner's (siwactl transfer runs as the owner, as migrate does). Row-level policies keep each service
+-- role to the heartbeats of its own kind (to upsert its row and prune stale ones).
+
+-- siwa_admin: read the views (never a secret or a token), the team transfer's aliases, batches and
+-- rewrite list, a user's history by either sub, and the heartbeats and health gauges.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_admin') THEN
+        GRANT USAGE ON SCHEMA siwa TO siwa_admin;
+        GRANT SELECT ON siwa.event_history, siwa.account_overview, siwa.queue_health, siwa.changefeed
+            TO siwa_admin;
+        GRANT SELECT ON siwa.revocation_ledger TO siwa_admin;
+        GRANT SELECT ON siwa.sub_aliases, siwa.sub_transfer_batches, siwa.sub_columns TO siwa_admin;
+        GRANT EXECUTE ON FUNCTION siwa.history_of(text) TO siwa_admin;
+        GRANT SELECT ON siwa.webhook_endpoint_overview, siwa.webhook_attempt_history, siwa.webhook_delivery_status
+            TO siwa_admin;
+        GRANT SELECT ON siwa.service_heartbeats TO siwa_admin;
+        GRANT EXECUTE ON FUNCTION siwa.health_gauges(timestamptz) TO siwa_admin;
+        GRANT EXECUTE ON FUNCTION siwa.client_ids_in_use(timestamptz) TO siwa_admin;
+        DROP POLICY IF EXISTS service_heartbeats_admin ON siwa.service_heartbeats;
+        CREATE POLICY service_heartbeats_admin ON siwa.service_heartbeats FOR SELECT TO siwa_admin USING (true);
+    END IF;
+END;
+$$;
+
+-- siwa_receiver: EXECUTE on siwa.store_notifications, which runs with its rights: INSERT … ON CONFLICT
+-- (jti) DO NOTHING RETURNING jti, issued_at into the dedupe keys (jti, issued_at, expires_at), then
+-- INSERT … ON CONFLICT (jti, issued_at) DO NOTHING RETURNING id, jti, issued_at into the log, of exactly
+-- the columns the receiver writes (the state, attempts and error columns keep their defaults: it cannot
+-- store a row already applied; personal_data_erased_at it may set, for a row it stores without email
+-- and token), which needs SELECT on those three columns and on no other (not sub, email, raw_token or the
+-- outcome); and INSERT of (id, jti, issued_at) into the queue, the rest keeping its defaults. A queue row
+-- is worth no more to a stolen receiver role than the new notification it can store anyway. A
+-- table-wide INSERT grant (as version 1 had on its table) is revoked first (which revokes column grants
+-- too). The receiver reads two columns of siwa.accounts to store nothing personal of an erased account.
+-- Its heartbeats (of its own kind) and the health gauges.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_receiver') THEN
+        GRANT USAGE ON SCHEMA siwa TO siwa_receiver;
+        REVOKE INSERT ON siwa.notification_log FROM siwa_receiver;
+        GRANT INSERT (jti, event_type, sub, audience, email, is_private_email, event_time, issued_at,
+                      expires_at, raw_token, personal_data_erased_at)
+            ON siwa.notification_log TO siwa_receiver;
+        GRANT SELECT (id, jti, issued_at) ON siwa.notification_log TO siwa_receiver;
+        REVOKE INSERT ON siwa.notification_jtis FROM siwa_receiver;
+        GRANT INSERT (jti, issued_at, expires_at), SELECT (jti, issued_at) ON siwa.notification_jtis TO siwa_receiver;
+        REVOKE INSERT ON siwa.notification_queue FROM siwa_receiver;
+        GRANT INSERT (id, jti, issued_at) ON siwa.notification_queue TO siwa_receiver;
+        GRANT SELECT (sub, personal_data_erased_at) ON siwa.accounts TO siwa_receiver;
+        GRANT EXECUTE ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], text[], boolean[],
+            timestamptz[], timestamptz[], timestamptz[], text[]) TO siwa_receiver;
+        GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.service_heartbeats TO siwa_receiver;
+        GRANT EXECUTE ON FUNCTION siwa.record_heartbeat(text, text, integer, text, text[], timestamptz, interval),
+            siwa.remove_heartbeat(text, text, integer) TO siwa_receiver;
+        GRANT EXECUTE ON FUNCTION siwa.health_gauges(timestamptz) TO siwa_receiver;
+        DROP POLICY IF EXISTS service_heartbeats_receiver ON siwa.service_heartbeats;
+        CREATE POLICY service_heartbeats_receiver ON siwa.service_heartbeats TO siwa_receiver
+            USING (kind = 'receiver') WITH CHECK (kind = 'receiver');
+    END IF;
+END;
+$$;
+
+-- siwa_worker: the worker's functions and everything they touch, as the worker (SECURITY INVOKER).
+-- Functions are matched by name so that every overload (and a function added later to this list's
+-- family) is covered when it exists; LISTEN needs no grant. UPDATE on siwa.accounts is also what lets
+-- the worker hold a user's row lock, the per-user serialisation no other role here can take.
+-- The revoker claims and updates revocation requests, and reads and destroys refresh-token
+-- ciphertexts; applying a consent-revoked marks the echo (a trigger). It resolves aliases when it
+-- claims notifications (and when it erases a user's history). Webhooks: it inserts deliveries (the
+-- fan-out trigger runs as the role inserting the change, and share-locks the pending ones ahead: FOR
+-- SHARE needs UPDATE), claims and updates them, records attempts, reads endpoints and secrets, and
+-- locks slots (FOR UPDATE needs UPDATE). The transitions of its queues (leases, records, repair,
+-- heartbeats) are functions run with its rights: EXECUTE on exactly those. Its heartbeats (of its own
+-- kind) and the health gauges.
+DO $$
+DECLARE
+    v_function regprocedure;
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_worker') THEN
+        GRANT USAGE ON SCHEMA siwa TO siwa_worker;
+        GRANT SELECT, UPDATE ON siwa.notification_log TO siwa_worker;
+        GRANT SELECT ON siwa.notifications TO siwa_worker;  -- the view of the two, nothing more
+        GRANT SELECT, UPDATE, DELETE ON siwa.notification_queue TO siwa_worker;
+        GRANT SELECT, DELETE ON siwa.notification_jtis TO siwa_worker;
+        GRANT SELECT, UPDATE ON siwa.retention_state TO siwa_worker;
+        GRANT SELECT, INSERT, UPDATE ON siwa.accounts TO siwa_worker;
+        GRANT SELECT, UPDATE ON siwa.sessions, siwa.refresh_tokens TO siwa_worker;
+        GRANT SELECT ON siwa.settings TO siwa_worker;
+        GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.changes TO siwa_worker;
+        GRANT SELECT, UPDATE ON siwa.changes_counter TO siwa_worker;
+        -- The set-based pass takes its changes' ids before it inserts them (numbered, last).
+        EXECUTE format('GRANT USAGE ON SEQUENCE %s TO siwa_worker',
+                       pg_catalog.pg_get_serial_sequence('siwa.changes', 'id'));
+        FOR v_function IN
+            SELECT p.oid::regprocedure
+              FROM pg_proc p
+             WHERE p.pronamespace = 'siwa'::regnamespace
+               AND p.proname IN ('process_due_notifications', 'process_notification',
+                                 'process_claimed_notification', 'apply_notification', 'record_failure',
+                                 'prune', 'erase_due_personal_data', 'erase_personal_data', 'on_event',
+                                 'redact_error', 'erased_error', 'create_log_partitions',
+                                 'drop_log_partitions', 'apply_claimed_batch', 'erase_personal_data_of',
+                                 'number_changes', 'change_type', 'hook_path', 'on_change')
+        LOOP
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO siwa_worker', v_function);
+        END LOOP;
+        GRANT SELECT, UPDATE ON siwa.revocation_requests TO siwa_worker;
+        -- The revoker forgets sign-in codes a day old (Apple's codes live five minutes).
+        GRANT SELECT (created_at), DELETE ON siwa.sign_in_codes TO siwa_worker;
+        -- The refresh-token check: its bookkeeping, and consent-revoked events of our own.
+        GRANT SELECT, INSERT, UPDATE ON siwa.refresh_token_checks TO siwa_worker;
+        GRANT EXECUTE ON FUNCTION siwa.record_consent_lost(text, text) TO siwa_worker;
+        GRANT SELECT ON siwa.sub_aliases TO siwa_worker;
+        -- Erasure drops the email an import holds (siwa.erase_personal_data_of).
+        GRANT SELECT (old_sub, email), UPDATE (email) ON siwa.transfer_imports TO siwa_worker;
+        GRANT SELECT ON siwa.webhook_endpoints, siwa.webhook_secrets TO siwa_worker;
+        GRANT SELECT, UPDATE ON siwa.webhook_slots TO siwa_worker;
+        GRANT SELECT, INSERT, UPDATE ON siwa.webhook_deliveries TO siwa_worker;
+        GRANT SELECT, INSERT ON siwa.webhook_attempts TO siwa_worker;
+        GRANT EXECUTE ON FUNCTION siwa.webhook_fan_out() TO siwa_worker;
+        GRANT EXECUTE ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timestamptz),
+            siwa.record_webhook_attempt(bigint, text, timestamptz, integer, integer, text, double precision, text),
+            siwa.repair_webhook_ready(), siwa.claim_revocation(text, interval, timestamptz),
+            siwa.record_revocation(bigint, text, bigint[], bytea[], text, text, text, double precision),
+            siwa.release_revocation(bigint, text), siwa.claim_refresh_check(interval),
+            siwa.record_refresh_check(bigint, bytea, text), siwa.prune_sign_in_codes(interval),
+            siwa.record_heartbeat(text, text, integer, text, text[], timestamptz, interval),
+            siwa.remove_heartbeat(text, text, integer) TO siwa_worker;
+        GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.service_heartbeats TO siwa_worker;
+        GRANT EXECUTE ON FUNCTION siwa.health_gauges(timestamptz) TO siwa_worker;
+        DROP POLICY IF EXISTS service_heartbeats_worker ON siwa.service_heartbeats;
+        CREATE POLICY service_heartbeats_worker ON siwa.service_heartbeats TO siwa_worker
+            USING (kind = 'worker') WITH CHECK (kind = 'worker');
+    END IF;
+END;
+$$;
+
+-- siwa_app: request a revocation, nothing else: it inserts exactly sub and reason and reads back the
+-- id; it cannot read the ledger, the errors, the tokens or their ciphertexts.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_app') THEN
+        GRANT USAGE ON SCHEMA siwa TO siwa_app;
+        GRANT INSERT (sub, reason) ON siwa.revocation_requests TO siwa_app;
+        GRANT SELECT (id) ON siwa.revocation_requests TO siwa_app;
+        GRANT EXECUTE ON FUNCTION siwa.request_revocation(text, text) TO siwa_app;
+        -- Its sessions and refresh tokens: record, look up, revoke (and correct created_at, which the
+        -- validity trigger checks); never a refresh token's ciphertext or hash (it finds its tokens by id
+        -- or sub; a duplicate token is a unique violation, 23505). The validity rule (the function
+        -- and the trigger, both SECURITY INVOKER) reads three columns of siwa.accounts: whether and when
+        -- the user revoked consent or deleted the account, what the app learns from the rule anyway.
+        GRANT SELECT, INSERT (id, sub, created_at, revoked_at, revoke_reason),
+              UPDATE (created_at, revoked_at, revoke_reason)
+            ON siwa.sessions TO siwa_app;
+        GRANT SELECT (id, sub, client_id, created_at, revoked_at, revoke_reason),
+              INSERT (sub, client_id, token_sha256, token_ciphertext, created_at, revoked_at, revoke_reason),
+              UPDATE (created_at, revoked_at, revoke_reason)
+            ON siwa.refresh_tokens TO siwa_app;
+        GRANT SELECT (sub, consent_revoked_at, deleted_at, personal_data_erased_at) ON siwa.accounts TO siwa_app;
+        GRANT EXECUTE ON FUNCTION siwa.session_is_valid(text, timestamptz) TO siwa_app;
+        -- The changefeed, through its view only (never siwa.changes, its unnumbered rows or the counter).
+        GRANT SELECT ON siwa.changefeed TO siwa_app;
+    END IF;
+END;
+$$;
+
+-- siwa_signin: record sign-ins (codes, accounts' email, sign-ins, encrypted refresh tokens it may
+-- insert but never read back), and request revocations.
+-- Like every role that creates accounts, it reads the aliases (the guard trigger of schema/60-transfer.sql).
+DO $$
+DECLARE
+    v_function regprocedure;
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_signin') THEN
+        GRANT USAGE ON SCHEMA siwa TO siwa_signin;
+        GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.sign_in_codes TO siwa_signin;
+        GRANT SELECT, INSERT, UPDATE ON siwa.sign_ins TO siwa_signin;
+        GRANT SELECT (sub, email, is_private_email, consent_revoked_at, deleted_at, personal_data_erased_at),
+              INSERT (sub, email, is_private_email),
+              UPDATE (email, is_private_email, updated_at)
+            ON siwa.accounts TO siwa_signin;
+        GRANT INSERT (sub, client_id, token_sha256, token_ciphertext) ON siwa.refresh_tokens TO siwa_signin;
+        GRANT SELECT (token_sha256) ON siwa.refresh_tokens TO siwa_signin;
+        GRANT INSERT (sub, reason) ON siwa.revocation_requests TO siwa_signin;
+        GRANT SELECT (id) ON siwa.revocation_requests TO siwa_signin;
+        FOR v_function IN
+            SELECT p.oid::regprocedure FROM pg_proc p
+             WHERE p.pronamespace = 'siwa'::regnamespace
+               AND p.proname IN ('begin_sign_in', 'abandon_sign_in', 'record_sign_in', 'sign_in_identity',
+                                 'request_revocation')
+        LOOP
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO siwa_signin', v_function);
+        END LOOP;
+        GRANT SELECT (old_sub) ON siwa.sub_aliases TO siwa_signin;
+    END IF;
+END;
+$$;
