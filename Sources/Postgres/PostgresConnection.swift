@@ -180,6 +180,21 @@ public final class PostgresConnection: @unchecked Sendable {
 
     // MARK: LISTEN / NOTIFY
 
+    /// Opens a connection that listens on `channel` (closed again if LISTEN fails): a consumer's.
+    public static func listening(on channel: String, configuration: PostgresConfiguration)
+        throws(PostgresError)
+        -> PostgresConnection
+    {
+        let connection = try PostgresConnection(configuration: configuration)
+        do {
+            try connection.listen(channel)
+        } catch {
+            connection.close()
+            throw error
+        }
+        return connection
+    }
+
     /// Starts listening on `channel` (quoted safely as an identifier).
     public func listen(_ channel: String) throws(PostgresError) {
         try simpleQuery("LISTEN " + quotedIdentifier(channel))

@@ -114,14 +114,7 @@ public final class Revoker: Sendable {
             state: ConsumerLoopState(pollInterval: min(configuration.pollInterval, .seconds(1))),
             stop: stopSignal,
             connect: { [configuration] in
-                let connection = try PostgresConnection(configuration: configuration.database)
-                do {
-                    try connection.listen(Self.channel)
-                } catch {
-                    connection.close()
-                    throw error
-                }
-                return connection
+                try PostgresConnection.listening(on: Self.channel, configuration: configuration.database)
             },
             drain: { [self] connection in
                 _ = try drain(on: connection)

@@ -153,14 +153,7 @@ public final class WebhookDispatcher: Sendable {
             state: ConsumerLoopState(pollInterval: min(configuration.pollInterval, .milliseconds(500))),
             stop: stopSignal,
             connect: { [configuration] in
-                let connection = try PostgresConnection(configuration: configuration.database)
-                do {
-                    try connection.listen(Self.channel)
-                } catch {
-                    connection.close()
-                    throw error
-                }
-                return connection
+                try PostgresConnection.listening(on: Self.channel, configuration: configuration.database)
             },
             drain: { [self] connection in
                 if index == 0, repair.take(now: .now) { try self.repair(on: connection) }
