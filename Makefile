@@ -20,7 +20,7 @@ DEMO_PACKAGES  = $(BUILD_PACKAGES) postgresql curl python3 openssl
 TEST_PACKAGES  = $(DEMO_PACKAGES) ca-certificates nginx systemd python3-yaml python3-venv prometheus
 
 .PHONY: all deps demo-deps test-deps build release test lint format demo run coverage bench clean \
-        validate-deploy webhooks-venv schema schema-check
+        validate-deploy webhooks-venv schema schema-check dist dist-test image image-test container-deps
 
 all: build
 
@@ -110,7 +110,36 @@ demo: demo-deps build
 run: demo-deps build
 	@./scripts/run "$(BIN)"
 
+# Releases (not part of `make test`: minutes each). The version is the file VERSION.
+#   make dist        release binaries with the Swift runtime linked in, packed as
+#                    dist/siwa-<version>-linux-<arch>.tar.gz (bin/, schema.sql, deploy/, docs/, README.md,
+#                    LICENSE, NOTICE, CHANGELOG.md) and dist/SHA256SUMS
+#   make dist-test   that tarball on a Debian 12 root without Swift (mmdebstrap minbase + the run-time
+#                    libraries): migrate, receiver and worker against PostgreSQL, one notification applied
+#   make image       deploy/container/Dockerfile with podman from local Debian base images (no registry)
+#   make image-test  the same first deployment from the image: non-root, read-only root file system
+# The container targets run as root (podman, mmdebstrap, PostgreSQL as postgres).
+VERSION       := $(shell tr -d '[:space:]' < VERSION)
+DIST_TARBALL   = dist/siwa-$(VERSION)-linux-$(shell uname -m).tar.gz
+IMAGE         ?= localhost/siwa:$(VERSION)
+CONTAINER_PACKAGES = mmdebstrap podman buildah runc uidmap postgresql curl python3 python3-yaml
+
+container-deps:
+	@./scripts/ensure-debian-packages $(CONTAINER_PACKAGES)
+
+dist: deps
+	SWIFT=$(SWIFT) ./scripts/dist
+
+dist-test: dist container-deps
+	./scripts/install-test tarball $(DIST_TARBALL)
+
+image: container-deps
+	IMAGE=$(IMAGE) ./scripts/image
+
+image-test: image
+	./scripts/install-test image $(IMAGE)
+
 clean:
 	$(SWIFT) package clean
 	if [ -L .siwa ]; then rm -rf "$$(readlink .siwa)"; fi
-	rm -rf .siwa
+	rm -rf .siwa dist

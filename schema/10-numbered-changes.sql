@@ -161,8 +161,18 @@ BEGIN
                 ADD COLUMN lease_expires_at timestamptz,
                 ADD CONSTRAINT revocation_requests_lease_check CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL));
         END IF;
+        -- Ready to adopt: heartbeats record the product version and the commit each process was built
+        -- from (NULL in the rows of processes built before version 5, which write only version). The
+        -- table came with version 4: from an older version the desired state creates it with the columns.
+        IF v_from >= 4 THEN
+            ALTER TABLE siwa.service_heartbeats
+                ADD COLUMN product_version text
+                    CONSTRAINT service_heartbeats_product_version_check CHECK (length(product_version) BETWEEN 1 AND 64),
+                ADD COLUMN build_commit text
+                    CONSTRAINT service_heartbeats_build_commit_check CHECK (length(build_commit) BETWEEN 1 AND 64);
+        END IF;
         INSERT INTO siwa.schema_version (version, description)
-        VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function');
+        VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;
 END;
 $$;

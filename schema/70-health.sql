@@ -3,7 +3,8 @@
 -- Every siwa-receiver and siwa-worker process upserts its row here every few seconds (and deletes rows
 -- of its own kind not seen for a day), so that `siwactl doctor --database-url` can tell whether workers
 -- are alive and which audiences the receivers accept. Row-level security keeps each role to the rows of
--- its own kind: a receiver cannot fake a live worker. Both objects are new: no numbered change.
+-- its own kind: a receiver cannot fake a live worker. Both objects came new in version 4; the columns
+-- product_version and build_commit came in version 5 (numbered change 5).
 
 CREATE TABLE IF NOT EXISTS siwa.service_heartbeats (
     kind       text        NOT NULL,
@@ -13,6 +14,10 @@ CREATE TABLE IF NOT EXISTS siwa.service_heartbeats (
     audiences  text[]      NOT NULL DEFAULT '{}',
     started_at timestamptz NOT NULL,
     last_seen  timestamptz NOT NULL DEFAULT now(),
+    product_version text
+        CONSTRAINT service_heartbeats_product_version_check CHECK (length(product_version) BETWEEN 1 AND 64),
+    build_commit    text
+        CONSTRAINT service_heartbeats_build_commit_check CHECK (length(build_commit) BETWEEN 1 AND 64),
     CONSTRAINT service_heartbeats_pkey PRIMARY KEY (kind, host, pid),
     CONSTRAINT service_heartbeats_kind_check CHECK (kind IN ('receiver', 'worker')),
     CONSTRAINT service_heartbeats_host_check CHECK (length(host) BETWEEN 1 AND 255),
@@ -29,6 +34,10 @@ COMMENT ON COLUMN siwa.service_heartbeats.audiences IS
     'A receiver''s accepted client IDs (--audience); for a worker, the revoker''s client IDs (--client-id), empty when the revoker is off.';
 COMMENT ON COLUMN siwa.service_heartbeats.started_at IS 'When the process started.';
 COMMENT ON COLUMN siwa.service_heartbeats.last_seen IS 'Its latest heartbeat.';
+COMMENT ON COLUMN siwa.service_heartbeats.product_version IS
+    'The product version the process was built as (its --version, e.g. 5.0.0); NULL for a process built before schema version 5.';
+COMMENT ON COLUMN siwa.service_heartbeats.build_commit IS
+    'The commit the process was built from (unknown when the build did not know it); NULL for a process built before schema version 5.';
 ALTER TABLE siwa.service_heartbeats ENABLE ROW LEVEL SECURITY;
 
 -- The gauges of /metrics that come from the database, one row of aggregates, cheap on a large log:
@@ -109,21 +118,26 @@ $$;
 COMMENT ON FUNCTION siwa.client_ids_in_use(timestamptz) IS
     'Distinct client IDs in use: audiences of notifications received since p_since, client IDs of sign-ins and of refresh tokens not revoked. SECURITY DEFINER; executable by siwa_admin (siwactl doctor --database-url).';
 
--- A service process's heartbeat: upserts its row and prunes rows of its kind not seen for
--- p_prune_after. SECURITY INVOKER: the row policy lets each role write only its own kind.
-CREATE OR REPLACE FUNCTION siwa.record_heartbeat(p_kind text, p_host text, p_pid integer, p_version text,
-                                                 p_audiences text[], p_started_at timestamptz,
-                                                 p_prune_after interval) RETURNS void
+-- A service process's heartbeat: upserts its row (version 'schema N', the product version and the
+-- commit it was built from) and prunes rows of its kind not seen for p_prune_after. SECURITY INVOKER:
+-- the row policy lets each role write only its own kind.
+CREATE OR REPLACE FUNCTION siwa.record_heartbeat(p_kind text, p_host text, p_pid integer,
+                                                 p_schema_version integer, p_product_version text,
+                                                 p_build_commit text, p_audiences text[],
+                                                 p_started_at timestamptz, p_prune_after interval) RETURNS void
 LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
-    INSERT INTO siwa.service_heartbeats AS h (kind, host, pid, version, audiences, started_at, last_seen)
-    VALUES (p_kind, p_host, p_pid, p_version, p_audiences, p_started_at, pg_catalog.now())
+    INSERT INTO siwa.service_heartbeats AS h
+           (kind, host, pid, version, product_version, build_commit, audiences, started_at, last_seen)
+    VALUES (p_kind, p_host, p_pid, 'schema ' || p_schema_version, p_product_version, p_build_commit,
+            p_audiences, p_started_at, pg_catalog.now())
     ON CONFLICT (kind, host, pid) DO UPDATE
-       SET version = excluded.version, audiences = excluded.audiences,
+       SET version = excluded.version, product_version = excluded.product_version,
+           build_commit = excluded.build_commit, audiences = excluded.audiences,
            started_at = excluded.started_at, last_seen = excluded.last_seen;
     DELETE FROM siwa.service_heartbeats h
      WHERE h.kind = p_kind AND h.last_seen < pg_catalog.now() - p_prune_after;
 $$;
-COMMENT ON FUNCTION siwa.record_heartbeat(text, text, integer, text, text[], timestamptz, interval) IS
+COMMENT ON FUNCTION siwa.record_heartbeat(text, text, integer, integer, text, text, text[], timestamptz, interval) IS
     'Upserts a service process''s heartbeat row and prunes stale rows of its kind. Executable by siwa_receiver and siwa_worker (each for its own kind).';
 
 -- A stopping process deletes its heartbeat row, so that it does not look alive.

@@ -67,7 +67,7 @@ BEGIN
         GRANT EXECUTE ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], text[], boolean[],
             timestamptz[], timestamptz[], timestamptz[], text[]) TO siwa_receiver;
         GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.service_heartbeats TO siwa_receiver;
-        GRANT EXECUTE ON FUNCTION siwa.record_heartbeat(text, text, integer, text, text[], timestamptz, interval),
+        GRANT EXECUTE ON FUNCTION siwa.record_heartbeat(text, text, integer, integer, text, text, text[], timestamptz, interval),
             siwa.remove_heartbeat(text, text, integer) TO siwa_receiver;
         GRANT EXECUTE ON FUNCTION siwa.health_gauges(timestamptz) TO siwa_receiver;
         DROP POLICY IF EXISTS service_heartbeats_receiver ON siwa.service_heartbeats;
@@ -141,7 +141,7 @@ BEGIN
             siwa.record_revocation(bigint, text, bigint[], bytea[], text, text, text, double precision),
             siwa.release_revocation(bigint, text), siwa.claim_refresh_check(interval),
             siwa.record_refresh_check(bigint, bytea, text), siwa.prune_sign_in_codes(interval),
-            siwa.record_heartbeat(text, text, integer, text, text[], timestamptz, interval),
+            siwa.record_heartbeat(text, text, integer, integer, text, text, text[], timestamptz, interval),
             siwa.remove_heartbeat(text, text, integer) TO siwa_worker;
         GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.service_heartbeats TO siwa_worker;
         GRANT EXECUTE ON FUNCTION siwa.health_gauges(timestamptz) TO siwa_worker;

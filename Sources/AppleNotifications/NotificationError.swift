@@ -84,6 +84,10 @@ public struct NotificationError: Error, Sendable, CustomStringConvertible, Equat
     public var code: Code
     /// A short, fixed explanation written by this library (never contains input values).
     public var detail: String?
+    /// For ``Code/wrongAudience`` of a token whose signature verified: the `aud` it names (a client
+    /// ID Apple signed, comma-separated when several, at most 200 characters), so that an operator sees
+    /// which app's notifications are refused. `nil` otherwise.
+    public var refusedAudience: String?
 
     /// Creates an error; `detail` must never contain token material or personal data.
     public init(_ kind: Kind, _ code: Code, _ detail: String? = nil) {

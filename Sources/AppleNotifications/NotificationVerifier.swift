@@ -118,7 +118,17 @@ public struct NotificationVerifier: Sendable {
             throw .malformed(.badClaim, "aud is neither a string nor an array")
         }
         guard let audience = tokenAudiences.first(where: { audiences.contains($0) }) else {
-            throw .verificationFailed(.wrongAudience, "aud names no configured client ID")
+            var error = NotificationError.verificationFailed(
+                .wrongAudience, "aud names no configured client ID")
+            // Signed by Apple (the signature verified above): a client ID, shown printable and bounded.
+            error.refusedAudience = String(
+                String(
+                    tokenAudiences.joined(separator: ",").unicodeScalars.filter {
+                        $0.value >= 0x20 && $0.value < 0x7f
+                    }
+                )
+                .prefix(200))
+            throw error
         }
 
         guard let iat = claims["iat"] else { throw .malformed(.missingClaim, "iat is missing") }

@@ -29,6 +29,8 @@ public struct PostgresConfiguration: Sendable, CustomStringConvertible {
     /// `target_session_attrs` from the connection string (e.g. `read-write`: of several hosts, only a
     /// primary), if it sets one.
     public let targetSessionAttributes: String?
+    /// The password from the connection string, if it has one: only to mask it in libpq's messages.
+    let password: String?
 
     /// Parses and validates `connectionString` (URL or conninfo form) without connecting.
     /// - Throws: `PostgresError` with code `.invalidConfiguration` when libpq cannot parse it.
@@ -70,6 +72,26 @@ public struct PostgresConfiguration: Sendable, CustomStringConvertible {
         self.host = values["host"] ?? values["hostaddr"]
         self.port = values["port"]
         self.targetSessionAttributes = values["target_session_attrs"]
+        self.password = values["password"].flatMap { $0.isEmpty ? nil : $0 }
+    }
+
+    /// `text` with the password (as given and percent-encoded) and the connection string itself
+    /// replaced by `****`: for libpq's reasons of a failed connection, which name the host, port, user
+    /// and database and the server's reason (password authentication failed, database does not exist,
+    /// no pg_hba.conf entry), and never a statement's data.
+    func maskingSecrets(in text: String) -> String {
+        var masked = text
+        if connectionString.count >= 8 { masked = masked.replacingAll(connectionString, with: "****") }
+        if let password {
+            var forms = [password]
+            if let encoded = password.addingPercentEncodingForURL(), encoded != password {
+                forms.append(encoded)
+            }
+            for form in forms.sorted(by: { $0.count > $1.count }) {
+                masked = masked.replacingAll(form, with: "****")
+            }
+        }
+        return masked
     }
 
     /// A reason for a parse failure that quotes nothing from the connection string.
@@ -147,5 +169,38 @@ extension String {
         while let last = scalars.last, last.isWhitespace { scalars.removeLast() }
         while let first = scalars.first, first.isWhitespace { scalars.removeFirst() }
         return String(scalars)
+    }
+}
+
+extension String {
+    /// Every occurrence of `target` replaced (without Foundation).
+    func replacingAll(_ target: String, with replacement: String) -> String {
+        guard !target.isEmpty else { return self }
+        var result = ""
+        var rest = self[...]
+        while let range = rest.firstRange(of: target) {
+            result += rest[..<range.lowerBound]
+            result += replacement
+            rest = rest[range.upperBound...]
+        }
+        return result + rest
+    }
+
+    /// Percent-encoded as in a URL's userinfo: everything but unreserved characters.
+    func addingPercentEncodingForURL() -> String? {
+        var out = ""
+        for byte in utf8 {
+            switch byte {
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"),
+                UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "."),
+                UInt8(ascii: "_"),
+                UInt8(ascii: "~"):
+                out.append(Character(Unicode.Scalar(byte)))
+            default:
+                let hex = Array("0123456789ABCDEF")
+                out += "%" + String(hex[Int(byte >> 4)]) + String(hex[Int(byte & 0xF)])
+            }
+        }
+        return out
     }
 }

@@ -49,17 +49,16 @@ public final class PostgresConnection: @unchecked Sendable {
     /// Set once a statement failed at the connection level (the server may not have closed the socket
     /// yet, but the connection must not be reused).
     private var sawConnectionError = false
-    /// Set by the notice receiver when the server reports a FATAL error outside any statement (e.g.
-    /// "terminating connection due to administrator command" sent to an idle session). Owned here,
-    /// deallocated in `deinit` after the handle is finished.
-    private let serverEndedSession: UnsafeMutablePointer<Bool>
+    /// Filled by the notice receiver: whether the server reported a FATAL error outside any statement
+    /// (e.g. "terminating connection due to administrator command" sent to an idle session), and the
+    /// notices and warnings it sent. Retained here, released in `deinit` after the handle is finished.
+    private let sink: NoticeSink
 
     /// Opens a connection, failing after `configuration.connectTimeout` at the latest.
     /// - Throws: `.connectionFailed` with libpq's reason.
     public init(configuration: PostgresConfiguration) throws(PostgresError) {
         self.configuration = configuration
-        serverEndedSession = .allocate(capacity: 1)
-        serverEndedSession.initialize(to: false)
+        sink = NoticeSink()
         let parameters = configuration.connectionParameters
         let keywords = parameters.map { UnsafePointer(strdup($0.0)) } + [nil]
         let values = parameters.map { UnsafePointer(strdup($0.1)) } + [nil]
@@ -70,30 +69,46 @@ public final class PostgresConnection: @unchecked Sendable {
             throw PostgresError(code: .connectionFailed, message: "libpq could not allocate a connection")
         }
         guard PQstatus(connection) == CONNECTION_OK else {
-            let message = String(cString: PQerrorMessage(connection)).trimmingWhitespace()
+            // libpq's reason names host, port, user and database and the server's reason (password
+            // authentication failed, database does not exist, no pg_hba.conf entry): safe to log once
+            // any password is masked, so it is part of the error's description (see PostgresError).
+            let message = configuration.maskingSecrets(
+                in: String(cString: PQerrorMessage(connection)).trimmingWhitespace())
             PQfinish(connection)
             throw PostgresError(code: .connectionFailed, message: message)
         }
-        // Notices are not printed (libraries never print); a FATAL one marks the session as ended.
+        // Notices are not printed (libraries never print): they are kept for ``takeNotices()``; a
+        // FATAL one marks the session as ended.
         PQsetNoticeReceiver(
             connection,
-            { flag, result in
-                guard let flag, let result,
-                    let severity = PQresultErrorField(result, Int32(UInt8(ascii: "V")))
-                else { return }
-                let level = String(cString: severity)
-                if level == "FATAL" || level == "PANIC" {
-                    flag.assumingMemoryBound(to: Bool.self).pointee = true
+            { context, result in
+                guard let context, let result else { return }
+                let sink = Unmanaged<NoticeSink>.fromOpaque(context).takeUnretainedValue()
+                func field(_ code: Unicode.Scalar) -> String? {
+                    PQresultErrorField(result, Int32(code.value)).map { String(cString: $0) }
                 }
-            }, serverEndedSession)
+                let level = field("V") ?? field("S") ?? "NOTICE"
+                if level == "FATAL" || level == "PANIC" { sink.serverEndedSession = true }
+                sink.append(
+                    PostgresNotice(
+                        severity: level, sqlState: field("C"),
+                        message: (field("M") ?? "").trimmingWhitespace(), detail: field("D"), hint: field("H")
+                    ))
+            }, Unmanaged.passUnretained(sink).toOpaque())
         handle = connection
         try ensureSessionSettings()
     }
 
     deinit {
         close()
-        serverEndedSession.deinitialize(count: 1)
-        serverEndedSession.deallocate()
+    }
+
+    /// The notices and warnings the server sent on this connection since the last call (at most the
+    /// latest ``NoticeSink/capacity``), oldest first, and forgets them. Their texts are the server's:
+    /// they may name objects or repeat what a function raised, so show them to an operator (as
+    /// `siwactl migrate` does), do not log them.
+    public func takeNotices() -> [PostgresNotice] {
+        sink.take()
     }
 
     /// Closes the connection (idempotent). Later calls throw `.connectionClosed`.
@@ -106,7 +121,7 @@ public final class PostgresConnection: @unchecked Sendable {
     /// The connection's state.
     public var status: Status {
         guard let handle else { return .closed }
-        let usable = PQstatus(handle) == CONNECTION_OK && !sawConnectionError && !serverEndedSession.pointee
+        let usable = PQstatus(handle) == CONNECTION_OK && !sawConnectionError && !sink.serverEndedSession
         return usable ? .connected : .broken
     }
 
@@ -270,7 +285,7 @@ public final class PostgresConnection: @unchecked Sendable {
             if PQconsumeInput(handle) == 0 { return false }
             _ = PQisBusy(handle)  // Parses what was read, so a FATAL notice reaches the receiver.
         }
-        return PQstatus(handle) == CONNECTION_OK && !serverEndedSession.pointee
+        return PQstatus(handle) == CONNECTION_OK && !sink.serverEndedSession
             && PQtransactionStatus(handle) == PQTRANS_IDLE
     }
 
@@ -529,5 +544,58 @@ private struct ParameterValues {
 
     func release() {
         for pointer in pointers { free(UnsafeMutablePointer(mutating: pointer)) }
+    }
+}
+
+/// A notice, warning or other message the server sent outside an error (`RAISE WARNING`, `RAISE
+/// NOTICE`, a `NOTICE` of a DDL statement), as ``PostgresConnection/takeNotices()`` returns it.
+public struct PostgresNotice: Sendable, Hashable, CustomStringConvertible {
+    /// `WARNING`, `NOTICE`, `INFO`, `DEBUG`, `LOG` (or `FATAL` when the server ends the session).
+    public var severity: String
+    /// The SQLSTATE (`01000` for a plain warning).
+    public var sqlState: String?
+    /// The primary message.
+    public var message: String
+    /// The detail, if any.
+    public var detail: String?
+    /// The hint, if any.
+    public var hint: String?
+
+    /// Creates a notice.
+    public init(
+        severity: String, sqlState: String?, message: String, detail: String? = nil, hint: String? = nil
+    ) {
+        self.severity = severity
+        self.sqlState = sqlState
+        self.message = message
+        self.detail = detail
+        self.hint = hint
+    }
+
+    /// `WARNING: message` followed by `DETAIL: …` and `HINT: …` when present, as psql prints it.
+    public var description: String {
+        var text = "\(severity): \(message)"
+        if let detail { text += "\nDETAIL: \(detail)" }
+        if let hint { text += "\nHINT: \(hint)" }
+        return text
+    }
+}
+
+/// Where libpq's notice receiver puts what it gets; used on the connection's thread only (libpq calls
+/// the receiver synchronously inside the call that reads the server's message).
+final class NoticeSink: @unchecked Sendable {
+    /// The most notices kept; older ones are dropped (a long-lived connection nobody asks).
+    static let capacity = 1000
+    var serverEndedSession = false
+    private var notices: [PostgresNotice] = []
+
+    func append(_ notice: PostgresNotice) {
+        if notices.count >= Self.capacity { notices.removeFirst(notices.count - Self.capacity + 1) }
+        notices.append(notice)
+    }
+
+    func take() -> [PostgresNotice] {
+        defer { notices = [] }
+        return notices
     }
 }

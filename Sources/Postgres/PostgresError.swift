@@ -81,12 +81,26 @@ public struct PostgresError: Error, Sendable, CustomStringConvertible, CustomDeb
             || code == .poolExhausted || sqlState == "55P03"
     }
 
-    /// `PostgresError(code: …, sqlState: …, constraint: …)`: safe for logs, without the message.
+    /// `PostgresError(code: …, sqlState: …, constraint: …)`: safe for logs, without the message —
+    /// except for ``Code/connectionFailed``, whose message is libpq's reason with any password masked
+    /// (``connectionFailureReason``): it names only the host, port, user and database and the server's
+    /// reason, never data a statement carried, and without it a wrong password, a missing database or
+    /// a missing pg_hba.conf entry would all look alike in the log.
     public var description: String {
         var text = "PostgresError(code: \(code)"
         if let sqlState { text += ", sqlState: \(sqlState)" }
         if let constraintName { text += ", constraint: \(constraintName)" }
+        if let reason = connectionFailureReason { text += ", reason: \(reason.debugDescription)" }
         return text + ")"
+    }
+
+    /// For ``Code/connectionFailed``: why the connection could not be opened, as libpq says it
+    /// (`connection to server at "db" (10.0.0.5), port 5432 failed: FATAL:  password authentication
+    /// failed for user "siwa_worker_login"`), on one line, any password masked; `nil` for other codes.
+    public var connectionFailureReason: String? {
+        guard code == .connectionFailed, !message.isEmpty else { return nil }
+        return message.split(whereSeparator: \.isNewline).map { String($0).trimmingWhitespace() }
+            .filter { !$0.isEmpty }.joined(separator: "; ")
     }
 
     /// ``description`` followed by the (redacted) ``message``: for an operator's terminal or a debugger.

@@ -27,7 +27,9 @@ public final class KeyStore: @unchecked Sendable {
     /// What one fetch did, for metrics and logs.
     public enum FetchOutcome: Sendable {
         case success(keyCount: Int)
-        case failure(reason: String)
+        /// A failed fetch; `heldKeys` is how many keys of an earlier fetch stay in use (0: none, every
+        /// notification is answered 503 until a fetch succeeds).
+        case failure(reason: String, heldKeys: Int)
     }
 
     private let source: @Sendable () throws -> Data
@@ -148,9 +150,12 @@ public final class KeyStore: @unchecked Sendable {
         } catch {
             outcome = .failure(error)
         }
+        condition.lock()
+        let held = keys?.keyIDs.count ?? 0
+        condition.unlock()
         switch outcome {
         case .success(let set): observer(.success(keyCount: set.keyIDs.count))
-        case .failure(let error): observer(.failure(reason: String(describing: error)))
+        case .failure(let error): observer(.failure(reason: String(describing: error), heldKeys: held))
         }
         condition.lock()
         switch outcome {

@@ -147,8 +147,12 @@ public final class NotificationEndpoint: Sendable {
                 response = Self.json(400, #"{"error":"malformed","reason":"\#(error.code.rawValue)"}"#)
             case .keyNotAvailable:
                 outcome = .unavailable
+                // The reason logged is the one answered; the key store's own reason beside it.
+                fields["reason"] = "keys_unavailable"
+                fields["detail"] = .string(error.code.rawValue)
                 response = unavailable("keys_unavailable")
             default:
+                if let audience = error.refusedAudience { fields["aud"] = .string(audience) }
                 outcome = .unauthorized
                 metrics.verificationFailure(error.code.rawValue).increment()
                 response = Self.json(
@@ -189,7 +193,9 @@ public final class NotificationEndpoint: Sendable {
         fields["status"] = .int(response.status)
         fields["outcome"] = .string(outcome.rawValue)
         fields["latency_ms"] = .double((Self.seconds(since: started) * 1e6).rounded() / 1e3)
-        logger.log(response.status >= 500 ? .warning : .info, "notification", fields)
+        // A refused audience is a configuration gap (an app whose notifications are lost), not noise.
+        let warn = response.status >= 500 || fields["aud"] != nil
+        logger.log(warn ? .warning : .info, "notification", fields)
     }
 
     private func unavailable(_ reason: String) -> HTTPResponse {
@@ -263,12 +269,22 @@ public final class ReceiverMetrics: Sendable {
                 labels: [("outcome", outcome.rawValue)])
         }
         self.deliveries = deliveries
+        // Every refusal reason exported at 0 from the start: a series born at 1 on the first refusal
+        // has no earlier sample, so increase() (and an alert such as SiwaWrongAudience) misses it.
+        for reason in Self.refusalReasons { _ = verificationFailure(reason.rawValue) }
         registry.computedGauge(
             "siwa_receiver_last_verified_notification_timestamp_seconds",
             help:
                 "Unix time this receiver process last answered 200 to a verified notification; 0 since its start."
         ) { [self] in Double(lastVerifiedMilliseconds.load(ordering: .relaxed)) / 1000 }
     }
+
+    /// The reasons a verified-shape token is refused with 401, each a series of
+    /// `siwa_verification_failures_total` from the start.
+    public static let refusalReasons: [NotificationError.Code] = [
+        .unknownKeyID, .missingKeyID, .badSignature, .algorithmNotAllowed, .criticalHeader, .wrongIssuer,
+        .wrongAudience, .expired, .tooOld, .issuedInFuture,
+    ]
 
     /// Deliveries by outcome (created once, so counting takes no lock).
     public func delivery(_ outcome: DeliveryOutcome) -> Counter { deliveries[outcome]! }

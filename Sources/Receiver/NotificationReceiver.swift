@@ -83,10 +83,12 @@ public final class NotificationReceiver: Sendable {
             case .success(let count):
                 logger.info(
                     "fetched Apple's key set", ["keys": .int(count), "url": .string(source.description)])
-            case .failure(let reason):
+            case .failure(let reason, let held):
                 logger.warning(
-                    "could not fetch Apple's key set; keeping the last good keys",
-                    ["reason": .string(reason), "url": .string(source.description)])
+                    held > 0
+                        ? "could not fetch Apple's key set; keeping the last good keys"
+                        : "could not fetch Apple's key set; no keys held: notifications are answered 503 until a fetch succeeds",
+                    ["reason": .string(reason), "url": .string(source.description), "held_keys": .int(held)])
             }
         }
         pool = PostgresPool(

@@ -30,8 +30,13 @@ public final class ServiceHealth: Sendable {
         public var kind: Kind
         /// The receiver's accepted audiences, or the worker revoker's client IDs (empty when off).
         public var audiences: [String]
-        /// What the process was built as, e.g. `schema 3`.
+        /// The product version the process was built as, e.g. `5.0.0`.
         public var version: String
+        /// The commit it was built from (`unknown` when not known at build time).
+        public var commit: String
+        /// The schema version it embeds (recorded as `schema N` in the `version` column, as before
+        /// version 5; the product version and commit have their own columns).
+        public var schemaVersion: Int
         /// How often the heartbeat row is refreshed.
         public var heartbeatInterval: Duration = .seconds(15)
         /// How long one reading of the gauges is served before the database is asked again.
@@ -48,7 +53,7 @@ public final class ServiceHealth: Sendable {
         /// - Throws: ``ConfigurationError`` for a non-positive interval.
         public init(
             database: PostgresConfiguration, kind: Kind, audiences: [String], version: String,
-            heartbeatInterval: Duration = .seconds(15)
+            commit: String, schemaVersion: Int, heartbeatInterval: Duration = .seconds(15)
         ) throws {
             guard heartbeatInterval > .zero else {
                 throw ConfigurationError("the heartbeat interval must be positive")
@@ -57,6 +62,8 @@ public final class ServiceHealth: Sendable {
             self.kind = kind
             self.audiences = audiences.sorted()
             self.version = version
+            self.commit = commit
+            self.schemaVersion = schemaVersion
             self.heartbeatInterval = heartbeatInterval
         }
     }
@@ -195,12 +202,13 @@ public final class ServiceHealth: Sendable {
                 let connection = try Self.open(&state.connection, configuration)
                 try connection.query(
                     """
-                    SELECT siwa.record_heartbeat($1, $2, $3::integer, $4, $5::text[], $6,
-                                                 $7::float8 * interval '1 second')
+                    SELECT siwa.record_heartbeat($1, $2, $3::integer, $4::integer, $5, $6, $7::text[], $8,
+                                                 $9::float8 * interval '1 second')
                     """,
                     [
                         .text(configuration.kind.name), .text(configuration.host),
-                        .int(Int64(configuration.processID)), .text(configuration.version),
+                        .int(Int64(configuration.processID)), .int(Int64(configuration.schemaVersion)),
+                        .text(configuration.version), .text(configuration.commit),
                         .array(configuration.audiences.map { .text($0) }), .date(startedAt),
                         .double(configuration.pruneAfter.inSeconds),
                     ])
@@ -218,6 +226,7 @@ public final class ServiceHealth: Sendable {
     public func start() {
         let stop = StopSignal()
         let started = JoinableThread(name: "siwa-heartbeat") { [self] in
+            warnAboutRole()
             _ = snapshot()
             var loop = ConsumerLoop<Void>(
                 state: ConsumerLoopState(pollInterval: configuration.heartbeatInterval), stop: stop,
@@ -268,6 +277,34 @@ public final class ServiceHealth: Sendable {
             state.connection?.close()
             state.connection = nil
         }
+    }
+
+    /// Logs a warning when the process's role is a superuser or the owner of schema siwa (or a member
+    /// of it): such a role may do anything to the data, far more than the group role's grant says, so a
+    /// bug or a compromised process is not contained. Checked once, at start.
+    func warnAboutRole() {
+        let row: (String, Bool, Bool)? = state.withLock { state in
+            guard let connection = try? Self.open(&state.connection, configuration),
+                let row = try? connection.query(
+                    """
+                    SELECT current_user::text, r.rolsuper,
+                           coalesce((SELECT pg_has_role(current_user, n.nspowner, 'USAGE')
+                                       FROM pg_namespace n WHERE n.nspname = 'siwa'), false)
+                      FROM pg_roles r WHERE r.rolname = current_user
+                    """
+                ).first,
+                let user = try? row[0, as: String.self], let superuser = try? row[1, as: Bool.self],
+                let owner = try? row[2, as: Bool.self]
+            else { return nil }
+            return (user, superuser, owner)
+        }
+        guard let (user, superuser, owner) = row, superuser || owner else { return }
+        let group = configuration.kind == .receiver ? "siwa_receiver" : "siwa_worker"
+        logger.warning(
+            superuser
+                ? "connected as a superuser: this process may do anything to every database of the server; log in as a member of \(group) instead"
+                : "connected as the owner of schema siwa: this process may change or drop any of its tables; log in as a member of \(group) instead",
+            ["role": .string(user), "group_role": .string(group)])
     }
 
     private static func open(_ connection: inout PostgresConnection?, _ configuration: Configuration) throws

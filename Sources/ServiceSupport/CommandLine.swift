@@ -110,6 +110,9 @@ public struct CommandLineError: Error, Sendable, CustomStringConvertible {
 public struct ParsedCommand: Sendable {
     /// Whether `-h` or `--help` was given (nothing else is validated then).
     public var helpRequested: Bool
+    /// Whether `--version` was given to a command that offers it (``CommandSpec/offersVersion``;
+    /// nothing else is validated then).
+    public var versionRequested: Bool = false
     /// Values per option name, in order given (or from the environment, or the default).
     public var options: [String: [String]]
     /// Flags that are set.
@@ -137,17 +140,21 @@ public struct CommandSpec: Sendable {
     public var flags: [CommandFlag]
     /// Declared positionals, in order; optional ones must come last.
     public var positionals: [CommandPositional]
+    /// Whether `--version` is accepted (an executable's own command, not a verb): parsing then stops
+    /// with ``ParsedCommand/versionRequested`` set.
+    public var offersVersion: Bool
 
     /// Declares a command.
     public init(
         name: String, abstract: String, options: [CommandOption] = [], flags: [CommandFlag] = [],
-        positionals: [CommandPositional] = []
+        positionals: [CommandPositional] = [], offersVersion: Bool = false
     ) {
         self.name = name
         self.abstract = abstract
         self.options = options
         self.flags = flags
         self.positionals = positionals
+        self.offersVersion = offersVersion
     }
 
     /// Parses arguments (without the program name) with the given environment as fallback.
@@ -170,6 +177,10 @@ public struct CommandSpec: Sendable {
             }
             if argument == "-h" || argument == "--help" {
                 parsed.helpRequested = true
+                return parsed
+            }
+            if offersVersion && argument == "--version" {
+                parsed.versionRequested = true
                 return parsed
             }
             guard argument.hasPrefix("--") else {
@@ -267,6 +278,9 @@ public struct CommandSpec: Sendable {
             var help = flag.help
             if let variable = flag.environmentVariable { help += " [env: \(variable)]" }
             rows.append(("--\(flag.name)", help))
+        }
+        if offersVersion {
+            rows.append(("--version", "Print the version, the commit and the schema version."))
         }
         rows.append(("-h, --help", "Show this help."))
         let width = rows.map(\.0.count).max() ?? 0

@@ -59,6 +59,17 @@ public final class MetricsRegistry: Sendable {
         }
     }
 
+    /// `siwa_build_info{version=…,commit=…,schema_version=…} 1`: what the process was built as, for
+    /// joining onto other series and for alerts on mixed versions.
+    public func buildInfo(labels: [(String, String)]) {
+        gauge(
+            "siwa_build_info",
+            help:
+                "Always 1; the labels say what this process was built as (version, commit, schema version).",
+            labels: labels
+        ).set(1)
+    }
+
     /// A histogram with the given upper bounds (seconds, for latencies).
     public func histogram(
         _ name: String, help: String, labels: [(String, String)] = [],

@@ -122,16 +122,20 @@ final class Lane {
             failed: { [self] error, retry in
                 worker.metrics.reconnects.increment()
                 let error = error as? PostgresError
+                var fields: [String: Logger.Value] = [
+                    "lane": .int(index), "error_code": .string(error?.code.description ?? "unknown"),
+                    "sqlstate": .string(error?.sqlState ?? ""),
+                    "retry_in_ms": .int(Int(retry.wholeMilliseconds)),
+                ]
+                // Why the server refused the connection (wrong password, no such database, no
+                // pg_hba.conf entry), password masked.
+                if let reason = error?.connectionFailureReason { fields["reason"] = .string(reason) }
                 logger.warning(
                     error?.code == .readOnly
                         ? "database accepts no writes (a standby?); reconnecting"
                         : error?.isConnectionError ?? false
                             ? "database unavailable; reconnecting" : "database error; reconnecting",
-                    [
-                        "lane": .int(index), "error_code": .string(error?.code.description ?? "unknown"),
-                        "sqlstate": .string(error?.sqlState ?? ""),
-                        "retry_in_ms": .int(Int(retry.wholeMilliseconds)),
-                    ])
+                    fields)
             })
         do {
             try loop.run()

@@ -137,9 +137,13 @@ public final class Revoker: Sendable {
             close: { $0.close() },
             failed: { [logger] error, retry in
                 let code = (error as? PostgresError).map { $0.sqlState ?? $0.code.description } ?? "unknown"
-                logger.warning(
-                    "revoker: database failure; reconnecting",
-                    ["error": .string(code), "retry_in_ms": .int(Int(retry.wholeMilliseconds))])
+                var fields: [String: Logger.Value] = [
+                    "error": .string(code), "retry_in_ms": .int(Int(retry.wholeMilliseconds)),
+                ]
+                if let reason = (error as? PostgresError)?.connectionFailureReason {
+                    fields["reason"] = .string(reason)
+                }
+                logger.warning("revoker: database failure; reconnecting", fields)
             })
         try? loop.run()
         logger.info("revoker stopped")

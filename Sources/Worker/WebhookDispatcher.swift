@@ -167,12 +167,14 @@ public final class WebhookDispatcher: Sendable {
             close: { $0.close() },
             failed: { [logger] error, retry in
                 let code = (error as? PostgresError).map { $0.sqlState ?? $0.code.description } ?? "unknown"
-                logger.warning(
-                    "webhooks: database failure; connecting again",
-                    [
-                        "lane": .int(index), "error": .string(code),
-                        "retry_in_ms": .int(Int(retry.wholeMilliseconds)),
-                    ])
+                var fields: [String: Logger.Value] = [
+                    "lane": .int(index), "error": .string(code),
+                    "retry_in_ms": .int(Int(retry.wholeMilliseconds)),
+                ]
+                if let reason = (error as? PostgresError)?.connectionFailureReason {
+                    fields["reason"] = .string(reason)
+                }
+                logger.warning("webhooks: database failure; connecting again", fields)
             })
         try? loop.run()
     }

@@ -14,12 +14,15 @@ func healthService(
     let health = ServiceHealth(
         configuration: try ServiceHealth.Configuration(
             database: configuration.database, kind: .receiver, audiences: Array(configuration.audiences),
-            version: "schema \(SiwaSchema.version)"),
+            version: SiwaBuild.version, commit: SiwaBuild.commit, schemaVersion: SiwaBuild.schemaVersion),
         logger: logger)
     return .background(
         "heartbeat",
         start: {
-            if let registry = metrics() { health.register(on: registry) }
+            if let registry = metrics() {
+                registry.buildInfo(labels: SiwaBuild.metricLabels)
+                health.register(on: registry)
+            }
             health.start()
         },
         stop: { health.stop() })

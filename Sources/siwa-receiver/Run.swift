@@ -3,6 +3,7 @@ import HTTPServer
 import Postgres
 import Receiver
 import ServiceSupport
+import SiwaSchema
 import Synchronization
 
 let receiverCommand = CommandSpec(
@@ -23,7 +24,7 @@ let receiverCommand = CommandSpec(
             isRepeatable: true, isRequired: true, environmentVariable: "SIWA_AUDIENCES"),
         CommandOption(
             "jwks-url", valueName: "URL", help: "Apple's key set (https; http only for loopback).",
-            environmentVariable: "SIWA_JWKS_URL", defaultValue: "https://appleid.apple.com/auth/keys"),
+            environmentVariable: "SIWA_JWKS_URL", defaultValue: appleKeySetURL),
         CommandOption(
             "jwks-cooldown", valueName: "SECONDS",
             help: "Least time between refetches caused by unknown kids.",
@@ -57,7 +58,7 @@ let receiverCommand = CommandSpec(
         CommandOption(
             "log-level", valueName: "LEVEL", help: "debug, info, warning or error.",
             environmentVariable: "SIWA_LOG_LEVEL", defaultValue: "info"),
-    ] + signInOptions)
+    ] + signInOptions, offersVersion: true)
 
 /// Parses the configuration, runs until SIGTERM/SIGINT, and returns the exit status: 0 stopped by a
 /// signal, 1 failure (e.g. the port is taken), 2 usage error.
@@ -74,6 +75,10 @@ func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
         writeStandardOutput(receiverCommand.helpText())
         return 0
     }
+    if parsed.versionRequested {
+        writeStandardOutput(SiwaBuild.versionLine("siwa-receiver") + "\n")
+        return 0
+    }
     let configuration: ReceiverConfiguration
     let logger: Logger
     let signIn: SignInSetup?
@@ -83,6 +88,13 @@ func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
     } catch {
         writeErrorLine("siwa-receiver", "\(error)")
         return 2
+    }
+    // A key set other than Apple's accepts tokens nobody but its holder signed: for tests and staging
+    // only, and said loudly at every start.
+    if let url = parsed.value("jwks-url"), url != appleKeySetURL {
+        logger.warning(
+            "the key set is not Apple's: notifications signed by whoever holds its keys are accepted; use this for tests and staging only, never in production",
+            ["url": .string(configuration.jwks.description), "apple": .string(appleKeySetURL)])
     }
     // One service: the receiver starts its parts in order and stops them in reverse, joining every
     // thread it started (HTTP daemon and handlers, committers, key refresher) before shutdown returns.
@@ -173,6 +185,9 @@ private func makeConfiguration(_ parsed: ParsedCommand, environment: [String: St
     }
     return (configuration, Logger(label: "siwa-receiver", level: level))
 }
+
+/// Apple's published key set, the only one production may use.
+let appleKeySetURL = "https://appleid.apple.com/auth/keys"
 
 /// The largest `--max-token-age`: below the database's 7-day dedupe window, with a day to spare.
 let maximumTokenAge: Duration = .seconds(6 * 86_400)

@@ -17,7 +17,8 @@ func healthService(
             .map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty } : []
     let health = ServiceHealth(
         configuration: try ServiceHealth.Configuration(
-            database: database, kind: .worker, audiences: clientIDs, version: "schema \(SiwaSchema.version)"),
+            database: database, kind: .worker, audiences: clientIDs, version: SiwaBuild.version,
+            commit: SiwaBuild.commit, schemaVersion: SiwaBuild.schemaVersion),
         logger: logger)
     health.register(on: metrics)
     return .background("heartbeat", start: { health.start() }, stop: { health.stop() })

@@ -3,6 +3,7 @@ import Foundation
 import HTTPServer
 import Postgres
 import ServiceSupport
+import SiwaSchema
 import Worker
 
 // siwa-worker: applies stored Sign in with Apple notifications. This file only parses the configuration
@@ -69,7 +70,7 @@ let spec = CommandSpec(
         CommandFlag(
             "once", help: "Drain everything that is due, run maintenance once, then exit.",
             environmentVariable: "SIWA_WORKER_ONCE")
-    ])
+    ], offersVersion: true)
 
 /// Reports a usage or configuration error on one line of stderr and ends the process (no thread of ours
 /// runs yet).
@@ -89,12 +90,17 @@ if parsed.helpRequested {
     writeStandardOutput(spec.helpText())
     terminateProcess(status: 0)
 }
+if parsed.versionRequested {
+    writeStandardOutput(SiwaBuild.versionLine("siwa-worker") + "\n")
+    terminateProcess(status: 0)
+}
 
 guard let level = Logger.Level(name: parsed.value("log-level") ?? "info") else {
     fail("--log-level must be debug, info, warning or error", status: 2)
 }
 let logger = Logger(label: "siwa-worker", level: level)
 let metrics = MetricsRegistry()
+metrics.buildInfo(labels: SiwaBuild.metricLabels)
 let configuration: Worker.Configuration
 let metricsAddress: ListenAddress?
 let revoker: Revoker?

@@ -5,6 +5,12 @@ import ServiceSupport
 /// `siwactl client-secret`: the ES256 `client_secret` for Apple's token endpoint, and a health check
 /// of an existing one (an expired secret is the most common production outage).
 enum ClientSecretVerb {
+    /// `expired 1.0 days ago` or `in 30.0 days`: days to an expiry, never a negative count.
+    static func relative(days: Double) -> String {
+        days < 0
+            ? "expired \(String(format: "%.1f", -days)) days ago" : "in \(String(format: "%.1f", days)) days"
+    }
+
     static let makeSpec = CommandSpec(
         name: "siwactl client-secret",
         abstract: """
@@ -132,8 +138,7 @@ enum ClientSecretVerb {
         var problems: [String] = []
         writeStandardOutput(
             """
-            expires: \(VerifyVerb.formatISO8601(claims.expiresAt)) (\(String(format: "%.1f", days)) days \
-            \(days < 0 ? "ago" : "from now"))
+            expires: \(VerifyVerb.formatISO8601(claims.expiresAt)) (\(Self.relative(days: days)))
             alg: \(claims.algorithm)
             kid: \(claims.keyID)
             iss (team ID): \(claims.teamID)

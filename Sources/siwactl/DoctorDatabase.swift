@@ -1,6 +1,7 @@
 import Foundation
 import Postgres
 import ServiceSupport
+import SiwaSchema
 
 /// `siwactl doctor --database-url`: what only the database can tell. Reads
 /// `siwa.service_heartbeats` (every receiver and worker refreshes its row every 15 s) and
@@ -13,7 +14,17 @@ extension Doctor {
         var pid: Int
         var audiences: [String]
         var age: Double
+        /// `version` as recorded (`schema N`), the product version and the commit (nil for a process
+        /// built before schema version 5).
+        var schema: String
+        var productVersion: String?
+        var commit: String?
         var name: String { "\(host) pid \(pid)" }
+        /// What it runs, e.g. `5.0.0 (commit 0123456789ab, schema 5)`.
+        var running: String {
+            guard let productVersion else { return "built before 5.0.0 (\(schema))" }
+            return "\(productVersion) (commit \(commit ?? "unknown"), \(schema))"
+        }
     }
 
     /// How far back notifications' audiences count as in use.
@@ -37,15 +48,18 @@ extension Doctor {
             heartbeats = try connection.query(
                 """
                 SELECT kind, host, pid, array_to_json(audiences)::text,
-                       extract(epoch FROM now() - last_seen)::float8
-                  FROM siwa.service_heartbeats ORDER BY kind, host, pid
+                       extract(epoch FROM now() - last_seen)::float8, version,
+                       to_jsonb(h) ->> 'product_version', to_jsonb(h) ->> 'build_commit'
+                  FROM siwa.service_heartbeats h ORDER BY kind, host, pid
                 """
             ).map { row in
                 let json = try row[3, as: String.self]
                 let audiences = (try? JSONSerialization.jsonObject(with: Data(json.utf8))) as? [String] ?? []
                 return Heartbeat(
                     kind: try row[0, as: String.self], host: try row[1, as: String.self],
-                    pid: try row[2, as: Int.self], audiences: audiences, age: try row[4, as: Double.self])
+                    pid: try row[2, as: Int.self], audiences: audiences, age: try row[4, as: Double.self],
+                    schema: try row[5, as: String.self], productVersion: try row[6, as: String?.self],
+                    commit: try row[7, as: String?.self])
             }
             for row in try connection.query(
                 "SELECT source, client_id FROM siwa.client_ids_in_use(now() - make_interval(days => $1::integer))",
@@ -72,6 +86,7 @@ extension Doctor {
         let workers = fresh.filter { $0.kind == "worker" }
         let receivers = fresh.filter { $0.kind == "receiver" }
         checkWorkers(workers, all: heartbeats.filter { $0.kind == "worker" }, maxAge: maxAge)
+        checkVersions(fresh)
         guard checkReceivers(receivers, all: heartbeats.filter { $0.kind == "receiver" }, maxAge: maxAge)
         else {
             return
@@ -97,6 +112,31 @@ extension Doctor {
                 deployment/siwa-worker --replicas=1) and read its log; until then notifications are stored \
                 but not applied (no heartbeat within \(Int(maxAge)) s)
                 """)
+    }
+
+    /// What version runs where: one line per live process, a warning when they differ from each other
+    /// or from this siwactl.
+    private mutating func checkVersions(_ processes: [Heartbeat]) {
+        guard !processes.isEmpty else { return }
+        let listing = processes.map { "\($0.kind) \($0.name): \($0.running)" }.joined(separator: "; ")
+        let kinds = Set(processes.map(\.running))
+        let mine = "\(SiwaBuild.version) (commit \(SiwaBuild.commit), schema \(SiwaBuild.schemaVersion))"
+        if kinds.count > 1 {
+            report(
+                .warn, "versions", "processes run different versions: \(listing)",
+                fix:
+                    "finish the upgrade: restart every receiver and worker with the same release (docs/versioning.md)"
+            )
+        } else if kinds.first != mine {
+            report(
+                .warn, "versions",
+                "every process runs \(kinds.first ?? ""), this siwactl is \(mine): \(listing)",
+                fix:
+                    "use the siwactl of the release the services run, or finish the upgrade (docs/versioning.md)"
+            )
+        } else {
+            report(.ok, "versions", listing)
+        }
     }
 
     /// False when there is no live receiver to compare.

@@ -12,7 +12,10 @@ enum MigrateVerb {
             transaction. Re-runnable: an up-to-date database is left as it is, data is never dropped.
             Prints the schema version before and after. Refuses a database newer than this binary.
             Runs with search_path pinned to pg_catalog, and warns when a role other than this one (and
-            not a superuser) may create objects in a schema on the session's search_path.
+            not a superuser) may create objects in a schema on the session's search_path. Prints every
+            NOTICE and WARNING the server sends (stderr), and fails (exit 1) when a group role the
+            schema grants to (siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app) is missing
+            because this role may not create it, saying how to fix it.
             """,
         options: [.databaseURL])
 
@@ -51,16 +54,88 @@ enum MigrateVerb {
                 "the database is at schema version \(before), newer than this binary's \(SiwaSchema.version); not migrating"
             )
         }
-        try database("applying the schema") {
-            try connection.transaction { connection in
-                // One migration at a time: a second siwactl waits here, then finds nothing to do.
-                try connection.query(
-                    "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('siwa.migrate', 0))")
-                try connection.simpleQuery(SiwaSchema.sql)
+        printNotices(connection)
+        do {
+            try database("applying the schema") {
+                try connection.transaction { connection in
+                    // One migration at a time: a second siwactl waits here, then finds nothing to do.
+                    try connection.query(
+                        "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('siwa.migrate', 0))"
+                    )
+                    try connection.simpleQuery(SiwaSchema.sql)
+                }
             }
+        } catch {
+            printNotices(connection)
+            throw error
         }
+        printNotices(connection)
         let after = try database("reading the schema version") { try currentVersion(connection) }
         writeStandardOutput("schema version after: \(after.map(String.init) ?? "none")\n")
+        let (owner, missing, ungranted) = try database("checking the group roles") {
+            try roleGaps(connection)
+        }
+        if !missing.isEmpty || !ungranted.isEmpty {
+            throw ToolFailure(roleGapMessage(owner: owner, missing: missing, ungranted: ungranted))
+        }
+    }
+
+    /// The group roles schema.sql creates (when missing) and grants to.
+    static let groupRoles = ["siwa_admin", "siwa_receiver", "siwa_worker", "siwa_signin", "siwa_app"]
+
+    /// Writes every notice and warning the server sent so far to stderr, as psql shows them.
+    static func printNotices(_ connection: PostgresConnection) {
+        for notice in connection.takeNotices() {
+            for line in notice.description.split(separator: "\n", omittingEmptySubsequences: false) {
+                writeErrorLine("siwactl migrate", "server \(line)")
+            }
+        }
+    }
+
+    /// The role running this, the group roles that do not exist, and those that exist but were granted
+    /// nothing in schema siwa (no USAGE).
+    static func roleGaps(_ connection: PostgresConnection) throws -> (String, [String], [String]) {
+        let owner = try connection.query("SELECT pg_catalog.quote_ident(current_user::text)")[0][
+            0, as: String.self]
+        var missing: [String] = []
+        var ungranted: [String] = []
+        for row in try connection.query(
+            """
+            SELECT r.name, r.oid IS NOT NULL, r.oid IS NOT NULL AND has_schema_privilege(r.oid, 'siwa', 'USAGE')
+              FROM (SELECT g.name, (SELECT oid FROM pg_roles WHERE rolname = g.name) AS oid
+                      FROM unnest($1::text[]) AS g(name)) r
+            """, [.array(groupRoles.map { .text($0) })])
+        {
+            let name = try row[0, as: String.self]
+            if !(try row[1, as: Bool.self]) {
+                missing.append(name)
+            } else if !(try row[2, as: Bool.self]) {
+                ungranted.append(name)
+            }
+        }
+        return (owner, missing, ungranted)
+    }
+
+    /// What is wrong and the two ways to fix it.
+    static func roleGapMessage(owner: String, missing: [String], ungranted: [String]) -> String {
+        var lines: [String] = []
+        if !missing.isEmpty {
+            lines.append(
+                "the schema is applied, but the group roles \(missing.joined(separator: ", ")) do not exist: "
+                    + "\(owner) may not create roles (no CREATEROLE), so nothing was granted to them and "
+                    + "the services' login roles cannot be made members of them.")
+            lines.append("Fix it in one of two ways, then run siwactl migrate again:")
+            lines.append("  - as a superuser: ALTER ROLE \(owner) CREATEROLE;")
+            lines.append(
+                "  - or create the roles first, as a role with CREATEROLE: "
+                    + missing.map { "CREATE ROLE \($0) NOLOGIN;" }.joined(separator: " "))
+        }
+        if !ungranted.isEmpty {
+            lines.append(
+                "the group roles \(ungranted.joined(separator: ", ")) exist but have no USAGE on schema siwa: "
+                    + "run siwactl migrate as the schema's owner.")
+        }
+        return lines.joined(separator: "\n")
     }
 
     /// One warning per schema of `schemas` (the session's search_path) in which a role other than the

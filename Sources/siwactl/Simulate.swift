@@ -1,10 +1,7 @@
 import AppleNotifications
 import Foundation
+import HTTPClient
 import ServiceSupport
-
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
 
 /// `siwactl simulate`: plays Apple, POSTing signed notifications to a receiver.
 enum SimulateVerb {
@@ -13,7 +10,9 @@ enum SimulateVerb {
         abstract: """
             Sign --count notifications as Apple would (a distinct jti each) and POST them one after another
             to a receiver's notification URL, printing one line per answer and a summary. Exit status 1
-            when any answer is not 200.
+            when any answer is not 200. https is verified against the system's CA bundle, or --cacert
+            (else SSL_CERT_FILE) instead, so it can test through a TLS proxy with a private CA;
+            https_proxy is honoured; plain http only to a loopback address.
             """,
         options: [
             CommandOption(
@@ -34,6 +33,9 @@ enum SimulateVerb {
             CommandOption("email", valueName: "E", help: "Email address (email events)."),
             CommandOption(
                 "count", valueName: "N", help: "How many notifications, 1 to 100000.", defaultValue: "1"),
+            CommandOption(
+                "cacert", valueName: "PEM",
+                help: "CA certificates to trust instead of the system's (default: SSL_CERT_FILE if set)."),
         ])
 
     static let verb = Verb(name: "simulate", abstract: "POST signed notifications to a receiver.") {
@@ -51,16 +53,26 @@ enum SimulateVerb {
                 writeErrorLine(spec.name, "--to must be an http(s) URL")
                 return ExitStatus.usage
             }
-            return await runReportingFailure(spec.name) { try await run(parsed, url: url, count: count) }
+            return await runReportingFailure(spec.name) {
+                try run(parsed, url: url, count: count, environment: environment)
+            }
         }
     }
 
-    static func run(_ parsed: ParsedCommand, url: URL, count: Int) async throws {
+    static func run(_ parsed: ParsedCommand, url: URL, count: Int, environment: [String: String]) throws {
         let pem = try readText(path: parsed.value("key")!)
         let signer =
             try parsed.value("kid").map { try NotificationSigner(privateKeyPEM: pem, keyID: $0) }
             ?? NotificationSigner(privateKeyPEM: pem)
-        let session = URLSession(configuration: .ephemeral)
+        if let cacert = parsed.value("cacert"), !FileManager.default.isReadableFile(atPath: cacert) {
+            throw ToolFailure("cannot read --cacert \(cacert)")
+        }
+        // The services' outbound HTTP (libcurl): SSL_CERT_FILE and https_proxy from the environment.
+        let client = OutboundHTTP.Client(
+            policy: OutboundHTTP.Policy(
+                timeout: .seconds(15), maxResponseBodyBytes: 64 << 10, caFile: parsed.value("cacert"),
+                userAgent: "siwactl-simulate"),
+            environment: environment)
         var accepted = 0
         for index in 1...count {
             let jti = UUID().uuidString.lowercased()
@@ -68,26 +80,24 @@ enum SimulateVerb {
                 type: parsed.value("type")!, subject: parsed.value("sub")!,
                 audience: parsed.value("audience")!,
                 email: parsed.value("email"), jti: jti)
-            var request = URLRequest(
-                url: url, cachePolicy: .reloadIgnoringLocalCacheData, timeoutInterval: 15)
-            request.httpMethod = "POST"
-            request.setValue("application/json", forHTTPHeaderField: "Content-Type")
-            request.httpBody = try JSONSerialization.data(
+            let body = try JSONSerialization.data(
                 withJSONObject: ["payload": token], options: [.withoutEscapingSlashes])
             let answer: String
             do {
-                let (data, response) = try await session.data(for: request)
-                let status = (response as? HTTPURLResponse)?.statusCode ?? 0
-                if status == 200 { accepted += 1 }
-                var body = String(decoding: data.prefix(300), as: UTF8.self)
-                body = body.replacingOccurrences(of: "\n", with: " ").trimmingCharacters(in: .whitespaces)
-                answer = "\(status) \(body)"
+                let response = try client.perform(
+                    OutboundHTTP.Request(
+                        method: "POST", url: url,
+                        headers: [OutboundHTTP.Header("Content-Type", "application/json")], body: Array(body))
+                )
+                if response.status == 200 { accepted += 1 }
+                var text = String(decoding: response.body.prefix(300), as: UTF8.self)
+                text = text.replacingOccurrences(of: "\n", with: " ").trimmingCharacters(in: .whitespaces)
+                answer = "\(response.status) \(text)"
             } catch {
-                answer = "no answer: \(error.localizedDescription)"
+                answer = "no answer: \(error)"
             }
             writeStandardOutput("\(index)/\(count) jti=\(jti) \(answer)\n")
         }
-        session.finishTasksAndInvalidate()
         writeStandardOutput("sent \(count): \(accepted) answered 200, \(count - accepted) did not\n")
         if accepted != count { throw ToolFailure("\(count - accepted) of \(count) not accepted") }
     }

@@ -8,7 +8,9 @@ enum StatsVerb {
         name: "siwactl stats",
         abstract: """
             Queue depth, dead notifications, the oldest pending one's age, and over the last hour how many
-            were received and applied and the apply latency (received → applied, p50 and p99).
+            were received and applied and the apply latency (received → applied, p50 and p99); how many
+            pending ones wait for their user's row (busy) and for how long; the webhook deliveries pending
+            and dead, and the enabled endpoints.
             """,
         options: [.databaseURL],
         flags: [CommandFlag("json", help: "One JSON object (the view's column names) instead of text.")])
@@ -32,6 +34,10 @@ enum StatsVerb {
         var appliedLastHour: Int
         var applyLatencyP50Seconds: Double?
         var applyLatencyP99Seconds: Double?
+        var busy: Int
+        var oldestBusySeconds: Double?
+        /// Webhook deliveries (nil when the database has no webhooks: before schema version 4).
+        var webhooks: (pending: Int, dead: Int, endpoints: Int)?
 
         init(_ row: PostgresRow) throws(PostgresError) {
             pending = try row["pending"]
@@ -43,6 +49,8 @@ enum StatsVerb {
             appliedLastHour = try row["applied_last_hour"]
             applyLatencyP50Seconds = try row["apply_latency_p50_seconds"]
             applyLatencyP99Seconds = try row["apply_latency_p99_seconds"]
+            busy = try row["busy"]
+            oldestBusySeconds = try row["oldest_busy_seconds"]
         }
 
         var json: [String: Any] {
@@ -52,6 +60,10 @@ enum StatsVerb {
                 "received_last_hour": receivedLastHour, "applied_last_hour": appliedLastHour,
                 "apply_latency_p50_seconds": applyLatencyP50Seconds ?? NSNull(),
                 "apply_latency_p99_seconds": applyLatencyP99Seconds ?? NSNull(),
+                "busy": busy, "oldest_busy_seconds": oldestBusySeconds ?? NSNull(),
+                "webhook_deliveries_pending": webhooks.map { $0.pending as Any } ?? NSNull(),
+                "webhook_deliveries_dead": webhooks.map { $0.dead as Any } ?? NSNull(),
+                "webhook_endpoints_enabled": webhooks.map { $0.endpoints as Any } ?? NSNull(),
             ]
         }
 
@@ -68,6 +80,14 @@ enum StatsVerb {
                 ["applied, last hour", "\(appliedLastHour)"],
                 ["apply latency p50", seconds(applyLatencyP50Seconds)],
                 ["apply latency p99", seconds(applyLatencyP99Seconds)],
+                ["busy", "\(busy)" + (oldestBusySeconds.map { " (longest \(formatAge($0)))" } ?? "")],
+                [
+                    "webhooks",
+                    webhooks.map {
+                        "\($0.pending) pending, \($0.dead) dead, \($0.endpoints) endpoint(s) enabled"
+                    }
+                        ?? "-",
+                ],
             ]
             let width = rows.map { $0[0].count }.max() ?? 0
             return rows.map { $0[0] + String(repeating: " ", count: width - $0[0].count + 2) + $0[1] + "\n" }
@@ -82,7 +102,19 @@ enum StatsVerb {
             guard try relationExists("siwa.queue_health", on: connection) else {
                 throw ToolFailure("the database has no siwa.queue_health view; run 'siwactl migrate' first")
             }
-            return try Health(connection.query("SELECT * FROM siwa.queue_health")[0])
+            var health = try Health(connection.query("SELECT * FROM siwa.queue_health")[0])
+            if try relationExists("siwa.webhook_endpoint_overview", on: connection) {
+                let row = try connection.query(
+                    """
+                    SELECT coalesce(sum(pending), 0)::bigint, coalesce(sum(dead), 0)::bigint,
+                           count(*) FILTER (WHERE enabled)
+                      FROM siwa.webhook_endpoint_overview
+                    """)[0]
+                health.webhooks = (
+                    try row[0, as: Int.self], try row[1, as: Int.self], try row[2, as: Int.self]
+                )
+            }
+            return health
         }
         writeStandardOutput(parsed.flag("json") ? jsonLine(health.json) : health.text)
     }

@@ -22,7 +22,7 @@ enum WebhooksVerb {
                 "usage: siwactl webhooks SUBCOMMAND [OPTIONS]\n\nsubcommands:\n"
                 + subcommands.map {
                     "  \($0.name)" + String(repeating: " ", count: 15 - $0.name.count)
-                        + firstLine($0.spec.abstract)
+                        + firstSentence($0.spec.abstract)
                 }
                 .joined(separator: "\n") + "\n\nRun 'siwactl webhooks SUBCOMMAND --help' for its options.\n"
             if arguments.first == "--help" || arguments.first == "-h" || arguments.first == "help" {
@@ -57,8 +57,13 @@ enum WebhooksVerb {
         init(_ message: String) { self.message = message }
     }
 
-    static func firstLine(_ text: String) -> String {
-        String(text.split(separator: "\n").first ?? "")
+    /// The abstract's first sentence on one line (the abstracts are wrapped in the source: their first
+    /// line is not a sentence).
+    static func firstSentence(_ text: String) -> String {
+        let joined = text.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }
+            .joined(separator: " ")
+        guard let end = joined.range(of: ". ") else { return joined }
+        return String(joined[..<end.lowerBound]) + "."
     }
 
     static let types = [

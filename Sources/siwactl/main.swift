@@ -1,5 +1,6 @@
 import Foundation
 import ServiceSupport
+import SiwaSchema
 
 // siwactl: the operator's tool. One file per verb; this file only dispatches.
 // Exit codes: 0 success, 1 failure (e.g. a token that does not verify), 2 usage error.
@@ -20,7 +21,7 @@ func topLevelHelp() -> String {
             "  \(verb.name)" + String(repeating: " ", count: width - verb.name.count + 2) + verb.abstract
             + "\n"
     }
-    text += "\nRun 'siwactl VERB --help' for a verb's options.\n"
+    text += "\nRun 'siwactl VERB --help' for a verb's options; 'siwactl --version' for the version.\n"
     return text
 }
 
@@ -29,6 +30,9 @@ let environment = ProcessInfo.processInfo.environment
 let status: Int32
 if let first = arguments.first, let verb = verbs.first(where: { $0.name == first }) {
     status = await verb.run(Array(arguments.dropFirst()), environment)
+} else if arguments.first == "--version" || arguments.first == "version" {
+    writeStandardOutput(SiwaBuild.versionLine("siwactl") + "\n")
+    status = ExitStatus.success
 } else if arguments.isEmpty || arguments.first == "--help" || arguments.first == "-h"
     || arguments.first == "help"
 {

@@ -152,6 +152,9 @@ struct ClientSecretTests {
         let result = try siwactl(["client-secret", "check", expired, "--min-days", "0"])
         #expect(result.status == 1)
         #expect(result.standardError.contains("expired"))
+        // Says what is true: how long ago, without a negative count.
+        #expect(result.standardOutput.contains("(expired 1.0 days ago)"), "\(result.standardOutput)")
+        #expect(!result.standardOutput.contains("-1.0"), "\(result.standardOutput)")
 
         let fresh = try make(key).standardOutput.trimmingCharacters(in: .whitespacesAndNewlines)
         let good = try siwactl(["client-secret", "check", fresh, "--key", key.privateKey.path])

@@ -198,6 +198,30 @@ struct StatsTests {
         #expect(text.standardOutput.contains("2.500 s"))
     }
 
+    @Test("shows what the docs say: busy notifications and webhook deliveries, beside the queue")
+    func busyAndWebhooks() throws {
+        let database = try TestDatabase()
+        try database.insert(jti: "busy-1", state: "pending", receivedAgo: 300)
+        try database.query(
+            "UPDATE siwa.notification_queue SET busy_since = now() - interval '2 minutes'")
+        let result = try siwactl(["stats", "--database-url", database.url, "--json"])
+        #expect(result.status == 0, "\(result.standardError)")
+        let stats = try #require(try jsonLines(result.standardOutput).first)
+        #expect(stats["busy"] as? Int == 1)
+        let busyFor = try #require(stats["oldest_busy_seconds"] as? Double)
+        #expect(busyFor >= 120 && busyFor < 180)
+        #expect(stats["webhook_deliveries_pending"] as? Int == 0)
+        #expect(stats["webhook_deliveries_dead"] as? Int == 0)
+        #expect(stats["webhook_endpoints_enabled"] as? Int == 0)
+
+        let text = try siwactl(["stats", "--database-url", database.url])
+        #expect(text.standardOutput.contains("busy "), "\(text.standardOutput)")
+        #expect(text.standardOutput.contains("1 (longest 2m "), "\(text.standardOutput)")
+        #expect(
+            text.standardOutput.contains("0 pending, 0 dead, 0 endpoint(s) enabled"), "\(text.standardOutput)"
+        )
+    }
+
     @Test("a database without the schema is reported with the fix")
     func unmigrated() throws {
         let database = try TestDatabase(withSchema: false)

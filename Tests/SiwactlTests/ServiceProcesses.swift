@@ -47,12 +47,35 @@ final class ServiceProcess: @unchecked Sendable {
         return started
     }
 
-    /// A worker (metrics on a free port) as a member of `siwa_worker`; returns once /metrics answers.
-    static func worker(_ database: TestDatabase, _ extra: [String] = []) throws -> ServiceProcess {
+    /// A receiver whose key set is at `jwksURL` (perhaps unreachable), as a member of `siwa_receiver`;
+    /// returns once it answers /healthz (it is not ready without keys).
+    static func receiver(_ database: TestDatabase, audiences: [String], jwksURL: String) throws
+        -> ServiceProcess
+    {
+        let port = try ExecutableLocator.freePort()
+        let base = "http://127.0.0.1:\(port)"
+        let started = try ServiceProcess(
+            "siwa-receiver",
+            ["--listen", "127.0.0.1:\(port)", "--jwks-url", jwksURL]
+                + audiences.flatMap { ["--audience", $0] },
+            databaseURL: try database.url(asMemberOf: "siwa_receiver"), metricsURL: base + "/metrics",
+            notificationURL: base + "/apple/notifications")
+        guard waitUntil(timeout: .seconds(20), { (try? TestHTTPClient.get(base + "/healthz").status) == 200 })
+        else {
+            throw ExecutableError("the receiver did not answer /healthz: \(started.log)")
+        }
+        return started
+    }
+
+    /// A worker (metrics on a free port) as a member of `siwa_worker` (or with `databaseURL`); returns
+    /// once /metrics answers.
+    static func worker(_ database: TestDatabase, _ extra: [String] = [], databaseURL: String? = nil) throws
+        -> ServiceProcess
+    {
         let port = try ExecutableLocator.freePort()
         let started = try ServiceProcess(
             "siwa-worker", ["--metrics-listen", "127.0.0.1:\(port)", "--poll-interval", "0.2"] + extra,
-            databaseURL: try database.url(asMemberOf: "siwa_worker"),
+            databaseURL: try databaseURL ?? database.url(asMemberOf: "siwa_worker"),
             metricsURL: "http://127.0.0.1:\(port)/metrics", notificationURL: nil)
         guard waitUntil(timeout: .seconds(20), { (try? started.scrape()) != nil }) else {
             throw ExecutableError("the worker's metrics did not answer: \(started.log)")
