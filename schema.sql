@@ -317,6 +317,21 @@ BEGIN
 
     -- 5: one home for each rule. Changes to existing tables and functions go inside `IF v_from > 0`.
     IF v_from < 5 THEN
+        -- Consumers that call out (webhook lanes, the revoker) commit a claim with a lease (owner and
+        -- expiry) instead of holding a row lock across the call. A table that does not exist yet is
+        -- created by the desired state with these columns.
+        IF pg_catalog.to_regclass('siwa.webhook_deliveries') IS NOT NULL THEN
+            ALTER TABLE siwa.webhook_deliveries
+                ADD COLUMN lease_owner text,
+                ADD COLUMN lease_expires_at timestamptz,
+                ADD CONSTRAINT webhook_deliveries_lease_check CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL));
+        END IF;
+        IF pg_catalog.to_regclass('siwa.revocation_requests') IS NOT NULL THEN
+            ALTER TABLE siwa.revocation_requests
+                ADD COLUMN lease_owner text,
+                ADD COLUMN lease_expires_at timestamptz,
+                ADD CONSTRAINT revocation_requests_lease_check CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL));
+        END IF;
         -- Ready to adopt: heartbeats record the product version and the commit each process was built
         -- from (NULL in the rows of processes built before version 5, which write only version). The
         -- table came with version 4: from an older version the desired state creates it with the columns.
@@ -338,7 +353,7 @@ BEGIN
             DROP FUNCTION IF EXISTS siwa.number_changes();
         END IF;
         INSERT INTO siwa.schema_version (version, description)
-        VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
+        VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;
 END;
 $$;
@@ -2436,6 +2451,9 @@ CREATE TABLE IF NOT EXISTS siwa.revocation_requests (
     completed_at    timestamptz,
     echo_event_time timestamptz,
     echo_matched_at timestamptz,
+    lease_owner     text,
+    lease_expires_at timestamptz,
+    CONSTRAINT revocation_requests_lease_check CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL)),
     CONSTRAINT revocation_requests_state_check CHECK (state IN ('pending', 'revoked', 'no_token', 'failed')),
     CONSTRAINT revocation_requests_sub_check CHECK (length(sub) BETWEEN 1 AND 255),
     CONSTRAINT revocation_requests_reason_check CHECK (length(reason) BETWEEN 1 AND 200)
@@ -2604,6 +2622,216 @@ END;
 $$;
 COMMENT ON FUNCTION siwa.record_consent_lost(text, text) IS
     'Records a consent-revoked of our own for a user whose refresh token Apple answered invalid_grant; the worker applies it like Apple''s. Returns its jti (siwa-refresh-check:…).';
+
+-- Leases: the queues of consumers that call out (the revoker here, the webhook lanes in
+-- schema/65-webhooks.sql).
+--
+-- A consumer that calls out over the network (a webhook lane POSTing to an endpoint, the revoker
+-- calling Apple) never holds a row lock or a transaction across the call:
+--   1. claim: one short transaction picks a due row (FOR UPDATE SKIP LOCKED, so concurrent claimers
+--      never wait for each other), writes a lease (lease_owner, lease_expires_at) and commits;
+--   2. call out, with no transaction open;
+--   3. record: one short transaction writes the result, only if the lease is still the caller's
+--      (lease_owner matches); a lease taken over by another consumer makes the record a no-op (false,
+--      or 'lost').
+-- A lease that expired (its process died, or hung past the lease) is rescued by the next claim: the
+-- claim takes rows whose lease is missing or expired, under FOR UPDATE SKIP LOCKED, so exactly one
+-- claimer takes it over. The attempt counter is raised when an attempt is recorded: an attempt whose
+-- process died before recording it is not counted (as when a transaction never committed).
+-- Every function here is SECURITY INVOKER (the caller's grants and row policies apply) with the pinned
+-- search_path, and executable only by the role whose process calls it (schema/85-privileges.sql).
+
+-- The revoker's claim: the first due pending request (due by p_due_by: a drain passes its start) not
+-- leased or with an expired lease, with the user's stored refresh tokens, read without a lock (a
+-- plain read never waits for one: another transaction may hold a token row meanwhile). Without a
+-- token it ends here ('revoked' when an earlier attempt revoked some, else 'no_token'; one row, no
+-- token). Otherwise 'claimed': the lease is written (p_lease long), one row per token (id, client ID, ciphertext). No row: nothing is due.
+CREATE OR REPLACE FUNCTION siwa.claim_revocation(p_owner text, p_lease interval,
+                                                 p_due_by timestamptz DEFAULT NULL)
+RETURNS TABLE (outcome text, request_id bigint, sub text, attempt integer, token_id bigint,
+               client_id text, token_ciphertext bytea)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_request siwa.revocation_requests%ROWTYPE;
+    v_state   text;
+BEGIN
+    IF p_owner IS NULL OR p_lease IS NULL OR p_lease <= interval '0' THEN
+        RAISE EXCEPTION 'a claim needs an owner and a positive lease' USING ERRCODE = '22023';
+    END IF;
+    SELECT r.* INTO v_request FROM siwa.revocation_requests r
+     WHERE r.state = 'pending' AND r.next_attempt_at <= coalesce(p_due_by, pg_catalog.now())
+       AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= pg_catalog.clock_timestamp())
+     ORDER BY r.next_attempt_at, r.id
+     LIMIT 1
+       FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM siwa.refresh_tokens t
+                    WHERE t.sub = v_request.sub AND t.token_ciphertext IS NOT NULL) THEN
+        v_state := CASE WHEN v_request.tokens_revoked > 0 THEN 'revoked' ELSE 'no_token' END;
+        UPDATE siwa.revocation_requests r
+           SET state = v_state, completed_at = pg_catalog.now(), last_attempt_at = pg_catalog.now(),
+               last_error = NULL, lease_owner = NULL, lease_expires_at = NULL
+         WHERE r.id = v_request.id;
+        RETURN QUERY SELECT v_state, v_request.id, v_request.sub, v_request.attempts, NULL::bigint,
+                            NULL::text, NULL::bytea;
+        RETURN;
+    END IF;
+    UPDATE siwa.revocation_requests r
+       SET lease_owner = p_owner, lease_expires_at = pg_catalog.clock_timestamp() + p_lease
+     WHERE r.id = v_request.id;
+    RETURN QUERY
+    SELECT 'claimed'::text, v_request.id, v_request.sub, v_request.attempts + 1, t.id, t.client_id,
+           t.token_ciphertext
+      FROM siwa.refresh_tokens t
+     WHERE t.sub = v_request.sub AND t.token_ciphertext IS NOT NULL
+     ORDER BY t.id;
+END;
+$$;
+COMMENT ON FUNCTION siwa.claim_revocation(text, interval, timestamptz) IS
+    'The revoker''s claim: leases the first due revocation request (rescuing an expired lease) and returns the user''s stored tokens, or ends a request without tokens. Executable by siwa_worker.';
+
+-- Records a leased revocation attempt: destroys exactly the tokens Apple accepted (p_token_ids with the
+-- ciphertexts they had when claimed: a row whose ciphertext changed meanwhile holds another token,
+-- which is kept), then p_state: 'revoked'; 'retry' after p_retry_in seconds; 'failed' for good. Apple's
+-- answer and the error (bounded) are kept. Returns the state recorded, 'lost' (nothing written) when
+-- the lease is no longer the caller's, or 'busy' when another transaction holds one of those token rows:
+-- then nothing but the lease is released, and the request is due again after p_retry_in seconds (the
+-- revoke at Apple is repeated then; Apple answers 200 for a token already revoked). A token row is
+-- locked NOWAIT, so the revoker never waits for an app's transaction.
+CREATE OR REPLACE FUNCTION siwa.record_revocation(p_request bigint, p_owner text, p_token_ids bigint[],
+                                                  p_ciphertexts bytea[], p_state text, p_answer text,
+                                                  p_error text, p_retry_in double precision)
+RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_request siwa.revocation_requests%ROWTYPE;
+    v_revoked integer;
+BEGIN
+    IF p_state IS NULL OR p_state NOT IN ('revoked', 'retry', 'failed') THEN
+        RAISE EXCEPTION 'a revocation attempt ends revoked, retry or failed' USING ERRCODE = '22023';
+    END IF;
+    SELECT r.* INTO v_request FROM siwa.revocation_requests r
+     WHERE r.id = p_request AND r.state = 'pending' AND r.lease_owner = p_owner
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'lost';
+    END IF;
+    BEGIN
+        PERFORM 1 FROM siwa.refresh_tokens t WHERE t.id = ANY (coalesce(p_token_ids, '{}'))
+         ORDER BY t.id FOR UPDATE NOWAIT;
+    EXCEPTION WHEN lock_not_available THEN
+        UPDATE siwa.revocation_requests r
+           SET lease_owner = NULL, lease_expires_at = NULL, last_attempt_at = pg_catalog.now(),
+               next_attempt_at = pg_catalog.clock_timestamp()
+                                 + pg_catalog.make_interval(secs => coalesce(p_retry_in, 0))
+         WHERE r.id = p_request;
+        RETURN 'busy';
+    END;
+    WITH revoked AS (
+        UPDATE siwa.refresh_tokens t
+           SET token_ciphertext = NULL, revoked_at = coalesce(t.revoked_at, pg_catalog.now()),
+               revoke_reason = coalesce(t.revoke_reason, 'revocation-requested')
+          FROM unnest(coalesce(p_token_ids, '{}'), coalesce(p_ciphertexts, '{}')) AS u(id, ciphertext)
+         WHERE t.id = u.id AND t.token_ciphertext = u.ciphertext
+        RETURNING 1)
+    SELECT pg_catalog.count(*) INTO v_revoked FROM revoked;
+    UPDATE siwa.revocation_requests r
+       SET state = CASE p_state WHEN 'retry' THEN 'pending' ELSE p_state END, attempts = r.attempts + 1,
+           last_attempt_at = pg_catalog.now(),
+           next_attempt_at = CASE WHEN p_state = 'retry'
+                                  THEN pg_catalog.now() + pg_catalog.make_interval(secs => coalesce(p_retry_in, 0))
+                                  ELSE r.next_attempt_at END,
+           completed_at = CASE WHEN p_state <> 'retry' THEN pg_catalog.now() END,
+           apple_answer = CASE WHEN p_state = 'revoked' THEN '200' ELSE coalesce(p_answer, r.apple_answer) END,
+           tokens_revoked = r.tokens_revoked + v_revoked,
+           last_error = CASE WHEN p_state = 'revoked' THEN NULL ELSE pg_catalog.left(p_error, 500) END,
+           lease_owner = NULL, lease_expires_at = NULL
+     WHERE r.id = p_request;
+    RETURN p_state;
+END;
+$$;
+COMMENT ON FUNCTION siwa.record_revocation(bigint, text, bigint[], bytea[], text, text, text, double precision) IS
+    'Records a leased revocation attempt: destroys exactly the tokens Apple accepted (unless their rows changed), then revoked, retry or failed; ''lost'' when the lease is not the caller''s, ''busy'' when a token row is held by another transaction. Executable by siwa_worker.';
+
+-- Gives a leased revocation request back at once (the revoker could not record its attempt but lives
+-- on): due again now, the attempt not counted. False when the lease is not the caller's.
+CREATE OR REPLACE FUNCTION siwa.release_revocation(p_request bigint, p_owner text) RETURNS boolean
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH released AS (
+        UPDATE siwa.revocation_requests r SET lease_owner = NULL, lease_expires_at = NULL
+         WHERE r.id = p_request AND r.state = 'pending' AND r.lease_owner = p_owner
+        RETURNING 1)
+    SELECT EXISTS (SELECT 1 FROM released)
+$$;
+COMMENT ON FUNCTION siwa.release_revocation(bigint, text) IS
+    'Releases a revocation request''s lease held by the caller (due again at once); false when it is not the caller''s. Executable by siwa_worker.';
+
+-- The refresh check's claim: the stored token checked longest ago (or never) and not within
+-- p_interval; its check is recorded as begun now ('checking'), and committed, so another worker skips
+-- it and a process that dies leaves it due again after the interval. No row: none is due.
+CREATE OR REPLACE FUNCTION siwa.claim_refresh_check(p_interval interval)
+RETURNS TABLE (token_id bigint, sub text, client_id text, token_ciphertext bytea)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_token siwa.refresh_tokens%ROWTYPE;
+BEGIN
+    SELECT t.* INTO v_token
+      FROM siwa.refresh_tokens t LEFT JOIN siwa.refresh_token_checks c ON c.token_id = t.id
+     WHERE t.token_ciphertext IS NOT NULL AND t.revoked_at IS NULL
+       AND (c.checked_at IS NULL OR c.checked_at <= pg_catalog.now() - p_interval)
+     ORDER BY c.checked_at NULLS FIRST, t.id
+     LIMIT 1
+       FOR UPDATE OF t SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    INSERT INTO siwa.refresh_token_checks AS c (token_id, checked_at, outcome)
+    VALUES (v_token.id, pg_catalog.now(), 'checking')
+    ON CONFLICT ON CONSTRAINT refresh_token_checks_pkey
+    DO UPDATE SET checked_at = excluded.checked_at, outcome = excluded.outcome;
+    RETURN QUERY SELECT v_token.id, v_token.sub, v_token.client_id, v_token.token_ciphertext;
+END;
+$$;
+COMMENT ON FUNCTION siwa.claim_refresh_check(interval) IS
+    'The refresh check''s claim: the stored token due for a check, marked as being checked now. Executable by siwa_worker.';
+
+-- Records a refresh check's outcome. invalid_grant (consent is gone): the token is destroyed, unless its
+-- row holds another ciphertext by now, and a consent-revoked of our own is recorded
+-- (siwa.record_consent_lost); returns its jti (NULL otherwise).
+CREATE OR REPLACE FUNCTION siwa.record_refresh_check(p_token bigint, p_ciphertext bytea, p_outcome text)
+RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_token siwa.refresh_tokens%ROWTYPE;
+    v_jti   text;
+BEGIN
+    UPDATE siwa.refresh_token_checks c SET checked_at = pg_catalog.now(), outcome = p_outcome
+     WHERE c.token_id = p_token;
+    IF p_outcome = 'invalid_grant' THEN
+        UPDATE siwa.refresh_tokens t SET token_ciphertext = NULL
+         WHERE t.id = p_token AND t.token_ciphertext = p_ciphertext
+        RETURNING t.* INTO v_token;
+        IF FOUND THEN
+            v_jti := siwa.record_consent_lost(v_token.sub, v_token.client_id);
+        END IF;
+    END IF;
+    RETURN v_jti;
+END;
+$$;
+COMMENT ON FUNCTION siwa.record_refresh_check(bigint, bytea, text) IS
+    'Records a refresh check''s outcome; on invalid_grant destroys the token and records a consent-revoked (returns its jti). Executable by siwa_worker.';
+
+-- Forgets sign-in codes claimed longer ago than p_older_than; returns how many.
+CREATE OR REPLACE FUNCTION siwa.prune_sign_in_codes(p_older_than interval) RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH pruned AS (DELETE FROM siwa.sign_in_codes c WHERE c.created_at < pg_catalog.now() - p_older_than
+                    RETURNING 1)
+    SELECT pg_catalog.count(*)::integer FROM pruned
+$$;
+COMMENT ON FUNCTION siwa.prune_sign_in_codes(interval) IS
+    'Deletes sign-in codes older than the interval (Apple''s codes live five minutes); returns how many. Executable by siwa_worker.';
 
 -- What admins read: the ledger, one row per request, with the echoed notification's jti.
 CREATE OR REPLACE VIEW siwa.revocation_ledger AS
@@ -3114,9 +3342,10 @@ COMMENT ON FUNCTION siwa.history_of(text) IS
 --    enabled, and how many attempts may be in flight at once (max_in_flight).
 --  - siwa.webhook_secrets: the endpoint's whsec_ secrets. A rotation gives the current one an expiry (the
 --    overlap) and adds a new one; until the expiry both sign. Readable by siwa_worker and the owner only.
---  - siwa.webhook_slots: max_in_flight lockable rows per endpoint (64 exist, the first max_in_flight are
---    used): an attempt holds one (FOR UPDATE SKIP LOCKED) for its duration, so at most that many attempts
---    to one endpoint run at once, across every worker process.
+--  - siwa.webhook_slots: 64 lockable rows per endpoint. A claim (siwa.claim_webhook_delivery) locks the
+--    first for its short transaction while it counts the endpoint's live leases, so at most
+--    max_in_flight attempts to one endpoint run at once, across every worker process; no lock is held
+--    during an attempt.
 --  - siwa.webhook_deliveries: one row per change and endpoint, written by the AFTER INSERT trigger on
 --    siwa.changes in the change's transaction. It holds no payload and no email: the body is built from
 --    the change row at send time, so an erasure (email set NULL in the change) also erases what is sent
@@ -3126,10 +3355,11 @@ COMMENT ON FUNCTION siwa.history_of(text) IS
 --    siwa.webhook_attempt_history.
 -- Order: per endpoint and sub, a delivery is not attempted while an earlier change's delivery to that
 -- endpoint is pending (in flight or waiting for a retry). So that a claim looks at queue heads only, not
--- at every waiting delivery, each delivery carries `ready`: set by the fan-out for a delivery with no
--- pending one of its endpoint and sub ahead of it, passed on by the worker to the next one when a
--- delivery ends (delivered or dead), recomputed by replays, and swept by the worker every few seconds
--- (a fan-out that ran while the delivery ahead was ending may have seen it still pending). The claim
+-- at every waiting delivery, each delivery carries `ready`, kept by SQL alone: set by the fan-out for a
+-- delivery with no pending one of its endpoint and sub ahead of it (it share-locks those ahead, so a
+-- delivery being finished is waited for), passed on by siwa.record_webhook_attempt to the next one when
+-- a delivery ends (delivered or dead), recomputed by replays, and repaired by siwa.repair_webhook_ready
+-- (once a minute) for what a replay racing a finish could leave. The claim
 -- checks the order itself as well, so a wrong hint can delay a delivery but never reorder one. A dead delivery no longer blocks the later ones:
 -- the user's later changes go out rather than waiting forever, and a replay of the dead one then arrives
 -- after them (receivers compare the body's timestamp, the event time; docs/webhooks.md).
@@ -3184,7 +3414,7 @@ CREATE TABLE IF NOT EXISTS siwa.webhook_slots (
     PRIMARY KEY (endpoint_id, slot)
 );
 COMMENT ON TABLE siwa.webhook_slots IS
-    'Lockable rows that bound the attempts in flight per endpoint (siwa.webhook_endpoints.max_in_flight).';
+    'Lockable rows per endpoint: a claim locks the first while it counts the endpoint''s live leases against siwa.webhook_endpoints.max_in_flight.';
 
 CREATE TABLE IF NOT EXISTS siwa.webhook_deliveries (
     id               bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -3201,6 +3431,9 @@ CREATE TABLE IF NOT EXISTS siwa.webhook_deliveries (
     last_status      integer,
     last_error       text,
     ready            boolean     NOT NULL DEFAULT true,
+    lease_owner      text,
+    lease_expires_at timestamptz,
+    CONSTRAINT webhook_deliveries_lease_check CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL)),
     CONSTRAINT webhook_deliveries_state_check CHECK (state IN ('pending', 'delivered', 'dead')),
     CONSTRAINT webhook_deliveries_error_check CHECK (length(last_error) <= 300),
     UNIQUE (change_id, endpoint_id)
@@ -3237,6 +3470,17 @@ CREATE INDEX IF NOT EXISTS webhook_attempts_delivery_idx ON siwa.webhook_attempt
 CREATE OR REPLACE FUNCTION siwa.webhook_fan_out() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    -- The pending deliveries ahead of the new ones, share-locked in change order (the order in which
+    -- siwa.record_webhook_attempt locks them): a delivery being finished is waited for and then seen
+    -- ended, and one not yet being finished cannot end before this transaction commits, when its
+    -- finisher sees the new delivery. Either way `ready` is right when this transaction commits.
+    PERFORM 1 FROM siwa.webhook_deliveries p
+     WHERE p.state = 'pending'
+       AND (p.endpoint_id, p.sub) IN (
+           SELECT e.id, c.sub FROM new_changes c
+             JOIN siwa.webhook_endpoints e ON e.enabled AND (e.types IS NULL OR c.type = ANY (e.types)))
+     ORDER BY p.change_id, p.id
+       FOR SHARE OF p;
     INSERT INTO siwa.webhook_deliveries (change_id, endpoint_id, sub, ready)
     SELECT c.id, e.id, c.sub,
            pg_catalog.row_number() OVER (PARTITION BY e.id, c.sub ORDER BY c.id) = 1
@@ -3428,6 +3672,152 @@ COMMENT ON COLUMN siwa.webhook_delivery_status.delivered_at IS 'When the endpoin
 COMMENT ON COLUMN siwa.webhook_delivery_status.last_status IS 'The last HTTP status answered; NULL when there was no answer.';
 COMMENT ON COLUMN siwa.webhook_delivery_status.last_error IS 'The last failure, in our own words; never a secret, a body or an email.';
 
+-- Leases for the webhook lanes: see the comment above siwa.claim_revocation (schema/55-sign-in.sql).
+
+-- The webhook lanes' claim: the first due delivery that heads its endpoint and sub's queue (`ready`
+-- and no earlier pending delivery of the pair, leased or not, so per-user order holds), of an enabled
+-- endpoint not in p_skip, due by p_due_by (a drain passes its start: it never retries what it just
+-- tried), not leased or with an expired lease. 'claimed': the lease is written (p_lease long); the row carries what the POST needs (URL, live secrets newest first). 'saturated':
+-- the endpoint already has max_in_flight live leases (counted under its row's lock, so two workers
+-- cannot both take the last one): nothing is written; the caller skips the endpoint this pass. No row:
+-- nothing is claimable.
+CREATE OR REPLACE FUNCTION siwa.claim_webhook_delivery(p_owner text, p_lease interval,
+                                                       p_skip bigint[] DEFAULT '{}',
+                                                       p_due_by timestamptz DEFAULT NULL)
+RETURNS TABLE (outcome text, delivery_id bigint, change_id bigint, endpoint_id bigint, attempt integer,
+               first_attempt_at timestamptz, url text, secrets text[])
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_delivery siwa.webhook_deliveries%ROWTYPE;
+    v_endpoint siwa.webhook_endpoints%ROWTYPE;
+    v_in_flight integer;
+BEGIN
+    IF p_owner IS NULL OR p_lease IS NULL OR p_lease <= interval '0' THEN
+        RAISE EXCEPTION 'a claim needs an owner and a positive lease' USING ERRCODE = '22023';
+    END IF;
+    SELECT d.* INTO v_delivery
+      FROM siwa.webhook_deliveries d
+      JOIN siwa.webhook_endpoints e ON e.id = d.endpoint_id
+     WHERE d.state = 'pending' AND d.ready AND e.enabled
+       AND d.next_attempt_at <= coalesce(p_due_by, pg_catalog.now())
+       AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= pg_catalog.clock_timestamp())
+       AND d.endpoint_id <> ALL (coalesce(p_skip, '{}'))
+       AND NOT EXISTS (
+           SELECT 1 FROM siwa.webhook_deliveries p
+            WHERE p.endpoint_id = d.endpoint_id AND p.sub = d.sub AND p.state = 'pending'
+              AND p.change_id < d.change_id)
+     ORDER BY d.next_attempt_at, d.id
+     LIMIT 1
+       FOR UPDATE OF d SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    -- The endpoint's first slot row serialises the claims that count its leases (held to this
+    -- transaction's short end only).
+    PERFORM 1 FROM siwa.webhook_slots s WHERE s.endpoint_id = v_delivery.endpoint_id AND s.slot = 0
+       FOR UPDATE;
+    SELECT e.* INTO v_endpoint FROM siwa.webhook_endpoints e WHERE e.id = v_delivery.endpoint_id;
+    SELECT pg_catalog.count(*) INTO v_in_flight
+      FROM siwa.webhook_deliveries d
+     WHERE d.endpoint_id = v_delivery.endpoint_id AND d.state = 'pending'
+       AND d.lease_expires_at > pg_catalog.clock_timestamp();
+    IF v_in_flight >= v_endpoint.max_in_flight THEN
+        RETURN QUERY SELECT 'saturated'::text, v_delivery.id, v_delivery.change_id, v_delivery.endpoint_id,
+                            NULL::integer, NULL::timestamptz, NULL::text, NULL::text[];
+        RETURN;
+    END IF;
+    UPDATE siwa.webhook_deliveries d
+       SET lease_owner = p_owner, lease_expires_at = pg_catalog.clock_timestamp() + p_lease
+     WHERE d.id = v_delivery.id;
+    RETURN QUERY
+    SELECT 'claimed'::text, v_delivery.id, v_delivery.change_id, v_delivery.endpoint_id,
+           v_delivery.attempts + 1, v_delivery.first_attempt_at, v_endpoint.url,
+           ARRAY(SELECT s.secret FROM siwa.webhook_secrets s
+                  WHERE s.endpoint_id = v_delivery.endpoint_id
+                    AND (s.expires_at IS NULL OR s.expires_at > pg_catalog.now())
+                  ORDER BY s.id DESC);
+END;
+$$;
+COMMENT ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timestamptz) IS
+    'The webhook lanes'' claim: leases the first due queue head (rescuing an expired lease) and returns what the POST needs; ''saturated'' when its endpoint has max_in_flight live leases. Executable by siwa_worker.';
+
+-- Records one attempt of a delivery the caller leased: the attempt row, the delivery's new state
+-- (p_outcome: delivered, retry after p_retry_in seconds, or dead), the lease released, and — when the
+-- delivery ended — `ready` passed on to the next pending delivery of its endpoint and sub. False, with
+-- nothing written, when the lease is no longer the caller's (it expired and another lane took the
+-- delivery over). Locks the delivery, then the next head: the order in which the fan-out share-locks
+-- them (siwa.webhook_fan_out), so the two never deadlock and `ready` is never left stale.
+CREATE OR REPLACE FUNCTION siwa.record_webhook_attempt(p_delivery bigint, p_owner text, p_started timestamptz,
+                                                       p_latency_ms integer, p_status integer, p_outcome text,
+                                                       p_retry_in double precision, p_error text)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_delivery siwa.webhook_deliveries%ROWTYPE;
+    v_next     timestamptz;
+BEGIN
+    IF p_outcome IS NULL OR p_outcome NOT IN ('delivered', 'retry', 'dead') THEN
+        RAISE EXCEPTION 'an attempt ends delivered, retry or dead' USING ERRCODE = '22023';
+    END IF;
+    SELECT d.* INTO v_delivery FROM siwa.webhook_deliveries d
+     WHERE d.id = p_delivery AND d.state = 'pending' AND d.lease_owner = p_owner
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    v_next := CASE WHEN p_outcome = 'retry'
+                   THEN pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => coalesce(p_retry_in, 0)) END;
+    INSERT INTO siwa.webhook_attempts
+        (delivery_id, attempt, started_at, latency_ms, status, outcome, next_attempt_at, error)
+    VALUES (p_delivery, v_delivery.attempts + 1, p_started, p_latency_ms, p_status, p_outcome, v_next,
+            pg_catalog.left(p_error, 300));
+    UPDATE siwa.webhook_deliveries d
+       SET state = CASE WHEN p_outcome = 'retry' THEN 'pending' ELSE p_outcome END, attempts = d.attempts + 1,
+           first_attempt_at = coalesce(d.first_attempt_at, p_started), last_attempt_at = p_started,
+           next_attempt_at = coalesce(v_next, d.next_attempt_at),
+           delivered_at = CASE WHEN p_outcome = 'delivered' THEN pg_catalog.clock_timestamp() END,
+           last_status = p_status, last_error = pg_catalog.left(p_error, 300),
+           lease_owner = NULL, lease_expires_at = NULL
+     WHERE d.id = p_delivery;
+    IF p_outcome <> 'retry' THEN
+        -- The next change of this sub to this endpoint heads the queue now.
+        UPDATE siwa.webhook_deliveries d SET ready = true
+         WHERE d.id = (SELECT q.id FROM siwa.webhook_deliveries q
+                        WHERE q.endpoint_id = v_delivery.endpoint_id AND q.sub = v_delivery.sub
+                          AND q.state = 'pending'
+                        ORDER BY q.change_id LIMIT 1)
+           AND NOT d.ready;
+    END IF;
+    RETURN true;
+END;
+$$;
+COMMENT ON FUNCTION siwa.record_webhook_attempt(bigint, text, timestamptz, integer, integer, text, double precision, text) IS
+    'Records a leased webhook attempt (delivered, retry or dead), releases the lease and passes `ready` on; false when the lease is no longer the caller''s. Executable by siwa_worker.';
+
+-- Marks ready every pending delivery with no pending delivery of its endpoint and sub ahead of it, and
+-- not ready one with such a delivery ahead; returns how many it changed. Every transition keeps `ready`
+-- itself (the fan-out, siwa.record_webhook_attempt, replays); this is a repair for what they cannot
+-- see, such as a replay running while the delivery ahead is being recorded. The worker calls it once a
+-- minute and before a --once drain; the claim checks the order itself, so a wrong hint can only delay.
+CREATE OR REPLACE FUNCTION siwa.repair_webhook_ready() RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    -- Rows another transaction holds (a claim, a record, a fan-out's share lock) are skipped, not
+    -- waited for: they are being kept by that transaction, and a repair never deadlocks with it.
+    WITH wrong AS (
+        SELECT d.id FROM siwa.webhook_deliveries d
+         WHERE d.state = 'pending'
+           AND d.ready = EXISTS (SELECT 1 FROM siwa.webhook_deliveries p
+                                  WHERE p.endpoint_id = d.endpoint_id AND p.sub = d.sub
+                                    AND p.state = 'pending' AND p.change_id < d.change_id)
+           FOR UPDATE OF d SKIP LOCKED),
+    repaired AS (
+        UPDATE siwa.webhook_deliveries d SET ready = NOT d.ready FROM wrong w WHERE d.id = w.id
+        RETURNING 1)
+    SELECT pg_catalog.count(*)::integer FROM repaired
+$$;
+COMMENT ON FUNCTION siwa.repair_webhook_ready() IS
+    'Recomputes the webhook queue heads'' `ready` hint where it is wrong; returns how many rows it changed. Executable by siwa_worker.';
+
 -- ===================================================================================================
 -- schema/70-health.sql: Health: service heartbeats and the gauges behind /metrics
 -- ===================================================================================================
@@ -3549,6 +3939,36 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 $$;
 COMMENT ON FUNCTION siwa.client_ids_in_use(timestamptz) IS
     'Distinct client IDs in use: audiences of notifications received since p_since, client IDs of sign-ins and of refresh tokens not revoked. SECURITY DEFINER; executable by siwa_admin (siwactl doctor --database-url).';
+
+-- A service process's heartbeat: upserts its row (version 'schema N', the product version and the
+-- commit it was built from) and prunes rows of its kind not seen for p_prune_after. SECURITY INVOKER:
+-- the row policy lets each role write only its own kind.
+CREATE OR REPLACE FUNCTION siwa.record_heartbeat(p_kind text, p_host text, p_pid integer,
+                                                 p_schema_version integer, p_product_version text,
+                                                 p_build_commit text, p_audiences text[],
+                                                 p_started_at timestamptz, p_prune_after interval) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    INSERT INTO siwa.service_heartbeats AS h
+           (kind, host, pid, version, product_version, build_commit, audiences, started_at, last_seen)
+    VALUES (p_kind, p_host, p_pid, 'schema ' || p_schema_version, p_product_version, p_build_commit,
+            p_audiences, p_started_at, pg_catalog.now())
+    ON CONFLICT (kind, host, pid) DO UPDATE
+       SET version = excluded.version, product_version = excluded.product_version,
+           build_commit = excluded.build_commit, audiences = excluded.audiences,
+           started_at = excluded.started_at, last_seen = excluded.last_seen;
+    DELETE FROM siwa.service_heartbeats h
+     WHERE h.kind = p_kind AND h.last_seen < pg_catalog.now() - p_prune_after;
+$$;
+COMMENT ON FUNCTION siwa.record_heartbeat(text, text, integer, integer, text, text, text[], timestamptz, interval) IS
+    'Upserts a service process''s heartbeat row and prunes stale rows of its kind. Executable by siwa_receiver and siwa_worker (each for its own kind).';
+
+-- A stopping process deletes its heartbeat row, so that it does not look alive.
+CREATE OR REPLACE FUNCTION siwa.remove_heartbeat(p_kind text, p_host text, p_pid integer) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    DELETE FROM siwa.service_heartbeats h WHERE h.kind = p_kind AND h.host = p_host AND h.pid = p_pid;
+$$;
+COMMENT ON FUNCTION siwa.remove_heartbeat(text, text, integer) IS
+    'Deletes a stopping service process''s heartbeat row. Executable by siwa_receiver and siwa_worker (each for its own kind).';
 
 -- ===================================================================================================
 -- schema/75-data-moves.sql: Data moves: change 3's rows into the log and queue, and the month partitions ahead
@@ -3745,6 +4165,8 @@ BEGIN
         GRANT EXECUTE ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], text[], boolean[],
             timestamptz[], timestamptz[], timestamptz[], text[]) TO siwa_receiver;
         GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.service_heartbeats TO siwa_receiver;
+        GRANT EXECUTE ON FUNCTION siwa.record_heartbeat(text, text, integer, integer, text, text, text[], timestamptz, interval),
+            siwa.remove_heartbeat(text, text, integer) TO siwa_receiver;
         GRANT EXECUTE ON FUNCTION siwa.health_gauges(timestamptz) TO siwa_receiver;
         DROP POLICY IF EXISTS service_heartbeats_receiver ON siwa.service_heartbeats;
         CREATE POLICY service_heartbeats_receiver ON siwa.service_heartbeats TO siwa_receiver
@@ -3760,8 +4182,10 @@ $$;
 -- The revoker claims and updates revocation requests, and reads and destroys refresh-token
 -- ciphertexts; applying a consent-revoked marks the echo (a trigger). It resolves aliases when it
 -- claims notifications (and when it erases a user's history). Webhooks: it inserts deliveries (the
--- fan-out trigger runs as the role inserting the change), claims and updates them, records attempts,
--- reads endpoints and secrets, and locks slots (FOR UPDATE needs UPDATE). Its heartbeats (of its own
+-- fan-out trigger runs as the role inserting the change, and share-locks the pending ones ahead: FOR
+-- SHARE needs UPDATE), claims and updates them, records attempts, reads endpoints and secrets, and
+-- locks slots (FOR UPDATE needs UPDATE). The transitions of its queues (leases, records, repair,
+-- heartbeats) are functions run with its rights: EXECUTE on exactly those. Its heartbeats (of its own
 -- kind) and the health gauges.
 DO $$
 DECLARE
@@ -3809,6 +4233,14 @@ BEGIN
         GRANT SELECT, INSERT, UPDATE ON siwa.webhook_deliveries TO siwa_worker;
         GRANT SELECT, INSERT ON siwa.webhook_attempts TO siwa_worker;
         GRANT EXECUTE ON FUNCTION siwa.webhook_fan_out() TO siwa_worker;
+        GRANT EXECUTE ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timestamptz),
+            siwa.record_webhook_attempt(bigint, text, timestamptz, integer, integer, text, double precision, text),
+            siwa.repair_webhook_ready(), siwa.claim_revocation(text, interval, timestamptz),
+            siwa.record_revocation(bigint, text, bigint[], bytea[], text, text, text, double precision),
+            siwa.release_revocation(bigint, text), siwa.claim_refresh_check(interval),
+            siwa.record_refresh_check(bigint, bytea, text), siwa.prune_sign_in_codes(interval),
+            siwa.record_heartbeat(text, text, integer, integer, text, text, text[], timestamptz, interval),
+            siwa.remove_heartbeat(text, text, integer) TO siwa_worker;
         GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.service_heartbeats TO siwa_worker;
         GRANT EXECUTE ON FUNCTION siwa.health_gauges(timestamptz) TO siwa_worker;
         DROP POLICY IF EXISTS service_heartbeats_worker ON siwa.service_heartbeats;

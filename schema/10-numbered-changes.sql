@@ -146,6 +146,21 @@ BEGIN
 
     -- 5: one home for each rule. Changes to existing tables and functions go inside `IF v_from > 0`.
     IF v_from < 5 THEN
+        -- Consumers that call out (webhook lanes, the revoker) commit a claim with a lease (owner and
+        -- expiry) instead of holding a row lock across the call. A table that does not exist yet is
+        -- created by the desired state with these columns.
+        IF pg_catalog.to_regclass('siwa.webhook_deliveries') IS NOT NULL THEN
+            ALTER TABLE siwa.webhook_deliveries
+                ADD COLUMN lease_owner text,
+                ADD COLUMN lease_expires_at timestamptz,
+                ADD CONSTRAINT webhook_deliveries_lease_check CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL));
+        END IF;
+        IF pg_catalog.to_regclass('siwa.revocation_requests') IS NOT NULL THEN
+            ALTER TABLE siwa.revocation_requests
+                ADD COLUMN lease_owner text,
+                ADD COLUMN lease_expires_at timestamptz,
+                ADD CONSTRAINT revocation_requests_lease_check CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL));
+        END IF;
         -- Ready to adopt: heartbeats record the product version and the commit each process was built
         -- from (NULL in the rows of processes built before version 5, which write only version). The
         -- table came with version 4: from an older version the desired state creates it with the columns.
@@ -167,7 +182,7 @@ BEGIN
             DROP FUNCTION IF EXISTS siwa.number_changes();
         END IF;
         INSERT INTO siwa.schema_version (version, description)
-        VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
+        VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;
 END;
 $$;

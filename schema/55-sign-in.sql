@@ -58,6 +58,9 @@ CREATE TABLE IF NOT EXISTS siwa.revocation_requests (
     completed_at    timestamptz,
     echo_event_time timestamptz,
     echo_matched_at timestamptz,
+    lease_owner     text,
+    lease_expires_at timestamptz,
+    CONSTRAINT revocation_requests_lease_check CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL)),
     CONSTRAINT revocation_requests_state_check CHECK (state IN ('pending', 'revoked', 'no_token', 'failed')),
     CONSTRAINT revocation_requests_sub_check CHECK (length(sub) BETWEEN 1 AND 255),
     CONSTRAINT revocation_requests_reason_check CHECK (length(reason) BETWEEN 1 AND 200)
@@ -226,6 +229,216 @@ END;
 $$;
 COMMENT ON FUNCTION siwa.record_consent_lost(text, text) IS
     'Records a consent-revoked of our own for a user whose refresh token Apple answered invalid_grant; the worker applies it like Apple''s. Returns its jti (siwa-refresh-check:…).';
+
+-- Leases: the queues of consumers that call out (the revoker here, the webhook lanes in
+-- schema/65-webhooks.sql).
+--
+-- A consumer that calls out over the network (a webhook lane POSTing to an endpoint, the revoker
+-- calling Apple) never holds a row lock or a transaction across the call:
+--   1. claim: one short transaction picks a due row (FOR UPDATE SKIP LOCKED, so concurrent claimers
+--      never wait for each other), writes a lease (lease_owner, lease_expires_at) and commits;
+--   2. call out, with no transaction open;
+--   3. record: one short transaction writes the result, only if the lease is still the caller's
+--      (lease_owner matches); a lease taken over by another consumer makes the record a no-op (false,
+--      or 'lost').
+-- A lease that expired (its process died, or hung past the lease) is rescued by the next claim: the
+-- claim takes rows whose lease is missing or expired, under FOR UPDATE SKIP LOCKED, so exactly one
+-- claimer takes it over. The attempt counter is raised when an attempt is recorded: an attempt whose
+-- process died before recording it is not counted (as when a transaction never committed).
+-- Every function here is SECURITY INVOKER (the caller's grants and row policies apply) with the pinned
+-- search_path, and executable only by the role whose process calls it (schema/85-privileges.sql).
+
+-- The revoker's claim: the first due pending request (due by p_due_by: a drain passes its start) not
+-- leased or with an expired lease, with the user's stored refresh tokens, read without a lock (a
+-- plain read never waits for one: another transaction may hold a token row meanwhile). Without a
+-- token it ends here ('revoked' when an earlier attempt revoked some, else 'no_token'; one row, no
+-- token). Otherwise 'claimed': the lease is written (p_lease long), one row per token (id, client ID, ciphertext). No row: nothing is due.
+CREATE OR REPLACE FUNCTION siwa.claim_revocation(p_owner text, p_lease interval,
+                                                 p_due_by timestamptz DEFAULT NULL)
+RETURNS TABLE (outcome text, request_id bigint, sub text, attempt integer, token_id bigint,
+               client_id text, token_ciphertext bytea)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_request siwa.revocation_requests%ROWTYPE;
+    v_state   text;
+BEGIN
+    IF p_owner IS NULL OR p_lease IS NULL OR p_lease <= interval '0' THEN
+        RAISE EXCEPTION 'a claim needs an owner and a positive lease' USING ERRCODE = '22023';
+    END IF;
+    SELECT r.* INTO v_request FROM siwa.revocation_requests r
+     WHERE r.state = 'pending' AND r.next_attempt_at <= coalesce(p_due_by, pg_catalog.now())
+       AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= pg_catalog.clock_timestamp())
+     ORDER BY r.next_attempt_at, r.id
+     LIMIT 1
+       FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM siwa.refresh_tokens t
+                    WHERE t.sub = v_request.sub AND t.token_ciphertext IS NOT NULL) THEN
+        v_state := CASE WHEN v_request.tokens_revoked > 0 THEN 'revoked' ELSE 'no_token' END;
+        UPDATE siwa.revocation_requests r
+           SET state = v_state, completed_at = pg_catalog.now(), last_attempt_at = pg_catalog.now(),
+               last_error = NULL, lease_owner = NULL, lease_expires_at = NULL
+         WHERE r.id = v_request.id;
+        RETURN QUERY SELECT v_state, v_request.id, v_request.sub, v_request.attempts, NULL::bigint,
+                            NULL::text, NULL::bytea;
+        RETURN;
+    END IF;
+    UPDATE siwa.revocation_requests r
+       SET lease_owner = p_owner, lease_expires_at = pg_catalog.clock_timestamp() + p_lease
+     WHERE r.id = v_request.id;
+    RETURN QUERY
+    SELECT 'claimed'::text, v_request.id, v_request.sub, v_request.attempts + 1, t.id, t.client_id,
+           t.token_ciphertext
+      FROM siwa.refresh_tokens t
+     WHERE t.sub = v_request.sub AND t.token_ciphertext IS NOT NULL
+     ORDER BY t.id;
+END;
+$$;
+COMMENT ON FUNCTION siwa.claim_revocation(text, interval, timestamptz) IS
+    'The revoker''s claim: leases the first due revocation request (rescuing an expired lease) and returns the user''s stored tokens, or ends a request without tokens. Executable by siwa_worker.';
+
+-- Records a leased revocation attempt: destroys exactly the tokens Apple accepted (p_token_ids with the
+-- ciphertexts they had when claimed: a row whose ciphertext changed meanwhile holds another token,
+-- which is kept), then p_state: 'revoked'; 'retry' after p_retry_in seconds; 'failed' for good. Apple's
+-- answer and the error (bounded) are kept. Returns the state recorded, 'lost' (nothing written) when
+-- the lease is no longer the caller's, or 'busy' when another transaction holds one of those token rows:
+-- then nothing but the lease is released, and the request is due again after p_retry_in seconds (the
+-- revoke at Apple is repeated then; Apple answers 200 for a token already revoked). A token row is
+-- locked NOWAIT, so the revoker never waits for an app's transaction.
+CREATE OR REPLACE FUNCTION siwa.record_revocation(p_request bigint, p_owner text, p_token_ids bigint[],
+                                                  p_ciphertexts bytea[], p_state text, p_answer text,
+                                                  p_error text, p_retry_in double precision)
+RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_request siwa.revocation_requests%ROWTYPE;
+    v_revoked integer;
+BEGIN
+    IF p_state IS NULL OR p_state NOT IN ('revoked', 'retry', 'failed') THEN
+        RAISE EXCEPTION 'a revocation attempt ends revoked, retry or failed' USING ERRCODE = '22023';
+    END IF;
+    SELECT r.* INTO v_request FROM siwa.revocation_requests r
+     WHERE r.id = p_request AND r.state = 'pending' AND r.lease_owner = p_owner
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'lost';
+    END IF;
+    BEGIN
+        PERFORM 1 FROM siwa.refresh_tokens t WHERE t.id = ANY (coalesce(p_token_ids, '{}'))
+         ORDER BY t.id FOR UPDATE NOWAIT;
+    EXCEPTION WHEN lock_not_available THEN
+        UPDATE siwa.revocation_requests r
+           SET lease_owner = NULL, lease_expires_at = NULL, last_attempt_at = pg_catalog.now(),
+               next_attempt_at = pg_catalog.clock_timestamp()
+                                 + pg_catalog.make_interval(secs => coalesce(p_retry_in, 0))
+         WHERE r.id = p_request;
+        RETURN 'busy';
+    END;
+    WITH revoked AS (
+        UPDATE siwa.refresh_tokens t
+           SET token_ciphertext = NULL, revoked_at = coalesce(t.revoked_at, pg_catalog.now()),
+               revoke_reason = coalesce(t.revoke_reason, 'revocation-requested')
+          FROM unnest(coalesce(p_token_ids, '{}'), coalesce(p_ciphertexts, '{}')) AS u(id, ciphertext)
+         WHERE t.id = u.id AND t.token_ciphertext = u.ciphertext
+        RETURNING 1)
+    SELECT pg_catalog.count(*) INTO v_revoked FROM revoked;
+    UPDATE siwa.revocation_requests r
+       SET state = CASE p_state WHEN 'retry' THEN 'pending' ELSE p_state END, attempts = r.attempts + 1,
+           last_attempt_at = pg_catalog.now(),
+           next_attempt_at = CASE WHEN p_state = 'retry'
+                                  THEN pg_catalog.now() + pg_catalog.make_interval(secs => coalesce(p_retry_in, 0))
+                                  ELSE r.next_attempt_at END,
+           completed_at = CASE WHEN p_state <> 'retry' THEN pg_catalog.now() END,
+           apple_answer = CASE WHEN p_state = 'revoked' THEN '200' ELSE coalesce(p_answer, r.apple_answer) END,
+           tokens_revoked = r.tokens_revoked + v_revoked,
+           last_error = CASE WHEN p_state = 'revoked' THEN NULL ELSE pg_catalog.left(p_error, 500) END,
+           lease_owner = NULL, lease_expires_at = NULL
+     WHERE r.id = p_request;
+    RETURN p_state;
+END;
+$$;
+COMMENT ON FUNCTION siwa.record_revocation(bigint, text, bigint[], bytea[], text, text, text, double precision) IS
+    'Records a leased revocation attempt: destroys exactly the tokens Apple accepted (unless their rows changed), then revoked, retry or failed; ''lost'' when the lease is not the caller''s, ''busy'' when a token row is held by another transaction. Executable by siwa_worker.';
+
+-- Gives a leased revocation request back at once (the revoker could not record its attempt but lives
+-- on): due again now, the attempt not counted. False when the lease is not the caller's.
+CREATE OR REPLACE FUNCTION siwa.release_revocation(p_request bigint, p_owner text) RETURNS boolean
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH released AS (
+        UPDATE siwa.revocation_requests r SET lease_owner = NULL, lease_expires_at = NULL
+         WHERE r.id = p_request AND r.state = 'pending' AND r.lease_owner = p_owner
+        RETURNING 1)
+    SELECT EXISTS (SELECT 1 FROM released)
+$$;
+COMMENT ON FUNCTION siwa.release_revocation(bigint, text) IS
+    'Releases a revocation request''s lease held by the caller (due again at once); false when it is not the caller''s. Executable by siwa_worker.';
+
+-- The refresh check's claim: the stored token checked longest ago (or never) and not within
+-- p_interval; its check is recorded as begun now ('checking'), and committed, so another worker skips
+-- it and a process that dies leaves it due again after the interval. No row: none is due.
+CREATE OR REPLACE FUNCTION siwa.claim_refresh_check(p_interval interval)
+RETURNS TABLE (token_id bigint, sub text, client_id text, token_ciphertext bytea)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_token siwa.refresh_tokens%ROWTYPE;
+BEGIN
+    SELECT t.* INTO v_token
+      FROM siwa.refresh_tokens t LEFT JOIN siwa.refresh_token_checks c ON c.token_id = t.id
+     WHERE t.token_ciphertext IS NOT NULL AND t.revoked_at IS NULL
+       AND (c.checked_at IS NULL OR c.checked_at <= pg_catalog.now() - p_interval)
+     ORDER BY c.checked_at NULLS FIRST, t.id
+     LIMIT 1
+       FOR UPDATE OF t SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    INSERT INTO siwa.refresh_token_checks AS c (token_id, checked_at, outcome)
+    VALUES (v_token.id, pg_catalog.now(), 'checking')
+    ON CONFLICT ON CONSTRAINT refresh_token_checks_pkey
+    DO UPDATE SET checked_at = excluded.checked_at, outcome = excluded.outcome;
+    RETURN QUERY SELECT v_token.id, v_token.sub, v_token.client_id, v_token.token_ciphertext;
+END;
+$$;
+COMMENT ON FUNCTION siwa.claim_refresh_check(interval) IS
+    'The refresh check''s claim: the stored token due for a check, marked as being checked now. Executable by siwa_worker.';
+
+-- Records a refresh check's outcome. invalid_grant (consent is gone): the token is destroyed, unless its
+-- row holds another ciphertext by now, and a consent-revoked of our own is recorded
+-- (siwa.record_consent_lost); returns its jti (NULL otherwise).
+CREATE OR REPLACE FUNCTION siwa.record_refresh_check(p_token bigint, p_ciphertext bytea, p_outcome text)
+RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_token siwa.refresh_tokens%ROWTYPE;
+    v_jti   text;
+BEGIN
+    UPDATE siwa.refresh_token_checks c SET checked_at = pg_catalog.now(), outcome = p_outcome
+     WHERE c.token_id = p_token;
+    IF p_outcome = 'invalid_grant' THEN
+        UPDATE siwa.refresh_tokens t SET token_ciphertext = NULL
+         WHERE t.id = p_token AND t.token_ciphertext = p_ciphertext
+        RETURNING t.* INTO v_token;
+        IF FOUND THEN
+            v_jti := siwa.record_consent_lost(v_token.sub, v_token.client_id);
+        END IF;
+    END IF;
+    RETURN v_jti;
+END;
+$$;
+COMMENT ON FUNCTION siwa.record_refresh_check(bigint, bytea, text) IS
+    'Records a refresh check''s outcome; on invalid_grant destroys the token and records a consent-revoked (returns its jti). Executable by siwa_worker.';
+
+-- Forgets sign-in codes claimed longer ago than p_older_than; returns how many.
+CREATE OR REPLACE FUNCTION siwa.prune_sign_in_codes(p_older_than interval) RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH pruned AS (DELETE FROM siwa.sign_in_codes c WHERE c.created_at < pg_catalog.now() - p_older_than
+                    RETURNING 1)
+    SELECT pg_catalog.count(*)::integer FROM pruned
+$$;
+COMMENT ON FUNCTION siwa.prune_sign_in_codes(interval) IS
+    'Deletes sign-in codes older than the interval (Apple''s codes live five minutes); returns how many. Executable by siwa_worker.';
 
 -- What admins read: the ledger, one row per request, with the echoed notification's jti.
 CREATE OR REPLACE VIEW siwa.revocation_ledger AS

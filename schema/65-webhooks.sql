@@ -7,9 +7,10 @@
 --    enabled, and how many attempts may be in flight at once (max_in_flight).
 --  - siwa.webhook_secrets: the endpoint's whsec_ secrets. A rotation gives the current one an expiry (the
 --    overlap) and adds a new one; until the expiry both sign. Readable by siwa_worker and the owner only.
---  - siwa.webhook_slots: max_in_flight lockable rows per endpoint (64 exist, the first max_in_flight are
---    used): an attempt holds one (FOR UPDATE SKIP LOCKED) for its duration, so at most that many attempts
---    to one endpoint run at once, across every worker process.
+--  - siwa.webhook_slots: 64 lockable rows per endpoint. A claim (siwa.claim_webhook_delivery) locks the
+--    first for its short transaction while it counts the endpoint's live leases, so at most
+--    max_in_flight attempts to one endpoint run at once, across every worker process; no lock is held
+--    during an attempt.
 --  - siwa.webhook_deliveries: one row per change and endpoint, written by the AFTER INSERT trigger on
 --    siwa.changes in the change's transaction. It holds no payload and no email: the body is built from
 --    the change row at send time, so an erasure (email set NULL in the change) also erases what is sent
@@ -19,10 +20,11 @@
 --    siwa.webhook_attempt_history.
 -- Order: per endpoint and sub, a delivery is not attempted while an earlier change's delivery to that
 -- endpoint is pending (in flight or waiting for a retry). So that a claim looks at queue heads only, not
--- at every waiting delivery, each delivery carries `ready`: set by the fan-out for a delivery with no
--- pending one of its endpoint and sub ahead of it, passed on by the worker to the next one when a
--- delivery ends (delivered or dead), recomputed by replays, and swept by the worker every few seconds
--- (a fan-out that ran while the delivery ahead was ending may have seen it still pending). The claim
+-- at every waiting delivery, each delivery carries `ready`, kept by SQL alone: set by the fan-out for a
+-- delivery with no pending one of its endpoint and sub ahead of it (it share-locks those ahead, so a
+-- delivery being finished is waited for), passed on by siwa.record_webhook_attempt to the next one when
+-- a delivery ends (delivered or dead), recomputed by replays, and repaired by siwa.repair_webhook_ready
+-- (once a minute) for what a replay racing a finish could leave. The claim
 -- checks the order itself as well, so a wrong hint can delay a delivery but never reorder one. A dead delivery no longer blocks the later ones:
 -- the user's later changes go out rather than waiting forever, and a replay of the dead one then arrives
 -- after them (receivers compare the body's timestamp, the event time; docs/webhooks.md).
@@ -77,7 +79,7 @@ CREATE TABLE IF NOT EXISTS siwa.webhook_slots (
     PRIMARY KEY (endpoint_id, slot)
 );
 COMMENT ON TABLE siwa.webhook_slots IS
-    'Lockable rows that bound the attempts in flight per endpoint (siwa.webhook_endpoints.max_in_flight).';
+    'Lockable rows per endpoint: a claim locks the first while it counts the endpoint''s live leases against siwa.webhook_endpoints.max_in_flight.';
 
 CREATE TABLE IF NOT EXISTS siwa.webhook_deliveries (
     id               bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -94,6 +96,9 @@ CREATE TABLE IF NOT EXISTS siwa.webhook_deliveries (
     last_status      integer,
     last_error       text,
     ready            boolean     NOT NULL DEFAULT true,
+    lease_owner      text,
+    lease_expires_at timestamptz,
+    CONSTRAINT webhook_deliveries_lease_check CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL)),
     CONSTRAINT webhook_deliveries_state_check CHECK (state IN ('pending', 'delivered', 'dead')),
     CONSTRAINT webhook_deliveries_error_check CHECK (length(last_error) <= 300),
     UNIQUE (change_id, endpoint_id)
@@ -130,6 +135,17 @@ CREATE INDEX IF NOT EXISTS webhook_attempts_delivery_idx ON siwa.webhook_attempt
 CREATE OR REPLACE FUNCTION siwa.webhook_fan_out() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    -- The pending deliveries ahead of the new ones, share-locked in change order (the order in which
+    -- siwa.record_webhook_attempt locks them): a delivery being finished is waited for and then seen
+    -- ended, and one not yet being finished cannot end before this transaction commits, when its
+    -- finisher sees the new delivery. Either way `ready` is right when this transaction commits.
+    PERFORM 1 FROM siwa.webhook_deliveries p
+     WHERE p.state = 'pending'
+       AND (p.endpoint_id, p.sub) IN (
+           SELECT e.id, c.sub FROM new_changes c
+             JOIN siwa.webhook_endpoints e ON e.enabled AND (e.types IS NULL OR c.type = ANY (e.types)))
+     ORDER BY p.change_id, p.id
+       FOR SHARE OF p;
     INSERT INTO siwa.webhook_deliveries (change_id, endpoint_id, sub, ready)
     SELECT c.id, e.id, c.sub,
            pg_catalog.row_number() OVER (PARTITION BY e.id, c.sub ORDER BY c.id) = 1
@@ -320,3 +336,149 @@ COMMENT ON COLUMN siwa.webhook_delivery_status.last_attempt_at IS 'When the last
 COMMENT ON COLUMN siwa.webhook_delivery_status.delivered_at IS 'When the endpoint answered 2xx.';
 COMMENT ON COLUMN siwa.webhook_delivery_status.last_status IS 'The last HTTP status answered; NULL when there was no answer.';
 COMMENT ON COLUMN siwa.webhook_delivery_status.last_error IS 'The last failure, in our own words; never a secret, a body or an email.';
+
+-- Leases for the webhook lanes: see the comment above siwa.claim_revocation (schema/55-sign-in.sql).
+
+-- The webhook lanes' claim: the first due delivery that heads its endpoint and sub's queue (`ready`
+-- and no earlier pending delivery of the pair, leased or not, so per-user order holds), of an enabled
+-- endpoint not in p_skip, due by p_due_by (a drain passes its start: it never retries what it just
+-- tried), not leased or with an expired lease. 'claimed': the lease is written (p_lease long); the row carries what the POST needs (URL, live secrets newest first). 'saturated':
+-- the endpoint already has max_in_flight live leases (counted under its row's lock, so two workers
+-- cannot both take the last one): nothing is written; the caller skips the endpoint this pass. No row:
+-- nothing is claimable.
+CREATE OR REPLACE FUNCTION siwa.claim_webhook_delivery(p_owner text, p_lease interval,
+                                                       p_skip bigint[] DEFAULT '{}',
+                                                       p_due_by timestamptz DEFAULT NULL)
+RETURNS TABLE (outcome text, delivery_id bigint, change_id bigint, endpoint_id bigint, attempt integer,
+               first_attempt_at timestamptz, url text, secrets text[])
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_delivery siwa.webhook_deliveries%ROWTYPE;
+    v_endpoint siwa.webhook_endpoints%ROWTYPE;
+    v_in_flight integer;
+BEGIN
+    IF p_owner IS NULL OR p_lease IS NULL OR p_lease <= interval '0' THEN
+        RAISE EXCEPTION 'a claim needs an owner and a positive lease' USING ERRCODE = '22023';
+    END IF;
+    SELECT d.* INTO v_delivery
+      FROM siwa.webhook_deliveries d
+      JOIN siwa.webhook_endpoints e ON e.id = d.endpoint_id
+     WHERE d.state = 'pending' AND d.ready AND e.enabled
+       AND d.next_attempt_at <= coalesce(p_due_by, pg_catalog.now())
+       AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= pg_catalog.clock_timestamp())
+       AND d.endpoint_id <> ALL (coalesce(p_skip, '{}'))
+       AND NOT EXISTS (
+           SELECT 1 FROM siwa.webhook_deliveries p
+            WHERE p.endpoint_id = d.endpoint_id AND p.sub = d.sub AND p.state = 'pending'
+              AND p.change_id < d.change_id)
+     ORDER BY d.next_attempt_at, d.id
+     LIMIT 1
+       FOR UPDATE OF d SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    -- The endpoint's first slot row serialises the claims that count its leases (held to this
+    -- transaction's short end only).
+    PERFORM 1 FROM siwa.webhook_slots s WHERE s.endpoint_id = v_delivery.endpoint_id AND s.slot = 0
+       FOR UPDATE;
+    SELECT e.* INTO v_endpoint FROM siwa.webhook_endpoints e WHERE e.id = v_delivery.endpoint_id;
+    SELECT pg_catalog.count(*) INTO v_in_flight
+      FROM siwa.webhook_deliveries d
+     WHERE d.endpoint_id = v_delivery.endpoint_id AND d.state = 'pending'
+       AND d.lease_expires_at > pg_catalog.clock_timestamp();
+    IF v_in_flight >= v_endpoint.max_in_flight THEN
+        RETURN QUERY SELECT 'saturated'::text, v_delivery.id, v_delivery.change_id, v_delivery.endpoint_id,
+                            NULL::integer, NULL::timestamptz, NULL::text, NULL::text[];
+        RETURN;
+    END IF;
+    UPDATE siwa.webhook_deliveries d
+       SET lease_owner = p_owner, lease_expires_at = pg_catalog.clock_timestamp() + p_lease
+     WHERE d.id = v_delivery.id;
+    RETURN QUERY
+    SELECT 'claimed'::text, v_delivery.id, v_delivery.change_id, v_delivery.endpoint_id,
+           v_delivery.attempts + 1, v_delivery.first_attempt_at, v_endpoint.url,
+           ARRAY(SELECT s.secret FROM siwa.webhook_secrets s
+                  WHERE s.endpoint_id = v_delivery.endpoint_id
+                    AND (s.expires_at IS NULL OR s.expires_at > pg_catalog.now())
+                  ORDER BY s.id DESC);
+END;
+$$;
+COMMENT ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timestamptz) IS
+    'The webhook lanes'' claim: leases the first due queue head (rescuing an expired lease) and returns what the POST needs; ''saturated'' when its endpoint has max_in_flight live leases. Executable by siwa_worker.';
+
+-- Records one attempt of a delivery the caller leased: the attempt row, the delivery's new state
+-- (p_outcome: delivered, retry after p_retry_in seconds, or dead), the lease released, and — when the
+-- delivery ended — `ready` passed on to the next pending delivery of its endpoint and sub. False, with
+-- nothing written, when the lease is no longer the caller's (it expired and another lane took the
+-- delivery over). Locks the delivery, then the next head: the order in which the fan-out share-locks
+-- them (siwa.webhook_fan_out), so the two never deadlock and `ready` is never left stale.
+CREATE OR REPLACE FUNCTION siwa.record_webhook_attempt(p_delivery bigint, p_owner text, p_started timestamptz,
+                                                       p_latency_ms integer, p_status integer, p_outcome text,
+                                                       p_retry_in double precision, p_error text)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_delivery siwa.webhook_deliveries%ROWTYPE;
+    v_next     timestamptz;
+BEGIN
+    IF p_outcome IS NULL OR p_outcome NOT IN ('delivered', 'retry', 'dead') THEN
+        RAISE EXCEPTION 'an attempt ends delivered, retry or dead' USING ERRCODE = '22023';
+    END IF;
+    SELECT d.* INTO v_delivery FROM siwa.webhook_deliveries d
+     WHERE d.id = p_delivery AND d.state = 'pending' AND d.lease_owner = p_owner
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    v_next := CASE WHEN p_outcome = 'retry'
+                   THEN pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => coalesce(p_retry_in, 0)) END;
+    INSERT INTO siwa.webhook_attempts
+        (delivery_id, attempt, started_at, latency_ms, status, outcome, next_attempt_at, error)
+    VALUES (p_delivery, v_delivery.attempts + 1, p_started, p_latency_ms, p_status, p_outcome, v_next,
+            pg_catalog.left(p_error, 300));
+    UPDATE siwa.webhook_deliveries d
+       SET state = CASE WHEN p_outcome = 'retry' THEN 'pending' ELSE p_outcome END, attempts = d.attempts + 1,
+           first_attempt_at = coalesce(d.first_attempt_at, p_started), last_attempt_at = p_started,
+           next_attempt_at = coalesce(v_next, d.next_attempt_at),
+           delivered_at = CASE WHEN p_outcome = 'delivered' THEN pg_catalog.clock_timestamp() END,
+           last_status = p_status, last_error = pg_catalog.left(p_error, 300),
+           lease_owner = NULL, lease_expires_at = NULL
+     WHERE d.id = p_delivery;
+    IF p_outcome <> 'retry' THEN
+        -- The next change of this sub to this endpoint heads the queue now.
+        UPDATE siwa.webhook_deliveries d SET ready = true
+         WHERE d.id = (SELECT q.id FROM siwa.webhook_deliveries q
+                        WHERE q.endpoint_id = v_delivery.endpoint_id AND q.sub = v_delivery.sub
+                          AND q.state = 'pending'
+                        ORDER BY q.change_id LIMIT 1)
+           AND NOT d.ready;
+    END IF;
+    RETURN true;
+END;
+$$;
+COMMENT ON FUNCTION siwa.record_webhook_attempt(bigint, text, timestamptz, integer, integer, text, double precision, text) IS
+    'Records a leased webhook attempt (delivered, retry or dead), releases the lease and passes `ready` on; false when the lease is no longer the caller''s. Executable by siwa_worker.';
+
+-- Marks ready every pending delivery with no pending delivery of its endpoint and sub ahead of it, and
+-- not ready one with such a delivery ahead; returns how many it changed. Every transition keeps `ready`
+-- itself (the fan-out, siwa.record_webhook_attempt, replays); this is a repair for what they cannot
+-- see, such as a replay running while the delivery ahead is being recorded. The worker calls it once a
+-- minute and before a --once drain; the claim checks the order itself, so a wrong hint can only delay.
+CREATE OR REPLACE FUNCTION siwa.repair_webhook_ready() RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    -- Rows another transaction holds (a claim, a record, a fan-out's share lock) are skipped, not
+    -- waited for: they are being kept by that transaction, and a repair never deadlocks with it.
+    WITH wrong AS (
+        SELECT d.id FROM siwa.webhook_deliveries d
+         WHERE d.state = 'pending'
+           AND d.ready = EXISTS (SELECT 1 FROM siwa.webhook_deliveries p
+                                  WHERE p.endpoint_id = d.endpoint_id AND p.sub = d.sub
+                                    AND p.state = 'pending' AND p.change_id < d.change_id)
+           FOR UPDATE OF d SKIP LOCKED),
+    repaired AS (
+        UPDATE siwa.webhook_deliveries d SET ready = NOT d.ready FROM wrong w WHERE d.id = w.id
+        RETURNING 1)
+    SELECT pg_catalog.count(*)::integer FROM repaired
+$$;
+COMMENT ON FUNCTION siwa.repair_webhook_ready() IS
+    'Recomputes the webhook queue heads'' `ready` hint where it is wrong; returns how many rows it changed. Executable by siwa_worker.';

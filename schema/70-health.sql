@@ -117,3 +117,33 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 $$;
 COMMENT ON FUNCTION siwa.client_ids_in_use(timestamptz) IS
     'Distinct client IDs in use: audiences of notifications received since p_since, client IDs of sign-ins and of refresh tokens not revoked. SECURITY DEFINER; executable by siwa_admin (siwactl doctor --database-url).';
+
+-- A service process's heartbeat: upserts its row (version 'schema N', the product version and the
+-- commit it was built from) and prunes rows of its kind not seen for p_prune_after. SECURITY INVOKER:
+-- the row policy lets each role write only its own kind.
+CREATE OR REPLACE FUNCTION siwa.record_heartbeat(p_kind text, p_host text, p_pid integer,
+                                                 p_schema_version integer, p_product_version text,
+                                                 p_build_commit text, p_audiences text[],
+                                                 p_started_at timestamptz, p_prune_after interval) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    INSERT INTO siwa.service_heartbeats AS h
+           (kind, host, pid, version, product_version, build_commit, audiences, started_at, last_seen)
+    VALUES (p_kind, p_host, p_pid, 'schema ' || p_schema_version, p_product_version, p_build_commit,
+            p_audiences, p_started_at, pg_catalog.now())
+    ON CONFLICT (kind, host, pid) DO UPDATE
+       SET version = excluded.version, product_version = excluded.product_version,
+           build_commit = excluded.build_commit, audiences = excluded.audiences,
+           started_at = excluded.started_at, last_seen = excluded.last_seen;
+    DELETE FROM siwa.service_heartbeats h
+     WHERE h.kind = p_kind AND h.last_seen < pg_catalog.now() - p_prune_after;
+$$;
+COMMENT ON FUNCTION siwa.record_heartbeat(text, text, integer, integer, text, text, text[], timestamptz, interval) IS
+    'Upserts a service process''s heartbeat row and prunes stale rows of its kind. Executable by siwa_receiver and siwa_worker (each for its own kind).';
+
+-- A stopping process deletes its heartbeat row, so that it does not look alive.
+CREATE OR REPLACE FUNCTION siwa.remove_heartbeat(p_kind text, p_host text, p_pid integer) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    DELETE FROM siwa.service_heartbeats h WHERE h.kind = p_kind AND h.host = p_host AND h.pid = p_pid;
+$$;
+COMMENT ON FUNCTION siwa.remove_heartbeat(text, text, integer) IS
+    'Deletes a stopping service process''s heartbeat row. Executable by siwa_receiver and siwa_worker (each for its own kind).';

@@ -67,6 +67,8 @@ BEGIN
         GRANT EXECUTE ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], text[], boolean[],
             timestamptz[], timestamptz[], timestamptz[], text[]) TO siwa_receiver;
         GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.service_heartbeats TO siwa_receiver;
+        GRANT EXECUTE ON FUNCTION siwa.record_heartbeat(text, text, integer, integer, text, text, text[], timestamptz, interval),
+            siwa.remove_heartbeat(text, text, integer) TO siwa_receiver;
         GRANT EXECUTE ON FUNCTION siwa.health_gauges(timestamptz) TO siwa_receiver;
         DROP POLICY IF EXISTS service_heartbeats_receiver ON siwa.service_heartbeats;
         CREATE POLICY service_heartbeats_receiver ON siwa.service_heartbeats TO siwa_receiver
@@ -82,8 +84,10 @@ $$;
 -- The revoker claims and updates revocation requests, and reads and destroys refresh-token
 -- ciphertexts; applying a consent-revoked marks the echo (a trigger). It resolves aliases when it
 -- claims notifications (and when it erases a user's history). Webhooks: it inserts deliveries (the
--- fan-out trigger runs as the role inserting the change), claims and updates them, records attempts,
--- reads endpoints and secrets, and locks slots (FOR UPDATE needs UPDATE). Its heartbeats (of its own
+-- fan-out trigger runs as the role inserting the change, and share-locks the pending ones ahead: FOR
+-- SHARE needs UPDATE), claims and updates them, records attempts, reads endpoints and secrets, and
+-- locks slots (FOR UPDATE needs UPDATE). The transitions of its queues (leases, records, repair,
+-- heartbeats) are functions run with its rights: EXECUTE on exactly those. Its heartbeats (of its own
 -- kind) and the health gauges.
 DO $$
 DECLARE
@@ -131,6 +135,14 @@ BEGIN
         GRANT SELECT, INSERT, UPDATE ON siwa.webhook_deliveries TO siwa_worker;
         GRANT SELECT, INSERT ON siwa.webhook_attempts TO siwa_worker;
         GRANT EXECUTE ON FUNCTION siwa.webhook_fan_out() TO siwa_worker;
+        GRANT EXECUTE ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timestamptz),
+            siwa.record_webhook_attempt(bigint, text, timestamptz, integer, integer, text, double precision, text),
+            siwa.repair_webhook_ready(), siwa.claim_revocation(text, interval, timestamptz),
+            siwa.record_revocation(bigint, text, bigint[], bytea[], text, text, text, double precision),
+            siwa.release_revocation(bigint, text), siwa.claim_refresh_check(interval),
+            siwa.record_refresh_check(bigint, bytea, text), siwa.prune_sign_in_codes(interval),
+            siwa.record_heartbeat(text, text, integer, integer, text, text, text[], timestamptz, interval),
+            siwa.remove_heartbeat(text, text, integer) TO siwa_worker;
         GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.service_heartbeats TO siwa_worker;
         GRANT EXECUTE ON FUNCTION siwa.health_gauges(timestamptz) TO siwa_worker;
         DROP POLICY IF EXISTS service_heartbeats_worker ON siwa.service_heartbeats;

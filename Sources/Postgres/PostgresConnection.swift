@@ -21,6 +21,9 @@ public struct PostgresNotification: Sendable, Hashable {
 /// Use it from one thread at a time (it is `Sendable` so it can be handed between threads, e.g. by
 /// `PostgresPool`, but it does no locking). Every statement is sent with its parameters separately
 /// (never interpolated); results are fully read before a call returns.
+// @unchecked: it holds a libpq handle and mutable state without a lock, so it is safe only as the
+// contract above says: used by one thread at a time, handed over with a happens-before edge (a pool's
+// lock, a thread's start or join). It is Sendable so that such hand-overs compile.
 public final class PostgresConnection: @unchecked Sendable {
     /// The connection's state as libpq sees it.
     public struct Status: Hashable, Sendable, CustomStringConvertible {
@@ -192,6 +195,21 @@ public final class PostgresConnection: @unchecked Sendable {
 
     // MARK: LISTEN / NOTIFY
 
+    /// Opens a connection that listens on `channel` (closed again if LISTEN fails): a consumer's.
+    public static func listening(on channel: String, configuration: PostgresConfiguration)
+        throws(PostgresError)
+        -> PostgresConnection
+    {
+        let connection = try PostgresConnection(configuration: configuration)
+        do {
+            try connection.listen(channel)
+        } catch {
+            connection.close()
+            throw error
+        }
+        return connection
+    }
+
     /// Starts listening on `channel` (quoted safely as an identifier).
     public func listen(_ channel: String) throws(PostgresError) {
         try simpleQuery("LISTEN " + quotedIdentifier(channel))
@@ -202,6 +220,14 @@ public final class PostgresConnection: @unchecked Sendable {
     /// Returns the notifications received so far (possibly several), or `[]` on timeout.
     /// - Throws: `.connectionLost` when the server closes the connection while waiting.
     public func waitForNotifications(timeout: Duration) throws(PostgresError) -> [PostgresNotification] {
+        try waitForNotifications(timeout: timeout, wakeDescriptor: nil)
+    }
+
+    /// Waits as ``waitForNotifications(timeout:)`` does, returning early (with none) as soon as
+    /// `wakeDescriptor` becomes readable: a stop signal's descriptor wakes a LISTEN wait at once.
+    public func waitForNotifications(timeout: Duration, wakeDescriptor: Int32?) throws(PostgresError)
+        -> [PostgresNotification]
+    {
         let handle = try openHandle()
         let deadline = ContinuousClock.now + timeout
         if PQconsumeInput(handle) == 0 || PQstatus(handle) != CONNECTION_OK {
@@ -217,13 +243,18 @@ public final class PostgresConnection: @unchecked Sendable {
                 sawConnectionError = true
                 throw connectionLost(handle)
             }
-            var descriptor = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
-            let ready = poll(&descriptor, 1, Self.milliseconds(remaining))
+            var descriptors = [
+                pollfd(fd: socket, events: Int16(POLLIN), revents: 0),
+                pollfd(fd: wakeDescriptor ?? -1, events: Int16(POLLIN), revents: 0),
+            ]
+            let ready = poll(
+                &descriptors, nfds_t(wakeDescriptor == nil ? 1 : 2), Self.milliseconds(remaining))
             if ready < 0 {
                 if errno == EINTR { continue }
                 throw PostgresError(code: .connectionLost, message: "poll() failed with errno \(errno)")
             }
             guard ready > 0 else { continue }
+            if wakeDescriptor != nil, descriptors[1].revents != 0 { return [] }
             if PQconsumeInput(handle) == 0 || PQstatus(handle) != CONNECTION_OK {
                 sawConnectionError = true
                 throw connectionLost(handle)

@@ -97,8 +97,8 @@ public final class ServiceHealth: Sendable {
     private let state = Mutex(State())
     /// The last reading, for callers that find `state` busy.
     private let published = Mutex<(done: Bool, failed: Bool, snapshot: Snapshot?)>((false, false, nil))
-    private let stopping = Atomic<Bool>(false)
-    private let thread = Mutex<JoinableThread?>(nil)
+    /// The heartbeat thread and its stop signal, while started.
+    private let running = Mutex<(thread: JoinableThread, stop: StopSignal)?>(nil)
 
     public init(configuration: Configuration, logger: Logger) {
         self.configuration = configuration
@@ -202,26 +202,16 @@ public final class ServiceHealth: Sendable {
                 let connection = try Self.open(&state.connection, configuration)
                 try connection.query(
                     """
-                    INSERT INTO siwa.service_heartbeats AS h
-                           (kind, host, pid, version, product_version, build_commit, audiences, started_at, last_seen)
-                    VALUES ($1, $2, $3::integer, 'schema ' || $4::integer, $5, $6, $7::text[], $8, now())
-                    ON CONFLICT (kind, host, pid) DO UPDATE
-                       SET version = excluded.version, product_version = excluded.product_version,
-                           build_commit = excluded.build_commit, audiences = excluded.audiences,
-                           started_at = excluded.started_at, last_seen = excluded.last_seen
+                    SELECT siwa.record_heartbeat($1, $2, $3::integer, $4::integer, $5, $6, $7::text[], $8,
+                                                 $9::float8 * interval '1 second')
                     """,
                     [
                         .text(configuration.kind.name), .text(configuration.host),
                         .int(Int64(configuration.processID)), .int(Int64(configuration.schemaVersion)),
                         .text(configuration.version), .text(configuration.commit),
                         .array(configuration.audiences.map { .text($0) }), .date(startedAt),
+                        .double(configuration.pruneAfter.inSeconds),
                     ])
-                try connection.query(
-                    """
-                    DELETE FROM siwa.service_heartbeats
-                     WHERE kind = $1 AND last_seen < now() - make_interval(secs => $2::float8)
-                    """,
-                    [.text(configuration.kind.name), .double(configuration.pruneAfter.inSeconds)])
             } catch {
                 state.connection?.close()
                 state.connection = nil
@@ -231,20 +221,28 @@ public final class ServiceHealth: Sendable {
     }
 
     /// Starts the heartbeat thread: a heartbeat and a first reading of the gauges at once (so the first
-    /// scrape finds them warm), then a heartbeat every interval.
+    /// scrape finds them warm), then a heartbeat every interval (a ``ConsumerLoop`` without LISTEN: a
+    /// failed heartbeat is tried again after the shared reconnect backoff, not a whole interval later).
     public func start() {
-        stopping.store(false, ordering: .relaxed)
+        let stop = StopSignal()
         let started = JoinableThread(name: "siwa-heartbeat") { [self] in
             warnAboutRole()
             _ = snapshot()
-            while !stopping.load(ordering: .relaxed) {
-                do {
+            var loop = ConsumerLoop<Void>(
+                state: ConsumerLoopState(pollInterval: configuration.heartbeatInterval), stop: stop,
+                connect: {},
+                drain: { [self] _ in
                     try beat()
-                    if state.withLock({ $0.heartbeatFailed }) {
-                        logger.info("heartbeats recorded again")
-                        state.withLock { $0.heartbeatFailed = false }
+                    let recovered = state.withLock { state in
+                        defer { state.heartbeatFailed = false }
+                        return state.heartbeatFailed
                     }
-                } catch {
+                    if recovered { logger.info("heartbeats recorded again") }
+                    return nil
+                },
+                wait: { _, duration in stop.sleep(duration) },
+                close: {},
+                failed: { [self] error, _ in
                     let first = state.withLock { state in
                         defer { state.heartbeatFailed = true }
                         return !state.heartbeatFailed
@@ -252,26 +250,25 @@ public final class ServiceHealth: Sendable {
                     if first {
                         logger.warning("cannot record a heartbeat", ["error": .string(Self.describe(error))])
                     }
-                }
-                sleep(configuration.heartbeatInterval)
-            }
+                })
+            try? loop.run()
         }
-        thread.withLock { $0 = started }
+        running.withLock { $0 = (started, stop) }
     }
 
-    /// Stops the heartbeat thread (joined) and deletes this process's row, so that a stopped process
-    /// does not look alive; closes the connection.
+    /// Stops the heartbeat thread (woken at once, and joined) and deletes this process's row, so that a
+    /// stopped process does not look alive; closes the connection.
     public func stop() {
-        stopping.store(true, ordering: .relaxed)
-        let running = thread.withLock { thread in
-            defer { thread = nil }
-            return thread
+        let started = running.withLock { running in
+            defer { running = nil }
+            return running
         }
-        running?.join()
+        started?.stop.stop()
+        started?.thread.join()
         state.withLock { state in
             if let connection = try? Self.open(&state.connection, configuration) {
                 _ = try? connection.query(
-                    "DELETE FROM siwa.service_heartbeats WHERE kind = $1 AND host = $2 AND pid = $3::integer",
+                    "SELECT siwa.remove_heartbeat($1, $2, $3::integer)",
                     [
                         .text(configuration.kind.name), .text(configuration.host),
                         .int(Int64(configuration.processID)),
@@ -308,15 +305,6 @@ public final class ServiceHealth: Sendable {
                 ? "connected as a superuser: this process may do anything to every database of the server; log in as a member of \(group) instead"
                 : "connected as the owner of schema siwa: this process may change or drop any of its tables; log in as a member of \(group) instead",
             ["role": .string(user), "group_role": .string(group)])
-    }
-
-    private func sleep(_ duration: Duration) {
-        let deadline = ContinuousClock.now + duration
-        while !stopping.load(ordering: .relaxed) {
-            let remaining = deadline - ContinuousClock.now
-            if remaining <= .zero { return }
-            Thread.sleep(forTimeInterval: min(remaining, .milliseconds(50)).inSeconds)
-        }
     }
 
     private static func open(_ connection: inout PostgresConnection?, _ configuration: Configuration) throws

@@ -1,13 +1,14 @@
 import Foundation
+import Synchronization
 
 /// A thread that can be joined: ``join()`` returns only once the thread has ended completely.
 ///
 /// `Foundation.Thread` starts detached threads that cannot be waited for; a service that promises to
 /// have stopped every thread it started before it returns from its shutdown needs `pthread_join`.
-public final class JoinableThread: @unchecked Sendable {
+public final class JoinableThread: Sendable {
     private let handle: pthread_t
-    private let lock = NSLock()
-    private var joined = false  // guarded by `lock`
+    /// Whether it was joined; the lock is held across `pthread_join`, so a second caller waits for it.
+    private let joined = Mutex<Bool>(false)
 
     /// Starts `body` on a new thread named `name` (the first 15 bytes are shown by `ps` and `top`).
     public init(name: String, _ body: @escaping @Sendable () -> Void) {
@@ -30,15 +31,15 @@ public final class JoinableThread: @unchecked Sendable {
     /// Blocks until the thread has ended; later calls return at once. Must not be called from the thread
     /// itself.
     public func join() {
-        lock.lock()
-        defer { lock.unlock() }
-        guard !joined else { return }
-        pthread_join(handle, nil)
-        joined = true
+        joined.withLock { joined in
+            guard !joined else { return }
+            pthread_join(handle, nil)
+            joined = true
+        }
     }
 
     deinit {
-        if !joined { pthread_detach(handle) }
+        if !joined.withLock({ $0 }) { pthread_detach(handle) }
     }
 
     private final class Start {

@@ -84,6 +84,8 @@ private final class SignalState: Sendable {
     }
 }
 
+// @unchecked: `sources` is a `let` never changed after init, and DispatchSource's `cancel` is
+// thread-safe; the protocol existential is just not marked Sendable.
 private final class SignalSources: @unchecked Sendable {
     private let sources: [any DispatchSourceSignal]  // immutable after init
     init(_ sources: [any DispatchSourceSignal]) { self.sources = sources }

@@ -85,63 +85,66 @@ final class Lane {
         self.once = once
     }
 
-    /// Runs until the worker stops (or, with `once`, until nothing but busy notifications is due). In
-    /// `once` mode a database failure ends the lane with an error; otherwise the lane reconnects with
-    /// backoff. Maintenance is not a lane's job: ``Maintenance`` runs it on its own schedule.
-    /// Also returns, in `once` mode, how soon the first notification put off as busy is due again.
+    /// Runs until the worker stops (or, with `once`, until nothing but busy notifications is due): a
+    /// ``ConsumerLoop`` that LISTENs, drains, and waits for a NOTIFY, the next due retry or the poll
+    /// interval. In `once` mode a database failure ends the lane with an error; otherwise the lane
+    /// reconnects with the shared backoff. Maintenance is not a lane's job: ``Maintenance`` runs it on
+    /// its own schedule. Also returns, in `once` mode, how soon the first notification put off as busy
+    /// is due again.
     func run() -> (Worker.DrainSummary, WorkerError?, Duration?) {
         var summary = Worker.DrainSummary()
-        var connection: PostgresConnection?
-        var reconnectDelay = configuration.reconnectDelay
-        defer {
-            if connection != nil { worker.metrics.connectedLanes.decrement() }
-            connection?.close()
-        }
-        while !worker.isStopping {
-            do throws(PostgresError) {
-                let active: PostgresConnection
-                if let connection, connection.isHealthy {
-                    active = connection
-                } else {
-                    if connection != nil { worker.metrics.connectedLanes.decrement() }
-                    connection?.close()
-                    connection = nil
-                    active = try worker.connect(listen: true, fields: ["lane": .int(index)])
-                    connection = active
-                    worker.metrics.connectedLanes.increment()
-                    reconnectDelay = configuration.reconnectDelay
-                }
-                try drain(active, into: &summary)
-                let nextBusyDue = try observeBusy(active)
-                if once { return (summary, nil, nextBusyDue) }
-                try waitForWork(active)
-            } catch {
+        var nextBusyDue: Duration?
+        var loop = ConsumerLoop<PostgresConnection>(
+            state: ConsumerLoopState(
+                pollInterval: configuration.pollInterval,
+                backoff: Backoff(
+                    initial: configuration.reconnectDelay, maximum: configuration.maxReconnectDelay),
+                once: once, minimumWait: .milliseconds(20)),
+            stop: worker.stopSignal,
+            connect: { [worker, index] () throws(PostgresError) -> PostgresConnection in
+                let connection = try worker.connect(listen: true, fields: ["lane": .int(index)])
+                worker.metrics.connectedLanes.increment()
+                return connection
+            },
+            drain: { [self] connection in
+                try drain(connection, into: &summary)
+                nextBusyDue = try observeBusy(connection)
+                return once ? nil : try untilNextDue(connection)
+            },
+            wait: { [worker] connection, timeout in
+                _ = try connection.waitForNotifications(
+                    timeout: timeout, wakeDescriptor: worker.stopSignal.wakeDescriptor)
+            },
+            close: { [worker] connection in
+                worker.metrics.connectedLanes.decrement()
+                connection.close()
+            },
+            failed: { [self] error, retry in
                 worker.metrics.reconnects.increment()
-                if connection != nil { worker.metrics.connectedLanes.decrement() }
-                connection?.close()
-                connection = nil
-                if once {
-                    return (summary, WorkerError(code: .database, message: error.description), nil)
-                }
+                let error = error as? PostgresError
                 var fields: [String: Logger.Value] = [
-                    "lane": .int(index), "error_code": .string(error.code.description),
-                    "sqlstate": .string(error.sqlState ?? ""),
-                    "retry_in_ms": .int(Int(reconnectDelay.wholeMilliseconds)),
+                    "lane": .int(index), "error_code": .string(error?.code.description ?? "unknown"),
+                    "sqlstate": .string(error?.sqlState ?? ""),
+                    "retry_in_ms": .int(Int(retry.wholeMilliseconds)),
                 ]
                 // Why the server refused the connection (wrong password, no such database, no
                 // pg_hba.conf entry), password masked.
-                if let reason = error.connectionFailureReason { fields["reason"] = .string(reason) }
+                if let reason = error?.connectionFailureReason { fields["reason"] = .string(reason) }
                 logger.warning(
-                    error.code == .readOnly
+                    error?.code == .readOnly
                         ? "database accepts no writes (a standby?); reconnecting"
-                        : error.isConnectionError
+                        : error?.isConnectionError ?? false
                             ? "database unavailable; reconnecting" : "database error; reconnecting",
                     fields)
-                worker.sleep(reconnectDelay)
-                reconnectDelay = min(reconnectDelay * 2, configuration.maxReconnectDelay)
-            }
+            })
+        do {
+            try loop.run()
+        } catch {
+            worker.metrics.reconnects.increment()
+            let message = (error as? PostgresError)?.description ?? "\(error)"
+            return (summary, WorkerError(code: .database, message: message), nil)
         }
-        return (summary, nil, nil)
+        return (summary, nil, nextBusyDue)
     }
 
     /// Runs batches until nothing is claimable, or until only busy notifications (their users' account
@@ -308,21 +311,10 @@ final class Lane {
         return code.count == 5 ? String(code) : "unknown"
     }
 
-    /// Waits for a notification, the next scheduled retry or the poll interval, whichever comes first,
-    /// in short slices so that ``Worker/stop()`` is noticed quickly.
-    private func waitForWork(_ connection: PostgresConnection) throws(PostgresError) {
-        var wait = configuration.pollInterval
-        if let seconds = try connection.query(Self.nextDueSQL).first?[0, as: Double?.self] {
-            let untilDue = Duration.milliseconds(Int64((max(seconds, 0) * 1000).rounded(.up)))
-            wait = min(wait, max(untilDue, .milliseconds(20)))
-        }
-        let deadline = ContinuousClock.now + wait
-        while !worker.isStopping {
-            let remaining = deadline - ContinuousClock.now
-            if remaining <= .zero { return }
-            if !(try connection.waitForNotifications(timeout: min(remaining, .milliseconds(100)))).isEmpty {
-                return
-            }
+    /// How soon the next scheduled retry is due (nil: nothing pending).
+    private func untilNextDue(_ connection: PostgresConnection) throws(PostgresError) -> Duration? {
+        try connection.query(Self.nextDueSQL).first?[0, as: Double?.self].map {
+            .milliseconds(Int64((max($0, 0) * 1000).rounded(.up)))
         }
     }
 }

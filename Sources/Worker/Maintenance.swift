@@ -5,6 +5,9 @@ import ServiceSupport
 /// Retention and the erasure of personal data that has become due, on a connection and a schedule of
 /// their own: however busy or stuck the lanes are, maintenance runs every `maintenanceInterval`.
 struct Maintenance {
+    /// A pass found its connection gone: open another (after the backoff).
+    private struct ConnectionLost: Error {}
+
     let worker: Worker
     private var configuration: Worker.Configuration { worker.configuration }
     private var logger: Logger { worker.logger }
@@ -13,40 +16,39 @@ struct Maintenance {
         self.worker = worker
     }
 
-    /// Runs a pass now and then every `maintenanceInterval` until the worker stops, reconnecting with
-    /// backoff when the database goes away.
+    /// Runs a pass now and then every `maintenanceInterval` until the worker stops (a ``ConsumerLoop``
+    /// without LISTEN), reconnecting with the shared backoff when the database goes away.
     func run() {
-        var connection: PostgresConnection?
-        var reconnectDelay = configuration.reconnectDelay
-        defer { connection?.close() }
-        while !worker.isStopping {
-            let active: PostgresConnection
-            if let connection, connection.isHealthy {
-                active = connection
-            } else {
-                connection?.close()
-                connection = nil
-                do throws(PostgresError) {
-                    active = try worker.connect(listen: false, fields: ["task": "maintenance"])
-                } catch {
-                    worker.metrics.maintenanceErrors.increment()
-                    logger.warning(
-                        "maintenance cannot connect; retrying",
-                        [
-                            "error_code": .string(error.code.description),
-                            "sqlstate": .string(error.sqlState ?? ""),
-                            "retry_in_ms": .int(Int(reconnectDelay.wholeMilliseconds)),
-                        ])
-                    worker.sleep(reconnectDelay)
-                    reconnectDelay = min(reconnectDelay * 2, configuration.maxReconnectDelay)
-                    continue
-                }
-                connection = active
-                reconnectDelay = configuration.reconnectDelay
-            }
-            pass(active)
-            worker.sleep(configuration.maintenanceInterval)
-        }
+        var loop = ConsumerLoop<PostgresConnection>(
+            state: ConsumerLoopState(
+                pollInterval: configuration.maintenanceInterval,
+                backoff: Backoff(
+                    initial: configuration.reconnectDelay, maximum: configuration.maxReconnectDelay)),
+            stop: worker.stopSignal,
+            connect: { [worker] () throws(PostgresError) -> PostgresConnection in
+                try worker.connect(listen: false, fields: ["task": "maintenance"])
+            },
+            drain: { [self] connection in
+                // A pass logs its own failures; a connection it lost is opened again before the next.
+                pass(connection)
+                if !connection.isHealthy { throw ConnectionLost() }
+                return nil
+            },
+            wait: { [worker] _, duration in worker.sleep(duration) },
+            close: { $0.close() },
+            failed: { [worker, logger] error, retry in
+                if error is ConnectionLost { return }  // the pass logged and counted it
+                let error = error as? PostgresError
+                worker.metrics.maintenanceErrors.increment()
+                logger.warning(
+                    "maintenance cannot connect; retrying",
+                    [
+                        "error_code": .string(error?.code.description ?? "unknown"),
+                        "sqlstate": .string(error?.sqlState ?? ""),
+                        "retry_in_ms": .int(Int(retry.wholeMilliseconds)),
+                    ])
+            })
+        try? loop.run()
     }
 
     /// One pass on a connection of its own (after a `once` drain).

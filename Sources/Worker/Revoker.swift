@@ -5,17 +5,19 @@ import ServiceSupport
 import Synchronization
 import TokenVault
 
-/// The revocation outbox's consumer: claims due requests made by `siwa.request_revocation` (FOR UPDATE
-/// SKIP LOCKED, so several workers share the work), decrypts the user's stored refresh tokens, calls
-/// Apple's `/auth/revoke` for each, destroys each ciphertext Apple accepted, and records the outcome in
-/// the ledger (`siwa.revocation_ledger`). Retryable failures (5xx, 429, timeouts, no connection) are
+/// The revocation outbox's consumer: claims due requests made by `siwa.request_revocation`
+/// (`siwa.claim_revocation`: a committed lease, so several workers share the work and none holds a
+/// lock), decrypts the user's stored refresh tokens, calls Apple's `/auth/revoke` for each with no
+/// transaction open, then records the outcome in the ledger (`siwa.revocation_ledger`) with
+/// `siwa.record_revocation`, which destroys exactly the ciphertexts Apple accepted (a token row that
+/// changed meanwhile keeps its new token). Retryable failures (5xx, 429, timeouts, no connection) are
 /// retried with exponential backoff and jitter; Apple's refusals and undecryptable tokens end as
-/// `failed`; a user without a stored token ends as `no_token`.
+/// `failed`; a user without a stored token ends as `no_token`; a token row held by another transaction
+/// at record time puts the request off (`busy`) instead of waiting for it.
 ///
-/// One request is handled per transaction, which stays open during the calls to Apple (each bounded by
-/// the client's deadline). If the process dies after Apple's 200 but before the commit, the request is
-/// handled again: Apple answers 200 for a token already revoked, so the second revoke is harmless, and
-/// the ledger ends complete.
+/// If the process dies after Apple's 200 but before the record, the lease expires and the next claim
+/// takes the request over (exactly one claimer does): Apple answers 200 for a token already revoked, so
+/// the second revoke is harmless, and the ledger ends complete.
 public final class Revoker: Sendable {
     /// The revoker's settings.
     public struct Configuration: Sendable {
@@ -36,13 +38,16 @@ public final class Revoker: Sendable {
         /// When set, each stored refresh token is refreshed at Apple at most once per this interval (a
         /// day is the intended value); `invalid_grant` records a consent-revoked of our own. Nil: off.
         public var refreshCheckInterval: Duration?
+        /// How long a claimed request stays leased: longer than its calls to Apple can take. A lease still
+        /// held after that is taken over by another revoker.
+        public var lease: Duration
 
         /// Settings; `clients` must not be empty.
         public init(
             database: PostgresConfiguration, clients: [String: AppleIDClient], cipher: TokenCipher,
             pollInterval: Duration = .seconds(5), retryBaseDelay: Duration = .seconds(5),
             maxRetryDelay: Duration = .seconds(3600), maxAttempts: Int = 20,
-            refreshCheckInterval: Duration? = nil
+            refreshCheckInterval: Duration? = nil, lease: Duration = .seconds(300)
         ) throws {
             if let refreshCheckInterval, refreshCheckInterval <= .zero {
                 throw ConfigurationError("the refresh-check interval must be positive")
@@ -52,7 +57,7 @@ public final class Revoker: Sendable {
                 throw ConfigurationError("the revoker needs at least one client ID")
             }
             guard pollInterval > .zero, retryBaseDelay > .zero, maxRetryDelay >= retryBaseDelay,
-                maxAttempts > 0
+                maxAttempts > 0, lease > .zero
             else { throw ConfigurationError("the revoker's intervals and attempts must be positive") }
             self.database = database
             self.clients = clients
@@ -61,6 +66,7 @@ public final class Revoker: Sendable {
             self.retryBaseDelay = retryBaseDelay
             self.maxRetryDelay = maxRetryDelay
             self.maxAttempts = maxAttempts
+            self.lease = lease
         }
     }
 
@@ -68,7 +74,8 @@ public final class Revoker: Sendable {
     public struct Outcome: Sendable, Equatable {
         /// The request's id.
         public var id: Int
-        /// `revoked`, `no_token`, `failed`, or `retry`.
+        /// `revoked`, `no_token`, `failed`, `retry`, `busy` (a token row was held by another transaction:
+        /// put off), or `lost` (the lease expired and another revoker took the request over).
         public var state: String
         /// An outcome.
         public init(id: Int, state: String) {
@@ -80,8 +87,11 @@ public final class Revoker: Sendable {
     /// The settings.
     public let configuration: Configuration
     private let logger: Logger
-    private let stopRequested = Atomic<Bool>(false)
+    private let stopSignal = StopSignal()
     private let outcomes: MetricsRegistry?
+    /// This revoker's lease owner: host, process and a random part.
+    private let owner =
+        "\(ProcessInfo.processInfo.hostName):\(getpid()):\(UUID().uuidString.prefix(8)):revoker"
 
     /// A revoker; `metrics`, when given, gets `siwa_revocations_total{outcome}`.
     public init(configuration: Configuration, logger: Logger, metrics: MetricsRegistry? = nil) {
@@ -90,66 +100,73 @@ public final class Revoker: Sendable {
         self.outcomes = metrics
     }
 
-    /// Handles due requests until ``stop()``; reconnects after a database failure.
+    /// The channel `siwa.request_revocation` notifies.
+    public static let channel = "siwa_revocations"
+
+    /// Handles due requests until ``stop()`` (a ``ConsumerLoop``); reconnects after a database failure.
     public func run() {
         logger.info("revoker started", ["clients": .int(configuration.clients.count)])
-        while !stopRequested.load(ordering: .sequentiallyConsistent) {
-            do {
-                let connection = try PostgresConnection(configuration: configuration.database)
-                defer { connection.close() }
-                try connection.listen("siwa_revocations")
-                var lastCheck: ContinuousClock.Instant?
-                var lastPrune: ContinuousClock.Instant?
-                while !stopRequested.load(ordering: .sequentiallyConsistent) {
-                    while !stopRequested.load(ordering: .sequentiallyConsistent),
-                        try handleOne(on: connection) != nil
-                    {}
-                    if lastPrune.map({ ContinuousClock.now - $0 >= .seconds(3600) }) ?? true {
-                        lastPrune = ContinuousClock.now
-                        _ = try pruneSignInCodes(on: connection)
-                    }
-                    // Refresh checks: a pass at most once a minute (or per interval, if shorter), each
-                    // checking the tokens due, 100 at most, between revocation requests.
-                    if let interval = configuration.refreshCheckInterval,
-                        lastCheck.map({ ContinuousClock.now - $0 >= min(interval, .seconds(60)) }) ?? true
+        var prune = Every(.seconds(3600))
+        // Refresh checks: a pass at most once a minute (or per interval, if shorter), each checking the
+        // tokens due, 100 at most, between revocation requests.
+        var check = configuration.refreshCheckInterval.map { Every(min($0, .seconds(60))) }
+        var loop = ConsumerLoop<PostgresConnection>(
+            state: ConsumerLoopState(pollInterval: min(configuration.pollInterval, .seconds(1))),
+            stop: stopSignal,
+            connect: { [configuration] in
+                try PostgresConnection.listening(on: Self.channel, configuration: configuration.database)
+            },
+            drain: { [self] connection in
+                _ = try drain(on: connection)
+                if prune.take(now: .now) { _ = try pruneSignInCodes(on: connection) }
+                if let interval = configuration.refreshCheckInterval, check?.take(now: .now) == true {
+                    var checked = 0
+                    while checked < 100, !stopSignal.isStopped,
+                        try checkOne(on: connection, interval: interval) != nil
                     {
-                        lastCheck = ContinuousClock.now
-                        var checked = 0
-                        while checked < 100, !stopRequested.load(ordering: .sequentiallyConsistent),
-                            try checkOne(on: connection, interval: interval) != nil
-                        {
-                            checked += 1
-                            while try handleOne(on: connection) != nil {}  // revocations first
-                        }
+                        checked += 1
+                        _ = try drain(on: connection)  // revocations first
                     }
-                    _ = try connection.waitForNotifications(
-                        timeout: min(configuration.pollInterval, .seconds(1)))
                 }
-            } catch {
+                return [prune.remaining(now: .now), check?.remaining(now: .now)].compactMap { $0 }.min()
+            },
+            wait: { [stopSignal] connection, timeout in
+                _ = try connection.waitForNotifications(
+                    timeout: timeout, wakeDescriptor: stopSignal.wakeDescriptor)
+            },
+            close: { $0.close() },
+            failed: { [logger] error, retry in
                 let code = (error as? PostgresError).map { $0.sqlState ?? $0.code.description } ?? "unknown"
-                var fields: [String: Logger.Value] = ["error": .string(code)]
+                var fields: [String: Logger.Value] = [
+                    "error": .string(code), "retry_in_ms": .int(Int(retry.wholeMilliseconds)),
+                ]
                 if let reason = (error as? PostgresError)?.connectionFailureReason {
                     fields["reason"] = .string(reason)
                 }
                 logger.warning("revoker: database failure; reconnecting", fields)
-                let deadline = ContinuousClock.now + .seconds(1)
-                while !stopRequested.load(ordering: .sequentiallyConsistent), ContinuousClock.now < deadline {
-                    Thread.sleep(forTimeInterval: 0.05)
-                }
-            }
-        }
+            })
+        try? loop.run()
         logger.info("revoker stopped")
     }
 
-    /// Asks ``run()`` to return after the request in hand.
-    public func stop() { stopRequested.store(true, ordering: .sequentiallyConsistent) }
+    /// Asks ``run()`` to return after the request in hand; wakes it at once if it waits.
+    public func stop() { stopSignal.stop() }
 
-    /// Handles every request due now, one transaction each; returns what each ended as.
+    /// Handles every request due now (not what this drain schedules for later); returns what each ended
+    /// as.
     public func drainOnce() throws -> [Outcome] {
         let connection = try PostgresConnection(configuration: configuration.database)
         defer { connection.close() }
+        return try drain(on: connection)
+    }
+
+    /// One drain: the requests due by its start, one claim after another.
+    private func drain(on connection: PostgresConnection) throws -> [Outcome] {
+        let start = try connection.query("SELECT now()")[0][0, as: Date.self]
         var handled: [Outcome] = []
-        while let outcome = try handleOne(on: connection) { handled.append(outcome) }
+        while !stopSignal.isStopped, let outcome = try handleOne(on: connection, dueBy: start) {
+            handled.append(outcome)
+        }
         return handled
     }
 
@@ -165,9 +182,9 @@ public final class Revoker: Sendable {
     func pruneSignInCodes(on connection: PostgresConnection, olderThan age: Duration = .seconds(86400)) throws
         -> Int
     {
-        try connection.execute(
-            "DELETE FROM siwa.sign_in_codes WHERE created_at < now() - make_interval(secs => $1)",
-            [.double(age.inSeconds)])
+        try connection.query(
+            "SELECT siwa.prune_sign_in_codes($1::float8 * interval '1 second')", [.double(age.inSeconds)]
+        )[0][0, as: Int.self]
     }
 
     /// What one refresh check found.
@@ -194,160 +211,138 @@ public final class Revoker: Sendable {
         return checked
     }
 
-    /// Refreshes one due token at Apple; nil when none is due.
+    /// Refreshes one due token at Apple (claimed and committed first: no lock is held during the call);
+    /// nil when none is due.
     func checkOne(on connection: PostgresConnection, interval: Duration) throws -> CheckOutcome? {
-        try connection.transaction { connection -> CheckOutcome? in
-            let due = try connection.query(
+        guard
+            let row = try connection.query(
                 """
-                SELECT t.id, t.sub, t.client_id, t.token_ciphertext
-                  FROM siwa.refresh_tokens t LEFT JOIN siwa.refresh_token_checks c ON c.token_id = t.id
-                 WHERE t.token_ciphertext IS NOT NULL AND t.revoked_at IS NULL
-                   AND (c.checked_at IS NULL OR c.checked_at <= now() - make_interval(secs => $1))
-                 ORDER BY c.checked_at NULLS FIRST, t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED
-                """, [.double(interval.inSeconds)])
-            guard let row = due.first else { return nil }
-            let tokenID = try row[0, as: Int.self]
-            let sub = try row[1, as: String.self]
-            let storedClient = try row[2, as: String?.self]
-            let ciphertext = try row[3, as: Data.self]
-            var outcome = "valid"
-            if let clientID = storedClient
-                ?? (configuration.clients.count == 1 ? configuration.clients.keys.first : nil),
-                let client = configuration.clients[clientID]
-            {
-                do {
-                    let token = try configuration.cipher.decrypt(
-                        [UInt8](ciphertext), sub: sub, clientID: clientID)
-                    _ = try client.refresh(token: token)
-                } catch let error as AppleIDError {
-                    outcome = error.code.rawValue
-                    if error.code == .invalidGrant {
-                        // Consent is gone: the token is dead; record and apply it as consent-revoked.
-                        try connection.execute(
-                            "UPDATE siwa.refresh_tokens SET token_ciphertext = NULL WHERE id = $1",
-                            [.int(Int64(tokenID))])
-                        let jti = try connection.query(
-                            "SELECT siwa.record_consent_lost($1, $2)", [.text(sub), .text(clientID)]
-                        )[0][0, as: String.self]
-                        logger.warning(
-                            "refresh check: Apple says consent is gone; recorded consent-revoked",
-                            ["token": .int(tokenID), "jti": .string(jti)])
-                    }
-                } catch {
-                    outcome = "undecryptable"
-                }
-            } else {
-                outcome = "no_client"
+                SELECT token_id, sub, client_id, token_ciphertext
+                  FROM siwa.claim_refresh_check($1::float8 * interval '1 second')
+                """, [.double(interval.inSeconds)]
+            ).first
+        else { return nil }
+        let tokenID = try row[0, as: Int.self]
+        let sub = try row[1, as: String.self]
+        let storedClient = try row[2, as: String?.self]
+        let ciphertext = try row[3, as: Data.self]
+        var outcome = "valid"
+        if let clientID = storedClient
+            ?? (configuration.clients.count == 1 ? configuration.clients.keys.first : nil),
+            let client = configuration.clients[clientID]
+        {
+            do {
+                let token = try configuration.cipher.decrypt(
+                    [UInt8](ciphertext), sub: sub, clientID: clientID)
+                _ = try client.refresh(token: token)
+            } catch let error as AppleIDError {
+                outcome = error.code.rawValue
+            } catch {
+                outcome = "undecryptable"
             }
-            try connection.execute(
-                """
-                INSERT INTO siwa.refresh_token_checks (token_id, checked_at, outcome) VALUES ($1, now(), $2)
-                ON CONFLICT (token_id) DO UPDATE SET checked_at = EXCLUDED.checked_at, outcome = EXCLUDED.outcome
-                """, [.int(Int64(tokenID)), .text(outcome)])
-            return CheckOutcome(tokenID: tokenID, outcome: outcome)
+        } else {
+            outcome = "no_client"
         }
+        // invalid_grant: consent is gone; the token is destroyed and a consent-revoked recorded.
+        if let jti = try connection.query(
+            "SELECT siwa.record_refresh_check($1, $2, $3)",
+            [.int(Int64(tokenID)), .bytes(ciphertext), .text(outcome)]
+        )[0][0, as: String?.self] {
+            logger.warning(
+                "refresh check: Apple says consent is gone; recorded consent-revoked",
+                ["token": .int(tokenID), "jti": .string(jti)])
+        }
+        return CheckOutcome(tokenID: tokenID, outcome: outcome)
     }
 
-    /// Claims and handles one due request; nil when none is due.
-    func handleOne(on connection: PostgresConnection) throws -> Outcome? {
-        try connection.transaction { connection -> Outcome? in
-            let claimed = try connection.query(
-                """
-                SELECT id, sub, attempts, tokens_revoked FROM siwa.revocation_requests
-                 WHERE state = 'pending' AND next_attempt_at <= now()
-                 ORDER BY next_attempt_at, id LIMIT 1 FOR UPDATE SKIP LOCKED
-                """)
-            guard let request = claimed.first else { return nil }
-            let id = try request[0, as: Int.self]
-            let sub = try request[1, as: String.self]
-            let attempts = try request[2, as: Int.self] + 1
-            let earlier = try request[3, as: Int.self]
-            let tokens = try connection.query(
-                """
-                SELECT id, client_id, token_ciphertext FROM siwa.refresh_tokens
-                 WHERE sub = $1 AND token_ciphertext IS NOT NULL ORDER BY id FOR UPDATE
-                """, [.text(sub)])
-            if tokens.isEmpty {
-                let state = earlier > 0 ? "revoked" : "no_token"
-                try connection.execute(
-                    """
-                    UPDATE siwa.revocation_requests
-                       SET state = $2, completed_at = now(), last_attempt_at = now(), last_error = NULL
-                     WHERE id = $1
-                    """, [.int(Int64(id)), .text(state)])
-                return record(Outcome(id: id, state: state))
+    /// Claims one due request (a committed lease), calls Apple for each of its tokens with no
+    /// transaction open, and records the result; nil when none is due by `dueBy`.
+    func handleOne(on connection: PostgresConnection, dueBy: Date) throws -> Outcome? {
+        let rows = try connection.query(
+            """
+            SELECT outcome, request_id, sub, attempt, token_id, client_id, token_ciphertext
+              FROM siwa.claim_revocation($1, $2::float8 * interval '1 second', $3)
+            """, [.text(owner), .double(configuration.lease.inSeconds), .date(dueBy)])
+        guard let request = rows.first else { return nil }
+        let id = try request[1, as: Int.self]
+        let claimed = try request[0, as: String.self]
+        guard claimed == "claimed" else { return record(Outcome(id: id, state: claimed)) }
+        let sub = try request[2, as: String.self]
+        let attempts = try request[3, as: Int.self]
+        var revoked: [(id: Int, ciphertext: Data)] = []
+        var failure: (answer: String?, error: String, retryable: Bool)?
+        for token in rows {
+            let tokenID = try token[4, as: Int.self]
+            let storedClient = try token[5, as: String?.self]
+            let ciphertext = try token[6, as: Data.self]
+            guard
+                let clientID = storedClient
+                    ?? (configuration.clients.count == 1 ? configuration.clients.keys.first : nil),
+                let client = configuration.clients[clientID]
+            else {
+                failure = (nil, "no Apple client is configured for the token's client ID", false)
+                break
             }
-            var revoked = 0
-            var failure: (answer: String?, error: String, retryable: Bool)?
-            for token in tokens {
-                let tokenID = try token[0, as: Int.self]
-                let storedClient = try token[1, as: String?.self]
-                let ciphertext = try token[2, as: Data.self]
-                guard
-                    let clientID = storedClient
-                        ?? (configuration.clients.count == 1 ? configuration.clients.keys.first : nil),
-                    let client = configuration.clients[clientID]
-                else {
-                    failure = (nil, "no Apple client is configured for the token's client ID", false)
-                    break
-                }
-                let plain: String
-                do {
-                    plain = try configuration.cipher.decrypt(
-                        [UInt8](ciphertext), sub: sub, clientID: clientID)
-                } catch let error as TokenCipherError {
-                    failure = (nil, "cannot decrypt the stored token: \(error.description)", false)
-                    break
-                }
-                do {
-                    try client.revoke(token: plain, hint: .refreshToken)
-                } catch let error as AppleIDError {
-                    let answer = error.status.map { "\(error.code) (HTTP \($0))" } ?? error.code.rawValue
-                    failure = (answer, error.description, error.isRetryable)
-                    break
-                }
-                try connection.execute(
-                    """
-                    UPDATE siwa.refresh_tokens
-                       SET token_ciphertext = NULL, revoked_at = coalesce(revoked_at, now()),
-                           revoke_reason = coalesce(revoke_reason, 'revocation-requested')
-                     WHERE id = $1
-                    """, [.int(Int64(tokenID))])
-                revoked += 1
+            let plain: String
+            do {
+                plain = try configuration.cipher.decrypt([UInt8](ciphertext), sub: sub, clientID: clientID)
+            } catch {
+                failure = (nil, "cannot decrypt the stored token: \(error.description)", false)
+                break
             }
-            guard let failure else {
-                try connection.execute(
-                    """
-                    UPDATE siwa.revocation_requests
-                       SET state = 'revoked', attempts = $2, last_attempt_at = now(), completed_at = now(),
-                           apple_answer = '200', tokens_revoked = tokens_revoked + $3, last_error = NULL
-                     WHERE id = $1
-                    """, [.int(Int64(id)), .int(Int64(attempts)), .int(Int64(revoked))])
-                logger.info("revoked a user's Apple tokens", ["request": .int(id), "tokens": .int(revoked)])
-                return record(Outcome(id: id, state: "revoked"))
+            do {
+                try client.revoke(token: plain, hint: .refreshToken)
+            } catch {
+                let answer = error.status.map { "\(error.code) (HTTP \($0))" } ?? error.code.rawValue
+                failure = (answer, error.description, error.isRetryable)
+                break
             }
-            let retry = failure.retryable && attempts < configuration.maxAttempts
-            let delay = retry ? backoff(attempt: attempts) : 0
-            try connection.execute(
-                """
-                UPDATE siwa.revocation_requests
-                   SET state = $2, attempts = $3, last_attempt_at = now(),
-                       next_attempt_at = now() + make_interval(secs => $4),
-                       apple_answer = coalesce($5, apple_answer), tokens_revoked = tokens_revoked + $6,
-                       last_error = $7, completed_at = CASE WHEN $2 = 'failed' THEN now() END
-                 WHERE id = $1
-                """,
-                [
-                    .int(Int64(id)), .text(retry ? "pending" : "failed"), .int(Int64(attempts)),
-                    .double(delay),
-                    failure.answer.map { .text($0) }, .int(Int64(revoked)),
-                    .text(String(failure.error.prefix(500))),
-                ])
-            logger.warning(
-                retry ? "revocation failed; will retry" : "revocation failed for good",
-                ["request": .int(id), "error": .string(failure.answer ?? "local"), "attempt": .int(attempts)])
-            return record(Outcome(id: id, state: retry ? "retry" : "failed"))
+            revoked.append((tokenID, ciphertext))
         }
+        let state =
+            failure.map { $0.retryable && attempts < configuration.maxAttempts ? "retry" : "failed" }
+            ?? "revoked"
+        let recorded: String
+        do {
+            recorded = try connection.query(
+                "SELECT siwa.record_revocation($1, $2, $3::bigint[], $4::bytea[], $5, $6, $7, $8::float8)",
+                [
+                    .int(Int64(id)), .text(owner), .array(revoked.map { .int(Int64($0.id)) }),
+                    .array(revoked.map { .bytes($0.ciphertext) }), .text(state),
+                    failure?.answer.map { .text($0) },
+                    failure.map { .text(String($0.error.prefix(500))) }, .double(backoff(attempt: attempts)),
+                ])[0][0, as: String.self]
+        } catch {
+            // Not recorded, but this process lives on: give the request back rather than wait for the
+            // lease (the revoke at Apple is repeated, harmlessly).
+            let lost = error.isConnectionError
+            if !lost {
+                _ = try? connection.query(
+                    "SELECT siwa.release_revocation($1, $2)", [.int(Int64(id)), .text(owner)])
+            }
+            throw error as any Error
+        }
+        switch recorded {
+        case "revoked":
+            logger.info(
+                "revoked a user's Apple tokens", ["request": .int(id), "tokens": .int(revoked.count)])
+        case "busy":
+            logger.info(
+                "revocation put off: another transaction holds one of the user's token rows",
+                ["request": .int(id), "attempt": .int(attempts)])
+        case "lost":
+            logger.warning(
+                "revocation not recorded: its lease expired and another revoker took the request over",
+                ["request": .int(id), "attempt": .int(attempts)])
+        default:
+            logger.warning(
+                state == "retry" ? "revocation failed; will retry" : "revocation failed for good",
+                [
+                    "request": .int(id), "error": .string(failure?.answer ?? "local"),
+                    "attempt": .int(attempts),
+                ])
+        }
+        return record(Outcome(id: id, state: recorded))
     }
 
     /// The delay before attempt `attempt + 1`: base × 2^(attempt-1), at most the maximum, times a random

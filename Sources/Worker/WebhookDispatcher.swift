@@ -9,17 +9,18 @@ import Webhooks
 /// (`siwa.webhook_deliveries`), signed as Standard Webhooks, at least once, in change order per user
 /// and endpoint.
 ///
-/// Each of `configuration.concurrency` lanes is a thread with its own connection, listening on
-/// `siwa_webhooks` (the fan-out trigger and replays notify it) and polling. One attempt is one
-/// transaction: claim a due delivery (FOR UPDATE SKIP LOCKED) whose user has no earlier pending
-/// delivery to that endpoint, take one of the endpoint's `max_in_flight` slots (FOR UPDATE SKIP
-/// LOCKED; none free: the endpoint is skipped until the next pass), build the body from the change
-/// row, sign it with every live secret, POST it under the outbound policy (one deadline, no
-/// redirects, https or http to a loopback literal, the answer's body capped), then record the attempt
-/// and the delivery's new state and commit. A 2xx is `delivered`; anything else is retried with
+/// Each of `configuration.concurrency` lanes is a ``ConsumerLoop`` on a thread of its own with its own
+/// connection, listening on `siwa_webhooks` (the fan-out trigger and replays notify it). One attempt
+/// holds no lock and no transaction across the network: `siwa.claim_webhook_delivery` commits a lease on
+/// a due queue head (at most the endpoint's `max_in_flight` live leases, across every worker), the lane
+/// builds the body from the change row, signs it with every live secret and POSTs it under the outbound
+/// policy (one deadline, no redirects, https or http to a loopback literal, the answer's body capped)
+/// with no transaction open, then `siwa.record_webhook_attempt` records the attempt and the delivery's
+/// new state if the lease is still its own. A 2xx is `delivered`; anything else is retried with
 /// exponential backoff and jitter until `giveUpAfter` has passed since the first attempt, then `dead`.
-/// A process killed mid-attempt leaves the delivery pending (its transaction never committed), so it
-/// is sent again with the same `webhook-id`: receivers dedupe on it.
+/// A process killed mid-attempt leaves its lease to expire; the next claim after that takes the
+/// delivery over (exactly one claimer does) and sends it again with the same `webhook-id`: receivers
+/// dedupe on it.
 public final class WebhookDispatcher: Sendable {
     /// The dispatcher's settings.
     public struct Configuration: Sendable {
@@ -42,16 +43,20 @@ public final class WebhookDispatcher: Sendable {
         public var maxResponseBodyBytes: Int
         /// Where `SSL_CERT_FILE` and `https_proxy`/`no_proxy` are read (the executable's environment).
         public var environment: [String: String]
+        /// How long a claimed delivery stays leased to its lane: longer than an attempt can take (default
+        /// the timeout plus 30 s). A lease still held after that is taken over by another lane.
+        public var lease: Duration
 
         /// Settings; every duration must be positive and `concurrency` at least 1.
         public init(
             database: PostgresConfiguration, concurrency: Int = 4, timeout: Duration = .seconds(10),
             retryBaseDelay: Duration = .seconds(5), maxRetryDelay: Duration = .seconds(3600),
             giveUpAfter: Duration = .seconds(26 * 3600), pollInterval: Duration = .seconds(1),
-            maxResponseBodyBytes: Int = 64 << 10, environment: [String: String] = [:]
+            maxResponseBodyBytes: Int = 64 << 10, environment: [String: String] = [:], lease: Duration? = nil
         ) throws {
             guard concurrency >= 1, timeout > .zero, retryBaseDelay > .zero, maxRetryDelay >= retryBaseDelay,
-                giveUpAfter > .zero, pollInterval > .zero, maxResponseBodyBytes > 0
+                giveUpAfter > .zero, pollInterval > .zero, maxResponseBodyBytes > 0,
+                lease.map({ $0 > .zero }) ?? true
             else {
                 throw ConfigurationError("the webhook settings must be positive (max delay ≥ base delay)")
             }
@@ -64,6 +69,7 @@ public final class WebhookDispatcher: Sendable {
             self.pollInterval = pollInterval
             self.maxResponseBodyBytes = maxResponseBodyBytes
             self.environment = environment
+            self.lease = lease ?? timeout + .seconds(30)
         }
     }
 
@@ -71,7 +77,8 @@ public final class WebhookDispatcher: Sendable {
     public struct Outcome: Sendable, Equatable {
         /// The delivery's id.
         public var delivery: Int
-        /// `delivered`, `retry` or `dead`.
+        /// `delivered`, `retry`, `dead`, or `lost` (the lease expired and another lane took the delivery
+        /// over before this attempt was recorded: nothing of it was written).
         public var state: String
         /// The HTTP status answered, nil when none.
         public var status: Int?
@@ -79,14 +86,18 @@ public final class WebhookDispatcher: Sendable {
 
     /// The channel the fan-out trigger and replays notify.
     public static let channel = "siwa_webhooks"
+    /// How often lane 0 repairs `ready` hints (`siwa.repair_webhook_ready`; every transition keeps them).
+    static let repairInterval: Duration = .seconds(60)
 
     /// The settings.
     public let configuration: Configuration
     private let logger: Logger
-    private let stopRequested = Atomic<Bool>(false)
+    private let stopSignal = StopSignal()
     private let client: OutboundHTTP.Client
     private let attempts: [String: Counter]
     private let latency: Histogram?
+    /// This dispatcher's lease owner prefix: host, process and a random part (a lane adds its index).
+    private let owner = "\(ProcessInfo.processInfo.hostName):\(getpid()):\(UUID().uuidString.prefix(8))"
 
     /// A dispatcher; `metrics`, when given, gets `siwa_webhook_attempts_total{outcome}` and the attempts' latency.
     public init(configuration: Configuration, logger: Logger, metrics: MetricsRegistry? = nil) {
@@ -108,246 +119,191 @@ public final class WebhookDispatcher: Sendable {
             "siwa_webhook_attempt_seconds", help: "Seconds per webhook attempt (the HTTP exchange).")
     }
 
-    /// Runs every lane until ``stop()``; each finishes the attempt in hand (or leaves it pending).
+    /// Runs every lane until ``stop()``; each finishes the attempt in hand (recorded, or left to its
+    /// lease).
     public func run() {
         logger.info("webhooks started", ["concurrency": .int(configuration.concurrency)])
-        let group = DispatchGroup()
-        for index in 0..<configuration.concurrency {
-            group.enter()
-            let thread = Thread { [self] in
-                runLane(index)
-                group.leave()
-            }
-            thread.name = "siwa-webhooks-\(index)"
-            thread.start()
+        let lanes = (0..<configuration.concurrency).map { index in
+            JoinableThread(name: "siwa-webhooks-\(index)") { [self] in runLane(index) }
         }
-        group.wait()
+        for lane in lanes { lane.join() }
         logger.info("webhooks stopped")
     }
 
-    /// Asks ``run()`` to return once the attempts in hand are recorded. Safe from any thread.
-    public func stop() { stopRequested.store(true, ordering: .sequentiallyConsistent) }
+    /// Asks ``run()`` to return once the attempts in hand are recorded; wakes waiting lanes at once. Safe
+    /// from any thread.
+    public func stop() { stopSignal.stop() }
 
-    private var isStopping: Bool { stopRequested.load(ordering: .sequentiallyConsistent) }
+    private var isStopping: Bool { stopSignal.isStopped }
 
     /// Attempts every delivery due now, one after another on one connection; returns the outcomes.
     /// Retries it schedules are not waited for.
     public func drainOnce() throws -> [Outcome] {
         let connection = try PostgresConnection(configuration: configuration.database)
         defer { connection.close() }
+        try repair(on: connection)
         var outcomes: [Outcome] = []
-        var saturated: Set<Int> = []
-        try sweep(on: connection)
-        let start = try connection.query("SELECT now()")[0][0, as: Date.self]
-        while let step = try attemptOne(on: connection, saturated: &saturated, dueBy: start) {
-            if let outcome = step { outcomes.append(outcome) }
-        }
+        _ = try drain(on: connection, lane: 0, into: &outcomes)
         return outcomes
     }
 
     private func runLane(_ index: Int) {
-        while !isStopping {
-            do {
-                let connection = try PostgresConnection(configuration: configuration.database)
-                defer { connection.close() }
-                try connection.listen(Self.channel)
-                var lastSweep = ContinuousClock.now
-                while !isStopping {
-                    if index == 0, ContinuousClock.now - lastSweep >= Self.sweepInterval {
-                        lastSweep = ContinuousClock.now
-                        try sweep(on: connection)
-                    }
-                    var saturated: Set<Int> = []
-                    while !isStopping, try attemptOne(on: connection, saturated: &saturated) != nil {}
-                    if isStopping { break }
-                    // Sleep until a NOTIFY, the next retry due, or the poll interval, whichever is first.
-                    let due = try connection.query(
-                        """
-                        SELECT extract(epoch FROM min(d.next_attempt_at) - clock_timestamp())::float8
-                          FROM siwa.webhook_deliveries d JOIN siwa.webhook_endpoints e ON e.id = d.endpoint_id
-                         WHERE d.state = 'pending' AND d.ready AND d.next_attempt_at > now() AND e.enabled
-                        """)[0][0, as: Double?.self]
-                    var wait = min(configuration.pollInterval, .milliseconds(500))
-                    if !saturated.isEmpty { wait = min(wait, .milliseconds(20)) }
-                    if let due { wait = min(wait, .milliseconds(max(5, Int64((due * 1000).rounded(.up))))) }
-                    _ = try connection.waitForNotifications(timeout: wait)
-                }
-            } catch {
+        var repair = Every(Self.repairInterval)
+        var loop = ConsumerLoop<PostgresConnection>(
+            state: ConsumerLoopState(pollInterval: min(configuration.pollInterval, .milliseconds(500))),
+            stop: stopSignal,
+            connect: { [configuration] in
+                try PostgresConnection.listening(on: Self.channel, configuration: configuration.database)
+            },
+            drain: { [self] connection in
+                if index == 0, repair.take(now: .now) { try self.repair(on: connection) }
+                var outcomes: [Outcome] = []
+                return try drain(on: connection, lane: index, into: &outcomes)
+            },
+            wait: { [stopSignal] connection, timeout in
+                _ = try connection.waitForNotifications(
+                    timeout: timeout, wakeDescriptor: stopSignal.wakeDescriptor)
+            },
+            close: { $0.close() },
+            failed: { [logger] error, retry in
                 let code = (error as? PostgresError).map { $0.sqlState ?? $0.code.description } ?? "unknown"
-                var fields: [String: Logger.Value] = ["lane": .int(index), "error": .string(code)]
+                var fields: [String: Logger.Value] = [
+                    "lane": .int(index), "error": .string(code),
+                    "retry_in_ms": .int(Int(retry.wholeMilliseconds)),
+                ]
                 if let reason = (error as? PostgresError)?.connectionFailureReason {
                     fields["reason"] = .string(reason)
                 }
                 logger.warning("webhooks: database failure; connecting again", fields)
-                let deadline = ContinuousClock.now + .seconds(1)
-                while !isStopping, ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.05) }
-            }
+            })
+        try? loop.run()
+    }
+
+    /// One drain: every delivery due by its start, claimed and attempted one after another (what it
+    /// schedules for later is not retried in it). Returns how soon the next delivery is due.
+    private func drain(on connection: PostgresConnection, lane: Int, into outcomes: inout [Outcome]) throws
+        -> Duration?
+    {
+        let start = try connection.query("SELECT now()")[0][0, as: Date.self]
+        var saturated: Set<Int> = []
+        while !isStopping,
+            let step = try attemptOne(on: connection, lane: lane, saturated: &saturated, dueBy: start)
+        {
+            if let outcome = step { outcomes.append(outcome) }
         }
-    }
-
-    /// How often lane 0 looks for deliveries whose `ready` hint was missed (see ``sweep(on:)``).
-    static let sweepInterval: Duration = .seconds(5)
-
-    /// Marks ready every pending delivery with no pending delivery of its endpoint and sub ahead of it: a
-    /// fan-out that ran while the delivery ahead was ending may have seen that one still pending, and the
-    /// worker that ended it did not yet see the new one. Returns how many it marked.
-    @discardableResult
-    func sweep(on connection: PostgresConnection) throws -> Int {
-        try connection.execute(
+        if !saturated.isEmpty { return .milliseconds(20) }
+        let due = try connection.query(
             """
-            UPDATE siwa.webhook_deliveries d SET ready = true
-             WHERE d.state = 'pending' AND NOT d.ready
-               AND NOT EXISTS (
-                   SELECT 1 FROM siwa.webhook_deliveries p
-                    WHERE p.endpoint_id = d.endpoint_id AND p.sub = d.sub AND p.state = 'pending'
-                      AND p.change_id < d.change_id)
-            """)
+            SELECT extract(epoch FROM min(d.next_attempt_at) - clock_timestamp())::float8
+              FROM siwa.webhook_deliveries d JOIN siwa.webhook_endpoints e ON e.id = d.endpoint_id
+             WHERE d.state = 'pending' AND d.ready AND e.enabled
+            """)[0][0, as: Double?.self]
+        return due.map { .milliseconds(max(0, Int64(($0 * 1000).rounded(.up)))) }
     }
 
-    /// One attempt in one transaction. Returns nil when nothing is claimable now, `.some(nil)` when the
-    /// claimed delivery's endpoint had no free slot (added to `saturated`, skipped until the next pass).
-    /// With `dueBy`, only deliveries due by then are claimed (a drain does not retry what it just tried).
-    func attemptOne(on connection: PostgresConnection, saturated: inout Set<Int>, dueBy: Date? = nil) throws
+    /// Repairs the `ready` hints the transitions could not keep (see `siwa.repair_webhook_ready`).
+    @discardableResult
+    func repair(on connection: PostgresConnection) throws -> Int {
+        try connection.query("SELECT siwa.repair_webhook_ready()")[0][0, as: Int.self]
+    }
+
+    /// One attempt: claim (committed), POST with no transaction open, record. Returns nil when nothing is
+    /// claimable, `.some(nil)` when the claimed delivery's endpoint had no free slot (added to
+    /// `saturated`, skipped until the next pass). Only deliveries due by `dueBy` are claimed.
+    func attemptOne(on connection: PostgresConnection, lane: Int, saturated: inout Set<Int>, dueBy: Date)
+        throws
         -> Outcome??
     {
         let skip = "{" + saturated.map(String.init).joined(separator: ",") + "}"
-        return try connection.transaction { connection -> Outcome?? in
-            let claimed = try connection.query(
+        let owner = "\(owner):\(lane)"
+        guard
+            let row = try connection.query(
                 """
-                SELECT d.id, d.change_id, d.endpoint_id, d.attempts, d.first_attempt_at, e.url, e.max_in_flight,
-                       d.sub
-                  FROM siwa.webhook_deliveries d
-                  JOIN siwa.webhook_endpoints e ON e.id = d.endpoint_id
-                 WHERE d.state = 'pending' AND d.ready
-                   AND d.next_attempt_at <= coalesce($2::timestamptz, now()) AND e.enabled
-                   AND d.endpoint_id <> ALL ($1::bigint[])
-                   AND NOT EXISTS (
-                       SELECT 1 FROM siwa.webhook_deliveries p
-                        WHERE p.endpoint_id = d.endpoint_id AND p.sub = d.sub AND p.state = 'pending'
-                          AND p.change_id < d.change_id)
-                 ORDER BY d.next_attempt_at, d.id
-                 LIMIT 1
-                   FOR UPDATE OF d SKIP LOCKED
-                """, [.text(skip), dueBy.map { .date($0) }])
-            guard let row = claimed.first else { return nil }
-            let delivery = try row[0, as: Int.self]
-            let change = try row[1, as: Int.self]
-            let endpoint = try row[2, as: Int.self]
-            let attempt = try row[3, as: Int.self] + 1
-            let firstAttempt = try row[4, as: Date?.self]
-            let url = try row[5, as: String.self]
-            let maxInFlight = try row[6, as: Int.self]
-            let sub = try row[7, as: String.self]
-            let slot = try connection.query(
-                """
-                SELECT slot FROM siwa.webhook_slots WHERE endpoint_id = $1 AND slot < $2
-                 ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED
-                """, [.int(Int64(endpoint)), .int(Int64(maxInFlight))])
-            guard !slot.isEmpty else {
-                saturated.insert(endpoint)
-                return .some(nil)  // the transaction ends, the delivery's lock with it
-            }
-            let body = try self.body(change: change, on: connection)
-            let secrets = try connection.query(
-                """
-                SELECT secret FROM siwa.webhook_secrets
-                 WHERE endpoint_id = $1 AND (expires_at IS NULL OR expires_at > now()) ORDER BY id DESC
-                """, [.int(Int64(endpoint))]
-            ).compactMap { try? StandardWebhooks.Secret(try $0[0, as: String.self]) }
-
-            let started = Date()
-            let clock = ContinuousClock.now
-            var status: Int?
-            var failure: String?
-            let webhookID = "msg_\(change)_\(endpoint)"
-            if let problem = StandardWebhooks.endpointProblem(url) {
-                failure = "policy: \(problem)"
-            } else if secrets.isEmpty {
-                failure = "no live secret: rotate one in (siwactl webhooks rotate-secret)"
-            } else {
-                let timestamp = Int(started.timeIntervalSince1970)
-                let request = OutboundHTTP.Request(
-                    method: "POST", url: url,
-                    headers: [
-                        .init("Content-Type", "application/json"), .init("webhook-id", webhookID),
-                        .init("webhook-timestamp", String(timestamp)),
-                        .init(
-                            "webhook-signature",
-                            StandardWebhooks.signatureHeader(
-                                id: webhookID, timestamp: timestamp, body: body, secrets: secrets)),
-                    ], body: body)
-                do {
-                    let response = try client.perform(request)
-                    status = response.status
-                    if !(200...299).contains(response.status) { failure = "HTTP \(response.status)" }
-                } catch let refused as OutboundHTTP.Error {
-                    failure = "\(refused.code): \(refused.description)"
-                } catch {
-                    failure = "internal"
-                }
-            }
-            let elapsed = ContinuousClock.now - clock
-            latency?.observe(elapsed.inSeconds)
-            let outcome: String
-            var delay: Double?
-            if failure == nil {
-                outcome = "delivered"
-            } else if Date().timeIntervalSince(firstAttempt ?? started) >= configuration.giveUpAfter.inSeconds
-            {
-                outcome = "dead"
-            } else {
-                outcome = "retry"
-                delay = backoff(attempt: attempt)
-            }
-            let boundedError = failure.map { String($0.prefix(300)) }
-            try connection.execute(
-                """
-                INSERT INTO siwa.webhook_attempts
-                    (delivery_id, attempt, started_at, latency_ms, status, outcome, next_attempt_at, error)
-                VALUES ($1, $2, $3, $4, $5, $6, clock_timestamp() + make_interval(secs => $7), $8)
-                """,
-                [
-                    .int(Int64(delivery)), .int(Int64(attempt)), .date(started),
-                    .int(Int64(elapsed.wholeMilliseconds)), status.map { .int(Int64($0)) }, .text(outcome),
-                    delay.map { .double($0) }, boundedError.map { .text($0) },
-                ])
-            try connection.execute(
-                """
-                UPDATE siwa.webhook_deliveries
-                   SET state = CASE WHEN $2 = 'retry' THEN 'pending' ELSE $2 END, attempts = $3,
-                       first_attempt_at = coalesce(first_attempt_at, $4), last_attempt_at = $4,
-                       next_attempt_at = CASE WHEN $2 = 'retry' THEN clock_timestamp() + make_interval(secs => $5)
-                                              ELSE next_attempt_at END,
-                       delivered_at = CASE WHEN $2 = 'delivered' THEN clock_timestamp() END,
-                       last_status = $6, last_error = $7
-                 WHERE id = $1
-                """,
-                [
-                    .int(Int64(delivery)), .text(outcome), .int(Int64(attempt)), .date(started),
-                    .double(delay ?? 0), status.map { .int(Int64($0)) }, boundedError.map { .text($0) },
-                ])
-            if outcome != "retry" {
-                // The next change of this sub to this endpoint heads the queue now.
-                try connection.execute(
-                    """
-                    UPDATE siwa.webhook_deliveries SET ready = true
-                     WHERE id = (SELECT id FROM siwa.webhook_deliveries
-                                  WHERE endpoint_id = $1 AND sub = $2 AND state = 'pending'
-                                  ORDER BY change_id LIMIT 1)
-                       AND NOT ready
-                    """, [.int(Int64(endpoint)), .text(sub)])
-            }
-            attempts[outcome]?.increment()
-            if outcome != "delivered" {
-                logger.warning(
-                    outcome == "dead" ? "webhook delivery dead" : "webhook attempt failed; will retry",
-                    [
-                        "delivery": .int(delivery), "endpoint": .int(endpoint), "attempt": .int(attempt),
-                        "status": status.map { .int($0) } ?? .string("none"),
-                    ])
-            }
-            return .some(Outcome(delivery: delivery, state: outcome, status: status))
+                SELECT outcome, delivery_id, change_id, endpoint_id, attempt, first_attempt_at, url, secrets
+                  FROM siwa.claim_webhook_delivery($1, $2::float8 * interval '1 second', $3::bigint[], $4)
+                """, [.text(owner), .double(configuration.lease.inSeconds), .text(skip), .date(dueBy)]
+            ).first
+        else { return nil }
+        let delivery = try row[1, as: Int.self]
+        let change = try row[2, as: Int.self]
+        let endpoint = try row[3, as: Int.self]
+        guard try row[0, as: String.self] == "claimed" else {
+            saturated.insert(endpoint)
+            return .some(nil)
         }
+        let attempt = try row[4, as: Int.self]
+        let firstAttempt = try row[5, as: Date?.self]
+        let url = try row[6, as: String.self]
+        // A text[] of whsec_ secrets ({a,b}): their alphabet has no comma, quote or brace to escape.
+        let secrets = try row[7, as: String.self].trimmingCharacters(in: CharacterSet(charactersIn: "{}"))
+            .split(separator: ",").compactMap { try? StandardWebhooks.Secret(String($0)) }
+        let body = try self.body(change: change, on: connection)
+
+        // No transaction is open from here to the record: the delivery is held by its lease only.
+        let started = Date()
+        let clock = ContinuousClock.now
+        var status: Int?
+        var failure: String?
+        let webhookID = "msg_\(change)_\(endpoint)"
+        if let problem = StandardWebhooks.endpointProblem(url) {
+            failure = "policy: \(problem)"
+        } else if secrets.isEmpty {
+            failure = "no live secret: rotate one in (siwactl webhooks rotate-secret)"
+        } else {
+            let timestamp = Int(started.timeIntervalSince1970)
+            let request = OutboundHTTP.Request(
+                method: "POST", url: url,
+                headers: [
+                    .init("Content-Type", "application/json"), .init("webhook-id", webhookID),
+                    .init("webhook-timestamp", String(timestamp)),
+                    .init(
+                        "webhook-signature",
+                        StandardWebhooks.signatureHeader(
+                            id: webhookID, timestamp: timestamp, body: body, secrets: secrets)),
+                ], body: body)
+            do {
+                let response = try client.perform(request)
+                status = response.status
+                if !(200...299).contains(response.status) { failure = "HTTP \(response.status)" }
+            } catch {
+                failure = "\(error.code): \(error.description)"
+            }
+        }
+        let elapsed = ContinuousClock.now - clock
+        latency?.observe(elapsed.inSeconds)
+        let outcome: String
+        var delay: Double?
+        if failure == nil {
+            outcome = "delivered"
+        } else if Date().timeIntervalSince(firstAttempt ?? started) >= configuration.giveUpAfter.inSeconds {
+            outcome = "dead"
+        } else {
+            outcome = "retry"
+            delay = backoff(attempt: attempt)
+        }
+        let recorded = try connection.query(
+            "SELECT siwa.record_webhook_attempt($1, $2, $3, $4::integer, $5::integer, $6, $7::float8, $8)",
+            [
+                .int(Int64(delivery)), .text(owner), .date(started), .int(Int64(elapsed.wholeMilliseconds)),
+                status.map { .int(Int64($0)) }, .text(outcome), delay.map { .double($0) },
+                failure.map { .text(String($0.prefix(300))) },
+            ])[0][0, as: Bool.self]
+        guard recorded else {
+            logger.warning(
+                "webhook attempt not recorded: its lease expired and another lane took the delivery over",
+                ["delivery": .int(delivery), "endpoint": .int(endpoint), "attempt": .int(attempt)])
+            return .some(Outcome(delivery: delivery, state: "lost", status: status))
+        }
+        attempts[outcome]?.increment()
+        if outcome != "delivered" {
+            logger.warning(
+                outcome == "dead" ? "webhook delivery dead" : "webhook attempt failed; will retry",
+                [
+                    "delivery": .int(delivery), "endpoint": .int(endpoint), "attempt": .int(attempt),
+                    "status": status.map { .int($0) } ?? .string("none"),
+                ])
+        }
+        return .some(Outcome(delivery: delivery, state: outcome, status: status))
     }
 
     /// The Standard Webhooks body of change `change`, built from its row now (an erased email is gone).

@@ -81,7 +81,8 @@ public final class Worker: Sendable {
     public let configuration: Configuration
     let logger: Logger
     let metrics: WorkerMetrics
-    private let stopRequested = Atomic<Bool>(false)
+    /// The one stop signal of every lane and of maintenance: wakes their sleeps and LISTEN waits at once.
+    let stopSignal = StopSignal()
 
     /// Creates a worker; nothing connects until ``run()`` or ``drainOnce()``.
     /// - Parameters:
@@ -107,11 +108,11 @@ public final class Worker: Sendable {
 
     /// Asks ``run()`` (or ``drainOnce()``) to finish the batches in progress and return. Safe from any thread.
     public func stop() {
-        stopRequested.store(true, ordering: .sequentiallyConsistent)
+        stopSignal.stop()
     }
 
     /// Whether ``stop()`` has been called.
-    public var isStopping: Bool { stopRequested.load(ordering: .sequentiallyConsistent) }
+    public var isStopping: Bool { stopSignal.isStopped }
 
     /// Processes everything that is due now with all lanes, runs the maintenance pass once, and returns.
     ///
@@ -145,32 +146,24 @@ public final class Worker: Sendable {
 
     private func runLanes(once: Bool) -> Round {
         let results = Mutex(Round())
-        let group = DispatchGroup()
+        var threads: [JoinableThread] = []
         if !once {
-            group.enter()
-            let thread = Thread { [self] in
-                Maintenance(worker: self).run()
-                group.leave()
-            }
-            thread.name = "siwa-worker-maintenance"
-            thread.start()
+            threads.append(
+                JoinableThread(name: "siwa-worker-maintenance") { [self] in Maintenance(worker: self).run() })
         }
         for index in 0..<configuration.concurrency {
-            group.enter()
-            let thread = Thread { [self] in
-                let lane = Lane(worker: self, index: index, once: once)
-                let (summary, failure, nextBusyDue) = lane.run()
-                results.withLock { round in
-                    round.summary.add(summary)
-                    if round.failure == nil { round.failure = failure }
-                    round.nextBusyDue = nextBusyDue  // the last lane to finish saw every row put off
-                }
-                group.leave()
-            }
-            thread.name = "siwa-worker-\(index)"
-            thread.start()
+            threads.append(
+                JoinableThread(name: "siwa-worker-\(index)") { [self] in
+                    let lane = Lane(worker: self, index: index, once: once)
+                    let (summary, failure, nextBusyDue) = lane.run()
+                    results.withLock { round in
+                        round.summary.add(summary)
+                        if round.failure == nil { round.failure = failure }
+                        round.nextBusyDue = nextBusyDue  // the last lane to finish saw every row put off
+                    }
+                })
         }
-        group.wait()
+        for thread in threads { thread.join() }
         return results.withLock { $0 }
     }
 
@@ -193,14 +186,9 @@ public final class Worker: Sendable {
         return connection
     }
 
-    /// Sleeps up to `duration`, waking early when the worker stops.
+    /// Sleeps up to `duration`, woken at once when the worker stops.
     func sleep(_ duration: Duration) {
-        let deadline = ContinuousClock.now + duration
-        while !isStopping {
-            let remaining = deadline - ContinuousClock.now
-            if remaining <= .zero { return }
-            Thread.sleep(forTimeInterval: min(remaining, .milliseconds(50)).inSeconds)
-        }
+        stopSignal.sleep(duration)
     }
 }
 

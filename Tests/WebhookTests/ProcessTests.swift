@@ -230,15 +230,21 @@ struct ShutdownTests {
         let worker = try Subprocess(
             ExecutableLocator.url(named: "siwa-worker").path,
             ["--database-url", database.url, "--log-level", "error", "--webhook-poll-interval", "0.1"])
+        // The attempt is in flight: its delivery is leased (no transaction stays open across the POST).
         #expect(
             waitUntil(timeout: .seconds(20)) {
                 (try? database.value(
-                    """
-                    SELECT count(*)::int FROM pg_stat_activity
-                     WHERE datname = current_database() AND application_name = 'siwa-worker-webhooks'
-                       AND state = 'idle in transaction'
-                    """) as Int) ?? 0 >= 1
+                    "SELECT count(*)::int FROM siwa.webhook_deliveries WHERE lease_owner IS NOT NULL") as Int)
+                    ?? 0
+                    >= 1
             })
+        #expect(
+            try database.value(
+                """
+                SELECT count(*)::int FROM pg_stat_activity
+                 WHERE datname = current_database() AND application_name = 'siwa-worker-webhooks'
+                   AND state = 'idle in transaction'
+                """) as Int == 0)
         worker.send(SIGTERM)
         #expect(worker.wait(timeout: .seconds(20)) == .exited(0))
         #expect(try database.value("SELECT state FROM siwa.webhook_delivery_status") as String == "delivered")
