@@ -207,6 +207,31 @@ $$;
 COMMENT ON FUNCTION siwa.rotate_webhook_secret(bigint, text, interval) IS
     'Adds a new signing secret; the live ones keep signing for the overlap (siwactl webhooks rotate-secret).';
 
+-- Enables or disables an endpoint (siwactl webhooks enable/disable): a disabled endpoint gets no new
+-- deliveries and its pending ones wait; enabling wakes the webhook lanes. Returns false for an unknown
+-- endpoint.
+CREATE OR REPLACE FUNCTION siwa.set_webhook_endpoint_enabled(p_endpoint bigint, p_enabled boolean)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF p_enabled IS NULL THEN
+        RAISE EXCEPTION 'enabled must be true or false' USING ERRCODE = '22004';
+    END IF;
+    UPDATE siwa.webhook_endpoints e
+       SET enabled = p_enabled, disabled_at = CASE WHEN p_enabled THEN NULL ELSE now() END
+     WHERE e.id = p_endpoint;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF p_enabled THEN
+        PERFORM pg_catalog.pg_notify('siwa_webhooks', '');
+    END IF;
+    RETURN true;
+END;
+$$;
+COMMENT ON FUNCTION siwa.set_webhook_endpoint_enabled(bigint, boolean) IS
+    'Enables or disables a webhook endpoint (siwactl webhooks enable/disable); enabling wakes the webhook lanes. Returns false for an unknown endpoint.';
+
 -- Puts deliveries back to pending with a fresh retry schedule (same webhook-id: receivers dedupe on it):
 -- one delivery; every delivery of one change; or, for one endpoint, every change applied in
 -- [p_since, p_until) that matches its types, creating the deliveries it never had (an endpoint added

@@ -211,15 +211,13 @@ enum WebhooksVerb {
         let id = try endpointID(parsed)
         let connection = try connect(parsed)
         defer { connection.close() }
-        let count = try database("updating the endpoint") {
-            try connection.execute(
-                """
-                UPDATE siwa.webhook_endpoints
-                   SET enabled = $2, disabled_at = CASE WHEN $2 THEN NULL ELSE now() END WHERE id = $1
-                """, [.int(Int64(id)), .bool(enabled)])
+        let found = try database("updating the endpoint") {
+            try connection.query(
+                "SELECT siwa.set_webhook_endpoint_enabled($1::bigint, $2::boolean)",
+                [.int(Int64(id)), .bool(enabled)]
+            )[0][0, as: Bool.self]
         }
-        guard count == 1 else { throw ToolFailure("no endpoint \(id)") }
-        if enabled { try connection.execute("SELECT pg_notify('siwa_webhooks', '')") }
+        guard found else { throw ToolFailure("no endpoint \(id)") }
         writeStandardOutput("endpoint \(id) \(enabled ? "enabled" : "disabled")\n")
     }
 

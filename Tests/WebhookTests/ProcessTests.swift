@@ -68,6 +68,19 @@ struct ProcessTests {
             siwactl, arguments: ["webhooks", "disable", "--database-url", database.url, "--endpoint", "1"])
         #expect(disabled.status == 0)
         #expect(try database.value("SELECT enabled FROM siwa.webhook_endpoints") as Bool == false)
+        #expect(try database.value("SELECT disabled_at IS NOT NULL FROM siwa.webhook_endpoints") as Bool)
+
+        let enabled = try ExecutableLocator.run(
+            siwactl, arguments: ["webhooks", "enable", "--database-url", database.url, "--endpoint", "1"])
+        #expect(enabled.status == 0)
+        #expect(
+            try database.value("SELECT enabled AND disabled_at IS NULL FROM siwa.webhook_endpoints") as Bool)
+
+        let unknown = try ExecutableLocator.run(
+            siwactl, arguments: ["webhooks", "disable", "--database-url", database.url, "--endpoint", "99"])
+        #expect(unknown.status != 0)
+        #expect(unknown.standardError.contains("no endpoint 99"))
+        #expect(try database.value("SELECT enabled FROM siwa.webhook_endpoints") as Bool)
     }
 
     @Test("siwactl webhooks listen prints deliveries the worker signed and refuses forged or stale ones")
