@@ -56,6 +56,8 @@ public final class HTTPResponder: Sendable {
 }
 
 /// A suspended request's C handle: valid until it is answered, which ``HTTPResponder`` does once.
+// @unchecked: the pointer is only handed back to the C shim, which may be called from any thread for a
+// suspended connection; ``HTTPResponder`` makes sure it is used once.
 private struct ExchangeHandle: @unchecked Sendable {
     let pointer: OpaquePointer
 }

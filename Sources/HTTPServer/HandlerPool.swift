@@ -4,6 +4,8 @@ import ServiceSupport
 /// A fixed set of threads running submitted jobs in arrival order from one shared queue.
 ///
 /// Jobs may block; a queued job waits only for a free thread, never behind a particular job.
+// @unchecked: every mutable property is read and written only while `condition` is locked (NSCondition
+// predates Sendable checking; a Mutex cannot also be waited on).
 final class HandlerPool: @unchecked Sendable {
     private let condition = NSCondition()
     // Guarded by `condition`.

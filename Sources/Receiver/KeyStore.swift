@@ -10,6 +10,8 @@ import ServiceSupport
 ///   junk kids cannot hammer Apple, and a key Apple has just rotated in is picked up at once.
 /// - A `kid` missing from a set fetched within the cooldown is *unknown* (the token is refused); a `kid`
 ///   missing while the set cannot be fetched is *not available* (the caller should ask for a retry).
+// @unchecked: the `let`s are immutable and Sendable; every `var` is read and written only while
+// `condition` is locked (the refresher and the fetching callers wait on it).
 public final class KeyStore: @unchecked Sendable {
     /// Timing of fetches.
     public struct Configuration: Sendable {

@@ -15,6 +15,9 @@ import Synchronization
 /// always means "stored". No thread waits per row: a deadline watcher answers ``CommitTimeout`` to
 /// rows still unanswered at their deadline. The schema's statement trigger sends the workers' `NOTIFY`
 /// in that same transaction.
+// @unchecked: the queue, `closed` and the committer threads are guarded by `condition`, the deadline
+// watcher's state and thread by `timer` (both set in `init` before any thread can see the store, then
+// taken under their lock by `close`); a ticket is answered once (an Atomic).
 public final class NotificationStore: @unchecked Sendable {
     /// What storing did.
     public enum Outcome: String, Sendable {

@@ -259,6 +259,7 @@ public final class SignInService: Sendable {
 }
 
 /// Lets the HTTP handler closure reach the service built after it.
+// @unchecked: `service` is set once, before the HTTP server starts calling `handle`, and only read after.
 private final class Handler: @unchecked Sendable {
     weak var service: SignInService?
     func handle(_ request: HTTPRequest) -> HTTPResponse {

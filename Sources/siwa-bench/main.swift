@@ -1,5 +1,6 @@
 import AppleNotifications
 import Foundation
+import Synchronization
 
 // siwa-bench: helpers for `make bench` (scripts/bench.py). Not installed; not part of the product.
 //
@@ -31,12 +32,11 @@ guard let signer = try? NotificationSigner(privateKeyPEM: pem, keyID: kid) else 
 }
 let types = ["email-disabled", "email-enabled", "consent-revoked", "account-delete"]
 let workers = ProcessInfo.processInfo.activeProcessorCount
-final class Chunks: @unchecked Sendable {
-    private let lock = NSLock()
-    private var storage: [String]
-    init(_ count: Int) { storage = Array(repeating: "", count: count) }
-    func set(_ index: Int, _ text: String) { lock.withLock { storage[index] = text } }
-    var parts: [String] { lock.withLock { storage } }
+final class Chunks: Sendable {
+    private let storage: Mutex<[String]>
+    init(_ count: Int) { storage = Mutex(Array(repeating: "", count: count)) }
+    func set(_ index: Int, _ text: String) { storage.withLock { $0[index] = text } }
+    var parts: [String] { storage.withLock { $0 } }
 }
 let chunks = Chunks(workers)
 let now = Date()
