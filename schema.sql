@@ -3446,6 +3446,10 @@ CREATE INDEX IF NOT EXISTS webhook_deliveries_ready_idx
     ON siwa.webhook_deliveries (next_attempt_at, id) WHERE state = 'pending' AND ready;
 CREATE INDEX IF NOT EXISTS webhook_deliveries_order_idx
     ON siwa.webhook_deliveries (endpoint_id, sub, change_id) WHERE state = 'pending';
+-- The leased deliveries of an endpoint (at most its lanes' worth), counted by every claim against
+-- max_in_flight: without it the count reads every pending delivery of the endpoint.
+CREATE INDEX IF NOT EXISTS webhook_deliveries_leased_idx
+    ON siwa.webhook_deliveries (endpoint_id) WHERE state = 'pending' AND lease_expires_at IS NOT NULL;
 
 CREATE TABLE IF NOT EXISTS siwa.webhook_attempts (
     id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -3745,7 +3749,7 @@ BEGIN
     SELECT pg_catalog.count(*) INTO v_in_flight
       FROM siwa.webhook_deliveries d
      WHERE d.endpoint_id = v_delivery.endpoint_id AND d.state = 'pending'
-       AND d.lease_expires_at > pg_catalog.clock_timestamp();
+       AND d.lease_expires_at IS NOT NULL AND d.lease_expires_at > pg_catalog.clock_timestamp();
     IF v_in_flight >= v_endpoint.max_in_flight THEN
         RETURN QUERY SELECT 'saturated'::text, v_delivery.id, v_delivery.change_id, v_delivery.endpoint_id,
                             NULL::integer, NULL::timestamptz, NULL::text, NULL::text[];
@@ -3754,6 +3758,11 @@ BEGIN
     UPDATE siwa.webhook_deliveries d
        SET lease_owner = p_owner, lease_expires_at = pg_catalog.clock_timestamp() + p_lease
      WHERE d.id = v_delivery.id;
+    -- The claim's commit need not wait for the disk: a claim lost in a crash of the server only makes
+    -- the delivery claimable again, which is what a lease that expired does (at-least-once, the same
+    -- webhook-id); the attempt's record is committed durably. Transaction-local: the lanes call this
+    -- function alone in its transaction.
+    PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
     RETURN QUERY
     SELECT 'claimed'::text, v_delivery.id, v_delivery.change_id, v_delivery.endpoint_id,
            v_delivery.attempts + 1, v_delivery.first_attempt_at, v_endpoint.url,
