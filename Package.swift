@@ -99,7 +99,7 @@ let package = Package(
         .target(
             name: "TestSupport",
             dependencies: [
-                "AppleID", "AppleNotifications", "FakeApple", "Postgres", "HTTPServer", "Receiver",
+                "AppleID", "AppleNotifications", "FakeApple", "Postgres", "HTTPServer", "Receiver", "SignIn",
                 "SiwaSchema",
             ]),
 
