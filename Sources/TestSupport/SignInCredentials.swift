@@ -23,7 +23,7 @@ public struct Nonce: Sendable {
 public func writeKeyFile(_ keys: [(String, [UInt8])], in directory: URL) throws -> String {
     let path = directory.appendingPathComponent("token-keys-\(UUID().uuidString)").path
     let text = keys.map { "\($0.0) \(Data($0.1).base64EncodedString())" }.joined(separator: "\n") + "\n"
-    FileManager.default.createFile(
+    _ = FileManager.default.createFile(
         atPath: path, contents: Data(("# test keys\n" + text).utf8), attributes: [.posixPermissions: 0o600])
     return path
 }

@@ -55,9 +55,6 @@ extension TestDatabase {
     }
 }
 
-/// A logger that discards its output.
-let quietLogger = Logger(label: "test", level: .error, sink: { _ in })
-
 /// Runs `worker.drainOnce()` on a thread of its own and waits up to `timeout` for it to return. If it
 /// does not, the worker is stopped (and waited for) and the result is nil: a drain that never ends
 /// fails the test instead of hanging it.
