@@ -99,7 +99,7 @@ let package = Package(
         .target(
             name: "TestSupport",
             dependencies: [
-                "AppleID", "AppleNotifications", "FakeApple", "Postgres", "HTTPServer", "Receiver",
+                "AppleID", "AppleNotifications", "FakeApple", "Postgres", "HTTPServer", "Receiver", "SignIn",
                 "SiwaSchema",
             ]),
 
@@ -125,6 +125,9 @@ let package = Package(
             dependencies: [
                 "SignIn", "Worker", "TokenVault", "AppleID", "AppleNotifications", "Postgres", "TestSupport",
             ]),
+        // The executables as child processes (refusals, signals, restarts, start → traffic → SIGTERM cycles):
+        // slow, so apart from the unit targets; `swift test` runs them with the rest.
+        .testTarget(name: "ProcessTests", dependencies: ["Postgres", "TestSupport"]),
     ]
 )
 

@@ -22,26 +22,9 @@ func appleError(_ body: () throws -> Void) -> AppleIDError? {
     }
 }
 
-/// A raw nonce and what the app sends Apple (its SHA-256 hex).
-struct Nonce {
-    let raw = "raw-nonce-\(UUID().uuidString)"
-    var hashed: String { IdentityTokenVerifier.nonceHash(raw) }
-}
-
-/// A key file with `keys` (id, 32 random bytes), the first encrypting; owner-only.
-func writeKeyFile(_ keys: [(String, [UInt8])], in directory: URL) throws -> String {
-    let path = directory.appendingPathComponent("token-keys-\(UUID().uuidString)").path
-    let text = keys.map { "\($0.0) \(Data($0.1).base64EncodedString())" }.joined(separator: "\n") + "\n"
-    FileManager.default.createFile(
-        atPath: path, contents: Data(("# test keys\n" + text).utf8), attributes: [.posixPermissions: 0o600])
-    return path
-}
-
-func randomKey() -> [UInt8] { (0..<32).map { _ in UInt8.random(in: 0...255) } }
-
 /// fake-apple, a receiver storing what fake-apple notifies (same database), and the sign-in API in process.
 final class SignInFixture {
-    static let bearer = "test-bearer-token-0123456789abcdefghijklmnop"
+    static let bearer = SignInCredentials.bearer
     let apple: LocalApple
     let receiver: ReceiverHarness
     let service: SignInService

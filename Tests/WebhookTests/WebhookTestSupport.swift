@@ -7,8 +7,6 @@ import TestSupport
 import Webhooks
 import Worker
 
-let quietLogger = Logger(label: "test", level: .error, sink: { _ in })
-
 /// The webhook tests' name for TestSupport's `TestDatabase` (schema.sql, connected as the owner).
 typealias WebhookDatabase = TestDatabase
 
@@ -162,13 +160,6 @@ final class WebhookReceiver: Sendable {
 
     /// Those answered 2xx.
     var accepted: [ReceivedDelivery] { deliveries.filter { (200...299).contains($0.status) } }
-}
-
-extension Duration {
-    var inSeconds: Double {
-        let (seconds, attoseconds) = components
-        return Double(seconds) + Double(attoseconds) / 1e18
-    }
 }
 
 /// The independent verifier: the PyPI package `standardwebhooks` in .build/webhooks-venv (made by

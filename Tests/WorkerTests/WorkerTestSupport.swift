@@ -55,48 +55,6 @@ extension TestDatabase {
     }
 }
 
-/// A logger that discards its output.
-let quietLogger = Logger(label: "test", level: .error, sink: { _ in })
-
-/// A running `siwa-worker` process; killed (SIGKILL) on deinit if still running.
-final class WorkerProcess: @unchecked Sendable {
-    let process: Subprocess
-    let logURL: URL
-
-    init(_ arguments: [String], databaseURL: String, environment extra: [String: String] = [:]) throws {
-        logURL = FileManager.default.temporaryDirectory.appendingPathComponent(
-            "siwa-worker-\(UUID().uuidString).log")
-        var environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") }
-        environment["SIWA_DATABASE_URL"] = databaseURL
-        environment.merge(extra) { $1 }
-        process = try Subprocess(
-            ExecutableLocator.url(named: "siwa-worker").path, arguments, environment: environment,
-            standardError: logURL.path)
-    }
-
-    deinit {
-        process.send(SIGKILL)
-        process.wait()
-        try? FileManager.default.removeItem(at: logURL)
-    }
-
-    /// Sends `signal` to the process.
-    func send(_ signal: Int32) { process.send(signal) }
-
-    /// Waits up to `timeout` for the process to exit; returns its exit status (128 + signal when killed by
-    /// one), or nil if it is still running.
-    func waitForExit(timeout: Duration) -> Int32? {
-        switch process.wait(timeout: timeout) {
-        case .exited(let status): status
-        case .signaled(let signal): 128 + signal
-        case nil: nil
-        }
-    }
-
-    /// What the process logged so far.
-    var log: String { (try? String(contentsOf: logURL, encoding: .utf8)) ?? "" }
-}
-
 /// Runs `worker.drainOnce()` on a thread of its own and waits up to `timeout` for it to return. If it
 /// does not, the worker is stopped (and waited for) and the result is nil: a drain that never ends
 /// fails the test instead of hanging it.

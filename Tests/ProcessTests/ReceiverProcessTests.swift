@@ -3,7 +3,7 @@ import TestSupport
 import Testing
 
 @Suite("The siwa-receiver executable")
-struct ProcessTests {
+struct ReceiverProcessTests {
     static var binary: URL { ExecutableLocator.url(named: "siwa-receiver") }
 
     @Test("refuses to start without an audience, naming what is missing")

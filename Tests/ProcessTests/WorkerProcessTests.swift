@@ -5,7 +5,7 @@ import Testing
 
 /// The real `siwa-worker` binary as subprocesses against a real database.
 @Suite("siwa-worker processes", .serialized)
-struct ProcessTests {
+struct WorkerProcessTests {
     private static let countingHook = """
         CREATE TABLE hook_calls (jti text NOT NULL);
         CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
@@ -60,9 +60,15 @@ struct ProcessTests {
         #expect(waitUntil(timeout: .seconds(10)) { worker.log.contains("\"connected\"") })
         var latencies: [Duration] = []
         for index in 0..<3 {
-            try db.insert(jti: "wake-\(index)", type: "consent-revoked", sub: "u\(index)")
+            try db.connection.storeAsReceiver(SeededNotification(jti: "wake-\(index)", sub: "u\(index)"))
             let start = ContinuousClock.now  // Each insert finds the worker idle, waiting after the last one.
-            #expect(try waitUntil(timeout: .seconds(10)) { try db.state("wake-\(index)") == "applied" })
+            #expect(
+                try waitUntil(timeout: .seconds(10)) {
+                    try db.value(
+                        "SELECT state FROM siwa.notifications WHERE jti = $1", [.text("wake-\(index)")],
+                        as: String.self)
+                        == "applied"
+                })
             latencies.append(ContinuousClock.now - start)
         }
         #expect(latencies.allSatisfy { $0 < .seconds(1) }, "latencies: \(latencies)")

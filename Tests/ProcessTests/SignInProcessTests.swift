@@ -19,7 +19,7 @@ struct SignInProcessTests {
         let keyFile = try writeKeyFile([("k1", randomKey())], in: directory)
         let tokenFile = directory.appendingPathComponent("bearer").path
         FileManager.default.createFile(
-            atPath: tokenFile, contents: Data((SignInFixture.bearer + "\n").utf8),
+            atPath: tokenFile, contents: Data((SignInCredentials.bearer + "\n").utf8),
             attributes: [.posixPermissions: 0o644])
         // A token file others can read is refused, with the reason and without the token.
         let refused = try ExecutableLocator.run(
@@ -32,7 +32,7 @@ struct SignInProcessTests {
         #expect(refused.status == 2)
         #expect(
             refused.standardError.contains("owner only")
-                && !refused.standardError.contains(SignInFixture.bearer))
+                && !refused.standardError.contains(SignInCredentials.bearer))
         try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: tokenFile)
         let clean = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") }
         // The receiver configured through the SIWA_* twins.
@@ -72,7 +72,7 @@ struct SignInProcessTests {
             "client_id": LocalApple.clientID,
         ])
         let headers = [
-            ("Authorization", "Bearer \(SignInFixture.bearer)"), ("Content-Type", "application/json"),
+            ("Authorization", "Bearer \(SignInCredentials.bearer)"), ("Content-Type", "application/json"),
         ]
         let answer = try TestHTTPClient.post(signIn + "/v1/sign-ins", body: body, headers: headers)
         #expect(answer.status == 200, "\(answer.text)")
@@ -124,6 +124,6 @@ struct SignInProcessTests {
             + ((try? String(contentsOfFile: workerLog, encoding: .utf8)) ?? "")
         #expect(
             !logs.contains(authorization.code) && !logs.contains("l@example.com")
-                && !logs.contains(SignInFixture.bearer))
+                && !logs.contains(SignInCredentials.bearer))
     }
 }

@@ -33,7 +33,7 @@ struct ReceiverShutdownCycleTests {
             let log = directory.appendingPathComponent("receiver-\(cycle).log").path
             let port = try ExecutableLocator.freePort()
             let process = try Subprocess(
-                ProcessTests.binary.path,
+                ReceiverProcessTests.binary.path,
                 [
                     "--listen", "127.0.0.1:\(port)", "--database-url",
                     cluster.url(database: database.database!), "--audience", TestSigning.audience,
