@@ -350,9 +350,13 @@ struct MigrateUpgradeTests {
                     0, as: Int.self] == 1)
         let personal = ["email", "raw_token", "last_error", "personal_data_erased_at"]
         // A finished notification has no next attempt from version 3 on (NULL); a pending one keeps it.
+        // service_format came with version 5 (false for rows the app stored, as these are).
         let before = try contents(
             connection,
-            without: ["busy_since", "hook_search_path", "changes_retention", "next_attempt_at"] + personal)
+            without: [
+                "busy_since", "hook_search_path", "changes_retention", "next_attempt_at", "service_format",
+            ]
+                + personal)
         let personalBefore = try personalData(connection)
         let queuedBefore = try queued(connection)
 
@@ -369,9 +373,15 @@ struct MigrateUpgradeTests {
         #expect(
             try contents(
                 connection,
-                without: ["busy_since", "hook_search_path", "changes_retention", "next_attempt_at"] + personal
+                without: [
+                    "busy_since", "hook_search_path", "changes_retention", "next_attempt_at",
+                    "service_format",
+                ] + personal
             )
                 == before)
+        #expect(
+            try connection.query("SELECT count(*) FROM siwa.refresh_tokens WHERE service_format")[0][
+                0, as: Int.self] == 0)
         #expect(try queued(connection) == queuedBefore)
         // Personal data and error texts are what version 2 would have written: errors redacted, and
         // nothing left of the erased account's late notification. (From version 2 on they are moved as
