@@ -181,6 +181,28 @@ BEGIN
             DROP FUNCTION IF EXISTS siwa.apply_claimed_batch(siwa.notifications[]);
             DROP FUNCTION IF EXISTS siwa.number_changes();
         END IF;
+        -- Revocation after a transfer and per token: which stored tokens the service's sign-in API
+        -- wrote (siwa.refresh_tokens.service_format; version 4's rows with its layout and a sign-in of
+        -- the same user and client are taken as its own), and a request may end partially_revoked.
+        IF v_from > 0 THEN
+            ALTER TABLE siwa.refresh_tokens ADD COLUMN service_format boolean NOT NULL DEFAULT false;
+            IF pg_catalog.to_regclass('siwa.sign_ins') IS NOT NULL THEN
+                UPDATE siwa.refresh_tokens t SET service_format = true
+                 WHERE t.token_ciphertext IS NOT NULL AND t.token_sha256 IS NOT NULL
+                   AND CASE WHEN pg_catalog.length(t.token_ciphertext) > 2
+                            THEN pg_catalog.get_byte(t.token_ciphertext, 0) = 1
+                                 AND pg_catalog.length(t.token_ciphertext)
+                                     >= 2 + pg_catalog.get_byte(t.token_ciphertext, 1) + 12 + 16
+                            ELSE false END
+                   AND EXISTS (SELECT 1 FROM siwa.sign_ins s WHERE s.sub = t.sub AND s.client_id = t.client_id);
+            END IF;
+        END IF;
+        IF pg_catalog.to_regclass('siwa.revocation_requests') IS NOT NULL THEN
+            ALTER TABLE siwa.revocation_requests
+                DROP CONSTRAINT revocation_requests_state_check,
+                ADD CONSTRAINT revocation_requests_state_check
+                    CHECK (state IN ('pending', 'revoked', 'partially_revoked', 'no_token', 'failed'));
+        END IF;
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;

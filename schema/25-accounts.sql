@@ -54,6 +54,7 @@ CREATE TABLE IF NOT EXISTS siwa.refresh_tokens (
     created_at       timestamptz NOT NULL DEFAULT now(),
     revoked_at       timestamptz,
     revoke_reason    text,
+    service_format   boolean     NOT NULL DEFAULT false,
     CONSTRAINT refresh_tokens_sha256_key UNIQUE (token_sha256)
 );
 COMMENT ON TABLE siwa.refresh_tokens IS
@@ -66,6 +67,8 @@ COMMENT ON COLUMN siwa.refresh_tokens.token_ciphertext IS 'The token encrypted b
 COMMENT ON COLUMN siwa.refresh_tokens.created_at IS 'When the app obtained the token.';
 COMMENT ON COLUMN siwa.refresh_tokens.revoked_at IS 'When the token was revoked; NULL while usable.';
 COMMENT ON COLUMN siwa.refresh_tokens.revoke_reason IS 'Why: consent-revoked, account-delete, or the app''s own reason.';
+COMMENT ON COLUMN siwa.refresh_tokens.service_format IS
+    'True when the service''s own sign-in API stored the row (siwa.record_sign_in): the ciphertext is in its format, which the revoker reads; false for a row the app stored (its own format, which the app revokes itself if the revoker cannot read it). No role but the service''s write path sets it.';
 CREATE INDEX IF NOT EXISTS refresh_tokens_sub_idx ON siwa.refresh_tokens (sub) WHERE revoked_at IS NULL;
 
 -- The validity rule: a session or refresh token of user sub created at created_at is valid unless the

@@ -61,7 +61,8 @@ CREATE TABLE IF NOT EXISTS siwa.revocation_requests (
     lease_owner     text,
     lease_expires_at timestamptz,
     CONSTRAINT revocation_requests_lease_check CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL)),
-    CONSTRAINT revocation_requests_state_check CHECK (state IN ('pending', 'revoked', 'no_token', 'failed')),
+    CONSTRAINT revocation_requests_state_check
+        CHECK (state IN ('pending', 'revoked', 'partially_revoked', 'no_token', 'failed')),
     CONSTRAINT revocation_requests_sub_check CHECK (length(sub) BETWEEN 1 AND 255),
     CONSTRAINT revocation_requests_reason_check CHECK (length(reason) BETWEEN 1 AND 200)
 );
@@ -70,6 +71,30 @@ COMMENT ON TABLE siwa.revocation_requests IS
 CREATE INDEX IF NOT EXISTS revocation_requests_due_idx
     ON siwa.revocation_requests (next_attempt_at) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS revocation_requests_sub_idx ON siwa.revocation_requests (sub);
+
+-- What became of each token a revocation request handled (one row per request and token, the latest
+-- attempt's word): revoked, or why not. Written by siwa.record_revocation only; no token, ciphertext
+-- or key material, no sub (the request names the user). Admins read it in siwa.revocation_ledger.
+CREATE TABLE IF NOT EXISTS siwa.revocation_token_outcomes (
+    request_id  bigint      NOT NULL REFERENCES siwa.revocation_requests (id) ON DELETE CASCADE,
+    token_id    bigint      NOT NULL,
+    outcome     text        NOT NULL,
+    detail      text,
+    recorded_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (request_id, token_id),
+    CONSTRAINT revocation_token_outcomes_outcome_check
+        CHECK (outcome IN ('revoked', 'undecryptable', 'not_service_format', 'no_client', 'refused',
+                           'apple_unavailable')),
+    CONSTRAINT revocation_token_outcomes_detail_check CHECK (length(detail) <= 500)
+);
+COMMENT ON TABLE siwa.revocation_token_outcomes IS
+    'Per token of a revocation request, what became of it: revoked at Apple (ciphertext destroyed), or why not. Written by siwa.record_revocation; read it in siwa.revocation_ledger.token_outcomes.';
+COMMENT ON COLUMN siwa.revocation_token_outcomes.request_id IS 'The revocation request (siwa.revocation_requests.id).';
+COMMENT ON COLUMN siwa.revocation_token_outcomes.token_id IS 'The token''s row (siwa.refresh_tokens.id).';
+COMMENT ON COLUMN siwa.revocation_token_outcomes.outcome IS
+    'revoked (Apple answered 200; the ciphertext is destroyed); undecryptable (in the service''s format but it does not decrypt: its key is not in the key file, or it was altered); not_service_format (not stored by the service''s sign-in API and not readable by it: the app''s own format, which the app must revoke itself); no_client (no Apple client is configured for its client ID); refused (Apple refused it for good); apple_unavailable (Apple kept failing until the attempts ran out).';
+COMMENT ON COLUMN siwa.revocation_token_outcomes.detail IS 'Why it was not revoked, without tokens or secrets.';
+COMMENT ON COLUMN siwa.revocation_token_outcomes.recorded_at IS 'When the attempt that decided it was recorded.';
 
 -- Begins a sign-in's exchange of one code: 'new' (the caller exchanges it now), 'exchanging' (another
 -- call is exchanging it, or died doing so), 'done' (answer from the recorded sign-in) or 'mismatch' (the
@@ -125,8 +150,8 @@ BEGIN
        SET real_user_status = EXCLUDED.real_user_status, email_verified = EXCLUDED.email_verified,
            last_signed_in_at = clock_timestamp(), sign_in_count = siwa.sign_ins.sign_in_count + 1;
     IF p_token_ciphertext IS NOT NULL THEN
-        INSERT INTO siwa.refresh_tokens (sub, client_id, token_sha256, token_ciphertext)
-        VALUES (p_sub, p_client_id, p_token_sha256, p_token_ciphertext)
+        INSERT INTO siwa.refresh_tokens (sub, client_id, token_sha256, token_ciphertext, service_format)
+        VALUES (p_sub, p_client_id, p_token_sha256, p_token_ciphertext, true)
         ON CONFLICT (token_sha256) DO NOTHING;
     END IF;
     UPDATE siwa.sign_in_codes SET state = 'done', finished_at = clock_timestamp()
@@ -173,8 +198,11 @@ COMMENT ON FUNCTION siwa.request_revocation(text, text) IS
     'Asks siwa-worker to revoke the user''s Apple tokens once the calling transaction commits (the transactional outbox); returns the request id. Call it inside the account-deletion transaction as siwa_app.';
 
 -- The echoed consent-revoked: when the worker applies a consent-revoked for a user (siwa.accounts.
--- consent_revoked_at moves), the user's requests not yet matched are marked with its event_time. Runs as
--- whoever updates siwa.accounts (the worker).
+-- consent_revoked_at moves), the user's requests not yet matched that have had a recorded attempt are
+-- marked with its event_time. Runs as whoever updates siwa.accounts (the worker). An echo applied
+-- before the attempt that caused it was recorded (the revoker died between Apple's answer and its
+-- commit; the app revoked the token at Apple itself) is matched by that record instead
+-- (siwa.record_revocation).
 CREATE OR REPLACE FUNCTION siwa.match_revocation_echo() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -182,8 +210,8 @@ BEGIN
        AND (TG_OP = 'INSERT' OR NEW.consent_revoked_at IS DISTINCT FROM OLD.consent_revoked_at) THEN
         UPDATE siwa.revocation_requests
            SET echo_event_time = NEW.consent_revoked_at, echo_matched_at = clock_timestamp()
-         WHERE sub = NEW.sub AND echo_matched_at IS NULL AND state IN ('pending', 'revoked')
-           AND attempts > 0;
+         WHERE sub = NEW.sub AND echo_matched_at IS NULL
+           AND state IN ('pending', 'revoked', 'partially_revoked') AND attempts > 0;
     END IF;
     RETURN NULL;
 END;
@@ -249,18 +277,25 @@ COMMENT ON FUNCTION siwa.record_consent_lost(text, text) IS
 -- search_path, and executable only by the role whose process calls it (schema/85-privileges.sql).
 
 -- The revoker's claim: the first due pending request (due by p_due_by: a drain passes its start) not
--- leased or with an expired lease, with the user's stored refresh tokens, read without a lock (a
--- plain read never waits for one: another transaction may hold a token row meanwhile). Without a
--- token it ends here ('revoked' when an earlier attempt revoked some, else 'no_token'; one row, no
--- token). Otherwise 'claimed': the lease is written (p_lease long), one row per token (id, client ID, ciphertext). No row: nothing is due.
+-- leased or with an expired lease, with the user's stored refresh tokens that existed when the request
+-- was made (created_at at or before requested_at: a token of a sign-in after the request — the user
+-- came back while Apple was down — is not the deleted account's and is left alone), read without a
+-- lock (a plain read never waits for one: another transaction may hold a token row meanwhile).
+-- Without such a token it ends here ('revoked' when an earlier attempt revoked some, else 'no_token';
+-- one row, no token). Otherwise 'claimed': the lease is written (p_lease long), one row per token (id,
+-- client ID, ciphertext, token_sha256, whether the service's own write path stored it) with the subs a
+-- team transfer replaced by the request's sub (a ciphertext of schema version 4 is bound to the sub it
+-- was stored under). No row: nothing is due.
 CREATE OR REPLACE FUNCTION siwa.claim_revocation(p_owner text, p_lease interval,
                                                  p_due_by timestamptz DEFAULT NULL)
 RETURNS TABLE (outcome text, request_id bigint, sub text, attempt integer, token_id bigint,
-               client_id text, token_ciphertext bytea)
+               client_id text, token_ciphertext bytea, token_sha256 bytea, service_format boolean,
+               former_subs text[])
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_request siwa.revocation_requests%ROWTYPE;
     v_state   text;
+    v_former  text[];
 BEGIN
     IF p_owner IS NULL OR p_lease IS NULL OR p_lease <= interval '0' THEN
         RAISE EXCEPTION 'a claim needs an owner and a positive lease' USING ERRCODE = '22023';
@@ -275,55 +310,92 @@ BEGIN
         RETURN;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM siwa.refresh_tokens t
-                    WHERE t.sub = v_request.sub AND t.token_ciphertext IS NOT NULL) THEN
+                    WHERE t.sub = v_request.sub AND t.token_ciphertext IS NOT NULL
+                      AND t.created_at <= v_request.requested_at) THEN
         v_state := CASE WHEN v_request.tokens_revoked > 0 THEN 'revoked' ELSE 'no_token' END;
         UPDATE siwa.revocation_requests r
            SET state = v_state, completed_at = pg_catalog.now(), last_attempt_at = pg_catalog.now(),
                last_error = NULL, lease_owner = NULL, lease_expires_at = NULL
          WHERE r.id = v_request.id;
         RETURN QUERY SELECT v_state, v_request.id, v_request.sub, v_request.attempts, NULL::bigint,
-                            NULL::text, NULL::bytea;
+                            NULL::text, NULL::bytea, NULL::bytea, NULL::boolean, NULL::text[];
         RETURN;
     END IF;
     UPDATE siwa.revocation_requests r
        SET lease_owner = p_owner, lease_expires_at = pg_catalog.clock_timestamp() + p_lease
      WHERE r.id = v_request.id;
+    v_former := ARRAY(SELECT a.old_sub FROM siwa.sub_aliases a WHERE a.new_sub = v_request.sub
+                       ORDER BY a.transferred_at DESC, a.old_sub);
     RETURN QUERY
     SELECT 'claimed'::text, v_request.id, v_request.sub, v_request.attempts + 1, t.id, t.client_id,
-           t.token_ciphertext
+           t.token_ciphertext, t.token_sha256, t.service_format, v_former
       FROM siwa.refresh_tokens t
      WHERE t.sub = v_request.sub AND t.token_ciphertext IS NOT NULL
+       AND t.created_at <= v_request.requested_at
      ORDER BY t.id;
 END;
 $$;
 COMMENT ON FUNCTION siwa.claim_revocation(text, interval, timestamptz) IS
-    'The revoker''s claim: leases the first due revocation request (rescuing an expired lease) and returns the user''s stored tokens, or ends a request without tokens. Executable by siwa_worker.';
+    'The revoker''s claim: leases the first due revocation request (rescuing an expired lease) and returns the user''s stored tokens that existed at the request (with token_sha256, service_format and the subs a transfer replaced), or ends a request without such tokens. Executable by siwa_worker.';
 
--- Records a leased revocation attempt: destroys exactly the tokens Apple accepted (p_token_ids with the
+-- Records a leased revocation attempt. Destroys exactly the tokens Apple accepted (p_token_ids with the
 -- ciphertexts they had when claimed: a row whose ciphertext changed meanwhile holds another token,
--- which is kept), then p_state: 'revoked'; 'retry' after p_retry_in seconds; 'failed' for good. Apple's
--- answer and the error (bounded) are kept. Returns the state recorded, 'lost' (nothing written) when
--- the lease is no longer the caller's, or 'busy' when another transaction holds one of those token rows:
--- then nothing but the lease is released, and the request is due again after p_retry_in seconds (the
--- revoke at Apple is repeated then; Apple answers 200 for a token already revoked). A token row is
--- locked NOWAIT, so the revoker never waits for an app's transaction.
+-- which is kept) and records each token's outcome in siwa.revocation_token_outcomes: revoked, or what
+-- p_not_revoked says of the others (a JSON array of {id, outcome, detail}: undecryptable,
+-- not_service_format, no_client, refused, apple_unavailable; the detail without tokens or secrets).
+-- p_state is the attempt's verdict: 'retry' (a retryable failure: due again after p_retry_in seconds),
+-- else final: 'revoked' (every token handled) or 'failed' (retries exhausted, or the request could not
+-- be handled). A final record ends the request revoked (every token of it revoked), partially_revoked
+-- (some revoked, some not: see the outcomes) or failed (none revoked). Apple's answer and the error
+-- (bounded) are kept. Returns the state recorded ('retry' for a retry), 'lost' (nothing written) when
+-- the lease is no longer the caller's, or 'busy' when another transaction holds one of those token
+-- rows: then nothing but the lease is released, and the request is due again after p_retry_in seconds
+-- (the revoke at Apple is repeated then; Apple answers 200 for a token already revoked). A token row
+-- is locked NOWAIT, so the revoker never waits for an app's transaction.
+--
+-- Apple's echo at the final record: a consent-revoked applied before it (Apple answered, the revoker
+-- died before its commit and the retry recorded; or the app revoked the token at Apple itself) is
+-- matched here when it covers the tokens revoked (consent_revoked_at at or after the newest one's
+-- created_at, as the validity rule reads it). The account row is locked FOR SHARE before the request
+-- row — the order of the worker, whose trigger (siwa.match_revocation_echo) updates the request while
+-- it holds the account — so a consent-revoked committed first is seen here, and one applied later
+-- waits for this commit and then finds the request recorded. The worker holds an account row only
+-- while applying; the app cannot lock one.
 CREATE OR REPLACE FUNCTION siwa.record_revocation(p_request bigint, p_owner text, p_token_ids bigint[],
                                                   p_ciphertexts bytea[], p_state text, p_answer text,
-                                                  p_error text, p_retry_in double precision)
+                                                  p_error text, p_retry_in double precision,
+                                                  p_not_revoked jsonb DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_request siwa.revocation_requests%ROWTYPE;
+    v_sub     text;
+    v_consent timestamptz;
     v_revoked integer;
+    v_left    integer;
+    v_newest  timestamptz;
+    v_state   text;
+    v_match   boolean := false;
 BEGIN
     IF p_state IS NULL OR p_state NOT IN ('revoked', 'retry', 'failed') THEN
         RAISE EXCEPTION 'a revocation attempt ends revoked, retry or failed' USING ERRCODE = '22023';
+    END IF;
+    IF p_not_revoked IS NOT NULL AND pg_catalog.jsonb_typeof(p_not_revoked) <> 'array' THEN
+        RAISE EXCEPTION 'p_not_revoked is a JSON array of {id, outcome, detail}' USING ERRCODE = '22023';
+    END IF;
+    IF p_state <> 'retry' THEN
+        SELECT r.sub INTO v_sub FROM siwa.revocation_requests r WHERE r.id = p_request;
+        SELECT a.consent_revoked_at INTO v_consent FROM siwa.accounts a WHERE a.sub = v_sub FOR SHARE;
     END IF;
     SELECT r.* INTO v_request FROM siwa.revocation_requests r
      WHERE r.id = p_request AND r.state = 'pending' AND r.lease_owner = p_owner
        FOR UPDATE;
     IF NOT FOUND THEN
         RETURN 'lost';
+    END IF;
+    IF p_state <> 'retry' AND v_request.sub IS DISTINCT FROM v_sub THEN
+        -- A team transfer rewrote the sub in between: read the new sub's account without its lock.
+        SELECT a.consent_revoked_at INTO v_consent FROM siwa.accounts a WHERE a.sub = v_request.sub;
     END IF;
     BEGIN
         PERFORM 1 FROM siwa.refresh_tokens t WHERE t.id = ANY (coalesce(p_token_ids, '{}'))
@@ -342,25 +414,58 @@ BEGIN
                revoke_reason = coalesce(t.revoke_reason, 'revocation-requested')
           FROM unnest(coalesce(p_token_ids, '{}'), coalesce(p_ciphertexts, '{}')) AS u(id, ciphertext)
          WHERE t.id = u.id AND t.token_ciphertext = u.ciphertext
+        RETURNING t.id),
+    recorded AS (
+        INSERT INTO siwa.revocation_token_outcomes AS o (request_id, token_id, outcome, detail)
+        SELECT p_request, r.id, 'revoked', NULL FROM revoked r
+        ON CONFLICT (request_id, token_id)
+        DO UPDATE SET outcome = 'revoked', detail = NULL, recorded_at = pg_catalog.clock_timestamp()
         RETURNING 1)
     SELECT pg_catalog.count(*) INTO v_revoked FROM revoked;
+    -- The tokens not revoked, only the request's own (a token revoked by an earlier attempt stays so).
+    INSERT INTO siwa.revocation_token_outcomes AS o (request_id, token_id, outcome, detail)
+    SELECT p_request, f.id, f.outcome, pg_catalog.left(f.detail, 500)
+      FROM pg_catalog.jsonb_to_recordset(coalesce(p_not_revoked, '[]')) AS f(id bigint, outcome text, detail text)
+     WHERE EXISTS (SELECT 1 FROM siwa.refresh_tokens t WHERE t.id = f.id AND t.sub = v_request.sub)
+    ON CONFLICT (request_id, token_id)
+    DO UPDATE SET outcome = EXCLUDED.outcome, detail = EXCLUDED.detail,
+                  recorded_at = pg_catalog.clock_timestamp()
+     WHERE o.outcome <> 'revoked';
+    IF p_state = 'retry' THEN
+        v_state := 'pending';
+    ELSE
+        SELECT pg_catalog.count(*) FILTER (WHERE o.outcome <> 'revoked'),
+               pg_catalog.max(t.created_at) FILTER (WHERE o.outcome = 'revoked')
+          INTO v_left, v_newest
+          FROM siwa.revocation_token_outcomes o LEFT JOIN siwa.refresh_tokens t ON t.id = o.token_id
+         WHERE o.request_id = p_request;
+        v_state := CASE WHEN v_left = 0 AND p_state = 'revoked' THEN 'revoked'
+                        WHEN v_request.tokens_revoked + v_revoked > 0 THEN 'partially_revoked'
+                        ELSE 'failed' END;
+        v_match := coalesce(v_state IN ('revoked', 'partially_revoked') AND v_request.echo_matched_at IS NULL
+                            AND v_consent >= coalesce(v_newest, v_request.requested_at), false);
+    END IF;
     UPDATE siwa.revocation_requests r
-       SET state = CASE p_state WHEN 'retry' THEN 'pending' ELSE p_state END, attempts = r.attempts + 1,
+       SET state = v_state, attempts = r.attempts + 1,
            last_attempt_at = pg_catalog.now(),
            next_attempt_at = CASE WHEN p_state = 'retry'
                                   THEN pg_catalog.now() + pg_catalog.make_interval(secs => coalesce(p_retry_in, 0))
                                   ELSE r.next_attempt_at END,
            completed_at = CASE WHEN p_state <> 'retry' THEN pg_catalog.now() END,
-           apple_answer = CASE WHEN p_state = 'revoked' THEN '200' ELSE coalesce(p_answer, r.apple_answer) END,
+           apple_answer = CASE WHEN p_answer IS NOT NULL THEN p_answer
+                               WHEN p_state = 'revoked' OR v_revoked > 0 THEN '200'
+                               ELSE r.apple_answer END,
            tokens_revoked = r.tokens_revoked + v_revoked,
-           last_error = CASE WHEN p_state = 'revoked' THEN NULL ELSE pg_catalog.left(p_error, 500) END,
+           last_error = CASE WHEN v_state = 'revoked' THEN NULL ELSE pg_catalog.left(p_error, 500) END,
+           echo_event_time = CASE WHEN v_match THEN v_consent ELSE r.echo_event_time END,
+           echo_matched_at = CASE WHEN v_match THEN pg_catalog.clock_timestamp() ELSE r.echo_matched_at END,
            lease_owner = NULL, lease_expires_at = NULL
      WHERE r.id = p_request;
-    RETURN p_state;
+    RETURN CASE WHEN p_state = 'retry' THEN 'retry' ELSE v_state END;
 END;
 $$;
-COMMENT ON FUNCTION siwa.record_revocation(bigint, text, bigint[], bytea[], text, text, text, double precision) IS
-    'Records a leased revocation attempt: destroys exactly the tokens Apple accepted (unless their rows changed), then revoked, retry or failed; ''lost'' when the lease is not the caller''s, ''busy'' when a token row is held by another transaction. Executable by siwa_worker.';
+COMMENT ON FUNCTION siwa.record_revocation(bigint, text, bigint[], bytea[], text, text, text, double precision, jsonb) IS
+    'Records a leased revocation attempt: destroys exactly the tokens Apple accepted (unless their rows changed), records each token''s outcome, then retry, or revoked, partially_revoked or failed (matching Apple''s echo applied before it); ''lost'' when the lease is not the caller''s, ''busy'' when a token row is held by another transaction. Executable by siwa_worker.';
 
 -- Gives a leased revocation request back at once (the revoker could not record its attempt but lives
 -- on): due again now, the attempt not counted. False when the lease is not the caller's.
@@ -377,9 +482,12 @@ COMMENT ON FUNCTION siwa.release_revocation(bigint, text) IS
 
 -- The refresh check's claim: the stored token checked longest ago (or never) and not within
 -- p_interval; its check is recorded as begun now ('checking'), and committed, so another worker skips
--- it and a process that dies leaves it due again after the interval. No row: none is due.
+-- it and a process that dies leaves it due again after the interval. It comes with what its ciphertext is
+-- bound to: token_sha256, and the subs a team transfer replaced by the row's (schema version 4's
+-- format is bound to the sub it was stored under). No row: none is due.
 CREATE OR REPLACE FUNCTION siwa.claim_refresh_check(p_interval interval)
-RETURNS TABLE (token_id bigint, sub text, client_id text, token_ciphertext bytea)
+RETURNS TABLE (token_id bigint, sub text, client_id text, token_ciphertext bytea, token_sha256 bytea,
+               former_subs text[])
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_token siwa.refresh_tokens%ROWTYPE;
@@ -398,11 +506,14 @@ BEGIN
     VALUES (v_token.id, pg_catalog.now(), 'checking')
     ON CONFLICT ON CONSTRAINT refresh_token_checks_pkey
     DO UPDATE SET checked_at = excluded.checked_at, outcome = excluded.outcome;
-    RETURN QUERY SELECT v_token.id, v_token.sub, v_token.client_id, v_token.token_ciphertext;
+    RETURN QUERY SELECT v_token.id, v_token.sub, v_token.client_id, v_token.token_ciphertext,
+                        v_token.token_sha256,
+                        ARRAY(SELECT a.old_sub FROM siwa.sub_aliases a WHERE a.new_sub = v_token.sub
+                               ORDER BY a.transferred_at DESC, a.old_sub);
 END;
 $$;
 COMMENT ON FUNCTION siwa.claim_refresh_check(interval) IS
-    'The refresh check''s claim: the stored token due for a check, marked as being checked now. Executable by siwa_worker.';
+    'The refresh check''s claim: the stored token due for a check (with token_sha256 and the subs a transfer replaced), marked as being checked now. Executable by siwa_worker.';
 
 -- Records a refresh check's outcome. invalid_grant (consent is gone): the token is destroyed, unless its
 -- row holds another ciphertext by now, and a consent-revoked of our own is recorded
@@ -456,12 +567,22 @@ SELECT r.id,
        r.echo_event_time,
        r.echo_matched_at,
        echo.jti AS echo_jti,
-       r.last_error
+       r.last_error,
+       coalesce(tokens.not_revoked, 0) AS tokens_not_revoked,
+       coalesce(tokens.outcomes, '[]'::jsonb) AS token_outcomes
   FROM siwa.revocation_requests r
   LEFT JOIN LATERAL (
         SELECT e.jti FROM siwa.event_history e
          WHERE e.sub = r.sub AND e.event_type = 'consent-revoked' AND e.event_time = r.echo_event_time
-         ORDER BY e.id LIMIT 1) AS echo ON r.echo_event_time IS NOT NULL;
+         ORDER BY e.id LIMIT 1) AS echo ON r.echo_event_time IS NOT NULL
+  LEFT JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE o.outcome <> 'revoked') AS not_revoked,
+               jsonb_agg(jsonb_build_object('token_id', o.token_id, 'client_id', t.client_id,
+                                            'service_format', t.service_format, 'outcome', o.outcome,
+                                            'detail', o.detail, 'recorded_at', o.recorded_at)
+                         ORDER BY o.token_id) AS outcomes
+          FROM siwa.revocation_token_outcomes o LEFT JOIN siwa.refresh_tokens t ON t.id = o.token_id
+         WHERE o.request_id = r.id) AS tokens ON true;
 COMMENT ON VIEW siwa.revocation_ledger IS
     'One row per revocation request: requested, attempts, Apple''s answer, completed, and the echoed consent-revoked matched to it.';
 COMMENT ON COLUMN siwa.revocation_ledger.id IS 'The request''s id (what siwa.request_revocation returned).';
@@ -473,11 +594,14 @@ COMMENT ON COLUMN siwa.revocation_ledger.last_attempt_at IS 'When the worker las
 COMMENT ON COLUMN siwa.revocation_ledger.next_attempt_at IS 'When a pending request is next due (backoff with jitter after a retryable failure).';
 COMMENT ON COLUMN siwa.revocation_ledger.completed_at IS 'When it ended revoked, no_token or failed.';
 COMMENT ON COLUMN siwa.revocation_ledger.state IS
-    'pending (waiting or retrying), revoked (Apple answered 200 for every stored token; ciphertexts destroyed), no_token (nothing stored to revoke), failed (Apple refused for good, or the token could not be decrypted: see last_error).';
+    'pending (waiting or retrying), revoked (Apple answered 200 for every token stored when the request was made; ciphertexts destroyed), partially_revoked (some revoked, some not: see token_outcomes), no_token (nothing stored to revoke), failed (none revoked: Apple refused for good, or no token could be decrypted: see last_error and token_outcomes).';
 COMMENT ON COLUMN siwa.revocation_ledger.apple_answer IS
     'Apple''s last answer: 200, or the failure kind with its HTTP status (e.g. server_error (HTTP 503)).';
 COMMENT ON COLUMN siwa.revocation_ledger.tokens_revoked IS 'Stored refresh tokens revoked at Apple and destroyed.';
-COMMENT ON COLUMN siwa.revocation_ledger.echo_event_time IS 'event_time of the consent-revoked applied for the user after the request (Apple''s echo).';
+COMMENT ON COLUMN siwa.revocation_ledger.echo_event_time IS 'event_time of the consent-revoked applied for the user after an attempt, or before the final one when it covers the tokens revoked (Apple''s echo).';
 COMMENT ON COLUMN siwa.revocation_ledger.echo_matched_at IS 'When the worker applied that consent-revoked.';
 COMMENT ON COLUMN siwa.revocation_ledger.echo_jti IS 'The echoed notification''s jti (NULL once retention pruned it).';
 COMMENT ON COLUMN siwa.revocation_ledger.last_error IS 'The last failure, without tokens or secrets.';
+COMMENT ON COLUMN siwa.revocation_ledger.tokens_not_revoked IS 'Tokens of the request not revoked (see token_outcomes).';
+COMMENT ON COLUMN siwa.revocation_ledger.token_outcomes IS
+    'Per token handled, a JSON array of {token_id, client_id, service_format, outcome, detail, recorded_at}: outcome revoked, undecryptable, not_service_format, no_client, refused or apple_unavailable (siwa.revocation_token_outcomes).';

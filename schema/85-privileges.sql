@@ -122,6 +122,8 @@ BEGIN
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO siwa_worker', v_function);
         END LOOP;
         GRANT SELECT, UPDATE ON siwa.revocation_requests TO siwa_worker;
+        -- The revoker's per-token outcomes (siwa.record_revocation).
+        GRANT SELECT, INSERT, UPDATE ON siwa.revocation_token_outcomes TO siwa_worker;
         -- The revoker forgets sign-in codes a day old (Apple's codes live five minutes).
         GRANT SELECT (created_at), DELETE ON siwa.sign_in_codes TO siwa_worker;
         -- The refresh-token check: its bookkeeping, and consent-revoked events of our own.
@@ -138,7 +140,7 @@ BEGIN
         GRANT EXECUTE ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timestamptz),
             siwa.record_webhook_attempt(bigint, text, timestamptz, integer, integer, text, double precision, text),
             siwa.repair_webhook_ready(), siwa.claim_revocation(text, interval, timestamptz),
-            siwa.record_revocation(bigint, text, bigint[], bytea[], text, text, text, double precision),
+            siwa.record_revocation(bigint, text, bigint[], bytea[], text, text, text, double precision, jsonb),
             siwa.release_revocation(bigint, text), siwa.claim_refresh_check(interval),
             siwa.record_refresh_check(bigint, bytea, text), siwa.prune_sign_in_codes(interval),
             siwa.record_heartbeat(text, text, integer, integer, text, text, text[], timestamptz, interval),
@@ -196,7 +198,7 @@ BEGIN
               INSERT (sub, email, is_private_email),
               UPDATE (email, is_private_email, updated_at)
             ON siwa.accounts TO siwa_signin;
-        GRANT INSERT (sub, client_id, token_sha256, token_ciphertext) ON siwa.refresh_tokens TO siwa_signin;
+        GRANT INSERT (sub, client_id, token_sha256, token_ciphertext, service_format) ON siwa.refresh_tokens TO siwa_signin;
         GRANT SELECT (token_sha256) ON siwa.refresh_tokens TO siwa_signin;
         GRANT INSERT (sub, reason) ON siwa.revocation_requests TO siwa_signin;
         GRANT SELECT (id) ON siwa.revocation_requests TO siwa_signin;

@@ -192,7 +192,7 @@ public final class SignInService: Sendable {
             var tokenHash: PostgresData?
             if let refresh = tokens.refreshToken {
                 ciphertext = .bytes(
-                    Data(try configuration.cipher.encrypt(refresh, sub: claims.sub, clientID: clientID)))
+                    Data(try configuration.cipher.encrypt(refresh, clientID: clientID)))
                 tokenHash = .bytes(sha256(refresh))
             }
             let email = returned.email ?? claims.email

@@ -2,16 +2,38 @@ import COpenSSL
 import Foundation
 
 /// Encrypts Apple refresh tokens at rest: AES-256-GCM (OpenSSL EVP), a fresh 96-bit nonce per token,
-/// and additional authenticated data binding each ciphertext to its user and client, so a ciphertext
-/// copied onto another row does not decrypt.
+/// and additional authenticated data binding each ciphertext to its row, so a ciphertext copied onto
+/// another row does not decrypt.
 ///
 /// Keys come from a key file (see ``TokenCipher/init(keyFile:)``): the first key encrypts, every key
 /// decrypts, and each ciphertext names the key that made it, so keys rotate without re-encrypting:
 /// put the new key first, keep the old ones until no ciphertext names them.
 ///
-/// Ciphertext layout: `0x01` (version), key-id length (1 byte), key id (ASCII), nonce (12 bytes),
-/// encrypted token, GCM tag (16 bytes).
+/// Ciphertext layout: format (1 byte), key-id length (1 byte), key id (ASCII), nonce (12 bytes),
+/// encrypted token, GCM tag (16 bytes). Format 2 (what ``encrypt(_:clientID:)`` makes) binds the
+/// client ID and the token's SHA-256 — the row's `token_sha256`, unique and never rewritten — so it
+/// survives a team transfer, which changes the row's sub. Format 1 (schema version 4's sign-in API)
+/// bound the sub instead; it still decrypts, under the sub it was stored with (``Row/subs``: the row's
+/// sub, then the subs a transfer replaced by it).
 public struct TokenCipher: Sendable {
+    /// What a stored ciphertext is checked against: the row it was read from.
+    public struct Row: Sendable, Equatable {
+        /// The row's client ID.
+        public var clientID: String
+        /// The row's `token_sha256` (format 2 is bound to it; a row without one cannot hold format 2).
+        public var tokenSHA256: [UInt8]?
+        /// Format 1 only: the subs the ciphertext may have been stored under, tried in order (the row's
+        /// sub first, then every sub a team transfer replaced by it).
+        public var subs: [String]
+
+        /// A row.
+        public init(clientID: String, tokenSHA256: [UInt8]?, subs: [String] = []) {
+            self.clientID = clientID
+            self.tokenSHA256 = tokenSHA256
+            self.subs = subs
+        }
+    }
+
     /// One AES-256 key and its id.
     public struct Key: Sendable {
         /// 1 to 32 characters of `A-Z a-z 0-9 . _ -`.
@@ -78,31 +100,51 @@ public struct TokenCipher: Sendable {
     /// The ids of every key held, the current one first.
     public var keyIDs: [String] { [current.id] + keys.keys.filter { $0 != current.id }.sorted() }
 
+    /// The formats this cipher reads; the last one is what it writes.
+    public static let formats: [UInt8] = [1, 2]
+
+    /// The format a ciphertext says it is in (1 or 2), or nil when it is not one of ours.
+    public static func format(of ciphertext: [UInt8]) -> Int? {
+        guard keyID(of: ciphertext) != nil else { return nil }
+        return Int(ciphertext[0])
+    }
+
     /// The key id a ciphertext names, or nil when it is not one of ours.
     public static func keyID(of ciphertext: [UInt8]) -> String? {
-        guard ciphertext.count > 2, ciphertext[0] == 1 else { return nil }
+        guard ciphertext.count > 2, formats.contains(ciphertext[0]) else { return nil }
         let length = Int(ciphertext[1])
         guard ciphertext.count >= 2 + length + 12 + 16 else { return nil }
         return String(decoding: ciphertext[2..<(2 + length)], as: UTF8.self)
     }
 
-    /// Encrypts `token` for `sub` and `clientID` with the current key.
-    public func encrypt(_ token: String, sub: String, clientID: String) throws(TokenCipherError) -> [UInt8] {
-        var nonce = [UInt8](repeating: 0, count: 12)
-        guard RAND_bytes(&nonce, 12) == 1 else { throw TokenCipherError("no random bytes for the nonce") }
-        let header = [UInt8(1), UInt8(current.id.utf8.count)] + Array(current.id.utf8) + nonce
-        let aad = Self.associatedData(sub: sub, clientID: clientID, header: header)
-        let (sealed, tag) = try gcm(
-            encrypt: true, key: current.bytes, nonce: nonce, aad: aad, input: Array(token.utf8), tag: nil)
-        return header + sealed + tag
+    /// SHA-256 of a token's text: what the row's `token_sha256` holds.
+    public static func sha256(of token: String) -> [UInt8] {
+        var digest = [UInt8](repeating: 0, count: 32)
+        let bytes = Array(token.utf8)
+        _ = EVP_Digest(bytes, bytes.count, &digest, nil, EVP_sha256(), nil)
+        return digest
     }
 
-    /// Decrypts a ciphertext made by ``encrypt(_:sub:clientID:)`` for the same `sub` and `clientID`, with
-    /// whichever held key it names.
-    /// - Throws: when the key is not held, or the ciphertext was altered or belongs to another row.
-    public func decrypt(_ ciphertext: [UInt8], sub: String, clientID: String) throws(TokenCipherError)
-        -> String
+    /// Encrypts `token` for a row of `clientID` with the current key, in format 2: bound to the client ID
+    /// and the token's SHA-256 (store ``sha256(of:)`` as the row's `token_sha256`), not to the sub.
+    public func encrypt(_ token: String, clientID: String) throws(TokenCipherError) -> [UInt8] {
+        try seal(
+            token, format: 2,
+            binding: Self.format2Binding(clientID: clientID, tokenSHA256: Self.sha256(of: token)))
+    }
+
+    /// Encrypts `token` in format 1, bound to `sub` and `clientID`: what schema version 4's sign-in API
+    /// stored. Only for tests and tools that must make such a row; the service writes format 2.
+    public func encryptInFormat1(_ token: String, sub: String, clientID: String) throws(TokenCipherError)
+        -> [UInt8]
     {
+        try seal(token, format: 1, binding: Self.format1Binding(sub: sub, clientID: clientID))
+    }
+
+    /// Decrypts a ciphertext stored on `row`, with whichever held key it names: format 2 against the
+    /// row's client ID and `token_sha256`, format 1 against its client ID and each of ``Row/subs``.
+    /// - Throws: when the key is not held, or the ciphertext was altered or belongs to another row.
+    public func decrypt(_ ciphertext: [UInt8], for row: Row) throws(TokenCipherError) -> String {
         guard let id = Self.keyID(of: ciphertext) else { throw TokenCipherError("not a token ciphertext") }
         guard let key = keys[id] else {
             throw TokenCipherError("the ciphertext's key \(id) is not in the key file")
@@ -112,18 +154,50 @@ public struct TokenCipher: Sendable {
         let nonce = Array(header[(headerLength - 12)...])
         let body = Array(ciphertext[headerLength..<(ciphertext.count - 16)])
         let tag = Array(ciphertext[(ciphertext.count - 16)...])
-        let aad = Self.associatedData(sub: sub, clientID: clientID, header: header)
-        let (plain, _) = try gcm(
-            encrypt: false, key: key.bytes, nonce: nonce, aad: aad, input: body, tag: tag)
-        guard let token = String(validating: plain, as: UTF8.self) else {
-            throw TokenCipherError("the decrypted token is not text")
+        let bindings: [[UInt8]]
+        if ciphertext[0] == 2 {
+            guard let hash = row.tokenSHA256, hash.count == 32 else {
+                throw TokenCipherError("the row has no token_sha256, which a format 2 ciphertext is bound to")
+            }
+            bindings = [Self.format2Binding(clientID: row.clientID, tokenSHA256: hash)]
+        } else {
+            guard !row.subs.isEmpty else {
+                throw TokenCipherError("a format 1 ciphertext needs the sub it was stored under")
+            }
+            bindings = row.subs.map { Self.format1Binding(sub: $0, clientID: row.clientID) }
         }
-        return token
+        for binding in bindings {
+            guard
+                let (plain, _) = try? gcm(
+                    encrypt: false, key: key.bytes, nonce: nonce, aad: binding + header, input: body, tag: tag
+                )
+            else { continue }
+            guard let token = String(validating: plain, as: UTF8.self) else {
+                throw TokenCipherError("the decrypted token is not text")
+            }
+            return token
+        }
+        throw TokenCipherError("the ciphertext does not authenticate (altered, or another row's)")
     }
 
-    private static func associatedData(sub: String, clientID: String, header: [UInt8]) -> [UInt8] {
+    private func seal(_ token: String, format: UInt8, binding: [UInt8]) throws(TokenCipherError) -> [UInt8] {
+        var nonce = [UInt8](repeating: 0, count: 12)
+        guard RAND_bytes(&nonce, 12) == 1 else { throw TokenCipherError("no random bytes for the nonce") }
+        let header = [format, UInt8(current.id.utf8.count)] + Array(current.id.utf8) + nonce
+        let (sealed, tag) = try gcm(
+            encrypt: true, key: current.bytes, nonce: nonce, aad: binding + header, input: Array(token.utf8),
+            tag: nil)
+        return header + sealed + tag
+    }
+
+    /// The associated data before the header. Format 1: its label, the sub and the client ID; format 2:
+    /// its label, the client ID and the token's SHA-256.
+    private static func format1Binding(sub: String, clientID: String) -> [UInt8] {
         Array("siwa refresh token v1".utf8) + [0] + Array(sub.utf8) + [0] + Array(clientID.utf8) + [0]
-            + header
+    }
+
+    private static func format2Binding(clientID: String, tokenSHA256: [UInt8]) -> [UInt8] {
+        Array("siwa refresh token v2".utf8) + [0] + Array(clientID.utf8) + [0] + tokenSHA256
     }
 
     private func gcm(encrypt: Bool, key: [UInt8], nonce: [UInt8], aad: [UInt8], input: [UInt8], tag: [UInt8]?)

@@ -10,9 +10,12 @@ import TokenVault
 /// lock), decrypts the user's stored refresh tokens, calls Apple's `/auth/revoke` for each with no
 /// transaction open, then records the outcome in the ledger (`siwa.revocation_ledger`) with
 /// `siwa.record_revocation`, which destroys exactly the ciphertexts Apple accepted (a token row that
-/// changed meanwhile keeps its new token). Retryable failures (5xx, 429, timeouts, no connection) are
-/// retried with exponential backoff and jitter; Apple's refusals and undecryptable tokens end as
-/// `failed`; a user without a stored token ends as `no_token`; a token row held by another transaction
+/// changed meanwhile keeps its new token). Only the tokens stored when the request was made are
+/// revoked (a later sign-in's token is not the deleted account's). Retryable failures (5xx, 429,
+/// timeouts, no connection) are retried with exponential backoff and jitter; a token it cannot revoke
+/// (Apple refused it, it does not decrypt, no client is configured for it) is recorded per token and
+/// the others are still revoked: the request ends `revoked` (all), `partially_revoked` or `failed`
+/// (none); a user without a stored token ends as `no_token`; a token row held by another transaction
 /// at record time puts the request off (`busy`) instead of waiting for it.
 ///
 /// If the process dies after Apple's 200 but before the record, the lease expires and the next claim
@@ -74,8 +77,10 @@ public final class Revoker: Sendable {
     public struct Outcome: Sendable, Equatable {
         /// The request's id.
         public var id: Int
-        /// `revoked`, `no_token`, `failed`, `retry`, `busy` (a token row was held by another transaction:
-        /// put off), or `lost` (the lease expired and another revoker took the request over).
+        /// `revoked`, `partially_revoked` (some tokens could not be revoked: the ledger's
+        /// `token_outcomes` says which and why), `no_token`, `failed`, `retry`, `busy` (a token row was
+        /// held by another transaction: put off), or `lost` (the lease expired and another revoker took
+        /// the request over).
         public var state: String
         /// An outcome.
         public init(id: Int, state: String) {
@@ -217,7 +222,8 @@ public final class Revoker: Sendable {
         guard
             let row = try connection.query(
                 """
-                SELECT token_id, sub, client_id, token_ciphertext
+                SELECT token_id, sub, client_id, token_ciphertext, token_sha256,
+                       pg_catalog.array_to_json(former_subs)::text
                   FROM siwa.claim_refresh_check($1::float8 * interval '1 second')
                 """, [.double(interval.inSeconds)]
             ).first
@@ -226,6 +232,8 @@ public final class Revoker: Sendable {
         let sub = try row[1, as: String.self]
         let storedClient = try row[2, as: String?.self]
         let ciphertext = try row[3, as: Data.self]
+        let hash = try row[4, as: Data?.self]
+        let formerSubs = Self.subs(try row[5, as: String?.self])
         var outcome = "valid"
         if let clientID = storedClient
             ?? (configuration.clients.count == 1 ? configuration.clients.keys.first : nil),
@@ -233,7 +241,9 @@ public final class Revoker: Sendable {
         {
             do {
                 let token = try configuration.cipher.decrypt(
-                    [UInt8](ciphertext), sub: sub, clientID: clientID)
+                    [UInt8](ciphertext),
+                    for: TokenCipher.Row(
+                        clientID: clientID, tokenSHA256: hash.map { [UInt8]($0) }, subs: [sub] + formerSubs))
                 _ = try client.refresh(token: token)
             } catch let error as AppleIDError {
                 outcome = error.code.rawValue
@@ -255,12 +265,23 @@ public final class Revoker: Sendable {
         return CheckOutcome(tokenID: tokenID, outcome: outcome)
     }
 
+    /// What one claimed token became in an attempt, when it was not revoked.
+    struct NotRevoked {
+        var id: Int
+        /// `undecryptable`, `not_service_format`, `no_client`, `refused`, `apple_unavailable`.
+        var outcome: String
+        var detail: String
+    }
+
     /// Claims one due request (a committed lease), calls Apple for each of its tokens with no
-    /// transaction open, and records the result; nil when none is due by `dueBy`.
+    /// transaction open, and records the result; nil when none is due by `dueBy`. A token it cannot
+    /// revoke (no client, undecryptable, refused by Apple) is recorded as such and the others are still
+    /// revoked; a retryable failure at Apple stops the attempt (Apple is unavailable), to be retried.
     func handleOne(on connection: PostgresConnection, dueBy: Date) throws -> Outcome? {
         let rows = try connection.query(
             """
-            SELECT outcome, request_id, sub, attempt, token_id, client_id, token_ciphertext
+            SELECT outcome, request_id, sub, attempt, token_id, client_id, token_ciphertext, token_sha256,
+                   service_format, pg_catalog.array_to_json(former_subs)::text
               FROM siwa.claim_revocation($1, $2::float8 * interval '1 second', $3)
             """, [.text(owner), .double(configuration.lease.inSeconds), .date(dueBy)])
         guard let request = rows.first else { return nil }
@@ -269,48 +290,93 @@ public final class Revoker: Sendable {
         guard claimed == "claimed" else { return record(Outcome(id: id, state: claimed)) }
         let sub = try request[2, as: String.self]
         let attempts = try request[3, as: Int.self]
+        let formerSubs = Self.subs(try request[9, as: String?.self])
         var revoked: [(id: Int, ciphertext: Data)] = []
-        var failure: (answer: String?, error: String, retryable: Bool)?
+        var notRevoked: [NotRevoked] = []
+        var unhandled: [Int] = []
+        var refusal: String?
+        var unavailable: (answer: String, error: String)?
         for token in rows {
             let tokenID = try token[4, as: Int.self]
+            if unavailable != nil {
+                unhandled.append(tokenID)
+                continue
+            }
             let storedClient = try token[5, as: String?.self]
             let ciphertext = try token[6, as: Data.self]
+            let hash = try token[7, as: Data?.self]
+            let serviceFormat = try token[8, as: Bool.self]
             guard
                 let clientID = storedClient
                     ?? (configuration.clients.count == 1 ? configuration.clients.keys.first : nil),
                 let client = configuration.clients[clientID]
             else {
-                failure = (nil, "no Apple client is configured for the token's client ID", false)
-                break
+                notRevoked.append(
+                    NotRevoked(
+                        id: tokenID, outcome: "no_client",
+                        detail: "no Apple client is configured for the token's client ID"))
+                continue
             }
             let plain: String
             do {
-                plain = try configuration.cipher.decrypt([UInt8](ciphertext), sub: sub, clientID: clientID)
+                plain = try configuration.cipher.decrypt(
+                    [UInt8](ciphertext),
+                    for: TokenCipher.Row(
+                        clientID: clientID, tokenSHA256: hash.map { [UInt8]($0) }, subs: [sub] + formerSubs))
             } catch {
-                failure = (nil, "cannot decrypt the stored token: \(error.description)", false)
-                break
+                notRevoked.append(
+                    serviceFormat
+                        ? NotRevoked(
+                            id: tokenID, outcome: "undecryptable",
+                            detail: "cannot decrypt the stored token: \(error.description)")
+                        : NotRevoked(
+                            id: tokenID, outcome: "not_service_format",
+                            detail:
+                                "the row is not in the service's format (the app stored it) and does not decrypt: "
+                                + error.description))
+                continue
             }
             do {
                 try client.revoke(token: plain, hint: .refreshToken)
             } catch {
                 let answer = error.status.map { "\(error.code) (HTTP \($0))" } ?? error.code.rawValue
-                failure = (answer, error.description, error.isRetryable)
-                break
+                if error.isRetryable {
+                    unavailable = (answer, error.description)
+                    unhandled.append(tokenID)
+                } else {
+                    refusal = answer
+                    notRevoked.append(NotRevoked(id: tokenID, outcome: "refused", detail: error.description))
+                }
+                continue
             }
             revoked.append((tokenID, ciphertext))
         }
-        let state =
-            failure.map { $0.retryable && attempts < configuration.maxAttempts ? "retry" : "failed" }
-            ?? "revoked"
+        // The verdict: retry while Apple is unavailable and attempts remain; otherwise final, and
+        // siwa.record_revocation ends the request revoked, partially_revoked or failed from the outcomes.
+        let retry = unavailable != nil && attempts < configuration.maxAttempts
+        let state = retry ? "retry" : unavailable == nil ? "revoked" : "failed"
+        if !retry, let unavailable {
+            notRevoked += unhandled.map {
+                NotRevoked(id: $0, outcome: "apple_unavailable", detail: unavailable.error)
+            }
+        }
+        let answer = unavailable?.answer ?? refusal
+        let error: String? =
+            unavailable.map { $0.error }
+            ?? notRevoked.first.map {
+                "\(notRevoked.count) of \(rows.count) tokens not revoked; token \($0.id): \($0.outcome): \($0.detail)"
+            }
         let recorded: String
         do {
             recorded = try connection.query(
-                "SELECT siwa.record_revocation($1, $2, $3::bigint[], $4::bytea[], $5, $6, $7, $8::float8)",
+                """
+                SELECT siwa.record_revocation($1, $2, $3::bigint[], $4::bytea[], $5, $6, $7, $8::float8, $9::jsonb)
+                """,
                 [
                     .int(Int64(id)), .text(owner), .array(revoked.map { .int(Int64($0.id)) }),
-                    .array(revoked.map { .bytes($0.ciphertext) }), .text(state),
-                    failure?.answer.map { .text($0) },
-                    failure.map { .text(String($0.error.prefix(500))) }, .double(backoff(attempt: attempts)),
+                    .array(revoked.map { .bytes($0.ciphertext) }), .text(state), answer.map { .text($0) },
+                    error.map { .text(String($0.prefix(500))) }, .double(backoff(attempt: attempts)),
+                    .text(Self.json(notRevoked)),
                 ])[0][0, as: String.self]
         } catch {
             // Not recorded, but this process lives on: give the request back rather than wait for the
@@ -326,6 +392,12 @@ public final class Revoker: Sendable {
         case "revoked":
             logger.info(
                 "revoked a user's Apple tokens", ["request": .int(id), "tokens": .int(revoked.count)])
+        case "partially_revoked":
+            logger.warning(
+                "revoked some of a user's Apple tokens; the others are recorded in the ledger",
+                [
+                    "request": .int(id), "tokens": .int(revoked.count), "not_revoked": .int(notRevoked.count),
+                ])
         case "busy":
             logger.info(
                 "revocation put off: another transaction holds one of the user's token rows",
@@ -338,11 +410,30 @@ public final class Revoker: Sendable {
             logger.warning(
                 state == "retry" ? "revocation failed; will retry" : "revocation failed for good",
                 [
-                    "request": .int(id), "error": .string(failure?.answer ?? "local"),
+                    "request": .int(id), "error": .string(answer ?? notRevoked.first?.outcome ?? "local"),
                     "attempt": .int(attempts),
                 ])
         }
         return record(Outcome(id: id, state: recorded))
+    }
+
+    /// The subs of a JSON array (a claim's `former_subs`); none for NULL.
+    static func subs(_ json: String?) -> [String] {
+        guard let json, let subs = try? JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String]
+        else {
+            return []
+        }
+        return subs
+    }
+
+    /// The tokens not revoked as `siwa.record_revocation` takes them: [{id, outcome, detail}].
+    static func json(_ notRevoked: [NotRevoked]) -> String {
+        let objects = notRevoked.map {
+            ["id": $0.id, "outcome": $0.outcome, "detail": $0.detail] as [String: Any]
+        }
+        let data =
+            (try? JSONSerialization.data(withJSONObject: objects, options: [.sortedKeys])) ?? Data("[]".utf8)
+        return String(decoding: data, as: UTF8.self)
     }
 
     /// The delay before attempt `attempt + 1`: base × 2^(attempt-1), at most the maximum, times a random

@@ -22,10 +22,12 @@ struct RevocationTests {
     /// Signs `sub` in through the API; returns the refresh token as stored (decrypted).
     func signIn(_ fixture: SignInFixture, sub: String) throws -> String {
         #expect(try fixture.post("/v1/sign-ins", fixture.signInBody(sub: sub)).status == 200)
-        let ciphertext = try fixture.query(
-            "SELECT token_ciphertext FROM siwa.refresh_tokens WHERE sub = $1", [.text(sub)])[0][
-                0, as: Data.self]
-        return try fixture.cipher.decrypt([UInt8](ciphertext), sub: sub, clientID: LocalApple.clientID)
+        let row = try fixture.query(
+            "SELECT token_ciphertext, token_sha256 FROM siwa.refresh_tokens WHERE sub = $1", [.text(sub)])[0]
+        return try fixture.cipher.decrypt(
+            [UInt8](try row[0, as: Data.self]),
+            for: TokenCipher.Row(
+                clientID: LocalApple.clientID, tokenSHA256: [UInt8](try row[1, as: Data.self])))
     }
 
     /// Applies due notifications as the worker does.

@@ -32,7 +32,10 @@ struct SignInAPITests {
         #expect(try row[0, as: String.self] == LocalApple.clientID)
         let ciphertext = [UInt8](try row[1, as: Data.self])
         #expect(TokenCipher.keyID(of: ciphertext) == "k1")
-        let token = try fixture.cipher.decrypt(ciphertext, sub: "001.happy", clientID: LocalApple.clientID)
+        let token = try fixture.cipher.decrypt(
+            ciphertext,
+            for: TokenCipher.Row(
+                clientID: LocalApple.clientID, tokenSHA256: [UInt8](try row[2, as: Data.self])))
         // The ciphertext is not the token, nor contains it; the stored token is the real one (Apple refreshes it).
         #expect(!String(decoding: ciphertext, as: UTF8.self).contains(token))
         #expect(try fixture.apple.client().refresh(token: token).refreshToken == nil)

@@ -350,9 +350,13 @@ struct MigrateUpgradeTests {
                     0, as: Int.self] == 1)
         let personal = ["email", "raw_token", "last_error", "personal_data_erased_at"]
         // A finished notification has no next attempt from version 3 on (NULL); a pending one keeps it.
+        // service_format came with version 5 (false for rows the app stored, as these are).
         let before = try contents(
             connection,
-            without: ["busy_since", "hook_search_path", "changes_retention", "next_attempt_at"] + personal)
+            without: [
+                "busy_since", "hook_search_path", "changes_retention", "next_attempt_at", "service_format",
+            ]
+                + personal)
         let personalBefore = try personalData(connection)
         let queuedBefore = try queued(connection)
 
@@ -369,9 +373,15 @@ struct MigrateUpgradeTests {
         #expect(
             try contents(
                 connection,
-                without: ["busy_since", "hook_search_path", "changes_retention", "next_attempt_at"] + personal
+                without: [
+                    "busy_since", "hook_search_path", "changes_retention", "next_attempt_at",
+                    "service_format",
+                ] + personal
             )
                 == before)
+        #expect(
+            try connection.query("SELECT count(*) FROM siwa.refresh_tokens WHERE service_format")[0][
+                0, as: Int.self] == 0)
         #expect(try queued(connection) == queuedBefore)
         // Personal data and error texts are what version 2 would have written: errors redacted, and
         // nothing left of the erased account's late notification. (From version 2 on they are moved as
@@ -449,6 +459,33 @@ struct MigrateUpgradeTests {
         let fixed = try siwactl(["migrate", "--database-url", database.url])
         #expect(fixed.status == 0, "\(fixed.standardError)")
         #expect(fixed.standardOutput.contains("schema version after: \(SiwaSchema.version)"))
+    }
+
+    @Test(
+        "from version 4, the sign-in API's stored tokens are marked as the service's format and the app's are not"
+    )
+    func marksServiceFormatFromVersion4() throws {
+        let released = try #require(try releasedSchemas().first { $0.version == 4 })
+        let database = try TestDatabase(.empty)
+        let connection = try database.connect()
+        defer { connection.close() }
+        try connection.simpleQuery(released.sql)
+        // A ciphertext with the service's layout: format 1, key id "k1", 12-byte nonce, body, 16-byte tag.
+        let layout = "\\x01026b31" + String(repeating: "00", count: 12 + 8 + 16)
+        try connection.simpleQuery(
+            """
+            SELECT siwa.record_sign_in('\\x0a', 'com.example.app', '001.signed', NULL, NULL, NULL, NULL,
+                                       '\\x0b', '\(layout)');
+            INSERT INTO siwa.refresh_tokens (sub, client_id, token_sha256, token_ciphertext) VALUES
+                ('001.app', 'com.example.app', '\\x0c', '\(layout)'),
+                ('001.signed', 'com.example.app', '\\x0d', 'app-own-format');
+            """)
+        let result = try siwactl(["migrate", "--database-url", database.url])
+        #expect(result.status == 0, "\(result.standardError)")
+        #expect(
+            try connection.query(
+                "SELECT sub, token_sha256 = '\\x0b' FROM siwa.refresh_tokens WHERE service_format ORDER BY id"
+            ).map { "\(try $0[0, as: String.self]) \(try $0[1, as: Bool.self])" } == ["001.signed true"])
     }
 
     @Test("schema.sql applied as psql does to a database newer than it refuses, changing nothing")
