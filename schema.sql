@@ -53,11 +53,14 @@
 --                          siwa.webhook_attempt_history, siwa.webhook_delivery_status; the tables
 --                          siwa.sub_aliases, siwa.sub_transfer_batches, siwa.sub_columns and
 --                          siwa.service_heartbeats (read only); siwa.history_of(sub),
---                          siwa.health_gauges(), siwa.client_ids_in_use(since).
+--                          siwa.current_sub(sub), siwa.health_gauges(), siwa.client_ids_in_use(since).
 --   The app (siwa_app):    siwa.session_is_valid(sub, created_at); siwa.request_revocation(sub, reason),
 --                          inside its account-deletion transaction; the changefeed siwa.changefeed (and
 --                          LISTEN siwa_changes); its sessions and refresh tokens in siwa.sessions and
---                          siwa.refresh_tokens, and the columns of siwa.accounts granted to it.
+--                          siwa.refresh_tokens, and the columns of siwa.accounts granted to it; the
+--                          old→new mapping siwa.sub_aliases (old_sub, new_sub) and siwa.current_sub(sub),
+--                          the one rule for which sub a user is now (a team transfer replaces subs:
+--                          the change siwa.sub_transferred tells of each).
 --   Hooks (the owner):     siwa.on_event(event_type, sub, event_time, email, jti), replaced by the
 --                          admins and never undone by this file; the optional
 --                          siwa.on_change(change siwa.changes, superseded boolean).
@@ -374,6 +377,23 @@ BEGIN
                 ADD CONSTRAINT revocation_requests_state_check
                     CHECK (state IN ('pending', 'revoked', 'partially_revoked', 'no_token', 'failed'));
         END IF;
+        -- Team transfers tell apps: the change siwa.sub_transferred (with the replaced sub in
+        -- siwa.changes.old_sub), which webhook endpoints may subscribe to. Tables created by version 4.
+        IF pg_catalog.to_regclass('siwa.changes') IS NOT NULL THEN
+            ALTER TABLE siwa.changes
+                ADD COLUMN old_sub text,
+                DROP CONSTRAINT changes_type_check,
+                ADD CONSTRAINT changes_type_check CHECK (type IN ('siwa.email_disabled', 'siwa.email_enabled',
+                    'siwa.consent_revoked', 'siwa.account_deleted', 'siwa.personal_data_erased',
+                    'siwa.sub_transferred'));
+        END IF;
+        IF pg_catalog.to_regclass('siwa.webhook_endpoints') IS NOT NULL THEN
+            ALTER TABLE siwa.webhook_endpoints
+                DROP CONSTRAINT webhook_endpoints_types_check,
+                ADD CONSTRAINT webhook_endpoints_types_check CHECK (
+                    types IS NULL OR (cardinality(types) > 0 AND types <@ ARRAY['siwa.email_disabled', 'siwa.email_enabled',
+                        'siwa.consent_revoked', 'siwa.account_deleted', 'siwa.personal_data_erased', 'siwa.sub_transferred']));
+        END IF;
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;
@@ -550,7 +570,8 @@ COMMENT ON COLUMN siwa.notification_queue.last_error IS
 -- for work rolled back); a redelivered jti inserts nothing and wakes nobody. A notification of an
 -- account whose personal data is already erased (Apple may send an email event after the deletion, or
 -- redeliver one) is stored without email and raw token: the same statement leaves them out (one
--- primary-key probe of siwa.accounts per row). A row stored while the erasure commits concurrently is
+-- primary-key probe of siwa.accounts per row, of the account's current sub: a late notification for a
+-- sub a team transfer replaced is checked against the account it became, siwa.current_sub). A row stored while the erasure commits concurrently is
 -- caught when the worker applies it (siwa.apply_claimed_batch) or records its failure (siwa.record_failure). There is no trigger
 -- on either table: version 2's row trigger cost ~30 µs per row, a statement trigger with a transition
 -- table ~20.
@@ -583,7 +604,7 @@ BEGIN
                CASE WHEN a.sub IS NOT NULL THEN pg_catalog.clock_timestamp() END
           FROM batch b
           JOIN fresh f ON f.jti = b.jti AND f.issued_at = b.issued_at
-          LEFT JOIN siwa.accounts a ON a.sub = b.sub AND a.personal_data_erased_at IS NOT NULL
+          LEFT JOIN siwa.accounts a ON a.sub = siwa.current_sub(b.sub) AND a.personal_data_erased_at IS NOT NULL
         ON CONFLICT (jti, issued_at) DO NOTHING
         RETURNING l.id, l.jti, l.issued_at),
     queued AS (
@@ -746,6 +767,39 @@ COMMENT ON COLUMN siwa.accounts.personal_data_erased_at IS 'When the account''s 
 COMMENT ON COLUMN siwa.accounts.created_at IS 'When this row was created.';
 COMMENT ON COLUMN siwa.accounts.updated_at IS 'When this row last changed.';
 
+-- One user, one current sub. A team transfer (schema/60-transfer.sql) replaces every sub of the old team
+-- with the new team's; siwa.sub_aliases keeps each replaced sub with the sub it became (the rewrite keeps
+-- it flat: a second transfer points the earlier aliases at the newest sub). siwa.current_sub is the one
+-- rule that maps any sub to the account's current sub, and every place a sub enters uses it: the
+-- receiver's store (the erased-account check), the worker's claim, its failure recording and erasure,
+-- siwa.request_revocation, siwa.session_is_valid and the validity trigger below. A sub no transfer
+-- replaced is its own current sub.
+CREATE TABLE IF NOT EXISTS siwa.sub_aliases (
+    old_sub        text        PRIMARY KEY,
+    new_sub        text        NOT NULL,
+    transferred_at timestamptz NOT NULL DEFAULT now(),
+    transfer_id    text        NOT NULL,
+    CONSTRAINT sub_aliases_subs_check CHECK (old_sub <> '' AND new_sub <> '' AND old_sub <> new_sub)
+);
+COMMENT ON TABLE siwa.sub_aliases IS
+    'Each sub a team transfer replaced, with the sub it became: the account, sessions, tokens and ledgers now carry new_sub; the history keeps old_sub (siwa.history_of finds both). siwa.current_sub(sub) reads it.';
+CREATE INDEX IF NOT EXISTS sub_aliases_new_sub_idx ON siwa.sub_aliases (new_sub);
+
+-- The current sub of p_sub: follows siwa.sub_aliases from old to new until a sub that was not replaced
+-- (a chain A→B→C, should one ever be left unflattened, at most 32 steps); p_sub itself when no transfer
+-- replaced it; NULL for NULL. One primary-key probe when nothing was replaced. SECURITY INVOKER: the
+-- caller needs SELECT on siwa.sub_aliases (old_sub, new_sub) (schema/85-privileges.sql).
+CREATE OR REPLACE FUNCTION siwa.current_sub(p_sub text) RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+    WITH RECURSIVE chain (sub, step) AS (
+        SELECT p_sub, 0
+        UNION ALL
+        SELECT a.new_sub, c.step + 1 FROM chain c JOIN siwa.sub_aliases a ON a.old_sub = c.sub WHERE c.step < 32)
+    SELECT c.sub FROM chain c ORDER BY c.step DESC LIMIT 1;
+$$;
+COMMENT ON FUNCTION siwa.current_sub(text) IS
+    'The account''s current sub for any sub: the sub a team transfer made of it (siwa.sub_aliases, followed to the newest), else the sub itself. Use it wherever a sub from outside enters (an old session, an old token, a stored identifier).';
+
 CREATE TABLE IF NOT EXISTS siwa.sessions (
     id            bigint      GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
     sub           text        NOT NULL,
@@ -795,22 +849,25 @@ CREATE INDEX IF NOT EXISTS refresh_tokens_sub_idx ON siwa.refresh_tokens (sub) W
 -- revoked) and on read (the app's session lookup adds AND siwa.session_is_valid(sub, created_at), which
 -- also covers a row inserted concurrently with the worker's transaction, which neither saw). One
 -- primary-key probe of siwa.accounts; SECURITY INVOKER: the caller needs SELECT on siwa.accounts
--- (sub, consent_revoked_at, deleted_at).
+-- (sub, consent_revoked_at, deleted_at). A sub a team transfer replaced is answered for the account it
+-- became (siwa.current_sub): a session recorded under the old sub is invalid once the user is deleted.
 CREATE OR REPLACE FUNCTION siwa.session_is_valid(sub text, created_at timestamptz) RETURNS boolean
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT NOT EXISTS (SELECT 1 FROM siwa.accounts a
-                        WHERE a.sub = session_is_valid.sub
+                        WHERE a.sub = siwa.current_sub(session_is_valid.sub)
                           AND (a.deleted_at IS NOT NULL
                                OR a.consent_revoked_at >= session_is_valid.created_at));
 $$;
 COMMENT ON FUNCTION siwa.session_is_valid(text, timestamptz) IS
-    'The validity rule: false when the account sub is deleted or consent was revoked at or after created_at. Add AND siwa.session_is_valid(sub, created_at) to the app''s session lookup.';
+    'The validity rule: false when the account sub (or the account a team transfer made of it, siwa.current_sub) is deleted or consent was revoked at or after created_at. Add AND siwa.session_is_valid(sub, created_at) to the app''s session lookup.';
 
 -- Row trigger before INSERT or UPDATE OF created_at on siwa.sessions and siwa.refresh_tokens: a row the
 -- validity rule already invalidates is stored revoked, with the reason (consent-revoked when consent
 -- was revoked at or after its created_at, else account-delete, as the worker would have); a refresh
--- token of an account whose personal data is erased is stored without its ciphertext. It does not fire
--- on the worker's revocations (UPDATE of revoked_at) and leaves a row already revoked alone.
+-- token of an account whose personal data is erased is stored without its ciphertext. A row recorded
+-- under a sub a team transfer replaced is stored under the current sub (siwa.current_sub): it belongs to
+-- that account, and the worker's revocations and the revoker find it there. It does not fire on the
+-- worker's revocations (UPDATE of revoked_at) and leaves a row already revoked alone.
 CREATE OR REPLACE FUNCTION siwa.revoke_if_invalid() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -818,6 +875,7 @@ DECLARE
     v_deleted_at         timestamptz;
     v_erased_at          timestamptz;
 BEGIN
+    NEW.sub := siwa.current_sub(NEW.sub);
     SELECT a.consent_revoked_at, a.deleted_at, a.personal_data_erased_at
       INTO v_consent_revoked_at, v_deleted_at, v_erased_at
       FROM siwa.accounts a WHERE a.sub = NEW.sub;
@@ -840,7 +898,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.revoke_if_invalid() IS
-    'Row trigger before INSERT or UPDATE OF created_at on siwa.sessions and siwa.refresh_tokens: stores a row that siwa.session_is_valid already invalidates revoked, with the reason; drops the ciphertext of a refresh token of an erased account.';
+    'Row trigger before INSERT or UPDATE OF created_at on siwa.sessions and siwa.refresh_tokens: stores a row under its current sub (siwa.current_sub), revoked with the reason when siwa.session_is_valid already invalidates it; drops the ciphertext of a refresh token of an erased account.';
 DROP TRIGGER IF EXISTS sessions_revoke_if_invalid ON siwa.sessions;
 CREATE TRIGGER sessions_revoke_if_invalid
     BEFORE INSERT OR UPDATE OF created_at ON siwa.sessions
@@ -864,10 +922,14 @@ CREATE TRIGGER refresh_tokens_revoke_if_invalid
 --   siwa.account_deleted                     with the sessions and refresh tokens it revoked;
 --   siwa.personal_data_erased                when an account's personal data is actually erased (at the
 --                                            deletion, or later once siwa.settings.erase_personal_data_after
---                                            has passed); never for an account erased before.
+--                                            has passed); never for an account erased before;
+--   siwa.sub_transferred                     a team transfer moved the user to sub (old_sub: the sub it
+--                                            replaced; siwa.apply_sub_transfer, event_time and applied_at
+--                                            the rewrite's time, jti '').
 -- A superseded event writes no row: one that changed nothing because the state it is about is newer (an
 -- email event older than the status, or of a deleted account; a consent-revoked no later than the
--- recorded one that revoked nothing; an account-delete of a deleted account that revoked nothing). The
+-- recorded one that revoked nothing; an account-delete no earlier than the account's recorded deletion that
+-- revoked nothing: one earlier moves deleted_at, and its change carries the account's new time). The
 -- hook siwa.on_change still hears of it, marked superseded. Unknown event types and skipped duplicates
 -- write none either. Erasure sets email and is_private_email of every change row of the user to NULL.
 --
@@ -886,7 +948,8 @@ CREATE TABLE IF NOT EXISTS siwa.changes (
     id                     bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     position               bigint      UNIQUE,
     type                   text        NOT NULL CHECK (type IN ('siwa.email_disabled', 'siwa.email_enabled',
-                                        'siwa.consent_revoked', 'siwa.account_deleted', 'siwa.personal_data_erased')),
+                                        'siwa.consent_revoked', 'siwa.account_deleted', 'siwa.personal_data_erased',
+                                        'siwa.sub_transferred')),
     sub                    text        NOT NULL,
     event_time             timestamptz NOT NULL,
     applied_at             timestamptz NOT NULL,
@@ -895,15 +958,16 @@ CREATE TABLE IF NOT EXISTS siwa.changes (
     sessions_revoked       integer     NOT NULL DEFAULT 0,
     refresh_tokens_revoked integer     NOT NULL DEFAULT 0,
     email                  text,
-    is_private_email       boolean
+    is_private_email       boolean,
+    old_sub                text
 );
 COMMENT ON TABLE siwa.changes IS
-    'The changefeed: one row per effect the worker applied (email status set, consent revoked, account deleted, personal data erased), written in the transaction that applied it. Apps read siwa.changefeed; position is the cursor.';
+    'The changefeed: one row per effect the worker applied (email status set, consent revoked, account deleted, personal data erased) and per user a team transfer moved (sub transferred), written in the transaction that applied it. Apps read siwa.changefeed; position is the cursor.';
 COMMENT ON COLUMN siwa.changes.id IS 'Identity, in insert order (per sub, the order the changes were applied). Not a cursor: see position.';
 COMMENT ON COLUMN siwa.changes.position IS
     'The gap-free cursor: assigned in commit order at the end of the writing transaction (siwa.number_changes); NULL until then. A reader that has seen position p has seen every change with a lower one.';
 COMMENT ON COLUMN siwa.changes.type IS
-    'siwa.email_disabled, siwa.email_enabled, siwa.consent_revoked, siwa.account_deleted or siwa.personal_data_erased.';
+    'siwa.email_disabled, siwa.email_enabled, siwa.consent_revoked, siwa.account_deleted, siwa.personal_data_erased or siwa.sub_transferred.';
 COMMENT ON COLUMN siwa.changes.sub IS 'The user''s team-scoped Apple identifier.';
 COMMENT ON COLUMN siwa.changes.event_time IS
     'Apple''s event_time of the notification that caused it (for siwa.personal_data_erased: of the account-delete).';
@@ -917,6 +981,8 @@ COMMENT ON COLUMN siwa.changes.email IS
     'The email Apple sent with an email event; NULL for other changes, and once the account''s personal data is erased.';
 COMMENT ON COLUMN siwa.changes.is_private_email IS
     'Whether that email is a private relay address (email events only); NULL once erased.';
+COMMENT ON COLUMN siwa.changes.old_sub IS
+    'For siwa.sub_transferred: the sub the team transfer replaced with sub (siwa.sub_aliases.old_sub). NULL for every other change.';
 -- The rows siwa.number_changes still has to number (a handful at any time).
 CREATE INDEX IF NOT EXISTS changes_unnumbered_idx ON siwa.changes (id) WHERE position IS NULL;
 -- The rows erasure has to clear (email events only).
@@ -1231,6 +1297,7 @@ DECLARE
     v_status_at    timestamptz[];
     v_deleted_before text[];
     v_consent_at   timestamptz[];
+    v_deleted_at   timestamptz[];
     v_rs_ord       integer[];
     v_rt_ord       integer[];
     v_list         siwa.changes[];
@@ -1265,8 +1332,9 @@ BEGIN
            coalesce(array_agg(l.email_status_at ORDER BY l.sub), '{}'),
            coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}'),
            coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}'),
-           coalesce(array_agg(l.consent_revoked_at ORDER BY l.sub), '{}')
-      INTO v_locked, v_status_at, v_erased, v_deleted_before, v_consent_at
+           coalesce(array_agg(l.consent_revoked_at ORDER BY l.sub), '{}'),
+           coalesce(array_agg(l.deleted_at ORDER BY l.sub), '{}')
+      INTO v_locked, v_status_at, v_erased, v_deleted_before, v_consent_at, v_deleted_at
       FROM unnest(v_subs) AS s(sub),
            LATERAL (SELECT a.sub, a.email_status_at, a.personal_data_erased_at, a.deleted_at, a.consent_revoked_at
                       FROM siwa.accounts a WHERE a.sub = s.sub FOR UPDATE SKIP LOCKED) AS l;
@@ -1279,14 +1347,16 @@ BEGIN
             v_locked := v_locked || v_inserted;
             v_status_at := v_status_at || array_fill(NULL::timestamptz, ARRAY[cardinality(v_inserted)]);
             v_consent_at := v_consent_at || array_fill(NULL::timestamptz, ARRAY[cardinality(v_inserted)]);
+            v_deleted_at := v_deleted_at || array_fill(NULL::timestamptz, ARRAY[cardinality(v_inserted)]);
             IF cardinality(v_inserted) < cardinality(v_missing) THEN
                 -- Created by another transaction that committed meanwhile: lock it like the others.
                 SELECT v_locked || coalesce(array_agg(l.sub ORDER BY l.sub), '{}'),
                        v_status_at || coalesce(array_agg(l.email_status_at ORDER BY l.sub), '{}'),
                        v_erased || coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}'),
                        v_deleted_before || coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}'),
-                       v_consent_at || coalesce(array_agg(l.consent_revoked_at ORDER BY l.sub), '{}')
-                  INTO v_locked, v_status_at, v_erased, v_deleted_before, v_consent_at
+                       v_consent_at || coalesce(array_agg(l.consent_revoked_at ORDER BY l.sub), '{}'),
+                       v_deleted_at || coalesce(array_agg(l.deleted_at ORDER BY l.sub), '{}')
+                  INTO v_locked, v_status_at, v_erased, v_deleted_before, v_consent_at, v_deleted_at
                   FROM unnest(v_missing) AS s(sub),
                        LATERAL (SELECT a.sub, a.email_status_at, a.personal_data_erased_at, a.deleted_at,
                                        a.consent_revoked_at
@@ -1423,8 +1493,9 @@ BEGIN
     --     (see siwa.changes) writes none, but its record is kept for the hook.
     --     Email events: applied as in step 2. Consent-revoked: superseded when the user's consent was
     --     revoked at or after its event_time already (before the batch, or by an earlier one of the
-    --     batch) and it revoked nothing. Account-delete: when the account was deleted already and it
-    --     revoked nothing.
+    --     batch) and it revoked nothing. Account-delete: when the account was deleted already at or
+    --     before its event_time (before the batch, or by an earlier one of the batch) and it revoked
+    --     nothing: an earlier deletion moves deleted_at, so it is a change, with the account's new time.
     SELECT coalesce(array_agg(c.change ORDER BY c.ord, c.kind), '{}'),
            coalesce(array_agg(c.ord ORDER BY c.ord, c.kind), '{}'),
            coalesce(array_agg(c.superseded ORDER BY c.ord, c.kind), '{}')
@@ -1437,14 +1508,18 @@ BEGIN
               FROM unnest(v_events) AS x JOIN unnest(p_batch) AS n ON n.id = x.id
              WHERE x.locked AND x.known),
         w AS (
-            SELECT e.*, a.status_at, a.consent_at,
+            SELECT e.*, a.status_at, a.consent_at, a.deleted_at,
                    max(e.event_time) FILTER (WHERE e.event_type IN ('email-disabled', 'email-enabled'))
                        OVER (PARTITION BY e.sub ORDER BY e.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
                        AS earlier_email,
                    max(e.event_time) FILTER (WHERE e.event_type = 'consent-revoked')
                        OVER (PARTITION BY e.sub ORDER BY e.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-                       AS earlier_consent
-              FROM e JOIN unnest(v_locked, v_status_at, v_consent_at) AS a(sub, status_at, consent_at)
+                       AS earlier_consent,
+                   min(e.event_time) FILTER (WHERE e.event_type = 'account-delete')
+                       OVER (PARTITION BY e.sub ORDER BY e.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                       AS earlier_delete
+              FROM e JOIN unnest(v_locked, v_status_at, v_consent_at, v_deleted_at)
+                          AS a(sub, status_at, consent_at, deleted_at)
                 ON a.sub = e.sub),
         s AS (
             SELECT w.*,
@@ -1453,7 +1528,7 @@ BEGIN
                            coalesce(greatest(w.consent_at, w.earlier_consent) >= w.event_time, false)
                            AND w.sessions = 0 AND w.tokens = 0
                        WHEN 'account-delete' THEN
-                           (w.sub = ANY (v_deleted_before) OR w.first_delete < w.ord)
+                           coalesce(least(w.deleted_at, w.earlier_delete) <= w.event_time, false)
                            AND w.sessions = 0 AND w.tokens = 0
                        ELSE NOT ((w.first_delete IS NULL OR w.ord < w.first_delete)
                                  AND w.sub <> ALL (v_deleted_before)
@@ -1601,8 +1676,10 @@ COMMENT ON FUNCTION siwa.apply_claimed_batch(siwa.notifications[]) IS
 -- row lock (tried, never waited for) keeps two events of one user from being applied concurrently by
 -- two workers; such rows are reported busy and put off briefly.
 --
--- A sub that a team transfer replaced is applied to the account it became (siwa.sub_aliases): resolved
--- here, once, for the pass and its fallback.
+-- A sub that a team transfer replaced is applied to the account it became (siwa.current_sub): resolved
+-- here, once, for the pass and its fallback. An email event for a replaced sub carries the old team's
+-- relay address, which no longer forwards: its status is applied, its address is not (the pass, the
+-- change row and the hook get no email; the history keeps what Apple sent).
 --
 -- First the set-based pass (siwa.apply_claimed_batch) on the whole batch, in one subtransaction. If it
 -- raises (an event whose hook raises, a lock wait past lock_timeout, anything), it is rolled back and the
@@ -1654,12 +1731,12 @@ BEGIN
         RETURN;
     END IF;
     v_batch := ARRAY(
-        SELECT ROW(b.id, b.jti, b.event_type,
-                   coalesce((SELECT sa.new_sub FROM siwa.sub_aliases sa WHERE sa.old_sub = b.sub), b.sub),
-                   b.audience, b.email, b.is_private_email, b.event_time, b.issued_at, b.expires_at, b.raw_token,
+        SELECT ROW(b.id, b.jti, b.event_type, c.sub, b.audience,
+                   CASE WHEN c.sub = b.sub THEN b.email END, CASE WHEN c.sub = b.sub THEN b.is_private_email END,
+                   b.event_time, b.issued_at, b.expires_at, b.raw_token,
                    b.received_at, b.state, b.attempts, b.next_attempt_at, b.applied_at, b.last_error,
                    b.personal_data_erased_at, b.busy_since)::siwa.notifications
-          FROM unnest(p_batch) WITH ORDINALITY AS b
+          FROM unnest(p_batch) WITH ORDINALITY AS b, LATERAL (SELECT siwa.current_sub(b.sub) AS sub) AS c
          ORDER BY b.ordinality);
     IF cardinality(v_batch) > 1 THEN
         BEGIN
@@ -1788,9 +1865,11 @@ BEGIN
     IF v_attempts IS NULL THEN
         RETURN 'gone';
     END IF;
-    v_sub := (SELECT l.sub FROM siwa.notification_log l WHERE l.jti = v_jti AND l.issued_at = v_issued_at);
-    -- A late event of an account whose personal data is already erased: its attempt (which would have
-    -- erased this row's data) was rolled back, so erase it here, outside that attempt, whatever follows.
+    v_sub := siwa.current_sub(
+        (SELECT l.sub FROM siwa.notification_log l WHERE l.jti = v_jti AND l.issued_at = v_issued_at));
+    -- A late event of an account whose personal data is already erased (its current sub's: a sub a team
+    -- transfer replaced is the account it became): its attempt (which would have erased this row's data)
+    -- was rolled back, so erase it here, outside that attempt, whatever follows.
     IF EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = v_sub AND a.personal_data_erased_at IS NOT NULL) THEN
         v_error := siwa.erased_error(v_error, 'pending');
         UPDATE siwa.notification_queue SET last_error = v_error WHERE id = p_id;
@@ -1877,16 +1956,18 @@ BEGIN
     -- The changefeed keeps no email of them either (nor what a webhook would send later).
     UPDATE siwa.changes SET email = NULL, is_private_email = NULL
      WHERE sub = ANY (v_all) AND (email IS NOT NULL OR is_private_email IS NOT NULL);
-    -- A team transfer's import holds the new team's email between the exchange and the rewrite. The table
-    -- is created further down this file: absent while an older file's version is being upgraded.
+    -- A team transfer's import holds the new team's email between the exchange and the rewrite, found by
+    -- either sub: the old one, or the new one (Apple notifies under the new sub once the app has moved, so
+    -- the new sub's account may be deleted and erased before the rewrite). The table is created further
+    -- down this file: absent while an older file's version is being upgraded.
     IF pg_catalog.to_regclass('siwa.transfer_imports') IS NOT NULL THEN
         UPDATE siwa.transfer_imports SET email = NULL
-         WHERE old_sub = ANY (v_all) AND email IS NOT NULL;
+         WHERE (old_sub = ANY (v_all) OR new_sub = ANY (v_all)) AND email IS NOT NULL;
     END IF;
 END;
 $$;
 COMMENT ON FUNCTION siwa.erase_personal_data_of(text[]) IS
-    'Erases the personal data of the accounts p_subs: email in siwa.accounts; email, raw token and the text of last_error (its SQLSTATE stays) in every stored notification of these subs, whatever its state; encrypted refresh tokens; email and is_private_email of their siwa.changes rows. Call with the subs'' siwa.accounts rows locked (FOR UPDATE). Writes no change itself: its callers write siwa.personal_data_erased.';
+    'Erases the personal data of the accounts p_subs: email in siwa.accounts; email, raw token and the text of last_error (its SQLSTATE stays) in every stored notification of these subs and of the subs a team transfer replaced with them, whatever its state; encrypted refresh tokens; email and is_private_email of their siwa.changes rows; the email a team transfer''s import holds for either sub. Call with the subs'' siwa.accounts rows locked (FOR UPDATE). Writes no change itself: its callers write siwa.personal_data_erased.';
 
 -- Erases one account's personal data (siwa.erase_personal_data_of for one sub).
 CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_sub text) RETURNS void
@@ -2391,14 +2472,15 @@ SELECT c.position,
        c.refresh_tokens_revoked,
        c.email,
        c.is_private_email,
-       c.id
+       c.id,
+       c.old_sub
   FROM siwa.changes c
  WHERE c.position IS NOT NULL;
 COMMENT ON VIEW siwa.changefeed IS
     'The changefeed: every change the worker applied (siwa.changes) once numbered. Poll with WHERE position > $last ORDER BY position LIMIT n: a reader never misses a change, whatever order the workers commit in. LISTEN siwa_changes for a wake-up (payload: the last position). Kept for siwa.settings.changes_retention.';
 COMMENT ON COLUMN siwa.changefeed.position IS 'The cursor: remember the last one read, ask for the ones above it.';
 COMMENT ON COLUMN siwa.changefeed.type IS
-    'siwa.email_disabled, siwa.email_enabled, siwa.consent_revoked, siwa.account_deleted or siwa.personal_data_erased.';
+    'siwa.email_disabled, siwa.email_enabled, siwa.consent_revoked, siwa.account_deleted, siwa.personal_data_erased or siwa.sub_transferred (a team transfer moved the user from old_sub to sub).';
 COMMENT ON COLUMN siwa.changefeed.sub IS 'The user''s team-scoped Apple identifier.';
 COMMENT ON COLUMN siwa.changefeed.event_time IS 'Apple''s event_time of the notification that caused it.';
 COMMENT ON COLUMN siwa.changefeed.applied_at IS 'When the worker applied it.';
@@ -2410,6 +2492,8 @@ COMMENT ON COLUMN siwa.changefeed.email IS
     'For email events of accounts not erased: the email Apple sent. NULL otherwise, and once erased.';
 COMMENT ON COLUMN siwa.changefeed.is_private_email IS 'Whether that email is a private relay address.';
 COMMENT ON COLUMN siwa.changefeed.id IS 'The change''s stable identity (per sub, in the order applied).';
+COMMENT ON COLUMN siwa.changefeed.old_sub IS
+    'For siwa.sub_transferred: the sub the user had before the team transfer (sessions and tokens the app keeps under it now belong to sub). NULL otherwise.';
 
 -- Indexes for these views (the others they use are above): every session of one user.
 CREATE INDEX IF NOT EXISTS sessions_sub_created_idx ON siwa.sessions (sub, created_at);
@@ -2592,8 +2676,9 @@ COMMENT ON FUNCTION siwa.sign_in_identity(text, text) IS 'The identity answered 
 
 -- The outbox's entry point, for the app's own account-deletion transaction (role siwa_app) and for
 -- POST /v1/revocations. It inserts a pending request and wakes the revoker when the transaction commits
--- (NOTIFY is delivered only then); a rolled-back transaction leaves nothing. It reads nothing: whether
--- the user has a token is the worker's finding ('no_token'), made after the commit.
+-- (NOTIFY is delivered only then); a rolled-back transaction leaves nothing. It reads only the aliases:
+-- a sub a team transfer replaced is recorded as the account's current sub (siwa.current_sub), where its
+-- tokens are; whether the user has a token is the worker's finding ('no_token'), made after the commit.
 CREATE OR REPLACE FUNCTION siwa.request_revocation(sub text, reason text) RETURNS bigint
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -2606,14 +2691,14 @@ BEGIN
         RAISE EXCEPTION 'siwa.request_revocation: reason must be 1 to 200 characters' USING ERRCODE = '22023';
     END IF;
     INSERT INTO siwa.revocation_requests AS r (sub, reason)
-    VALUES (request_revocation.sub, request_revocation.reason)
+    VALUES (siwa.current_sub(request_revocation.sub), request_revocation.reason)
     RETURNING r.id INTO v_id;
     PERFORM pg_catalog.pg_notify('siwa_revocations', '');
     RETURN v_id;
 END;
 $$;
 COMMENT ON FUNCTION siwa.request_revocation(text, text) IS
-    'Asks siwa-worker to revoke the user''s Apple tokens once the calling transaction commits (the transactional outbox); returns the request id. Call it inside the account-deletion transaction as siwa_app.';
+    'Asks siwa-worker to revoke the user''s Apple tokens once the calling transaction commits (the transactional outbox); a sub a team transfer replaced is recorded as its current sub (siwa.current_sub). Returns the request id. Call it inside the account-deletion transaction as siwa_app.';
 
 -- The echoed consent-revoked: when the worker applies a consent-revoked for a user (siwa.accounts.
 -- consent_revoked_at moves), the user's requests not yet matched that have had a recorded attempt are
@@ -3105,21 +3190,15 @@ CREATE TABLE IF NOT EXISTS siwa.transfer_imports (
         CHECK (state IN ('pending', 'exchanged', 'failed', 'applied', 'mismatch', 'conflict', 'duplicate')),
     CONSTRAINT transfer_imports_email_check CHECK (state = 'exchanged' OR email IS NULL)
 );
--- Erasure finds a held email by the old sub (the rows that hold one are few: until applied).
+-- Erasure finds a held email by either sub (the rows that hold one are few: until applied).
 CREATE INDEX IF NOT EXISTS transfer_imports_email_idx ON siwa.transfer_imports (old_sub) WHERE email IS NOT NULL;
+CREATE INDEX IF NOT EXISTS transfer_imports_new_sub_email_idx ON siwa.transfer_imports (new_sub) WHERE email IS NOT NULL;
 COMMENT ON TABLE siwa.transfer_imports IS
     'siwactl transfer import''s progress (new team): per transfer identifier, the old sub, the new sub Apple exchanged it for, and the outcome: pending, exchanged (the email is held only until applied), failed (Apple''s error), applied, mismatch (the answer does not fit the account: detail says how), conflict (the new sub already has an account), duplicate (two transfer identifiers gave the same new sub: neither applied).';
 
-CREATE TABLE IF NOT EXISTS siwa.sub_aliases (
-    old_sub        text        PRIMARY KEY,
-    new_sub        text        NOT NULL,
-    transferred_at timestamptz NOT NULL DEFAULT now(),
-    transfer_id    text        NOT NULL,
-    CONSTRAINT sub_aliases_subs_check CHECK (old_sub <> '' AND new_sub <> '' AND old_sub <> new_sub)
-);
-COMMENT ON TABLE siwa.sub_aliases IS
-    'Each sub a team transfer replaced, with the sub it became: the account, sessions, tokens and ledgers now carry new_sub; the history keeps old_sub (siwa.history_of finds both).';
-CREATE INDEX IF NOT EXISTS sub_aliases_new_sub_idx ON siwa.sub_aliases (new_sub);
+-- siwa.sub_aliases (each replaced sub and the sub it became) and siwa.current_sub, the one rule that
+-- maps any sub to the account's current sub, are in schema/25-accounts.sql: every place a sub enters
+-- uses them.
 
 -- A replaced sub never comes back as an account: a writer that resolved no alias a moment before the
 -- rewrite committed (the worker's claim, then its account lock) is refused with 40001, rolls back and
@@ -3197,6 +3276,11 @@ DECLARE
     v_details   text[];
     v_apply_old text[];
     v_apply_new text[];
+    v_merge_old text[];
+    v_merge_new text[];
+    v_created   text[];
+    v_erased    text[];
+    v_now       timestamptz := clock_timestamp();
 BEGIN
     IF p_transfer_id IS NULL OR p_transfer_id = '' OR p_old_subs IS NULL OR p_new_subs IS NULL
        OR cardinality(p_old_subs) <> cardinality(p_new_subs)
@@ -3234,10 +3318,30 @@ BEGIN
             USING ERRCODE = '23505', DETAIL = format('%s sub(s)', cardinality(string_to_array(v_duplicate, ', ')));
     END IF;
 
+    -- The race with a writer creating an old sub's account (the worker, the sign-in API): one that
+    -- resolved no alias a moment ago may be inserting that account now, and an uncommitted row is
+    -- neither locked below nor seen by the rewrite; nor does the alias this transaction inserts stop it
+    -- (siwa.refuse_replaced_sub does not see the alias until this commits). So the unique index on
+    -- siwa.accounts is made the lock: every old sub gets its account row here first (ON CONFLICT DO
+    -- NOTHING, in sub order). An insert under way elsewhere makes this wait until it commits (its row is
+    -- then locked and moved below like any other) or rolls back; an insert that comes after this waits
+    -- for this transaction (the worker's 1 ms, then that user is busy) and then, the row gone and the
+    -- alias committed, is refused by siwa.refuse_replaced_sub (40001) and retried under the new sub.
+    -- The rows created here only for that are deleted again right away: the index entry of a row this
+    -- transaction inserted still makes any other insert of that sub wait for this transaction.
+    WITH created AS (
+        INSERT INTO siwa.accounts AS a (sub)
+        SELECT DISTINCT m.o FROM unnest(p_old_subs) AS m(o)
+         WHERE NOT EXISTS (SELECT 1 FROM siwa.sub_aliases x WHERE x.old_sub = m.o)
+         ORDER BY m.o
+        ON CONFLICT (sub) DO NOTHING
+        RETURNING a.sub)
+    SELECT coalesce(array_agg(created.sub), '{}') INTO v_created FROM created;
     -- Lock the accounts concerned, in sub order, as the worker does.
     PERFORM 1 FROM siwa.accounts a
      WHERE a.sub = ANY (p_old_subs) OR a.sub = ANY (p_new_subs)
      ORDER BY a.sub FOR UPDATE;
+    DELETE FROM siwa.accounts AS a WHERE a.sub = ANY (v_created);
     -- Each user's outcome (no temporary table: this runs as the owner).
     SELECT array_agg(c.o ORDER BY c.ord), array_agg(c.n ORDER BY c.ord), array_agg(c.e ORDER BY c.ord),
            array_agg(c.p ORDER BY c.ord), array_agg(c.outcome ORDER BY c.ord), array_agg(c.why ORDER BY c.ord)
@@ -3261,7 +3365,7 @@ BEGIN
                         THEN 'mismatch'
                     WHEN EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = b.n)
                          OR EXISTS (SELECT 1 FROM siwa.sign_ins s WHERE s.sub = b.n)
-                        THEN 'conflict'
+                        THEN 'merged'
                     ELSE 'applied' END AS outcome,
                        CASE
                     WHEN EXISTS (SELECT 1 FROM siwa.sub_aliases a WHERE a.old_sub = b.o AND a.new_sub = b.n)
@@ -3275,11 +3379,56 @@ BEGIN
                         THEN 'the email differs from the account''s'
                     WHEN EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = b.n)
                          OR EXISTS (SELECT 1 FROM siwa.sign_ins s WHERE s.sub = b.n)
-                        THEN 'the new sub already has an account or sign-in'
+                        THEN 'merged: the new sub already had an account or sign-in'
                     END AS why) AS x) AS c;
 
-    v_apply_old := ARRAY(SELECT m.o FROM unnest(v_old, v_new, v_outcomes) AS m(o, n, r) WHERE m.r = 'applied');
-    v_apply_new := ARRAY(SELECT m.n FROM unnest(v_old, v_new, v_outcomes) AS m(o, n, r) WHERE m.r = 'applied');
+    v_apply_old := ARRAY(SELECT m.o FROM unnest(v_old, v_new, v_outcomes) AS m(o, n, r)
+                          WHERE m.r IN ('applied', 'merged'));
+    v_apply_new := ARRAY(SELECT m.n FROM unnest(v_old, v_new, v_outcomes) AS m(o, n, r)
+                          WHERE m.r IN ('applied', 'merged'));
+    v_merge_old := ARRAY(SELECT m.o FROM unnest(v_old, v_new, v_outcomes) AS m(o, n, r) WHERE m.r = 'merged');
+    v_merge_new := ARRAY(SELECT m.n FROM unnest(v_old, v_new, v_outcomes) AS m(o, n, r) WHERE m.r = 'merged');
+    -- A new sub that already has an account (Apple notifies under the new sub once the app has moved,
+    -- so an event before the import creates it; or the user signed in under it): the old account is
+    -- merged into it, so that nothing of the user is left under a sub no one will name again. The
+    -- merged account keeps the earliest deletion, the latest consent revocation, the newest email
+    -- status (by its event time), the new sub's address (else the old one's; a private relay address is
+    -- then replaced by the import's, below), and is erased if either was. Sign-ins of one client ID
+    -- are added up into the new sub's row; every other row of the old sub follows in the rewrite.
+    IF cardinality(v_merge_old) > 0 THEN
+        UPDATE siwa.accounts AS c
+           SET email            = CASE WHEN x.erased THEN NULL ELSE coalesce(c.email, o.email) END,
+               is_private_email = CASE WHEN x.erased THEN NULL ELSE coalesce(c.is_private_email, o.is_private_email) END,
+               email_status     = CASE WHEN o.email_status_at > c.email_status_at
+                                         OR (c.email_status_at IS NULL AND o.email_status IS NOT NULL)
+                                       THEN o.email_status ELSE c.email_status END,
+               email_status_at  = CASE WHEN o.email_status_at > c.email_status_at
+                                         OR (c.email_status_at IS NULL AND o.email_status IS NOT NULL)
+                                       THEN o.email_status_at ELSE c.email_status_at END,
+               consent_revoked_at = greatest(c.consent_revoked_at, o.consent_revoked_at),
+               deleted_at       = least(c.deleted_at, o.deleted_at),
+               personal_data_erased_at = least(c.personal_data_erased_at, o.personal_data_erased_at),
+               created_at       = least(c.created_at, o.created_at),
+               updated_at       = v_now
+          FROM unnest(v_merge_old, v_merge_new) AS m(o, n)
+          JOIN siwa.accounts AS o ON o.sub = m.o,
+               LATERAL (SELECT o.personal_data_erased_at IS NOT NULL OR EXISTS (
+                                   SELECT 1 FROM siwa.accounts e
+                                    WHERE e.sub = m.n AND e.personal_data_erased_at IS NOT NULL) AS erased) AS x
+         WHERE c.sub = m.n;
+        DELETE FROM siwa.accounts AS o USING unnest(v_merge_old, v_merge_new) AS m(o, n)
+         WHERE o.sub = m.o AND EXISTS (SELECT 1 FROM siwa.accounts c WHERE c.sub = m.n);
+        UPDATE siwa.sign_ins AS c
+           SET first_signed_in_at = least(c.first_signed_in_at, o.first_signed_in_at),
+               last_signed_in_at  = greatest(c.last_signed_in_at, o.last_signed_in_at),
+               sign_in_count      = c.sign_in_count + o.sign_in_count
+          FROM unnest(v_merge_old, v_merge_new) AS m(o, n)
+          JOIN siwa.sign_ins AS o ON o.sub = m.o
+         WHERE c.sub = m.n AND c.client_id = o.client_id;
+        DELETE FROM siwa.sign_ins AS o USING unnest(v_merge_old, v_merge_new) AS m(o, n)
+         WHERE o.sub = m.o
+           AND EXISTS (SELECT 1 FROM siwa.sign_ins c WHERE c.sub = m.n AND c.client_id = o.client_id);
+    END IF;
     FOR v_column IN
         SELECT s.table_name, s.column_name FROM siwa.sub_columns s
          WHERE s.on_transfer = 'rewrite' ORDER BY s.table_name, s.column_name
@@ -3293,17 +3442,52 @@ BEGIN
     -- The new team's relay address replaces the old team's (which stops forwarding for the new team).
     UPDATE siwa.accounts a SET email = m.e, updated_at = clock_timestamp()
       FROM unnest(v_new, v_emails, v_private, v_outcomes) AS m(n, e, p, r)
-     WHERE m.r = 'applied' AND a.sub = m.n AND m.p AND m.e IS NOT NULL
+     WHERE m.r IN ('applied', 'merged') AND a.sub = m.n AND m.p AND m.e IS NOT NULL
        AND a.personal_data_erased_at IS NULL AND a.is_private_email IS DISTINCT FROM false;
     -- Earlier aliases of the old subs (a second transfer) follow to the newest sub.
     UPDATE siwa.sub_aliases a SET new_sub = m.n
       FROM unnest(v_apply_old, v_apply_new) AS m(o, n) WHERE a.new_sub = m.o;
     INSERT INTO siwa.sub_aliases (old_sub, new_sub, transfer_id)
     SELECT m.o, m.n, p_transfer_id FROM unnest(v_apply_old, v_apply_new) AS m(o, n);
+    IF cardinality(v_merge_new) > 0 THEN
+        -- What the old account brought to a merged one that the merged state invalidates is revoked, as
+        -- the validity trigger would have stored it (consent-revoked first, else account-delete)...
+        UPDATE siwa.sessions AS t
+           SET revoked_at = v_now,
+               revoke_reason = CASE WHEN a.consent_revoked_at >= t.created_at THEN 'consent-revoked' ELSE 'account-delete' END
+          FROM siwa.accounts AS a
+         WHERE a.sub = ANY (v_merge_new) AND t.sub = a.sub AND t.revoked_at IS NULL
+           AND (a.deleted_at IS NOT NULL OR a.consent_revoked_at >= t.created_at);
+        UPDATE siwa.refresh_tokens AS t
+           SET revoked_at = v_now,
+               revoke_reason = CASE WHEN a.consent_revoked_at >= t.created_at THEN 'consent-revoked' ELSE 'account-delete' END
+          FROM siwa.accounts AS a
+         WHERE a.sub = ANY (v_merge_new) AND t.sub = a.sub AND t.revoked_at IS NULL
+           AND (a.deleted_at IS NOT NULL OR a.consent_revoked_at >= t.created_at);
+        -- ...an erased one is erased again, now with the old sub's history and tokens (the aliases are
+        -- in: siwa.erase_personal_data_of finds the old sub's notifications through them)...
+        v_erased := ARRAY(SELECT a.sub FROM siwa.accounts a
+                           WHERE a.sub = ANY (v_merge_new) AND a.personal_data_erased_at IS NOT NULL);
+        IF cardinality(v_erased) > 0 THEN
+            PERFORM siwa.erase_personal_data_of(v_erased);
+        END IF;
+        -- ...and two subs' webhook queues are one now: each endpoint's head of it is the ready one.
+        UPDATE siwa.webhook_deliveries AS d
+           SET ready = NOT d.ready
+         WHERE d.sub = ANY (v_merge_new) AND d.state = 'pending'
+           AND d.ready = EXISTS (SELECT 1 FROM siwa.webhook_deliveries p
+                                  WHERE p.endpoint_id = d.endpoint_id AND p.sub = d.sub
+                                    AND p.state = 'pending' AND p.change_id < d.change_id);
+    END IF;
+    -- Apps hear of it: one siwa.sub_transferred change per user moved (sub: the new sub, old_sub: the
+    -- one it replaced), in the changefeed and to the webhooks, numbered when this transaction commits.
+    INSERT INTO siwa.changes (type, sub, old_sub, event_time, applied_at, jti)
+    SELECT 'siwa.sub_transferred', m.n, m.o, v_now, v_now, ''
+      FROM unnest(v_apply_old, v_apply_new) AS m(o, n) ORDER BY m.o;
     UPDATE siwa.transfer_imports i
-       SET state = CASE m.r WHEN 'already' THEN 'applied' ELSE m.r END,
+       SET state = CASE WHEN m.r IN ('already', 'merged') THEN 'applied' ELSE m.r END,
            new_sub = m.n, detail = m.why, email = NULL,
-           applied_at = CASE WHEN m.r IN ('applied', 'already') THEN coalesce(i.applied_at, clock_timestamp()) END
+           applied_at = CASE WHEN m.r IN ('applied', 'already', 'merged') THEN coalesce(i.applied_at, clock_timestamp()) END
       FROM unnest(v_old, v_new, v_outcomes, v_details) AS m(o, n, r, why)
      WHERE i.transfer_id = p_transfer_id AND i.old_sub = m.o;
     INSERT INTO siwa.sub_transfer_batches (transfer_id, users, outcomes, rewritten)
@@ -3311,6 +3495,7 @@ BEGIN
            (SELECT jsonb_object_agg(o.r, o.k)
               FROM (SELECT m.r, count(*) AS k FROM unnest(v_outcomes) AS m(r) GROUP BY m.r) AS o),
            v_rewritten;
+    PERFORM siwa.number_changes();  -- last: see siwa.changes
     RETURN QUERY SELECT m.o, m.n, m.r, m.why FROM unnest(v_old, v_new, v_outcomes, v_details) AS m(o, n, r, why);
 END;
 $$;
@@ -3533,7 +3718,7 @@ CREATE TABLE IF NOT EXISTS siwa.webhook_endpoints (
              OR url ~* '^http://(127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|\[::1\])(:[0-9]{1,5})?([/?#]|$)')),
     CONSTRAINT webhook_endpoints_types_check CHECK (
         types IS NULL OR (cardinality(types) > 0 AND types <@ ARRAY['siwa.email_disabled', 'siwa.email_enabled',
-            'siwa.consent_revoked', 'siwa.account_deleted', 'siwa.personal_data_erased'])),
+            'siwa.consent_revoked', 'siwa.account_deleted', 'siwa.personal_data_erased', 'siwa.sub_transferred'])),
     CONSTRAINT webhook_endpoints_max_in_flight_check CHECK (max_in_flight BETWEEN 1 AND 64)
 );
 COMMENT ON TABLE siwa.webhook_endpoints IS
@@ -4308,7 +4493,7 @@ BEGIN
             TO siwa_admin;
         GRANT SELECT ON siwa.revocation_ledger TO siwa_admin;
         GRANT SELECT ON siwa.sub_aliases, siwa.sub_transfer_batches, siwa.sub_columns TO siwa_admin;
-        GRANT EXECUTE ON FUNCTION siwa.history_of(text) TO siwa_admin;
+        GRANT EXECUTE ON FUNCTION siwa.history_of(text), siwa.current_sub(text) TO siwa_admin;
         GRANT SELECT ON siwa.webhook_endpoint_overview, siwa.webhook_attempt_history, siwa.webhook_delivery_status
             TO siwa_admin;
         GRANT SELECT ON siwa.service_heartbeats TO siwa_admin;
@@ -4329,7 +4514,8 @@ $$;
 -- outcome); and INSERT of (id, jti, issued_at) into the queue, the rest keeping its defaults. A queue row
 -- is worth no more to a stolen receiver role than the new notification it can store anyway. A
 -- table-wide INSERT grant (as version 1 had on its table) is revoked first (which revokes column grants
--- too). The receiver reads two columns of siwa.accounts to store nothing personal of an erased account.
+-- too). The receiver reads two columns of siwa.accounts to store nothing personal of an erased account,
+-- and the aliases (siwa.current_sub) to find the account a replaced sub became.
 -- Its heartbeats (of its own kind) and the health gauges.
 DO $$
 BEGIN
@@ -4345,6 +4531,8 @@ BEGIN
         REVOKE INSERT ON siwa.notification_queue FROM siwa_receiver;
         GRANT INSERT (id, jti, issued_at) ON siwa.notification_queue TO siwa_receiver;
         GRANT SELECT (sub, personal_data_erased_at) ON siwa.accounts TO siwa_receiver;
+        GRANT SELECT (old_sub, new_sub) ON siwa.sub_aliases TO siwa_receiver;
+        GRANT EXECUTE ON FUNCTION siwa.current_sub(text) TO siwa_receiver;
         GRANT EXECUTE ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], text[], boolean[],
             timestamptz[], timestamptz[], timestamptz[], text[]) TO siwa_receiver;
         GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.service_heartbeats TO siwa_receiver;
@@ -4398,7 +4586,7 @@ BEGIN
                                  'prune', 'erase_due_personal_data', 'erase_personal_data', 'on_event',
                                  'redact_error', 'erased_error', 'create_log_partitions',
                                  'drop_log_partitions', 'apply_claimed_batch', 'erase_personal_data_of',
-                                 'number_changes', 'change_type', 'hook_path', 'on_change')
+                                 'number_changes', 'change_type', 'hook_path', 'on_change', 'current_sub')
         LOOP
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO siwa_worker', v_function);
         END LOOP;
@@ -4411,8 +4599,8 @@ BEGIN
         GRANT SELECT, INSERT, UPDATE ON siwa.refresh_token_checks TO siwa_worker;
         GRANT EXECUTE ON FUNCTION siwa.record_consent_lost(text, text) TO siwa_worker;
         GRANT SELECT ON siwa.sub_aliases TO siwa_worker;
-        -- Erasure drops the email an import holds (siwa.erase_personal_data_of).
-        GRANT SELECT (old_sub, email), UPDATE (email) ON siwa.transfer_imports TO siwa_worker;
+        -- Erasure drops the email an import holds for either sub (siwa.erase_personal_data_of).
+        GRANT SELECT (old_sub, new_sub, email), UPDATE (email) ON siwa.transfer_imports TO siwa_worker;
         GRANT SELECT ON siwa.webhook_endpoints, siwa.webhook_secrets TO siwa_worker;
         GRANT SELECT, UPDATE ON siwa.webhook_slots TO siwa_worker;
         GRANT SELECT, INSERT, UPDATE ON siwa.webhook_deliveries TO siwa_worker;
@@ -4436,7 +4624,9 @@ END;
 $$;
 
 -- siwa_app: request a revocation, nothing else: it inserts exactly sub and reason and reads back the
--- id; it cannot read the ledger, the errors, the tokens or their ciphertexts.
+-- id; it cannot read the ledger, the errors, the tokens or their ciphertexts. It reads the old→new
+-- mapping of team transfers (old_sub, new_sub: not who ran it), which siwa.current_sub,
+-- siwa.request_revocation and the validity rule use for it too.
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_app') THEN
@@ -4444,6 +4634,8 @@ BEGIN
         GRANT INSERT (sub, reason) ON siwa.revocation_requests TO siwa_app;
         GRANT SELECT (id) ON siwa.revocation_requests TO siwa_app;
         GRANT EXECUTE ON FUNCTION siwa.request_revocation(text, text) TO siwa_app;
+        GRANT SELECT (old_sub, new_sub) ON siwa.sub_aliases TO siwa_app;
+        GRANT EXECUTE ON FUNCTION siwa.current_sub(text) TO siwa_app;
         -- Its sessions and refresh tokens: record, look up, revoke (and correct created_at, which the
         -- validity trigger checks); never a refresh token's ciphertext or hash (it finds its tokens by id
         -- or sub; a duplicate token is a unique violation, 23505). The validity rule (the function
@@ -4487,11 +4679,11 @@ BEGIN
             SELECT p.oid::regprocedure FROM pg_proc p
              WHERE p.pronamespace = 'siwa'::regnamespace
                AND p.proname IN ('begin_sign_in', 'abandon_sign_in', 'record_sign_in', 'sign_in_identity',
-                                 'request_revocation')
+                                 'request_revocation', 'current_sub')
         LOOP
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO siwa_signin', v_function);
         END LOOP;
-        GRANT SELECT (old_sub) ON siwa.sub_aliases TO siwa_signin;
+        GRANT SELECT (old_sub, new_sub) ON siwa.sub_aliases TO siwa_signin;
     END IF;
 END;
 $$;

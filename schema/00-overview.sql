@@ -24,11 +24,14 @@
 --                          siwa.webhook_attempt_history, siwa.webhook_delivery_status; the tables
 --                          siwa.sub_aliases, siwa.sub_transfer_batches, siwa.sub_columns and
 --                          siwa.service_heartbeats (read only); siwa.history_of(sub),
---                          siwa.health_gauges(), siwa.client_ids_in_use(since).
+--                          siwa.current_sub(sub), siwa.health_gauges(), siwa.client_ids_in_use(since).
 --   The app (siwa_app):    siwa.session_is_valid(sub, created_at); siwa.request_revocation(sub, reason),
 --                          inside its account-deletion transaction; the changefeed siwa.changefeed (and
 --                          LISTEN siwa_changes); its sessions and refresh tokens in siwa.sessions and
---                          siwa.refresh_tokens, and the columns of siwa.accounts granted to it.
+--                          siwa.refresh_tokens, and the columns of siwa.accounts granted to it; the
+--                          old→new mapping siwa.sub_aliases (old_sub, new_sub) and siwa.current_sub(sub),
+--                          the one rule for which sub a user is now (a team transfer replaces subs:
+--                          the change siwa.sub_transferred tells of each).
 --   Hooks (the owner):     siwa.on_event(event_type, sub, event_time, email, jti), replaced by the
 --                          admins and never undone by this file; the optional
 --                          siwa.on_change(change siwa.changes, superseded boolean).

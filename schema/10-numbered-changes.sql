@@ -203,6 +203,23 @@ BEGIN
                 ADD CONSTRAINT revocation_requests_state_check
                     CHECK (state IN ('pending', 'revoked', 'partially_revoked', 'no_token', 'failed'));
         END IF;
+        -- Team transfers tell apps: the change siwa.sub_transferred (with the replaced sub in
+        -- siwa.changes.old_sub), which webhook endpoints may subscribe to. Tables created by version 4.
+        IF pg_catalog.to_regclass('siwa.changes') IS NOT NULL THEN
+            ALTER TABLE siwa.changes
+                ADD COLUMN old_sub text,
+                DROP CONSTRAINT changes_type_check,
+                ADD CONSTRAINT changes_type_check CHECK (type IN ('siwa.email_disabled', 'siwa.email_enabled',
+                    'siwa.consent_revoked', 'siwa.account_deleted', 'siwa.personal_data_erased',
+                    'siwa.sub_transferred'));
+        END IF;
+        IF pg_catalog.to_regclass('siwa.webhook_endpoints') IS NOT NULL THEN
+            ALTER TABLE siwa.webhook_endpoints
+                DROP CONSTRAINT webhook_endpoints_types_check,
+                ADD CONSTRAINT webhook_endpoints_types_check CHECK (
+                    types IS NULL OR (cardinality(types) > 0 AND types <@ ARRAY['siwa.email_disabled', 'siwa.email_enabled',
+                        'siwa.consent_revoked', 'siwa.account_deleted', 'siwa.personal_data_erased', 'siwa.sub_transferred']));
+        END IF;
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;

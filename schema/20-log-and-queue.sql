@@ -144,7 +144,8 @@ COMMENT ON COLUMN siwa.notification_queue.last_error IS
 -- for work rolled back); a redelivered jti inserts nothing and wakes nobody. A notification of an
 -- account whose personal data is already erased (Apple may send an email event after the deletion, or
 -- redeliver one) is stored without email and raw token: the same statement leaves them out (one
--- primary-key probe of siwa.accounts per row). A row stored while the erasure commits concurrently is
+-- primary-key probe of siwa.accounts per row, of the account's current sub: a late notification for a
+-- sub a team transfer replaced is checked against the account it became, siwa.current_sub). A row stored while the erasure commits concurrently is
 -- caught when the worker applies it (siwa.apply_claimed_batch) or records its failure (siwa.record_failure). There is no trigger
 -- on either table: version 2's row trigger cost ~30 µs per row, a statement trigger with a transition
 -- table ~20.
@@ -177,7 +178,7 @@ BEGIN
                CASE WHEN a.sub IS NOT NULL THEN pg_catalog.clock_timestamp() END
           FROM batch b
           JOIN fresh f ON f.jti = b.jti AND f.issued_at = b.issued_at
-          LEFT JOIN siwa.accounts a ON a.sub = b.sub AND a.personal_data_erased_at IS NOT NULL
+          LEFT JOIN siwa.accounts a ON a.sub = siwa.current_sub(b.sub) AND a.personal_data_erased_at IS NOT NULL
         ON CONFLICT (jti, issued_at) DO NOTHING
         RETURNING l.id, l.jti, l.issued_at),
     queued AS (

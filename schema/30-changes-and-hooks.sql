@@ -10,10 +10,14 @@
 --   siwa.account_deleted                     with the sessions and refresh tokens it revoked;
 --   siwa.personal_data_erased                when an account's personal data is actually erased (at the
 --                                            deletion, or later once siwa.settings.erase_personal_data_after
---                                            has passed); never for an account erased before.
+--                                            has passed); never for an account erased before;
+--   siwa.sub_transferred                     a team transfer moved the user to sub (old_sub: the sub it
+--                                            replaced; siwa.apply_sub_transfer, event_time and applied_at
+--                                            the rewrite's time, jti '').
 -- A superseded event writes no row: one that changed nothing because the state it is about is newer (an
 -- email event older than the status, or of a deleted account; a consent-revoked no later than the
--- recorded one that revoked nothing; an account-delete of a deleted account that revoked nothing). The
+-- recorded one that revoked nothing; an account-delete no earlier than the account's recorded deletion that
+-- revoked nothing: one earlier moves deleted_at, and its change carries the account's new time). The
 -- hook siwa.on_change still hears of it, marked superseded. Unknown event types and skipped duplicates
 -- write none either. Erasure sets email and is_private_email of every change row of the user to NULL.
 --
@@ -32,7 +36,8 @@ CREATE TABLE IF NOT EXISTS siwa.changes (
     id                     bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     position               bigint      UNIQUE,
     type                   text        NOT NULL CHECK (type IN ('siwa.email_disabled', 'siwa.email_enabled',
-                                        'siwa.consent_revoked', 'siwa.account_deleted', 'siwa.personal_data_erased')),
+                                        'siwa.consent_revoked', 'siwa.account_deleted', 'siwa.personal_data_erased',
+                                        'siwa.sub_transferred')),
     sub                    text        NOT NULL,
     event_time             timestamptz NOT NULL,
     applied_at             timestamptz NOT NULL,
@@ -41,15 +46,16 @@ CREATE TABLE IF NOT EXISTS siwa.changes (
     sessions_revoked       integer     NOT NULL DEFAULT 0,
     refresh_tokens_revoked integer     NOT NULL DEFAULT 0,
     email                  text,
-    is_private_email       boolean
+    is_private_email       boolean,
+    old_sub                text
 );
 COMMENT ON TABLE siwa.changes IS
-    'The changefeed: one row per effect the worker applied (email status set, consent revoked, account deleted, personal data erased), written in the transaction that applied it. Apps read siwa.changefeed; position is the cursor.';
+    'The changefeed: one row per effect the worker applied (email status set, consent revoked, account deleted, personal data erased) and per user a team transfer moved (sub transferred), written in the transaction that applied it. Apps read siwa.changefeed; position is the cursor.';
 COMMENT ON COLUMN siwa.changes.id IS 'Identity, in insert order (per sub, the order the changes were applied). Not a cursor: see position.';
 COMMENT ON COLUMN siwa.changes.position IS
     'The gap-free cursor: assigned in commit order at the end of the writing transaction (siwa.number_changes); NULL until then. A reader that has seen position p has seen every change with a lower one.';
 COMMENT ON COLUMN siwa.changes.type IS
-    'siwa.email_disabled, siwa.email_enabled, siwa.consent_revoked, siwa.account_deleted or siwa.personal_data_erased.';
+    'siwa.email_disabled, siwa.email_enabled, siwa.consent_revoked, siwa.account_deleted, siwa.personal_data_erased or siwa.sub_transferred.';
 COMMENT ON COLUMN siwa.changes.sub IS 'The user''s team-scoped Apple identifier.';
 COMMENT ON COLUMN siwa.changes.event_time IS
     'Apple''s event_time of the notification that caused it (for siwa.personal_data_erased: of the account-delete).';
@@ -63,6 +69,8 @@ COMMENT ON COLUMN siwa.changes.email IS
     'The email Apple sent with an email event; NULL for other changes, and once the account''s personal data is erased.';
 COMMENT ON COLUMN siwa.changes.is_private_email IS
     'Whether that email is a private relay address (email events only); NULL once erased.';
+COMMENT ON COLUMN siwa.changes.old_sub IS
+    'For siwa.sub_transferred: the sub the team transfer replaced with sub (siwa.sub_aliases.old_sub). NULL for every other change.';
 -- The rows siwa.number_changes still has to number (a handful at any time).
 CREATE INDEX IF NOT EXISTS changes_unnumbered_idx ON siwa.changes (id) WHERE position IS NULL;
 -- The rows erasure has to clear (email events only).

@@ -166,6 +166,7 @@ DECLARE
     v_status_at    timestamptz[];
     v_deleted_before text[];
     v_consent_at   timestamptz[];
+    v_deleted_at   timestamptz[];
     v_rs_ord       integer[];
     v_rt_ord       integer[];
     v_list         siwa.changes[];
@@ -200,8 +201,9 @@ BEGIN
            coalesce(array_agg(l.email_status_at ORDER BY l.sub), '{}'),
            coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}'),
            coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}'),
-           coalesce(array_agg(l.consent_revoked_at ORDER BY l.sub), '{}')
-      INTO v_locked, v_status_at, v_erased, v_deleted_before, v_consent_at
+           coalesce(array_agg(l.consent_revoked_at ORDER BY l.sub), '{}'),
+           coalesce(array_agg(l.deleted_at ORDER BY l.sub), '{}')
+      INTO v_locked, v_status_at, v_erased, v_deleted_before, v_consent_at, v_deleted_at
       FROM unnest(v_subs) AS s(sub),
            LATERAL (SELECT a.sub, a.email_status_at, a.personal_data_erased_at, a.deleted_at, a.consent_revoked_at
                       FROM siwa.accounts a WHERE a.sub = s.sub FOR UPDATE SKIP LOCKED) AS l;
@@ -214,14 +216,16 @@ BEGIN
             v_locked := v_locked || v_inserted;
             v_status_at := v_status_at || array_fill(NULL::timestamptz, ARRAY[cardinality(v_inserted)]);
             v_consent_at := v_consent_at || array_fill(NULL::timestamptz, ARRAY[cardinality(v_inserted)]);
+            v_deleted_at := v_deleted_at || array_fill(NULL::timestamptz, ARRAY[cardinality(v_inserted)]);
             IF cardinality(v_inserted) < cardinality(v_missing) THEN
                 -- Created by another transaction that committed meanwhile: lock it like the others.
                 SELECT v_locked || coalesce(array_agg(l.sub ORDER BY l.sub), '{}'),
                        v_status_at || coalesce(array_agg(l.email_status_at ORDER BY l.sub), '{}'),
                        v_erased || coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}'),
                        v_deleted_before || coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}'),
-                       v_consent_at || coalesce(array_agg(l.consent_revoked_at ORDER BY l.sub), '{}')
-                  INTO v_locked, v_status_at, v_erased, v_deleted_before, v_consent_at
+                       v_consent_at || coalesce(array_agg(l.consent_revoked_at ORDER BY l.sub), '{}'),
+                       v_deleted_at || coalesce(array_agg(l.deleted_at ORDER BY l.sub), '{}')
+                  INTO v_locked, v_status_at, v_erased, v_deleted_before, v_consent_at, v_deleted_at
                   FROM unnest(v_missing) AS s(sub),
                        LATERAL (SELECT a.sub, a.email_status_at, a.personal_data_erased_at, a.deleted_at,
                                        a.consent_revoked_at
@@ -358,8 +362,9 @@ BEGIN
     --     (see siwa.changes) writes none, but its record is kept for the hook.
     --     Email events: applied as in step 2. Consent-revoked: superseded when the user's consent was
     --     revoked at or after its event_time already (before the batch, or by an earlier one of the
-    --     batch) and it revoked nothing. Account-delete: when the account was deleted already and it
-    --     revoked nothing.
+    --     batch) and it revoked nothing. Account-delete: when the account was deleted already at or
+    --     before its event_time (before the batch, or by an earlier one of the batch) and it revoked
+    --     nothing: an earlier deletion moves deleted_at, so it is a change, with the account's new time.
     SELECT coalesce(array_agg(c.change ORDER BY c.ord, c.kind), '{}'),
            coalesce(array_agg(c.ord ORDER BY c.ord, c.kind), '{}'),
            coalesce(array_agg(c.superseded ORDER BY c.ord, c.kind), '{}')
@@ -372,14 +377,18 @@ BEGIN
               FROM unnest(v_events) AS x JOIN unnest(p_batch) AS n ON n.id = x.id
              WHERE x.locked AND x.known),
         w AS (
-            SELECT e.*, a.status_at, a.consent_at,
+            SELECT e.*, a.status_at, a.consent_at, a.deleted_at,
                    max(e.event_time) FILTER (WHERE e.event_type IN ('email-disabled', 'email-enabled'))
                        OVER (PARTITION BY e.sub ORDER BY e.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
                        AS earlier_email,
                    max(e.event_time) FILTER (WHERE e.event_type = 'consent-revoked')
                        OVER (PARTITION BY e.sub ORDER BY e.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-                       AS earlier_consent
-              FROM e JOIN unnest(v_locked, v_status_at, v_consent_at) AS a(sub, status_at, consent_at)
+                       AS earlier_consent,
+                   min(e.event_time) FILTER (WHERE e.event_type = 'account-delete')
+                       OVER (PARTITION BY e.sub ORDER BY e.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                       AS earlier_delete
+              FROM e JOIN unnest(v_locked, v_status_at, v_consent_at, v_deleted_at)
+                          AS a(sub, status_at, consent_at, deleted_at)
                 ON a.sub = e.sub),
         s AS (
             SELECT w.*,
@@ -388,7 +397,7 @@ BEGIN
                            coalesce(greatest(w.consent_at, w.earlier_consent) >= w.event_time, false)
                            AND w.sessions = 0 AND w.tokens = 0
                        WHEN 'account-delete' THEN
-                           (w.sub = ANY (v_deleted_before) OR w.first_delete < w.ord)
+                           coalesce(least(w.deleted_at, w.earlier_delete) <= w.event_time, false)
                            AND w.sessions = 0 AND w.tokens = 0
                        ELSE NOT ((w.first_delete IS NULL OR w.ord < w.first_delete)
                                  AND w.sub <> ALL (v_deleted_before)
@@ -536,8 +545,10 @@ COMMENT ON FUNCTION siwa.apply_claimed_batch(siwa.notifications[]) IS
 -- row lock (tried, never waited for) keeps two events of one user from being applied concurrently by
 -- two workers; such rows are reported busy and put off briefly.
 --
--- A sub that a team transfer replaced is applied to the account it became (siwa.sub_aliases): resolved
--- here, once, for the pass and its fallback.
+-- A sub that a team transfer replaced is applied to the account it became (siwa.current_sub): resolved
+-- here, once, for the pass and its fallback. An email event for a replaced sub carries the old team's
+-- relay address, which no longer forwards: its status is applied, its address is not (the pass, the
+-- change row and the hook get no email; the history keeps what Apple sent).
 --
 -- First the set-based pass (siwa.apply_claimed_batch) on the whole batch, in one subtransaction. If it
 -- raises (an event whose hook raises, a lock wait past lock_timeout, anything), it is rolled back and the
@@ -589,12 +600,12 @@ BEGIN
         RETURN;
     END IF;
     v_batch := ARRAY(
-        SELECT ROW(b.id, b.jti, b.event_type,
-                   coalesce((SELECT sa.new_sub FROM siwa.sub_aliases sa WHERE sa.old_sub = b.sub), b.sub),
-                   b.audience, b.email, b.is_private_email, b.event_time, b.issued_at, b.expires_at, b.raw_token,
+        SELECT ROW(b.id, b.jti, b.event_type, c.sub, b.audience,
+                   CASE WHEN c.sub = b.sub THEN b.email END, CASE WHEN c.sub = b.sub THEN b.is_private_email END,
+                   b.event_time, b.issued_at, b.expires_at, b.raw_token,
                    b.received_at, b.state, b.attempts, b.next_attempt_at, b.applied_at, b.last_error,
                    b.personal_data_erased_at, b.busy_since)::siwa.notifications
-          FROM unnest(p_batch) WITH ORDINALITY AS b
+          FROM unnest(p_batch) WITH ORDINALITY AS b, LATERAL (SELECT siwa.current_sub(b.sub) AS sub) AS c
          ORDER BY b.ordinality);
     IF cardinality(v_batch) > 1 THEN
         BEGIN
@@ -723,9 +734,11 @@ BEGIN
     IF v_attempts IS NULL THEN
         RETURN 'gone';
     END IF;
-    v_sub := (SELECT l.sub FROM siwa.notification_log l WHERE l.jti = v_jti AND l.issued_at = v_issued_at);
-    -- A late event of an account whose personal data is already erased: its attempt (which would have
-    -- erased this row's data) was rolled back, so erase it here, outside that attempt, whatever follows.
+    v_sub := siwa.current_sub(
+        (SELECT l.sub FROM siwa.notification_log l WHERE l.jti = v_jti AND l.issued_at = v_issued_at));
+    -- A late event of an account whose personal data is already erased (its current sub's: a sub a team
+    -- transfer replaced is the account it became): its attempt (which would have erased this row's data)
+    -- was rolled back, so erase it here, outside that attempt, whatever follows.
     IF EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = v_sub AND a.personal_data_erased_at IS NOT NULL) THEN
         v_error := siwa.erased_error(v_error, 'pending');
         UPDATE siwa.notification_queue SET last_error = v_error WHERE id = p_id;

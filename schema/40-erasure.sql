@@ -54,16 +54,18 @@ BEGIN
     -- The changefeed keeps no email of them either (nor what a webhook would send later).
     UPDATE siwa.changes SET email = NULL, is_private_email = NULL
      WHERE sub = ANY (v_all) AND (email IS NOT NULL OR is_private_email IS NOT NULL);
-    -- A team transfer's import holds the new team's email between the exchange and the rewrite. The table
-    -- is created further down this file: absent while an older file's version is being upgraded.
+    -- A team transfer's import holds the new team's email between the exchange and the rewrite, found by
+    -- either sub: the old one, or the new one (Apple notifies under the new sub once the app has moved, so
+    -- the new sub's account may be deleted and erased before the rewrite). The table is created further
+    -- down this file: absent while an older file's version is being upgraded.
     IF pg_catalog.to_regclass('siwa.transfer_imports') IS NOT NULL THEN
         UPDATE siwa.transfer_imports SET email = NULL
-         WHERE old_sub = ANY (v_all) AND email IS NOT NULL;
+         WHERE (old_sub = ANY (v_all) OR new_sub = ANY (v_all)) AND email IS NOT NULL;
     END IF;
 END;
 $$;
 COMMENT ON FUNCTION siwa.erase_personal_data_of(text[]) IS
-    'Erases the personal data of the accounts p_subs: email in siwa.accounts; email, raw token and the text of last_error (its SQLSTATE stays) in every stored notification of these subs, whatever its state; encrypted refresh tokens; email and is_private_email of their siwa.changes rows. Call with the subs'' siwa.accounts rows locked (FOR UPDATE). Writes no change itself: its callers write siwa.personal_data_erased.';
+    'Erases the personal data of the accounts p_subs: email in siwa.accounts; email, raw token and the text of last_error (its SQLSTATE stays) in every stored notification of these subs and of the subs a team transfer replaced with them, whatever its state; encrypted refresh tokens; email and is_private_email of their siwa.changes rows; the email a team transfer''s import holds for either sub. Call with the subs'' siwa.accounts rows locked (FOR UPDATE). Writes no change itself: its callers write siwa.personal_data_erased.';
 
 -- Erases one account's personal data (siwa.erase_personal_data_of for one sub).
 CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_sub text) RETURNS void

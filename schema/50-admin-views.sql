@@ -192,14 +192,15 @@ SELECT c.position,
        c.refresh_tokens_revoked,
        c.email,
        c.is_private_email,
-       c.id
+       c.id,
+       c.old_sub
   FROM siwa.changes c
  WHERE c.position IS NOT NULL;
 COMMENT ON VIEW siwa.changefeed IS
     'The changefeed: every change the worker applied (siwa.changes) once numbered. Poll with WHERE position > $last ORDER BY position LIMIT n: a reader never misses a change, whatever order the workers commit in. LISTEN siwa_changes for a wake-up (payload: the last position). Kept for siwa.settings.changes_retention.';
 COMMENT ON COLUMN siwa.changefeed.position IS 'The cursor: remember the last one read, ask for the ones above it.';
 COMMENT ON COLUMN siwa.changefeed.type IS
-    'siwa.email_disabled, siwa.email_enabled, siwa.consent_revoked, siwa.account_deleted or siwa.personal_data_erased.';
+    'siwa.email_disabled, siwa.email_enabled, siwa.consent_revoked, siwa.account_deleted, siwa.personal_data_erased or siwa.sub_transferred (a team transfer moved the user from old_sub to sub).';
 COMMENT ON COLUMN siwa.changefeed.sub IS 'The user''s team-scoped Apple identifier.';
 COMMENT ON COLUMN siwa.changefeed.event_time IS 'Apple''s event_time of the notification that caused it.';
 COMMENT ON COLUMN siwa.changefeed.applied_at IS 'When the worker applied it.';
@@ -211,6 +212,8 @@ COMMENT ON COLUMN siwa.changefeed.email IS
     'For email events of accounts not erased: the email Apple sent. NULL otherwise, and once erased.';
 COMMENT ON COLUMN siwa.changefeed.is_private_email IS 'Whether that email is a private relay address.';
 COMMENT ON COLUMN siwa.changefeed.id IS 'The change''s stable identity (per sub, in the order applied).';
+COMMENT ON COLUMN siwa.changefeed.old_sub IS
+    'For siwa.sub_transferred: the sub the user had before the team transfer (sessions and tokens the app keeps under it now belong to sub). NULL otherwise.';
 
 -- Indexes for these views (the others they use are above): every session of one user.
 CREATE INDEX IF NOT EXISTS sessions_sub_created_idx ON siwa.sessions (sub, created_at);

@@ -174,8 +174,9 @@ COMMENT ON FUNCTION siwa.sign_in_identity(text, text) IS 'The identity answered 
 
 -- The outbox's entry point, for the app's own account-deletion transaction (role siwa_app) and for
 -- POST /v1/revocations. It inserts a pending request and wakes the revoker when the transaction commits
--- (NOTIFY is delivered only then); a rolled-back transaction leaves nothing. It reads nothing: whether
--- the user has a token is the worker's finding ('no_token'), made after the commit.
+-- (NOTIFY is delivered only then); a rolled-back transaction leaves nothing. It reads only the aliases:
+-- a sub a team transfer replaced is recorded as the account's current sub (siwa.current_sub), where its
+-- tokens are; whether the user has a token is the worker's finding ('no_token'), made after the commit.
 CREATE OR REPLACE FUNCTION siwa.request_revocation(sub text, reason text) RETURNS bigint
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -188,14 +189,14 @@ BEGIN
         RAISE EXCEPTION 'siwa.request_revocation: reason must be 1 to 200 characters' USING ERRCODE = '22023';
     END IF;
     INSERT INTO siwa.revocation_requests AS r (sub, reason)
-    VALUES (request_revocation.sub, request_revocation.reason)
+    VALUES (siwa.current_sub(request_revocation.sub), request_revocation.reason)
     RETURNING r.id INTO v_id;
     PERFORM pg_catalog.pg_notify('siwa_revocations', '');
     RETURN v_id;
 END;
 $$;
 COMMENT ON FUNCTION siwa.request_revocation(text, text) IS
-    'Asks siwa-worker to revoke the user''s Apple tokens once the calling transaction commits (the transactional outbox); returns the request id. Call it inside the account-deletion transaction as siwa_app.';
+    'Asks siwa-worker to revoke the user''s Apple tokens once the calling transaction commits (the transactional outbox); a sub a team transfer replaced is recorded as its current sub (siwa.current_sub). Returns the request id. Call it inside the account-deletion transaction as siwa_app.';
 
 -- The echoed consent-revoked: when the worker applies a consent-revoked for a user (siwa.accounts.
 -- consent_revoked_at moves), the user's requests not yet matched that have had a recorded attempt are

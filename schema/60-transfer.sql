@@ -77,21 +77,15 @@ CREATE TABLE IF NOT EXISTS siwa.transfer_imports (
         CHECK (state IN ('pending', 'exchanged', 'failed', 'applied', 'mismatch', 'conflict', 'duplicate')),
     CONSTRAINT transfer_imports_email_check CHECK (state = 'exchanged' OR email IS NULL)
 );
--- Erasure finds a held email by the old sub (the rows that hold one are few: until applied).
+-- Erasure finds a held email by either sub (the rows that hold one are few: until applied).
 CREATE INDEX IF NOT EXISTS transfer_imports_email_idx ON siwa.transfer_imports (old_sub) WHERE email IS NOT NULL;
+CREATE INDEX IF NOT EXISTS transfer_imports_new_sub_email_idx ON siwa.transfer_imports (new_sub) WHERE email IS NOT NULL;
 COMMENT ON TABLE siwa.transfer_imports IS
     'siwactl transfer import''s progress (new team): per transfer identifier, the old sub, the new sub Apple exchanged it for, and the outcome: pending, exchanged (the email is held only until applied), failed (Apple''s error), applied, mismatch (the answer does not fit the account: detail says how), conflict (the new sub already has an account), duplicate (two transfer identifiers gave the same new sub: neither applied).';
 
-CREATE TABLE IF NOT EXISTS siwa.sub_aliases (
-    old_sub        text        PRIMARY KEY,
-    new_sub        text        NOT NULL,
-    transferred_at timestamptz NOT NULL DEFAULT now(),
-    transfer_id    text        NOT NULL,
-    CONSTRAINT sub_aliases_subs_check CHECK (old_sub <> '' AND new_sub <> '' AND old_sub <> new_sub)
-);
-COMMENT ON TABLE siwa.sub_aliases IS
-    'Each sub a team transfer replaced, with the sub it became: the account, sessions, tokens and ledgers now carry new_sub; the history keeps old_sub (siwa.history_of finds both).';
-CREATE INDEX IF NOT EXISTS sub_aliases_new_sub_idx ON siwa.sub_aliases (new_sub);
+-- siwa.sub_aliases (each replaced sub and the sub it became) and siwa.current_sub, the one rule that
+-- maps any sub to the account's current sub, are in schema/25-accounts.sql: every place a sub enters
+-- uses them.
 
 -- A replaced sub never comes back as an account: a writer that resolved no alias a moment before the
 -- rewrite committed (the worker's claim, then its account lock) is refused with 40001, rolls back and
@@ -169,6 +163,11 @@ DECLARE
     v_details   text[];
     v_apply_old text[];
     v_apply_new text[];
+    v_merge_old text[];
+    v_merge_new text[];
+    v_created   text[];
+    v_erased    text[];
+    v_now       timestamptz := clock_timestamp();
 BEGIN
     IF p_transfer_id IS NULL OR p_transfer_id = '' OR p_old_subs IS NULL OR p_new_subs IS NULL
        OR cardinality(p_old_subs) <> cardinality(p_new_subs)
@@ -206,10 +205,30 @@ BEGIN
             USING ERRCODE = '23505', DETAIL = format('%s sub(s)', cardinality(string_to_array(v_duplicate, ', ')));
     END IF;
 
+    -- The race with a writer creating an old sub's account (the worker, the sign-in API): one that
+    -- resolved no alias a moment ago may be inserting that account now, and an uncommitted row is
+    -- neither locked below nor seen by the rewrite; nor does the alias this transaction inserts stop it
+    -- (siwa.refuse_replaced_sub does not see the alias until this commits). So the unique index on
+    -- siwa.accounts is made the lock: every old sub gets its account row here first (ON CONFLICT DO
+    -- NOTHING, in sub order). An insert under way elsewhere makes this wait until it commits (its row is
+    -- then locked and moved below like any other) or rolls back; an insert that comes after this waits
+    -- for this transaction (the worker's 1 ms, then that user is busy) and then, the row gone and the
+    -- alias committed, is refused by siwa.refuse_replaced_sub (40001) and retried under the new sub.
+    -- The rows created here only for that are deleted again right away: the index entry of a row this
+    -- transaction inserted still makes any other insert of that sub wait for this transaction.
+    WITH created AS (
+        INSERT INTO siwa.accounts AS a (sub)
+        SELECT DISTINCT m.o FROM unnest(p_old_subs) AS m(o)
+         WHERE NOT EXISTS (SELECT 1 FROM siwa.sub_aliases x WHERE x.old_sub = m.o)
+         ORDER BY m.o
+        ON CONFLICT (sub) DO NOTHING
+        RETURNING a.sub)
+    SELECT coalesce(array_agg(created.sub), '{}') INTO v_created FROM created;
     -- Lock the accounts concerned, in sub order, as the worker does.
     PERFORM 1 FROM siwa.accounts a
      WHERE a.sub = ANY (p_old_subs) OR a.sub = ANY (p_new_subs)
      ORDER BY a.sub FOR UPDATE;
+    DELETE FROM siwa.accounts AS a WHERE a.sub = ANY (v_created);
     -- Each user's outcome (no temporary table: this runs as the owner).
     SELECT array_agg(c.o ORDER BY c.ord), array_agg(c.n ORDER BY c.ord), array_agg(c.e ORDER BY c.ord),
            array_agg(c.p ORDER BY c.ord), array_agg(c.outcome ORDER BY c.ord), array_agg(c.why ORDER BY c.ord)
@@ -233,7 +252,7 @@ BEGIN
                         THEN 'mismatch'
                     WHEN EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = b.n)
                          OR EXISTS (SELECT 1 FROM siwa.sign_ins s WHERE s.sub = b.n)
-                        THEN 'conflict'
+                        THEN 'merged'
                     ELSE 'applied' END AS outcome,
                        CASE
                     WHEN EXISTS (SELECT 1 FROM siwa.sub_aliases a WHERE a.old_sub = b.o AND a.new_sub = b.n)
@@ -247,11 +266,56 @@ BEGIN
                         THEN 'the email differs from the account''s'
                     WHEN EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = b.n)
                          OR EXISTS (SELECT 1 FROM siwa.sign_ins s WHERE s.sub = b.n)
-                        THEN 'the new sub already has an account or sign-in'
+                        THEN 'merged: the new sub already had an account or sign-in'
                     END AS why) AS x) AS c;
 
-    v_apply_old := ARRAY(SELECT m.o FROM unnest(v_old, v_new, v_outcomes) AS m(o, n, r) WHERE m.r = 'applied');
-    v_apply_new := ARRAY(SELECT m.n FROM unnest(v_old, v_new, v_outcomes) AS m(o, n, r) WHERE m.r = 'applied');
+    v_apply_old := ARRAY(SELECT m.o FROM unnest(v_old, v_new, v_outcomes) AS m(o, n, r)
+                          WHERE m.r IN ('applied', 'merged'));
+    v_apply_new := ARRAY(SELECT m.n FROM unnest(v_old, v_new, v_outcomes) AS m(o, n, r)
+                          WHERE m.r IN ('applied', 'merged'));
+    v_merge_old := ARRAY(SELECT m.o FROM unnest(v_old, v_new, v_outcomes) AS m(o, n, r) WHERE m.r = 'merged');
+    v_merge_new := ARRAY(SELECT m.n FROM unnest(v_old, v_new, v_outcomes) AS m(o, n, r) WHERE m.r = 'merged');
+    -- A new sub that already has an account (Apple notifies under the new sub once the app has moved,
+    -- so an event before the import creates it; or the user signed in under it): the old account is
+    -- merged into it, so that nothing of the user is left under a sub no one will name again. The
+    -- merged account keeps the earliest deletion, the latest consent revocation, the newest email
+    -- status (by its event time), the new sub's address (else the old one's; a private relay address is
+    -- then replaced by the import's, below), and is erased if either was. Sign-ins of one client ID
+    -- are added up into the new sub's row; every other row of the old sub follows in the rewrite.
+    IF cardinality(v_merge_old) > 0 THEN
+        UPDATE siwa.accounts AS c
+           SET email            = CASE WHEN x.erased THEN NULL ELSE coalesce(c.email, o.email) END,
+               is_private_email = CASE WHEN x.erased THEN NULL ELSE coalesce(c.is_private_email, o.is_private_email) END,
+               email_status     = CASE WHEN o.email_status_at > c.email_status_at
+                                         OR (c.email_status_at IS NULL AND o.email_status IS NOT NULL)
+                                       THEN o.email_status ELSE c.email_status END,
+               email_status_at  = CASE WHEN o.email_status_at > c.email_status_at
+                                         OR (c.email_status_at IS NULL AND o.email_status IS NOT NULL)
+                                       THEN o.email_status_at ELSE c.email_status_at END,
+               consent_revoked_at = greatest(c.consent_revoked_at, o.consent_revoked_at),
+               deleted_at       = least(c.deleted_at, o.deleted_at),
+               personal_data_erased_at = least(c.personal_data_erased_at, o.personal_data_erased_at),
+               created_at       = least(c.created_at, o.created_at),
+               updated_at       = v_now
+          FROM unnest(v_merge_old, v_merge_new) AS m(o, n)
+          JOIN siwa.accounts AS o ON o.sub = m.o,
+               LATERAL (SELECT o.personal_data_erased_at IS NOT NULL OR EXISTS (
+                                   SELECT 1 FROM siwa.accounts e
+                                    WHERE e.sub = m.n AND e.personal_data_erased_at IS NOT NULL) AS erased) AS x
+         WHERE c.sub = m.n;
+        DELETE FROM siwa.accounts AS o USING unnest(v_merge_old, v_merge_new) AS m(o, n)
+         WHERE o.sub = m.o AND EXISTS (SELECT 1 FROM siwa.accounts c WHERE c.sub = m.n);
+        UPDATE siwa.sign_ins AS c
+           SET first_signed_in_at = least(c.first_signed_in_at, o.first_signed_in_at),
+               last_signed_in_at  = greatest(c.last_signed_in_at, o.last_signed_in_at),
+               sign_in_count      = c.sign_in_count + o.sign_in_count
+          FROM unnest(v_merge_old, v_merge_new) AS m(o, n)
+          JOIN siwa.sign_ins AS o ON o.sub = m.o
+         WHERE c.sub = m.n AND c.client_id = o.client_id;
+        DELETE FROM siwa.sign_ins AS o USING unnest(v_merge_old, v_merge_new) AS m(o, n)
+         WHERE o.sub = m.o
+           AND EXISTS (SELECT 1 FROM siwa.sign_ins c WHERE c.sub = m.n AND c.client_id = o.client_id);
+    END IF;
     FOR v_column IN
         SELECT s.table_name, s.column_name FROM siwa.sub_columns s
          WHERE s.on_transfer = 'rewrite' ORDER BY s.table_name, s.column_name
@@ -265,17 +329,52 @@ BEGIN
     -- The new team's relay address replaces the old team's (which stops forwarding for the new team).
     UPDATE siwa.accounts a SET email = m.e, updated_at = clock_timestamp()
       FROM unnest(v_new, v_emails, v_private, v_outcomes) AS m(n, e, p, r)
-     WHERE m.r = 'applied' AND a.sub = m.n AND m.p AND m.e IS NOT NULL
+     WHERE m.r IN ('applied', 'merged') AND a.sub = m.n AND m.p AND m.e IS NOT NULL
        AND a.personal_data_erased_at IS NULL AND a.is_private_email IS DISTINCT FROM false;
     -- Earlier aliases of the old subs (a second transfer) follow to the newest sub.
     UPDATE siwa.sub_aliases a SET new_sub = m.n
       FROM unnest(v_apply_old, v_apply_new) AS m(o, n) WHERE a.new_sub = m.o;
     INSERT INTO siwa.sub_aliases (old_sub, new_sub, transfer_id)
     SELECT m.o, m.n, p_transfer_id FROM unnest(v_apply_old, v_apply_new) AS m(o, n);
+    IF cardinality(v_merge_new) > 0 THEN
+        -- What the old account brought to a merged one that the merged state invalidates is revoked, as
+        -- the validity trigger would have stored it (consent-revoked first, else account-delete)...
+        UPDATE siwa.sessions AS t
+           SET revoked_at = v_now,
+               revoke_reason = CASE WHEN a.consent_revoked_at >= t.created_at THEN 'consent-revoked' ELSE 'account-delete' END
+          FROM siwa.accounts AS a
+         WHERE a.sub = ANY (v_merge_new) AND t.sub = a.sub AND t.revoked_at IS NULL
+           AND (a.deleted_at IS NOT NULL OR a.consent_revoked_at >= t.created_at);
+        UPDATE siwa.refresh_tokens AS t
+           SET revoked_at = v_now,
+               revoke_reason = CASE WHEN a.consent_revoked_at >= t.created_at THEN 'consent-revoked' ELSE 'account-delete' END
+          FROM siwa.accounts AS a
+         WHERE a.sub = ANY (v_merge_new) AND t.sub = a.sub AND t.revoked_at IS NULL
+           AND (a.deleted_at IS NOT NULL OR a.consent_revoked_at >= t.created_at);
+        -- ...an erased one is erased again, now with the old sub's history and tokens (the aliases are
+        -- in: siwa.erase_personal_data_of finds the old sub's notifications through them)...
+        v_erased := ARRAY(SELECT a.sub FROM siwa.accounts a
+                           WHERE a.sub = ANY (v_merge_new) AND a.personal_data_erased_at IS NOT NULL);
+        IF cardinality(v_erased) > 0 THEN
+            PERFORM siwa.erase_personal_data_of(v_erased);
+        END IF;
+        -- ...and two subs' webhook queues are one now: each endpoint's head of it is the ready one.
+        UPDATE siwa.webhook_deliveries AS d
+           SET ready = NOT d.ready
+         WHERE d.sub = ANY (v_merge_new) AND d.state = 'pending'
+           AND d.ready = EXISTS (SELECT 1 FROM siwa.webhook_deliveries p
+                                  WHERE p.endpoint_id = d.endpoint_id AND p.sub = d.sub
+                                    AND p.state = 'pending' AND p.change_id < d.change_id);
+    END IF;
+    -- Apps hear of it: one siwa.sub_transferred change per user moved (sub: the new sub, old_sub: the
+    -- one it replaced), in the changefeed and to the webhooks, numbered when this transaction commits.
+    INSERT INTO siwa.changes (type, sub, old_sub, event_time, applied_at, jti)
+    SELECT 'siwa.sub_transferred', m.n, m.o, v_now, v_now, ''
+      FROM unnest(v_apply_old, v_apply_new) AS m(o, n) ORDER BY m.o;
     UPDATE siwa.transfer_imports i
-       SET state = CASE m.r WHEN 'already' THEN 'applied' ELSE m.r END,
+       SET state = CASE WHEN m.r IN ('already', 'merged') THEN 'applied' ELSE m.r END,
            new_sub = m.n, detail = m.why, email = NULL,
-           applied_at = CASE WHEN m.r IN ('applied', 'already') THEN coalesce(i.applied_at, clock_timestamp()) END
+           applied_at = CASE WHEN m.r IN ('applied', 'already', 'merged') THEN coalesce(i.applied_at, clock_timestamp()) END
       FROM unnest(v_old, v_new, v_outcomes, v_details) AS m(o, n, r, why)
      WHERE i.transfer_id = p_transfer_id AND i.old_sub = m.o;
     INSERT INTO siwa.sub_transfer_batches (transfer_id, users, outcomes, rewritten)
@@ -283,6 +382,7 @@ BEGIN
            (SELECT jsonb_object_agg(o.r, o.k)
               FROM (SELECT m.r, count(*) AS k FROM unnest(v_outcomes) AS m(r) GROUP BY m.r) AS o),
            v_rewritten;
+    PERFORM siwa.number_changes();  -- last: see siwa.changes
     RETURN QUERY SELECT m.o, m.n, m.r, m.why FROM unnest(v_old, v_new, v_outcomes, v_details) AS m(o, n, r, why);
 END;
 $$;

@@ -49,7 +49,7 @@ CREATE TABLE IF NOT EXISTS siwa.webhook_endpoints (
              OR url ~* '^http://(127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|\[::1\])(:[0-9]{1,5})?([/?#]|$)')),
     CONSTRAINT webhook_endpoints_types_check CHECK (
         types IS NULL OR (cardinality(types) > 0 AND types <@ ARRAY['siwa.email_disabled', 'siwa.email_enabled',
-            'siwa.consent_revoked', 'siwa.account_deleted', 'siwa.personal_data_erased'])),
+            'siwa.consent_revoked', 'siwa.account_deleted', 'siwa.personal_data_erased', 'siwa.sub_transferred'])),
     CONSTRAINT webhook_endpoints_max_in_flight_check CHECK (max_in_flight BETWEEN 1 AND 64)
 );
 COMMENT ON TABLE siwa.webhook_endpoints IS

@@ -27,7 +27,7 @@ BEGIN
             TO siwa_admin;
         GRANT SELECT ON siwa.revocation_ledger TO siwa_admin;
         GRANT SELECT ON siwa.sub_aliases, siwa.sub_transfer_batches, siwa.sub_columns TO siwa_admin;
-        GRANT EXECUTE ON FUNCTION siwa.history_of(text) TO siwa_admin;
+        GRANT EXECUTE ON FUNCTION siwa.history_of(text), siwa.current_sub(text) TO siwa_admin;
         GRANT SELECT ON siwa.webhook_endpoint_overview, siwa.webhook_attempt_history, siwa.webhook_delivery_status
             TO siwa_admin;
         GRANT SELECT ON siwa.service_heartbeats TO siwa_admin;
@@ -48,7 +48,8 @@ $$;
 -- outcome); and INSERT of (id, jti, issued_at) into the queue, the rest keeping its defaults. A queue row
 -- is worth no more to a stolen receiver role than the new notification it can store anyway. A
 -- table-wide INSERT grant (as version 1 had on its table) is revoked first (which revokes column grants
--- too). The receiver reads two columns of siwa.accounts to store nothing personal of an erased account.
+-- too). The receiver reads two columns of siwa.accounts to store nothing personal of an erased account,
+-- and the aliases (siwa.current_sub) to find the account a replaced sub became.
 -- Its heartbeats (of its own kind) and the health gauges.
 DO $$
 BEGIN
@@ -64,6 +65,8 @@ BEGIN
         REVOKE INSERT ON siwa.notification_queue FROM siwa_receiver;
         GRANT INSERT (id, jti, issued_at) ON siwa.notification_queue TO siwa_receiver;
         GRANT SELECT (sub, personal_data_erased_at) ON siwa.accounts TO siwa_receiver;
+        GRANT SELECT (old_sub, new_sub) ON siwa.sub_aliases TO siwa_receiver;
+        GRANT EXECUTE ON FUNCTION siwa.current_sub(text) TO siwa_receiver;
         GRANT EXECUTE ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], text[], boolean[],
             timestamptz[], timestamptz[], timestamptz[], text[]) TO siwa_receiver;
         GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.service_heartbeats TO siwa_receiver;
@@ -117,7 +120,7 @@ BEGIN
                                  'prune', 'erase_due_personal_data', 'erase_personal_data', 'on_event',
                                  'redact_error', 'erased_error', 'create_log_partitions',
                                  'drop_log_partitions', 'apply_claimed_batch', 'erase_personal_data_of',
-                                 'number_changes', 'change_type', 'hook_path', 'on_change')
+                                 'number_changes', 'change_type', 'hook_path', 'on_change', 'current_sub')
         LOOP
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO siwa_worker', v_function);
         END LOOP;
@@ -130,8 +133,8 @@ BEGIN
         GRANT SELECT, INSERT, UPDATE ON siwa.refresh_token_checks TO siwa_worker;
         GRANT EXECUTE ON FUNCTION siwa.record_consent_lost(text, text) TO siwa_worker;
         GRANT SELECT ON siwa.sub_aliases TO siwa_worker;
-        -- Erasure drops the email an import holds (siwa.erase_personal_data_of).
-        GRANT SELECT (old_sub, email), UPDATE (email) ON siwa.transfer_imports TO siwa_worker;
+        -- Erasure drops the email an import holds for either sub (siwa.erase_personal_data_of).
+        GRANT SELECT (old_sub, new_sub, email), UPDATE (email) ON siwa.transfer_imports TO siwa_worker;
         GRANT SELECT ON siwa.webhook_endpoints, siwa.webhook_secrets TO siwa_worker;
         GRANT SELECT, UPDATE ON siwa.webhook_slots TO siwa_worker;
         GRANT SELECT, INSERT, UPDATE ON siwa.webhook_deliveries TO siwa_worker;
@@ -155,7 +158,9 @@ END;
 $$;
 
 -- siwa_app: request a revocation, nothing else: it inserts exactly sub and reason and reads back the
--- id; it cannot read the ledger, the errors, the tokens or their ciphertexts.
+-- id; it cannot read the ledger, the errors, the tokens or their ciphertexts. It reads the old→new
+-- mapping of team transfers (old_sub, new_sub: not who ran it), which siwa.current_sub,
+-- siwa.request_revocation and the validity rule use for it too.
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_app') THEN
@@ -163,6 +168,8 @@ BEGIN
         GRANT INSERT (sub, reason) ON siwa.revocation_requests TO siwa_app;
         GRANT SELECT (id) ON siwa.revocation_requests TO siwa_app;
         GRANT EXECUTE ON FUNCTION siwa.request_revocation(text, text) TO siwa_app;
+        GRANT SELECT (old_sub, new_sub) ON siwa.sub_aliases TO siwa_app;
+        GRANT EXECUTE ON FUNCTION siwa.current_sub(text) TO siwa_app;
         -- Its sessions and refresh tokens: record, look up, revoke (and correct created_at, which the
         -- validity trigger checks); never a refresh token's ciphertext or hash (it finds its tokens by id
         -- or sub; a duplicate token is a unique violation, 23505). The validity rule (the function
@@ -206,11 +213,11 @@ BEGIN
             SELECT p.oid::regprocedure FROM pg_proc p
              WHERE p.pronamespace = 'siwa'::regnamespace
                AND p.proname IN ('begin_sign_in', 'abandon_sign_in', 'record_sign_in', 'sign_in_identity',
-                                 'request_revocation')
+                                 'request_revocation', 'current_sub')
         LOOP
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO siwa_signin', v_function);
         END LOOP;
-        GRANT SELECT (old_sub) ON siwa.sub_aliases TO siwa_signin;
+        GRANT SELECT (old_sub, new_sub) ON siwa.sub_aliases TO siwa_signin;
     END IF;
 END;
 $$;

@@ -311,7 +311,7 @@ public final class WebhookDispatcher: Sendable {
         let rows = try connection.query(
             """
             SELECT type, sub, event_time, applied_at, jti, audience, sessions_revoked, refresh_tokens_revoked,
-                   email, is_private_email
+                   email, is_private_email, old_sub
               FROM siwa.changes WHERE id = $1
             """, [.int(Int64(change))])
         guard let row = rows.first else { throw ConfigurationError("change \(change) is gone") }
@@ -327,6 +327,7 @@ public final class WebhookDispatcher: Sendable {
         if let audience = try row[5, as: String?.self] { data["audience"] = audience }
         if let email = try row[8, as: String?.self] { data["email"] = email }
         if let isPrivate = try row[9, as: Bool?.self] { data["is_private_email"] = isPrivate }
+        if let oldSub = try row[10, as: String?.self] { data["old_sub"] = oldSub }
         let object: [String: Any] = [
             "type": try row[0, as: String.self], "timestamp": eventTime, "data": data,
         ]

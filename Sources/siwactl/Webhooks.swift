@@ -68,7 +68,7 @@ enum WebhooksVerb {
 
     static let types = [
         "siwa.email_disabled", "siwa.email_enabled", "siwa.consent_revoked", "siwa.account_deleted",
-        "siwa.personal_data_erased",
+        "siwa.personal_data_erased", "siwa.sub_transferred",
     ]
 
     // MARK: add

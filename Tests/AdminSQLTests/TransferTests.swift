@@ -4,7 +4,7 @@ import TestSupport
 import Testing
 
 /// Seeds one user in every table that holds a sub, with a notification in the history.
-private func seedUser(_ connection: PostgresConnection, sub: String, email: String?, isPrivate: Bool?) throws
+func seedUser(_ connection: PostgresConnection, sub: String, email: String?, isPrivate: Bool?) throws
 {
     try connection.execute(
         "INSERT INTO siwa.accounts (sub, email, is_private_email) VALUES ($1::text, $2::text, $3::boolean)",
@@ -47,7 +47,7 @@ private let none = oneEach.mapValues { _ in 0 }
 
 /// Calls the rewrite for pairs (old, new, email, is_private_email); returns the outcome per old sub.
 @discardableResult
-private func applyTransfer(
+func applyTransfer(
     _ connection: PostgresConnection, _ pairs: [(String, String, String?, Bool?)], transferID: String = "t1"
 ) throws -> [String: String] {
     func array(_ values: [String?]) -> String {
@@ -145,7 +145,9 @@ struct TransferSQLTests {
         #expect(try rowsHolding(owner, sub: "old.b") == oneEach)
     }
 
-    @Test("an answer that does not fit the account is recorded as a mismatch or conflict, not applied")
+    @Test(
+        "an answer that does not fit the account is recorded as a mismatch, not applied; a new sub that has an account is merged"
+    )
     func mismatchAndConflict() throws {
         let database = try AdminDatabase.make()
         let owner = try database.connectAsOwner()
@@ -161,10 +163,13 @@ struct TransferSQLTests {
                 ("old.flag", "new.flag", "f@example.com", false),
                 ("old.taken", "new.taken", nil, nil),
             ])
-        #expect(outcomes == ["old.mail": "mismatch", "old.flag": "mismatch", "old.taken": "conflict"])
-        for sub in ["old.mail", "old.flag", "old.taken"] {
+        #expect(outcomes == ["old.mail": "mismatch", "old.flag": "mismatch", "old.taken": "merged"])
+        for sub in ["old.mail", "old.flag"] {
             #expect(try rowsHolding(owner, sub: sub) == oneEach)
         }
+        // The new sub had an account already: the old one is merged into it (AliasTests), nothing left.
+        #expect(try rowsHolding(owner, sub: "new.taken") == oneEach)
+        #expect(try rowsHolding(owner, sub: "old.taken") == none)
     }
 
     @Test("only the owner runs the rewrite: every role gets 42501", arguments: AdminRole.allCases)
@@ -369,6 +374,7 @@ struct TransferSQLTests {
                    last_error = 'HTTP 503'
              WHERE change_id = $1 AND endpoint_id = 1
             """, [.int(Int64(changes[0]))])
+        // The transfer's own change (siwa.sub_transferred, AliasTests) is left out of what is compared.
         let feedBefore = try app.query("SELECT position, id FROM siwa.changefeed ORDER BY position").map {
             row throws -> String in "\(try row[0] as Int) \(try row[1] as Int)"
         }
@@ -383,12 +389,14 @@ struct TransferSQLTests {
         #expect(try count("SELECT count(*)::bigint FROM siwa.changes WHERE sub = 'old.w'") == 0)
         #expect(try count("SELECT count(*)::bigint FROM siwa.webhook_deliveries WHERE sub = 'old.w'") == 0)
         #expect(
-            try owner.query("SELECT id::bigint FROM siwa.changes WHERE sub = 'new.w' ORDER BY id").map {
+            try owner.query(
+                "SELECT id::bigint FROM siwa.changes WHERE sub = 'new.w' AND type <> 'siwa.sub_transferred' ORDER BY id"
+            ).map {
                 row throws -> Int in try row[0]
             } == changes)
         #expect(
             try count(
-                "SELECT count(*)::bigint FROM siwa.webhook_deliveries d JOIN siwa.changes c ON c.id = d.change_id WHERE d.sub = 'new.w' AND c.sub = 'new.w' AND d.state = 'pending'"
+                "SELECT count(*)::bigint FROM siwa.webhook_deliveries d JOIN siwa.changes c ON c.id = d.change_id WHERE d.sub = 'new.w' AND c.sub = 'new.w' AND d.state = 'pending' AND c.type <> 'siwa.sub_transferred'"
             ) == 6)
         let rewritten = try owner.query(
             "SELECT coalesce((rewritten->>'changes.sub')::bigint, 0), coalesce((rewritten->>'webhook_deliveries.sub')::bigint, 0) FROM siwa.sub_transfer_batches"
@@ -397,11 +405,14 @@ struct TransferSQLTests {
         #expect(try rewritten[1] as Int == 6)
         // The app's changefeed: the same positions in the same order, naming the sub the app now knows.
         #expect(
-            try app.query("SELECT position, id FROM siwa.changefeed ORDER BY position").map {
+            try app.query(
+                "SELECT position, id FROM siwa.changefeed WHERE type <> 'siwa.sub_transferred' ORDER BY position"
+            ).map {
                 row throws -> String in "\(try row[0] as Int) \(try row[1] as Int)"
             } == feedBefore)
         #expect(
-            try app.query("SELECT count(*)::bigint FROM siwa.changefeed WHERE sub = 'new.w'")[0][
+            try app.query(
+                "SELECT count(*)::bigint FROM siwa.changefeed WHERE sub = 'new.w' AND type <> 'siwa.sub_transferred'")[0][
                 0, as: Int.self]
                 == 3)
 
@@ -409,7 +420,9 @@ struct TransferSQLTests {
         try apply("w-4", "old.w", "email-disabled", email: "w2@privaterelay.appleid.com")
         #expect(try count("SELECT count(*)::bigint FROM siwa.changes WHERE sub = 'old.w'") == 0)
         #expect(try count("SELECT count(*)::bigint FROM siwa.webhook_deliveries WHERE sub = 'old.w'") == 0)
-        #expect(try count("SELECT count(*)::bigint FROM siwa.changes WHERE sub = 'new.w'") == 4)
+        #expect(
+            try count(
+                "SELECT count(*)::bigint FROM siwa.changes WHERE sub = 'new.w' AND type <> 'siwa.sub_transferred'") == 4)
 
         // What a claim may take (the dispatcher's conditions: pending, ready, no earlier pending delivery
         // of its endpoint and sub): each endpoint's queue heads only, the user's first change on both;
@@ -438,11 +451,12 @@ struct TransferSQLTests {
                                   AND p.change_id < d.change_id)
                 """) == 0)
         // The queue of the new sub, per endpoint, in change order: the four changes, the late one last.
-        let late = try count("SELECT max(id)::bigint FROM siwa.changes WHERE sub = 'new.w'")
+        let late = try count(
+            "SELECT max(id)::bigint FROM siwa.changes WHERE sub = 'new.w' AND type <> 'siwa.sub_transferred'")
         for endpoint in [1, 2] {
             #expect(
                 try owner.query(
-                    "SELECT change_id::bigint FROM siwa.webhook_deliveries WHERE endpoint_id = $1 AND sub = 'new.w' AND state = 'pending' ORDER BY change_id",
+                    "SELECT d.change_id::bigint FROM siwa.webhook_deliveries d JOIN siwa.changes c ON c.id = d.change_id WHERE d.endpoint_id = $1 AND d.sub = 'new.w' AND d.state = 'pending' AND c.type <> 'siwa.sub_transferred' ORDER BY d.change_id",
                     [.int(Int64(endpoint))]
                 ).map { row throws -> Int in try row[0] } == changes + [late])
         }

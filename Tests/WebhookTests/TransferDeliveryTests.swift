@@ -37,6 +37,9 @@ struct TransferDeliveryTests {
         let outcome: String = try database.connection.query(
             "SELECT outcome FROM siwa.apply_sub_transfer('t1', '{old.t}', '{new.t}', NULL, NULL)")[0][0]
         #expect(outcome == "applied")
+        // The transfer's own change, siwa.sub_transferred, queues behind the user's rewritten ones.
+        let transferred: Int = try database.value(
+            "SELECT id::int FROM siwa.changes WHERE type = 'siwa.sub_transferred' AND sub = 'new.t'")
         // A change of the user after the transfer (the worker writes it under the new sub).
         let late = try database.insertChange(type: "siwa.consent_revoked", sub: "new.t")
         // While the retry is not due, nothing of the user goes out, the later change neither.
@@ -44,12 +47,15 @@ struct TransferDeliveryTests {
         #expect(
             waitUntil(timeout: .seconds(20)) {
                 _ = try? database.dispatcher().drainOnce()
-                return (try? database.count("delivered")) == ids.count + 1
+                return (try? database.count("delivered")) == ids.count + 2
             })
 
         let user = receiver.accepted.filter { $0.sub != "other.t" }
-        #expect(user.map(\.changeID) == [ids[0], ids[2], ids[3], late])
+        #expect(user.map(\.changeID) == [ids[0], ids[2], ids[3], transferred, late])
         #expect(user.allSatisfy { $0.sub == "new.t" })
+        let told = user.first { $0.changeID == transferred }?.json
+        #expect(told?["type"] as? String == "siwa.sub_transferred")
+        #expect((told?["data"] as? [String: Any])?["old_sub"] as? String == "old.t")
         #expect(inOrderPerSub(receiver.deliveries))
         #expect(
             try database.value("SELECT count(*)::int FROM siwa.webhook_deliveries WHERE sub = 'old.t'") == 0)
