@@ -40,7 +40,9 @@ let package = Package(
         .target(name: "AppleID", dependencies: ["AppleNotifications", "HTTPClient", "ServiceSupport"]),
         // A team transfer (Apple's /auth/usermigrationinfo): export and import runs, paced and resumable;
         // every change to the progress tables is a siwa.* function. Never prints or reads the environment.
-        .target(name: "TeamTransfer", dependencies: ["AppleID", "Postgres", "ServiceSupport"]),
+        .target(
+            name: "TeamTransfer",
+            dependencies: ["AppleID", "AppleNotifications", "Postgres", "ServiceSupport"]),
         // The local Apple (siwactl fake-apple, and tests in process): JWKS, /auth/token, /auth/revoke,
         // /auth/usermigrationinfo, faults on demand. Loopback only; never prints or reads the environment.
         .target(

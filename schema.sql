@@ -179,8 +179,9 @@ COMMENT ON FUNCTION siwa.erased_error(text, text) IS
 -- current schema from it alone. What cannot be said that way — a column or constraint added to an
 -- existing table, a type or a function signature changed, a backfill — is a numbered change below. Each
 -- change N runs on a database whose recorded version is below N (and not empty), in order, exactly once:
--- in one statement with its row in siwa.schema_version, under the advisory lock siwactl migrate also
--- holds ('siwa.migrate'), after which the version is read. An empty database skips the changes and
+-- in one statement with its row in siwa.schema_version, under the migration lock siwactl migrate also
+-- holds (siwa.schema_version in SHARE ROW EXCLUSIVE mode, a mode only a role that may write that table
+-- can take: the owner), after which the version is read. An empty database skips the changes and
 -- records every version.
 --
 -- Writing change N+1: add it at the end, with `IF v_from < N+1`, raise the version in the refusal
@@ -194,7 +195,7 @@ DECLARE
     v_from integer;
     v_bad  text;
 BEGIN
-    PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('siwa.migrate', 0));
+    LOCK TABLE siwa.schema_version IN SHARE ROW EXCLUSIVE MODE;
     v_from := coalesce((SELECT pg_catalog.max(version) FROM siwa.schema_version), 0);
 
     -- 1: the first release.
@@ -394,6 +395,8 @@ BEGIN
                     types IS NULL OR (cardinality(types) > 0 AND types <@ ARRAY['siwa.email_disabled', 'siwa.email_enabled',
                         'siwa.consent_revoked', 'siwa.account_deleted', 'siwa.personal_data_erased', 'siwa.sub_transferred']));
         END IF;
+        -- A verifiable transfer list: the import's unverified load of the export's rows goes.
+        DROP FUNCTION IF EXISTS siwa.transfer_import_load_exports(text, text);
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;
@@ -2058,8 +2061,11 @@ BEGIN
     IF to_regclass('siwa.' || v_name) IS NOT NULL THEN
         RETURN false;
     END IF;
-    -- One creator at a time (two workers' maintenance passes), then look again.
-    PERFORM pg_advisory_xact_lock(hashtextextended('siwa.notification_log partitions', 0));
+    -- One creator at a time (two workers' maintenance passes), then look again. SHARE UPDATE EXCLUSIVE
+    -- conflicts with itself, not with the receiver's inserts or the worker's updates, and only a role
+    -- that may write the log can take it (an advisory lock on a guessable key, which any login can
+    -- hold, made this wait forever).
+    LOCK TABLE siwa.notification_log IN SHARE UPDATE EXCLUSIVE MODE;
     IF to_regclass('siwa.' || v_name) IS NOT NULL THEN
         RETURN false;
     END IF;
@@ -3294,7 +3300,8 @@ BEGIN
     IF cardinality(p_old_subs) = 0 THEN
         RETURN;
     END IF;
-    PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('siwa.transfer', 0));
+    -- One batch at a time, under a lock only the owner can take (nothing else may write this table).
+    LOCK TABLE siwa.sub_transfer_batches IN SHARE ROW EXCLUSIVE MODE;
     SELECT string_agg(format('siwa.%I.%I', c.relname, a.attname), ', ' ORDER BY c.relname) INTO v_unlisted
       FROM pg_catalog.pg_class c JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid
      WHERE c.relnamespace = 'siwa'::regnamespace AND c.relkind IN ('r', 'p') AND NOT c.relispartition
@@ -3543,9 +3550,11 @@ $$;
 COMMENT ON FUNCTION siwa.transfer_export_record(text, jsonb) IS
     'A team transfer''s export (old team): records Apple''s answers for a batch of users (JSON array of {k, s, v, a, err, st}: sub, state done/failed/pending, transfer_sub, attempts made, Apple''s error and status). Returns the rows updated.';
 
--- New team: loads the old team's list (JSON array of {sub, transfer_sub}). A pair already loaded (a
--- second run) is counted as already; another pairing of a sub or transfer_sub already listed is neither
--- loaded nor counted (the caller reports it).
+-- New team: loads the old team's list (JSON array of {sub, transfer_sub}), which the caller has verified
+-- against the digest both teams compared (TeamTransfer's TransferList: the list decides whose account
+-- each new sub goes to). A pair already loaded (a second run) is counted as already; another pairing of
+-- a sub or transfer_sub already listed is neither loaded nor counted (the caller reports it). Both teams
+-- in one database load the export's done rows the same way, verified the same way.
 CREATE OR REPLACE FUNCTION siwa.transfer_import_load(p_transfer_id text, p_pairs jsonb)
 RETURNS TABLE (loaded bigint, already bigint)
 LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
@@ -3560,24 +3569,6 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
 $$;
 COMMENT ON FUNCTION siwa.transfer_import_load(text, jsonb) IS
     'A team transfer''s import (new team): loads {sub, transfer_sub} pairs of the old team''s list into siwa.transfer_imports. Returns the pairs loaded now and those loaded by an earlier run; the rest conflict with a pairing already listed.';
-
--- New team, both teams in one database: loads the list from the export's done rows.
-CREATE OR REPLACE FUNCTION siwa.transfer_import_load_exports(p_transfer_id text, p_target_team text)
-RETURNS bigint
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    v_count bigint;
-BEGIN
-    INSERT INTO siwa.transfer_imports (transfer_id, transfer_sub, old_sub)
-    SELECT p_transfer_id, e.transfer_sub, e.sub FROM siwa.transfer_exports e
-     WHERE e.target_team = p_target_team AND e.state = 'done'
-    ON CONFLICT DO NOTHING;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    RETURN v_count;
-END;
-$$;
-COMMENT ON FUNCTION siwa.transfer_import_load_exports(text, text) IS
-    'A team transfer''s import when both teams share a database: loads the done rows of siwa.transfer_exports for the target team into siwa.transfer_imports. Returns the rows added.';
 
 -- New team: what Apple answered for a batch of transfer identifiers. p_outcomes is a JSON array of
 -- {k: transfer_sub, s: done|failed|pending, v: new sub, e: email, p: is_private_email, a, err, st}.
@@ -4353,7 +4344,7 @@ DECLARE
     v_month date;
     v_max   bigint;
 BEGIN
-    PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('siwa.migrate', 0));
+    LOCK TABLE siwa.schema_version IN SHARE ROW EXCLUSIVE MODE;
     IF pg_catalog.to_regclass('siwa.notifications_v2') IS NOT NULL THEN
         FOR v_month IN
             SELECT DISTINCT pg_catalog.date_trunc('month', o.issued_at AT TIME ZONE 'UTC')::date

@@ -5,8 +5,9 @@
 -- current schema from it alone. What cannot be said that way — a column or constraint added to an
 -- existing table, a type or a function signature changed, a backfill — is a numbered change below. Each
 -- change N runs on a database whose recorded version is below N (and not empty), in order, exactly once:
--- in one statement with its row in siwa.schema_version, under the advisory lock siwactl migrate also
--- holds ('siwa.migrate'), after which the version is read. An empty database skips the changes and
+-- in one statement with its row in siwa.schema_version, under the migration lock siwactl migrate also
+-- holds (siwa.schema_version in SHARE ROW EXCLUSIVE mode, a mode only a role that may write that table
+-- can take: the owner), after which the version is read. An empty database skips the changes and
 -- records every version.
 --
 -- Writing change N+1: add it at the end, with `IF v_from < N+1`, raise the version in the refusal
@@ -20,7 +21,7 @@ DECLARE
     v_from integer;
     v_bad  text;
 BEGIN
-    PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('siwa.migrate', 0));
+    LOCK TABLE siwa.schema_version IN SHARE ROW EXCLUSIVE MODE;
     v_from := coalesce((SELECT pg_catalog.max(version) FROM siwa.schema_version), 0);
 
     -- 1: the first release.
@@ -220,6 +221,8 @@ BEGIN
                     types IS NULL OR (cardinality(types) > 0 AND types <@ ARRAY['siwa.email_disabled', 'siwa.email_enabled',
                         'siwa.consent_revoked', 'siwa.account_deleted', 'siwa.personal_data_erased', 'siwa.sub_transferred']));
         END IF;
+        -- A verifiable transfer list: the import's unverified load of the export's rows goes.
+        DROP FUNCTION IF EXISTS siwa.transfer_import_load_exports(text, text);
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;

@@ -16,8 +16,11 @@ BEGIN
     IF to_regclass('siwa.' || v_name) IS NOT NULL THEN
         RETURN false;
     END IF;
-    -- One creator at a time (two workers' maintenance passes), then look again.
-    PERFORM pg_advisory_xact_lock(hashtextextended('siwa.notification_log partitions', 0));
+    -- One creator at a time (two workers' maintenance passes), then look again. SHARE UPDATE EXCLUSIVE
+    -- conflicts with itself, not with the receiver's inserts or the worker's updates, and only a role
+    -- that may write the log can take it (an advisory lock on a guessable key, which any login can
+    -- hold, made this wait forever).
+    LOCK TABLE siwa.notification_log IN SHARE UPDATE EXCLUSIVE MODE;
     IF to_regclass('siwa.' || v_name) IS NOT NULL THEN
         RETURN false;
     END IF;

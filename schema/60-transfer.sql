@@ -181,7 +181,8 @@ BEGIN
     IF cardinality(p_old_subs) = 0 THEN
         RETURN;
     END IF;
-    PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('siwa.transfer', 0));
+    -- One batch at a time, under a lock only the owner can take (nothing else may write this table).
+    LOCK TABLE siwa.sub_transfer_batches IN SHARE ROW EXCLUSIVE MODE;
     SELECT string_agg(format('siwa.%I.%I', c.relname, a.attname), ', ' ORDER BY c.relname) INTO v_unlisted
       FROM pg_catalog.pg_class c JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid
      WHERE c.relnamespace = 'siwa'::regnamespace AND c.relkind IN ('r', 'p') AND NOT c.relispartition
@@ -430,9 +431,11 @@ $$;
 COMMENT ON FUNCTION siwa.transfer_export_record(text, jsonb) IS
     'A team transfer''s export (old team): records Apple''s answers for a batch of users (JSON array of {k, s, v, a, err, st}: sub, state done/failed/pending, transfer_sub, attempts made, Apple''s error and status). Returns the rows updated.';
 
--- New team: loads the old team's list (JSON array of {sub, transfer_sub}). A pair already loaded (a
--- second run) is counted as already; another pairing of a sub or transfer_sub already listed is neither
--- loaded nor counted (the caller reports it).
+-- New team: loads the old team's list (JSON array of {sub, transfer_sub}), which the caller has verified
+-- against the digest both teams compared (TeamTransfer's TransferList: the list decides whose account
+-- each new sub goes to). A pair already loaded (a second run) is counted as already; another pairing of
+-- a sub or transfer_sub already listed is neither loaded nor counted (the caller reports it). Both teams
+-- in one database load the export's done rows the same way, verified the same way.
 CREATE OR REPLACE FUNCTION siwa.transfer_import_load(p_transfer_id text, p_pairs jsonb)
 RETURNS TABLE (loaded bigint, already bigint)
 LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
@@ -447,24 +450,6 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
 $$;
 COMMENT ON FUNCTION siwa.transfer_import_load(text, jsonb) IS
     'A team transfer''s import (new team): loads {sub, transfer_sub} pairs of the old team''s list into siwa.transfer_imports. Returns the pairs loaded now and those loaded by an earlier run; the rest conflict with a pairing already listed.';
-
--- New team, both teams in one database: loads the list from the export's done rows.
-CREATE OR REPLACE FUNCTION siwa.transfer_import_load_exports(p_transfer_id text, p_target_team text)
-RETURNS bigint
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    v_count bigint;
-BEGIN
-    INSERT INTO siwa.transfer_imports (transfer_id, transfer_sub, old_sub)
-    SELECT p_transfer_id, e.transfer_sub, e.sub FROM siwa.transfer_exports e
-     WHERE e.target_team = p_target_team AND e.state = 'done'
-    ON CONFLICT DO NOTHING;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    RETURN v_count;
-END;
-$$;
-COMMENT ON FUNCTION siwa.transfer_import_load_exports(text, text) IS
-    'A team transfer''s import when both teams share a database: loads the done rows of siwa.transfer_exports for the target team into siwa.transfer_imports. Returns the rows added.';
 
 -- New team: what Apple answered for a batch of transfer identifiers. p_outcomes is a JSON array of
 -- {k: transfer_sub, s: done|failed|pending, v: new sub, e: email, p: is_private_email, a, err, st}.

@@ -11,7 +11,7 @@ DECLARE
     v_month date;
     v_max   bigint;
 BEGIN
-    PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('siwa.migrate', 0));
+    LOCK TABLE siwa.schema_version IN SHARE ROW EXCLUSIVE MODE;
     IF pg_catalog.to_regclass('siwa.notifications_v2') IS NOT NULL THEN
         FOR v_month IN
             SELECT DISTINCT pg_catalog.date_trunc('month', o.issued_at AT TIME ZONE 'UTC')::date

@@ -145,6 +145,11 @@ public struct TransferExport {
 
     /// Every user done, in sub order: the list for the new team.
     public func entries(on connection: PostgresConnection) throws -> [Entry] {
+        try Self.doneEntries(on: connection, targetTeam: targetTeam)
+    }
+
+    /// Every user done for `targetTeam` in siwa.transfer_exports, in sub order.
+    static func doneEntries(on connection: PostgresConnection, targetTeam: String) throws -> [Entry] {
         try database("reading the transfer identifiers") {
             try connection.query(
                 """
@@ -155,25 +160,32 @@ public struct TransferExport {
         }
     }
 
-    /// Writes every done user as `{sub, target_team, transfer_sub}` per line to `path`, replacing the
-    /// file at once (mode 600). Returns the users written.
-    @discardableResult
-    public func writeList(from connection: PostgresConnection, to path: String) throws -> Int {
+    /// What the new team needs: the users listed and the list's digest (``TransferList``).
+    public struct ListDigest: Sendable, Equatable {
+        /// Users in the list.
+        public var users: Int
+        /// The digest the new team's import requires.
+        public var digest: String
+    }
+
+    /// The digest of the list of every user done (``entries(on:)``), without writing it: what the new
+    /// team's import from this same database (`--from-target-team`) requires.
+    public func digest(on connection: PostgresConnection) throws -> ListDigest {
         let rows = try entries(on: connection)
-        var text = ""
-        for row in rows {
-            text += jsonLine(["sub": row.sub, "transfer_sub": row.transferSub, "target_team": targetTeam])
-        }
-        let temporary = path + ".tmp-\(getpid())"
-        guard
-            FileManager.default.createFile(
-                atPath: temporary, contents: Data(text.utf8), attributes: [.posixPermissions: 0o600])
-        else { throw TeamTransferError("cannot write \(temporary)") }
-        guard rename(temporary, path) == 0 else {
-            unlink(temporary)
-            throw TeamTransferError("cannot replace \(path)")
-        }
-        return rows.count
+        return ListDigest(
+            users: rows.count, digest: try TransferList.digest(targetTeam: targetTeam, entries: rows))
+    }
+
+    /// Writes the list of every user done to `path` (``TransferList``: account references and transfer
+    /// identifiers, no sub and no email), replacing the file at once (mode 600). Returns the users written
+    /// and the list's digest.
+    @discardableResult
+    public func writeList(from connection: PostgresConnection, to path: String) throws -> ListDigest {
+        let rows = try entries(on: connection)
+        let list = try TransferList(targetTeam: targetTeam, entries: rows)
+        try list.write(to: path)
+        return ListDigest(
+            users: rows.count, digest: try TransferList.digest(targetTeam: targetTeam, entries: rows))
     }
 }
 

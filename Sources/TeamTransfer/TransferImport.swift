@@ -2,18 +2,20 @@ import AppleID
 import Foundation
 import Postgres
 
-/// The new team's side of an app transfer: loads the old team's list, asks Apple for each user's sub
-/// in this team, checks the answers (the wrong-identifier guard: one new sub per old sub), then rewrites
-/// every table holding a sub in batches (siwa.apply_sub_transfer), keeping each old sub in
-/// siwa.sub_aliases. Resumable. Runs as the schema's owner.
+/// The new team's side of an app transfer: verifies the old team's list against the digest both teams
+/// compared (``TransferList``) and loads it, asks Apple for each user's sub in this team, checks the
+/// answers (the wrong-identifier guard: one new sub per old sub), then rewrites every table holding a sub
+/// in batches (siwa.apply_sub_transfer), keeping each old sub in siwa.sub_aliases. Resumable. Runs as the
+/// schema's owner.
 ///
-/// The steps are public so that a caller can report between them: ``load(on:)``, ``exchange(on:progress:)``,
+/// The steps are public so that a caller can report between them: ``verifiedEntries(on:)``,
+/// ``load(on:)``, ``exchange(on:progress:)``,
 /// ``refuseDuplicates(on:)``, ``rewrite(on:)``, ``states(on:)``; ``run(on:progress:)`` takes them all.
 public struct TransferImport {
     /// Where the old team's list comes from.
     public enum Source: Sendable, Equatable {
-        /// The list the old team wrote (`TransferExport.writeList`).
-        case list([TransferExport.Entry])
+        /// The list the old team wrote (`TransferExport.writeList`, read with ``TransferImport/readList(path:)``).
+        case list(TransferList)
         /// siwa.transfer_exports of this same database, for this target team.
         case exports(targetTeam: String)
     }
@@ -45,11 +47,16 @@ public struct TransferImport {
     public let batchSize: Int
     /// The old team's list.
     public let source: Source
+    /// The digest of the list as the old team printed it (``TransferList/digest(targetTeam:entries:)``).
+    public let listDigest: String
     let pacing: TransferPacing
 
-    /// An import of `source` with `client` (this team's credentials for the transferred app).
+    /// An import of `source` with `client` (this team's credentials for the transferred app), of a list
+    /// whose digest must be `listDigest` (what the old team's export printed, compared by another channel
+    /// than the one that carried the list).
     public init(
-        client: AppleIDClient, transferID: String, batchSize: Int, source: Source, pacing: TransferPacing
+        client: AppleIDClient, transferID: String, batchSize: Int, source: Source, listDigest: String,
+        pacing: TransferPacing
     ) throws {
         guard !transferID.isEmpty, transferID.count <= 200 else {
             throw TeamTransferError("--transfer-id must be 1 to 200 characters")
@@ -57,34 +64,22 @@ public struct TransferImport {
         guard (1...10_000).contains(batchSize) else {
             throw TeamTransferError("--batch-size must be a whole number from 1 to 10000")
         }
+        guard TransferList.isDigest(listDigest) else {
+            throw TeamTransferError(
+                "--list-digest must be the 64 hex digits the old team's 'siwactl transfer export' printed")
+        }
         try TransferWindow.requireOpen(transferDate: pacing.transferDate)
         self.client = client
+        self.listDigest = listDigest.lowercased()
         self.transferID = transferID
         self.batchSize = batchSize
         self.source = source
         self.pacing = pacing
     }
 
-    /// The old team's list from a file of `{"sub": …, "transfer_sub": …}` lines.
-    public static func readList(path: String) throws -> [TransferExport.Entry] {
-        let text: String
-        do {
-            text = try String(contentsOfFile: path, encoding: .utf8)
-        } catch {
-            throw TeamTransferError("cannot read \(path)")
-        }
-        var entries: [TransferExport.Entry] = []
-        for (number, line) in text.split(separator: "\n").enumerated() where !line.isEmpty {
-            guard let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
-                let sub = object["sub"] as? String, let transferSub = object["transfer_sub"] as? String,
-                !sub.isEmpty, !transferSub.isEmpty
-            else {
-                throw TeamTransferError(
-                    "\(path) line \(number + 1): expected {\"sub\": …, \"transfer_sub\": …}")
-            }
-            entries.append(TransferExport.Entry(sub: sub, transferSub: transferSub))
-        }
-        return entries
+    /// The old team's list from the file its export wrote (``TransferList/read(path:)``).
+    public static func readList(path: String) throws -> TransferList {
+        try TransferList.read(path: path)
     }
 
     /// Checks that the database holds the transfer tables.
@@ -105,7 +100,7 @@ public struct TransferImport {
     /// The users in the source list; changes nothing.
     public func sourceCount(on connection: PostgresConnection) throws -> Int {
         switch source {
-        case .list(let entries): return entries.count
+        case .list(let list): return list.lines.count
         case .exports(let team):
             return try database("counting the list") {
                 try connection.query(
@@ -115,30 +110,61 @@ public struct TransferImport {
         }
     }
 
-    /// 1. Loads the list (a pair already loaded is no conflict). Returns the lines not loaded because
-    /// their sub or transfer_sub is already listed with another pairing.
-    public func load(on connection: PostgresConnection) throws -> Int {
-        try database("loading the list") {
-            switch source {
-            case .list(let list):
-                var skipped = 0
-                for start in stride(from: 0, to: list.count, by: 5000) {
-                    let slice = list[start..<min(start + 5000, list.count)]
-                    let json = slice.map { ["sub": $0.sub, "transfer_sub": $0.transferSub] }
-                    let data = try JSONSerialization.data(withJSONObject: Array(json))
-                    let loaded = try connection.query(
-                        "SELECT loaded, already FROM siwa.transfer_import_load($1, $2::jsonb)",
-                        [.text(transferID), .text(String(decoding: data, as: UTF8.self))])[0]
-                    let inserted: Int = try loaded[0]
-                    let already: Int = try loaded[1]
-                    skipped += slice.count - inserted - already
-                }
-                return skipped
-            case .exports(let team):
-                _ = try connection.query(
-                    "SELECT siwa.transfer_import_load_exports($1, $2)", [.text(transferID), .text(team)])
-                return 0
+    /// 1a. The list's pairs, verified: a file's account references found among this database's subs
+    /// (accounts, and subs an earlier run already replaced), or the export's done rows of this same
+    /// database; then the digest of that pairing compared with ``listDigest``. Refuses a reference that
+    /// matches no sub here and a pairing whose digest differs (two identifiers swapped, a line changed,
+    /// added or dropped, a list for another team): nothing is loaded then. Changes nothing.
+    public func verifiedEntries(on connection: PostgresConnection) throws -> [TransferExport.Entry] {
+        let entries: [TransferExport.Entry]
+        let team: String
+        switch source {
+        case .list(let list):
+            let subs = try database("reading this database's subs") {
+                try connection.query(
+                    "SELECT a.sub FROM siwa.accounts a UNION SELECT s.old_sub FROM siwa.sub_aliases s"
+                ).map { row throws -> String in try row[0] }
             }
+            let resolved = list.resolve(subs: subs)
+            guard resolved.unresolved == 0 else {
+                throw TeamTransferError(
+                    "\(resolved.unresolved) of the list's \(list.lines.count) users match no account of this database (a list for another database, or an altered one): nothing was loaded"
+                )
+            }
+            entries = resolved.entries
+            team = list.targetTeam
+        case .exports(let targetTeam):
+            entries = try TransferExport.doneEntries(on: connection, targetTeam: targetTeam)
+            team = targetTeam
+        }
+        let digest = try TransferList.digest(targetTeam: team, entries: entries)
+        guard digest == listDigest else {
+            throw TeamTransferError(
+                "the list's digest is \(digest), not the --list-digest the old team gave: its pairs are not the ones the old team exported (identifiers swapped, lines changed, added or dropped, or a list for another team); nothing was loaded. Ask the old team for the list and its digest again, by two different channels"
+            )
+        }
+        return entries
+    }
+
+    /// 1b. Verifies the list (``verifiedEntries(on:)``) and loads it (a pair already loaded is no
+    /// conflict). Returns the lines not loaded because their sub or transfer_sub is already listed for
+    /// this transfer with another pairing.
+    public func load(on connection: PostgresConnection) throws -> Int {
+        let list = try verifiedEntries(on: connection)
+        return try database("loading the list") {
+            var skipped = 0
+            for start in stride(from: 0, to: list.count, by: 5000) {
+                let slice = list[start..<min(start + 5000, list.count)]
+                let json = slice.map { ["sub": $0.sub, "transfer_sub": $0.transferSub] }
+                let data = try JSONSerialization.data(withJSONObject: Array(json))
+                let loaded = try connection.query(
+                    "SELECT loaded, already FROM siwa.transfer_import_load($1, $2::jsonb)",
+                    [.text(transferID), .text(String(decoding: data, as: UTF8.self))])[0]
+                let inserted: Int = try loaded[0]
+                let already: Int = try loaded[1]
+                skipped += slice.count - inserted - already
+            }
+            return skipped
         }
     }
 

@@ -15,9 +15,19 @@ enum MigrateVerb {
             not a superuser) may create objects in a schema on the session's search_path. Prints every
             NOTICE and WARNING the server sends (stderr), and fails (exit 1) when a group role the
             schema grants to (siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app) is missing
-            because this role may not create it, saying how to fix it.
+            because this role may not create it, saying how to fix it. One migration at a time: it waits
+            for another siwactl migrate by a lock only the schema's owner can take (siwa.schema_version);
+            on a database without the schema, whose lock any login could hold, it waits at most
+            --lock-timeout seconds and then names who holds it.
             """,
-        options: [.databaseURL])
+        options: [
+            .databaseURL,
+            CommandOption(
+                "lock-timeout", valueName: "SECONDS",
+                help:
+                    "On a database without the schema: how long to wait for another migration's lock before refusing, naming its holder.",
+                environmentVariable: "SIWA_MIGRATE_LOCK_TIMEOUT", defaultValue: "60"),
+        ])
 
     static let verb = Verb(name: "migrate", abstract: "Apply the embedded schema.sql to a database.") {
         arguments, environment in
@@ -28,6 +38,11 @@ enum MigrateVerb {
     }
 
     static func run(_ parsed: ParsedCommand) throws {
+        guard let lockTimeout = Double(parsed.value("lock-timeout") ?? ""), lockTimeout.isFinite,
+            (0.001...86_400).contains(lockTimeout)
+        else {
+            throw ToolFailure("--lock-timeout must be a number of seconds from 0.001 to 86400")
+        }
         let connection = try connect(parsed)
         defer { connection.close() }
         // The schemas on this session's search_path, read before the path is pinned: objects others may
@@ -59,9 +74,7 @@ enum MigrateVerb {
             try database("applying the schema") {
                 try connection.transaction { connection in
                     // One migration at a time: a second siwactl waits here, then finds nothing to do.
-                    try connection.query(
-                        "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('siwa.migrate', 0))"
-                    )
+                    try takeMigrationLock(connection, timeout: lockTimeout)
                     try connection.simpleQuery(SiwaSchema.sql)
                 }
             }
@@ -78,6 +91,66 @@ enum MigrateVerb {
         if !missing.isEmpty || !ungranted.isEmpty {
             throw ToolFailure(roleGapMessage(owner: owner, missing: missing, ungranted: ungranted))
         }
+    }
+
+    /// Takes the migration lock in the open transaction. On a database with the schema it is
+    /// siwa.schema_version in SHARE ROW EXCLUSIVE mode, the lock schema.sql's numbered changes take too:
+    /// only a role that may write that table (the owner) can take a mode that conflicts with it, so no
+    /// other login can make a migration wait; another migration is waited for as long as it runs. A
+    /// database without the schema has nothing of ours to lock: there it is an advisory lock, which any
+    /// login can hold, waited for at most `timeout` seconds and then refused with who holds it; once it is
+    /// taken, a schema that another migration committed meanwhile is locked as above.
+    static func takeMigrationLock(_ connection: PostgresConnection, timeout: Double) throws {
+        func schemaExists() throws -> Bool {
+            try connection.query("SELECT pg_catalog.to_regclass('siwa.schema_version') IS NOT NULL")[0][
+                0, as: Bool.self]
+        }
+        if try !schemaExists() {
+            let key = "pg_catalog.hashtextextended('siwa.migrate', 0)"
+            let taken = try connection.query("SELECT pg_catalog.pg_try_advisory_xact_lock(\(key))")[0][
+                0, as: Bool.self]
+            if !taken {
+                let holders =
+                    try connection.query(
+                        """
+                        SELECT pg_catalog.string_agg(pg_catalog.format('pid %s (role %s, application %L, since %s)',
+                                   a.pid, pg_catalog.quote_ident(a.usename),
+                                   pg_catalog.regexp_replace(a.application_name, '[[:cntrl:]]', '?', 'g'),
+                                   pg_catalog.to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS"Z"')),
+                                   '; ' ORDER BY a.pid)
+                          FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+                         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+                           AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+                           AND ((l.classid::pg_catalog.int8 << 32) | l.objid::pg_catalog.int8) = \(key)
+                        """)[0][0, as: String?.self] ?? "a session that has ended"
+                writeErrorLine(
+                    "siwactl migrate",
+                    "waiting up to \(String(format: "%g", timeout)) s for the migration lock, held by \(holders)"
+                )
+                let previous = try connection.query("SELECT pg_catalog.current_setting('lock_timeout')")[0][
+                    0, as: String.self]
+                try connection.query(
+                    "SELECT pg_catalog.set_config('lock_timeout', $1, true)",
+                    [.text("\(max(1, Int((timeout * 1000).rounded())))ms")])
+                let timedOut: Bool
+                do {
+                    try connection.query("SELECT pg_catalog.pg_advisory_xact_lock(\(key))")
+                    timedOut = false
+                } catch {
+                    guard error.sqlState == "55P03" else { throw error }
+                    timedOut = true
+                }
+                if timedOut {
+                    throw ToolFailure(
+                        "the database has no schema yet and the migration lock (the advisory lock on hashtextextended('siwa.migrate', 0), which any login can take) was held for more than --lock-timeout \(String(format: "%g", timeout)) s by \(holders): nothing was changed. If that is not another siwactl migrate, end it (SELECT pg_terminate_backend(pid)) and run siwactl migrate again"
+                    )
+                }
+                try connection.query(
+                    "SELECT pg_catalog.set_config('lock_timeout', $1, true)", [.text(previous)])
+            }
+            guard try schemaExists() else { return }
+        }
+        try connection.simpleQuery("LOCK TABLE siwa.schema_version IN SHARE ROW EXCLUSIVE MODE")
     }
 
     /// The group roles schema.sql creates (when missing) and grants to.

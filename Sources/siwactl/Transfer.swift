@@ -52,8 +52,10 @@ enum TransferVerb {
             excepted) asks Apple for its transfer identifier to --target-team and records it, or Apple's
             exact error, in siwa.transfer_exports. Resumable (run it again: what is done is not asked again;
             a refusal is asked again only with --retry-failed), rate-limited, concurrent; transient failures
-            are retried with backoff. With --output, writes the list for the new team ({sub, transfer_sub}
-            per line). Runs as the schema's owner.
+            are retried with backoff. Prints the digest of the list of users done, which the new team's
+            import requires: send it by another channel than the list. With --output, writes the list for
+            the new team (account references and transfer identifiers: no sub, no email). Runs as the
+            schema's owner.
             """,
         options: appleOptions + [
             CommandOption(
@@ -61,7 +63,8 @@ enum TransferVerb {
                 environmentVariable: "SIWA_TRANSFER_TARGET_TEAM"),
             CommandOption(
                 "output", valueName: "FILE",
-                help: "Write {sub, transfer_sub} per line for every user done (mode 600).",
+                help:
+                    "Write the list for the new team, every user done (mode 600): a header, then {account, transfer_sub} per line.",
                 environmentVariable: "SIWA_TRANSFER_OUTPUT"),
         ],
         flags: [
@@ -74,8 +77,10 @@ enum TransferVerb {
     static let importSpec = CommandSpec(
         name: "siwactl transfer import",
         abstract: """
-            The new team's side of an app transfer: loads the old team's list (--input FILE from 'transfer
-            export --output', or --from-target-team T: siwa.transfer_exports in this same database), asks
+            The new team's side of an app transfer: verifies the old team's list (--input FILE from 'transfer
+            export --output', or --from-target-team T: siwa.transfer_exports in this same database) against
+            --list-digest, the digest the old team's export printed, and refuses it, loading nothing, when
+            its pairs differ; loads it, asks
             Apple for each user's sub in this team, checks the answers (one new sub per old sub; the email of
             a non-private account), then rewrites every table holding a sub in batches
             (siwa.apply_sub_transfer), keeping each old sub in siwa.sub_aliases. Resumable. Runs as the
@@ -83,8 +88,14 @@ enum TransferVerb {
             """,
         options: appleOptions + [
             CommandOption(
-                "input", valueName: "FILE", help: "The old team's list: {sub, transfer_sub} per line.",
+                "input", valueName: "FILE",
+                help: "The old team's list, as its 'transfer export --output' wrote it.",
                 environmentVariable: "SIWA_TRANSFER_INPUT"),
+            CommandOption(
+                "list-digest", valueName: "HEX",
+                help:
+                    "The list's digest as the old team's export printed it, received by another channel than the list.",
+                isRequired: true, environmentVariable: "SIWA_TRANSFER_LIST_DIGEST"),
             CommandOption(
                 "from-target-team", valueName: "T",
                 help: "Read the list from siwa.transfer_exports (target team T) of this database instead.",
@@ -221,10 +232,21 @@ enum TransferExportCommand {
         writeStandardOutput(
             "export to \(target): \(result.alreadyDone + totals.done) of \(result.users) done; this run: \(totals.done) done, \(totals.refused) refused by Apple (see siwa.transfer_exports.apple_error), \(totals.transient) still failing\(totals.stoppedEarly ? "; stopped by --stop-after: run again to resume" : "")\n"
         )
+        let list: TransferExport.ListDigest
         if let output = parsed.value("output") {
-            let written = try export.writeList(from: connection, to: output)
-            writeStandardOutput("wrote \(written) users to \(output)\n")
+            list = try export.writeList(from: connection, to: output)
+            writeStandardOutput(
+                "wrote \(list.users) users to \(output) (account references and transfer identifiers: no sub, no email)\n"
+            )
+        } else {
+            list = try export.digest(on: connection)
         }
+        writeStandardOutput(
+            """
+            list digest for \(target) (\(list.users) users): \(list.digest)
+            give it to the new team by another channel than the list: their import (--list-digest) refuses a list whose pairs differ
+
+            """)
     }
 }
 
@@ -251,17 +273,18 @@ enum TransferImportCommand {
             ?? .exports(targetTeam: parsed.value("from-target-team")!)
         let transfer = try TransferImport(
             client: settings.client, transferID: transferID, batchSize: batchSize, source: source,
-            pacing: settings.pacing)
+            listDigest: parsed.value("list-digest")!, pacing: settings.pacing)
         try transfer.requireSchema(on: connection)
         settings.printWindow(name)
         if settings.dryRun {
             try transfer.checkCredentials()
+            let verified = try transfer.verifiedEntries(on: connection).count
             let listed = try transfer.sourceCount(on: connection)
             let states = try transfer.states(on: connection).map { "\($0.state) \($0.count)" }
             writeStandardOutput(
                 """
                 dry run: nothing changed.
-                the list holds \(listed) users; this transfer (\(transferID)) so far: \(states.isEmpty ? "nothing" : states.joined(separator: ", "))
+                the list holds \(listed) users; its \(verified) pairs match --list-digest; this transfer (\(transferID)) so far: \(states.isEmpty ? "nothing" : states.joined(separator: ", "))
                 would exchange what is pending at Apple (at most \(String(format: "%g", settings.pacing.rate))/s), then rewrite in batches of \(batchSize)
                 credentials: Apple issued a migration access token
 

@@ -48,7 +48,8 @@ struct TeamTransferLibraryTests {
                 signingKey: String(contentsOf: recipient.keyFile, encoding: .utf8)))
         let transfer = try TransferImport(
             client: recipientClient, transferID: "library-test", batchSize: 5,
-            source: .exports(targetTeam: TransferRecipient.teamID), pacing: pacing)
+            source: .exports(targetTeam: TransferRecipient.teamID),
+            listDigest: try export.digest(on: connection).digest, pacing: pacing)
         let imported = try transfer.run(on: connection)
         #expect(imported.skipped == 0)
         #expect(imported.exchange.done == 12)
@@ -90,7 +91,10 @@ struct TeamTransferLibraryTests {
                 teamID: TransferRecipient.teamID, keyID: TransferRecipient.keyID,
                 signingKey: String(contentsOf: recipient.keyFile, encoding: .utf8)))
         let transfer = try TransferImport(
-            client: client, transferID: "guard-test", batchSize: 100, source: .list(list), pacing: pacing)
+            client: client, transferID: "guard-test", batchSize: 100,
+            source: .list(try TransferList(targetTeam: TransferRecipient.teamID, entries: list)),
+            listDigest: try TransferList.digest(targetTeam: TransferRecipient.teamID, entries: list),
+            pacing: pacing)
         #expect(try transfer.load(on: connection) == 0)
         #expect(try transfer.exchange(on: connection).done == 2)
         #expect(try transfer.refuseDuplicates(on: connection) == 2)
@@ -105,6 +109,49 @@ struct TeamTransferLibraryTests {
         #expect(try database.query("SELECT count(*)::bigint FROM siwa.sub_aliases")[0][0, as: Int.self] == 0)
     }
 
+    @Test(
+        "a list whose pairs differ from the digest the old team printed is refused whole, and holds no sub or email"
+    )
+    func swappedPairsRefused() throws {
+        let scratch = try scratchDirectory()
+        defer { try? FileManager.default.removeItem(at: scratch) }
+        let recipient = try TransferRecipient(directory: scratch)
+        let apple = try LocalApple(transferTeams: [recipient.transferTeam])
+        let database = try TestDatabase()
+        try seed(database, count: 4)
+        let connection = try database.connect()
+        defer { connection.close() }
+        let export = try TransferExport(
+            client: apple.client(), ownTeam: LocalApple.teamID, targetTeam: TransferRecipient.teamID,
+            pacing: pacing)
+        _ = try export.run(on: connection)
+        let path = scratch.appendingPathComponent("list.jsonl").path
+        let written = try export.writeList(from: connection, to: path)
+        #expect(written.users == 4)
+        let text = try String(contentsOfFile: path, encoding: .utf8)
+        #expect(!text.contains("000200.") && !text.contains("@"))
+        // Two users' transfer identifiers swapped in the file.
+        var swapped = try TransferImport.readList(path: path)
+        (swapped.lines[0].transferSub, swapped.lines[1].transferSub) =
+            (swapped.lines[1].transferSub, swapped.lines[0].transferSub)
+        let client = try apple.client(
+            apple.provider(
+                teamID: TransferRecipient.teamID, keyID: TransferRecipient.keyID,
+                signingKey: String(contentsOf: recipient.keyFile, encoding: .utf8)))
+        let refused = try TransferImport(
+            client: client, transferID: "swap-test", batchSize: 100, source: .list(swapped),
+            listDigest: written.digest, pacing: pacing)
+        #expect(throws: TeamTransferError.self) { try refused.run(on: connection) }
+        #expect(
+            try database.query("SELECT count(*)::bigint FROM siwa.transfer_imports")[0][0, as: Int.self] == 0)
+        // The list as written is accepted, and moves each user to the new sub Apple gives for it.
+        let accepted = try TransferImport(
+            client: client, transferID: "swap-test", batchSize: 100,
+            source: .list(try TransferImport.readList(path: path)), listDigest: written.digest, pacing: pacing
+        )
+        #expect(try accepted.run(on: connection).outcomes == ["applied": 4])
+    }
+
     @Test("settings the run cannot use are refused before any call")
     func refusals() throws {
         let apple = try LocalApple()
@@ -115,7 +162,15 @@ struct TeamTransferLibraryTests {
         }
         #expect(throws: TeamTransferError.self) {
             try TransferImport(
-                client: apple.client(), transferID: "", batchSize: 10, source: .list([]), pacing: pacing)
+                client: apple.client(), transferID: "", batchSize: 10,
+                source: .list(try TransferList(targetTeam: "TEAMB00000", entries: [])),
+                listDigest: try TransferList.digest(targetTeam: "TEAMB00000", entries: []), pacing: pacing)
+        }
+        #expect(throws: TeamTransferError.self) {
+            try TransferImport(
+                client: apple.client(), transferID: "t", batchSize: 10,
+                source: .list(try TransferList(targetTeam: "TEAMB00000", entries: [])), listDigest: "not hex",
+                pacing: pacing)
         }
         var closed = pacing
         closed.transferDate = Date().addingTimeInterval(-61 * 86400)

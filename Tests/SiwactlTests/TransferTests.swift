@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import TeamTransfer
 import TestSupport
 import Testing
 
@@ -60,6 +61,12 @@ private func seed(_ database: TestDatabase, count: Int) throws {
 /// The sub the local Apple gives the recipient for an old sub (its deterministic rule).
 private func newSub(_ old: String) -> String {
     TransferRecipient.teamID.lowercased() + "." + old.utf8.map { String(format: "%02x", $0) }.joined()
+}
+
+/// The digest an export printed ("list digest for T (N users): HEX").
+private func printedDigest(_ output: String) -> String? {
+    output.split(separator: "\n").first { $0.hasPrefix("list digest for ") }?.split(separator: " ").last.map(
+        String.init)
 }
 
 private func count(_ database: TestDatabase, _ sql: String, _ parameters: [PostgresData?] = []) throws -> Int
@@ -163,14 +170,16 @@ struct TransferTests {
         // Transient failures were retried, and counted.
         #expect(try count(old, "SELECT count(*)::bigint FROM siwa.transfer_exports WHERE attempts > 1") > 0)
         let lines = try String(contentsOf: list, encoding: .utf8).split(separator: "\n")
-        #expect(lines.count == total - refusedUsers.count)
+        #expect(lines.count == 1 + total - refusedUsers.count)
+        let digest = try #require(printedDigest(resumed.standardOutput), "\(resumed.standardOutput)")
 
         // The new team's database: the same data, then the import.
         let new = try TestDatabase()
         try seed(new, count: total)
         try apple.fault(["--endpoint", "migration", "--fail-with", "500", "--every", "9"])
         let importStarted = Date()
-        let imported = try siwactl(importArguments(apple, recipient, new) + ["--input", list.path])
+        let imported = try siwactl(
+            importArguments(apple, recipient, new) + ["--input", list.path, "--list-digest", digest])
         let importSeconds = Date().timeIntervalSince(importStarted)
         #expect(imported.status == 0, "\(imported.standardError)")
         let moved = total - refusedUsers.count
@@ -214,7 +223,8 @@ struct TransferTests {
         #expect(
             try count(new, "SELECT count(*)::bigint FROM siwa.transfer_imports WHERE email IS NOT NULL") == 0)
         // Running it again changes nothing.
-        let again = try siwactl(importArguments(apple, recipient, new) + ["--input", list.path])
+        let again = try siwactl(
+            importArguments(apple, recipient, new) + ["--input", list.path, "--list-digest", digest])
         #expect(again.status == 0, "\(again.standardError)")
         #expect(try count(new, "SELECT count(*)::bigint FROM siwa.sub_aliases") == moved)
         print(
@@ -247,8 +257,11 @@ struct TransferTests {
         let resumed = try siwactl(exportArguments(apple, database))
         #expect(resumed.status == 0, "\(resumed.standardError)")
         #expect(resumed.standardOutput.contains("30 of 30 done; this run: 23 done"))
+        let digest = try #require(printedDigest(resumed.standardOutput), "\(resumed.standardOutput)")
         let imported = try siwactl(
-            importArguments(apple, recipient, database) + ["--from-target-team", TransferRecipient.teamID])
+            importArguments(apple, recipient, database) + [
+                "--from-target-team", TransferRecipient.teamID, "--list-digest", digest,
+            ])
         #expect(imported.status == 0, "\(imported.standardError)")
         #expect(try count(database, "SELECT count(*)::bigint FROM siwa.sub_aliases") == 30)
         #expect(try count(database, "SELECT count(*)::bigint FROM siwa.accounts WHERE sub LIKE '%.old'") == 0)
@@ -272,15 +285,20 @@ struct TransferTests {
         #expect(try count(old, "SELECT count(*)::bigint FROM siwa.transfer_exports") == 0)
         #expect(!apple.log.contains("/auth/usermigrationinfo"))
         let list = scratch.appendingPathComponent("list.jsonl")
-        #expect(try siwactl(exportArguments(apple, old) + ["--output", list.path]).status == 0)
+        let exported = try siwactl(exportArguments(apple, old) + ["--output", list.path])
+        #expect(exported.status == 0)
+        let digest = try #require(printedDigest(exported.standardOutput), "\(exported.standardOutput)")
         let new = try TestDatabase()
         try seed(new, count: 20)
         let before = try new.query("SELECT string_agg(sub, ',' ORDER BY sub) FROM siwa.accounts")[0][
             0, as: String.self]
         let dryImport = try siwactl(
-            importArguments(apple, recipient, new) + ["--input", list.path, "--dry-run"])
+            importArguments(apple, recipient, new) + [
+                "--input", list.path, "--list-digest", digest, "--dry-run",
+            ])
         #expect(dryImport.status == 0, "\(dryImport.standardError)")
-        #expect(dryImport.standardOutput.contains("the list holds 20 users"))
+        #expect(
+            dryImport.standardOutput.contains("the list holds 20 users; its 20 pairs match --list-digest"))
         #expect(try count(new, "SELECT count(*)::bigint FROM siwa.transfer_imports") == 0)
         #expect(try count(new, "SELECT count(*)::bigint FROM siwa.sub_aliases") == 0)
         #expect(
@@ -300,27 +318,26 @@ struct TransferTests {
         func hex(_ text: String) -> String { text.utf8.map { String(format: "%02x", $0) }.joined() }
         // A buggy export gave user 2 the transfer identifier of user 1 (through another source team,
         // so the identifiers differ but Apple answers the same new sub).
-        let list = scratch.appendingPathComponent("list.jsonl")
-        try [
-            jsonLine([
-                "sub": people[0].sub,
-                "transfer_sub": "\(TransferRecipient.teamID).\(LocalApple.teamID).\(hex(people[0].sub))",
-            ]),
-            jsonLine([
-                "sub": people[1].sub,
-                "transfer_sub": "\(TransferRecipient.teamID).TEAMC00000.\(hex(people[0].sub))",
-            ]),
-            jsonLine([
-                "sub": people[2].sub,
-                "transfer_sub": "\(TransferRecipient.teamID).\(LocalApple.teamID).\(hex(people[2].sub))",
-            ]),
+        let entries = [
+            TransferExport.Entry(
+                sub: people[0].sub,
+                transferSub: "\(TransferRecipient.teamID).\(LocalApple.teamID).\(hex(people[0].sub))"),
+            TransferExport.Entry(
+                sub: people[1].sub,
+                transferSub: "\(TransferRecipient.teamID).TEAMC00000.\(hex(people[0].sub))"),
+            TransferExport.Entry(
+                sub: people[2].sub,
+                transferSub: "\(TransferRecipient.teamID).\(LocalApple.teamID).\(hex(people[2].sub))"),
             // And user 3 listed twice: the second pairing is not loaded, and said so.
-            jsonLine([
-                "sub": people[2].sub,
-                "transfer_sub": "\(TransferRecipient.teamID).TEAMD00000.\(hex(people[2].sub))",
-            ]),
-        ].joined().write(to: list, atomically: true, encoding: .utf8)
-        let result = try siwactl(importArguments(apple, recipient, new) + ["--input", list.path])
+            TransferExport.Entry(
+                sub: people[2].sub,
+                transferSub: "\(TransferRecipient.teamID).TEAMD00000.\(hex(people[2].sub))"),
+        ]
+        let list = scratch.appendingPathComponent("list.jsonl")
+        try TransferList(targetTeam: TransferRecipient.teamID, entries: entries).write(to: list.path)
+        let digest = try TransferList.digest(targetTeam: TransferRecipient.teamID, entries: entries)
+        let result = try siwactl(
+            importArguments(apple, recipient, new) + ["--input", list.path, "--list-digest", digest])
         #expect(result.status == 0, "\(result.standardError)")
         #expect(result.standardError.contains("2 users got a new sub that Apple also gave another user"))
         #expect(result.standardError.contains("1 lines of the list were not loaded"))
@@ -339,6 +356,71 @@ struct TransferTests {
             try count(
                 new, "SELECT count(*)::bigint FROM siwa.accounts WHERE sub = $1",
                 [.text(newSub(people[2].sub))]) == 1)
+    }
+
+    @Test(
+        "a list with two users' transfer identifiers swapped is refused, loading nothing; it holds no sub or email, and its digest is sha256sum of the pairs as psql lists them"
+    )
+    func swappedPairsRefused() throws {
+        let scratch = try scratchDirectory()
+        defer { try? FileManager.default.removeItem(at: scratch) }
+        let recipient = try TransferRecipient(directory: scratch)
+        let apple = try LocalApple(transferTeams: [recipient.transferTeam])
+        let old = try TestDatabase()
+        try seed(old, count: 6)
+        let list = scratch.appendingPathComponent("list.jsonl")
+        let exported = try siwactl(exportArguments(apple, old) + ["--output", list.path])
+        #expect(exported.status == 0, "\(exported.standardError)")
+        let digest = try #require(printedDigest(exported.standardOutput), "\(exported.standardOutput)")
+        // What is handed over holds no team-scoped identifier and no address (Apple's transfer guide).
+        let text = try String(contentsOf: list, encoding: .utf8)
+        for person in users(6) {
+            #expect(!text.contains(person.sub) && !text.contains(person.email))
+        }
+        // The digest, made the way docs/operations.md § 14 tells either team to check it.
+        let canonical = try old.query(
+            """
+            SELECT 'siwa-transfer-list 2 ' || $1 || E'\\n'
+                   || string_agg(sub || E'\\t' || transfer_sub || E'\\n', '' ORDER BY sub COLLATE "C", transfer_sub COLLATE "C")
+              FROM siwa.transfer_exports WHERE target_team = $1 AND state = 'done'
+            """, [.text(TransferRecipient.teamID)])[0][0, as: String.self]
+        let canonicalFile = scratch.appendingPathComponent("pairs.txt")
+        try canonical.write(to: canonicalFile, atomically: true, encoding: .utf8)
+        let summed = try Subprocess.run("/usr/bin/sha256sum", [canonicalFile.path], timeout: .seconds(30))
+        #expect(summed.standardOutput.split(separator: " ").first.map(String.init) == digest)
+
+        // Two users' transfer identifiers swapped in the file.
+        var rows = text.split(separator: "\n").map { line -> [String: Any] in
+            (try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]) ?? [:]
+        }
+        (rows[1]["transfer_sub"], rows[2]["transfer_sub"]) = (
+            rows[2]["transfer_sub"], rows[1]["transfer_sub"]
+        )
+        let swapped = scratch.appendingPathComponent("swapped.jsonl")
+        try rows.map(jsonLine).joined().write(to: swapped, atomically: true, encoding: .utf8)
+        let new = try TestDatabase()
+        try seed(new, count: 6)
+        let refused = try siwactl(
+            importArguments(apple, recipient, new) + ["--input", swapped.path, "--list-digest", digest])
+        #expect(refused.status == 1)
+        #expect(
+            refused.standardError.contains("not the --list-digest the old team gave"),
+            "\(refused.standardError)")
+        #expect(refused.standardError.contains("nothing was loaded"))
+        #expect(try count(new, "SELECT count(*)::bigint FROM siwa.transfer_imports") == 0)
+        #expect(try count(new, "SELECT count(*)::bigint FROM siwa.sub_aliases") == 0)
+        // Without a digest the import does not start.
+        let undigested = try siwactl(importArguments(apple, recipient, new) + ["--input", list.path])
+        #expect(undigested.status != 0)
+        #expect(undigested.standardError.contains("--list-digest"))
+        // The list as written moves every user to the new sub Apple gives for that user.
+        let imported = try siwactl(
+            importArguments(apple, recipient, new) + ["--input", list.path, "--list-digest", digest])
+        #expect(imported.status == 0, "\(imported.standardError)")
+        #expect(
+            try new.query("SELECT old_sub, new_sub FROM siwa.sub_aliases").map { row throws -> Bool in
+                try newSub(row[0, as: String.self]) == row[1, as: String.self]
+            } == Array(repeating: true, count: 6))
     }
 
     @Test("credentials Apple refuses stop the run without marking any user failed")
