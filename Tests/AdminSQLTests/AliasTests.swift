@@ -48,8 +48,10 @@ struct AliasTests {
             #expect(try value(connection, "SELECT siwa.current_sub('someone')") == "someone")
         }
         // A chain written by hand (not flattened by the rewrite) is followed too.
-        try owner.execute("INSERT INTO siwa.sub_aliases (old_sub, new_sub, transfer_id) VALUES ('x1', 'x2', 'h')")
-        try owner.execute("INSERT INTO siwa.sub_aliases (old_sub, new_sub, transfer_id) VALUES ('x2', 'x3', 'h')")
+        try owner.execute(
+            "INSERT INTO siwa.sub_aliases (old_sub, new_sub, transfer_id) VALUES ('x1', 'x2', 'h')")
+        try owner.execute(
+            "INSERT INTO siwa.sub_aliases (old_sub, new_sub, transfer_id) VALUES ('x2', 'x3', 'h')")
         #expect(try value(owner, "SELECT siwa.current_sub('x1')") == "x3")
     }
 
@@ -77,7 +79,9 @@ struct AliasTests {
         #expect(try row[2, as: Bool.self])
     }
 
-    @Test("after A→C and C's erasure, a late notification for A that fails keeps no error text (dead or retrying)")
+    @Test(
+        "after A→C and C's erasure, a late notification for A that fails keeps no error text (dead or retrying)"
+    )
     func recordFailureFollowsAlias() throws {
         let database = try AdminDatabase.make()
         let owner = try database.connectAsOwner()
@@ -90,7 +94,9 @@ struct AliasTests {
         #expect(try workerPass(worker) == ["applied"])
         try replaceHook(
             on: owner,
-            body: "IF jti LIKE 'late-%' THEN RAISE EXCEPTION 'hook refused e2@privaterelay.appleid.com secret'; END IF;")
+            body:
+                "IF jti LIKE 'late-%' THEN RAISE EXCEPTION 'hook refused e2@privaterelay.appleid.com secret'; END IF;"
+        )
         try storeAsReceiver(database, jti: "late-e2a", sub: "old.e2", eventType: "consent-revoked")
         #expect(try workerPass(worker, maxAttempts: 1) == ["dead"])
         try storeAsReceiver(database, jti: "late-e2b", sub: "old.e2", eventType: "consent-revoked")
@@ -132,13 +138,16 @@ struct AliasTests {
         defer { worker.close() }
         #expect(try workerPass(worker) == ["applied"])
         #expect(
-            try value(owner, "SELECT email FROM siwa.transfer_imports WHERE new_sub = 'new.n'", as: String?.self)
+            try value(
+                owner, "SELECT email FROM siwa.transfer_imports WHERE new_sub = 'new.n'", as: String?.self)
                 == nil)
     }
 
     // 3. A new sub that already has an account: merged.
 
-    @Test("a new sub that already has an account is merged: earliest deletion, latest consent, newest email status")
+    @Test(
+        "a new sub that already has an account is merged: earliest deletion, latest consent, newest email status"
+    )
     func mergeOnImport() throws {
         let database = try AdminDatabase.make()
         let owner = try database.connectAsOwner()
@@ -151,14 +160,17 @@ struct AliasTests {
              WHERE sub = 'old.m'
             """)
         try owner.execute(
-            "UPDATE siwa.notification_log SET email = 'm@privaterelay.appleid.com', raw_token = 'a.b.c' WHERE sub = 'old.m'")
+            "UPDATE siwa.notification_log SET email = 'm@privaterelay.appleid.com', raw_token = 'a.b.c' WHERE sub = 'old.m'"
+        )
         // The account the new sub got from a notification before the import; the user signed in there too.
         try owner.execute(
             """
             INSERT INTO siwa.accounts (sub, email_status, email_status_at, consent_revoked_at)
             VALUES ('new.m', 'enabled', '2026-06-01 10:00Z', '2026-05-02 00:00Z')
             """)
-        try owner.execute("INSERT INTO siwa.sign_ins (sub, client_id, sign_in_count) VALUES ('new.m', 'com.example.app', 2)")
+        try owner.execute(
+            "INSERT INTO siwa.sign_ins (sub, client_id, sign_in_count) VALUES ('new.m', 'com.example.app', 2)"
+        )
         try owner.execute("INSERT INTO siwa.sessions (sub) VALUES ('new.m')")
         let outcomes = try applyTransfer(owner, [("old.m", "new.m", "m2@privaterelay.appleid.com", true)])
         #expect(outcomes == ["old.m": "merged"])
@@ -176,7 +188,10 @@ struct AliasTests {
         #expect(try account[4] as Bool)
         #expect(try value(owner, "SELECT count(*)::bigint FROM siwa.sessions WHERE sub = 'new.m'") == 3)
         #expect(
-            try value(owner, "SELECT sign_in_count FROM siwa.sign_ins WHERE sub = 'new.m' AND client_id = 'com.example.app'")
+            try value(
+                owner,
+                "SELECT sign_in_count FROM siwa.sign_ins WHERE sub = 'new.m' AND client_id = 'com.example.app'"
+            )
                 == 3)
         #expect(try value(owner, "SELECT count(*)::bigint FROM siwa.sign_ins WHERE sub = 'old.m'") == 0)
         #expect(try value(owner, "SELECT outcomes->>'merged' FROM siwa.sub_transfer_batches") == "1")
@@ -187,14 +202,18 @@ struct AliasTests {
         defer { worker.close() }
         #expect(try workerPass(worker) == ["applied"])
         #expect(
-            try value(owner, "SELECT count(*)::bigint FROM siwa.sessions WHERE sub = 'new.m' AND revoked_at IS NULL")
+            try value(
+                owner, "SELECT count(*)::bigint FROM siwa.sessions WHERE sub = 'new.m' AND revoked_at IS NULL"
+            )
                 == 0)
         #expect(
             try value(
                 owner,
-                "SELECT count(*)::bigint FROM siwa.notification_log WHERE sub = 'old.m' AND (email IS NOT NULL OR raw_token IS NOT NULL)")
+                "SELECT count(*)::bigint FROM siwa.notification_log WHERE sub = 'old.m' AND (email IS NOT NULL OR raw_token IS NOT NULL)"
+            )
                 == 0)
-        #expect(try value(owner, "SELECT email FROM siwa.accounts WHERE sub = 'new.m'", as: String?.self) == nil)
+        #expect(
+            try value(owner, "SELECT email FROM siwa.accounts WHERE sub = 'new.m'", as: String?.self) == nil)
     }
 
     @Test("merging into a deleted account revokes what the old account brings and erases its data")
@@ -212,8 +231,13 @@ struct AliasTests {
         let app = try database.connect(as: .app)
         defer { app.close() }
         #expect(
-            try value(app, "SELECT count(*)::bigint FROM siwa.sessions WHERE sub = 'new.d' AND revoked_at IS NULL") == 0)
-        #expect(try value(app, "SELECT bool_and(revoke_reason = 'account-delete') FROM siwa.sessions WHERE sub = 'new.d'"))
+            try value(
+                app, "SELECT count(*)::bigint FROM siwa.sessions WHERE sub = 'new.d' AND revoked_at IS NULL")
+                == 0)
+        #expect(
+            try value(
+                app,
+                "SELECT bool_and(revoke_reason = 'account-delete') FROM siwa.sessions WHERE sub = 'new.d'"))
         let account = try owner.query(
             "SELECT email, personal_data_erased_at IS NOT NULL, deleted_at IS NOT NULL FROM siwa.accounts WHERE sub = 'new.d'"
         )[0]
@@ -221,13 +245,17 @@ struct AliasTests {
         #expect(try account[1] as Bool)
         #expect(try account[2] as Bool)
         #expect(
-            try value(owner, "SELECT count(*)::bigint FROM siwa.refresh_tokens WHERE sub = 'new.d' AND revoked_at IS NULL")
+            try value(
+                owner,
+                "SELECT count(*)::bigint FROM siwa.refresh_tokens WHERE sub = 'new.d' AND revoked_at IS NULL")
                 == 0)
     }
 
     // 4. The app's entry points.
 
-    @Test("request_revocation, session_is_valid and sessions recorded under a replaced sub act on the current sub")
+    @Test(
+        "request_revocation, session_is_valid and sessions recorded under a replaced sub act on the current sub"
+    )
     func appEntryPointsResolveAliases() throws {
         let database = try AdminDatabase.make()
         let owner = try database.connectAsOwner()
@@ -237,13 +265,16 @@ struct AliasTests {
         try applyTransfer(owner, [("old.p", "new.p", nil, nil)])
         let app = try database.connect(as: .app)
         defer { app.close() }
-        let request: Int = try value(app, "SELECT siwa.request_revocation('old.p', 'account deleted in the app')")
+        let request: Int = try value(
+            app, "SELECT siwa.request_revocation('old.p', 'account deleted in the app')")
         #expect(
             try value(owner, "SELECT sub FROM siwa.revocation_requests WHERE id = $1", [.int(Int64(request))])
                 == "new.p")
         // A session the app records under the old sub belongs to the current one.
         let session: String = try value(
-            app, "INSERT INTO siwa.sessions (sub, created_at) VALUES ('old.p', now() - interval '1 hour') RETURNING sub")
+            app,
+            "INSERT INTO siwa.sessions (sub, created_at) VALUES ('old.p', now() - interval '1 hour') RETURNING sub"
+        )
         #expect(session == "new.p")
         #expect(try value(app, "SELECT siwa.session_is_valid('old.p', now() - interval '1 hour')"))
         // Deleted under the new sub: the old sub's answers follow.
@@ -253,12 +284,14 @@ struct AliasTests {
         #expect(try workerPass(worker) == ["applied"])
         #expect(try value(app, "SELECT siwa.session_is_valid('old.p', now() - interval '1 hour')") == false)
         let late = try app.query(
-            "INSERT INTO siwa.sessions (sub, created_at) VALUES ('old.p', now()) RETURNING sub, revoke_reason")[0]
+            "INSERT INTO siwa.sessions (sub, created_at) VALUES ('old.p', now()) RETURNING sub, revoke_reason"
+        )[0]
         #expect(try late[0] as String == "new.p")
         #expect(try late[1] as String? == "account-delete")
     }
 
-    @Test("a transfer writes a siwa.sub_transferred change (changefeed, webhooks); siwa_app reads the mapping")
+    @Test(
+        "a transfer writes a siwa.sub_transferred change (changefeed, webhooks); siwa_app reads the mapping")
     func subTransferredChange() throws {
         let database = try AdminDatabase.make()
         let owner = try database.connectAsOwner()
@@ -284,7 +317,9 @@ struct AliasTests {
         #expect(sqlState { try app.execute("SELECT transfer_id FROM siwa.sub_aliases") } == permissionDenied)
         // Again: nothing new.
         try applyTransfer(owner, [("old.t", "new.t", nil, nil)])
-        #expect(try value(owner, "SELECT count(*)::bigint FROM siwa.changes WHERE type = 'siwa.sub_transferred'") == 1)
+        #expect(
+            try value(owner, "SELECT count(*)::bigint FROM siwa.changes WHERE type = 'siwa.sub_transferred'")
+                == 1)
     }
 
     // 5. A late email event for a replaced sub.
@@ -297,7 +332,8 @@ struct AliasTests {
         try seedUser(owner, sub: "old.l", email: "l@privaterelay.appleid.com", isPrivate: true)
         try applyTransfer(owner, [("old.l", "new.l", "l2@privaterelay.appleid.com", true)])
         try storeAsReceiver(
-            database, jti: "late-l", sub: "old.l", eventType: "email-disabled", email: "l@privaterelay.appleid.com")
+            database, jti: "late-l", sub: "old.l", eventType: "email-disabled",
+            email: "l@privaterelay.appleid.com")
         let worker = try database.connect(as: .worker)
         defer { worker.close() }
         #expect(try workerPass(worker) == ["applied"])
@@ -316,7 +352,9 @@ struct AliasTests {
 
     // 6. The race between the rewrite and the worker creating the old sub's account.
 
-    @Test("the rewrite running first: the worker's account creation for the old sub waits (busy), then follows the alias")
+    @Test(
+        "the rewrite running first: the worker's account creation for the old sub waits (busy), then follows the alias"
+    )
     func raceTransferFirst() throws {
         let database = try AdminDatabase.make()
         let owner = try database.connectAsOwner()
@@ -339,11 +377,15 @@ struct AliasTests {
         #expect(try value(owner, "SELECT count(*)::bigint FROM siwa.accounts WHERE sub = 'old.r1'") == 0)
         #expect(try value(owner, "SELECT deleted_at IS NOT NULL FROM siwa.accounts WHERE sub = 'new.r1'"))
         #expect(
-            try value(owner, "SELECT count(*)::bigint FROM siwa.sessions WHERE sub = 'new.r1' AND revoked_at IS NULL")
+            try value(
+                owner,
+                "SELECT count(*)::bigint FROM siwa.sessions WHERE sub = 'new.r1' AND revoked_at IS NULL")
                 == 0)
     }
 
-    @Test("the worker creating the old sub's account first: the rewrite waits for it, then moves that account too")
+    @Test(
+        "the worker creating the old sub's account first: the rewrite waits for it, then moves that account too"
+    )
     func raceWorkerFirst() throws {
         let database = try AdminDatabase.make()
         let owner = try database.connectAsOwner()
@@ -373,7 +415,8 @@ struct AliasTests {
             try waitUntil(timeout: .seconds(30)) {
                 if finished.done.withLock({ $0 }) { return true }
                 let waiting: Int = try value(
-                    owner, "SELECT count(*)::bigint FROM pg_locks WHERE pid = $1 AND NOT granted", [.int(Int64(pid))])
+                    owner, "SELECT count(*)::bigint FROM pg_locks WHERE pid = $1 AND NOT granted",
+                    [.int(Int64(pid))])
                 return waiting > 0
             })
         try worker.simpleQuery("COMMIT")
@@ -387,7 +430,9 @@ struct AliasTests {
 
     // 12. An earlier second deletion.
 
-    @Test("an account-delete earlier than the recorded deletion is a change: the changefeed's time is the account's")
+    @Test(
+        "an account-delete earlier than the recorded deletion is a change: the changefeed's time is the account's"
+    )
     func earlierSecondDeletion() throws {
         let database = try AdminDatabase.make()
         let owner = try database.connectAsOwner()
@@ -396,7 +441,8 @@ struct AliasTests {
         defer { worker.close() }
         let later = try owner.instant("now() - interval '1 hour'")
         let earlier = try owner.instant("now() - interval '2 hours'")
-        try owner.storeAsReceiver(SeededNotification(jti: "d1", type: "account-delete", sub: "u.d", eventTime: later))
+        try owner.storeAsReceiver(
+            SeededNotification(jti: "d1", type: "account-delete", sub: "u.d", eventTime: later))
         #expect(try workerPass(worker) == ["applied"])
         try owner.storeAsReceiver(
             SeededNotification(jti: "d2", type: "account-delete", sub: "u.d", eventTime: earlier))

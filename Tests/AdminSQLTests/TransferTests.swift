@@ -4,8 +4,7 @@ import TestSupport
 import Testing
 
 /// Seeds one user in every table that holds a sub, with a notification in the history.
-func seedUser(_ connection: PostgresConnection, sub: String, email: String?, isPrivate: Bool?) throws
-{
+func seedUser(_ connection: PostgresConnection, sub: String, email: String?, isPrivate: Bool?) throws {
     try connection.execute(
         "INSERT INTO siwa.accounts (sub, email, is_private_email) VALUES ($1::text, $2::text, $3::boolean)",
         [.text(sub), email.map(PostgresData.text), isPrivate.map(PostgresData.bool)])
@@ -412,7 +411,8 @@ struct TransferSQLTests {
             } == feedBefore)
         #expect(
             try app.query(
-                "SELECT count(*)::bigint FROM siwa.changefeed WHERE sub = 'new.w' AND type <> 'siwa.sub_transferred'")[0][
+                "SELECT count(*)::bigint FROM siwa.changefeed WHERE sub = 'new.w' AND type <> 'siwa.sub_transferred'"
+            )[0][
                 0, as: Int.self]
                 == 3)
 
@@ -422,7 +422,8 @@ struct TransferSQLTests {
         #expect(try count("SELECT count(*)::bigint FROM siwa.webhook_deliveries WHERE sub = 'old.w'") == 0)
         #expect(
             try count(
-                "SELECT count(*)::bigint FROM siwa.changes WHERE sub = 'new.w' AND type <> 'siwa.sub_transferred'") == 4)
+                "SELECT count(*)::bigint FROM siwa.changes WHERE sub = 'new.w' AND type <> 'siwa.sub_transferred'"
+            ) == 4)
 
         // What a claim may take (the dispatcher's conditions: pending, ready, no earlier pending delivery
         // of its endpoint and sub): each endpoint's queue heads only, the user's first change on both;
