@@ -2790,8 +2790,9 @@ COMMENT ON FUNCTION siwa.record_consent_lost(text, text) IS
 -- was made (created_at at or before requested_at: a token of a sign-in after the request — the user
 -- came back while Apple was down — is not the deleted account's and is left alone), read without a
 -- lock (a plain read never waits for one: another transaction may hold a token row meanwhile).
--- Without such a token it ends here ('revoked' when an earlier attempt revoked some, else 'no_token';
--- one row, no token). Otherwise 'claimed': the lease is written (p_lease long), one row per token (id,
+-- Without such a token it ends here ('revoked' when an earlier attempt revoked some, 'partially_revoked'
+-- or 'failed' when an earlier attempt recorded some as not revoked, else 'no_token'; one row, no
+-- token). Otherwise 'claimed': the lease is written (p_lease long), one row per token (id,
 -- client ID, ciphertext, token_sha256, whether the service's own write path stored it) with the subs a
 -- team transfer replaced by the request's sub (a ciphertext of schema version 4 is bound to the sub it
 -- was stored under). No row: nothing is due.
@@ -2805,6 +2806,7 @@ DECLARE
     v_request siwa.revocation_requests%ROWTYPE;
     v_state   text;
     v_former  text[];
+    v_left    bigint;
 BEGIN
     IF p_owner IS NULL OR p_lease IS NULL OR p_lease <= interval '0' THEN
         RAISE EXCEPTION 'a claim needs an owner and a positive lease' USING ERRCODE = '22023';
@@ -2821,10 +2823,17 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM siwa.refresh_tokens t
                     WHERE t.sub = v_request.sub AND t.token_ciphertext IS NOT NULL
                       AND t.created_at <= v_request.requested_at) THEN
-        v_state := CASE WHEN v_request.tokens_revoked > 0 THEN 'revoked' ELSE 'no_token' END;
+        -- Tokens an earlier attempt recorded as not revoked (and that are gone since) still count.
+        v_left := (SELECT pg_catalog.count(*) FROM siwa.revocation_token_outcomes o
+                    WHERE o.request_id = v_request.id AND o.outcome <> 'revoked');
+        v_state := CASE WHEN v_left > 0 AND v_request.tokens_revoked > 0 THEN 'partially_revoked'
+                        WHEN v_left > 0 THEN 'failed'
+                        WHEN v_request.tokens_revoked > 0 THEN 'revoked'
+                        ELSE 'no_token' END;
         UPDATE siwa.revocation_requests r
            SET state = v_state, completed_at = pg_catalog.now(), last_attempt_at = pg_catalog.now(),
-               last_error = NULL, lease_owner = NULL, lease_expires_at = NULL
+               last_error = CASE WHEN v_left > 0 THEN r.last_error END,
+               lease_owner = NULL, lease_expires_at = NULL
          WHERE r.id = v_request.id;
         RETURN QUERY SELECT v_state, v_request.id, v_request.sub, v_request.attempts, NULL::bigint,
                             NULL::text, NULL::bytea, NULL::bytea, NULL::boolean, NULL::text[];

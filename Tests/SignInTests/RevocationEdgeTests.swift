@@ -1,6 +1,8 @@
 import AppleID
 import Foundation
 import Postgres
+import ServiceSupport
+import Synchronization
 import TestSupport
 import Testing
 import TokenVault
@@ -133,6 +135,40 @@ struct RevocationEdgeTests {
                 "SELECT count(*) FROM siwa.revocation_ledger WHERE state = 'revoked' AND echo_matched_at IS NULL"
             )
                 == 0)
+    }
+
+    @Test(
+        "Apple's echo applied in a transaction still open when the revoker records: the record waits for the account row and matches it"
+    )
+    func echoAtTheSameMoment() throws {
+        let fixture = try SignInFixture(notify: false)
+        _ = try helper.signIn(fixture, sub: "001.race")
+        let id = try requestAsApp(fixture, sub: "001.race")
+        // The worker applying a consent-revoked for the user: the account updated, not yet committed
+        // (its echo trigger ran and found no recorded attempt to match).
+        let applying = try PostgresConnection(configuration: fixture.receiver.database)
+        defer { applying.close() }
+        _ = try applying.simpleQuery(
+            "BEGIN; UPDATE siwa.accounts SET consent_revoked_at = clock_timestamp() WHERE sub = '001.race'")
+        let revoker = try RevocationLeaseTests().revoker(fixture, applicationName: "siwa-test-race-revoker")
+        let result = Mutex<[Revoker.Outcome]?>(nil)
+        let thread = JoinableThread(name: "race-revoker") {
+            let outcomes = try? revoker.drainOnce()
+            result.withLock { $0 = outcomes }
+        }
+        // The record waits for the applying transaction's account row instead of committing without it.
+        #expect(
+            try waitUntil(timeout: .seconds(20)) {
+                try fixture.count(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'siwa-test-race-revoker' AND wait_event_type = 'Lock'"
+                ) == 1
+            })
+        _ = try applying.simpleQuery("COMMIT")
+        thread.join()
+        #expect(result.withLock { $0 } == [Revoker.Outcome(id: id, state: "revoked")])
+        let row = try helper.ledger(fixture, id)
+        #expect(try row["echo_matched_at", as: Date?.self] != nil)
+        #expect(try row["echo_event_time", as: Date?.self] != nil)
     }
 
     @Test(
