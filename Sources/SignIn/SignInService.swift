@@ -262,6 +262,11 @@ public final class SignInService: Sendable {
         } catch let error as TokenCipherError {
             logger.error("sign-in: cannot encrypt the refresh token", ["error": .string(error.description)])
             return .error(status: 500, "cannot_store_token")
+        } catch let error as PostgresError where error.sqlState == "22023" {
+            // The claim is gone or older than siwa.record_sign_in accepts (10 minutes): Apple has spent
+            // the code, so a retry cannot help; the app starts a new sign-in.
+            logger.warning("sign-in: the code's claim expired before the sign-in was recorded")
+            return .error(status: 409, "sign_in_claim_expired")
         } catch {
             logger.error("sign-in: cannot record the sign-in", ["error": .string(databaseErrorCode(error))])
             return .error(status: 503, "database_unavailable")

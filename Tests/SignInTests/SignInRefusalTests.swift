@@ -73,6 +73,30 @@ struct SignInRefusalTests {
                 == 1)
     }
 
+    @Test(
+        "a claim that aged past ten minutes while Apple was slow is 409 sign_in_claim_expired, nothing stored"
+    )
+    func claimExpired() throws {
+        let fixture = try SignInFixture()
+        let body = try fixture.signInBody(sub: "001.slow")
+        try fixture.apple.fault(["--delay-ms", "1500", "--times", "1", "--endpoint", "token"])
+        let data = try JSONSerialization.data(withJSONObject: body)
+        let url = fixture.url + "/v1/sign-ins"
+        let slow = Thread.detachNewThreadWithResult { () -> String in
+            (try? TestHTTPClient.post(
+                url, body: data, headers: [("Authorization", "Bearer \(SignInFixture.bearer)")]))?.text ?? ""
+        }
+        #expect(
+            waitUntil {
+                (try? fixture.count("SELECT count(*) FROM siwa.sign_in_codes WHERE state = 'exchanging'"))
+                    == 1
+            })
+        _ = try fixture.query("UPDATE siwa.sign_in_codes SET created_at = now() - interval '11 minutes'")
+        #expect(slow.wait()?.contains("sign_in_claim_expired") == true)
+        #expect(try fixture.count("SELECT count(*) FROM siwa.refresh_tokens") == 0)
+        #expect(try fixture.count("SELECT count(*) FROM siwa.sign_ins") == 0)
+    }
+
     @Test("missing or wrong bearer tokens and unparseable bodies are logged and counted, never their secrets")
     func refusalsLoggedAndCounted() throws {
         let fixture = try SignInFixture()
