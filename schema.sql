@@ -397,6 +397,9 @@ BEGIN
         END IF;
         -- A verifiable transfer list: the import's unverified load of the export's rows goes.
         DROP FUNCTION IF EXISTS siwa.transfer_import_load_exports(text, text);
+        -- The sign-in API answers through siwa.sign_in_answer(code, client, sub), what is true now; the
+        -- lookup by sub alone (any signed-in user's email) goes.
+        DROP FUNCTION IF EXISTS siwa.sign_in_identity(text, text);
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;
@@ -2604,11 +2607,33 @@ COMMENT ON COLUMN siwa.revocation_token_outcomes.outcome IS
 COMMENT ON COLUMN siwa.revocation_token_outcomes.detail IS 'Why it was not revoked, without tokens or secrets.';
 COMMENT ON COLUMN siwa.revocation_token_outcomes.recorded_at IS 'When the attempt that decided it was recorded.';
 
+-- ---- The sign-in exchange: siwa_signin's functions (begin) ----------------------------------------
+-- The sign-in API connects with a credential of its own (siwa-receiver --signin-database-url, a login
+-- in siwa_signin) and acts only through the four functions below: SECURITY DEFINER (the owner's
+-- rights), search_path pinned, EXECUTE granted to siwa_signin alone (schema/85-privileges.sql). The
+-- role holds no table grant of the sign-in's tables or of siwa.accounts, so a stolen sign-in credential
+-- reads no email and no sub, updates or deletes no row and cannot lock siwa.accounts rows (the stall of
+-- every notification that a SELECT … FOR NO KEY UPDATE in an open transaction was). Each function is
+-- one step of the flow:
+--   begin_sign_in    claims a code (by SHA-256) for one user and client;
+--   abandon_sign_in  forgets a claim whose exchange Apple refused;
+--   record_sign_in   records the exchange of a code begin_sign_in claimed for that user and client in
+--                    the last 10 minutes (Apple's codes live five), in a transaction of its own (one
+--                    that wrote nothing before: 25001 otherwise), so a caller holds at most the one
+--                    account row it records until it commits, never a batch of them; a token row for a
+--                    user without such a claim is refused (22023);
+--   sign_in_answer   what a finished code answers now: the validity rule (siwa.session_is_valid) at the
+--                    time the sign-in was recorded decides, so a replay after a deletion or a consent
+--                    revocation is refused instead of answered with the identity.
+-- What the database cannot check is Apple's signature on the id_token (the API verifies it): whoever
+-- holds the credential can still run the flow for a made-up code, one user per transaction, each run
+-- left in siwa.sign_in_codes and siwa.sign_ins (docs/security.md).
+
 -- Begins a sign-in's exchange of one code: 'new' (the caller exchanges it now), 'exchanging' (another
--- call is exchanging it, or died doing so), 'done' (answer from the recorded sign-in) or 'mismatch' (the
--- code was seen with another sub or client ID). Runs as the sign-in API (siwa_signin).
+-- call is exchanging it, or died doing so), 'done' (answer with siwa.sign_in_answer) or 'mismatch' (the
+-- code was seen with another sub or client ID).
 CREATE OR REPLACE FUNCTION siwa.begin_sign_in(p_code_sha256 bytea, p_client_id text, p_sub text)
-RETURNS text LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+RETURNS text LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_row siwa.sign_in_codes;
 BEGIN
@@ -2626,40 +2651,61 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.begin_sign_in(bytea, text, text) IS
-    'Claims an authorization code (by SHA-256) for exchange: new, exchanging, done or mismatch. Called by the sign-in API.';
+    'Claims an authorization code (by SHA-256) for exchange: new, exchanging, done or mismatch. SECURITY DEFINER; executable by siwa_signin (the sign-in API).';
 
 -- Forgets a code whose exchange failed before Apple issued tokens, so that a retry may try again.
 CREATE OR REPLACE FUNCTION siwa.abandon_sign_in(p_code_sha256 bytea) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     DELETE FROM siwa.sign_in_codes WHERE code_sha256 = p_code_sha256 AND state = 'exchanging';
 END;
 $$;
 COMMENT ON FUNCTION siwa.abandon_sign_in(bytea) IS
-    'Forgets a code whose exchange failed at Apple (no tokens issued), so a retry may exchange it.';
+    'Forgets a code whose exchange failed at Apple (no tokens issued), so a retry may exchange it. SECURITY DEFINER; executable by siwa_signin.';
 
--- Records a finished exchange in one transaction: the account (email unless erased), the sign-in, the
--- encrypted refresh token, and the code as done.
+-- Records a finished exchange in one transaction of its own: the account (email unless erased), the
+-- sign-in, the encrypted refresh token, and the code as done. Only for a code claimed (begin_sign_in)
+-- for this user and client in the last 10 minutes and not recorded yet.
 CREATE OR REPLACE FUNCTION siwa.record_sign_in(
     p_code_sha256 bytea, p_client_id text, p_sub text, p_email text, p_is_private_email boolean,
     p_email_verified boolean, p_real_user_status integer, p_token_sha256 bytea, p_token_ciphertext bytea)
-RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    -- A sub a team transfer replaced is recorded under the account's current sub.
+    v_sub text := siwa.current_sub(p_sub);
 BEGIN
+    -- Nothing written before in this transaction: the caller can hold one account row, not a batch.
+    IF pg_catalog.txid_current_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION 'siwa.record_sign_in runs in a transaction of its own (nothing written before it)'
+            USING ERRCODE = '25001';
+    END IF;
+    IF (p_token_sha256 IS NULL) <> (p_token_ciphertext IS NULL) THEN
+        RAISE EXCEPTION 'siwa.record_sign_in: a refresh token needs both its hash and its ciphertext'
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM 1 FROM siwa.sign_in_codes c
+     WHERE c.code_sha256 = p_code_sha256 AND c.client_id = p_client_id AND c.sub = p_sub
+       AND c.state = 'exchanging' AND c.created_at > pg_catalog.now() - interval '10 minutes'
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'siwa.record_sign_in: no code claimed for this user and client in the last 10 minutes'
+            USING ERRCODE = '22023';
+    END IF;
     INSERT INTO siwa.accounts (sub, email, is_private_email)
-    VALUES (p_sub, p_email, p_is_private_email)
+    VALUES (v_sub, p_email, p_is_private_email)
     ON CONFLICT (sub) DO UPDATE
        SET email = coalesce(EXCLUDED.email, siwa.accounts.email),
            is_private_email = coalesce(EXCLUDED.is_private_email, siwa.accounts.is_private_email),
            updated_at = clock_timestamp()
      WHERE siwa.accounts.personal_data_erased_at IS NULL AND siwa.accounts.deleted_at IS NULL;
     INSERT INTO siwa.sign_ins (sub, client_id, real_user_status, email_verified)
-    VALUES (p_sub, p_client_id, p_real_user_status, p_email_verified)
+    VALUES (v_sub, p_client_id, p_real_user_status, p_email_verified)
     ON CONFLICT (sub, client_id) DO UPDATE
        SET real_user_status = EXCLUDED.real_user_status, email_verified = EXCLUDED.email_verified,
            last_signed_in_at = clock_timestamp(), sign_in_count = siwa.sign_ins.sign_in_count + 1;
     IF p_token_ciphertext IS NOT NULL THEN
         INSERT INTO siwa.refresh_tokens (sub, client_id, token_sha256, token_ciphertext, service_format)
-        VALUES (p_sub, p_client_id, p_token_sha256, p_token_ciphertext, true)
+        VALUES (v_sub, p_client_id, p_token_sha256, p_token_ciphertext, true)
         ON CONFLICT (token_sha256) DO NOTHING;
     END IF;
     UPDATE siwa.sign_in_codes SET state = 'done', finished_at = clock_timestamp()
@@ -2667,18 +2713,35 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.record_sign_in(bytea, text, text, text, boolean, boolean, integer, bytea, bytea) IS
-    'Records one exchanged sign-in: account, sign-in, encrypted refresh token, code done. Called by the sign-in API.';
+    'Records one exchanged sign-in of a code claimed for that user and client in the last 10 minutes (22023 otherwise), in a transaction that wrote nothing before (25001 otherwise): account, sign-in, encrypted refresh token, code done. SECURITY DEFINER; executable by siwa_signin.';
 
--- The identity a finished sign-in answers (also for a retried code).
-CREATE OR REPLACE FUNCTION siwa.sign_in_identity(p_sub text, p_client_id text)
-RETURNS TABLE (sub text, email text, is_private_email boolean, email_verified boolean,
+-- What a finished sign-in answers now (for the code's first answer and for every replay of it): one row
+-- for a code recorded (state done) with this client and user, none otherwise. outcome is signed_in when
+-- the validity rule holds for a session created when the sign-in was recorded, else account_deleted or
+-- consent_revoked (at or after the sign-in), and then the identity columns are NULL.
+CREATE OR REPLACE FUNCTION siwa.sign_in_answer(p_code_sha256 bytea, p_client_id text, p_sub text)
+RETURNS TABLE (outcome text, sub text, email text, is_private_email boolean, email_verified boolean,
                real_user_status integer)
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT s.sub, a.email, a.is_private_email, s.email_verified, s.real_user_status
-      FROM siwa.sign_ins s LEFT JOIN siwa.accounts a ON a.sub = s.sub
-     WHERE s.sub = p_sub AND s.client_id = p_client_id;
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT v.outcome, v.sub,
+           CASE WHEN v.outcome = 'signed_in' THEN v.email END,
+           CASE WHEN v.outcome = 'signed_in' THEN v.is_private_email END,
+           CASE WHEN v.outcome = 'signed_in' THEN v.email_verified END,
+           CASE WHEN v.outcome = 'signed_in' THEN v.real_user_status END
+      FROM (SELECT CASE WHEN siwa.session_is_valid(c.sub, c.finished_at) THEN 'signed_in'
+                        WHEN a.deleted_at IS NOT NULL THEN 'account_deleted'
+                        ELSE 'consent_revoked' END AS outcome,
+                   siwa.current_sub(c.sub) AS sub, a.email, a.is_private_email, s.email_verified,
+                   s.real_user_status
+              FROM siwa.sign_in_codes c
+              LEFT JOIN siwa.accounts a ON a.sub = siwa.current_sub(c.sub)
+              LEFT JOIN siwa.sign_ins s ON s.sub = siwa.current_sub(c.sub) AND s.client_id = c.client_id
+             WHERE c.code_sha256 = p_code_sha256 AND c.client_id = p_client_id AND c.sub = p_sub
+               AND c.state = 'done') AS v;
 $$;
-COMMENT ON FUNCTION siwa.sign_in_identity(text, text) IS 'The identity answered for a sign-in (never tokens).';
+COMMENT ON FUNCTION siwa.sign_in_answer(bytea, text, text) IS
+    'What a recorded sign-in (by its code''s SHA-256, client and user) answers now: signed_in with the identity (never tokens), or account_deleted / consent_revoked without it; no row for a code not recorded. SECURITY DEFINER; executable by siwa_signin.';
+-- ---- The sign-in exchange: siwa_signin's functions (end) ------------------------------------------
 
 -- The outbox's entry point, for the app's own account-deletion transaction (role siwa_app) and for
 -- POST /v1/revocations. It inserts a pending request and wakes the revoker when the transaction commits
@@ -4426,7 +4489,8 @@ $$;
 -- works: missing roles are reported with a warning and their grants skipped.
 --
 -- Two more roles serve the sign-in and revocation section: siwa_signin (the sign-in API in
--- siwa-receiver: grant it to the receiver's login role when you turn the API on) and siwa_app (the app's
+-- siwa-receiver: grant it to a login of its own, the API's --signin-database-url, never to the
+-- receiver's login) and siwa_app (the app's
 -- account deletion, its sessions and refresh tokens, the changefeed). What each role may do is granted
 -- in schema/85-privileges.sql, one block per role.
 DO $$
@@ -4451,7 +4515,7 @@ BEGIN
                 WHEN 'siwa_worker' THEN
                     'Sign in with Apple notifications: what siwa-worker needs (apply, retry, prune, erase). Grant to its login role.'
                 WHEN 'siwa_signin' THEN
-                    'Sign in with Apple: what the sign-in API (siwa-receiver --signin-listen) needs: record sign-ins and encrypted refresh tokens, request revocations. Grant to the receiver''s login role when the API is on.'
+                    'Sign in with Apple: what the sign-in API (siwa-receiver --signin-listen) needs: record sign-ins and encrypted refresh tokens through its functions, request revocations. Grant to the API''s own login role (--signin-database-url), never the receiver''s.'
                 ELSE
                     'Sign in with Apple: what the app needs: record, look up and revoke its sessions and refresh tokens, siwa.session_is_valid, siwa.request_revocation inside its account-deletion transaction. Grant to the app''s login role.'
                 END);
@@ -4474,6 +4538,10 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
 -- The SECURITY DEFINER gauges of schema/70-health.sql: never PUBLIC's (also covered by the line above).
 REVOKE ALL ON FUNCTION siwa.health_gauges(timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION siwa.client_ids_in_use(timestamptz) FROM PUBLIC;
+-- The sign-in API's SECURITY DEFINER functions (schema/55-sign-in.sql): never PUBLIC's either.
+REVOKE ALL ON FUNCTION siwa.begin_sign_in(bytea, text, text), siwa.abandon_sign_in(bytea),
+    siwa.record_sign_in(bytea, text, text, text, boolean, boolean, integer, bytea, bytea),
+    siwa.sign_in_answer(bytea, text, text) FROM PUBLIC;
 
 -- Each block grants one role what its job needs, and only when the role exists (see
 -- schema/80-roles.sql). Functions run with the caller's rights: a role is granted the tables its
@@ -4656,33 +4724,26 @@ BEGIN
 END;
 $$;
 
--- siwa_signin: record sign-ins (codes, accounts' email, sign-ins, encrypted refresh tokens it may
--- insert but never read back), and request revocations.
--- Like every role that creates accounts, it reads the aliases (the guard trigger of schema/60-transfer.sql).
+-- siwa_signin: the sign-in API's own credential (siwa-receiver --signin-database-url). It acts through
+-- the sign-in functions only (SECURITY DEFINER, schema/55-sign-in.sql), and requests revocations
+-- through siwa.request_revocation (which runs with its rights: INSERT of sub and reason, SELECT of the
+-- id). Every table grant earlier versions gave it (the code and sign-in tables, siwa.accounts' email
+-- columns with UPDATE, a refresh token's INSERT, the aliases) is revoked: with them it could read
+-- every user's email, rewrite it, insert token rows for anyone, and lock every account row (SELECT …
+-- FOR NO KEY UPDATE needs UPDATE of a column), which made every notification busy.
 DO $$
-DECLARE
-    v_function regprocedure;
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_signin') THEN
         GRANT USAGE ON SCHEMA siwa TO siwa_signin;
-        GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.sign_in_codes TO siwa_signin;
-        GRANT SELECT, INSERT, UPDATE ON siwa.sign_ins TO siwa_signin;
-        GRANT SELECT (sub, email, is_private_email, consent_revoked_at, deleted_at, personal_data_erased_at),
-              INSERT (sub, email, is_private_email),
-              UPDATE (email, is_private_email, updated_at)
-            ON siwa.accounts TO siwa_signin;
-        GRANT INSERT (sub, client_id, token_sha256, token_ciphertext, service_format) ON siwa.refresh_tokens TO siwa_signin;
-        GRANT SELECT (token_sha256) ON siwa.refresh_tokens TO siwa_signin;
+        REVOKE ALL ON siwa.sign_in_codes, siwa.sign_ins, siwa.accounts, siwa.refresh_tokens, siwa.sub_aliases
+            FROM siwa_signin;
         GRANT INSERT (sub, reason) ON siwa.revocation_requests TO siwa_signin;
         GRANT SELECT (id) ON siwa.revocation_requests TO siwa_signin;
-        FOR v_function IN
-            SELECT p.oid::regprocedure FROM pg_proc p
-             WHERE p.pronamespace = 'siwa'::regnamespace
-               AND p.proname IN ('begin_sign_in', 'abandon_sign_in', 'record_sign_in', 'sign_in_identity',
-                                 'request_revocation', 'current_sub')
-        LOOP
-            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO siwa_signin', v_function);
-        END LOOP;
+        GRANT EXECUTE ON FUNCTION siwa.begin_sign_in(bytea, text, text), siwa.abandon_sign_in(bytea),
+            siwa.record_sign_in(bytea, text, text, text, boolean, boolean, integer, bytea, bytea),
+            siwa.sign_in_answer(bytea, text, text), siwa.request_revocation(text, text), siwa.current_sub(text)
+            TO siwa_signin;
+        -- siwa.request_revocation runs with its caller's rights and maps a replaced sub (siwa.current_sub).
         GRANT SELECT (old_sub, new_sub) ON siwa.sub_aliases TO siwa_signin;
     END IF;
 END;

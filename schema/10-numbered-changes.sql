@@ -223,6 +223,9 @@ BEGIN
         END IF;
         -- A verifiable transfer list: the import's unverified load of the export's rows goes.
         DROP FUNCTION IF EXISTS siwa.transfer_import_load_exports(text, text);
+        -- The sign-in API answers through siwa.sign_in_answer(code, client, sub), what is true now; the
+        -- lookup by sub alone (any signed-in user's email) goes.
+        DROP FUNCTION IF EXISTS siwa.sign_in_identity(text, text);
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;

@@ -96,11 +96,33 @@ COMMENT ON COLUMN siwa.revocation_token_outcomes.outcome IS
 COMMENT ON COLUMN siwa.revocation_token_outcomes.detail IS 'Why it was not revoked, without tokens or secrets.';
 COMMENT ON COLUMN siwa.revocation_token_outcomes.recorded_at IS 'When the attempt that decided it was recorded.';
 
+-- ---- The sign-in exchange: siwa_signin's functions (begin) ----------------------------------------
+-- The sign-in API connects with a credential of its own (siwa-receiver --signin-database-url, a login
+-- in siwa_signin) and acts only through the four functions below: SECURITY DEFINER (the owner's
+-- rights), search_path pinned, EXECUTE granted to siwa_signin alone (schema/85-privileges.sql). The
+-- role holds no table grant of the sign-in's tables or of siwa.accounts, so a stolen sign-in credential
+-- reads no email and no sub, updates or deletes no row and cannot lock siwa.accounts rows (the stall of
+-- every notification that a SELECT … FOR NO KEY UPDATE in an open transaction was). Each function is
+-- one step of the flow:
+--   begin_sign_in    claims a code (by SHA-256) for one user and client;
+--   abandon_sign_in  forgets a claim whose exchange Apple refused;
+--   record_sign_in   records the exchange of a code begin_sign_in claimed for that user and client in
+--                    the last 10 minutes (Apple's codes live five), in a transaction of its own (one
+--                    that wrote nothing before: 25001 otherwise), so a caller holds at most the one
+--                    account row it records until it commits, never a batch of them; a token row for a
+--                    user without such a claim is refused (22023);
+--   sign_in_answer   what a finished code answers now: the validity rule (siwa.session_is_valid) at the
+--                    time the sign-in was recorded decides, so a replay after a deletion or a consent
+--                    revocation is refused instead of answered with the identity.
+-- What the database cannot check is Apple's signature on the id_token (the API verifies it): whoever
+-- holds the credential can still run the flow for a made-up code, one user per transaction, each run
+-- left in siwa.sign_in_codes and siwa.sign_ins (docs/security.md).
+
 -- Begins a sign-in's exchange of one code: 'new' (the caller exchanges it now), 'exchanging' (another
--- call is exchanging it, or died doing so), 'done' (answer from the recorded sign-in) or 'mismatch' (the
--- code was seen with another sub or client ID). Runs as the sign-in API (siwa_signin).
+-- call is exchanging it, or died doing so), 'done' (answer with siwa.sign_in_answer) or 'mismatch' (the
+-- code was seen with another sub or client ID).
 CREATE OR REPLACE FUNCTION siwa.begin_sign_in(p_code_sha256 bytea, p_client_id text, p_sub text)
-RETURNS text LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+RETURNS text LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_row siwa.sign_in_codes;
 BEGIN
@@ -118,40 +140,61 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.begin_sign_in(bytea, text, text) IS
-    'Claims an authorization code (by SHA-256) for exchange: new, exchanging, done or mismatch. Called by the sign-in API.';
+    'Claims an authorization code (by SHA-256) for exchange: new, exchanging, done or mismatch. SECURITY DEFINER; executable by siwa_signin (the sign-in API).';
 
 -- Forgets a code whose exchange failed before Apple issued tokens, so that a retry may try again.
 CREATE OR REPLACE FUNCTION siwa.abandon_sign_in(p_code_sha256 bytea) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     DELETE FROM siwa.sign_in_codes WHERE code_sha256 = p_code_sha256 AND state = 'exchanging';
 END;
 $$;
 COMMENT ON FUNCTION siwa.abandon_sign_in(bytea) IS
-    'Forgets a code whose exchange failed at Apple (no tokens issued), so a retry may exchange it.';
+    'Forgets a code whose exchange failed at Apple (no tokens issued), so a retry may exchange it. SECURITY DEFINER; executable by siwa_signin.';
 
--- Records a finished exchange in one transaction: the account (email unless erased), the sign-in, the
--- encrypted refresh token, and the code as done.
+-- Records a finished exchange in one transaction of its own: the account (email unless erased), the
+-- sign-in, the encrypted refresh token, and the code as done. Only for a code claimed (begin_sign_in)
+-- for this user and client in the last 10 minutes and not recorded yet.
 CREATE OR REPLACE FUNCTION siwa.record_sign_in(
     p_code_sha256 bytea, p_client_id text, p_sub text, p_email text, p_is_private_email boolean,
     p_email_verified boolean, p_real_user_status integer, p_token_sha256 bytea, p_token_ciphertext bytea)
-RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    -- A sub a team transfer replaced is recorded under the account's current sub.
+    v_sub text := siwa.current_sub(p_sub);
 BEGIN
+    -- Nothing written before in this transaction: the caller can hold one account row, not a batch.
+    IF pg_catalog.txid_current_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION 'siwa.record_sign_in runs in a transaction of its own (nothing written before it)'
+            USING ERRCODE = '25001';
+    END IF;
+    IF (p_token_sha256 IS NULL) <> (p_token_ciphertext IS NULL) THEN
+        RAISE EXCEPTION 'siwa.record_sign_in: a refresh token needs both its hash and its ciphertext'
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM 1 FROM siwa.sign_in_codes c
+     WHERE c.code_sha256 = p_code_sha256 AND c.client_id = p_client_id AND c.sub = p_sub
+       AND c.state = 'exchanging' AND c.created_at > pg_catalog.now() - interval '10 minutes'
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'siwa.record_sign_in: no code claimed for this user and client in the last 10 minutes'
+            USING ERRCODE = '22023';
+    END IF;
     INSERT INTO siwa.accounts (sub, email, is_private_email)
-    VALUES (p_sub, p_email, p_is_private_email)
+    VALUES (v_sub, p_email, p_is_private_email)
     ON CONFLICT (sub) DO UPDATE
        SET email = coalesce(EXCLUDED.email, siwa.accounts.email),
            is_private_email = coalesce(EXCLUDED.is_private_email, siwa.accounts.is_private_email),
            updated_at = clock_timestamp()
      WHERE siwa.accounts.personal_data_erased_at IS NULL AND siwa.accounts.deleted_at IS NULL;
     INSERT INTO siwa.sign_ins (sub, client_id, real_user_status, email_verified)
-    VALUES (p_sub, p_client_id, p_real_user_status, p_email_verified)
+    VALUES (v_sub, p_client_id, p_real_user_status, p_email_verified)
     ON CONFLICT (sub, client_id) DO UPDATE
        SET real_user_status = EXCLUDED.real_user_status, email_verified = EXCLUDED.email_verified,
            last_signed_in_at = clock_timestamp(), sign_in_count = siwa.sign_ins.sign_in_count + 1;
     IF p_token_ciphertext IS NOT NULL THEN
         INSERT INTO siwa.refresh_tokens (sub, client_id, token_sha256, token_ciphertext, service_format)
-        VALUES (p_sub, p_client_id, p_token_sha256, p_token_ciphertext, true)
+        VALUES (v_sub, p_client_id, p_token_sha256, p_token_ciphertext, true)
         ON CONFLICT (token_sha256) DO NOTHING;
     END IF;
     UPDATE siwa.sign_in_codes SET state = 'done', finished_at = clock_timestamp()
@@ -159,18 +202,35 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.record_sign_in(bytea, text, text, text, boolean, boolean, integer, bytea, bytea) IS
-    'Records one exchanged sign-in: account, sign-in, encrypted refresh token, code done. Called by the sign-in API.';
+    'Records one exchanged sign-in of a code claimed for that user and client in the last 10 minutes (22023 otherwise), in a transaction that wrote nothing before (25001 otherwise): account, sign-in, encrypted refresh token, code done. SECURITY DEFINER; executable by siwa_signin.';
 
--- The identity a finished sign-in answers (also for a retried code).
-CREATE OR REPLACE FUNCTION siwa.sign_in_identity(p_sub text, p_client_id text)
-RETURNS TABLE (sub text, email text, is_private_email boolean, email_verified boolean,
+-- What a finished sign-in answers now (for the code's first answer and for every replay of it): one row
+-- for a code recorded (state done) with this client and user, none otherwise. outcome is signed_in when
+-- the validity rule holds for a session created when the sign-in was recorded, else account_deleted or
+-- consent_revoked (at or after the sign-in), and then the identity columns are NULL.
+CREATE OR REPLACE FUNCTION siwa.sign_in_answer(p_code_sha256 bytea, p_client_id text, p_sub text)
+RETURNS TABLE (outcome text, sub text, email text, is_private_email boolean, email_verified boolean,
                real_user_status integer)
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT s.sub, a.email, a.is_private_email, s.email_verified, s.real_user_status
-      FROM siwa.sign_ins s LEFT JOIN siwa.accounts a ON a.sub = s.sub
-     WHERE s.sub = p_sub AND s.client_id = p_client_id;
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT v.outcome, v.sub,
+           CASE WHEN v.outcome = 'signed_in' THEN v.email END,
+           CASE WHEN v.outcome = 'signed_in' THEN v.is_private_email END,
+           CASE WHEN v.outcome = 'signed_in' THEN v.email_verified END,
+           CASE WHEN v.outcome = 'signed_in' THEN v.real_user_status END
+      FROM (SELECT CASE WHEN siwa.session_is_valid(c.sub, c.finished_at) THEN 'signed_in'
+                        WHEN a.deleted_at IS NOT NULL THEN 'account_deleted'
+                        ELSE 'consent_revoked' END AS outcome,
+                   siwa.current_sub(c.sub) AS sub, a.email, a.is_private_email, s.email_verified,
+                   s.real_user_status
+              FROM siwa.sign_in_codes c
+              LEFT JOIN siwa.accounts a ON a.sub = siwa.current_sub(c.sub)
+              LEFT JOIN siwa.sign_ins s ON s.sub = siwa.current_sub(c.sub) AND s.client_id = c.client_id
+             WHERE c.code_sha256 = p_code_sha256 AND c.client_id = p_client_id AND c.sub = p_sub
+               AND c.state = 'done') AS v;
 $$;
-COMMENT ON FUNCTION siwa.sign_in_identity(text, text) IS 'The identity answered for a sign-in (never tokens).';
+COMMENT ON FUNCTION siwa.sign_in_answer(bytea, text, text) IS
+    'What a recorded sign-in (by its code''s SHA-256, client and user) answers now: signed_in with the identity (never tokens), or account_deleted / consent_revoked without it; no row for a code not recorded. SECURITY DEFINER; executable by siwa_signin.';
+-- ---- The sign-in exchange: siwa_signin's functions (end) ------------------------------------------
 
 -- The outbox's entry point, for the app's own account-deletion transaction (role siwa_app) and for
 -- POST /v1/revocations. It inserts a pending request and wakes the revoker when the transaction commits

@@ -21,7 +21,8 @@
 -- works: missing roles are reported with a warning and their grants skipped.
 --
 -- Two more roles serve the sign-in and revocation section: siwa_signin (the sign-in API in
--- siwa-receiver: grant it to the receiver's login role when you turn the API on) and siwa_app (the app's
+-- siwa-receiver: grant it to a login of its own, the API's --signin-database-url, never to the
+-- receiver's login) and siwa_app (the app's
 -- account deletion, its sessions and refresh tokens, the changefeed). What each role may do is granted
 -- in schema/85-privileges.sql, one block per role.
 DO $$
@@ -46,7 +47,7 @@ BEGIN
                 WHEN 'siwa_worker' THEN
                     'Sign in with Apple notifications: what siwa-worker needs (apply, retry, prune, erase). Grant to its login role.'
                 WHEN 'siwa_signin' THEN
-                    'Sign in with Apple: what the sign-in API (siwa-receiver --signin-listen) needs: record sign-ins and encrypted refresh tokens, request revocations. Grant to the receiver''s login role when the API is on.'
+                    'Sign in with Apple: what the sign-in API (siwa-receiver --signin-listen) needs: record sign-ins and encrypted refresh tokens through its functions, request revocations. Grant to the API''s own login role (--signin-database-url), never the receiver''s.'
                 ELSE
                     'Sign in with Apple: what the app needs: record, look up and revoke its sessions and refresh tokens, siwa.session_is_valid, siwa.request_revocation inside its account-deletion transaction. Grant to the app''s login role.'
                 END);

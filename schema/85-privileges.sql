@@ -8,6 +8,10 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
 -- The SECURITY DEFINER gauges of schema/70-health.sql: never PUBLIC's (also covered by the line above).
 REVOKE ALL ON FUNCTION siwa.health_gauges(timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION siwa.client_ids_in_use(timestamptz) FROM PUBLIC;
+-- The sign-in API's SECURITY DEFINER functions (schema/55-sign-in.sql): never PUBLIC's either.
+REVOKE ALL ON FUNCTION siwa.begin_sign_in(bytea, text, text), siwa.abandon_sign_in(bytea),
+    siwa.record_sign_in(bytea, text, text, text, boolean, boolean, integer, bytea, bytea),
+    siwa.sign_in_answer(bytea, text, text) FROM PUBLIC;
 
 -- Each block grants one role what its job needs, and only when the role exists (see
 -- schema/80-roles.sql). Functions run with the caller's rights: a role is granted the tables its
@@ -190,33 +194,26 @@ BEGIN
 END;
 $$;
 
--- siwa_signin: record sign-ins (codes, accounts' email, sign-ins, encrypted refresh tokens it may
--- insert but never read back), and request revocations.
--- Like every role that creates accounts, it reads the aliases (the guard trigger of schema/60-transfer.sql).
+-- siwa_signin: the sign-in API's own credential (siwa-receiver --signin-database-url). It acts through
+-- the sign-in functions only (SECURITY DEFINER, schema/55-sign-in.sql), and requests revocations
+-- through siwa.request_revocation (which runs with its rights: INSERT of sub and reason, SELECT of the
+-- id). Every table grant earlier versions gave it (the code and sign-in tables, siwa.accounts' email
+-- columns with UPDATE, a refresh token's INSERT, the aliases) is revoked: with them it could read
+-- every user's email, rewrite it, insert token rows for anyone, and lock every account row (SELECT …
+-- FOR NO KEY UPDATE needs UPDATE of a column), which made every notification busy.
 DO $$
-DECLARE
-    v_function regprocedure;
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_signin') THEN
         GRANT USAGE ON SCHEMA siwa TO siwa_signin;
-        GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.sign_in_codes TO siwa_signin;
-        GRANT SELECT, INSERT, UPDATE ON siwa.sign_ins TO siwa_signin;
-        GRANT SELECT (sub, email, is_private_email, consent_revoked_at, deleted_at, personal_data_erased_at),
-              INSERT (sub, email, is_private_email),
-              UPDATE (email, is_private_email, updated_at)
-            ON siwa.accounts TO siwa_signin;
-        GRANT INSERT (sub, client_id, token_sha256, token_ciphertext, service_format) ON siwa.refresh_tokens TO siwa_signin;
-        GRANT SELECT (token_sha256) ON siwa.refresh_tokens TO siwa_signin;
+        REVOKE ALL ON siwa.sign_in_codes, siwa.sign_ins, siwa.accounts, siwa.refresh_tokens, siwa.sub_aliases
+            FROM siwa_signin;
         GRANT INSERT (sub, reason) ON siwa.revocation_requests TO siwa_signin;
         GRANT SELECT (id) ON siwa.revocation_requests TO siwa_signin;
-        FOR v_function IN
-            SELECT p.oid::regprocedure FROM pg_proc p
-             WHERE p.pronamespace = 'siwa'::regnamespace
-               AND p.proname IN ('begin_sign_in', 'abandon_sign_in', 'record_sign_in', 'sign_in_identity',
-                                 'request_revocation', 'current_sub')
-        LOOP
-            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO siwa_signin', v_function);
-        END LOOP;
+        GRANT EXECUTE ON FUNCTION siwa.begin_sign_in(bytea, text, text), siwa.abandon_sign_in(bytea),
+            siwa.record_sign_in(bytea, text, text, text, boolean, boolean, integer, bytea, bytea),
+            siwa.sign_in_answer(bytea, text, text), siwa.request_revocation(text, text), siwa.current_sub(text)
+            TO siwa_signin;
+        -- siwa.request_revocation runs with its caller's rights and maps a replaced sub (siwa.current_sub).
         GRANT SELECT (old_sub, new_sub) ON siwa.sub_aliases TO siwa_signin;
     END IF;
 END;

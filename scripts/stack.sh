@@ -155,8 +155,11 @@ stack_start() {
   wait_http "$APPLE_URL/auth/keys"
   local apple=(--apple-team-id "$TEAM_ID" --apple-key-id "$KEY_ID" --apple-key-file "$STATE/AuthKey_$KEY_ID.p8"
     --apple-url "$APPLE_URL" --token-key-file "$STATE/token-keys")
+  # The demo connects everything as the database's owner; a deployment gives the receiver and its
+  # sign-in API a login each (siwa_receiver, siwa_signin; docs/operations.md § 3).
   "$BIN/siwa-receiver" --listen "127.0.0.1:$RECEIVER_PORT" --audience "$AUDIENCE" \
     --jwks-url "$APPLE_URL/auth/keys" --signin-listen "127.0.0.1:$SIGNIN_PORT" \
+    --signin-database-url "$SIWA_DATABASE_URL" \
     --signin-token-file "$STATE/signin-token" "${apple[@]}" 2>"$STATE/receiver.log" &
   STARTED_PIDS+=($!)
   "$BIN/siwa-worker" "${apple[@]}" --client-id "$AUDIENCE" --revocation-poll-interval 0.5 2>"$STATE/worker.log" &

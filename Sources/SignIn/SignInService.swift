@@ -16,15 +16,20 @@ public struct SignInConfiguration: Sendable {
     public let clients: [String: AppleIDClient]
     /// Encrypts refresh tokens at rest.
     public let cipher: TokenCipher
-    /// The database (the role needs `siwa_signin`).
+    /// The database, as a login of its own that is a member of `siwa_signin` only (never the receiver's).
     public var database: PostgresConfiguration
     /// Database connections.
     public var poolSize: Int
+    /// Whether TLS for the API terminates in front of it (a proxy or sidecar): the API itself speaks plain
+    /// HTTP, so without this it listens on a loopback address only.
+    public let tlsTerminatedInFront: Bool
 
-    /// - Throws: ``ConfigurationError`` for a short bearer token or no client.
+    /// - Throws: ``ConfigurationError`` for a short bearer token, no client, or a listen address that is
+    ///   not loopback while `tlsTerminatedInFront` is false.
     public init(
         http: HTTPServer.Configuration, bearerToken: String, clients: [String: AppleIDClient],
-        cipher: TokenCipher, database: PostgresConfiguration, poolSize: Int = 4
+        cipher: TokenCipher, database: PostgresConfiguration, poolSize: Int = 4,
+        tlsTerminatedInFront: Bool = false
     ) throws {
         guard bearerToken.utf8.count >= 32, !bearerToken.contains(where: { $0.isWhitespace }) else {
             throw ConfigurationError("the sign-in API token must be at least 32 characters, without spaces")
@@ -32,6 +37,12 @@ public struct SignInConfiguration: Sendable {
         guard !clients.isEmpty else {
             throw ConfigurationError("the sign-in API needs at least one client ID")
         }
+        guard tlsTerminatedInFront || isLoopback(host: http.host) else {
+            throw ConfigurationError(
+                "the sign-in API speaks plain HTTP (its bearer token and users' codes in clear): listen on a loopback address, or terminate TLS in front of it and say so with --signin-tls-terminated-in-front"
+            )
+        }
+        self.tlsTerminatedInFront = tlsTerminatedInFront
         self.http = http
         self.bearerToken = bearerToken
         self.clients = clients
@@ -54,14 +65,19 @@ public final class SignInService: Sendable {
     private let pool: PostgresPool
     private let server: HTTPServer
     private let logger: Logger
+    /// Where every answer is counted: `siwa_signin_responses_total{endpoint, status, error}` (the receiver
+    /// serves it on its `/metrics`).
+    public let metrics: MetricsRegistry
 
-    /// A service; `keys` maps a `kid` to Apple's key (the receiver's key store).
+    /// A service; `keys` maps a `kid` to Apple's key (the receiver's key store); answers are counted in
+    /// `metrics`.
     public init(
-        configuration: SignInConfiguration, logger: Logger,
+        configuration: SignInConfiguration, logger: Logger, metrics: MetricsRegistry = MetricsRegistry(),
         keys: @escaping @Sendable (String) throws(NotificationError) -> RSAPublicKey
     ) {
         self.configuration = configuration
         self.logger = logger
+        self.metrics = metrics
         self.keys = keys
         verifier = IdentityTokenVerifier(audiences: Set(configuration.clients.keys))
         pool = PostgresPool(
@@ -89,11 +105,38 @@ public final class SignInService: Sendable {
         pool.close()
     }
 
-    /// Answers one request.
+    /// Answers one request, logs it (a refusal as a warning) and counts it; never logs a token, a code,
+    /// an email or a body.
     public func handle(_ request: HTTPRequest) -> HTTPResponse {
-        guard request.path == "/v1/sign-ins" || request.path == "/v1/revocations" else {
-            return .error(status: 404, "not_found")
+        let endpoint =
+            switch request.path {
+            case "/v1/sign-ins": "sign-ins"
+            case "/v1/revocations": "revocations"
+            default: "other"
+            }
+        let response = answer(request, endpoint: endpoint)
+        let error = response.status >= 400 ? errorWord(of: response) : "none"
+        metrics.counter(
+            "siwa_signin_responses_total",
+            help:
+                "Answers of the sign-in API by endpoint (sign-ins, revocations, other), HTTP status and error word (none: success).",
+            labels: [("endpoint", endpoint), ("status", String(response.status)), ("error", error)]
+        ).increment()
+        var fields: [String: Logger.Value] = [
+            "endpoint": .string(endpoint), "method": .string(request.method), "status": .int(response.status),
+            "request_id": .string(request.id), "remote": .string(request.remoteAddress),
+        ]
+        if response.status >= 400 { fields["error"] = .string(error) }
+        if (400..<500).contains(response.status) {
+            logger.warning("sign-in API refused a call", fields)
+        } else {
+            logger.info("sign-in API call", fields)
         }
+        return response
+    }
+
+    private func answer(_ request: HTTPRequest, endpoint: String) -> HTTPResponse {
+        guard endpoint != "other" else { return .error(status: 404, "not_found") }
         guard authorized(request) else {
             var response = HTTPResponse.error(status: 401, "unauthorized")
             response.headers.replaceOrAdd(name: "WWW-Authenticate", value: "Bearer")
@@ -103,15 +146,21 @@ public final class SignInService: Sendable {
         guard let object = try? JSONSerialization.jsonObject(with: request.data) as? [String: Any] else {
             return .error(status: 400, "body_is_not_a_json_object")
         }
-        let response = request.path == "/v1/sign-ins" ? signIn(object) : revocation(object)
-        logger.info(
-            "sign-in API call",
-            [
-                "path": .string(request.path), "status": .int(response.status),
-                "request_id": .string(request.id),
-            ])
-        return response
+        // Text the API stores or forwards never holds control characters (PostgreSQL's text cannot hold
+        // a NUL; a line break or an escape sequence in a reason would reach logs and terminals).
+        for field in textFields[endpoint] ?? [] {
+            if let text = object[field] as? String, text.unicodeScalars.contains(where: isControl) {
+                return .error(status: 400, "\(field)_has_control_characters")
+            }
+        }
+        return endpoint == "sign-ins" ? signIn(object) : revocation(object)
     }
+
+    /// The request fields of each endpoint that are text.
+    private let textFields = [
+        "sign-ins": ["authorization_code", "id_token", "nonce", "client_id", "redirect_uri"],
+        "revocations": ["sub", "reason"],
+    ]
 
     private func authorized(_ request: HTTPRequest) -> Bool {
         guard let header = request.headers["Authorization"], header.hasPrefix("Bearer ") else { return false }
@@ -150,7 +199,7 @@ public final class SignInService: Sendable {
             }
             switch state {
             case "new": break
-            case "done": return try identity(sub: claims.sub, clientID: clientID)
+            case "done": return try answer(codeHash: codeHash, sub: claims.sub, clientID: clientID)
             case "exchanging": return .error(status: 409, "exchange_in_progress")
             default: return .error(status: 409, "authorization_code_already_used")
             }
@@ -209,28 +258,40 @@ public final class SignInService: Sendable {
                         tokenHash, ciphertext,
                     ])
             }
-            return try identity(sub: claims.sub, clientID: clientID)
+            return try answer(codeHash: codeHash, sub: claims.sub, clientID: clientID)
         } catch let error as TokenCipherError {
             logger.error("sign-in: cannot encrypt the refresh token", ["error": .string(error.description)])
             return .error(status: 500, "cannot_store_token")
+        } catch let error as PostgresError where error.sqlState == "22023" {
+            // The claim is gone or older than siwa.record_sign_in accepts (10 minutes): Apple has spent
+            // the code, so a retry cannot help; the app starts a new sign-in.
+            logger.warning("sign-in: the code's claim expired before the sign-in was recorded")
+            return .error(status: 409, "sign_in_claim_expired")
         } catch {
             logger.error("sign-in: cannot record the sign-in", ["error": .string(databaseErrorCode(error))])
             return .error(status: 503, "database_unavailable")
         }
     }
 
-    private func identity(sub: String, clientID: String) throws -> HTTPResponse {
+    /// What the recorded sign-in of `codeHash` answers now: the identity, or a refusal when the account
+    /// is deleted (410) or consent was revoked at or after the sign-in (403).
+    private func answer(codeHash: Data, sub: String, clientID: String) throws -> HTTPResponse {
         let rows = try pool.withConnection { connection in
             try connection.query(
-                "SELECT sub, email, is_private_email, email_verified, real_user_status FROM siwa.sign_in_identity($1, $2)",
-                [.text(sub), .text(clientID)])
+                "SELECT outcome, sub, email, is_private_email, email_verified, real_user_status FROM siwa.sign_in_answer($1, $2, $3)",
+                [.bytes(codeHash), .text(clientID), .text(sub)])
         }
         guard let row = rows.first else { return .error(status: 409, "exchange_in_progress") }
-        var answer: [String: Any] = ["sub": try row[0, as: String.self], "client_id": clientID]
-        answer["email"] = try row[1, as: String?.self] ?? NSNull()
-        answer["is_private_email"] = try row[2, as: Bool?.self] ?? NSNull()
-        answer["email_verified"] = try row[3, as: Bool?.self] ?? NSNull()
-        answer["real_user_status"] = try row[4, as: Int?.self] ?? NSNull()
+        switch try row[0, as: String.self] {
+        case "signed_in": break
+        case "account_deleted": return .error(status: 410, "account_deleted")
+        default: return .error(status: 403, "consent_revoked")
+        }
+        var answer: [String: Any] = ["sub": try row[1, as: String.self], "client_id": clientID]
+        answer["email"] = try row[2, as: String?.self] ?? NSNull()
+        answer["is_private_email"] = try row[3, as: Bool?.self] ?? NSNull()
+        answer["email_verified"] = try row[4, as: Bool?.self] ?? NSNull()
+        answer["real_user_status"] = try row[5, as: Int?.self] ?? NSNull()
         let data = try JSONSerialization.data(withJSONObject: answer, options: [.sortedKeys])
         return .json(status: 200, data)
     }
@@ -271,4 +332,29 @@ private final class Handler: @unchecked Sendable {
 private func databaseErrorCode(_ error: any Error) -> String {
     if let error = error as? PostgresError { return error.sqlState ?? error.code.description }
     return "unknown"
+}
+
+/// A C0 or C1 control character, or DEL.
+private func isControl(_ scalar: Unicode.Scalar) -> Bool {
+    scalar.value < 0x20 || (0x7F...0x9F).contains(scalar.value)
+}
+
+/// The error word of one of the API's own error answers (`{"error": "<word>"}`), or "unknown".
+private func errorWord(of response: HTTPResponse) -> String {
+    guard let object = try? JSONSerialization.jsonObject(with: response.data) as? [String: Any],
+        let word = object["error"] as? String
+    else { return "unknown" }
+    return word
+}
+
+/// Whether `host` names this machine's loopback interface only: `localhost`, 127.0.0.0/8 or `::1`.
+func isLoopback(host: String) -> Bool {
+    if host == "localhost" || host == "::1" { return true }
+    var address = in_addr()
+    guard inet_pton(AF_INET, host, &address) == 1 else {
+        var address6 = in6_addr()
+        guard inet_pton(AF_INET6, host, &address6) == 1 else { return false }
+        return withUnsafeBytes(of: &address6) { $0.elementsEqual([UInt8](repeating: 0, count: 15) + [1]) }
+    }
+    return UInt32(bigEndian: address.s_addr) >> 24 == 127
 }

@@ -56,7 +56,7 @@ let receiverCommand = CommandSpec(
         CommandOption(
             "log-level", valueName: "LEVEL", help: "debug, info, warning or error.",
             environmentVariable: "SIWA_LOG_LEVEL", defaultValue: "info"),
-    ] + signInOptions, offersVersion: true)
+    ] + signInOptions, flags: signInFlags, offersVersion: true)
 
 /// Parses the configuration, runs until SIGTERM/SIGINT, and returns the exit status: 0 stopped by a
 /// signal, 1 failure (e.g. the port is taken), 2 usage error.

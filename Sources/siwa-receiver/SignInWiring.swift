@@ -17,6 +17,11 @@ let signInOptions: [CommandOption] =
             help: "Serve the internal sign-in API (POST /v1/sign-ins, /v1/revocations) here; off by default.",
             environmentVariable: "SIWA_SIGNIN_LISTEN"),
         CommandOption(
+            "signin-database-url", valueName: "URL",
+            help:
+                "The sign-in API's own PostgreSQL login (a member of siwa_signin only, never the receiver's). Required with --signin-listen.",
+            environmentVariable: "SIWA_SIGNIN_DATABASE_URL"),
+        CommandOption(
             "signin-token-file", valueName: "FILE",
             help: "File holding the API's bearer token (32+ characters). Required with --signin-listen.",
             environmentVariable: "SIWA_SIGNIN_TOKEN_FILE"),
@@ -26,6 +31,15 @@ let signInOptions: [CommandOption] =
             environmentVariable: "SIWA_TOKEN_KEY_FILE"),
     ] + AppleCredentialOptions.credentials()
 
+/// The sign-in API's switches.
+let signInFlags: [CommandFlag] = [
+    CommandFlag(
+        "signin-tls-terminated-in-front",
+        help:
+            "TLS for the sign-in API terminates in front of siwa-receiver (a proxy or sidecar): allows a non-loopback --signin-listen; the API itself speaks plain HTTP.",
+        environmentVariable: "SIWA_SIGNIN_TLS_TERMINATED_IN_FRONT")
+]
+
 /// The sign-in API built from the command line, or nil when it is off.
 struct SignInSetup: Sendable {
     let configuration: SignInConfiguration
@@ -34,8 +48,8 @@ struct SignInSetup: Sendable {
     init?(_ parsed: ParsedCommand, audiences: Set<String>, environment: [String: String]) throws {
         guard let listen = try parsed.listenAddress("signin-listen") else {
             // The Apple and key-file settings may be shared with siwa-worker's revoker: ignored here.
-            if parsed.value("signin-token-file") != nil {
-                throw ConfigurationError("--signin-token-file needs --signin-listen")
+            for name in ["signin-token-file", "signin-database-url"] where parsed.value(name) != nil {
+                throw ConfigurationError("--\(name) needs --signin-listen")
             }
             return nil
         }
@@ -55,6 +69,18 @@ struct SignInSetup: Sendable {
             let token = String(data: tokenData, encoding: .utf8)?.trimmingCharacters(
                 in: .whitespacesAndNewlines)
         else { throw ConfigurationError("cannot read --signin-token-file") }
+        // Its own credential: the receiver's login (internet-facing) never needs siwa_signin.
+        guard let url = parsed.value("signin-database-url"), !url.isEmpty else {
+            throw ConfigurationError(
+                "--signin-listen needs --signin-database-url: a login of its own, a member of siwa_signin only (docs/operations.md § 12)"
+            )
+        }
+        let database: PostgresConfiguration
+        do {
+            database = try PostgresConfiguration(url, applicationName: "siwa-receiver-signin")
+        } catch {
+            throw ConfigurationError("invalid --signin-database-url: \(error.message)")
+        }
         let cipher: TokenCipher
         do {
             cipher = try TokenCipher(keyFile: try required("token-key-file"))
@@ -63,11 +89,10 @@ struct SignInSetup: Sendable {
         }
         let apple = try AppleCredentials(parsed, neededBy: "--signin-listen").clients(
             audiences, environment: environment)
-        let database = try PostgresConfiguration(
-            parsed.value("database-url") ?? "", applicationName: "siwa-receiver-signin")
         configuration = try SignInConfiguration(
             http: HTTPServer.Configuration(host: listen.host, port: listen.port, threadCount: 8),
-            bearerToken: token, clients: apple.clients, cipher: cipher, database: database)
+            bearerToken: token, clients: apple.clients, cipher: cipher, database: database,
+            tlsTerminatedInFront: parsed.flag("signin-tls-terminated-in-front"))
         self.providers = apple.providers
     }
 
@@ -87,7 +112,9 @@ struct SignInSetup: Sendable {
             start: {
                 let store = KeyStore(configuration: keys, source: { try jwks.fetch() })
                 store.start()
-                let service = SignInService(configuration: configuration, logger: logger) {
+                let service = SignInService(
+                    configuration: configuration, logger: logger, metrics: metrics() ?? MetricsRegistry()
+                ) {
                     kid throws(NotificationError) in
                     try store.key(id: kid)
                 }

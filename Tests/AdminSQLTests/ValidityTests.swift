@@ -167,6 +167,9 @@ struct ValidityTests {
         let signin = try database.connect(as: .signin)
         defer { signin.close() }
         for (code, sub) in [("\\x0a", "001000.live"), ("\\x0b", "001000.gone")] {
+            // A sign-in is recorded only for a code the API claimed for that user and client.
+            try signin.execute(
+                "SELECT siwa.begin_sign_in($1::bytea, 'com.example.app', $2)", [.text(code), .text(sub)])
             try signin.execute(
                 """
                 SELECT siwa.record_sign_in($1::bytea, 'com.example.app', $2, NULL, NULL, true, 2,

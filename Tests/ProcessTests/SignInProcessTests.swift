@@ -12,6 +12,14 @@ struct SignInProcessTests {
         let database = try PostgresCluster.shared.createSchemaDatabase()
         let cluster = try PostgresCluster.shared
         let databaseURL = cluster.url(database: database.database ?? "")
+        // Each credential of its own: the receiver's login is in siwa_receiver only, the sign-in API's in
+        // siwa_signin only.
+        func loginURL(_ group: String) throws -> String {
+            "postgresql://\(try cluster.loginRole(memberOf: group))@/\(database.database ?? "")"
+                + "?host=\(cluster.socketDirectory)&port=\(cluster.port)"
+        }
+        let receiverURL = try loginURL("siwa_receiver")
+        let signInURL = try loginURL("siwa_signin")
         let receiverPort = try ExecutableLocator.freePort()
         let signInPort = try ExecutableLocator.freePort()
         let apple = try LocalApple(notifyURL: "http://127.0.0.1:\(receiverPort)/apple/notifications")
@@ -34,11 +42,21 @@ struct SignInProcessTests {
             refused.standardError.contains("owner only")
                 && !refused.standardError.contains(SignInCredentials.bearer))
         try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: tokenFile)
+        // The sign-in API needs a credential of its own.
+        let noCredential = try ExecutableLocator.run(
+            ExecutableLocator.url(named: "siwa-receiver"),
+            arguments: [
+                "--database-url", receiverURL, "--audience", LocalApple.clientID, "--signin-listen",
+                "127.0.0.1:0", "--signin-token-file", tokenFile, "--token-key-file", keyFile,
+            ], environment: [:], input: nil, timeout: .seconds(30))
+        #expect(noCredential.status == 2)
+        #expect(noCredential.standardError.contains("--signin-database-url"), "\(noCredential.standardError)")
         let clean = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") }
         // The receiver configured through the SIWA_* twins.
         let receiverEnvironment = clean.merging(
             [
-                "SIWA_DATABASE_URL": databaseURL, "SIWA_LISTEN": "127.0.0.1:\(receiverPort)",
+                "SIWA_DATABASE_URL": receiverURL, "SIWA_SIGNIN_DATABASE_URL": signInURL,
+                "SIWA_LISTEN": "127.0.0.1:\(receiverPort)",
                 "SIWA_AUDIENCES": LocalApple.clientID, "SIWA_JWKS_URL": apple.baseURL + "/auth/keys",
                 "SIWA_SIGNIN_LISTEN": "127.0.0.1:\(signInPort)", "SIWA_SIGNIN_TOKEN_FILE": tokenFile,
                 "SIWA_TOKEN_KEY_FILE": keyFile, "SIWA_APPLE_TEAM_ID": LocalApple.teamID,
@@ -63,6 +81,11 @@ struct SignInProcessTests {
         let gauge = try #require(
             metrics.split(separator: "\n").first { $0.hasPrefix("siwa_apple_client_secret_expiry_seconds ") })
         #expect(Double(gauge.split(separator: " ")[1]) ?? 0 > 3600)
+        // The readiness probe's call without a bearer token was refused, and counted on /metrics.
+        #expect(
+            metrics.contains(
+                #"siwa_signin_responses_total{endpoint="sign-ins",status="401",error="unauthorized"}"#),
+            "\(metrics)")
 
         // Sign in through the API.
         let nonce = Nonce()
@@ -125,5 +148,34 @@ struct SignInProcessTests {
         #expect(
             !logs.contains(authorization.code) && !logs.contains("l@example.com")
                 && !logs.contains(SignInCredentials.bearer))
+    }
+
+    @Test(
+        "the plain-HTTP sign-in API refuses a non-loopback listen address unless TLS terminates in front",
+        arguments: ["0.0.0.0:0", "[::]:0", ":0", "192.0.2.10:0", "example.com:0"])
+    func nonLoopbackRefused(listen: String) throws {
+        let database = try PostgresCluster.shared.createSchemaDatabase()
+        let cluster = try PostgresCluster.shared
+        let apple = try LocalApple()
+        let keyFile = try writeKeyFile([("k1", randomKey())], in: apple.directory)
+        let tokenFile = apple.directory.appendingPathComponent("bearer").path
+        FileManager.default.createFile(
+            atPath: tokenFile, contents: Data(SignInCredentials.bearer.utf8),
+            attributes: [.posixPermissions: 0o600])
+        let url = cluster.url(database: database.database ?? "")
+        let refused = try ExecutableLocator.run(
+            ExecutableLocator.url(named: "siwa-receiver"),
+            arguments: [
+                "--database-url", url, "--signin-database-url", url, "--listen", "127.0.0.1:0",
+                "--audience", LocalApple.clientID, "--jwks-url", apple.baseURL + "/auth/keys",
+                "--signin-listen", listen, "--signin-token-file", tokenFile, "--token-key-file", keyFile,
+                "--apple-team-id", LocalApple.teamID, "--apple-key-id", LocalApple.keyID,
+                "--apple-key-file", apple.teamKeyFile.path, "--apple-url", apple.baseURL,
+            ], environment: [:], input: nil, timeout: .seconds(30))
+        #expect(refused.status == 2, "\(refused.standardError)")
+        #expect(
+            refused.standardError.contains("plain HTTP")
+                && refused.standardError.contains("--signin-tls-terminated-in-front"),
+            "\(refused.standardError)")
     }
 }
