@@ -75,14 +75,6 @@ func renderTable(header: [String], rows: [[String]]) -> String {
     return ([header] + rows).map(line).joined()
 }
 
-/// One JSON object per line, keys sorted, slashes unescaped.
-func jsonLine(_ object: [String: Any]) -> String {
-    let data =
-        (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]))
-        ?? Data("{}".utf8)
-    return String(decoding: data, as: UTF8.self) + "\n"
-}
-
 extension String {
     fileprivate func trimmingTrailingSpaces() -> String {
         var copy = self
