@@ -48,6 +48,11 @@ let package = Package(
         .target(
             name: "FakeApple",
             dependencies: ["AppleNotifications", "HTTPClient", "HTTPServer", "ServiceSupport"]),
+        // `siwactl doctor`: a deployed endpoint checked as Apple reaches it, and what the database knows
+        // (heartbeats, client IDs in use). Findings go to a callback; never prints or reads the environment.
+        .target(
+            name: "Doctor",
+            dependencies: ["AppleNotifications", "HTTPClient", "Postgres", "ServiceSupport", "SiwaSchema"]),
         .target(
             name: "Receiver",
             dependencies: ["AppleNotifications", "HTTPClient", "Postgres", "HTTPServer", "ServiceSupport"]),
@@ -92,7 +97,7 @@ let package = Package(
             name: "siwactl",
             dependencies: [
                 "AppleNotifications", "AppleID", "HTTPClient", "Postgres", "ServiceSupport", "HTTPServer",
-                "SiwaSchema", "Receiver", "Webhooks", "TeamTransfer", "FakeApple",
+                "SiwaSchema", "Receiver", "Webhooks", "TeamTransfer", "FakeApple", "Doctor",
             ]),
         .executableTarget(name: "siwa-bench", dependencies: ["AppleNotifications"]),
 

@@ -226,6 +226,33 @@ BEGIN
         -- The sign-in API answers through siwa.sign_in_answer(code, client, sub), what is true now; the
         -- lookup by sub alone (any signed-in user's email) goes.
         DROP FUNCTION IF EXISTS siwa.sign_in_identity(text, text);
+        -- Heartbeats cannot lie to the doctor: bounded times, no control characters. A row that breaks
+        -- them was not written by a receiver or worker (or by one whose clock ran ahead): it is deleted
+        -- (a live process writes its row again within its heartbeat interval).
+        IF v_from >= 4 THEN
+            DELETE FROM siwa.service_heartbeats h
+             WHERE (pg_catalog.isfinite(h.last_seen) AND pg_catalog.isfinite(h.started_at)
+                    AND h.last_seen <= pg_catalog.now() + interval '1 minute'
+                    AND h.started_at <= pg_catalog.now() + interval '5 minutes'
+                    AND h.host !~ '[\x01-\x1f\x7f-\x9f]' AND h.version !~ '[\x01-\x1f\x7f-\x9f]'
+                    AND h.product_version !~ '[\x01-\x1f\x7f-\x9f]' AND h.build_commit !~ '[\x01-\x1f\x7f-\x9f]'
+                    AND (pg_catalog.cardinality(h.audiences) = 0
+                         OR pg_catalog.array_to_string(h.audiences, E'\n', '')
+                            ~ '^[^\x01-\x1f\x7f-\x9f]{1,255}(\n[^\x01-\x1f\x7f-\x9f]{1,255})*$'
+                             AND pg_catalog.array_to_string(h.audiences, ' ', '') !~ '[\x01-\x1f\x7f-\x9f]')) IS FALSE;
+            ALTER TABLE siwa.service_heartbeats
+                ADD CONSTRAINT service_heartbeats_time_check
+                    CHECK (isfinite(last_seen) AND isfinite(started_at) AND last_seen <= now() + interval '1 minute'
+                           AND started_at <= now() + interval '5 minutes'),
+                ADD CONSTRAINT service_heartbeats_text_check
+                    CHECK (host !~ '[\x01-\x1f\x7f-\x9f]' AND version !~ '[\x01-\x1f\x7f-\x9f]'
+                           AND product_version !~ '[\x01-\x1f\x7f-\x9f]' AND build_commit !~ '[\x01-\x1f\x7f-\x9f]'),
+                ADD CONSTRAINT service_heartbeats_audiences_text_check
+                    CHECK (cardinality(audiences) = 0
+                           OR array_to_string(audiences, E'\n', '')
+                              ~ '^[^\x01-\x1f\x7f-\x9f]{1,255}(\n[^\x01-\x1f\x7f-\x9f]{1,255})*$'
+                              AND array_to_string(audiences, ' ', '') !~ '[\x01-\x1f\x7f-\x9f]');
+        END IF;
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;

@@ -3,8 +3,11 @@
 -- Every siwa-receiver and siwa-worker process upserts its row here every few seconds (and deletes rows
 -- of its own kind not seen for a day), so that `siwactl doctor --database-url` can tell whether workers
 -- are alive and which audiences the receivers accept. Row-level security keeps each role to the rows of
--- its own kind: a receiver cannot fake a live worker. Both objects came new in version 4; the columns
--- product_version and build_commit came in version 5 (numbered change 5).
+-- its own kind: a receiver cannot fake a live worker; CHECK constraints keep every row to what a real
+-- process writes: no heartbeat dated in the future or at infinity (alive forever, or an age that cannot be
+-- computed), no control character a terminal would obey. Both objects came new in version 4; the columns
+-- product_version and build_commit and the constraints on times and text came in version 5 (numbered
+-- change 5).
 
 CREATE TABLE IF NOT EXISTS siwa.service_heartbeats (
     kind       text        NOT NULL,
@@ -22,7 +25,21 @@ CREATE TABLE IF NOT EXISTS siwa.service_heartbeats (
     CONSTRAINT service_heartbeats_kind_check CHECK (kind IN ('receiver', 'worker')),
     CONSTRAINT service_heartbeats_host_check CHECK (length(host) BETWEEN 1 AND 255),
     CONSTRAINT service_heartbeats_version_check CHECK (length(version) BETWEEN 1 AND 100),
-    CONSTRAINT service_heartbeats_audiences_check CHECK (cardinality(audiences) <= 1000)
+    CONSTRAINT service_heartbeats_audiences_check CHECK (cardinality(audiences) <= 1000),
+    -- What the doctor reads cannot lie (numbered change 5): times finite and not in the future (last_seen
+    -- is the database's own now(); started_at comes from the process's clock, which may run a little
+    -- ahead), and text without control characters (C0, DEL, C1), each client ID 1 to 255 characters.
+    CONSTRAINT service_heartbeats_time_check
+        CHECK (isfinite(last_seen) AND isfinite(started_at) AND last_seen <= now() + interval '1 minute'
+               AND started_at <= now() + interval '5 minutes'),
+    CONSTRAINT service_heartbeats_text_check
+        CHECK (host !~ '[\x01-\x1f\x7f-\x9f]' AND version !~ '[\x01-\x1f\x7f-\x9f]'
+               AND product_version !~ '[\x01-\x1f\x7f-\x9f]' AND build_commit !~ '[\x01-\x1f\x7f-\x9f]'),
+    CONSTRAINT service_heartbeats_audiences_text_check
+        CHECK (cardinality(audiences) = 0
+               OR array_to_string(audiences, E'\n', '')
+                  ~ '^[^\x01-\x1f\x7f-\x9f]{1,255}(\n[^\x01-\x1f\x7f-\x9f]{1,255})*$'
+                  AND array_to_string(audiences, ' ', '') !~ '[\x01-\x1f\x7f-\x9f]')
 );
 COMMENT ON TABLE siwa.service_heartbeats IS
     'One row per running siwa-receiver or siwa-worker process (by kind, host, pid), refreshed every few seconds; rows not seen for a day are deleted by the next process of the same kind. Read by siwactl doctor --database-url.';

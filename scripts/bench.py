@@ -542,7 +542,8 @@ def webhooks(cluster, binaries, jwks_url, bodies, changes=20_000, subs=2_000, id
     port = free_port()
     secret = "whsec_" + base64.b64encode(os.urandom(32)).decode()
     listener = subprocess.Popen(
-        [binaries["siwactl"], "webhooks", "listen", "--port", str(port), "--secret", secret],
+        [binaries["siwactl"], "webhooks", "listen", "--port", str(port)],
+        env={**os.environ, "SIWA_WEBHOOK_SECRET": secret},  # never on the command line (ps shows it)
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     worker = None
     receiver = None

@@ -58,6 +58,9 @@ public final class FakeAppleServer: Sendable {
     private let host: String
 
     /// Loads the key set (and, with settings, the signing key it publishes). Does not listen yet.
+    /// - Parameter log: receives one line per request and event; a line may quote what a client sent
+    ///   (the percent-decoded path), so a sink that writes to a terminal or a text log escapes it
+    ///   (`writeErrorLine` does: ``TerminalText``).
     public init(configuration: Configuration, log: @escaping @Sendable (String) -> Void) throws {
         let directory = URL(fileURLWithPath: configuration.keysDirectory)
         let file = KeySetFile(path: directory.appendingPathComponent("jwks.json").path, log: log)

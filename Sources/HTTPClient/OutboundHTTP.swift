@@ -27,6 +27,18 @@ import Foundation
 ///   honoured for `https` URLs (TLS stays end to end through `CONNECT`); loopback is never proxied;
 /// - no cookies, no authentication negotiation, no other protocol than http and https.
 public enum OutboundHTTP {
+    /// `url` as it may be logged or shown: scheme, host, port and path only. Userinfo
+    /// (`user:password@`), the query and the fragment — where credentials and tokens travel — are left
+    /// out; a URL that does not parse is shown as `(not a URL)`.
+    public static func loggable(_ url: String) -> String {
+        guard let components = URLComponents(string: url), let scheme = components.scheme,
+            let host = components.percentEncodedHost
+        else { return "(not a URL)" }
+        var text = scheme + "://" + (host.contains(":") && !host.hasPrefix("[") ? "[\(host)]" : host)
+        if let port = components.port { text += ":\(port)" }
+        return text + components.percentEncodedPath
+    }
+
     /// Whether `host` (as in a URL, IPv6 possibly in brackets) is a loopback address: an IPv4 literal
     /// in 127.0.0.0/8, the IPv6 literal `::1`, or the name `localhost` (any case). No other name
     /// qualifies, so `127.attacker.example` and `localhost.attacker.example` do not.

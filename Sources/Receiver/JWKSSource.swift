@@ -43,11 +43,12 @@ public struct JWKSSource: Sendable, CustomStringConvertible {
         environment: [String: String] = [:]
     ) throws {
         guard let scheme = url.scheme?.lowercased(), let host = url.host, !host.isEmpty else {
-            throw ConfigurationError("JWKS URL must be absolute: \(url.absoluteString)")
+            throw ConfigurationError(
+                "JWKS URL must be absolute: \(OutboundHTTP.loggable(url.absoluteString))")
         }
         guard scheme == "https" || (scheme == "http" && Self.isLoopback(host: host)) else {
             throw ConfigurationError(
-                "JWKS URL must use https (http only for 127.0.0.0/8, ::1 or localhost): \(url.absoluteString)"
+                "JWKS URL must use https (http only for 127.0.0.0/8, ::1 or localhost): \(OutboundHTTP.loggable(url.absoluteString))"
             )
         }
         guard maxBytes > 0, timeout > 0 else {
@@ -66,7 +67,9 @@ public struct JWKSSource: Sendable, CustomStringConvertible {
         OutboundHTTP.isLoopback(host: host)
     }
 
-    public var description: String { url.absoluteString }
+    /// The URL as logged: scheme, host, port and path (``OutboundHTTP/loggable(_:)``), never the
+    /// userinfo or query a staging key set's URL may carry credentials in.
+    public var description: String { OutboundHTTP.loggable(url.absoluteString) }
 
     /// The transport policy of a fetch: this source's limits, encoded answers refused.
     public var policy: OutboundHTTP.Policy {

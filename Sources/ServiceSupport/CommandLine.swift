@@ -25,6 +25,23 @@ public struct CommandOption: Sendable {
     /// Old names of the option (without dashes), still accepted: a value given under one counts as
     /// given under ``name``. Shown in help as old names.
     public var aliases: [String]
+    /// Whether the value is (or may hold) a secret; see ``Secrecy``.
+    public var secrecy: Secrecy = .none
+
+    /// Whether an option's value is a secret. A secret option is also read from a file — `--NAME-file
+    /// PATH` (`-`: standard input) or the environment variable `<environmentVariable>_FILE` — so that it
+    /// never has to be on a command line, where `ps` and `/proc/PID/cmdline` show it to every user of
+    /// the machine; given on the command line itself it still works, and ``CommandSpec/warnings(for:)``
+    /// says why not.
+    public enum Secrecy: Sendable, Equatable {
+        /// Not a secret.
+        case none
+        /// Always a secret (a signing secret).
+        case secret
+        /// A connection string that may carry a password (`postgresql://user:PASSWORD@…`, `password=…`):
+        /// a warning only when it does.
+        case connectionString
+    }
 
     /// Declares an option.
     public init(
@@ -124,6 +141,9 @@ public struct ParsedCommand: Sendable {
     public var flags: Set<String>
     /// Positional arguments, in order.
     public var positionals: [String]
+    /// The secret options (``CommandOption/secrecy``) whose value was given on the command line itself
+    /// rather than from a file or the environment.
+    public var secretsOnCommandLine: Set<String> = []
 
     /// The (last) value of an option.
     public func value(_ name: String) -> String? { options[name]?.last }
@@ -197,22 +217,35 @@ public struct CommandSpec: Sendable {
                 inlineValue = String(name[name.index(after: equals)...])
                 name = String(name[..<equals])
             }
-            if let option = options.first(where: { $0.name == name || $0.aliases.contains(name) }) {
+            let fileOption = options.first { $0.secrecy != .none && name == $0.name + "-file" }
+            if let option = fileOption
+                ?? options.first(where: { $0.name == name || $0.aliases.contains(name) })
+            {
                 let value: String
                 if let inlineValue {
                     value = inlineValue
                 } else {
                     guard index < arguments.count else {
-                        throw CommandLineError(.missingValue, "option --\(name) needs a \(option.valueName)")
+                        throw CommandLineError(
+                            .missingValue,
+                            "option --\(name) needs a \(fileOption == nil ? option.valueName : "FILE")")
                     }
                     value = arguments[index]
                     index += 1
                 }
                 if !option.isRepeatable, parsed.options[option.name] != nil {
                     throw CommandLineError(
-                        .unexpectedArgument, "option --\(option.name) given more than once")
+                        .unexpectedArgument,
+                        "option --\(option.name) given more than once"
+                            + (option.secrecy == .none ? "" : " (or with --\(option.name)-file)"))
                 }
-                parsed.options[option.name, default: []].append(value)
+                if fileOption != nil {
+                    parsed.options[option.name, default: []] += try Self.readSecret(
+                        from: value, for: option, naming: "--\(name)")
+                } else {
+                    if option.secrecy != .none { parsed.secretsOnCommandLine.insert(option.name) }
+                    parsed.options[option.name, default: []].append(value)
+                }
             } else if flags.contains(where: { $0.name == name }) {
                 guard inlineValue == nil else {
                     throw CommandLineError(.invalidValue, "flag --\(name) takes no value")
@@ -230,6 +263,11 @@ public struct CommandSpec: Sendable {
                     ? value.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
                         .filter { !$0.isEmpty }
                     : [value]
+            } else if option.secrecy != .none,
+                let variable = option.environmentVariable.map({ $0 + "_FILE" }),
+                let path = environment[variable], !path.isEmpty
+            {
+                parsed.options[option.name] = try Self.readSecret(from: path, for: option, naming: variable)
             } else if let defaultValue = option.defaultValue {
                 parsed.options[option.name] = [defaultValue]
             } else if option.isRequired {
@@ -258,6 +296,69 @@ public struct CommandSpec: Sendable {
         return parsed
     }
 
+    /// A secret option's value(s) from the file at `path` (`-`: standard input): the text without
+    /// surrounding whitespace, or for a repeatable option each non-empty line.
+    static func readSecret(from path: String, for option: CommandOption, naming source: String)
+        throws(CommandLineError) -> [String]
+    {
+        let data: Data?
+        if path == "-" {
+            data = FileHandle.standardInput.readDataToEndOfFile()
+        } else {
+            data = FileManager.default.contents(atPath: path)
+        }
+        guard let data else {
+            throw CommandLineError(.invalidValue, "\(source): cannot read \(path)")
+        }
+        let text = String(decoding: data, as: UTF8.self)
+        let values =
+            option.isRepeatable
+            ? text.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }
+                .filter { !$0.isEmpty }
+            : [text.trimmingCharacters(in: .whitespacesAndNewlines)].filter { !$0.isEmpty }
+        guard !values.isEmpty else {
+            throw CommandLineError(
+                .invalidValue, "\(source): \(path == "-" ? "standard input" : path) is empty")
+        }
+        return values
+    }
+
+    /// One warning per secret given on the command line itself (``ParsedCommand/secretsOnCommandLine``;
+    /// a connection string only when it holds a password), saying where it belongs instead. For the
+    /// executables to print on standard error; the value itself is never quoted.
+    public func warnings(for parsed: ParsedCommand) -> [String] {
+        options.filter { parsed.secretsOnCommandLine.contains($0.name) }.compactMap { option in
+            if option.secrecy == .connectionString,
+                !parsed.values(option.name).contains(where: Self.holdsPassword)
+            {
+                return nil
+            }
+            let what = option.secrecy == .connectionString ? "a password" : "a secret"
+            var instead = "--\(option.name)-file FILE ('-': standard input)"
+            if let variable = option.environmentVariable { instead += ", \(variable) or \(variable)_FILE" }
+            if option.secrecy == .connectionString {
+                instead += ", or a password file (PGPASSFILE, ~/.pgpass)"
+            }
+            return
+                "warning: --\(option.name) on the command line puts \(what) where every user of this machine can read it (ps, /proc): use \(instead)"
+        }
+    }
+
+    /// Whether a PostgreSQL URL or conninfo string carries a password (`scheme://user:PASSWORD@host`,
+    /// `?password=…`, `password=…`).
+    public static func holdsPassword(_ connection: String) -> Bool {
+        if connection.range(of: #"(^|[\s?&])password\s*="#, options: [.regularExpression, .caseInsensitive])
+            != nil
+        {
+            return true
+        }
+        guard let scheme = connection.range(of: "://") else { return false }
+        let rest = connection[scheme.upperBound...]
+        let authority = rest.prefix { $0 != "/" && $0 != "?" && $0 != "#" }
+        guard let at = authority.lastIndex(of: "@") else { return false }
+        return authority[..<at].contains(":")
+    }
+
     /// The `--help` text: usage line, summary, then every option, flag and positional.
     public func helpText() -> String {
         var usage = "usage: \(name)"
@@ -283,7 +384,16 @@ public struct CommandSpec: Sendable {
                     " (old name\(option.aliases.count > 1 ? "s" : ""): "
                     + option.aliases.map { "--" + $0 }.joined(separator: ", ") + ")"
             }
+            if option.secrecy == .secret {
+                help += " Discouraged on a command line (ps shows it): use --\(option.name)-file."
+            }
             rows.append(("--\(option.name) \(option.valueName)", help))
+            if option.secrecy != .none {
+                var fileHelp = "Read --\(option.name) from FILE ('-': standard input)"
+                fileHelp += option.isRepeatable ? ", one per line." : "."
+                if let variable = option.environmentVariable { fileHelp += " [env: \(variable)_FILE]" }
+                rows.append(("--\(option.name)-file FILE", fileHelp))
+            }
         }
         for flag in flags {
             var help = flag.help
@@ -308,6 +418,13 @@ extension CommandOption {
     public func requiring() -> CommandOption {
         var copy = self
         copy.isRequired = true
+        return copy
+    }
+
+    /// The same option as a secret (``Secrecy``): also read from `--NAME-file` and `<VARIABLE>_FILE`.
+    public func secret(_ secrecy: Secrecy = .secret) -> CommandOption {
+        var copy = self
+        copy.secrecy = secrecy
         return copy
     }
 

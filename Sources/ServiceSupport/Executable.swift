@@ -20,10 +20,13 @@ public struct ConfigurationError: Error, Sendable, CustomStringConvertible, Equa
 
 extension CommandOption {
     /// `--database-url URL` (`SIWA_DATABASE_URL`), required: the PostgreSQL database holding schema.sql,
-    /// as a URL or a conninfo string. One declaration for every executable and verb that connects.
+    /// as a URL or a conninfo string. One declaration for every executable and verb that connects. It may
+    /// carry a password, so it is also read from `--database-url-file` or `SIWA_DATABASE_URL_FILE`
+    /// (``CommandOption/Secrecy/connectionString``).
     public static let databaseURL = CommandOption(
         "database-url", valueName: "URL", help: "PostgreSQL URL or conninfo string (schema.sql applied).",
-        isRequired: true, environmentVariable: "SIWA_DATABASE_URL")
+        isRequired: true, environmentVariable: "SIWA_DATABASE_URL"
+    ).secret(.connectionString)
 }
 
 /// Writes `text` to standard output as it is (unbuffered).
@@ -37,7 +40,9 @@ public func writeStandardError(_ text: String) {
 }
 
 /// Writes `command: message` as one line to standard error: how the executables report a usage or
-/// configuration error, or a failure.
+/// configuration error, a failure, or a local tool's log line. The message is escaped
+/// (``TerminalText/escaped(_:)``): whatever it quotes from outside — an argument, a request's header or
+/// path, a server's error — can neither steer the terminal nor start a line of its own.
 public func writeErrorLine(_ command: String, _ message: String) {
-    writeStandardError("\(command): \(message)\n")
+    writeStandardError("\(command): \(TerminalText.escaped(message))\n")
 }

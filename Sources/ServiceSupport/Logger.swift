@@ -104,7 +104,12 @@ public final class Logger: Sendable {
     }
 }
 
-/// Minimal JSON text helpers for hand-built output on hot paths.
+/// JSON text: the one JSON string escaper, for hand-built output on hot paths (the log) and for lines
+/// serialized by Foundation.
+///
+/// Every control character is escaped — C0 (as `\n`, `\r`, `\t` or `\u00XX`), DEL and C1 (`\u007f`,
+/// `\u0085`, `\u009b` …) — and so are U+2028 and U+2029: a line of JSON read on a terminal, by `tail`, by
+/// a log shipper or by JavaScript is one line of text that steers nothing.
 public enum JSONText {
     /// Appends `value` as a JSON string literal (quoted and escaped) to `output`.
     public static func appendString(_ value: String, to output: inout String) {
@@ -116,8 +121,7 @@ public enum JSONText {
             case "\n": output.append("\\n")
             case "\r": output.append("\\r")
             case "\t": output.append("\\t")
-            case _ where scalar.value < 0x20:
-                output.append(String(format: "\\u%04x", scalar.value))
+            case _ where isEscapedControl(scalar): appendEscape(scalar, to: &output)
             default: output.unicodeScalars.append(scalar)
             }
         }
@@ -129,5 +133,45 @@ public enum JSONText {
         var out = ""
         appendString(value, to: &out)
         return out
+    }
+
+    /// One JSON object per line (keys sorted, slashes unescaped, then a newline), serialized by
+    /// Foundation and with the controls it leaves as they are (DEL, C1, U+2028, U+2029) escaped too.
+    public static func line(_ object: [String: Any]) -> String {
+        let data =
+            (try? JSONSerialization.data(
+                withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]))
+            ?? Data("{}".utf8)
+        return escapingControls(String(decoding: data, as: UTF8.self)) + "\n"
+    }
+
+    /// Serialized JSON with every control character still raw written as `\u00XX`. Valid JSON in, valid
+    /// JSON out: outside strings JSON holds only ASCII structure and whitespace, and the whitespace
+    /// (space, tab, newline, return) is left as it is.
+    public static func escapingControls(_ json: String) -> String {
+        guard json.unicodeScalars.contains(where: isEscapedControl) else { return json }
+        var output = ""
+        output.reserveCapacity(json.utf8.count + 16)
+        for scalar in json.unicodeScalars {
+            if isEscapedControl(scalar) {
+                appendEscape(scalar, to: &output)
+            } else {
+                output.unicodeScalars.append(scalar)
+            }
+        }
+        return output
+    }
+
+    /// C0 other than tab, newline and return (handled by the callers), DEL, C1, U+2028 and U+2029.
+    static func isEscapedControl(_ scalar: Unicode.Scalar) -> Bool {
+        switch scalar.value {
+        case 0x09, 0x0A, 0x0D: false
+        case 0x00...0x1F, 0x7F...0x9F, 0x2028, 0x2029: true
+        default: false
+        }
+    }
+
+    static func appendEscape(_ scalar: Unicode.Scalar, to output: inout String) {
+        output.append("\\u" + TerminalText.hex(scalar.value, digits: 4))
     }
 }

@@ -66,7 +66,7 @@ func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
     do {
         parsed = try receiverCommand.parse(arguments, environment: environment)
     } catch {
-        writeErrorLine("siwa-receiver", "\(error.message)\n(see siwa-receiver --help)")
+        writeErrorLine("siwa-receiver", "\(error.message) (see siwa-receiver --help)")
         return 2
     }
     if parsed.helpRequested {
@@ -77,6 +77,7 @@ func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
         writeStandardOutput(SiwaBuild.versionLine("siwa-receiver") + "\n")
         return 0
     }
+    for warning in receiverCommand.warnings(for: parsed) { writeErrorLine("siwa-receiver", warning) }
     let configuration: ReceiverConfiguration
     let logger: Logger
     let signIn: SignInSetup?

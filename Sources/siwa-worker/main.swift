@@ -94,6 +94,7 @@ if parsed.versionRequested {
     writeStandardOutput(SiwaBuild.versionLine("siwa-worker") + "\n")
     terminateProcess(status: 0)
 }
+for warning in spec.warnings(for: parsed) { writeErrorLine("siwa-worker", warning) }
 
 guard let level = Logger.Level(name: parsed.value("log-level") ?? "info") else {
     fail("--log-level must be debug, info, warning or error", status: 2)

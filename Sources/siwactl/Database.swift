@@ -55,8 +55,10 @@ func parseSince(_ text: String, now: Date = Date()) -> Date? {
     return dateOnly.date(from: trimmed)
 }
 
-/// Left-aligned columns separated by two spaces, with a header row.
-func renderTable(header: [String], rows: [[String]]) -> String {
+/// Left-aligned columns separated by two spaces, with a header row. Cells come from the database:
+/// each is escaped (``TerminalText``), so a value cannot add a row or steer the terminal.
+func renderTable(header: [String], rows unescaped: [[String]]) -> String {
+    let rows = unescaped.map { $0.map(TerminalText.escaped) }
     var widths = header.map(\.count)
     for row in rows {
         for (index, cell) in row.enumerated() { widths[index] = max(widths[index], cell.count) }
@@ -73,14 +75,6 @@ func renderTable(header: [String], rows: [[String]]) -> String {
         return text.trimmingTrailingSpaces() + "\n"
     }
     return ([header] + rows).map(line).joined()
-}
-
-/// One JSON object per line, keys sorted, slashes unescaped.
-func jsonLine(_ object: [String: Any]) -> String {
-    let data =
-        (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]))
-        ?? Data("{}".utf8)
-    return String(decoding: data, as: UTF8.self) + "\n"
 }
 
 extension String {

@@ -98,7 +98,7 @@ enum EventsVerb {
         }
         let events = try database("decoding siwa.event_history") { try rows.map(Event.init) }
         if parsed.flag("json") {
-            writeStandardOutput(events.map { jsonLine($0.json) }.joined())
+            writeStandardOutput(events.map { JSONText.line($0.json) }.joined())
         } else if events.isEmpty {
             writeStandardOutput("no events\n")
         } else {

@@ -116,6 +116,6 @@ enum StatsVerb {
             }
             return health
         }
-        writeStandardOutput(parsed.flag("json") ? jsonLine(health.json) : health.text)
+        writeStandardOutput(parsed.flag("json") ? JSONText.line(health.json) : health.text)
     }
 }

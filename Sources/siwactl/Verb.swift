@@ -29,6 +29,7 @@ func parse(_ spec: CommandSpec, _ arguments: [String], _ environment: [String: S
             writeStandardOutput(spec.helpText())
             return .failure(EarlyExit(ExitStatus.success))
         }
+        for warning in spec.warnings(for: parsed) { writeErrorLine(spec.name, warning) }
         return .success(parsed)
     } catch {
         writeErrorLine(spec.name, "\(error.message)")

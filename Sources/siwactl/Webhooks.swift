@@ -71,18 +71,26 @@ enum WebhooksVerb {
         "siwa.personal_data_erased", "siwa.sub_transferred",
     ]
 
+    /// `--secret whsec_…`, also from `--secret-file FILE` ('-': stdin), `SIWA_WEBHOOK_SECRET` or
+    /// `SIWA_WEBHOOK_SECRET_FILE`: a secret of the caller's choosing for `add` and `rotate-secret`.
+    static func secretOption(_ help: String) -> CommandOption {
+        CommandOption("secret", valueName: "whsec_…", help: help, environmentVariable: "SIWA_WEBHOOK_SECRET")
+            .secret()
+    }
+
     // MARK: add
 
     static let addSpec = CommandSpec(
         name: "siwactl webhooks add",
         abstract: """
-            Add a webhook endpoint: https (or http to a loopback IP literal). Without --secret a whsec_ secret
-            is generated and printed once. Prints the endpoint's id and secret.
+            Add a webhook endpoint: https (or http to a loopback IP literal). Without a secret of your own
+            (--secret-file FILE, '-' for stdin, or SIWA_WEBHOOK_SECRET) a whsec_ secret is generated and
+            printed once. Prints the endpoint's id (and the generated secret).
             """,
         options: [
             .databaseURL,
             CommandOption("url", valueName: "URL", help: "Where deliveries are POSTed.", isRequired: true),
-            CommandOption("secret", valueName: "whsec_…", help: "The signing secret (default: a new one)."),
+            secretOption("The signing secret (default: a new one)."),
             CommandOption(
                 "types", valueName: "TYPE,…",
                 help: "Only these change types (default: all): \(types.joined(separator: ", "))."),
@@ -166,7 +174,7 @@ enum WebhooksVerb {
             ]
             if parsed.flag("json") {
                 writeStandardOutput(
-                    jsonLine([
+                    JSONText.line([
                         "id": Int(cells[0])!, "url": cells[1], "types": cells[2],
                         "enabled": cells[3] == "yes",
                         "max_in_flight": Int(cells[4])!, "live_secrets": Int(cells[5])!,
@@ -226,12 +234,13 @@ enum WebhooksVerb {
     static let rotateSpec = CommandSpec(
         name: "siwactl webhooks rotate-secret",
         abstract: """
-            Add a new signing secret (generated and printed once unless --secret); the current one keeps
-            signing alongside it for --overlap (e.g. 24h, 90m, 0), then stops.
+            Add a new signing secret (generated and printed once unless given: --secret-file FILE, '-' for
+            stdin, or SIWA_WEBHOOK_SECRET); the current one keeps signing alongside it for --overlap (e.g.
+            24h, 90m, 0), then stops.
             """,
         options: [
             .databaseURL, endpointOption,
-            CommandOption("secret", valueName: "whsec_…", help: "The new secret (default: a new one)."),
+            secretOption("The new secret (default: a new one)."),
             CommandOption(
                 "overlap", valueName: "DURATION", help: "How long the old secret still signs (s, m, h, d).",
                 defaultValue: "24h"),
@@ -342,8 +351,10 @@ enum WebhooksVerb {
             CommandOption(
                 "port", valueName: "N", help: "The port (0: any free one, printed).", isRequired: true),
             CommandOption(
-                "secret", valueName: "whsec_…", help: "The endpoint's secret; repeat for several (rotation).",
-                isRepeatable: true, isRequired: true, environmentVariable: "SIWA_WEBHOOK_SECRET"),
+                "secret", valueName: "whsec_…",
+                help: "The endpoint's secret; repeat for several (rotation; in a file, one per line).",
+                isRepeatable: true, isRequired: true, environmentVariable: "SIWA_WEBHOOK_SECRET"
+            ).secret(),
             CommandOption(
                 "status", valueName: "CODE",
                 help: "The status answered to a verified delivery (e.g. 500 to test retries).",
@@ -358,7 +369,9 @@ enum WebhooksVerb {
             answer = try parsed.integer("status", in: 200...599) ?? 204
         } catch { throw UsageError(error.message) }
         var secrets: [StandardWebhooks.Secret] = []
-        for text in parsed.values("secret").flatMap({ $0.split(separator: " ").map(String.init) }) {
+        for text in parsed.values("secret").flatMap({
+            $0.split(whereSeparator: \.isWhitespace).map(String.init)
+        }) {
             do { secrets.append(try StandardWebhooks.Secret(text)) } catch {
                 throw UsageError("--secret: \(error)")
             }
@@ -404,7 +417,7 @@ enum WebhooksVerb {
             "webhook_id": id ?? "", "verified": true, "answered": answer, "body": body,
         ]
         if let object = body as? [String: Any], let type = object["type"] { line["type"] = type }
-        writeStandardOutput(jsonLine(line))
+        writeStandardOutput(JSONText.line(line))
         return HTTPResponse(status: answer)
     }
 }

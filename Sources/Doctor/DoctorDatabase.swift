@@ -4,8 +4,11 @@ import ServiceSupport
 import SiwaSchema
 
 /// `siwactl doctor --database-url`: what only the database can tell. Reads
-/// `siwa.service_heartbeats` (every receiver and worker refreshes its row every 15 s) and
-/// `siwa.client_ids_in_use`; as the schema's owner or a member of `siwa_admin`.
+/// `siwa.service_heartbeats` (every receiver and worker refreshes its row every 15 s and deletes it when
+/// it stops cleanly), `siwa.health_gauges` (when a notification was last stored and applied: what is
+/// known when no process is alive) and `siwa.client_ids_in_use`; as the schema's owner or a member of
+/// `siwa_admin`. Rows are not trusted: a heartbeat dated in the future or at infinity (which a database
+/// without version 5's constraints may hold) is reported and left out, never counted as alive.
 extension Doctor {
     /// One running process as its heartbeat says.
     struct Heartbeat {
@@ -30,7 +33,18 @@ extension Doctor {
     /// How far back notifications' audiences count as in use.
     static let audienceWindowDays = 30
 
-    mutating func checkDatabase(url: String, heartbeatMaxAge: Duration) {
+    /// How far in the future a heartbeat may be dated (the database's clock moving back) and still count.
+    static let heartbeatSkew: Double = 60
+
+    /// When the database last stored and applied a notification, in seconds ago (nil: none, or unknown).
+    struct Activity {
+        var lastStored: Double?
+        var lastApplied: Double?
+    }
+
+    /// The database's checks: workers alive, versions, receivers alive and their audiences against the
+    /// client IDs in use, the revoker's client IDs. Connects to `url` (a URL or conninfo string).
+    public mutating func checkDatabase(url: String, heartbeatMaxAge: Duration) {
         let connection: PostgresConnection
         do {
             connection = try PostgresConnection(
@@ -43,21 +57,28 @@ extension Doctor {
         }
         defer { connection.close() }
         let heartbeats: [Heartbeat]
+        var implausible: [String] = []
         var inUse: [String: [String]] = [:]  // client ID → where it is used
         do {
             heartbeats = try connection.query(
                 """
                 SELECT kind, host, pid, array_to_json(audiences)::text,
-                       extract(epoch FROM now() - last_seen)::float8, version,
-                       to_jsonb(h) ->> 'product_version', to_jsonb(h) ->> 'build_commit'
+                       CASE WHEN isfinite(last_seen) THEN extract(epoch FROM now() - last_seen)::float8 END,
+                       version, to_jsonb(h) ->> 'product_version', to_jsonb(h) ->> 'build_commit'
                   FROM siwa.service_heartbeats h ORDER BY kind, host, pid
                 """
-            ).map { row in
+            ).compactMap { row in
                 let json = try row[3, as: String.self]
                 let audiences = (try? JSONSerialization.jsonObject(with: Data(json.utf8))) as? [String] ?? []
+                let kind = try row[0, as: String.self]
+                let name = "\(try row[1, as: String.self]) pid \(try row[2, as: Int.self])"
+                guard let age = try row[4, as: Double?.self], age >= -Self.heartbeatSkew else {
+                    implausible.append("\(kind) \(name)")
+                    return nil
+                }
                 return Heartbeat(
-                    kind: try row[0, as: String.self], host: try row[1, as: String.self],
-                    pid: try row[2, as: Int.self], audiences: audiences, age: try row[4, as: Double.self],
+                    kind: kind, host: try row[1, as: String.self],
+                    pid: try row[2, as: Int.self], audiences: audiences, age: max(age, 0),
                     schema: try row[5, as: String.self], productVersion: try row[6, as: String?.self],
                     commit: try row[7, as: String?.self])
             }
@@ -81,13 +102,27 @@ extension Doctor {
                         : "check the database and the role")
             return
         }
+        if !implausible.isEmpty {
+            report(
+                .warn, "heartbeats",
+                "ignored \(implausible.count) heartbeat row(s) dated in the future or at infinity, which no receiver or worker writes: \(implausible.joined(separator: ", "))",
+                fix: """
+                    migrate the database (siwactl migrate: schema version 5 refuses such rows and deletes them), \
+                    and find who writes heartbeats with the receiver's or worker's credential
+                    """)
+        }
+        let activity = Self.activity(connection)
         let maxAge = heartbeatMaxAge.inSeconds
         let fresh = heartbeats.filter { $0.age <= maxAge }
         let workers = fresh.filter { $0.kind == "worker" }
         let receivers = fresh.filter { $0.kind == "receiver" }
-        checkWorkers(workers, all: heartbeats.filter { $0.kind == "worker" }, maxAge: maxAge)
+        checkWorkers(
+            workers, all: heartbeats.filter { $0.kind == "worker" }, maxAge: maxAge, activity: activity)
         checkVersions(fresh)
-        guard checkReceivers(receivers, all: heartbeats.filter { $0.kind == "receiver" }, maxAge: maxAge)
+        guard
+            checkReceivers(
+                receivers, all: heartbeats.filter { $0.kind == "receiver" }, maxAge: maxAge,
+                activity: activity)
         else {
             return
         }
@@ -95,7 +130,24 @@ extension Doctor {
         checkRevoker(workers, inUse: inUse)
     }
 
-    private mutating func checkWorkers(_ workers: [Heartbeat], all: [Heartbeat], maxAge: Double) {
+    /// When the database last stored and applied a notification (`siwa.health_gauges`); nothing when it
+    /// cannot say.
+    static func activity(_ connection: PostgresConnection) -> Activity {
+        guard
+            let row = try? connection.query(
+                """
+                SELECT CASE WHEN isfinite(last_received_at) THEN extract(epoch FROM now() - last_received_at)::float8 END,
+                       CASE WHEN isfinite(last_applied_at) THEN extract(epoch FROM now() - last_applied_at)::float8 END
+                  FROM siwa.health_gauges()
+                """
+            ).first
+        else { return Activity() }
+        return Activity(lastStored: try? row[0, as: Double?.self], lastApplied: try? row[1, as: Double?.self])
+    }
+
+    private mutating func checkWorkers(
+        _ workers: [Heartbeat], all: [Heartbeat], maxAge: Double, activity: Activity
+    ) {
         if !workers.isEmpty {
             report(
                 .ok, "workers",
@@ -103,10 +155,16 @@ extension Doctor {
             return
         }
         let last = all.min { $0.age < $1.age }
+        // No row at all: none ran, or every one stopped cleanly (a stopping worker deletes its row).
+        let applied =
+            activity.lastApplied.map { "the last notification was applied \(formatAge(max($0, 0))) ago" }
+            ?? "none has ever applied a notification in this database"
         report(
             .fail, "workers",
-            last.map { "no worker is alive: the last heartbeat (\($0.name)) is \(formatAge($0.age)) old" }
-                ?? "no worker is alive: none has ever recorded a heartbeat in this database",
+            last.map {
+                "no worker is alive: the last heartbeat (\($0.name)) is \(formatAge($0.age)) old; \(applied)"
+            }
+                ?? "no worker is alive: no heartbeat (a worker deletes its own when it stops cleanly); \(applied)",
             fix: """
                 start siwa-worker against this database (systemctl start siwa-worker; kubectl scale \
                 deployment/siwa-worker --replicas=1) and read its log; until then notifications are stored \
@@ -140,13 +198,18 @@ extension Doctor {
     }
 
     /// False when there is no live receiver to compare.
-    private mutating func checkReceivers(_ receivers: [Heartbeat], all: [Heartbeat], maxAge: Double) -> Bool {
+    private mutating func checkReceivers(
+        _ receivers: [Heartbeat], all: [Heartbeat], maxAge: Double, activity: Activity
+    ) -> Bool {
         guard !receivers.isEmpty else {
+            let stored =
+                activity.lastStored.map { "the latest notification was stored \(formatAge(max($0, 0))) ago" }
+                ?? "no notification was stored here within 400 days"
             report(
                 .fail, "receivers",
                 all.isEmpty
-                    ? "no receiver has ever recorded a heartbeat in this database"
-                    : "no receiver is alive: the last heartbeat is \(formatAge(all.map(\.age).min() ?? 0)) old",
+                    ? "no receiver is alive: no heartbeat (a receiver deletes its own when it stops cleanly); \(stored)"
+                    : "no receiver is alive: the last heartbeat is \(formatAge(all.map(\.age).min() ?? 0)) old; \(stored)",
                 fix: """
                     the receiver answering at \(url) stores into another database, or is not running: point its \
                     SIWA_DATABASE_URL here (no heartbeat within \(Int(maxAge)) s)
