@@ -189,7 +189,7 @@ enum ClientSecretVerb {
             return false
         }
         let mode = info.st_mode & 0o777
-        if mode & 0o077 != 0 {
+        if mode & SecretFile.forbiddenBits != 0 {  // the services' rule (SecretFile), as a verdict
             verdict(
                 "FAIL",
                 "mode \(String(mode, radix: 8)) lets group or others \(mode & 0o044 != 0 ? "read" : "use") the key; chmod 600 \(path)"
