@@ -64,7 +64,7 @@ let package = Package(
         // Heartbeats in siwa.service_heartbeats and the database's health gauges on /metrics.
         .target(name: "ServiceHealth", dependencies: ["Postgres", "ServiceSupport"]),
         // Refresh tokens encrypted at rest (AES-256-GCM, rotating keys), for the sign-in API and the revoker.
-        .target(name: "TokenVault", dependencies: ["COpenSSL"]),
+        .target(name: "TokenVault", dependencies: ["COpenSSL", "ServiceSupport"]),
         // The internal sign-in API hosted by siwa-receiver: code exchange, id_token checks, revocation requests.
         .target(
             name: "SignIn",

@@ -427,6 +427,13 @@ BEGIN
                               ~ '^[^\x01-\x1f\x7f-\x9f]{1,255}(\n[^\x01-\x1f\x7f-\x9f]{1,255})*$'
                               AND array_to_string(audiences, ' ', '') !~ '[\x01-\x1f\x7f-\x9f]');
         END IF;
+        -- A future event_time: the signed value not believed, kept beside the effective event_time.
+        IF pg_catalog.to_regclass('siwa.notification_log') IS NOT NULL THEN
+            ALTER TABLE siwa.notification_log
+                ADD COLUMN claimed_event_time timestamptz,
+                ADD CONSTRAINT notification_log_claimed_event_time_check
+                    CHECK (claimed_event_time IS NULL OR claimed_event_time > event_time);
+        END IF;
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;
@@ -503,6 +510,7 @@ CREATE TABLE IF NOT EXISTS siwa.notification_log (
     applied_at              timestamptz,
     last_error              text,
     personal_data_erased_at timestamptz,
+    claimed_event_time      timestamptz,
     CONSTRAINT notification_log_pkey PRIMARY KEY (jti, issued_at),
     CONSTRAINT notification_log_state_check CHECK (state IN ('pending', 'applied', 'skipped', 'dead')),
     CONSTRAINT notification_log_sub_check CHECK (sub <> ''),
@@ -512,7 +520,10 @@ CREATE TABLE IF NOT EXISTS siwa.notification_log (
     CONSTRAINT notification_log_applied_at_check CHECK ((state IN ('applied', 'skipped')) = (applied_at IS NOT NULL)),
     CONSTRAINT notification_log_dead_error_check CHECK (state <> 'dead' OR last_error IS NOT NULL),
     CONSTRAINT notification_log_erased_check
-        CHECK (personal_data_erased_at IS NULL OR (email IS NULL AND raw_token IS NULL))
+        CHECK (personal_data_erased_at IS NULL OR (email IS NULL AND raw_token IS NULL)),
+    -- A signed event_time that was not believed is kept beside the one used, which is earlier.
+    CONSTRAINT notification_log_claimed_event_time_check
+        CHECK (claimed_event_time IS NULL OR claimed_event_time > event_time)
 ) PARTITION BY RANGE (issued_at);
 CREATE TABLE IF NOT EXISTS siwa.notification_log_default PARTITION OF siwa.notification_log DEFAULT;
 
@@ -540,7 +551,8 @@ COMMENT ON COLUMN siwa.notification_log.sub IS 'The user''s team-scoped Apple id
 COMMENT ON COLUMN siwa.notification_log.audience IS 'The client ID (bundle ID or Services ID) the token was addressed to and matched.';
 COMMENT ON COLUMN siwa.notification_log.email IS 'Email address from the event (email events only); NULL once personal data is erased.';
 COMMENT ON COLUMN siwa.notification_log.is_private_email IS 'Whether the address is an Apple private relay address (email events only).';
-COMMENT ON COLUMN siwa.notification_log.event_time IS 'When the event happened at Apple (events.event_time).';
+COMMENT ON COLUMN siwa.notification_log.event_time IS
+    'When the event happened at Apple (events.event_time), at the latest the token''s iat + the receiver''s leeway (60 s): the time every effect and ordering uses. See claimed_event_time.';
 COMMENT ON COLUMN siwa.notification_log.issued_at IS 'The token''s iat claim: the partition key.';
 COMMENT ON COLUMN siwa.notification_log.expires_at IS 'The token''s exp claim, when present.';
 COMMENT ON COLUMN siwa.notification_log.raw_token IS
@@ -554,6 +566,8 @@ COMMENT ON COLUMN siwa.notification_log.last_error IS
     'The last failure as SQLSTATE: message, with quoted values and email addresses masked (siwa.redact_error); only the SQLSTATE once the account''s personal data is erased. For a skipped notification, the reason. While pending: see siwa.notification_queue.';
 COMMENT ON COLUMN siwa.notification_log.personal_data_erased_at IS
     'When email, raw token and error text were erased after an account deletion (or, for a notification that arrived after the erasure, when it was stored without them).';
+COMMENT ON COLUMN siwa.notification_log.claimed_event_time IS
+    'The signed events.event_time when it was later than iat + the receiver''s leeway (an event dated after Apple signed the token about it: not believed, event_time holds iat + leeway instead); NULL otherwise. An anomaly to look into; never used for effects.';
 
 -- What the admins' questions need (docs/sql.md): one user's timeline (a btree on sub), per day by
 -- arrival or by event time (BRIN: the log is appended in arrival order, so a block range's times are
@@ -611,7 +625,7 @@ COMMENT ON COLUMN siwa.notification_queue.last_error IS
 CREATE OR REPLACE FUNCTION siwa.store_notifications(
     p_jti text[], p_event_type text[], p_sub text[], p_audience text[], p_email text[],
     p_is_private_email boolean[], p_event_time timestamptz[], p_issued_at timestamptz[],
-    p_expires_at timestamptz[], p_raw_token text[])
+    p_expires_at timestamptz[], p_raw_token text[], p_claimed_event_time timestamptz[])
 RETURNS SETOF text
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -619,9 +633,9 @@ BEGIN
     RETURN QUERY
     WITH batch AS (
         SELECT * FROM unnest(p_jti, p_event_type, p_sub, p_audience, p_email, p_is_private_email,
-                             p_event_time, p_issued_at, p_expires_at, p_raw_token)
+                             p_event_time, p_issued_at, p_expires_at, p_raw_token, p_claimed_event_time)
                AS b(jti, event_type, sub, audience, email, is_private_email, event_time, issued_at,
-                    expires_at, raw_token)),
+                    expires_at, raw_token, claimed_event_time)),
     fresh AS (
         INSERT INTO siwa.notification_jtis AS k (jti, issued_at, expires_at)
         SELECT b.jti, b.issued_at, b.expires_at FROM batch b
@@ -630,11 +644,11 @@ BEGIN
     stored AS (
         INSERT INTO siwa.notification_log AS l
             (jti, event_type, sub, audience, email, is_private_email, event_time, issued_at, expires_at,
-             raw_token, personal_data_erased_at)
+             raw_token, personal_data_erased_at, claimed_event_time)
         SELECT b.jti, b.event_type, b.sub, b.audience,
                CASE WHEN a.sub IS NULL THEN b.email END, b.is_private_email, b.event_time, b.issued_at,
                b.expires_at, CASE WHEN a.sub IS NULL THEN b.raw_token END,
-               CASE WHEN a.sub IS NOT NULL THEN pg_catalog.clock_timestamp() END
+               CASE WHEN a.sub IS NOT NULL THEN pg_catalog.clock_timestamp() END, b.claimed_event_time
           FROM batch b
           JOIN fresh f ON f.jti = b.jti AND f.issued_at = b.issued_at
           LEFT JOIN siwa.accounts a ON a.sub = siwa.current_sub(b.sub) AND a.personal_data_erased_at IS NOT NULL
@@ -649,8 +663,8 @@ BEGIN
               FROM (SELECT 1 FROM queued LIMIT 1) AS w) >= 0;
 END;
 $$;
-COMMENT ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], text[], boolean[], timestamptz[], timestamptz[], timestamptz[], text[]) IS
-    'The receiver''s store: a batch of verified notifications (one array per column, same length) into the dedupe keys, the log and the queue, in one statement; returns the jti of each row stored now (a duplicate returns nothing). Runs with the caller''s rights: the receiver''s column grants (schema/85-privileges.sql).';
+COMMENT ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], text[], boolean[], timestamptz[], timestamptz[], timestamptz[], text[], timestamptz[]) IS
+    'The receiver''s store: a batch of verified notifications (one array per column, same length) into the dedupe keys, the log and the queue, in one statement; returns the jti of each row stored now (a duplicate returns nothing). event_time is the effective one the receiver''s verifier decided (at the latest iat + leeway), claimed_event_time the signed one it did not believe (NULL when it did). Runs with the caller''s rights: the receiver''s column grants (schema/85-privileges.sql).';
 
 -- The view with version 2's columns (the worker functions' row type).
 CREATE OR REPLACE VIEW siwa.notifications AS
@@ -2337,7 +2351,8 @@ SELECT l.jti,
        l.expires_at,
        q.next_attempt_at,
        l.personal_data_erased_at,
-       l.id
+       l.id,
+       l.claimed_event_time
   FROM siwa.notification_log l
   LEFT JOIN siwa.notification_queue q ON q.id = l.id AND q.jti = l.jti AND q.issued_at = l.issued_at;
 COMMENT ON VIEW siwa.event_history IS
@@ -2349,7 +2364,8 @@ COMMENT ON COLUMN siwa.event_history.sub IS 'The user''s team-scoped Apple ident
 COMMENT ON COLUMN siwa.event_history.audience IS 'The client ID the notification was for.';
 COMMENT ON COLUMN siwa.event_history.email IS 'Email from the event; NULL for other events and once erased.';
 COMMENT ON COLUMN siwa.event_history.is_private_email IS 'Whether the email is a private relay address.';
-COMMENT ON COLUMN siwa.event_history.event_time IS 'When the event happened at Apple.';
+COMMENT ON COLUMN siwa.event_history.event_time IS
+    'When the event happened at Apple, at the latest iat + 60 s (the time the worker used); see claimed_event_time.';
 COMMENT ON COLUMN siwa.event_history.received_at IS 'When we stored it (the 200 to Apple follows).';
 COMMENT ON COLUMN siwa.event_history.state IS 'pending, applied, skipped or dead (see siwa.notification_log.state).';
 COMMENT ON COLUMN siwa.event_history.attempts IS 'Attempts made to apply it.';
@@ -2360,6 +2376,8 @@ COMMENT ON COLUMN siwa.event_history.expires_at IS 'The token''s exp, when prese
 COMMENT ON COLUMN siwa.event_history.next_attempt_at IS 'When a pending notification is next due; NULL once it is no longer pending.';
 COMMENT ON COLUMN siwa.event_history.personal_data_erased_at IS 'When its personal data was erased.';
 COMMENT ON COLUMN siwa.event_history.id IS 'Arrival order.';
+COMMENT ON COLUMN siwa.event_history.claimed_event_time IS
+    'The signed event_time when Apple dated the event after it signed the token (later than iat + 60 s): not believed, event_time holds iat + 60 s instead. NULL normally; find the anomalies with WHERE claimed_event_time IS NOT NULL.';
 
 -- One row per account, with the counts an admin asks for first.
 CREATE OR REPLACE VIEW siwa.account_overview AS
@@ -4635,7 +4653,7 @@ BEGIN
         GRANT USAGE ON SCHEMA siwa TO siwa_receiver;
         REVOKE INSERT ON siwa.notification_log FROM siwa_receiver;
         GRANT INSERT (jti, event_type, sub, audience, email, is_private_email, event_time, issued_at,
-                      expires_at, raw_token, personal_data_erased_at)
+                      expires_at, raw_token, personal_data_erased_at, claimed_event_time)
             ON siwa.notification_log TO siwa_receiver;
         GRANT SELECT (id, jti, issued_at) ON siwa.notification_log TO siwa_receiver;
         REVOKE INSERT ON siwa.notification_jtis FROM siwa_receiver;
@@ -4646,7 +4664,7 @@ BEGIN
         GRANT SELECT (old_sub, new_sub) ON siwa.sub_aliases TO siwa_receiver;
         GRANT EXECUTE ON FUNCTION siwa.current_sub(text) TO siwa_receiver;
         GRANT EXECUTE ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], text[], boolean[],
-            timestamptz[], timestamptz[], timestamptz[], text[]) TO siwa_receiver;
+            timestamptz[], timestamptz[], timestamptz[], text[], timestamptz[]) TO siwa_receiver;
         GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.service_heartbeats TO siwa_receiver;
         GRANT EXECUTE ON FUNCTION siwa.record_heartbeat(text, text, integer, integer, text, text, text[], timestamptz, interval),
             siwa.remove_heartbeat(text, text, integer) TO siwa_receiver;

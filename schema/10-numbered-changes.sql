@@ -253,6 +253,13 @@ BEGIN
                               ~ '^[^\x01-\x1f\x7f-\x9f]{1,255}(\n[^\x01-\x1f\x7f-\x9f]{1,255})*$'
                               AND array_to_string(audiences, ' ', '') !~ '[\x01-\x1f\x7f-\x9f]');
         END IF;
+        -- A future event_time: the signed value not believed, kept beside the effective event_time.
+        IF pg_catalog.to_regclass('siwa.notification_log') IS NOT NULL THEN
+            ALTER TABLE siwa.notification_log
+                ADD COLUMN claimed_event_time timestamptz,
+                ADD CONSTRAINT notification_log_claimed_event_time_check
+                    CHECK (claimed_event_time IS NULL OR claimed_event_time > event_time);
+        END IF;
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;

@@ -44,6 +44,7 @@ CREATE TABLE IF NOT EXISTS siwa.notification_log (
     applied_at              timestamptz,
     last_error              text,
     personal_data_erased_at timestamptz,
+    claimed_event_time      timestamptz,
     CONSTRAINT notification_log_pkey PRIMARY KEY (jti, issued_at),
     CONSTRAINT notification_log_state_check CHECK (state IN ('pending', 'applied', 'skipped', 'dead')),
     CONSTRAINT notification_log_sub_check CHECK (sub <> ''),
@@ -53,7 +54,10 @@ CREATE TABLE IF NOT EXISTS siwa.notification_log (
     CONSTRAINT notification_log_applied_at_check CHECK ((state IN ('applied', 'skipped')) = (applied_at IS NOT NULL)),
     CONSTRAINT notification_log_dead_error_check CHECK (state <> 'dead' OR last_error IS NOT NULL),
     CONSTRAINT notification_log_erased_check
-        CHECK (personal_data_erased_at IS NULL OR (email IS NULL AND raw_token IS NULL))
+        CHECK (personal_data_erased_at IS NULL OR (email IS NULL AND raw_token IS NULL)),
+    -- A signed event_time that was not believed is kept beside the one used, which is earlier.
+    CONSTRAINT notification_log_claimed_event_time_check
+        CHECK (claimed_event_time IS NULL OR claimed_event_time > event_time)
 ) PARTITION BY RANGE (issued_at);
 CREATE TABLE IF NOT EXISTS siwa.notification_log_default PARTITION OF siwa.notification_log DEFAULT;
 
@@ -81,7 +85,8 @@ COMMENT ON COLUMN siwa.notification_log.sub IS 'The user''s team-scoped Apple id
 COMMENT ON COLUMN siwa.notification_log.audience IS 'The client ID (bundle ID or Services ID) the token was addressed to and matched.';
 COMMENT ON COLUMN siwa.notification_log.email IS 'Email address from the event (email events only); NULL once personal data is erased.';
 COMMENT ON COLUMN siwa.notification_log.is_private_email IS 'Whether the address is an Apple private relay address (email events only).';
-COMMENT ON COLUMN siwa.notification_log.event_time IS 'When the event happened at Apple (events.event_time).';
+COMMENT ON COLUMN siwa.notification_log.event_time IS
+    'When the event happened at Apple (events.event_time), at the latest the token''s iat + the receiver''s leeway (60 s): the time every effect and ordering uses. See claimed_event_time.';
 COMMENT ON COLUMN siwa.notification_log.issued_at IS 'The token''s iat claim: the partition key.';
 COMMENT ON COLUMN siwa.notification_log.expires_at IS 'The token''s exp claim, when present.';
 COMMENT ON COLUMN siwa.notification_log.raw_token IS
@@ -95,6 +100,8 @@ COMMENT ON COLUMN siwa.notification_log.last_error IS
     'The last failure as SQLSTATE: message, with quoted values and email addresses masked (siwa.redact_error); only the SQLSTATE once the account''s personal data is erased. For a skipped notification, the reason. While pending: see siwa.notification_queue.';
 COMMENT ON COLUMN siwa.notification_log.personal_data_erased_at IS
     'When email, raw token and error text were erased after an account deletion (or, for a notification that arrived after the erasure, when it was stored without them).';
+COMMENT ON COLUMN siwa.notification_log.claimed_event_time IS
+    'The signed events.event_time when it was later than iat + the receiver''s leeway (an event dated after Apple signed the token about it: not believed, event_time holds iat + leeway instead); NULL otherwise. An anomaly to look into; never used for effects.';
 
 -- What the admins' questions need (docs/sql.md): one user's timeline (a btree on sub), per day by
 -- arrival or by event time (BRIN: the log is appended in arrival order, so a block range's times are
@@ -152,7 +159,7 @@ COMMENT ON COLUMN siwa.notification_queue.last_error IS
 CREATE OR REPLACE FUNCTION siwa.store_notifications(
     p_jti text[], p_event_type text[], p_sub text[], p_audience text[], p_email text[],
     p_is_private_email boolean[], p_event_time timestamptz[], p_issued_at timestamptz[],
-    p_expires_at timestamptz[], p_raw_token text[])
+    p_expires_at timestamptz[], p_raw_token text[], p_claimed_event_time timestamptz[])
 RETURNS SETOF text
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -160,9 +167,9 @@ BEGIN
     RETURN QUERY
     WITH batch AS (
         SELECT * FROM unnest(p_jti, p_event_type, p_sub, p_audience, p_email, p_is_private_email,
-                             p_event_time, p_issued_at, p_expires_at, p_raw_token)
+                             p_event_time, p_issued_at, p_expires_at, p_raw_token, p_claimed_event_time)
                AS b(jti, event_type, sub, audience, email, is_private_email, event_time, issued_at,
-                    expires_at, raw_token)),
+                    expires_at, raw_token, claimed_event_time)),
     fresh AS (
         INSERT INTO siwa.notification_jtis AS k (jti, issued_at, expires_at)
         SELECT b.jti, b.issued_at, b.expires_at FROM batch b
@@ -171,11 +178,11 @@ BEGIN
     stored AS (
         INSERT INTO siwa.notification_log AS l
             (jti, event_type, sub, audience, email, is_private_email, event_time, issued_at, expires_at,
-             raw_token, personal_data_erased_at)
+             raw_token, personal_data_erased_at, claimed_event_time)
         SELECT b.jti, b.event_type, b.sub, b.audience,
                CASE WHEN a.sub IS NULL THEN b.email END, b.is_private_email, b.event_time, b.issued_at,
                b.expires_at, CASE WHEN a.sub IS NULL THEN b.raw_token END,
-               CASE WHEN a.sub IS NOT NULL THEN pg_catalog.clock_timestamp() END
+               CASE WHEN a.sub IS NOT NULL THEN pg_catalog.clock_timestamp() END, b.claimed_event_time
           FROM batch b
           JOIN fresh f ON f.jti = b.jti AND f.issued_at = b.issued_at
           LEFT JOIN siwa.accounts a ON a.sub = siwa.current_sub(b.sub) AND a.personal_data_erased_at IS NOT NULL
@@ -190,8 +197,8 @@ BEGIN
               FROM (SELECT 1 FROM queued LIMIT 1) AS w) >= 0;
 END;
 $$;
-COMMENT ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], text[], boolean[], timestamptz[], timestamptz[], timestamptz[], text[]) IS
-    'The receiver''s store: a batch of verified notifications (one array per column, same length) into the dedupe keys, the log and the queue, in one statement; returns the jti of each row stored now (a duplicate returns nothing). Runs with the caller''s rights: the receiver''s column grants (schema/85-privileges.sql).';
+COMMENT ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], text[], boolean[], timestamptz[], timestamptz[], timestamptz[], text[], timestamptz[]) IS
+    'The receiver''s store: a batch of verified notifications (one array per column, same length) into the dedupe keys, the log and the queue, in one statement; returns the jti of each row stored now (a duplicate returns nothing). event_time is the effective one the receiver''s verifier decided (at the latest iat + leeway), claimed_event_time the signed one it did not believe (NULL when it did). Runs with the caller''s rights: the receiver''s column grants (schema/85-privileges.sql).';
 
 -- The view with version 2's columns (the worker functions' row type).
 CREATE OR REPLACE VIEW siwa.notifications AS

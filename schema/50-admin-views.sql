@@ -21,7 +21,8 @@ SELECT l.jti,
        l.expires_at,
        q.next_attempt_at,
        l.personal_data_erased_at,
-       l.id
+       l.id,
+       l.claimed_event_time
   FROM siwa.notification_log l
   LEFT JOIN siwa.notification_queue q ON q.id = l.id AND q.jti = l.jti AND q.issued_at = l.issued_at;
 COMMENT ON VIEW siwa.event_history IS
@@ -33,7 +34,8 @@ COMMENT ON COLUMN siwa.event_history.sub IS 'The user''s team-scoped Apple ident
 COMMENT ON COLUMN siwa.event_history.audience IS 'The client ID the notification was for.';
 COMMENT ON COLUMN siwa.event_history.email IS 'Email from the event; NULL for other events and once erased.';
 COMMENT ON COLUMN siwa.event_history.is_private_email IS 'Whether the email is a private relay address.';
-COMMENT ON COLUMN siwa.event_history.event_time IS 'When the event happened at Apple.';
+COMMENT ON COLUMN siwa.event_history.event_time IS
+    'When the event happened at Apple, at the latest iat + 60 s (the time the worker used); see claimed_event_time.';
 COMMENT ON COLUMN siwa.event_history.received_at IS 'When we stored it (the 200 to Apple follows).';
 COMMENT ON COLUMN siwa.event_history.state IS 'pending, applied, skipped or dead (see siwa.notification_log.state).';
 COMMENT ON COLUMN siwa.event_history.attempts IS 'Attempts made to apply it.';
@@ -44,6 +46,8 @@ COMMENT ON COLUMN siwa.event_history.expires_at IS 'The token''s exp, when prese
 COMMENT ON COLUMN siwa.event_history.next_attempt_at IS 'When a pending notification is next due; NULL once it is no longer pending.';
 COMMENT ON COLUMN siwa.event_history.personal_data_erased_at IS 'When its personal data was erased.';
 COMMENT ON COLUMN siwa.event_history.id IS 'Arrival order.';
+COMMENT ON COLUMN siwa.event_history.claimed_event_time IS
+    'The signed event_time when Apple dated the event after it signed the token (later than iat + 60 s): not believed, event_time holds iat + 60 s instead. NULL normally; find the anomalies with WHERE claimed_event_time IS NOT NULL.';
 
 -- One row per account, with the counts an admin asks for first.
 CREATE OR REPLACE VIEW siwa.account_overview AS

@@ -61,7 +61,7 @@ BEGIN
         GRANT USAGE ON SCHEMA siwa TO siwa_receiver;
         REVOKE INSERT ON siwa.notification_log FROM siwa_receiver;
         GRANT INSERT (jti, event_type, sub, audience, email, is_private_email, event_time, issued_at,
-                      expires_at, raw_token, personal_data_erased_at)
+                      expires_at, raw_token, personal_data_erased_at, claimed_event_time)
             ON siwa.notification_log TO siwa_receiver;
         GRANT SELECT (id, jti, issued_at) ON siwa.notification_log TO siwa_receiver;
         REVOKE INSERT ON siwa.notification_jtis FROM siwa_receiver;
@@ -72,7 +72,7 @@ BEGIN
         GRANT SELECT (old_sub, new_sub) ON siwa.sub_aliases TO siwa_receiver;
         GRANT EXECUTE ON FUNCTION siwa.current_sub(text) TO siwa_receiver;
         GRANT EXECUTE ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], text[], boolean[],
-            timestamptz[], timestamptz[], timestamptz[], text[]) TO siwa_receiver;
+            timestamptz[], timestamptz[], timestamptz[], text[], timestamptz[]) TO siwa_receiver;
         GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.service_heartbeats TO siwa_receiver;
         GRANT EXECUTE ON FUNCTION siwa.record_heartbeat(text, text, integer, integer, text, text, text[], timestamptz, interval),
             siwa.remove_heartbeat(text, text, integer) TO siwa_receiver;

@@ -11,14 +11,13 @@ public struct ConfiguredClients: Sendable {
     public let providers: [ClientSecretProvider]
 
     /// Reads the `.p8` at `keyFile` and makes one client per ID in `clientIDs` against `baseURL`
-    /// (Apple's by default). Errors name the setting (`--apple-key-file`) and never carry key material.
+    /// (Apple's by default). The file is read through ``SecretFile`` (refused when group or others may
+    /// read it). Errors name the setting (`--apple-key-file`) and never carry key material.
     public init(
         keyFile: String, teamID: String, keyID: String, clientIDs: some Sequence<String>, baseURL: String?,
         environment: [String: String]
     ) throws(ConfigurationError) {
-        guard let pem = FileManager.default.contents(atPath: keyFile) else {
-            throw ConfigurationError("cannot read --apple-key-file")
-        }
+        let pem = try SecretFile.read(keyFile, setting: "--apple-key-file")
         let signer: ClientSecretSigner
         do {
             signer = try ClientSecretSigner(privateKeyPEM: String(decoding: pem, as: UTF8.self))

@@ -16,6 +16,13 @@ import Foundation
 /// `iat` and `exp` are NumericDates: integers or finite fractional numbers between 0 and 10^11
 /// seconds; anything else is ``NotificationError/Code/badClaim``. `event_time` above 10^11 is read
 /// as milliseconds (captured traffic), otherwise as seconds (Apple's documentation example).
+///
+/// An event cannot have happened after Apple signed the token that tells of it, so an `event_time`
+/// later than `iat` + ``leeway`` is not believed: the notification is still accepted (it is signed, and
+/// losing it is worse), but its ``ServerNotification/eventTime`` is `iat` + ``leeway`` and the signed
+/// value is kept in ``ServerNotification/claimedEventTime``. This is the one place the effective event
+/// time is decided; everything downstream (the store, the worker's ordering and revocation cut-offs)
+/// uses ``ServerNotification/eventTime``.
 public struct NotificationVerifier: Sendable {
     /// The only accepted issuer.
     public static let issuer = "https://appleid.apple.com"
@@ -155,10 +162,14 @@ public struct NotificationVerifier: Sendable {
         }
 
         let event = try events(claims["events"])
+        // Dated after the token was signed (beyond the clock-skew leeway): not believed.
+        let latest = issuedAt.addingTimeInterval(leeway)
+        let future = event.time > latest
         return ServerNotification(
             eventType: event.type, subject: event.subject, email: event.email,
-            isPrivateEmail: event.isPrivateEmail, eventTime: event.time, jti: jti, audience: audience,
-            audiences: tokenAudiences, issuedAt: issuedAt, expiresAt: expiresAt)
+            isPrivateEmail: event.isPrivateEmail, eventTime: future ? latest : event.time, jti: jti,
+            audience: audience, audiences: tokenAudiences, issuedAt: issuedAt, expiresAt: expiresAt,
+            claimedEventTime: future ? event.time : nil)
     }
 
     private func numericDate(_ value: JSONValue, name: StaticString) throws(NotificationError) -> Date {

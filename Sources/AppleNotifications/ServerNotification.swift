@@ -53,8 +53,14 @@ public struct ServerNotification: Sendable, Equatable, Codable {
     public var email: String?
     /// Whether ``email`` is a private relay address, sent only with the email events.
     public var isPrivateEmail: Bool?
-    /// When the event happened (`event_time`, in milliseconds or seconds on the wire).
+    /// When the event happened (`event_time`, in milliseconds or seconds on the wire), at the latest
+    /// `iat` + the verifier's leeway: the time every effect and ordering uses (see
+    /// ``claimedEventTime``).
     public var eventTime: Date
+    /// The signed `event_time` when it was later than `iat` + the verifier's leeway (an event dated
+    /// after Apple signed the token about it); ``eventTime`` is then `iat` + leeway. `nil` otherwise.
+    /// Stored in `siwa.notification_log.claimed_event_time` for admins; never used for effects.
+    public var claimedEventTime: Date?
     /// The token's unique identifier; duplicates mean re-delivery.
     public var jti: String
     /// The configured client ID that the token's `aud` matched.
@@ -70,7 +76,7 @@ public struct ServerNotification: Sendable, Equatable, Codable {
     public init(
         eventType: EventType, subject: String, email: String? = nil, isPrivateEmail: Bool? = nil,
         eventTime: Date, jti: String, audience: String, audiences: [String], issuedAt: Date,
-        expiresAt: Date? = nil
+        expiresAt: Date? = nil, claimedEventTime: Date? = nil
     ) {
         self.eventType = eventType
         self.subject = subject
@@ -82,5 +88,6 @@ public struct ServerNotification: Sendable, Equatable, Codable {
         self.audiences = audiences
         self.issuedAt = issuedAt
         self.expiresAt = expiresAt
+        self.claimedEventTime = claimedEventTime
     }
 }

@@ -110,6 +110,10 @@ public final class NotificationEndpoint: Sendable {
             }
             fields["jti"] = .string(notification.jti)
             fields["event_type"] = .string(notification.eventType.rawValue)
+            if let claimed = notification.claimedEventTime {
+                // Dated after Apple signed it: stored with iat + leeway as its event_time (see the verifier).
+                fields["claimed_event_time"] = .string(ISO8601DateFormatter().string(from: claimed))
+            }
             metrics.inFlight.increment()
             let storeStarted = ContinuousClock.now
             let logged = fields
@@ -128,6 +132,9 @@ public final class NotificationEndpoint: Sendable {
                 case .success(let stored):
                     outcome = stored == .accepted ? .accepted : .duplicate
                     response = stored == .accepted ? Self.acceptedResponse : Self.duplicateResponse
+                    if stored == .accepted, notification.claimedEventTime != nil {
+                        metrics.futureEventTimes.increment()
+                    }
                 case .failure(let error):
                     outcome = .unavailable
                     fields["reason"] = "storage_unavailable"
@@ -193,8 +200,9 @@ public final class NotificationEndpoint: Sendable {
         fields["status"] = .int(response.status)
         fields["outcome"] = .string(outcome.rawValue)
         fields["latency_ms"] = .double((Self.seconds(since: started) * 1e6).rounded() / 1e3)
-        // A refused audience is a configuration gap (an app whose notifications are lost), not noise.
-        let warn = response.status >= 500 || fields["aud"] != nil
+        // A refused audience is a configuration gap (an app whose notifications are lost), not noise;
+        // an event dated after its token was signed is an anomaly to look into.
+        let warn = response.status >= 500 || fields["aud"] != nil || fields["claimed_event_time"] != nil
         logger.log(warn ? .warning : .info, "notification", fields)
     }
 
@@ -242,6 +250,9 @@ public final class ReceiverMetrics: Sendable {
     public let batchSize: Histogram
     /// Time to execute one group-commit transaction.
     public let batchSeconds: Histogram
+    /// Notifications stored whose signed `event_time` was later than `iat` + leeway (stored with
+    /// `iat` + leeway as their event time, the signed value in `claimed_event_time`).
+    public let futureEventTimes: Counter
     let jwksSuccess: Counter
     let jwksFailure: Counter
     private let deliveries: [DeliveryOutcome: Counter]
@@ -256,6 +267,11 @@ public final class ReceiverMetrics: Sendable {
             buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
         batchSeconds = registry.histogram(
             "siwa_commit_batch_duration_seconds", help: "Time to execute one group-commit transaction.")
+        futureEventTimes = registry.counter(
+            "siwa_future_event_times_total",
+            help:
+                "Notifications stored whose signed event_time was later than iat + leeway: not believed, stored with event_time = iat + leeway (siwa.event_history.claimed_event_time holds the signed value)."
+        )
         jwksSuccess = registry.counter(
             "siwa_jwks_fetches_total", help: "Fetches of Apple's key set, by result.",
             labels: [("result", "success")])

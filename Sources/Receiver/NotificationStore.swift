@@ -63,7 +63,7 @@ public final class NotificationStore: @unchecked Sendable {
     static let insertSQL = """
         SELECT siwa.store_notifications($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                                         $6::boolean[], $7::timestamptz[], $8::timestamptz[],
-                                        $9::timestamptz[], $10::text[])
+                                        $9::timestamptz[], $10::text[], $11::timestamptz[])
         """
 
     /// One queued row and the completion that answers it, exactly once.
@@ -331,7 +331,7 @@ public final class NotificationStore: @unchecked Sendable {
     public static func insert(
         _ batch: [(notification: ServerNotification, rawToken: String)], on connection: PostgresConnection
     ) throws -> Set<String> {
-        var columns = Array(repeating: [PostgresData?](), count: 10)
+        var columns = Array(repeating: [PostgresData?](), count: 11)
         for column in columns.indices { columns[column].reserveCapacity(batch.count) }
         for (n, rawToken) in batch {
             columns[0].append(.text(n.jti))
@@ -344,6 +344,7 @@ public final class NotificationStore: @unchecked Sendable {
             columns[7].append(.date(n.issuedAt))
             columns[8].append(n.expiresAt.map { .date($0) })
             columns[9].append(.text(rawToken))
+            columns[10].append(n.claimedEventTime.map { .date($0) })
         }
         let rows = try connection.query(insertSQL, columns.map { .array($0) })
         var inserted = Set<String>(minimumCapacity: rows.count)

@@ -1,11 +1,12 @@
 import COpenSSL
 import Foundation
+import ServiceSupport
 
 /// Encrypts Apple refresh tokens at rest: AES-256-GCM (OpenSSL EVP), a fresh 96-bit nonce per token,
 /// and additional authenticated data binding each ciphertext to its row, so a ciphertext copied onto
 /// another row does not decrypt.
 ///
-/// Keys come from a key file (see ``TokenCipher/init(keyFile:)``): the first key encrypts, every key
+/// Keys come from a key file (see ``TokenCipher/init(keyFile:setting:)``): the first key encrypts, every key
 /// decrypts, and each ciphertext names the key that made it, so keys rotate without re-encrypting:
 /// put the new key first, keep the old ones until no ciphertext names them.
 ///
@@ -72,17 +73,19 @@ public struct TokenCipher: Sendable {
     }
 
     /// Reads a key file: one key per line, `KEY_ID BASE64_OF_32_BYTES`; blank lines and lines starting
-    /// with `#` are ignored; the first key encrypts. The file must not be readable by group or others.
+    /// with `#` are ignored; the first key encrypts. The file is read through ``SecretFile``: refused
+    /// when group or others may read it, with an error naming `setting`, the path and the mode.
     /// Make a key with `printf 'k2026 %s\n' "$(openssl rand -base64 32)"`.
-    public init(keyFile path: String) throws(TokenCipherError) {
-        var info = stat()
-        guard stat(path, &info) == 0 else { throw TokenCipherError("cannot read the token key file") }
-        guard info.st_mode & 0o077 == 0 else {
-            throw TokenCipherError("the token key file must be readable by its owner only (chmod 600)")
+    public init(keyFile path: String, setting: String = "the token key file") throws(TokenCipherError) {
+        let data: Data
+        do {
+            data = try SecretFile.read(path, setting: setting)
+        } catch {
+            throw TokenCipherError(error.message)
         }
-        guard let data = FileManager.default.contents(atPath: path),
-            let text = String(data: data, encoding: .utf8)
-        else { throw TokenCipherError("cannot read the token key file") }
+        guard let text = String(data: data, encoding: .utf8) else {
+            throw TokenCipherError("\(setting) \(path) is not UTF-8 text")
+        }
         var parsed: [Key] = []
         for (number, raw) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
             let line = raw.trimmingCharacters(in: .whitespaces)

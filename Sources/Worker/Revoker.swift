@@ -38,9 +38,14 @@ public final class Revoker: Sendable {
         public var maxRetryDelay: Duration
         /// Attempts before a request whose failures were all retryable ends as `failed`.
         public var maxAttempts: Int
-        /// When set, each stored refresh token is refreshed at Apple at most once per this interval (a
-        /// day is the intended value); `invalid_grant` records a consent-revoked of our own. Nil: off.
+        /// When set, each stored refresh token is refreshed at Apple at most once per this interval,
+        /// never less than ``Revoker/minimumRefreshCheckInterval`` (a day: a shorter one given is raised
+        /// to it, and ``requestedRefreshCheckInterval`` keeps what was asked); `invalid_grant` records a
+        /// consent-revoked of our own. Nil: off.
         public var refreshCheckInterval: Duration?
+        /// The interval given when it was below ``Revoker/minimumRefreshCheckInterval`` and raised (the
+        /// revoker warns about it at start); nil otherwise.
+        public var requestedRefreshCheckInterval: Duration?
         /// How long a claimed request stays leased: longer than its calls to Apple can take. A lease still
         /// held after that is taken over by another revoker.
         public var lease: Duration
@@ -55,7 +60,10 @@ public final class Revoker: Sendable {
             if let refreshCheckInterval, refreshCheckInterval <= .zero {
                 throw ConfigurationError("the refresh-check interval must be positive")
             }
-            self.refreshCheckInterval = refreshCheckInterval
+            self.refreshCheckInterval = refreshCheckInterval.map(Revoker.pacedRefreshCheckInterval)
+            if let refreshCheckInterval, refreshCheckInterval < Revoker.minimumRefreshCheckInterval {
+                requestedRefreshCheckInterval = refreshCheckInterval
+            }
             guard !clients.isEmpty else {
                 throw ConfigurationError("the revoker needs at least one client ID")
             }
@@ -108,13 +116,37 @@ public final class Revoker: Sendable {
     /// The channel `siwa.request_revocation` notifies.
     public static let channel = "siwa_revocations"
 
+    /// The shortest refresh-check interval: a day. Apple allows verifying a refresh token "up to once a
+    /// day" and may throttle more frequent calls, which the revoker's revocations would share.
+    public static let minimumRefreshCheckInterval: Duration = .seconds(86400)
+
+    /// How often refresh-check passes run at most; each checks at most ``refreshCheckPassSize`` tokens.
+    public static let refreshCheckPassInterval: Duration = .seconds(60)
+
+    /// The most tokens one refresh-check pass checks.
+    public static let refreshCheckPassSize = 100
+
+    /// `interval`, or ``minimumRefreshCheckInterval`` when it is shorter: the one rule for the pacing.
+    public static func pacedRefreshCheckInterval(_ interval: Duration) -> Duration {
+        max(interval, minimumRefreshCheckInterval)
+    }
+
     /// Handles due requests until ``stop()`` (a ``ConsumerLoop``); reconnects after a database failure.
     public func run() {
         logger.info("revoker started", ["clients": .int(configuration.clients.count)])
+        if let requested = configuration.requestedRefreshCheckInterval {
+            logger.warning(
+                "refresh check: --refresh-check-interval \(Int(requested.inSeconds)) s is below Apple's once a day; using \(Int(Self.minimumRefreshCheckInterval.inSeconds)) s",
+                [
+                    "requested_seconds": .double(requested.inSeconds),
+                    "interval_seconds": .double(Self.minimumRefreshCheckInterval.inSeconds),
+                ])
+        }
         var prune = Every(.seconds(3600))
-        // Refresh checks: a pass at most once a minute (or per interval, if shorter), each checking the
-        // tokens due, 100 at most, between revocation requests.
-        var check = configuration.refreshCheckInterval.map { Every(min($0, .seconds(60))) }
+        // Refresh checks: each token at most once per interval (a day or more), in passes at most once a
+        // minute, each checking the tokens due, 100 at most, between revocation requests.
+        let refreshInterval = configuration.refreshCheckInterval.map(Self.pacedRefreshCheckInterval)
+        var check = refreshInterval.map { _ in Every(Self.refreshCheckPassInterval) }
         var loop = ConsumerLoop<PostgresConnection>(
             state: ConsumerLoopState(pollInterval: min(configuration.pollInterval, .seconds(1))),
             stop: stopSignal,
@@ -124,9 +156,9 @@ public final class Revoker: Sendable {
             drain: { [self] connection in
                 _ = try drain(on: connection)
                 if prune.take(now: .now) { _ = try pruneSignInCodes(on: connection) }
-                if let interval = configuration.refreshCheckInterval, check?.take(now: .now) == true {
+                if let interval = refreshInterval, check?.take(now: .now) == true {
                     var checked = 0
-                    while checked < 100, !stopSignal.isStopped,
+                    while checked < Self.refreshCheckPassSize, !stopSignal.isStopped,
                         try checkOne(on: connection, interval: interval) != nil
                     {
                         checked += 1
@@ -206,12 +238,13 @@ public final class Revoker: Sendable {
         }
     }
 
-    /// Checks every stored refresh token due for a check (not checked within `interval`), one
-    /// transaction each; returns what each check found.
+    /// Checks every stored refresh token due for a check (not checked within `interval`, at least
+    /// ``minimumRefreshCheckInterval``), one transaction each; returns what each check found.
     public func checkRefreshTokensOnce(interval: Duration) throws -> [CheckOutcome] {
         let connection = try PostgresConnection(configuration: configuration.database)
         defer { connection.close() }
         var checked: [CheckOutcome] = []
+        let interval = Self.pacedRefreshCheckInterval(interval)
         while let outcome = try checkOne(on: connection, interval: interval) { checked.append(outcome) }
         return checked
     }

@@ -60,15 +60,11 @@ struct SignInSetup: Sendable {
             return value
         }
         let tokenFile = try required("signin-token-file")
-        var info = stat()
-        guard stat(tokenFile, &info) == 0 else { throw ConfigurationError("cannot read --signin-token-file") }
-        guard info.st_mode & 0o077 == 0 else {
-            throw ConfigurationError("--signin-token-file must be readable by its owner only (chmod 600)")
-        }
-        guard let tokenData = FileManager.default.contents(atPath: tokenFile),
+        let tokenData = try SecretFile.read(tokenFile, setting: "--signin-token-file")
+        guard
             let token = String(data: tokenData, encoding: .utf8)?.trimmingCharacters(
                 in: .whitespacesAndNewlines)
-        else { throw ConfigurationError("cannot read --signin-token-file") }
+        else { throw ConfigurationError("--signin-token-file \(tokenFile) is not UTF-8 text") }
         // Its own credential: the receiver's login (internet-facing) never needs siwa_signin.
         guard let url = parsed.value("signin-database-url"), !url.isEmpty else {
             throw ConfigurationError(

@@ -28,8 +28,9 @@ let revokerOptions: [CommandOption] =
         CommandOption(
             "refresh-check-interval", valueName: "SECONDS",
             help: """
-                Refresh each stored refresh token at Apple at most this often (86400: daily); invalid_grant \
-                records a consent-revoked of our own. Default: off.
+                Refresh each stored refresh token at Apple at most this often, at least 86400 (a day, \
+                Apple's limit: a shorter value is raised to it, with a warning); invalid_grant records a \
+                consent-revoked of our own. Default: off.
                 """,
             environmentVariable: "SIWA_REFRESH_CHECK_INTERVAL"),
     ]

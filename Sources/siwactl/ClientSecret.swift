@@ -102,7 +102,9 @@ enum ClientSecretVerb {
 
     static func make(_ parsed: ParsedCommand, days: Int) throws {
         let signer = try ClientSecretSigner(
-            privateKeyPEM: try readText(path: parsed.value(AppleCredentialOptions.keyFile.name)!))
+            privateKeyPEM: try readSecretText(
+                path: parsed.value(AppleCredentialOptions.keyFile.name)!,
+                setting: "--\(AppleCredentialOptions.keyFile.name)"))
         let now = Date()
         let token = try signer.sign(
             teamID: parsed.value(AppleCredentialOptions.teamID.name)!,
@@ -151,7 +153,8 @@ enum ClientSecretVerb {
             problems.append("exp - iat exceeds Apple's limit of \(Int(ClientSecretSigner.maximumLifetime)) s")
         }
         if let keyPath = parsed.value("key") {
-            let signer = try ClientSecretSigner(privateKeyPEM: try readText(path: keyPath))
+            let signer = try ClientSecretSigner(
+                privateKeyPEM: try readSecretText(path: keyPath, setting: "--key"))
             if signer.verifySignature(of: token) {
                 writeStandardOutput("signature: valid for \(keyPath)\n")
             } else {
@@ -186,7 +189,7 @@ enum ClientSecretVerb {
             return false
         }
         let mode = info.st_mode & 0o777
-        if mode & 0o077 != 0 {
+        if mode & SecretFile.forbiddenBits != 0 {  // the services' rule (SecretFile), as a verdict
             verdict(
                 "FAIL",
                 "mode \(String(mode, radix: 8)) lets group or others \(mode & 0o044 != 0 ? "read" : "use") the key; chmod 600 \(path)"

@@ -57,6 +57,12 @@ func runReportingFailure(_ name: String, _ body: () async throws -> Void) async 
     }
 }
 
+/// Reads a file holding a secret (a `.p8` key) through ``SecretFile``: refused, naming `setting`, the
+/// path and its mode, when group or others may read it.
+func readSecretText(path: String, setting: String) throws -> String {
+    String(decoding: try SecretFile.read(path, setting: setting), as: UTF8.self)
+}
+
 /// Reads a whole file as text, with a one-line error naming the path.
 func readText(path: String) throws -> String {
     do {

@@ -94,7 +94,7 @@ enum VerifyVerb {
     }
 
     static func render(_ notification: ServerNotification) -> String {
-        let object: [String: Any] = [
+        var object: [String: Any] = [
             "type": notification.eventType.rawValue,
             "known_type": notification.eventType.isKnown,
             "sub": notification.subject,
@@ -106,6 +106,10 @@ enum VerifyVerb {
             "iat": formatISO8601(notification.issuedAt),
             "exp": notification.expiresAt.map(formatISO8601) ?? NSNull(),
         ]
+        // Only for an event dated after its token was signed: event_time above is then iat + leeway.
+        if let claimed = notification.claimedEventTime {
+            object["claimed_event_time"] = formatISO8601(claimed)
+        }
         let data =
             (try? JSONSerialization.data(
                 withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]))
