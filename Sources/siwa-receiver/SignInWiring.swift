@@ -20,7 +20,8 @@ let signInOptions: [CommandOption] =
             "signin-database-url", valueName: "URL",
             help:
                 "The sign-in API's own PostgreSQL login (a member of siwa_signin only, never the receiver's). Required with --signin-listen.",
-            environmentVariable: "SIWA_SIGNIN_DATABASE_URL"),
+            environmentVariable: "SIWA_SIGNIN_DATABASE_URL"
+        ).secret(.connectionString),
         CommandOption(
             "signin-token-file", valueName: "FILE",
             help: "File holding the API's bearer token (32+ characters). Required with --signin-listen.",
