@@ -669,9 +669,9 @@ def main():
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--only", choices=["webhooks", "drain"], help="run only this part")
     parser.add_argument("--drain-events", type=int, default=100_000, help="notifications each drain applies")
-    parser.add_argument("--worker", help="the siwa-worker binary for the drain (default: this build's)")
-    parser.add_argument("--unverified-worker", action="store_true",
-                        help="--worker predates stored-token verification: give it no key options")
+    parser.add_argument("--worker-before", help="with --only drain: also drain the same signed rows with this "
+                        "siwa-worker binary from before stored-token verification (given no key options)")
+    parser.add_argument("--repeat", type=int, default=1, help="with --only drain: drains per worker count")
     args = parser.parse_args()
 
     binaries = binaries_in(os.path.join(ROOT, ".build", "release"))
@@ -696,14 +696,17 @@ def main():
         log(f"signing the drain's {args.drain_events:,} notifications")
         drain_rows(binaries["siwa-bench"], keys, kid, AUDIENCE, args.drain_events, rows)
         results["rsa_verify_us"] = rsa_verify_us()
-        if args.worker:
-            binaries["siwa-worker"] = args.worker
         if args.only == "drain":
-            for workers in (1, 2):
-                log(f"drain {args.drain_events:,} signed events with {workers} worker(s)")
-                results["drain"][str(workers)] = drain(
-                    cluster, binaries, workers, events=args.drain_events, rows=rows,
-                    jwks_url=None if args.unverified_worker else jwks_url)
+            before = dict(binaries, **{"siwa-worker": args.worker_before}) if args.worker_before else None
+            for run in range(1, args.repeat + 1):
+                for workers in (1, 2):
+                    if before:
+                        log(f"drain {args.drain_events:,} signed events, {workers} worker(s), before (run {run})")
+                        results["drain"][f"{workers} before #{run}"] = drain(
+                            cluster, before, workers, events=args.drain_events, rows=rows)
+                    log(f"drain {args.drain_events:,} signed events, {workers} worker(s), verifying (run {run})")
+                    results["drain"][f"{workers} verifying #{run}"] = drain(
+                        cluster, binaries, workers, events=args.drain_events, rows=rows, jwks_url=jwks_url)
             print_drain(results)
             if args.json:
                 with open(args.json, "w") as f:
@@ -753,11 +756,11 @@ def print_drain(results):
     print()
     print(f"Drain of signed notifications; RSA-2048 verify reference (openssl speed, one core): "
           f"{rsa:.1f} µs" if rsa else "Drain of signed notifications (no openssl speed reference)")
-    print(f"{'workers':>8} {'events/s':>9} {'worker µs/event':>16} {'÷ RSA verify':>13} {'PostgreSQL µs/event':>20}"
+    print(f"{'workers':>18} {'events/s':>9} {'worker µs/event':>16} {'÷ RSA verify':>13} {'PostgreSQL µs/event':>20}"
           f" {'applied':>8} {'left':>6}")
     for name, r in results["drain"].items():
         ratio = r["worker_us_per_event"] / rsa if rsa else float("nan")
-        print(f"{name:>8} {r['events_per_second']:>9.0f} {r['worker_us_per_event']:>16.1f} {ratio:>13.2f} "
+        print(f"{name:>18} {r['events_per_second']:>9.0f} {r['worker_us_per_event']:>16.1f} {ratio:>13.2f} "
               f"{r['postgres_us_per_event']:>20.1f} {r['applied']:>8} {r['left_pending']:>6}")
 
 
