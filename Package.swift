@@ -58,7 +58,10 @@ let package = Package(
             dependencies: ["AppleNotifications", "HTTPClient", "Postgres", "HTTPServer", "ServiceSupport"]),
         .target(
             name: "Worker",
-            dependencies: ["Postgres", "ServiceSupport", "AppleID", "TokenVault", "HTTPClient", "Webhooks"]),
+            dependencies: [
+                "AppleNotifications", "Postgres", "ServiceSupport", "AppleID", "TokenVault", "HTTPClient",
+                "Webhooks",
+            ]),
         // Standard Webhooks: whsec_ secrets, v1 signatures (OpenSSL's HMAC), endpoint URL policy.
         .target(name: "Webhooks", dependencies: ["COpenSSL"]),
         // Heartbeats in siwa.service_heartbeats and the database's health gauges on /metrics.
@@ -91,7 +94,7 @@ let package = Package(
             name: "siwa-worker",
             dependencies: [
                 "Worker", "Postgres", "HTTPServer", "ServiceSupport", "AppleID", "AppleNotifications",
-                "TokenVault", "Webhooks", "ServiceHealth", "SiwaSchema",
+                "TokenVault", "Webhooks", "ServiceHealth", "SiwaSchema", "Receiver",
             ]),
         .executableTarget(
             name: "siwactl",

@@ -434,6 +434,19 @@ BEGIN
                 ADD CONSTRAINT notification_log_claimed_event_time_check
                     CHECK (claimed_event_time IS NULL OR claimed_event_time > event_time);
         END IF;
+        -- The worker verifies each stored token: a rejected state, the origin the receiver cannot write.
+        IF pg_catalog.to_regclass('siwa.notification_log') IS NOT NULL THEN
+            ALTER TABLE siwa.notification_log
+                ADD COLUMN origin text NOT NULL DEFAULT 'apple',
+                DROP CONSTRAINT notification_log_state_check,
+                ADD CONSTRAINT notification_log_state_check
+                    CHECK (state IN ('pending', 'applied', 'skipped', 'dead', 'rejected')),
+                ADD CONSTRAINT notification_log_origin_check CHECK (origin IN ('apple', 'refresh-check'));
+            -- Version 4's consent-lost rows, told apart by their jti as version 4 did.
+            UPDATE siwa.notification_log SET origin = 'refresh-check'
+             WHERE jti LIKE 'siwa-refresh-check:%' AND raw_token IS NULL;
+            DROP INDEX IF EXISTS siwa.notification_log_exceptions_idx;  -- its predicate names rejected now
+        END IF;
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;
@@ -511,8 +524,12 @@ CREATE TABLE IF NOT EXISTS siwa.notification_log (
     last_error              text,
     personal_data_erased_at timestamptz,
     claimed_event_time      timestamptz,
+    origin                  text        NOT NULL DEFAULT 'apple',
     CONSTRAINT notification_log_pkey PRIMARY KEY (jti, issued_at),
-    CONSTRAINT notification_log_state_check CHECK (state IN ('pending', 'applied', 'skipped', 'dead')),
+    CONSTRAINT notification_log_state_check CHECK (state IN ('pending', 'applied', 'skipped', 'dead', 'rejected')),
+    -- Who wrote the row: the receiver (apple: the worker verifies its token before applying it) or the
+    -- worker's refresh check (siwa.record_consent_lost). The receiver's column grant leaves it out.
+    CONSTRAINT notification_log_origin_check CHECK (origin IN ('apple', 'refresh-check')),
     CONSTRAINT notification_log_sub_check CHECK (sub <> ''),
     CONSTRAINT notification_log_jti_check CHECK (jti <> ''),
     -- Tied to the state: applied_at is set exactly when it is applied or skipped; a dead one says why;
@@ -559,7 +576,9 @@ COMMENT ON COLUMN siwa.notification_log.raw_token IS
     'The signed token as received, for audit (re-verify with siwactl verify --at). NULL once pruned by retention or erased with the account''s personal data.';
 COMMENT ON COLUMN siwa.notification_log.received_at IS 'When the receiver committed this row (the 200 to Apple follows the commit).';
 COMMENT ON COLUMN siwa.notification_log.state IS
-    'Processing state: pending (in siwa.notification_queue), applied (effects committed), skipped (verified but nothing to do, e.g. an unknown event type; see last_error), dead (gave up after the maximum attempts; see last_error, requeue with siwactl replay).';
+    'Processing state: pending (in siwa.notification_queue), applied (effects committed), skipped (verified but nothing to do, e.g. an unknown event type; see last_error), dead (gave up after the maximum attempts; see last_error, requeue with siwactl replay), rejected (its stored token did not verify when the worker claimed it: nothing was applied; see last_error).';
+COMMENT ON COLUMN siwa.notification_log.origin IS
+    'Who wrote the row: apple (stored by the receiver; the worker applies it only once its raw_token verifies against Apple''s keys and matches the columns) or refresh-check (a consent-revoked of the worker''s own, siwa.record_consent_lost, which has no token). The receiver''s role cannot write this column.';
 COMMENT ON COLUMN siwa.notification_log.attempts IS 'How many times the worker tried to apply it (while pending: see siwa.notification_queue).';
 COMMENT ON COLUMN siwa.notification_log.applied_at IS 'When it reached applied or skipped.';
 COMMENT ON COLUMN siwa.notification_log.last_error IS
@@ -586,7 +605,7 @@ CREATE INDEX IF NOT EXISTS notification_log_expires_idx ON siwa.notification_log
 CREATE INDEX IF NOT EXISTS notification_log_applied_idx
     ON siwa.notification_log (applied_at) WHERE applied_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS notification_log_exceptions_idx
-    ON siwa.notification_log (state, received_at) WHERE state IN ('skipped', 'dead');
+    ON siwa.notification_log (state, received_at) WHERE state IN ('skipped', 'dead', 'rejected');
 
 CREATE TABLE IF NOT EXISTS siwa.notification_queue (
     id              bigint      PRIMARY KEY,
@@ -1205,7 +1224,7 @@ BEGIN
 END;
 $$;
 COMMENT ON TYPE siwa.processing_result IS
-    'One handled notification: outcome applied, skipped, retry, dead, gone (no longer pending) or busy (its user''s siwa.accounts row is held by another transaction; put off briefly without counting an attempt); attempt is the attempt number just made; latency is seconds from received_at to now; busy_seconds is, for a busy one, how long it has been busy in a row.';
+    'One handled notification: outcome applied, skipped, retry, dead, gone (no longer pending), busy (its user''s siwa.accounts row is held by another transaction; put off briefly without counting an attempt), rejected (its stored token did not verify: nothing applied) or deferred (the worker had no key at hand to verify it: put off, no attempt); attempt is the attempt number just made; latency is seconds from received_at to now; busy_seconds is, for a busy one, how long it has been busy in a row.';
 
 -- Creates the accounts p_subs (that do not exist yet) and returns the subs it created, which this
 -- transaction holds until it ends. The INSERT waits only for a concurrent uncommitted insert of the same
@@ -1888,6 +1907,127 @@ $$;
 COMMENT ON FUNCTION siwa.process_notification(bigint, integer, interval) IS
     'Like siwa.process_due_notifications for the one notification p_id, if it is still pending, due and not locked elsewhere. Returns no row otherwise.';
 
+-- The worker's verified path ----------------------------------------------------------------------
+--
+-- siwa-worker applies only what Apple signed. In one transaction it claims due notifications
+-- (siwa.claim_notifications, which hands it each row's stored token and the columns the token must
+-- match), verifies each token in Swift (RS256 against Apple's keys by kid, the claims against the
+-- columns: docs/security.md), and hands the outcome to siwa.apply_verified_notifications, which applies
+-- the verified rows with the set-based pass (siwa.process_claimed_notifications, the only
+-- implementation of the effects), marks the rejected ones (state rejected: nothing applied) and puts off
+-- those whose key could not be had without a network call (no transaction is held across one).
+-- siwa.process_due_notifications and siwa.process_notification above apply without verifying: the
+-- owner's repairs and the tests of the effects use them, siwa-worker never does.
+
+-- Claims up to p_limit (at most 64) due notifications, oldest first (or only p_id), FOR UPDATE OF the
+-- queue row SKIP LOCKED, and returns what the worker verifies: the stored token, the origin and the
+-- columns its claims must match (times as seconds since the epoch). A queue row whose log row is
+-- missing or not pending (already applied, skipped, dead or rejected: a queue row the receiver's role
+-- inserted for a finished notification) is refused: deleted, returned with refused = true and nothing
+-- else, so a finished notification is never applied (nor its hook run) a second time.
+CREATE OR REPLACE FUNCTION siwa.claim_notifications(p_limit integer, p_id bigint DEFAULT NULL)
+RETURNS TABLE (id bigint, refused boolean, origin text, raw_token text, jti text, event_type text,
+               sub text, audience text, email text, is_private_email boolean, event_time double precision,
+               issued_at double precision, expires_at double precision, received_at double precision,
+               attempts integer, claimed_event_time double precision)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    RETURN QUERY
+    WITH claimed AS MATERIALIZED (
+        SELECT q.id AS qid, q.jti AS qjti, q.attempts AS qattempts, l.id AS lid, l.state, l.origin,
+               l.raw_token, l.event_type, l.sub, l.audience, l.email, l.is_private_email, l.event_time,
+               l.issued_at, l.expires_at, l.received_at, l.claimed_event_time
+          FROM siwa.notification_queue q
+          LEFT JOIN siwa.notification_log l ON l.id = q.id AND l.jti = q.jti AND l.issued_at = q.issued_at
+         WHERE q.next_attempt_at <= clock_timestamp() AND (p_id IS NULL OR q.id = p_id)
+         ORDER BY q.id
+         LIMIT least(p_limit, 64)
+           FOR UPDATE OF q SKIP LOCKED),
+    refused AS (
+        DELETE FROM siwa.notification_queue d USING claimed c
+         WHERE d.id = c.qid AND (c.lid IS NULL OR c.state <> 'pending')
+        RETURNING d.id)
+    SELECT c.qid, c.lid IS NULL OR c.state <> 'pending', c.origin,
+           CASE WHEN c.state = 'pending' THEN c.raw_token END, c.qjti, c.event_type, c.sub, c.audience,
+           c.email, c.is_private_email, extract(epoch FROM c.event_time)::double precision,
+           extract(epoch FROM c.issued_at)::double precision, extract(epoch FROM c.expires_at)::double precision,
+           extract(epoch FROM c.received_at)::double precision, c.qattempts,
+           extract(epoch FROM c.claimed_event_time)::double precision
+      FROM claimed c
+     WHERE (SELECT count(*) FROM refused) >= 0
+     ORDER BY c.qid;
+END;
+$$;
+COMMENT ON FUNCTION siwa.claim_notifications(integer, bigint) IS
+    'siwa-worker''s claim: up to p_limit (at most 64) due notifications (or only p_id), FOR UPDATE SKIP LOCKED, with the stored token, origin and the columns the token''s claims must match, for the worker to verify before siwa.apply_verified_notifications; a queue row whose notification is missing or finished is deleted and returned with refused = true. Call both in one transaction.';
+
+-- Applies what the worker verified, in the transaction of its siwa.claim_notifications: p_verified (in
+-- claim order) with the set-based pass; p_rejected (with p_reasons) marked rejected, out of the queue,
+-- one attempt, nothing else changed; p_deferred (a key that could not be had without a network call)
+-- put off by 5 s, no attempt counted. One siwa.processing_result per notification (outcome applied,
+-- skipped, retry, dead, busy, rejected or deferred).
+CREATE OR REPLACE FUNCTION siwa.apply_verified_notifications(
+    p_verified bigint[], p_rejected bigint[], p_reasons text[], p_deferred bigint[],
+    p_max_attempts integer, p_retry_base_delay interval)
+RETURNS SETOF siwa.processing_result
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_batch siwa.notifications[];
+BEGIN
+    IF coalesce(cardinality(p_rejected), 0) > 0 THEN
+        RETURN QUERY
+        WITH r AS (
+            SELECT x.id, left(coalesce(x.reason, 'rejected'), 2000) AS reason
+              FROM unnest(p_rejected, p_reasons) AS x(id, reason)),
+        gone AS (
+            DELETE FROM siwa.notification_queue q USING r WHERE q.id = r.id
+            RETURNING q.id, q.jti, q.issued_at, q.attempts, q.received_at, r.reason),
+        marked AS (
+            UPDATE siwa.notification_log l
+               SET state = 'rejected', attempts = g.attempts + 1, last_error = g.reason
+              FROM gone g
+             WHERE l.jti = g.jti AND l.issued_at = g.issued_at AND l.id = g.id AND l.state = 'pending'
+            RETURNING l.id, l.event_type)
+        SELECT g.id, g.jti, coalesce(m.event_type, ''), 'rejected'::text, g.reason, g.attempts + 1,
+               extract(epoch FROM clock_timestamp() - g.received_at)::double precision, NULL::double precision
+          FROM gone g LEFT JOIN marked m ON m.id = g.id
+         ORDER BY g.id;
+    END IF;
+    IF coalesce(cardinality(p_deferred), 0) > 0 THEN
+        RETURN QUERY
+        WITH d AS (
+            UPDATE siwa.notification_queue q SET next_attempt_at = clock_timestamp() + interval '5 seconds'
+             WHERE q.id = ANY (p_deferred)
+            RETURNING q.id, q.jti, q.issued_at, q.attempts)
+        SELECT d.id, d.jti, l.event_type, 'deferred'::text, NULL::text, d.attempts, NULL::double precision,
+               NULL::double precision
+          FROM d JOIN siwa.notification_log l ON l.jti = d.jti AND l.issued_at = d.issued_at
+         ORDER BY d.id;
+    END IF;
+    IF coalesce(cardinality(p_verified), 0) > 0 THEN
+        v_batch := ARRAY(
+            SELECT ROW(l.id, l.jti, l.event_type, l.sub, l.audience, l.email, l.is_private_email, l.event_time,
+                       l.issued_at, l.expires_at, l.raw_token, l.received_at, l.state, q.attempts,
+                       q.next_attempt_at, l.applied_at, q.last_error, l.personal_data_erased_at,
+                       q.busy_since)::siwa.notifications
+              FROM unnest(p_verified) WITH ORDINALITY AS v(id, ord)
+              JOIN siwa.notification_queue q ON q.id = v.id
+              JOIN siwa.notification_log l ON l.id = q.id AND l.jti = q.jti AND l.issued_at = q.issued_at
+             WHERE l.state = 'pending'
+             ORDER BY v.ord);
+        RETURN QUERY SELECT * FROM siwa.process_claimed_notifications(v_batch, p_max_attempts, p_retry_base_delay);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION siwa.apply_verified_notifications(bigint[], bigint[], text[], bigint[], integer, interval) IS
+    'siwa-worker''s apply, after siwa.claim_notifications in the same transaction: the notifications whose tokens it verified go through the set-based pass (siwa.process_claimed_notifications); the rejected ones are marked rejected with their reason (nothing applied, out of the queue); the deferred ones (key not at hand) are put off 5 s without an attempt. One result per notification.';
+
 -- Records a failed attempt: back off exponentially with jitter, or give up (dead) after p_max_attempts.
 CREATE OR REPLACE FUNCTION siwa.record_failure(
     p_id bigint, p_error text, p_max_attempts integer, p_retry_base_delay interval)
@@ -2331,7 +2471,7 @@ COMMENT ON FUNCTION siwa.requeue(text, text, timestamptz) IS
 -- ===================================================================================================
 
 -- The log, with the queue's columns while a notification is pending. Every filter on a log column
--- (sub, received_at, event_type and event_time, state skipped or dead, applied_at) reaches the log's
+-- (sub, received_at, event_type and event_time, state skipped, dead or rejected, applied_at) reaches the log's
 -- indexes in every partition; the queue is joined by its primary key (from the log), or the log by its
 -- (from the queue: a filter on next_attempt_at or busy_since, only a pending row has them).
 CREATE OR REPLACE VIEW siwa.event_history AS
@@ -2367,7 +2507,7 @@ COMMENT ON COLUMN siwa.event_history.is_private_email IS 'Whether the email is a
 COMMENT ON COLUMN siwa.event_history.event_time IS
     'When the event happened at Apple, at the latest iat + 60 s (the time the worker used); see claimed_event_time.';
 COMMENT ON COLUMN siwa.event_history.received_at IS 'When we stored it (the 200 to Apple follows).';
-COMMENT ON COLUMN siwa.event_history.state IS 'pending, applied, skipped or dead (see siwa.notification_log.state).';
+COMMENT ON COLUMN siwa.event_history.state IS 'pending, applied, skipped, dead, or rejected (its stored token did not verify: nothing applied; the reason in last_error) (see siwa.notification_log.state).';
 COMMENT ON COLUMN siwa.event_history.attempts IS 'Attempts made to apply it.';
 COMMENT ON COLUMN siwa.event_history.applied_at IS 'When it was applied or skipped.';
 COMMENT ON COLUMN siwa.event_history.last_error IS 'Last failure, or why it was skipped.';
@@ -2856,19 +2996,27 @@ COMMENT ON TABLE siwa.refresh_token_checks IS
 -- The one SECURITY DEFINER function in this file: siwa_worker may not insert notifications (nothing
 -- but the receiver writes Apple's history), so it records this event of our own through a function
 -- that can write exactly one shape of row: a consent-revoked, jti prefixed siwa-refresh-check:, no
--- email or raw token, for a user with a stored refresh token. It runs as the schema's owner with the
+-- email or raw token, origin refresh-check, for a user with a stored refresh token. It runs as the schema's owner with the
 -- pinned search_path; EXECUTE is granted to siwa_worker only.
 CREATE OR REPLACE FUNCTION siwa.record_consent_lost(p_sub text, p_client_id text) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_jti text := 'siwa-refresh-check:' || pg_catalog.gen_random_uuid()::text;
+    v_now timestamptz := pg_catalog.clock_timestamp();
+    v_id  bigint;
 BEGIN
     IF p_client_id IS NULL OR p_client_id = ''
        OR NOT EXISTS (SELECT 1 FROM siwa.refresh_tokens t WHERE t.sub = p_sub) THEN
         RAISE EXCEPTION 'siwa.record_consent_lost: no stored refresh token for that user' USING ERRCODE = '22023';
     END IF;
-    INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at)
-    VALUES (v_jti, 'consent-revoked', p_sub, p_client_id, clock_timestamp(), clock_timestamp());
+    -- origin refresh-check: a row of our own, which the worker applies without a token (the receiver's
+    -- role cannot write origin, so it cannot pass a row of its own off as one of these).
+    INSERT INTO siwa.notification_jtis (jti, issued_at) VALUES (v_jti, v_now);
+    INSERT INTO siwa.notification_log (jti, event_type, sub, audience, event_time, issued_at, origin)
+    VALUES (v_jti, 'consent-revoked', p_sub, p_client_id, v_now, v_now, 'refresh-check')
+    RETURNING id INTO v_id;
+    INSERT INTO siwa.notification_queue (id, jti, issued_at) VALUES (v_id, v_jti, v_now);
+    PERFORM pg_catalog.pg_notify('siwa_notifications', '');
     RETURN v_jti;
 END;
 $$;
@@ -3199,7 +3347,8 @@ SELECT r.id,
   FROM siwa.revocation_requests r
   LEFT JOIN LATERAL (
         SELECT e.jti FROM siwa.event_history e
-         WHERE e.sub = r.sub AND e.event_type = 'consent-revoked' AND e.event_time = r.echo_event_time
+         WHERE (e.sub = r.sub OR e.sub IN (SELECT a.old_sub FROM siwa.sub_aliases a WHERE a.new_sub = r.sub))
+           AND e.event_type = 'consent-revoked' AND e.event_time = r.echo_event_time
          ORDER BY e.id LIMIT 1) AS echo ON r.echo_event_time IS NOT NULL
   LEFT JOIN LATERAL (
         SELECT count(*) FILTER (WHERE o.outcome <> 'revoked') AS not_revoked,
@@ -4716,7 +4865,8 @@ BEGIN
                                  'prune', 'erase_due_personal_data', 'erase_personal_data', 'on_event',
                                  'redact_error', 'erased_error', 'create_log_partitions',
                                  'drop_log_partitions', 'apply_claimed_batch', 'erase_personal_data_of',
-                                 'number_changes', 'change_type', 'hook_path', 'on_change', 'current_sub')
+                                 'number_changes', 'change_type', 'hook_path', 'on_change', 'current_sub',
+                                 'claim_notifications', 'apply_verified_notifications')
         LOOP
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO siwa_worker', v_function);
         END LOOP;

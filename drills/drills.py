@@ -403,23 +403,18 @@ def drill_worker_kill(ctx):
     cluster.psql(db, HOOK_SQL % {"sleep": ctx.hook_sleep})
     cluster.psql(db, f"""
         INSERT INTO siwa.sessions (sub, created_at)
-        SELECT 'drill-sub-' || g, now() - interval '1 day' FROM generate_series(0, {subs - 1}) g;
-        INSERT INTO siwa.notification_log (jti, event_type, sub, audience, email, is_private_email, event_time,
-            issued_at, raw_token)
-        SELECT 'drill3-' || g,
-            (ARRAY['email-disabled','email-enabled','consent-revoked','account-delete'])[1 + g % 4],
-            'drill-sub-' || (g % {subs}), '{AUDIENCE}',
-            CASE WHEN g % 4 < 2 THEN 'd' || g || '@privaterelay.appleid.com' END, CASE WHEN g % 4 < 2 THEN true END,
-            now() - (g || ' ms')::interval, now(), repeat('x', 700)
-        FROM generate_series(1, {events}) g;
-        INSERT INTO siwa.notification_queue (id, jti, issued_at, received_at)
-        SELECT id, jti, issued_at, received_at FROM siwa.notification_log;""")
+        SELECT 'drill-sub-' || g, now() - interval '1 day' FROM generate_series(0, {subs - 1}) g""")
+    # Each with a token signed by key A with exactly its claims: the workers verify every stored token.
+    rows = os.path.join(ctx.workdir, "drill3-rows.tsv")
+    bench.drain_rows(ctx.binaries["siwa-bench"], ctx.keys_a, "drill-key-a", AUDIENCE, events, rows, subs=subs,
+                     jti_prefix="drill3-", sub_prefix="drill-sub-")
+    bench.load_drain_rows(cluster, db, rows)
     cluster.psql(db, "VACUUM ANALYZE")  # a statement of its own: VACUUM cannot run in a transaction
     def arguments(slot):
         # application_name tells the two workers' sessions apart in pg_stat_activity.
         return [ctx.binaries["siwa-worker"], "--database-url", cluster.url(db) + f"&application_name=drill-worker-{slot}",
                 "--concurrency", "1", "--batch-size", "50", "--poll-interval", "0.2", "--retry-base-delay", "0.1",
-                "--log-level", "warning"]
+                "--jwks-url", ctx.jwks_url, "--audience", AUDIENCE, "--log-level", "warning"]
 
     log_path = os.path.join(ctx.workdir, "drill3-workers.log")
     out = open(log_path, "a")
@@ -1042,6 +1037,7 @@ def drill_failover(ctx, synchronous):
         worker = subprocess.Popen(
             [ctx.binaries["siwa-worker"], "--database-url", url + "&application_name=drill6-worker",
              "--concurrency", "2", "--poll-interval", "0.2", "--retry-base-delay", "0.1",
+             "--jwks-url", ctx.jwks_url, "--audience", AUDIENCE,
              "--metrics-listen", f"127.0.0.1:{metrics_port}", "--log-level", "warning"],
             stdout=worker_log, stderr=worker_log)
         wait_until(lambda: metric_or_none(metrics_port, "siwa_worker_connected_lanes") == 2, "the worker's lanes", 30)
@@ -1230,6 +1226,7 @@ def main():
     try:
         ctx.cluster = Cluster(tempfile.mkdtemp(prefix="siwa-drills-pg-"))
         keys_a, ctx.jwks_a = keygen(ctx, "keys-a", "drill-key-a")
+        ctx.keys_a = keys_a
         keys_b, ctx.jwks_b = keygen(ctx, "keys-b", "drill-key-b")
         count = 8000 if args.quick else 16000
         log(f"pre-signing {count:,} distinct notifications with key A and 200 with key B")

@@ -260,6 +260,19 @@ BEGIN
                 ADD CONSTRAINT notification_log_claimed_event_time_check
                     CHECK (claimed_event_time IS NULL OR claimed_event_time > event_time);
         END IF;
+        -- The worker verifies each stored token: a rejected state, the origin the receiver cannot write.
+        IF pg_catalog.to_regclass('siwa.notification_log') IS NOT NULL THEN
+            ALTER TABLE siwa.notification_log
+                ADD COLUMN origin text NOT NULL DEFAULT 'apple',
+                DROP CONSTRAINT notification_log_state_check,
+                ADD CONSTRAINT notification_log_state_check
+                    CHECK (state IN ('pending', 'applied', 'skipped', 'dead', 'rejected')),
+                ADD CONSTRAINT notification_log_origin_check CHECK (origin IN ('apple', 'refresh-check'));
+            -- Version 4's consent-lost rows, told apart by their jti as version 4 did.
+            UPDATE siwa.notification_log SET origin = 'refresh-check'
+             WHERE jti LIKE 'siwa-refresh-check:%' AND raw_token IS NULL;
+            DROP INDEX IF EXISTS siwa.notification_log_exceptions_idx;  -- its predicate names rejected now
+        END IF;
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;

@@ -45,8 +45,12 @@ CREATE TABLE IF NOT EXISTS siwa.notification_log (
     last_error              text,
     personal_data_erased_at timestamptz,
     claimed_event_time      timestamptz,
+    origin                  text        NOT NULL DEFAULT 'apple',
     CONSTRAINT notification_log_pkey PRIMARY KEY (jti, issued_at),
-    CONSTRAINT notification_log_state_check CHECK (state IN ('pending', 'applied', 'skipped', 'dead')),
+    CONSTRAINT notification_log_state_check CHECK (state IN ('pending', 'applied', 'skipped', 'dead', 'rejected')),
+    -- Who wrote the row: the receiver (apple: the worker verifies its token before applying it) or the
+    -- worker's refresh check (siwa.record_consent_lost). The receiver's column grant leaves it out.
+    CONSTRAINT notification_log_origin_check CHECK (origin IN ('apple', 'refresh-check')),
     CONSTRAINT notification_log_sub_check CHECK (sub <> ''),
     CONSTRAINT notification_log_jti_check CHECK (jti <> ''),
     -- Tied to the state: applied_at is set exactly when it is applied or skipped; a dead one says why;
@@ -93,7 +97,9 @@ COMMENT ON COLUMN siwa.notification_log.raw_token IS
     'The signed token as received, for audit (re-verify with siwactl verify --at). NULL once pruned by retention or erased with the account''s personal data.';
 COMMENT ON COLUMN siwa.notification_log.received_at IS 'When the receiver committed this row (the 200 to Apple follows the commit).';
 COMMENT ON COLUMN siwa.notification_log.state IS
-    'Processing state: pending (in siwa.notification_queue), applied (effects committed), skipped (verified but nothing to do, e.g. an unknown event type; see last_error), dead (gave up after the maximum attempts; see last_error, requeue with siwactl replay).';
+    'Processing state: pending (in siwa.notification_queue), applied (effects committed), skipped (verified but nothing to do, e.g. an unknown event type; see last_error), dead (gave up after the maximum attempts; see last_error, requeue with siwactl replay), rejected (its stored token did not verify when the worker claimed it: nothing was applied; see last_error).';
+COMMENT ON COLUMN siwa.notification_log.origin IS
+    'Who wrote the row: apple (stored by the receiver; the worker applies it only once its raw_token verifies against Apple''s keys and matches the columns) or refresh-check (a consent-revoked of the worker''s own, siwa.record_consent_lost, which has no token). The receiver''s role cannot write this column.';
 COMMENT ON COLUMN siwa.notification_log.attempts IS 'How many times the worker tried to apply it (while pending: see siwa.notification_queue).';
 COMMENT ON COLUMN siwa.notification_log.applied_at IS 'When it reached applied or skipped.';
 COMMENT ON COLUMN siwa.notification_log.last_error IS
@@ -120,7 +126,7 @@ CREATE INDEX IF NOT EXISTS notification_log_expires_idx ON siwa.notification_log
 CREATE INDEX IF NOT EXISTS notification_log_applied_idx
     ON siwa.notification_log (applied_at) WHERE applied_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS notification_log_exceptions_idx
-    ON siwa.notification_log (state, received_at) WHERE state IN ('skipped', 'dead');
+    ON siwa.notification_log (state, received_at) WHERE state IN ('skipped', 'dead', 'rejected');
 
 CREATE TABLE IF NOT EXISTS siwa.notification_queue (
     id              bigint      PRIMARY KEY,

@@ -27,7 +27,7 @@ BEGIN
 END;
 $$;
 COMMENT ON TYPE siwa.processing_result IS
-    'One handled notification: outcome applied, skipped, retry, dead, gone (no longer pending) or busy (its user''s siwa.accounts row is held by another transaction; put off briefly without counting an attempt); attempt is the attempt number just made; latency is seconds from received_at to now; busy_seconds is, for a busy one, how long it has been busy in a row.';
+    'One handled notification: outcome applied, skipped, retry, dead, gone (no longer pending), busy (its user''s siwa.accounts row is held by another transaction; put off briefly without counting an attempt), rejected (its stored token did not verify: nothing applied) or deferred (the worker had no key at hand to verify it: put off, no attempt); attempt is the attempt number just made; latency is seconds from received_at to now; busy_seconds is, for a busy one, how long it has been busy in a row.';
 
 -- Creates the accounts p_subs (that do not exist yet) and returns the subs it created, which this
 -- transaction holds until it ends. The INSERT waits only for a concurrent uncommitted insert of the same
@@ -709,6 +709,127 @@ END;
 $$;
 COMMENT ON FUNCTION siwa.process_notification(bigint, integer, interval) IS
     'Like siwa.process_due_notifications for the one notification p_id, if it is still pending, due and not locked elsewhere. Returns no row otherwise.';
+
+-- The worker's verified path ----------------------------------------------------------------------
+--
+-- siwa-worker applies only what Apple signed. In one transaction it claims due notifications
+-- (siwa.claim_notifications, which hands it each row's stored token and the columns the token must
+-- match), verifies each token in Swift (RS256 against Apple's keys by kid, the claims against the
+-- columns: docs/security.md), and hands the outcome to siwa.apply_verified_notifications, which applies
+-- the verified rows with the set-based pass (siwa.process_claimed_notifications, the only
+-- implementation of the effects), marks the rejected ones (state rejected: nothing applied) and puts off
+-- those whose key could not be had without a network call (no transaction is held across one).
+-- siwa.process_due_notifications and siwa.process_notification above apply without verifying: the
+-- owner's repairs and the tests of the effects use them, siwa-worker never does.
+
+-- Claims up to p_limit (at most 64) due notifications, oldest first (or only p_id), FOR UPDATE OF the
+-- queue row SKIP LOCKED, and returns what the worker verifies: the stored token, the origin and the
+-- columns its claims must match (times as seconds since the epoch). A queue row whose log row is
+-- missing or not pending (already applied, skipped, dead or rejected: a queue row the receiver's role
+-- inserted for a finished notification) is refused: deleted, returned with refused = true and nothing
+-- else, so a finished notification is never applied (nor its hook run) a second time.
+CREATE OR REPLACE FUNCTION siwa.claim_notifications(p_limit integer, p_id bigint DEFAULT NULL)
+RETURNS TABLE (id bigint, refused boolean, origin text, raw_token text, jti text, event_type text,
+               sub text, audience text, email text, is_private_email boolean, event_time double precision,
+               issued_at double precision, expires_at double precision, received_at double precision,
+               attempts integer, claimed_event_time double precision)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    RETURN QUERY
+    WITH claimed AS MATERIALIZED (
+        SELECT q.id AS qid, q.jti AS qjti, q.attempts AS qattempts, l.id AS lid, l.state, l.origin,
+               l.raw_token, l.event_type, l.sub, l.audience, l.email, l.is_private_email, l.event_time,
+               l.issued_at, l.expires_at, l.received_at, l.claimed_event_time
+          FROM siwa.notification_queue q
+          LEFT JOIN siwa.notification_log l ON l.id = q.id AND l.jti = q.jti AND l.issued_at = q.issued_at
+         WHERE q.next_attempt_at <= clock_timestamp() AND (p_id IS NULL OR q.id = p_id)
+         ORDER BY q.id
+         LIMIT least(p_limit, 64)
+           FOR UPDATE OF q SKIP LOCKED),
+    refused AS (
+        DELETE FROM siwa.notification_queue d USING claimed c
+         WHERE d.id = c.qid AND (c.lid IS NULL OR c.state <> 'pending')
+        RETURNING d.id)
+    SELECT c.qid, c.lid IS NULL OR c.state <> 'pending', c.origin,
+           CASE WHEN c.state = 'pending' THEN c.raw_token END, c.qjti, c.event_type, c.sub, c.audience,
+           c.email, c.is_private_email, extract(epoch FROM c.event_time)::double precision,
+           extract(epoch FROM c.issued_at)::double precision, extract(epoch FROM c.expires_at)::double precision,
+           extract(epoch FROM c.received_at)::double precision, c.qattempts,
+           extract(epoch FROM c.claimed_event_time)::double precision
+      FROM claimed c
+     WHERE (SELECT count(*) FROM refused) >= 0
+     ORDER BY c.qid;
+END;
+$$;
+COMMENT ON FUNCTION siwa.claim_notifications(integer, bigint) IS
+    'siwa-worker''s claim: up to p_limit (at most 64) due notifications (or only p_id), FOR UPDATE SKIP LOCKED, with the stored token, origin and the columns the token''s claims must match, for the worker to verify before siwa.apply_verified_notifications; a queue row whose notification is missing or finished is deleted and returned with refused = true. Call both in one transaction.';
+
+-- Applies what the worker verified, in the transaction of its siwa.claim_notifications: p_verified (in
+-- claim order) with the set-based pass; p_rejected (with p_reasons) marked rejected, out of the queue,
+-- one attempt, nothing else changed; p_deferred (a key that could not be had without a network call)
+-- put off by 5 s, no attempt counted. One siwa.processing_result per notification (outcome applied,
+-- skipped, retry, dead, busy, rejected or deferred).
+CREATE OR REPLACE FUNCTION siwa.apply_verified_notifications(
+    p_verified bigint[], p_rejected bigint[], p_reasons text[], p_deferred bigint[],
+    p_max_attempts integer, p_retry_base_delay interval)
+RETURNS SETOF siwa.processing_result
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_batch siwa.notifications[];
+BEGIN
+    IF coalesce(cardinality(p_rejected), 0) > 0 THEN
+        RETURN QUERY
+        WITH r AS (
+            SELECT x.id, left(coalesce(x.reason, 'rejected'), 2000) AS reason
+              FROM unnest(p_rejected, p_reasons) AS x(id, reason)),
+        gone AS (
+            DELETE FROM siwa.notification_queue q USING r WHERE q.id = r.id
+            RETURNING q.id, q.jti, q.issued_at, q.attempts, q.received_at, r.reason),
+        marked AS (
+            UPDATE siwa.notification_log l
+               SET state = 'rejected', attempts = g.attempts + 1, last_error = g.reason
+              FROM gone g
+             WHERE l.jti = g.jti AND l.issued_at = g.issued_at AND l.id = g.id AND l.state = 'pending'
+            RETURNING l.id, l.event_type)
+        SELECT g.id, g.jti, coalesce(m.event_type, ''), 'rejected'::text, g.reason, g.attempts + 1,
+               extract(epoch FROM clock_timestamp() - g.received_at)::double precision, NULL::double precision
+          FROM gone g LEFT JOIN marked m ON m.id = g.id
+         ORDER BY g.id;
+    END IF;
+    IF coalesce(cardinality(p_deferred), 0) > 0 THEN
+        RETURN QUERY
+        WITH d AS (
+            UPDATE siwa.notification_queue q SET next_attempt_at = clock_timestamp() + interval '5 seconds'
+             WHERE q.id = ANY (p_deferred)
+            RETURNING q.id, q.jti, q.issued_at, q.attempts)
+        SELECT d.id, d.jti, l.event_type, 'deferred'::text, NULL::text, d.attempts, NULL::double precision,
+               NULL::double precision
+          FROM d JOIN siwa.notification_log l ON l.jti = d.jti AND l.issued_at = d.issued_at
+         ORDER BY d.id;
+    END IF;
+    IF coalesce(cardinality(p_verified), 0) > 0 THEN
+        v_batch := ARRAY(
+            SELECT ROW(l.id, l.jti, l.event_type, l.sub, l.audience, l.email, l.is_private_email, l.event_time,
+                       l.issued_at, l.expires_at, l.raw_token, l.received_at, l.state, q.attempts,
+                       q.next_attempt_at, l.applied_at, q.last_error, l.personal_data_erased_at,
+                       q.busy_since)::siwa.notifications
+              FROM unnest(p_verified) WITH ORDINALITY AS v(id, ord)
+              JOIN siwa.notification_queue q ON q.id = v.id
+              JOIN siwa.notification_log l ON l.id = q.id AND l.jti = q.jti AND l.issued_at = q.issued_at
+             WHERE l.state = 'pending'
+             ORDER BY v.ord);
+        RETURN QUERY SELECT * FROM siwa.process_claimed_notifications(v_batch, p_max_attempts, p_retry_base_delay);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION siwa.apply_verified_notifications(bigint[], bigint[], text[], bigint[], integer, interval) IS
+    'siwa-worker''s apply, after siwa.claim_notifications in the same transaction: the notifications whose tokens it verified go through the set-based pass (siwa.process_claimed_notifications); the rejected ones are marked rejected with their reason (nothing applied, out of the queue); the deferred ones (key not at hand) are put off 5 s without an attempt. One result per notification.';
 
 -- Records a failed attempt: back off exponentially with jitter, or give up (dead) after p_max_attempts.
 CREATE OR REPLACE FUNCTION siwa.record_failure(

@@ -1,7 +1,7 @@
 -- What admins read: siwa.event_history, siwa.account_overview, siwa.queue_health, and the changefeed
 
 -- The log, with the queue's columns while a notification is pending. Every filter on a log column
--- (sub, received_at, event_type and event_time, state skipped or dead, applied_at) reaches the log's
+-- (sub, received_at, event_type and event_time, state skipped, dead or rejected, applied_at) reaches the log's
 -- indexes in every partition; the queue is joined by its primary key (from the log), or the log by its
 -- (from the queue: a filter on next_attempt_at or busy_since, only a pending row has them).
 CREATE OR REPLACE VIEW siwa.event_history AS
@@ -37,7 +37,7 @@ COMMENT ON COLUMN siwa.event_history.is_private_email IS 'Whether the email is a
 COMMENT ON COLUMN siwa.event_history.event_time IS
     'When the event happened at Apple, at the latest iat + 60 s (the time the worker used); see claimed_event_time.';
 COMMENT ON COLUMN siwa.event_history.received_at IS 'When we stored it (the 200 to Apple follows).';
-COMMENT ON COLUMN siwa.event_history.state IS 'pending, applied, skipped or dead (see siwa.notification_log.state).';
+COMMENT ON COLUMN siwa.event_history.state IS 'pending, applied, skipped, dead, or rejected (its stored token did not verify: nothing applied; the reason in last_error) (see siwa.notification_log.state).';
 COMMENT ON COLUMN siwa.event_history.attempts IS 'Attempts made to apply it.';
 COMMENT ON COLUMN siwa.event_history.applied_at IS 'When it was applied or skipped.';
 COMMENT ON COLUMN siwa.event_history.last_error IS 'Last failure, or why it was skipped.';

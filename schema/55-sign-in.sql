@@ -300,19 +300,27 @@ COMMENT ON TABLE siwa.refresh_token_checks IS
 -- The one SECURITY DEFINER function in this file: siwa_worker may not insert notifications (nothing
 -- but the receiver writes Apple's history), so it records this event of our own through a function
 -- that can write exactly one shape of row: a consent-revoked, jti prefixed siwa-refresh-check:, no
--- email or raw token, for a user with a stored refresh token. It runs as the schema's owner with the
+-- email or raw token, origin refresh-check, for a user with a stored refresh token. It runs as the schema's owner with the
 -- pinned search_path; EXECUTE is granted to siwa_worker only.
 CREATE OR REPLACE FUNCTION siwa.record_consent_lost(p_sub text, p_client_id text) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_jti text := 'siwa-refresh-check:' || pg_catalog.gen_random_uuid()::text;
+    v_now timestamptz := pg_catalog.clock_timestamp();
+    v_id  bigint;
 BEGIN
     IF p_client_id IS NULL OR p_client_id = ''
        OR NOT EXISTS (SELECT 1 FROM siwa.refresh_tokens t WHERE t.sub = p_sub) THEN
         RAISE EXCEPTION 'siwa.record_consent_lost: no stored refresh token for that user' USING ERRCODE = '22023';
     END IF;
-    INSERT INTO siwa.notifications (jti, event_type, sub, audience, event_time, issued_at)
-    VALUES (v_jti, 'consent-revoked', p_sub, p_client_id, clock_timestamp(), clock_timestamp());
+    -- origin refresh-check: a row of our own, which the worker applies without a token (the receiver's
+    -- role cannot write origin, so it cannot pass a row of its own off as one of these).
+    INSERT INTO siwa.notification_jtis (jti, issued_at) VALUES (v_jti, v_now);
+    INSERT INTO siwa.notification_log (jti, event_type, sub, audience, event_time, issued_at, origin)
+    VALUES (v_jti, 'consent-revoked', p_sub, p_client_id, v_now, v_now, 'refresh-check')
+    RETURNING id INTO v_id;
+    INSERT INTO siwa.notification_queue (id, jti, issued_at) VALUES (v_id, v_jti, v_now);
+    PERFORM pg_catalog.pg_notify('siwa_notifications', '');
     RETURN v_jti;
 END;
 $$;
@@ -643,7 +651,8 @@ SELECT r.id,
   FROM siwa.revocation_requests r
   LEFT JOIN LATERAL (
         SELECT e.jti FROM siwa.event_history e
-         WHERE e.sub = r.sub AND e.event_type = 'consent-revoked' AND e.event_time = r.echo_event_time
+         WHERE (e.sub = r.sub OR e.sub IN (SELECT a.old_sub FROM siwa.sub_aliases a WHERE a.new_sub = r.sub))
+           AND e.event_type = 'consent-revoked' AND e.event_time = r.echo_event_time
          ORDER BY e.id LIMIT 1) AS echo ON r.echo_event_time IS NOT NULL
   LEFT JOIN LATERAL (
         SELECT count(*) FILTER (WHERE o.outcome <> 'revoked') AS not_revoked,

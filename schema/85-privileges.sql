@@ -124,7 +124,8 @@ BEGIN
                                  'prune', 'erase_due_personal_data', 'erase_personal_data', 'on_event',
                                  'redact_error', 'erased_error', 'create_log_partitions',
                                  'drop_log_partitions', 'apply_claimed_batch', 'erase_personal_data_of',
-                                 'number_changes', 'change_type', 'hook_path', 'on_change', 'current_sub')
+                                 'number_changes', 'change_type', 'hook_path', 'on_change', 'current_sub',
+                                 'claim_notifications', 'apply_verified_notifications')
         LOOP
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO siwa_worker', v_function);
         END LOOP;

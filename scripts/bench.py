@@ -449,10 +449,54 @@ def ingest(cluster, binaries, jwks_url, bodies, workdir, connections, seconds, p
     return result
 
 
-def drain(cluster, binaries, workers, events=100_000):
+def drain_rows(siwa_bench, keys, kid, audience, count, out, subs=20000, jti_prefix="drain-",
+               sub_prefix="drain-sub-"):
+    """`siwa-bench rows`: the drain's `count` notifications with their signed tokens, as COPY text rows
+    (readable by the cluster's server process)."""
+    subprocess.run([siwa_bench, "rows", "--key", os.path.join(keys, "private-key.pem"), "--kid", kid,
+                    "--audience", audience, "--count", str(count), "--out", out, "--subs", str(subs),
+                    "--jti-prefix", jti_prefix, "--sub-prefix", sub_prefix], check=True)
+    os.chmod(out, 0o644)
+
+
+def load_drain_rows(cluster, db, rows):
+    """Stores drain_rows' file as the receiver stores notifications: log rows and their queue rows."""
+    cluster.psql(db, f"""
+        CREATE TABLE public.drain_rows (g integer, jti text, event_type text, sub text, audience text,
+            email text, is_private_email boolean, event_time float8, issued_at float8, expires_at float8,
+            raw_token text);
+        COPY public.drain_rows FROM '{rows}';
+        WITH stored AS (
+            INSERT INTO siwa.notification_log (jti, event_type, sub, audience, email, is_private_email,
+                event_time, issued_at, expires_at, raw_token)
+            SELECT jti, event_type, sub, audience, email, is_private_email, to_timestamp(event_time),
+                to_timestamp(issued_at), to_timestamp(expires_at), raw_token
+            FROM public.drain_rows ORDER BY g
+            RETURNING id, jti, issued_at)
+        INSERT INTO siwa.notification_queue (id, jti, issued_at) SELECT id, jti, issued_at FROM stored;
+        DROP TABLE public.drain_rows""")
+
+
+def rsa_verify_us():
+    """The reference: one RS256-sized verification (`openssl speed rsa2048`, one core), in µs."""
+    out = subprocess.run(["openssl", "speed", "-seconds", "3", "rsa2048"], capture_output=True, text=True)
+    match = re.search(r"rsa\s+2048 bits\s+[\d.]+s\s+([\d.]+)s", out.stdout)
+    return float(match.group(1)) * 1e6 if match else None
+
+
+def drain(cluster, binaries, workers, events=100_000, rows=None, jwks_url=None):
+    """Drains `events` queued notifications; with `rows` (drain_rows' file) each carries a token signed with
+    its claims, which the worker verifies against `jwks_url` (a worker from before that verification
+    applies them all the same)."""
     db = f"drain{workers}"
     cluster.create_database(db)
-    cluster.psql(db, f"""
+    if rows:
+        cluster.psql(db, """
+            INSERT INTO siwa.sessions (sub, created_at)
+            SELECT 'drain-sub-' || g, now() - interval '1 day' FROM generate_series(1, 20000) g""")
+        load_drain_rows(cluster, db, rows)
+    else:
+        cluster.psql(db, f"""
         INSERT INTO siwa.sessions (sub, created_at)
         SELECT 'drain-sub-' || g, now() - interval '1 day' FROM generate_series(1, 20000) g;
         WITH stored AS (
@@ -475,9 +519,10 @@ def drain(cluster, binaries, workers, events=100_000):
     idle_children = cluster.child_count()
     pg_before, worker_before = cluster.cpu_seconds(settle_to=idle_children), children_cpu_seconds()
     started = time.monotonic()
+    keys = ["--jwks-url", jwks_url, "--audience", AUDIENCE] if jwks_url else []
     subprocess.run(
         [binaries["siwa-worker"], "--database-url", cluster.url(db), "--once", "--concurrency", str(workers),
-         "--log-level", "error"],
+         "--log-level", "error"] + keys,
         check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     elapsed = time.monotonic() - started
     pg_cpu = cluster.cpu_seconds(settle_to=idle_children) - pg_before
@@ -506,7 +551,7 @@ def idle_latency(cluster, binaries, jwks_url, bodies, count=200):
     receiver = Receiver(binaries["siwa-receiver"], cluster.url("idle"), jwks_url, 1)
     worker = subprocess.Popen(
         [binaries["siwa-worker"], "--database-url", cluster.url("idle"), "--poll-interval", "1",
-         "--log-level", "error"],
+         "--jwks-url", jwks_url, "--log-level", "error"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.5)  # let the worker connect and LISTEN before the first notification
     client_ms = []
@@ -575,7 +620,8 @@ def webhooks(cluster, binaries, jwks_url, bodies, changes=20_000, subs=2_000, id
         # Idle lag, one notification at a time, through the whole pipeline.
         receiver = Receiver(binaries["siwa-receiver"], cluster.url(db), jwks_url, 1)
         worker = subprocess.Popen(
-            [binaries["siwa-worker"], "--database-url", cluster.url(db), "--log-level", "error"],
+            [binaries["siwa-worker"], "--database-url", cluster.url(db), "--jwks-url", jwks_url,
+             "--log-level", "error"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.5)  # LISTEN before the first one
         with open(bodies) as f:
@@ -622,7 +668,11 @@ def main():
                              "e.g. 10000000 for the 10-million-row measurement")
     parser.add_argument("--quick", action="store_true", help="only the 64-connection runs (no sweep, no prefill)")
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--only", choices=["webhooks"], help="run only this part")
+    parser.add_argument("--only", choices=["webhooks", "drain"], help="run only this part")
+    parser.add_argument("--drain-events", type=int, default=100_000, help="notifications each drain applies")
+    parser.add_argument("--worker-before", help="with --only drain: also drain the same signed rows with this "
+                        "siwa-worker binary from before stored-token verification (given no key options)")
+    parser.add_argument("--repeat", type=int, default=1, help="with --only drain: drains per worker count")
     args = parser.parse_args()
 
     binaries = binaries_in(os.path.join(ROOT, ".build", "release"))
@@ -643,6 +693,26 @@ def main():
         log(f"pre-signing {args.tokens:,} distinct notifications")
         sign(binaries["siwa-bench"], keys, kid, AUDIENCE, args.tokens, bodies)
 
+        rows = os.path.join(workdir, "drain-rows.tsv")
+        log(f"signing the drain's {args.drain_events:,} notifications")
+        drain_rows(binaries["siwa-bench"], keys, kid, AUDIENCE, args.drain_events, rows)
+        results["rsa_verify_us"] = rsa_verify_us()
+        if args.only == "drain":
+            before = dict(binaries, **{"siwa-worker": args.worker_before}) if args.worker_before else None
+            for run in range(1, args.repeat + 1):
+                for workers in (1, 2):
+                    if before:
+                        log(f"drain {args.drain_events:,} signed events, {workers} worker(s), before (run {run})")
+                        results["drain"][f"{workers} before #{run}"] = drain(
+                            cluster, before, workers, events=args.drain_events, rows=rows)
+                    log(f"drain {args.drain_events:,} signed events, {workers} worker(s), verifying (run {run})")
+                    results["drain"][f"{workers} verifying #{run}"] = drain(
+                        cluster, binaries, workers, events=args.drain_events, rows=rows, jwks_url=jwks_url)
+            print_drain(results)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(results, f, indent=2)
+            return
         if args.only == "webhooks":
             log("webhooks: throughput and lag")
             results["webhooks"] = webhooks(cluster, binaries, jwks_url, bodies)
@@ -659,7 +729,8 @@ def main():
                 cluster, binaries, jwks_url, bodies, workdir, 64, args.seconds, prefill=args.prefill)
         for workers in (1, 2):
             log(f"drain 100k events with {workers} worker(s)")
-            results["drain"][str(workers)] = drain(cluster, binaries, workers)
+            results["drain"][str(workers)] = drain(cluster, binaries, workers, events=args.drain_events, rows=rows,
+                                                   jwks_url=jwks_url)
         log("idle end-to-end latency")
         results["idle"] = idle_latency(cluster, binaries, jwks_url, bodies)
         log("webhooks: throughput and lag")
@@ -679,6 +750,19 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
+
+
+def print_drain(results):
+    rsa = results.get("rsa_verify_us")
+    print()
+    print(f"Drain of signed notifications; RSA-2048 verify reference (openssl speed, one core): "
+          f"{rsa:.1f} µs" if rsa else "Drain of signed notifications (no openssl speed reference)")
+    print(f"{'workers':>18} {'events/s':>9} {'worker µs/event':>16} {'÷ RSA verify':>13} {'PostgreSQL µs/event':>20}"
+          f" {'applied':>8} {'left':>6}")
+    for name, r in results["drain"].items():
+        ratio = r["worker_us_per_event"] / rsa if rsa else float("nan")
+        print(f"{name:>18} {r['events_per_second']:>9.0f} {r['worker_us_per_event']:>16.1f} {ratio:>13.2f} "
+              f"{r['postgres_us_per_event']:>20.1f} {r['applied']:>8} {r['left_pending']:>6}")
 
 
 def print_table(results):

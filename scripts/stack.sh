@@ -162,7 +162,8 @@ stack_start() {
     --signin-database-url "$SIWA_DATABASE_URL" \
     --signin-token-file "$STATE/signin-token" "${apple[@]}" 2>"$STATE/receiver.log" &
   STARTED_PIDS+=($!)
-  "$BIN/siwa-worker" "${apple[@]}" --client-id "$AUDIENCE" --revocation-poll-interval 0.5 2>"$STATE/worker.log" &
+  "$BIN/siwa-worker" "${apple[@]}" --client-id "$AUDIENCE" --jwks-url "$APPLE_URL/auth/keys" \
+    --revocation-poll-interval 0.5 2>"$STATE/worker.log" &
   STARTED_PIDS+=($!)
   wait_http "http://127.0.0.1:$RECEIVER_PORT/readyz"
   SIGNIN_URL="http://127.0.0.1:$SIGNIN_PORT"

@@ -11,13 +11,33 @@ public struct SeededNotification: Sendable {
     /// The compact token stored as `raw_token`.
     public var rawToken: String
 
-    /// A notification of `type` for `sub`; `expiresAt` defaults to a day after `issuedAt` (as Apple
-    /// sets it).
+    /// A notification of `type` for `sub`, stored with a token ``TestSigning/apple`` signed with exactly
+    /// these claims (the worker verifies every stored token): `eventTime` is kept to the millisecond
+    /// and `issuedAt` to the second, as the token carries them, and `exp` is a day after `iat` (as
+    /// Apple sets it). With `rawToken`, that text is stored instead (junk, or a token of one's own) and
+    /// `expiresAt` defaults to a day after `issuedAt`.
     public init(
         jti: String, type: String = "consent-revoked", sub: String, audience: String = "com.example.app",
         email: String? = nil, isPrivateEmail: Bool? = nil, eventTime: Date = Date(), issuedAt: Date = Date(),
-        expiresAt: Date? = nil, rawToken: String = "header.payload.signature"
+        expiresAt: Date? = nil, rawToken: String? = nil
     ) {
+        guard let rawToken else {
+            let iat = issuedAt.timeIntervalSince1970.rounded(.down)
+            let isPrivate =
+                email.map { isPrivateEmail ?? $0.hasSuffix("@privaterelay.appleid.com") } ?? isPrivateEmail
+            let signed = TestSigning.token(
+                type: type, subject: sub, audience: audience, email: email, isPrivateEmail: isPrivate,
+                eventTime: eventTime, issuedAt: issuedAt, jti: jti)
+            notification = ServerNotification(
+                eventType: EventType(rawValue: type), subject: sub, email: email, isPrivateEmail: isPrivate,
+                eventTime: Date(
+                    timeIntervalSince1970: (eventTime.timeIntervalSince1970 * 1000).rounded() / 1000),
+                jti: jti, audience: audience, audiences: [audience],
+                issuedAt: Date(timeIntervalSince1970: iat),
+                expiresAt: Date(timeIntervalSince1970: iat + 86_400))
+            self.rawToken = signed
+            return
+        }
         notification = ServerNotification(
             eventType: EventType(rawValue: type), subject: sub, email: email,
             isPrivateEmail: isPrivateEmail, eventTime: eventTime, jti: jti,

@@ -6,15 +6,27 @@ public final class WorkerProcess: Sendable {
     public let process: Subprocess
     /// The file its standard error (its JSON log) is written to; removed on deinit.
     public let logURL: URL
+    /// Apple's key set as the worker sees it (``TestSigning/apple``'s key, which signs the seeds'
+    /// tokens), unless `SIWA_JWKS_URL` is given.
+    private let keys: StaticHTTPServer?
 
     /// Starts the built `siwa-worker` with `arguments` on `databaseURL` (as `SIWA_DATABASE_URL`), with this
-    /// process's environment minus every `SIWA_*` setting, plus `extra`.
+    /// process's environment minus every `SIWA_*` setting, plus `extra`. Without `SIWA_JWKS_URL` in
+    /// `extra` (or `--jwks-url` in `arguments`), the worker verifies stored tokens against a local key
+    /// set publishing ``TestSigning/apple``'s key.
     public init(_ arguments: [String], databaseURL: String, environment extra: [String: String] = [:]) throws
     {
         logURL = FileManager.default.temporaryDirectory.appendingPathComponent(
             "siwa-worker-\(UUID().uuidString).log")
         var environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") }
         environment["SIWA_DATABASE_URL"] = databaseURL
+        if extra["SIWA_JWKS_URL"] == nil && !arguments.contains("--jwks-url") {
+            let keys = try StaticHTTPServer(body: TestSigning.apple.jwksJSON())
+            environment["SIWA_JWKS_URL"] = keys.url.absoluteString
+            self.keys = keys
+        } else {
+            keys = nil
+        }
         environment.merge(extra) { $1 }
         process = try Subprocess(
             ExecutableLocator.url(named: "siwa-worker").path, arguments, environment: environment,
@@ -24,6 +36,7 @@ public final class WorkerProcess: Sendable {
     deinit {
         process.send(SIGKILL)
         process.wait()
+        keys?.stop()
         try? FileManager.default.removeItem(at: logURL)
     }
 

@@ -38,6 +38,30 @@ struct ProcessedNotification {
     }
 }
 
+extension ClaimedNotification {
+    init(row: PostgresRow) throws(PostgresError) {
+        func date(_ column: Int) throws(PostgresError) -> Date? {
+            try row[column, as: Double?.self].map { Date(timeIntervalSince1970: $0) }
+        }
+        id = try row[0, as: Int64.self]
+        refused = try row[1, as: Bool.self]
+        origin = try row[2, as: String?.self] ?? ""
+        rawToken = try row[3, as: String?.self]
+        jti = try row[4, as: String.self]
+        eventType = try row[5, as: String?.self] ?? ""
+        sub = try row[6, as: String?.self] ?? ""
+        audience = try row[7, as: String?.self] ?? ""
+        email = try row[8, as: String?.self]
+        isPrivateEmail = try row[9, as: Bool?.self]
+        eventTime = try date(10)
+        issuedAt = try date(11)
+        expiresAt = try date(12)
+        receivedAt = try date(13) ?? Date()
+        attempts = try row[14, as: Int.self]
+        claimedEventTime = try date(15)
+    }
+}
+
 /// One lane: a thread's loop with its own connection. Not shared between threads.
 final class Lane {
     let worker: Worker
@@ -51,18 +75,20 @@ final class Lane {
     static let channel = "siwa_notifications"
     /// A user busy this long (its account row held by another transaction) is worth a warning.
     static let busyWarningAfter = Duration.seconds(60)
-    private static let batchSQL = """
-        SELECT id, jti, event_type, outcome, error, attempt, latency, busy_seconds
-          FROM siwa.process_due_notifications($1::integer, $2::integer, $3::float8 * interval '1 second')
+    private static let claimSQL = """
+        SELECT id, refused, origin, raw_token, jti, event_type, sub, audience, email, is_private_email,
+               event_time, issued_at, expires_at, received_at, attempts, claimed_event_time
+          FROM siwa.claim_notifications($1::integer, $2::bigint)
         """
-    private static let oneSQL = """
+    private static let applySQL = """
         SELECT id, jti, event_type, outcome, error, attempt, latency, busy_seconds
-          FROM siwa.process_notification($1::bigint, $2::integer, $3::float8 * interval '1 second')
+          FROM siwa.apply_verified_notifications($1::bigint[], $2::bigint[], $3::text[], $4::bigint[],
+                                                 $5::integer, $6::float8 * interval '1 second')
         """
     private static let dueSQL = """
-        SELECT q.id, q.jti, l.event_type, q.attempts
+        SELECT q.id, q.jti, coalesce(l.event_type, ''), q.attempts
           FROM siwa.notification_queue q
-          JOIN siwa.notification_log l ON l.jti = q.jti AND l.issued_at = q.issued_at
+          LEFT JOIN siwa.notification_log l ON l.id = q.id AND l.jti = q.jti AND l.issued_at = q.issued_at
          WHERE q.next_attempt_at <= clock_timestamp()
          ORDER BY q.id LIMIT $1::integer
         """
@@ -180,20 +206,14 @@ final class Lane {
         }
     }
 
-    /// One batch in one transaction, one call: the database runs the set-based pass on the batch and, if
-    /// that fails, the same pass on each notification alone, recording its failure (a batch of one in a
-    /// subtransaction of its own). Only an error no subtransaction can catch (a statement timeout, which
+    /// One batch in one transaction: the claim (``claimAndApply(_:only:)``), each stored token verified
+    /// here, then the set-based pass on the verified ones, which, if it fails, runs on each alone,
+    /// recording its failure. Only an error no subtransaction can catch (a statement timeout, which
     /// cancels the whole call) comes back here: then the due notifications are handled one per
     /// transaction (``runOneByOne``).
     private func runBatch(_ connection: PostgresConnection) throws(PostgresError) -> [ProcessedNotification] {
-        let rows: PostgresRows
         do {
-            rows = try connection.query(
-                Self.batchSQL,
-                [
-                    .int(Int64(configuration.batchSize)), .int(Int64(configuration.maxAttempts)),
-                    .double(configuration.retryBaseDelay.inSeconds),
-                ])
+            return try claimAndApply(connection, only: nil)
         } catch  where !error.isConnectionError {
             worker.metrics.batchFailures.increment()
             logger.warning(
@@ -204,18 +224,86 @@ final class Lane {
                 ])
             return try runOneByOne(connection)
         }
-        var handled: [ProcessedNotification] = []
-        for row in rows {
-            let notification = try ProcessedNotification(row: row)
-            report(notification)
-            handled.append(notification)
+    }
+
+    /// Claims due notifications (or only `id`), verifies each stored token (``StoredTokenVerification``)
+    /// and applies the verified ones, marking the rejected ones, in one transaction. A `kid` not held
+    /// is never fetched inside it: the transaction is rolled back (nothing claimed, nothing changed), the
+    /// keys are fetched with none open, and the batch is claimed again; a row whose key still cannot be
+    /// had is put off (deferred).
+    private func claimAndApply(_ connection: PostgresConnection, only id: Int64?) throws(PostgresError)
+        -> [ProcessedNotification]
+    {
+        var unknownKeys = Set<String>()
+        var fetchedOnce = false
+        while true {
+            try connection.execute("BEGIN")
+            var open = true
+            defer { if open { _ = try? connection.execute("ROLLBACK") } }
+            let claimed = try connection.query(
+                Self.claimSQL, [.int(Int64(configuration.batchSize)), id.map { .int($0) }])
+            var handled: [ProcessedNotification] = []
+            var verified: [PostgresData?] = []
+            var rejected: [PostgresData?] = []
+            var reasons: [PostgresData?] = []
+            var deferred: [PostgresData?] = []
+            var missingKeys = Set<String>()
+            for row in claimed {
+                let notification = try ClaimedNotification(row: row)
+                if notification.refused {
+                    handled.append(
+                        ProcessedNotification(
+                            id: notification.id, jti: notification.jti, eventType: "", outcome: .refused,
+                            error: "refused: its notification is not pending", attempt: notification.attempts)
+                    )
+                    continue
+                }
+                switch configuration.verification.check(notification, unknownKeys: unknownKeys) {
+                case .verified: verified.append(.int(notification.id))
+                case .rejected(let reason):
+                    rejected.append(.int(notification.id))
+                    reasons.append(.text(reason))
+                case .needsKey(let kid):
+                    missingKeys.insert(kid)
+                    deferred.append(.int(notification.id))
+                }
+            }
+            if !missingKeys.isEmpty && !fetchedOnce {
+                _ = try connection.execute("ROLLBACK")
+                open = false
+                fetchedOnce = true
+                for kid in missingKeys.sorted() {
+                    do {
+                        _ = try configuration.verification.fetchKey(kid)
+                    } catch  where error.kind == .keyNotAvailable {
+                        logger.warning(
+                            "Apple's key set cannot be fetched; notifications signed with a key not held wait",
+                            ["lane": .int(index)])
+                    } catch {
+                        unknownKeys.insert(kid)
+                    }
+                }
+                continue
+            }
+            for result in try connection.query(
+                Self.applySQL,
+                [
+                    .array(verified), .array(rejected), .array(reasons), .array(deferred),
+                    .int(Int64(configuration.maxAttempts)), .double(configuration.retryBaseDelay.inSeconds),
+                ])
+            {
+                handled.append(try ProcessedNotification(row: result))
+            }
+            _ = try connection.execute("COMMIT")
+            open = false
+            for notification in handled { report(notification) }
+            return handled
         }
-        return handled
     }
 
     /// The fallback for an error that cancelled the whole batch: each due notification in its own
-    /// transaction (`siwa.process_notification`: the same pass on a batch of one); one whose transaction
-    /// fails is recorded as a failed attempt in a separate transaction, so it cannot wedge the queue.
+    /// transaction (claimed, verified and applied as a batch of one); one whose transaction fails is
+    /// recorded as a failed attempt in a separate transaction, so it cannot wedge the queue.
     private func runOneByOne(_ connection: PostgresConnection) throws(PostgresError)
         -> [ProcessedNotification]
     {
@@ -225,17 +313,7 @@ final class Lane {
             if worker.isStopping { break }
             let id = try row[0, as: Int64.self]
             do {
-                for result in try connection.query(
-                    Self.oneSQL,
-                    [
-                        .int(id), .int(Int64(configuration.maxAttempts)),
-                        .double(configuration.retryBaseDelay.inSeconds),
-                    ])
-                {
-                    let notification = try ProcessedNotification(row: result)
-                    report(notification)
-                    handled.append(notification)
-                }
+                handled += try claimAndApply(connection, only: id)
             } catch  where !error.isConnectionError {
                 let message = (error.sqlState.map { $0 + ": " } ?? "") + error.message
                 let outcome = try connection.query(
@@ -278,6 +356,12 @@ final class Lane {
         case .dead:
             fields["error_code"] = .string(Self.errorCode(notification.error))
             logger.error("notification dead", fields)
+        case .rejected, .refused:
+            // The reason names the check that failed, never a claim's value.
+            fields["reason"] = .string(notification.error ?? "")
+            logger.warning("notification \(notification.outcome.name): nothing applied", fields)
+        case .deferred:
+            logger.info("notification deferred: its key is not at hand", fields)
         case _ where !Worker.Outcome.known.contains(notification.outcome):
             // A newer schema (applied before this binary was upgraded) reports an outcome we do not know.
             logger.warning("notification outcome unknown to this worker", fields)

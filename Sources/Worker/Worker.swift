@@ -35,9 +35,18 @@ public final class Worker: Sendable {
         /// Another transaction (another lane, maintenance, the app) held the user's account row: put off
         /// briefly without counting an attempt.
         public static let busy = Outcome("busy")
+        /// Its stored token did not verify (or it had none): nothing applied, state `rejected`.
+        public static let rejected = Outcome("rejected")
+        /// Its queue row pointed at a notification that is not pending (already finished): deleted,
+        /// nothing applied.
+        public static let refused = Outcome("refused")
+        /// Its token's key could not be had (the key set cannot be fetched): put off, no attempt.
+        public static let deferred = Outcome("deferred")
 
         /// The outcomes this worker knows; the database may report others (a newer schema.sql).
-        public static let known: [Outcome] = [.applied, .skipped, .retry, .dead, .gone, .busy]
+        public static let known: [Outcome] = [
+            .applied, .skipped, .retry, .dead, .gone, .busy, .rejected, .refused, .deferred,
+        ]
     }
 
     /// Counts of what one call to ``drainOnce()`` did.
@@ -53,6 +62,12 @@ public final class Worker: Sendable {
         /// Times a notification was found busy (its user's account row held by another transaction) and
         /// put off without an attempt.
         public var busy = 0
+        /// Notifications whose stored token did not verify (nothing applied).
+        public var rejected = 0
+        /// Queue rows of notifications already finished (nothing applied).
+        public var refused = 0
+        /// Notifications put off because their key could not be had.
+        public var deferred = 0
 
         /// An empty summary.
         public init() {}
@@ -64,6 +79,9 @@ public final class Worker: Sendable {
             case .retry: retried += 1
             case .dead: dead += 1
             case .busy: busy += 1
+            case .rejected: rejected += 1
+            case .refused: refused += 1
+            case .deferred: deferred += 1
             default: break
             }
         }
@@ -74,6 +92,9 @@ public final class Worker: Sendable {
             retried += other.retried
             dead += other.dead
             busy += other.busy
+            rejected += other.rejected
+            refused += other.refused
+            deferred += other.deferred
         }
     }
 
@@ -129,6 +150,7 @@ public final class Worker: Sendable {
             if let failure = round.failure { throw failure }
             let progress =
                 round.summary.applied + round.summary.skipped + round.summary.retried + round.summary.dead
+                + round.summary.rejected + round.summary.refused
             guard !isStopping, progress > 0, let wait = round.nextBusyDue else { break }
             sleep(min(max(wait, .milliseconds(10)), .seconds(5)))
         }

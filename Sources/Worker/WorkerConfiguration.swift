@@ -42,6 +42,9 @@ extension Worker {
 
         /// Where the notifications live.
         public var database: PostgresConfiguration
+        /// How each claimed notification's stored token is checked before anything of it is applied
+        /// (there is no way to turn it off).
+        public var verification: StoredTokenVerification
         /// How many lanes (threads, each with its own connection) process notifications in parallel.
         public var concurrency: Int
         /// How many notifications one lane claims per transaction: at most ``maxBatchSize``.
@@ -76,6 +79,7 @@ extension Worker {
         /// - Throws: ``ConfigurationError`` naming the out-of-range value.
         public init(
             database: PostgresConfiguration,
+            verification: StoredTokenVerification,
             concurrency: Int = 1,
             batchSize: Int = Configuration.defaultBatchSize,
             maxAttempts: Int = 20,
@@ -119,6 +123,7 @@ extension Worker {
                 throw invalid("reconnect delays must be positive and ordered")
             }
             self.database = database
+            self.verification = verification
             self.concurrency = concurrency
             self.batchSize = batchSize
             self.maxAttempts = maxAttempts

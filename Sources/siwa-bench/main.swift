@@ -6,6 +6,12 @@ import Synchronization
 //
 //   siwa-bench sign --key PEM --kid KID --audience AUD --count N --out FILE
 //       writes N distinct Apple-shaped request bodies, one per line, signing on every core.
+//   siwa-bench rows --key PEM --kid KID --audience AUD --count N --out FILE
+//                   [--subs 20000 --jti-prefix drain- --sub-prefix drain-sub-]
+//       writes the drain's N queued notifications (g = 1 … N: the type g % 4, user g % subs, an email
+//       for the email events, event_time g ms before now) as COPY text rows (g, jti, event_type, sub,
+//       audience, email, is_private_email, event_time, issued_at, expires_at, raw_token), each with the
+//       token signed with exactly those claims, as the receiver stores them; the worker verifies them.
 
 func fail(_ message: String) -> Never {
     FileHandle.standardError.write(Data("siwa-bench: \(message)\n".utf8))
@@ -13,8 +19,8 @@ func fail(_ message: String) -> Never {
 }
 
 var arguments = Array(CommandLine.arguments.dropFirst())
-guard arguments.first == "sign" else {
-    fail("usage: siwa-bench sign --key PEM --kid KID --audience AUD --count N --out FILE")
+guard let command = arguments.first, command == "sign" || command == "rows" else {
+    fail("usage: siwa-bench sign|rows --key PEM --kid KID --audience AUD --count N --out FILE")
 }
 arguments.removeFirst()
 var options: [String: String] = [:]
@@ -40,8 +46,36 @@ final class Chunks: Sendable {
 }
 let chunks = Chunks(workers)
 let now = Date()
+let subs = options["subs"].flatMap(Int.init) ?? 20_000
+let jtiPrefix = options["jti-prefix"] ?? "drain-"
+let subPrefix = options["sub-prefix"] ?? "drain-sub-"
+/// One drain row (see the usage above): g, its claims, and the token signed with them.
+@Sendable func drainRow(_ g: Int) -> String {
+    let type = types[g % 4]  // the SQL seed's (ARRAY[…])[1 + g % 4]
+    let email: String? = g % 4 < 2 ? "d\(g)@privaterelay.appleid.com" : nil
+    let eventTime = Date(
+        timeIntervalSince1970: (now.timeIntervalSince1970 * 1000).rounded() / 1000 - Double(g) / 1000)
+    let iat = now.timeIntervalSince1970.rounded(.down)
+    let sub = "\(subPrefix)\(g % subs)"
+    let jti = "\(jtiPrefix)\(g)"
+    let token = try! signer.sign(
+        type: type, subject: sub, audience: audience, email: email, isPrivateEmail: email.map { _ in true },
+        eventTime: eventTime, issuedAt: now, jti: jti)
+    let fields = [
+        String(g), jti, type, sub, audience, email ?? "\\N", email == nil ? "\\N" : "t",
+        String(format: "%.3f", eventTime.timeIntervalSince1970), String(Int64(iat)),
+        String(Int64(iat) + 86_400),
+        token,
+    ]
+    return fields.joined(separator: "\t") + "\n"
+}
 DispatchQueue.concurrentPerform(iterations: workers) { worker in
     var text = ""
+    if command == "rows" {
+        for g in stride(from: worker + 1, through: count, by: workers) { text += drainRow(g) }
+        chunks.set(worker, text)
+        return
+    }
     for index in stride(from: worker, to: count, by: workers) {
         let type = types[index % types.count]
         let isEmail = type.hasPrefix("email")

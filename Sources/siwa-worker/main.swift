@@ -2,6 +2,7 @@ import Dispatch
 import Foundation
 import HTTPServer
 import Postgres
+import Receiver
 import ServiceSupport
 import SiwaSchema
 import Worker
@@ -65,7 +66,7 @@ let spec = CommandSpec(
         CommandOption(
             "metrics-listen", valueName: "HOST:PORT", help: "Serve Prometheus metrics at /metrics here.",
             environmentVariable: "SIWA_WORKER_METRICS_LISTEN"),
-    ] + revokerOptions + webhookOptions,
+    ] + keyOptions + revokerOptions + webhookOptions,
     flags: [
         CommandFlag(
             "once", help: "Drain everything that is due, run maintenance once, then exit.",
@@ -106,6 +107,7 @@ let configuration: Worker.Configuration
 let metricsAddress: ListenAddress?
 let revoker: Revoker?
 let webhooks: WebhookDispatcher?
+let keys: KeyStore
 do {
     metricsAddress = try parsed.listenAddress("metrics-listen")
     let database: PostgresConfiguration
@@ -117,8 +119,11 @@ do {
     }
     let statementTimeout = try parsed.seconds("statement-timeout") ?? .zero
     let lockTimeout = try parsed.seconds("lock-timeout") ?? .seconds(5)
+    let verification: StoredTokenVerification
+    (keys, verification) = try makeVerification(
+        parsed, environment: ProcessInfo.processInfo.environment, logger: logger, metrics: metrics)
     configuration = try Worker.Configuration(
-        database: database,
+        database: database, verification: verification,
         concurrency: try parsed.integer("concurrency", in: 1...256) ?? 1,
         batchSize: try parsed.integer("batch-size", in: 1...10_000) ?? Worker.Configuration.defaultBatchSize,
         maxAttempts: try parsed.integer("max-attempts", in: 1...1_000_000) ?? 20,
@@ -174,6 +179,10 @@ if let metricsAddress {
             },
             stop: { server.shutdown(gracePeriod: .seconds(2)) }))
 }
+// Apple's keys: loaded at start and refreshed in the background (a --once drain fetches on first use).
+if !parsed.flag("once") {
+    services.append(.background("key set", start: { keys.start() }, stop: { keys.stop() }))
+}
 // Its heartbeat and the database's health gauges on /metrics; not for a --once drain.
 if !parsed.flag("once") {
     do {
@@ -197,6 +206,8 @@ if parsed.flag("once") {
                         [
                             "applied": .int(summary.applied), "skipped": .int(summary.skipped),
                             "retried": .int(summary.retried), "dead": .int(summary.dead),
+                            "rejected": .int(summary.rejected), "refused": .int(summary.refused),
+                            "deferred": .int(summary.deferred),
                         ])
                 } catch {
                     let code = (error as? WorkerError)?.code.description ?? "unknown"

@@ -110,7 +110,7 @@ struct SignInProcessTests {
                 apple.teamKeyFile.path,
                 "--apple-team-id", LocalApple.teamID, "--apple-key-id", LocalApple.keyID, "--client-id",
                 LocalApple.clientID, "--token-key-file", keyFile, "--apple-url", apple.baseURL,
-                "--revocation-poll-interval", "0.2",
+                "--revocation-poll-interval", "0.2", "--jwks-url", apple.baseURL + "/auth/keys",
             ], environment: clean, standardOutput: workerLog, standardError: workerLog)
         defer {
             worker.send(SIGTERM)

@@ -20,7 +20,8 @@ struct HealthMetricsTests {
         defer { jwks.stop() }
         let started = Date().timeIntervalSince1970
         let receiver = try ServiceProcess.receiver(database, audiences: [TestSigning.audience], jwks: jwks)
-        let worker = try ServiceProcess.worker(database)
+        // The worker verifies each stored token against the same key set.
+        let worker = try ServiceProcess.worker(database, ["--jwks-url", jwks.url.absoluteString])
 
         // Every series has its HELP and TYPE; nothing stored yet.
         let own = [

@@ -128,7 +128,8 @@ struct EndToEndTests {
             ExecutableLocator.url(named: "siwa-worker").path,
             [
                 "--database-url", loginURL(database, memberOf: "siwa_worker"), "--poll-interval", "0.2",
-                "--webhook-poll-interval", "0.1", "--webhook-retry-base-delay", "0.05",
+                "--jwks-url", jwks.url.absoluteString, "--webhook-poll-interval", "0.1",
+                "--webhook-retry-base-delay", "0.05",
                 "--webhook-max-retry-delay", "0.2", "--log-level", "debug",
             ], environment: cleanEnvironment, standardError: workerLog)
         defer {

@@ -266,7 +266,8 @@ struct FailureTests {
         let database = try PostgresConfiguration("host=/nonexistent dbname=x")
         #expect(throws: ConfigurationError.self) {
             _ = try Worker.Configuration(
-                database: database, concurrency: concurrency, batchSize: batchSize, maxAttempts: maxAttempts)
+                database: database, verification: .tests, concurrency: concurrency, batchSize: batchSize,
+                maxAttempts: maxAttempts)
         }
     }
 
@@ -279,15 +280,17 @@ struct FailureTests {
         // As a schema.sql newer than this binary might: the same entry point, reporting a new outcome.
         try db.connection.simpleQuery(
             """
-            ALTER FUNCTION siwa.process_due_notifications(integer, integer, interval)
-                RENAME TO process_due_notifications_known;
-            CREATE FUNCTION siwa.process_due_notifications(
-                p_limit integer, p_max_attempts integer, p_retry_base_delay interval)
+            ALTER FUNCTION siwa.apply_verified_notifications(bigint[], bigint[], text[], bigint[], integer, interval)
+                RENAME TO apply_verified_notifications_known;
+            CREATE FUNCTION siwa.apply_verified_notifications(
+                p_verified bigint[], p_rejected bigint[], p_reasons text[], p_deferred bigint[],
+                p_max_attempts integer, p_retry_base_delay interval)
             RETURNS SETOF siwa.processing_result LANGUAGE sql AS $$
                 SELECT r.id, r.jti, r.event_type,
                        CASE r.outcome WHEN 'applied' THEN 'quarantined' ELSE r.outcome END,
                        r.error, r.attempt, r.latency, r.busy_seconds
-                  FROM siwa.process_due_notifications_known(p_limit, p_max_attempts, p_retry_base_delay) AS r
+                  FROM siwa.apply_verified_notifications_known(p_verified, p_rejected, p_reasons, p_deferred,
+                                                               p_max_attempts, p_retry_base_delay) AS r
             $$;
             """)
         let metrics = MetricsRegistry()
@@ -300,7 +303,8 @@ struct FailureTests {
     @Test("drainOnce reports a database it cannot reach as an error")
     func unreachableDatabase() throws {
         let configuration = try Worker.Configuration(
-            database: try PostgresConfiguration("host=/nonexistent port=1 dbname=x connect_timeout=2"))
+            database: try PostgresConfiguration("host=/nonexistent port=1 dbname=x connect_timeout=2"),
+            verification: .tests)
         let worker = Worker(configuration: configuration, logger: quietLogger)
         #expect(throws: WorkerError.self) { _ = try worker.drainOnce() }
     }

@@ -166,7 +166,7 @@ struct LockTests {
         let laneInBatch = """
             SELECT count(*) FROM pg_stat_activity
              WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'active'
-               AND query LIKE '%process_due_notifications%'
+               AND query LIKE '%apply_verified_notifications%'
             """
         // Only once the lane is stuck in its batch does an account's erasure become due.
         #expect(try waitUntil(timeout: .seconds(10)) { try db.value(laneInBatch, as: Int.self) == 1 })
@@ -240,12 +240,14 @@ struct LockTests {
         let database = try PostgresConfiguration("host=/nonexistent dbname=x")
         #expect(throws: ConfigurationError.self) {
             _ = try Worker.Configuration(
-                database: database, statementTimeout: .seconds(5), lockTimeout: .seconds(5))
+                database: database, verification: .tests, statementTimeout: .seconds(5),
+                lockTimeout: .seconds(5))
         }
         #expect(throws: ConfigurationError.self) {
-            _ = try Worker.Configuration(database: database, lockTimeout: .zero)
+            _ = try Worker.Configuration(database: database, verification: .tests, lockTimeout: .zero)
         }
-        _ = try Worker.Configuration(database: database, statementTimeout: nil, lockTimeout: .seconds(60))
+        _ = try Worker.Configuration(
+            database: database, verification: .tests, statementTimeout: nil, lockTimeout: .seconds(60))
     }
 }
 

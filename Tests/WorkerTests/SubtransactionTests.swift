@@ -33,7 +33,8 @@ struct SubtransactionTests {
         try db.connection.storeAsReceiver(
             (1...200).map { SeededNotification(jti: "sx-\($0)", sub: "sx-user-\($0)") })
         let worker = Worker(
-            configuration: try Worker.Configuration(database: db.configuration, concurrency: 1),
+            configuration: try Worker.Configuration(
+                database: db.configuration, verification: .tests, concurrency: 1),
             logger: quietLogger)
         #expect(worker.configuration.batchSize == Worker.Configuration.defaultBatchSize)
         #expect(try worker.drainOnce().applied == 200)
@@ -70,7 +71,7 @@ struct SubtransactionTests {
             })
         let worker = Worker(
             configuration: try Worker.Configuration(
-                database: db.configuration, concurrency: 1, maxAttempts: 1),
+                database: db.configuration, verification: .tests, concurrency: 1, maxAttempts: 1),
             logger: quietLogger)
         #expect(try worker.drainOnce().applied == 189)
         let most = try db.value(
@@ -140,7 +141,8 @@ struct SubtransactionTests {
     func largerBatchRefused() throws {
         let database = try PostgresConfiguration("host=/nonexistent dbname=x")
         #expect(throws: ConfigurationError.self) {
-            _ = try Worker.Configuration(database: database, batchSize: Worker.Configuration.maxBatchSize + 1)
+            _ = try Worker.Configuration(
+                database: database, verification: .tests, batchSize: Worker.Configuration.maxBatchSize + 1)
         }
         let process = try WorkerProcess(
             ["--batch-size", "100"], databaseURL: "postgresql:///x?host=/nonexistent")

@@ -37,7 +37,7 @@ extension TestDatabase {
     ) throws -> Worker {
         Worker(
             configuration: try Worker.Configuration(
-                database: configuration, concurrency: concurrency, batchSize: batchSize,
+                database: configuration, verification: .tests, concurrency: concurrency, batchSize: batchSize,
                 maxAttempts: maxAttempts, retryBaseDelay: retryBaseDelay, pollInterval: .milliseconds(200),
                 statementTimeout: statementTimeout, lockTimeout: lockTimeout, retainTokens: retainTokens,
                 retainEvents: retainEvents, maintenanceInterval: maintenanceInterval),
@@ -97,4 +97,10 @@ func metric(_ series: String, in metrics: MetricsRegistry) -> Double? {
         return Double(line.dropFirst(series.count + 1))
     }
     return nil
+}
+
+extension StoredTokenVerification {
+    /// The tests' verification: TestSigning's Apple key, any audience the token names (the seeds'
+    /// tokens are signed by ``TestSigning/apple``).
+    static let tests = StoredTokenVerification(audiences: [], keys: TestSigning.appleKeySet)
 }
