@@ -105,12 +105,12 @@ let package = Package(
         .executableTarget(name: "siwa-bench", dependencies: ["AppleNotifications"]),
 
         // Shared test fixtures: a throwaway PostgreSQL cluster, the schema, a local JWKS server, a signer,
-        // an in-process receiver.
+        // an in-process receiver, the local Apple, a webhook endpoint, the executables as child processes.
         .target(
             name: "TestSupport",
             dependencies: [
-                "AppleID", "AppleNotifications", "FakeApple", "Postgres", "HTTPServer", "Receiver", "SignIn",
-                "SiwaSchema",
+                "AppleID", "AppleNotifications", "FakeApple", "Postgres", "HTTPServer", "Receiver",
+                "ServiceSupport", "SignIn", "SiwaSchema", "Webhooks", "Worker",
             ]),
 
         .testTarget(name: "AppleNotificationsTests", dependencies: ["AppleNotifications", "TestSupport"]),
@@ -135,9 +135,15 @@ let package = Package(
             dependencies: [
                 "SignIn", "Worker", "TokenVault", "AppleID", "AppleNotifications", "Postgres", "TestSupport",
             ]),
-        // The executables as child processes (refusals, signals, restarts, start → traffic → SIGTERM cycles):
-        // slow, so apart from the unit targets; `swift test` runs them with the rest.
-        .testTarget(name: "ProcessTests", dependencies: ["Postgres", "TestSupport"]),
+        // The executables as child processes (refusals, signals, restarts, start → traffic → SIGTERM cycles,
+        // end to end, every siwactl suite that runs the binary): slow, so apart from the unit targets;
+        // `swift test` runs them with the rest.
+        .testTarget(
+            name: "ProcessTests",
+            dependencies: [
+                "AppleID", "AppleNotifications", "HTTPClient", "Postgres", "ServiceSupport", "SiwaSchema",
+                "TestSupport", "Webhooks", "Worker",
+            ]),
     ]
 )
 

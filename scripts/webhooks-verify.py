@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Verifies Standard Webhooks deliveries with the reference `standardwebhooks` package (PyPI): an
-implementation independent of ours, for the tests (Tests/WebhookTests).
+implementation independent of ours, for the tests (Tests/WebhookTests and Tests/ProcessTests).
 
 Reads one JSON object per line on stdin: {"secret": "whsec_…", "headers": {…}, "body_base64": "…"} and
 prints one line per object: `ok` or `fail: <reason>`. Run it with the venv's python

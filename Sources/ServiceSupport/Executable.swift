@@ -27,6 +27,23 @@ extension CommandOption {
         "database-url", valueName: "URL", help: "PostgreSQL URL or conninfo string (schema.sql applied).",
         isRequired: true, environmentVariable: "SIWA_DATABASE_URL"
     ).secret(.connectionString)
+
+    /// `--log-level LEVEL` (`SIWA_LOG_LEVEL`, default info): the services' log threshold, read by
+    /// ``ParsedCommand/logger(label:)``.
+    public static let logLevel = CommandOption(
+        "log-level", valueName: "LEVEL", help: "debug, info, warning or error.",
+        environmentVariable: "SIWA_LOG_LEVEL", defaultValue: "info")
+}
+
+extension ParsedCommand {
+    /// A logger named `label` at the level `--log-level` gives (``CommandOption/logLevel``).
+    /// - Throws: ``ConfigurationError`` when that is not debug, info, warning or error.
+    public func logger(label: String) throws(ConfigurationError) -> Logger {
+        guard let level = Logger.Level(name: value("log-level") ?? "info") else {
+            throw ConfigurationError("--log-level must be debug, info, warning or error")
+        }
+        return Logger(label: label, level: level)
+    }
 }
 
 /// Writes `text` to standard output as it is (unbuffered).

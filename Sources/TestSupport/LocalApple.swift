@@ -79,12 +79,12 @@ public final class LocalApple {
         else { throw ExecutableError("cannot write Apple's key") }
         try signer.jwksJSON().write(to: keys.appendingPathComponent("jwks.json"), options: .atomic)
         let teamKey = directory.appendingPathComponent("AuthKey_\(Self.keyID).p8")
-        try Self.openssl([
+        try openssl([
             "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", teamKey.path,
         ])
         let teamPublic = directory.appendingPathComponent("team-public.pem")
-        try Self.openssl(["pkey", "-in", teamKey.path, "-pubout", "-out", teamPublic.path])
-        try Self.openssl([
+        try openssl(["pkey", "-in", teamKey.path, "-pubout", "-out", teamPublic.path])
+        try openssl([
             "pkey", "-in", keys.appendingPathComponent("private-key.pem").path, "-pubout", "-out",
             directory.appendingPathComponent("apple-public.pem").path,
         ])
@@ -185,7 +185,7 @@ public final class LocalApple {
         if let email { arguments += ["--email", email] }
         if let nonce { arguments += ["--nonce", nonce] }
         if let clientID { arguments += ["--client-id", clientID] }
-        let result = try Self.siwactl(arguments)
+        let result = try siwactl(arguments)
         guard result.status == 0,
             let object = try JSONSerialization.jsonObject(with: Data(result.standardOutput.utf8))
                 as? [String: String],
@@ -198,7 +198,7 @@ public final class LocalApple {
     /// `--times`, `--endpoint`, `--subjects FILE`, `--every`, `--add`).
     public func fault(_ arguments: [String]) throws {
         guard let server else {
-            let result = try Self.siwactl(["fake-apple", "fault", "--url", baseURL] + arguments)
+            let result = try siwactl(["fake-apple", "fault", "--url", baseURL] + arguments)
             guard result.status == 0 else { throw ExecutableError("fault: \(result.standardError)") }
             return
         }
@@ -279,24 +279,6 @@ public final class LocalApple {
         return answer
     }
 
-    /// Runs the built `siwactl` with a clean environment (no SIWA_* variables from the caller).
-    private static func siwactl(_ arguments: [String]) throws -> ExecutableLocator.Result {
-        let environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") }
-        return try ExecutableLocator.run(
-            ExecutableLocator.url(named: "siwactl"), arguments: arguments, environment: environment,
-            input: nil,
-            timeout: .seconds(60))
-    }
-
-    @discardableResult
-    private static func openssl(_ arguments: [String]) throws -> ExecutableLocator.Result {
-        let result = try Subprocess.run("/usr/bin/openssl", arguments, timeout: .seconds(30))
-        guard result.status == 0 else {
-            throw ExecutableError("openssl \(arguments[0]): \(result.standardError)")
-        }
-        return result
-    }
-
     deinit {
         server?.shutdown(gracePeriod: .seconds(1))
         if let process {
@@ -314,4 +296,16 @@ private final class LogLines: Sendable {
     func append(_ line: String) { lines.withLock { $0 += line } }
 
     var text: String { lines.withLock { $0 } }
+}
+
+/// Runs `body` and returns the AppleIDError it throws, or nil (nil too for any other error).
+public func appleError(_ body: () throws -> Void) -> AppleIDError? {
+    do {
+        try body()
+        return nil
+    } catch let error as AppleIDError {
+        return error
+    } catch {
+        return nil
+    }
 }

@@ -147,41 +147,24 @@ public final class Revoker: Sendable {
         // minute, each checking the tokens due, 100 at most, between revocation requests.
         let refreshInterval = configuration.refreshCheckInterval.map(Self.pacedRefreshCheckInterval)
         var check = refreshInterval.map { _ in Every(Self.refreshCheckPassInterval) }
-        var loop = ConsumerLoop<PostgresConnection>(
+        var loop = ConsumerLoop.listening(
+            on: Self.channel, database: configuration.database,
             state: ConsumerLoopState(pollInterval: min(configuration.pollInterval, .seconds(1))),
-            stop: stopSignal,
-            connect: { [configuration] in
-                try PostgresConnection.listening(on: Self.channel, configuration: configuration.database)
-            },
-            drain: { [self] connection in
-                _ = try drain(on: connection)
-                if prune.take(now: .now) { _ = try pruneSignInCodes(on: connection) }
-                if let interval = refreshInterval, check?.take(now: .now) == true {
-                    var checked = 0
-                    while checked < Self.refreshCheckPassSize, !stopSignal.isStopped,
-                        try checkOne(on: connection, interval: interval) != nil
-                    {
-                        checked += 1
-                        _ = try drain(on: connection)  // revocations first
-                    }
+            stop: stopSignal, logger: logger, failure: "revoker: database failure; reconnecting"
+        ) { [self] connection in
+            _ = try drain(on: connection)
+            if prune.take(now: .now) { _ = try pruneSignInCodes(on: connection) }
+            if let interval = refreshInterval, check?.take(now: .now) == true {
+                var checked = 0
+                while checked < Self.refreshCheckPassSize, !stopSignal.isStopped,
+                    try checkOne(on: connection, interval: interval) != nil
+                {
+                    checked += 1
+                    _ = try drain(on: connection)  // revocations first
                 }
-                return [prune.remaining(now: .now), check?.remaining(now: .now)].compactMap { $0 }.min()
-            },
-            wait: { [stopSignal] connection, timeout in
-                _ = try connection.waitForNotifications(
-                    timeout: timeout, wakeDescriptor: stopSignal.wakeDescriptor)
-            },
-            close: { $0.close() },
-            failed: { [logger] error, retry in
-                let code = (error as? PostgresError).map { $0.sqlState ?? $0.code.description } ?? "unknown"
-                var fields: [String: Logger.Value] = [
-                    "error": .string(code), "retry_in_ms": .int(Int(retry.wholeMilliseconds)),
-                ]
-                if let reason = (error as? PostgresError)?.connectionFailureReason {
-                    fields["reason"] = .string(reason)
-                }
-                logger.warning("revoker: database failure; reconnecting", fields)
-            })
+            }
+            return [prune.remaining(now: .now), check?.remaining(now: .now)].compactMap { $0 }.min()
+        }
         try? loop.run()
         logger.info("revoker stopped")
     }

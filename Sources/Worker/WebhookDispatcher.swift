@@ -149,33 +149,16 @@ public final class WebhookDispatcher: Sendable {
 
     private func runLane(_ index: Int) {
         var repair = Every(Self.repairInterval)
-        var loop = ConsumerLoop<PostgresConnection>(
+        var loop = ConsumerLoop.listening(
+            on: Self.channel, database: configuration.database,
             state: ConsumerLoopState(pollInterval: min(configuration.pollInterval, .milliseconds(500))),
-            stop: stopSignal,
-            connect: { [configuration] in
-                try PostgresConnection.listening(on: Self.channel, configuration: configuration.database)
-            },
-            drain: { [self] connection in
-                if index == 0, repair.take(now: .now) { try self.repair(on: connection) }
-                var outcomes: [Outcome] = []
-                return try drain(on: connection, lane: index, into: &outcomes)
-            },
-            wait: { [stopSignal] connection, timeout in
-                _ = try connection.waitForNotifications(
-                    timeout: timeout, wakeDescriptor: stopSignal.wakeDescriptor)
-            },
-            close: { $0.close() },
-            failed: { [logger] error, retry in
-                let code = (error as? PostgresError).map { $0.sqlState ?? $0.code.description } ?? "unknown"
-                var fields: [String: Logger.Value] = [
-                    "lane": .int(index), "error": .string(code),
-                    "retry_in_ms": .int(Int(retry.wholeMilliseconds)),
-                ]
-                if let reason = (error as? PostgresError)?.connectionFailureReason {
-                    fields["reason"] = .string(reason)
-                }
-                logger.warning("webhooks: database failure; connecting again", fields)
-            })
+            stop: stopSignal, logger: logger, failure: "webhooks: database failure; connecting again",
+            fields: ["lane": .int(index)]
+        ) { [self] connection in
+            if index == 0, repair.take(now: .now) { try self.repair(on: connection) }
+            var outcomes: [Outcome] = []
+            return try drain(on: connection, lane: index, into: &outcomes)
+        }
         try? loop.run()
     }
 

@@ -53,9 +53,7 @@ let receiverCommand = CommandSpec(
         CommandOption(
             "pool-size", valueName: "N", help: "Database connections.", environmentVariable: "SIWA_POOL_SIZE",
             defaultValue: "16"),
-        CommandOption(
-            "log-level", valueName: "LEVEL", help: "debug, info, warning or error.",
-            environmentVariable: "SIWA_LOG_LEVEL", defaultValue: "info"),
+        .logLevel,
     ] + signInOptions, flags: signInFlags, offersVersion: true)
 
 /// Parses the configuration, runs until SIGTERM/SIGINT, and returns the exit status: 0 stopped by a
@@ -143,9 +141,7 @@ private final class StartedReceiver: Sendable {
 private func makeConfiguration(_ parsed: ParsedCommand, environment: [String: String]) throws -> (
     ReceiverConfiguration, Logger
 ) {
-    guard let level = Logger.Level(name: parsed.value("log-level") ?? "info") else {
-        throw ConfigurationError("--log-level must be debug, info, warning or error")
-    }
+    let logger = try parsed.logger(label: "siwa-receiver")
     guard let listen = try parsed.listenAddress("listen") else {
         throw ConfigurationError("--listen must be HOST:PORT")
     }
@@ -182,7 +178,7 @@ private func makeConfiguration(_ parsed: ParsedCommand, environment: [String: St
             "--max-token-age must be at most \(Int(maximumTokenAge.inSeconds)) seconds (6 days): the database keeps each jti's dedupe key for 7 days"
         )
     }
-    return (configuration, Logger(label: "siwa-receiver", level: level))
+    return (configuration, logger)
 }
 
 /// Apple's published key set, the only one production may use.

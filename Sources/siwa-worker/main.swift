@@ -60,9 +60,7 @@ let spec = CommandSpec(
             help:
                 "Drop the months of history that ended more than this ago; pending and dead rows are kept (default: keep).",
             environmentVariable: "SIWA_WORKER_RETAIN_EVENTS_DAYS"),
-        CommandOption(
-            "log-level", valueName: "LEVEL", help: "debug, info, warning or error.",
-            environmentVariable: "SIWA_LOG_LEVEL", defaultValue: "info"),
+        .logLevel,
         CommandOption(
             "metrics-listen", valueName: "HOST:PORT", help: "Serve Prometheus metrics at /metrics here.",
             environmentVariable: "SIWA_WORKER_METRICS_LISTEN"),
@@ -97,10 +95,12 @@ if parsed.versionRequested {
 }
 for warning in spec.warnings(for: parsed) { writeErrorLine("siwa-worker", warning) }
 
-guard let level = Logger.Level(name: parsed.value("log-level") ?? "info") else {
-    fail("--log-level must be debug, info, warning or error", status: 2)
+let logger: Logger
+do {
+    logger = try parsed.logger(label: "siwa-worker")
+} catch {
+    fail(error.message, status: 2)
 }
-let logger = Logger(label: "siwa-worker", level: level)
 let metrics = MetricsRegistry()
 metrics.buildInfo(labels: SiwaBuild.metricLabels)
 let configuration: Worker.Configuration

@@ -10,20 +10,24 @@ enum SignVerb {
             Sign a notification with a private key and print the body Apple would POST: {"payload":"<JWS>"}.
             """,
         options: [
-            CommandOption("key", valueName: "PEM", help: "Private key file (PEM).", isRequired: true),
-            CommandOption(
-                "kid", valueName: "KID", help: "Key ID for the header (default: hash of the public key)."),
-            CommandOption(
-                "audience", valueName: "AUD", help: "Client ID for the aud claim.", isRequired: true),
-            CommandOption(
-                "type", valueName: "TYPE",
-                help: "email-disabled, email-enabled, consent-revoked or account-delete.", isRequired: true),
-            CommandOption("sub", valueName: "SUB", help: "The user identifier.", isRequired: true),
-            CommandOption("email", valueName: "E", help: "Email address (email events)."),
+            CommandOption("key", valueName: "PEM", help: "Private key file (PEM).", isRequired: true)
+        ] + notificationOptions + [
             CommandOption(
                 "private-email", valueName: "BOOL",
-                help: "is_private_email (default: whether E is a private relay address)."),
+                help: "is_private_email (default: whether E is a private relay address).")
         ])
+
+    /// What a signed notification says (sign and simulate): its header's kid, aud, event type, sub, email.
+    static let notificationOptions = [
+        CommandOption(
+            "kid", valueName: "KID", help: "Key ID for the header (default: hash of the public key)."),
+        CommandOption("audience", valueName: "AUD", help: "Client ID for the aud claim.", isRequired: true),
+        CommandOption(
+            "type", valueName: "TYPE",
+            help: "email-disabled, email-enabled, consent-revoked or account-delete.", isRequired: true),
+        CommandOption("sub", valueName: "SUB", help: "The user identifier.", isRequired: true),
+        CommandOption("email", valueName: "E", help: "Email address (email events)."),
+    ]
 
     static let verb = Verb(name: "sign", abstract: "Sign a notification as Apple would send it.") {
         arguments, environment in

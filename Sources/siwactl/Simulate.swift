@@ -21,16 +21,7 @@ enum SimulateVerb {
                 isRequired: true),
             CommandOption(
                 "key", valueName: "PEM", help: "Private key file (from siwactl keygen).", isRequired: true),
-            CommandOption(
-                "kid", valueName: "KID", help: "Key ID for the header (default: hash of the public key)."),
-            CommandOption(
-                "audience", valueName: "AUD", help: "Client ID for the aud claim.", isRequired: true),
-            CommandOption(
-                "type", valueName: "TYPE",
-                help: "email-disabled, email-enabled, consent-revoked or account-delete.",
-                isRequired: true),
-            CommandOption("sub", valueName: "SUB", help: "The user identifier.", isRequired: true),
-            CommandOption("email", valueName: "E", help: "Email address (email events)."),
+        ] + SignVerb.notificationOptions + [
             CommandOption(
                 "count", valueName: "N", help: "How many notifications, 1 to 100000.", defaultValue: "1"),
             CommandOption(

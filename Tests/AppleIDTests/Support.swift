@@ -3,27 +3,6 @@ import AppleNotifications
 import Foundation
 import TestSupport
 
-@discardableResult
-func openssl(_ arguments: [String]) throws -> ExecutableLocator.Result {
-    let result = try Subprocess.run("/usr/bin/openssl", arguments, timeout: .seconds(30))
-    guard result.status == 0 else {
-        throw ExecutableError("openssl \(arguments[0]): \(result.standardError)")
-    }
-    return result
-}
-
-/// Runs `body` and returns the AppleIDError it throws, or nil.
-func appleError(_ body: () throws -> Void) -> AppleIDError? {
-    do {
-        try body()
-        return nil
-    } catch let error as AppleIDError {
-        return error
-    } catch {
-        return nil
-    }
-}
-
 /// Signs `signingInput` with ES256 using the openssl CLI (independent of the code under test) and
 /// returns the compact JWS: the DER signature converted to JOSE's `r||s`.
 func es256(_ signingInput: String, key: URL) throws -> String {

@@ -143,4 +143,12 @@ struct WorkerProcessTests {
             ["--once"], databaseURL: "postgresql://postgres@/x?host=/nonexistent&port=1")
         #expect(worker.waitForExit(timeout: .seconds(30)) == 1)
     }
+
+    @Test("a batch size above 64 is refused at start (exit 2), saying why")
+    func largerBatchRefused() throws {
+        let process = try WorkerProcess(
+            ["--batch-size", "100"], databaseURL: "postgresql:///x?host=/nonexistent")
+        #expect(process.waitForExit(timeout: .seconds(30)) == 2)
+        #expect(process.log.contains("subtransaction"), "\(process.log)")
+    }
 }

@@ -10,18 +10,6 @@ import TokenVault
 
 // The sign-in API's own fixture (LocalApple, the local Apple, is TestSupport's).
 
-/// Runs `body` and returns the AppleIDError it throws, or nil.
-func appleError(_ body: () throws -> Void) -> AppleIDError? {
-    do {
-        try body()
-        return nil
-    } catch let error as AppleIDError {
-        return error
-    } catch {
-        return nil
-    }
-}
-
 /// fake-apple, a receiver storing what fake-apple notifies (same database), and the sign-in API in process.
 final class SignInFixture {
     static let bearer = SignInCredentials.bearer

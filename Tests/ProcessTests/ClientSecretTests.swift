@@ -21,15 +21,6 @@ struct OpenSSLKey {
     func remove() { try? FileManager.default.removeItem(at: directory) }
 }
 
-@discardableResult
-func openssl(_ arguments: [String]) throws -> ExecutableLocator.Result {
-    let result = try Subprocess.run("/usr/bin/openssl", arguments, timeout: .seconds(30))
-    guard result.status == 0 else {
-        throw ExecutableError("openssl \(arguments[0]): \(result.standardError)")
-    }
-    return result
-}
-
 /// DER `SEQUENCE { INTEGER r, INTEGER s }` from JOSE's 64-byte `r||s` (written here, independently of
 /// the code under test).
 func derSignature(_ raw: [UInt8]) -> [UInt8] {

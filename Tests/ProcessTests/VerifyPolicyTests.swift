@@ -130,17 +130,7 @@ struct VerifyPolicyTests {
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
         // TEST ONLY: a throwaway CA and a certificate for "localhost" (no IP address in it).
-        let script = """
-            set -e
-            openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 -subj /CN=test-ca \
-              2>/dev/null
-            openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=localhost 2>/dev/null
-            printf 'subjectAltName=DNS:localhost\\n' > san.ext
-            openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 \
-              -extfile san.ext -out server.pem 2>/dev/null
-            """
-        let made = try Subprocess.run("/bin/sh", ["-c", script], workingDirectory: directory.path)
-        try #require(made.status == 0, "\(made.standardError)")
+        try makeLocalhostCertificate(in: directory)
         try TestSigning.apple.jwksJSON().write(to: directory.appendingPathComponent("jwks.json"))
         let port = try ExecutableLocator.freePort()
         let server = try Subprocess(

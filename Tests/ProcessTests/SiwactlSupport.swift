@@ -2,17 +2,6 @@ import Foundation
 import Postgres
 import TestSupport
 
-/// Runs the built `siwactl` with a clean environment (no SIWA_* variables from the caller).
-func siwactl(
-    _ arguments: [String], environment extra: [String: String] = [:], input: Data? = nil,
-    executable: URL = ExecutableLocator.url(named: "siwactl")
-) throws -> ExecutableLocator.Result {
-    var environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") }
-    environment.merge(extra) { $1 }
-    return try ExecutableLocator.run(
-        executable, arguments: arguments, environment: environment, input: input, timeout: .seconds(60))
-}
-
 /// siwactl's helpers on TestSupport's `TestDatabase`.
 extension TestDatabase {
     /// Inserts one notification as the receiver and worker would have left it.
@@ -47,23 +36,5 @@ extension TestDatabase {
     func state(of jti: String) throws -> String? {
         try query("SELECT state FROM siwa.notifications WHERE jti = $1", [.text(jti)]).first?[
             0, as: String.self]
-    }
-}
-
-/// A scratch directory removed by the caller.
-func scratchDirectory() throws -> URL {
-    let url = FileManager.default.temporaryDirectory.appendingPathComponent(
-        "siwactl-tests-\(UUID().uuidString)")
-    try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
-    return url
-}
-
-/// Parses JSON lines into objects.
-func jsonLines(_ text: String) throws -> [[String: Any]] {
-    try text.split(separator: "\n").map {
-        guard let object = try JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] else {
-            throw ExecutableError("not a JSON object: \($0)")
-        }
-        return object
     }
 }

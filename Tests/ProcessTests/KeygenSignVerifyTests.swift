@@ -1,39 +1,23 @@
 import AppleNotifications
 import Foundation
+import TestSupport
 import Testing
 
 /// Runs the built `siwactl` (built by `swift build`, which precedes `swift test`).
 @Suite("siwactl keygen, sign and verify")
-struct SiwactlTests {
-    /// The `siwactl` executable beside the test bundle (`.build/debug`), or in the package's build dir.
-    static let binary: URL? = {
-        var candidates: [URL] = [Bundle.main.bundleURL]
-        if let first = CommandLine.arguments.first {
-            candidates.append(URL(fileURLWithPath: first).deletingLastPathComponent())
-        }
-        candidates.append(packageRoot.appendingPathComponent(".build/debug"))
-        for directory in candidates {
-            var url = directory
-            // Walk up out of a .xctest bundle if the runner reports it.
-            while url.pathExtension == "xctest" { url.deleteLastPathComponent() }
-            let candidate = url.appendingPathComponent("siwactl")
-            if FileManager.default.isExecutableFile(atPath: candidate.path) { return candidate }
-        }
-        return nil
-    }()
-
-    private func siwactl(_ arguments: [String], stdin: Data? = nil, environment: [String: String]? = nil)
-        throws
-        -> ProcessResult
-    {
-        let binary = try #require(Self.binary, "siwactl not found beside the tests; run `swift build` first")
-        return try runProcess(binary, arguments, stdin: stdin, environment: environment)
+struct KeygenSignVerifyTests {
+    /// What a run printed and how it ended.
+    struct Output {
+        var status: Int32
+        var stdout: String
+        var stderr: String
     }
 
-    private func scratchDirectory() throws -> URL {
-        let url = FileManager.default.temporaryDirectory.appendingPathComponent("siwactl-test-\(UUID())")
-        try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
-        return url
+    private func siwactl(_ arguments: [String], stdin: Data? = nil, environment: [String: String] = [:])
+        throws -> Output
+    {
+        let result = try TestSupport.siwactl(arguments, environment: environment, input: stdin)
+        return Output(status: result.status, stdout: result.standardOutput, stderr: result.standardError)
     }
 
     @Test("keygen, sign and verify round-trip through the binary")

@@ -19,7 +19,7 @@ private func temporaryPath(_ name: String) -> String {
 }
 
 @Suite("Webhooks through the executables", .serialized)
-struct ProcessTests {
+struct WebhookProcessTests {
     @Test("siwactl webhooks add prints a secret once; list shows no secret; disable and rotate-secret work")
     func siwactlManagement() throws {
         let database = try WebhookDatabase()
@@ -233,7 +233,7 @@ struct ProcessTests {
 }
 
 @Suite("Webhooks and shutdown", .serialized)
-struct ShutdownTests {
+struct WebhookShutdownTests {
     @Test("SIGTERM during an attempt: the attempt finishes and is recorded before siwa-worker exits 0")
     func sigtermDuringAttempt() throws {
         let database = try WebhookDatabase()

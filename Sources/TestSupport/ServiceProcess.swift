@@ -1,16 +1,16 @@
 import Foundation
-import Postgres
-import TestSupport
 
 /// A `siwa-receiver` or `siwa-worker` process of the tests, connected as a login role of its group role;
 /// its standard error goes to a log file. Killed (SIGKILL) on deinit if still running.
-final class ServiceProcess: @unchecked Sendable {
-    let process: Subprocess
-    let logURL: URL
+public final class ServiceProcess: Sendable {
+    /// The child process.
+    public let process: Subprocess
+    /// The file its standard error (its JSON log) is written to; removed on deinit.
+    public let logURL: URL
     /// Where its Prometheus metrics are served.
-    let metricsURL: String
+    public let metricsURL: String
     /// The receiver's notification endpoint (nil for a worker).
-    let notificationURL: String?
+    public let notificationURL: String?
 
     private init(
         _ name: String, _ arguments: [String], databaseURL: String, metricsURL: String,
@@ -29,29 +29,29 @@ final class ServiceProcess: @unchecked Sendable {
 
     /// A receiver accepting `audiences`, with Apple's keys from `jwks`, as a member of `siwa_receiver`;
     /// returns once it is ready.
-    static func receiver(_ database: TestDatabase, audiences: [String], jwks: JWKSTestServer) throws
+    public static func receiver(_ database: TestDatabase, audiences: [String], jwks: JWKSTestServer) throws
         -> ServiceProcess
     {
-        let port = try ExecutableLocator.freePort()
-        let base = "http://127.0.0.1:\(port)"
-        let started = try ServiceProcess(
-            "siwa-receiver",
-            ["--listen", "127.0.0.1:\(port)", "--jwks-url", jwks.url.absoluteString]
-                + audiences.flatMap { ["--audience", $0] },
-            databaseURL: try database.url(asMemberOf: "siwa_receiver"), metricsURL: base + "/metrics",
-            notificationURL: base + "/apple/notifications")
-        guard waitUntil(timeout: .seconds(20), { (try? TestHTTPClient.get(base + "/readyz").status) == 200 })
-        else {
-            throw ExecutableError("the receiver did not become ready: \(started.log)")
-        }
-        return started
+        try receiver(
+            database, audiences: audiences, jwksURL: jwks.url.absoluteString, answering: "/readyz",
+            else: "the receiver did not become ready")
     }
 
     /// A receiver whose key set is at `jwksURL` (perhaps unreachable), as a member of `siwa_receiver`;
     /// returns once it answers /healthz (it is not ready without keys).
-    static func receiver(_ database: TestDatabase, audiences: [String], jwksURL: String) throws
+    public static func receiver(_ database: TestDatabase, audiences: [String], jwksURL: String) throws
         -> ServiceProcess
     {
+        try receiver(
+            database, audiences: audiences, jwksURL: jwksURL, answering: "/healthz",
+            else: "the receiver did not answer /healthz")
+    }
+
+    /// A receiver started as a member of `siwa_receiver`, returned once `path` answers 200.
+    private static func receiver(
+        _ database: TestDatabase, audiences: [String], jwksURL: String, answering path: String,
+        else failure: String
+    ) throws -> ServiceProcess {
         let port = try ExecutableLocator.freePort()
         let base = "http://127.0.0.1:\(port)"
         let started = try ServiceProcess(
@@ -60,16 +60,17 @@ final class ServiceProcess: @unchecked Sendable {
                 + audiences.flatMap { ["--audience", $0] },
             databaseURL: try database.url(asMemberOf: "siwa_receiver"), metricsURL: base + "/metrics",
             notificationURL: base + "/apple/notifications")
-        guard waitUntil(timeout: .seconds(20), { (try? TestHTTPClient.get(base + "/healthz").status) == 200 })
+        guard waitUntil(timeout: .seconds(20), { (try? TestHTTPClient.get(base + path).status) == 200 })
         else {
-            throw ExecutableError("the receiver did not answer /healthz: \(started.log)")
+            throw ExecutableError("\(failure): \(started.log)")
         }
         return started
     }
 
     /// A worker (metrics on a free port) as a member of `siwa_worker` (or with `databaseURL`); returns
     /// once /metrics answers.
-    static func worker(_ database: TestDatabase, _ extra: [String] = [], databaseURL: String? = nil) throws
+    public static func worker(_ database: TestDatabase, _ extra: [String] = [], databaseURL: String? = nil)
+        throws
         -> ServiceProcess
     {
         let port = try ExecutableLocator.freePort()
@@ -90,16 +91,17 @@ final class ServiceProcess: @unchecked Sendable {
     }
 
     /// Its /metrics as text.
-    func scrape() throws -> String {
+    public func scrape() throws -> String {
         let response = try TestHTTPClient.get(metricsURL)
         guard response.status == 200 else { throw ExecutableError("/metrics answered \(response.status)") }
         return response.text
     }
 
     /// The value of the unlabelled series `name` in a scrape (nil when absent; NaN as `.nan`).
-    func metric(_ name: String) throws -> Double? { Self.value(of: name, in: try scrape()) }
+    public func metric(_ name: String) throws -> Double? { Self.value(of: name, in: try scrape()) }
 
-    static func value(of name: String, in text: String) -> Double? {
+    /// The value of the unlabelled series `name` in the scrape `text` (nil when absent; NaN as `.nan`).
+    public static func value(of name: String, in text: String) -> Double? {
         for line in text.split(separator: "\n") where line.hasPrefix(name + " ") {
             let value = line.dropFirst(name.count + 1)
             return value == "NaN" ? .nan : Double(value)
@@ -108,5 +110,5 @@ final class ServiceProcess: @unchecked Sendable {
     }
 
     /// What the process logged so far.
-    var log: String { (try? String(contentsOf: logURL, encoding: .utf8)) ?? "" }
+    public var log: String { (try? String(contentsOf: logURL, encoding: .utf8)) ?? "" }
 }

@@ -4,31 +4,6 @@ import TeamTransfer
 import TestSupport
 import Testing
 
-/// The recipient team of the tests: a second team the local Apple knows.
-struct TransferRecipient {
-    static let teamID = "TEAMB00000"
-    static let keyID = "KEYB000000"
-    let directory: URL
-    var keyFile: URL { directory.appendingPathComponent("AuthKey_\(Self.keyID).p8") }
-    var publicKeyFile: URL { directory.appendingPathComponent("recipient-public.pem") }
-
-    init(directory: URL) throws {
-        self.directory = directory
-        for arguments in [
-            ["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", keyFile.path],
-            ["pkey", "-in", keyFile.path, "-pubout", "-out", publicKeyFile.path],
-        ] {
-            let result = try Subprocess.run("/usr/bin/openssl", arguments, timeout: .seconds(30))
-            guard result.status == 0 else { throw ExecutableError("openssl: \(result.standardError)") }
-        }
-        chmod(keyFile.path, 0o600)
-    }
-
-    var transferTeam: LocalApple.TransferTeam {
-        LocalApple.TransferTeam(teamID: Self.teamID, keyID: Self.keyID, publicKeyFile: publicKeyFile)
-    }
-}
-
 /// The test users: sub, email, whether the email is a relay address (every third).
 private func users(_ count: Int) -> [(sub: String, email: String, isPrivate: Bool)] {
     (1...count).map { index in

@@ -3,18 +3,17 @@ import HTTPServer
 import Postgres
 import ServiceSupport
 import Synchronization
-import TestSupport
 import Webhooks
 import Worker
 
 /// The webhook tests' name for TestSupport's `TestDatabase` (schema.sql, connected as the owner).
-typealias WebhookDatabase = TestDatabase
+public typealias WebhookDatabase = TestDatabase
 
 /// Endpoints and changes added the way siwactl and the worker add them.
 extension TestDatabase {
     /// Adds an endpoint (siwa.add_webhook_endpoint, as siwactl webhooks add does); returns its id.
     @discardableResult
-    func addEndpoint(
+    public func addEndpoint(
         url: String, secret: StandardWebhooks.Secret, types: [String]? = nil, maxInFlight: Int = 4
     ) throws -> Int {
         try connection.query(
@@ -27,7 +26,7 @@ extension TestDatabase {
 
     /// Inserts one change as the worker would (the provisional siwa.changes); returns its id.
     @discardableResult
-    func insertChange(
+    public func insertChange(
         type: String = "siwa.consent_revoked", sub: String, email: String? = nil
     ) throws -> Int {
         try connection.query(
@@ -42,7 +41,7 @@ extension TestDatabase {
 
     /// Inserts `count` changes for each of `subs`, interleaved, in one statement per round (as the
     /// worker's batch does); returns their ids in insertion order.
-    func insertChanges(subs: [String], count: Int) throws -> [Int] {
+    public func insertChanges(subs: [String], count: Int) throws -> [Int] {
         var ids: [Int] = []
         for _ in 0..<count {
             ids += try connection.query(
@@ -58,12 +57,12 @@ extension TestDatabase {
     }
 
     /// How many deliveries are in `state`.
-    func count(_ state: String) throws -> Int {
+    public func count(_ state: String) throws -> Int {
         try value("SELECT count(*)::int FROM siwa.webhook_deliveries WHERE state = $1", [.text(state)])
     }
 
     /// A dispatcher with a test-short schedule.
-    func dispatcher(
+    public func dispatcher(
         concurrency: Int = 4, timeout: Duration = .seconds(5), retryBaseDelay: Duration = .milliseconds(50),
         maxRetryDelay: Duration = .milliseconds(200), giveUpAfter: Duration = .seconds(60),
         configuration: PostgresConfiguration? = nil
@@ -78,11 +77,13 @@ extension TestDatabase {
 }
 
 /// A dispatcher's `run()` on a thread of its own, stopped and joined by ``stop()``.
-final class RunningDispatcher: Sendable {
-    let dispatcher: WebhookDispatcher
+public final class RunningDispatcher: Sendable {
+    /// The dispatcher that runs.
+    public let dispatcher: WebhookDispatcher
     private let done = DispatchSemaphore(value: 0)
 
-    init(_ dispatcher: WebhookDispatcher) {
+    /// Starts `dispatcher.run()` on a new thread.
+    public init(_ dispatcher: WebhookDispatcher) {
         self.dispatcher = dispatcher
         let thread = Thread { [dispatcher, done] in
             dispatcher.run()
@@ -91,40 +92,51 @@ final class RunningDispatcher: Sendable {
         thread.start()
     }
 
-    func stop() {
+    /// Stops the dispatcher and waits for its run to return.
+    public func stop() {
         dispatcher.stop()
         done.wait()
     }
 }
 
 /// One request a ``WebhookReceiver`` got.
-struct ReceivedDelivery: Sendable {
-    var id: String?
-    var timestamp: String?
-    var signature: String?
-    var body: [UInt8]
-    var status: Int
-    var at: ContinuousClock.Instant
+public struct ReceivedDelivery: Sendable {
+    /// Its `webhook-id` header.
+    public var id: String?
+    /// Its `webhook-timestamp` header.
+    public var timestamp: String?
+    /// Its `webhook-signature` header.
+    public var signature: String?
+    /// The body as sent.
+    public var body: [UInt8]
+    /// The status it was answered with.
+    public var status: Int
+    /// When it arrived.
+    public var at: ContinuousClock.Instant
 
     /// The parsed body.
-    var json: [String: Any] { (try? JSONSerialization.jsonObject(with: Data(body))) as? [String: Any] ?? [:] }
+    public var json: [String: Any] {
+        (try? JSONSerialization.jsonObject(with: Data(body))) as? [String: Any] ?? [:]
+    }
     /// `data.change_id` of the body.
-    var changeID: Int { (json["data"] as? [String: Any])?["change_id"] as? Int ?? -1 }
+    public var changeID: Int { (json["data"] as? [String: Any])?["change_id"] as? Int ?? -1 }
     /// `data.sub` of the body.
-    var sub: String { (json["data"] as? [String: Any])?["sub"] as? String ?? "" }
+    public var sub: String { (json["data"] as? [String: Any])?["sub"] as? String ?? "" }
 }
 
 /// A real local HTTP endpoint (HTTPServer on 127.0.0.1) that records every request and answers what
 /// `answer` says (a status, after an optional delay).
-final class WebhookReceiver: Sendable {
+public final class WebhookReceiver: Sendable {
     private let server: HTTPServer
     private final class Log: Sendable {
         let list = Mutex<[ReceivedDelivery]>([])
     }
     private let received = Log()
-    let port: Int
+    /// The port it listens on (127.0.0.1).
+    public let port: Int
 
-    init(
+    /// Starts an endpoint answering what `answer` says for each delivery (`seen`: how many with its id came before).
+    public init(
         threads: Int = 8,
         answer:
             @escaping @Sendable (_ delivery: ReceivedDelivery, _ seen: Int) -> (status: Int, delay: Duration) =
@@ -153,37 +165,49 @@ final class WebhookReceiver: Sendable {
     deinit { server.shutdown(gracePeriod: .zero) }
 
     /// The endpoint's URL.
-    var url: String { "http://127.0.0.1:\(port)/hooks" }
+    public var url: String { "http://127.0.0.1:\(port)/hooks" }
 
     /// Everything received so far, in arrival order.
-    var deliveries: [ReceivedDelivery] { received.list.withLock { $0 } }
+    public var deliveries: [ReceivedDelivery] { received.list.withLock { $0 } }
 
     /// Those answered 2xx.
-    var accepted: [ReceivedDelivery] { deliveries.filter { (200...299).contains($0.status) } }
+    public var accepted: [ReceivedDelivery] { deliveries.filter { (200...299).contains($0.status) } }
 }
 
 /// The independent verifier: the PyPI package `standardwebhooks` in .build/webhooks-venv (made by
 /// scripts/webhooks-venv, which `make test` runs; made here too when missing).
-enum ReferenceVerifier {
-    static let python = RepositoryRoot.url.appendingPathComponent(".build/webhooks-venv/bin/python").path
-    static let script = RepositoryRoot.url.appendingPathComponent("scripts/webhooks-verify.py").path
+public enum ReferenceVerifier {
+    /// The venv's python.
+    public static let python = RepositoryRoot.url.appendingPathComponent(".build/webhooks-venv/bin/python")
+        .path
+    /// The verifying script.
+    public static let script = RepositoryRoot.url.appendingPathComponent("scripts/webhooks-verify.py").path
 
-    struct Missing: Error, CustomStringConvertible {
-        var description: String
+    /// The verifier could not run.
+    public struct Missing: Error, CustomStringConvertible {
+        public var description: String
     }
 
+    private static let prepared = Mutex(false)
+
     /// `ok` or `fail: …` for each delivery checked against `secret`.
-    static func verify(_ deliveries: [ReceivedDelivery], secret: StandardWebhooks.Secret) throws -> [String] {
-        if !FileManager.default.isExecutableFile(atPath: python) {
-            let made = try Subprocess.run(
+    public static func verify(_ deliveries: [ReceivedDelivery], secret: StandardWebhooks.Secret) throws
+        -> [String]
+    {
+        // Made once per test process, one test at a time (tests verifying in parallel would otherwise
+        // build the venv over each other); the script returns at once when the venv is ready.
+        try prepared.withLock { (ready: inout Bool) throws(Missing) in
+            if ready { return }
+            let made = try? Subprocess.run(
                 RepositoryRoot.url.appendingPathComponent("scripts/webhooks-venv").path, [],
                 timeout: .seconds(300))
-            guard made.status == 0 else {
+            guard let made, made.status == 0 else {
                 throw Missing(
                     description:
-                        "the standardwebhooks venv is missing and scripts/webhooks-venv failed (run make webhooks-venv): \(made.standardError)"
+                        "the standardwebhooks venv is missing and scripts/webhooks-venv failed (run make webhooks-venv): \(made?.standardError ?? "did not run")"
                 )
             }
+            ready = true
         }
         var input = ""
         for delivery in deliveries {
@@ -207,7 +231,7 @@ enum ReferenceVerifier {
 }
 
 /// Whether, per sub, the change ids of `deliveries` (in arrival order) never go down.
-func inOrderPerSub(_ deliveries: [ReceivedDelivery]) -> Bool {
+public func inOrderPerSub(_ deliveries: [ReceivedDelivery]) -> Bool {
     var last: [String: Int] = [:]
     for delivery in deliveries {
         if let previous = last[delivery.sub], delivery.changeID < previous { return false }
