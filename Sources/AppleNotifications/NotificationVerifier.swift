@@ -38,13 +38,17 @@ public struct NotificationVerifier: Sendable {
     /// by their `exp` alone.
     public let maxTokenAge: TimeInterval
 
+    /// The default ``leeway``: 60 seconds, the receiver's (an `event_time` beyond `iat` + 60 s is not
+    /// believed).
+    public static let defaultLeeway: TimeInterval = 60
+
     /// The default ``maxTokenAge``: 24 hours, the lifetime Apple's tokens carry in `exp`.
     public static let defaultMaxTokenAge: TimeInterval = 24 * 3600
 
     /// Creates a verifier; an empty audience set, a negative leeway or a `maxTokenAge` that is not
     /// positive is refused.
     public init(
-        audiences: Set<String>, leeway: TimeInterval = 60,
+        audiences: Set<String>, leeway: TimeInterval = NotificationVerifier.defaultLeeway,
         maxTokenAge: TimeInterval = NotificationVerifier.defaultMaxTokenAge
     ) throws(NotificationError) {
         guard !audiences.isEmpty, !audiences.contains("") else {

@@ -12,10 +12,11 @@ public struct SeededNotification: Sendable {
     public var rawToken: String
 
     /// A notification of `type` for `sub`, stored with a token ``TestSigning/apple`` signed with exactly
-    /// these claims (the worker verifies every stored token): `eventTime` is kept to the millisecond
-    /// and `issuedAt` to the second, as the token carries them, and `exp` is a day after `iat` (as
-    /// Apple sets it). With `rawToken`, that text is stored instead (junk, or a token of one's own) and
-    /// `expiresAt` defaults to a day after `issuedAt`.
+    /// these claims (the worker verifies every stored token) and read back by the receiver's verifier:
+    /// `eventTime` is kept to the millisecond and `issuedAt` to the second, as the token carries them
+    /// (an `eventTime` beyond `issuedAt` + 60 s becomes the claimed one, as the receiver stores it),
+    /// and `exp` is a day after `iat` (as Apple sets it). With `rawToken`, that text is stored instead
+    /// (junk, or a token of one's own) and `expiresAt` defaults to a day after `issuedAt`.
     public init(
         jti: String, type: String = "consent-revoked", sub: String, audience: String = "com.example.app",
         email: String? = nil, isPrivateEmail: Bool? = nil, eventTime: Date = Date(), issuedAt: Date = Date(),
@@ -28,13 +29,14 @@ public struct SeededNotification: Sendable {
             let signed = TestSigning.token(
                 type: type, subject: sub, audience: audience, email: email, isPrivateEmail: isPrivate,
                 eventTime: eventTime, issuedAt: issuedAt, jti: jti)
-            notification = ServerNotification(
-                eventType: EventType(rawValue: type), subject: sub, email: email, isPrivateEmail: isPrivate,
-                eventTime: Date(
-                    timeIntervalSince1970: (eventTime.timeIntervalSince1970 * 1000).rounded() / 1000),
-                jti: jti, audience: audience, audiences: [audience],
-                issuedAt: Date(timeIntervalSince1970: iat),
-                expiresAt: Date(timeIntervalSince1970: iat + 86_400))
+            // The claims as the receiver's verifier reads them (an event_time beyond iat + leeway is
+            // not believed: the effective one is stored, the signed one kept beside it).
+            do {
+                notification = try NotificationVerifier(audiences: [audience]).verify(
+                    token: signed, keys: TestSigning.appleKeySet, now: Date(timeIntervalSince1970: iat))
+            } catch {
+                preconditionFailure("a token TestSigning signed does not verify: \(error)")
+            }
             self.rawToken = signed
             return
         }

@@ -121,8 +121,16 @@ public struct StoredTokenVerification: Sendable {
         if claims.subject != row.sub { return "sub" }
         if claims.eventType.rawValue != row.eventType { return "event type" }
         if claims.audience != row.audience { return "audience" }
-        if !same(claims.eventTime, row.eventTime) { return "event time" }
-        if !same(claims.claimedEventTime, row.claimedEventTime) { return "claimed event time" }
+        // The signed event time must be the one stored; where the receiver did not believe it (beyond
+        // iat + its leeway, whatever this check's own leeway), the stored effective time is iat + that.
+        if !same(claims.claimedEventTime ?? claims.eventTime, row.claimedEventTime ?? row.eventTime) {
+            return "event time"
+        }
+        if row.claimedEventTime != nil,
+            !same(row.eventTime, row.issuedAt?.addingTimeInterval(NotificationVerifier.defaultLeeway))
+        {
+            return "event time"
+        }
         if !same(claims.issuedAt, row.issuedAt) { return "issued at" }
         if !same(claims.expiresAt, row.expiresAt) { return "expires at" }
         if claims.email != row.email { return "email" }

@@ -70,10 +70,11 @@ struct SecretFileProcessTests {
             atPath: tokenFile, contents: Data((SignInCredentials.bearer + "\n").utf8),
             attributes: [.posixPermissions: 0o600])
         let database = try PostgresCluster.shared.createSchemaDatabase()
+        let url = try PostgresCluster.shared.url(database: database.database ?? "")
         let result = try ExecutableLocator.run(
             ExecutableLocator.url(named: "siwa-receiver"),
             arguments: [
-                "--database-url", try PostgresCluster.shared.url(database: database.database ?? ""),
+                "--database-url", url, "--signin-database-url", url,
                 "--audience", LocalApple.clientID, "--listen", "127.0.0.1:0", "--signin-listen",
                 "127.0.0.1:0",
                 "--signin-token-file", tokenFile, "--token-key-file", tokenKeys, "--apple-key-file", key,

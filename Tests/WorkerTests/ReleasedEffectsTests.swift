@@ -369,6 +369,7 @@ struct Scenario {
                 email = nil
                 isPrivate = nil
             }
+            // Signed after the event, as Apple does (version 5 does not believe an event_time beyond iat).
             var eventTime = time()
             if type.hasPrefix("account-delete") { eventTime = base.addingTimeInterval(360) }
             let pastTheWindow = !earlier.isEmpty && roll < 0.16
@@ -377,7 +378,7 @@ struct Scenario {
             var claims = TestSigning.apple.claims(
                 type: type, subject: sub, audience: TestSigning.audience, email: email,
                 isPrivateEmail: isPrivate,
-                eventTime: eventTime, issuedAt: now.addingTimeInterval(Double(index - 3600)), jti: jti)
+                eventTime: eventTime, issuedAt: now.addingTimeInterval(Double(index - 120)), jti: jti)
             let eventsAsObject = Bool.random(using: &random)
             if eventsAsObject, let events = claims["events"] as? String {
                 claims["events"] = try? JSONSerialization.jsonObject(with: Data(events.utf8))

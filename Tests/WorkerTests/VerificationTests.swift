@@ -252,6 +252,32 @@ struct VerificationTests {
         try expectUntouched(db)
     }
 
+    @Test(
+        "a notification dated beyond its iat is applied with the time the receiver stored; a forged claimed_event_time is rejected"
+    )
+    func futureEventTimeAsTheReceiverStoresIt() throws {
+        let db = try TestDatabase()
+        // Signed 30 days ahead of its iat: the receiver stores iat + 60 s, the signed time beside it.
+        try db.insert(
+            jti: "future", type: "consent-revoked", sub: "someone", eventTime: "now() + interval '30 days'")
+        #expect(
+            try db.value(
+                """
+                SELECT event_time = issued_at + interval '60 seconds' AND claimed_event_time > now()
+                  FROM siwa.notification_log WHERE jti = 'future'
+                """, as: Bool.self))
+        // The same kind of token, stored with another claimed time (as the receiver's role can insert).
+        try db.insert(
+            jti: "moved", type: "consent-revoked", sub: "other", eventTime: "now() + interval '30 days'")
+        try db.connection.execute(
+            "UPDATE siwa.notification_log SET claimed_event_time = claimed_event_time + interval '1 day' WHERE jti = 'moved'"
+        )
+        let summary = try db.worker(concurrency: 1).drainOnce()
+        #expect(summary.applied == 1 && summary.rejected == 1)
+        #expect(try db.state("future") == "applied")
+        #expect(try db.state("moved") == "rejected")
+    }
+
     @Test("a key not held is fetched with no transaction open; while it cannot be, the row waits unharmed")
     func keyFetchedOutsideTransaction() throws {
         let db = try TestDatabase()
