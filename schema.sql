@@ -1988,13 +1988,28 @@ BEGIN
         gone AS (
             DELETE FROM siwa.notification_queue q USING r WHERE q.id = r.id
             RETURNING q.id, q.jti, q.issued_at, q.attempts, q.received_at, r.reason),
+        -- A row without a token of an account already erased (the receiver stores late events of erased
+        -- accounts so, and erasure clears pending rows' tokens) is skipped, not rejected: nothing of it
+        -- can be verified, and nothing of it would change a deleted, erased account. Whether the account
+        -- is erased comes from siwa.accounts, which the receiver's role cannot write.
+        erased AS (
+            SELECT l.id FROM gone g
+              JOIN siwa.notification_log l ON l.jti = g.jti AND l.issued_at = g.issued_at AND l.id = g.id
+             WHERE l.raw_token IS NULL AND l.origin = 'apple'
+               AND EXISTS (SELECT 1 FROM siwa.accounts a
+                            WHERE a.sub = siwa.current_sub(l.sub) AND a.personal_data_erased_at IS NOT NULL)),
         marked AS (
             UPDATE siwa.notification_log l
-               SET state = 'rejected', attempts = g.attempts + 1, last_error = g.reason
-              FROM gone g
+               SET state = CASE WHEN e.id IS NULL THEN 'rejected' ELSE 'skipped' END,
+                   applied_at = CASE WHEN e.id IS NOT NULL THEN clock_timestamp() END,
+                   attempts = g.attempts + 1,
+                   last_error = CASE WHEN e.id IS NULL THEN g.reason
+                                     ELSE 'account erased: no stored token to verify, nothing applied' END
+              FROM gone g LEFT JOIN erased e ON e.id = g.id
              WHERE l.jti = g.jti AND l.issued_at = g.issued_at AND l.id = g.id AND l.state = 'pending'
-            RETURNING l.id, l.event_type)
-        SELECT g.id, g.jti, coalesce(m.event_type, ''), 'rejected'::text, g.reason, g.attempts + 1,
+            RETURNING l.id, l.event_type, l.state, l.last_error)
+        SELECT g.id, g.jti, coalesce(m.event_type, ''), coalesce(m.state, 'rejected'),
+               coalesce(m.last_error, g.reason), g.attempts + 1,
                extract(epoch FROM clock_timestamp() - g.received_at)::double precision, NULL::double precision
           FROM gone g LEFT JOIN marked m ON m.id = g.id
          ORDER BY g.id;

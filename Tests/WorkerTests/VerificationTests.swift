@@ -159,6 +159,32 @@ struct VerificationTests {
         #expect(try db.value("SELECT last_error FROM siwa.event_history") == "expired" as String)
     }
 
+    @Test(
+        "a late event without a token for an account already deleted and erased is skipped, not rejected, and changes nothing"
+    )
+    func tokenlessRowOfAnErasedAccountIsSkipped() throws {
+        let db = try TestDatabase()
+        try db.connection.simpleQuery(
+            """
+            INSERT INTO siwa.accounts (sub, deleted_at, personal_data_erased_at)
+                VALUES ('gone', now() - interval '1 day', now() - interval '1 day');
+            CREATE TABLE public.hook_calls (jti text);
+            CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
+                                                     email text, jti text) RETURNS void
+            LANGUAGE sql AS $$ INSERT INTO public.hook_calls VALUES (jti) $$;
+            """)
+        let receiver = try db.connect(asMemberOf: "siwa_receiver")
+        defer { receiver.close() }
+        // As the receiver stores a late event of an erased account: no email, no token.
+        try insertAsReceiver(
+            receiver, jti: "late", type: "email-enabled", sub: "gone", rawToken: nil, erased: true)
+        let summary = try db.worker().drainOnce()
+        #expect(summary.skipped == 1 && summary.rejected == 0)
+        #expect(try db.state("late") == "skipped")
+        #expect(try db.value("SELECT count(*) FROM siwa.changes", as: Int.self) == 0)
+        #expect(try db.value("SELECT count(*) FROM public.hook_calls", as: Int.self) == 0)
+    }
+
     @Test("a row stored without its token, or as the refresh check's without being one, is rejected")
     func tokenlessRowsChangeNothing() throws {
         let db = try TestDatabase()
