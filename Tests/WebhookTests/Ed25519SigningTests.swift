@@ -203,6 +203,13 @@ struct Ed25519DeliveryTests {
         #expect(try rows[0][0, as: String.self] == "v1a")
         #expect(try rows[0][1, as: String.self] == key.publicKey.text)
         #expect(try rows[0][2, as: Bool.self])
+        // siwa_admin reads the public key through the view, and is refused the table with the private key.
+        let admin = try database.connect(asMemberOf: "siwa_admin")
+        defer { admin.close() }
+        #expect(
+            try admin.query("SELECT public_key FROM siwa.webhook_signing_keys")[0][0, as: String.self]
+                == key.publicKey.text)
+        #expect(throws: PostgresError.self) { try admin.query("SELECT secret FROM siwa.webhook_secrets") }
     }
 
     @Test("rotation from HMAC to ed25519: both v1 and v1a sign during the overlap, then only v1a")
