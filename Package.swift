@@ -62,7 +62,8 @@ let package = Package(
                 "AppleNotifications", "Postgres", "ServiceSupport", "AppleID", "TokenVault", "HTTPClient",
                 "Webhooks",
             ]),
-        // Standard Webhooks: whsec_ secrets, v1 signatures (OpenSSL's HMAC), endpoint URL policy.
+        // Standard Webhooks: whsec_ secrets, v1 signatures (OpenSSL's HMAC), whsk_/whpk_ keys and v1a
+        // signatures (OpenSSL's ed25519), endpoint URL policy.
         .target(name: "Webhooks", dependencies: ["COpenSSL"]),
         // Heartbeats in siwa.service_heartbeats and the database's health gauges on /metrics.
         .target(name: "ServiceHealth", dependencies: ["Postgres", "ServiceSupport"]),

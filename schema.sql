@@ -50,6 +50,7 @@
 -- meaning from one schema version to the next (a column may be added, never renamed or dropped):
 --   Admins (siwa_admin):   the views siwa.event_history, siwa.account_overview, siwa.queue_health,
 --                          siwa.changefeed, siwa.revocation_ledger, siwa.webhook_endpoint_overview,
+--                          siwa.webhook_signing_keys (public keys only),
 --                          siwa.webhook_attempt_history, siwa.webhook_delivery_status; the tables
 --                          siwa.sub_aliases, siwa.sub_transfer_batches, siwa.sub_columns and
 --                          siwa.service_heartbeats (read only); siwa.history_of(sub),
@@ -447,6 +448,18 @@ BEGIN
              WHERE jti LIKE 'siwa-refresh-check:%' AND raw_token IS NULL;
             DROP INDEX IF EXISTS siwa.notification_log_exceptions_idx;  -- its predicate names rejected now
         END IF;
+        -- Ed25519 webhook signatures (v1a): whsk_ keys beside whsec_ secrets, with their whpk_ public key.
+        IF pg_catalog.to_regclass('siwa.webhook_secrets') IS NOT NULL THEN
+            ALTER TABLE siwa.webhook_secrets
+                ADD COLUMN public_key text,
+                DROP CONSTRAINT webhook_secrets_secret_check,
+                ADD CONSTRAINT webhook_secrets_secret_check CHECK (
+                    (secret ~ '^whsec_[A-Za-z0-9+/]+={0,2}$' AND length(secret) BETWEEN 6 + 32 AND 6 + 88
+                     AND public_key IS NULL)
+                    OR (secret ~ '^whsk_[A-Za-z0-9+/]{43}=$' AND public_key IS NOT NULL AND public_key ~ '^whpk_[A-Za-z0-9+/]{43}=$'));
+        END IF;
+        DROP FUNCTION IF EXISTS siwa.add_webhook_endpoint(text, text, text[], integer);
+        DROP FUNCTION IF EXISTS siwa.rotate_webhook_secret(bigint, text, interval);
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;
@@ -4005,13 +4018,20 @@ CREATE TABLE IF NOT EXISTS siwa.webhook_secrets (
     secret      text        NOT NULL,
     created_at  timestamptz NOT NULL DEFAULT now(),
     expires_at  timestamptz,
-    -- whsec_ and the standard base64 of 24 to 64 random bytes (Standard Webhooks).
+    public_key  text,
+    -- HMAC (v1): whsec_ and the standard base64 of 24 to 64 random bytes. Ed25519 (v1a): whsk_ and the
+    -- standard base64 of the 32-byte private key (RFC 8032 seed), with its public key whpk_ and the base64
+    -- of its 32 bytes (Standard Webhooks).
     CONSTRAINT webhook_secrets_secret_check CHECK (
-        secret ~ '^whsec_[A-Za-z0-9+/]+={0,2}$' AND length(secret) BETWEEN 6 + 32 AND 6 + 88)
+        (secret ~ '^whsec_[A-Za-z0-9+/]+={0,2}$' AND length(secret) BETWEEN 6 + 32 AND 6 + 88
+         AND public_key IS NULL)
+        OR (secret ~ '^whsk_[A-Za-z0-9+/]{43}=$' AND public_key IS NOT NULL AND public_key ~ '^whpk_[A-Za-z0-9+/]{43}=$'))
 );
 COMMENT ON TABLE siwa.webhook_secrets IS
     'Webhook signing secrets (whsec_…): every secret of an endpoint not past expires_at signs. Readable by siwa_worker and the owner only.';
 COMMENT ON COLUMN siwa.webhook_secrets.expires_at IS 'NULL: the current secret; else the end of its rotation overlap.';
+COMMENT ON COLUMN siwa.webhook_secrets.public_key IS
+    'For an ed25519 key (whsk_, signing v1a): its public key whpk_…, what the app verifies with; NULL for an HMAC secret (whsec_, v1).';
 CREATE INDEX IF NOT EXISTS webhook_secrets_endpoint_idx ON siwa.webhook_secrets (endpoint_id);
 
 CREATE TABLE IF NOT EXISTS siwa.webhook_slots (
@@ -4113,25 +4133,29 @@ CREATE TRIGGER changes_webhook_fan_out
     FOR EACH STATEMENT EXECUTE FUNCTION siwa.webhook_fan_out();
 
 -- Adds an endpoint with its secret and its slots; returns its id. For siwactl webhooks add (the owner).
+-- p_secret is whsec_… (HMAC, v1) or whsk_… (ed25519, v1a) with p_public_key its whpk_… (siwactl derives it).
 CREATE OR REPLACE FUNCTION siwa.add_webhook_endpoint(p_url text, p_secret text, p_types text[] DEFAULT NULL,
-                                                     p_max_in_flight integer DEFAULT 4) RETURNS bigint
+                                                     p_max_in_flight integer DEFAULT 4,
+                                                     p_public_key text DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_id bigint;
 BEGIN
     INSERT INTO siwa.webhook_endpoints AS e (url, types, max_in_flight)
     VALUES (p_url, p_types, p_max_in_flight) RETURNING e.id INTO v_id;
-    INSERT INTO siwa.webhook_secrets (endpoint_id, secret) VALUES (v_id, p_secret);
+    INSERT INTO siwa.webhook_secrets (endpoint_id, secret, public_key) VALUES (v_id, p_secret, p_public_key);
     INSERT INTO siwa.webhook_slots (endpoint_id, slot) SELECT v_id, s FROM generate_series(0, 63) s;
     RETURN v_id;
 END;
 $$;
-COMMENT ON FUNCTION siwa.add_webhook_endpoint(text, text, text[], integer) IS
-    'Adds a webhook endpoint with its first secret (siwactl webhooks add); returns its id.';
+COMMENT ON FUNCTION siwa.add_webhook_endpoint(text, text, text[], integer, text) IS
+    'Adds a webhook endpoint with its first secret, whsec_ (v1) or whsk_ with its whpk_ (v1a) (siwactl webhooks add); returns its id.';
 
 -- Rotates an endpoint's secret: the live ones expire after p_overlap (they sign until then), the new one
--- signs from now on; secrets already expired are deleted. Returns false for an unknown endpoint.
-CREATE OR REPLACE FUNCTION siwa.rotate_webhook_secret(p_endpoint bigint, p_secret text, p_overlap interval)
+-- signs from now on; secrets already expired are deleted. Returns false for an unknown endpoint. The new
+-- one may be of the other scheme (whsk_ with p_public_key, or whsec_): during the overlap both sign.
+CREATE OR REPLACE FUNCTION siwa.rotate_webhook_secret(p_endpoint bigint, p_secret text, p_overlap interval,
+                                                      p_public_key text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -4145,11 +4169,11 @@ BEGIN
     DELETE FROM siwa.webhook_secrets s WHERE s.endpoint_id = p_endpoint AND s.expires_at <= now();
     UPDATE siwa.webhook_secrets s SET expires_at = now() + p_overlap
      WHERE s.endpoint_id = p_endpoint AND (s.expires_at IS NULL OR s.expires_at > now() + p_overlap);
-    INSERT INTO siwa.webhook_secrets (endpoint_id, secret) VALUES (p_endpoint, p_secret);
+    INSERT INTO siwa.webhook_secrets (endpoint_id, secret, public_key) VALUES (p_endpoint, p_secret, p_public_key);
     RETURN true;
 END;
 $$;
-COMMENT ON FUNCTION siwa.rotate_webhook_secret(bigint, text, interval) IS
+COMMENT ON FUNCTION siwa.rotate_webhook_secret(bigint, text, interval, text) IS
     'Adds a new signing secret; the live ones keep signing for the overlap (siwactl webhooks rotate-secret).';
 
 -- Enables or disables an endpoint (siwactl webhooks enable/disable): a disabled endpoint gets no new
@@ -4268,6 +4292,22 @@ SELECT d.id, 'msg_' || d.change_id || '_' || d.endpoint_id AS webhook_id, d.chan
   JOIN siwa.changes c ON c.id = d.change_id;
 COMMENT ON VIEW siwa.webhook_delivery_status IS
     'One row per change and webhook endpoint: pending, delivered or dead, with attempts and the last answer.';
+
+-- ---- ed25519 signatures (v1a): the endpoints' signing keys without their secret part ----
+CREATE OR REPLACE VIEW siwa.webhook_signing_keys AS
+SELECT s.id, s.endpoint_id, CASE WHEN s.public_key IS NULL THEN 'v1' ELSE 'v1a' END AS scheme, s.public_key,
+       s.created_at, s.expires_at, (s.expires_at IS NULL OR s.expires_at > now()) AS live
+  FROM siwa.webhook_secrets s;
+COMMENT ON VIEW siwa.webhook_signing_keys IS
+    'Every webhook signing key: its scheme (v1 HMAC, v1a ed25519) and, for ed25519, the public key apps verify with; never a secret.';
+COMMENT ON COLUMN siwa.webhook_signing_keys.id IS 'The key''s id (newest signs first).';
+COMMENT ON COLUMN siwa.webhook_signing_keys.endpoint_id IS 'The endpoint it signs for.';
+COMMENT ON COLUMN siwa.webhook_signing_keys.scheme IS 'v1 (HMAC-SHA256, a whsec_ secret) or v1a (ed25519, a whsk_ key).';
+COMMENT ON COLUMN siwa.webhook_signing_keys.public_key IS 'For v1a: whpk_ and the base64 of the 32-byte public key; NULL for v1.';
+COMMENT ON COLUMN siwa.webhook_signing_keys.created_at IS 'When the key was added.';
+COMMENT ON COLUMN siwa.webhook_signing_keys.expires_at IS 'NULL: the current key; else the end of its rotation overlap.';
+COMMENT ON COLUMN siwa.webhook_signing_keys.live IS 'Whether it signs now.';
+-- ---- end of ed25519 signatures ----
 COMMENT ON COLUMN siwa.webhook_endpoint_overview.id IS 'The endpoint''s id (siwactl webhooks --endpoint ID).';
 COMMENT ON COLUMN siwa.webhook_endpoint_overview.url IS 'Where deliveries are POSTed.';
 COMMENT ON COLUMN siwa.webhook_endpoint_overview.types IS 'The change types sent here; NULL: every type.';
@@ -4790,6 +4830,7 @@ BEGIN
         GRANT EXECUTE ON FUNCTION siwa.history_of(text), siwa.current_sub(text) TO siwa_admin;
         GRANT SELECT ON siwa.webhook_endpoint_overview, siwa.webhook_attempt_history, siwa.webhook_delivery_status
             TO siwa_admin;
+        GRANT SELECT ON siwa.webhook_signing_keys TO siwa_admin;  -- ed25519: public keys, never a secret
         GRANT SELECT ON siwa.service_heartbeats TO siwa_admin;
         GRANT EXECUTE ON FUNCTION siwa.health_gauges(timestamptz) TO siwa_admin;
         GRANT EXECUTE ON FUNCTION siwa.client_ids_in_use(timestamptz) TO siwa_admin;

@@ -21,6 +21,7 @@
 -- meaning from one schema version to the next (a column may be added, never renamed or dropped):
 --   Admins (siwa_admin):   the views siwa.event_history, siwa.account_overview, siwa.queue_health,
 --                          siwa.changefeed, siwa.revocation_ledger, siwa.webhook_endpoint_overview,
+--                          siwa.webhook_signing_keys (public keys only),
 --                          siwa.webhook_attempt_history, siwa.webhook_delivery_status; the tables
 --                          siwa.sub_aliases, siwa.sub_transfer_batches, siwa.sub_columns and
 --                          siwa.service_heartbeats (read only); siwa.history_of(sub),

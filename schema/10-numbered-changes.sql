@@ -273,6 +273,18 @@ BEGIN
              WHERE jti LIKE 'siwa-refresh-check:%' AND raw_token IS NULL;
             DROP INDEX IF EXISTS siwa.notification_log_exceptions_idx;  -- its predicate names rejected now
         END IF;
+        -- Ed25519 webhook signatures (v1a): whsk_ keys beside whsec_ secrets, with their whpk_ public key.
+        IF pg_catalog.to_regclass('siwa.webhook_secrets') IS NOT NULL THEN
+            ALTER TABLE siwa.webhook_secrets
+                ADD COLUMN public_key text,
+                DROP CONSTRAINT webhook_secrets_secret_check,
+                ADD CONSTRAINT webhook_secrets_secret_check CHECK (
+                    (secret ~ '^whsec_[A-Za-z0-9+/]+={0,2}$' AND length(secret) BETWEEN 6 + 32 AND 6 + 88
+                     AND public_key IS NULL)
+                    OR (secret ~ '^whsk_[A-Za-z0-9+/]{43}=$' AND public_key IS NOT NULL AND public_key ~ '^whpk_[A-Za-z0-9+/]{43}=$'));
+        END IF;
+        DROP FUNCTION IF EXISTS siwa.add_webhook_endpoint(text, text, text[], integer);
+        DROP FUNCTION IF EXISTS siwa.rotate_webhook_secret(bigint, text, interval);
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;

@@ -34,6 +34,7 @@ BEGIN
         GRANT EXECUTE ON FUNCTION siwa.history_of(text), siwa.current_sub(text) TO siwa_admin;
         GRANT SELECT ON siwa.webhook_endpoint_overview, siwa.webhook_attempt_history, siwa.webhook_delivery_status
             TO siwa_admin;
+        GRANT SELECT ON siwa.webhook_signing_keys TO siwa_admin;  -- ed25519: public keys, never a secret
         GRANT SELECT ON siwa.service_heartbeats TO siwa_admin;
         GRANT EXECUTE ON FUNCTION siwa.health_gauges(timestamptz) TO siwa_admin;
         GRANT EXECUTE ON FUNCTION siwa.client_ids_in_use(timestamptz) TO siwa_admin;

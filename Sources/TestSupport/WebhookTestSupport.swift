@@ -11,6 +11,18 @@ public typealias WebhookDatabase = TestDatabase
 
 /// Endpoints and changes added the way siwactl and the worker add them.
 extension TestDatabase {
+    /// Adds an endpoint signing v1a with `key` (siwa.add_webhook_endpoint with its public key, as siwactl
+    /// webhooks add --scheme ed25519 does); returns its id.
+    @discardableResult
+    public func addEndpoint(
+        url: String, ed25519 key: StandardWebhooks.Ed25519SigningKey, maxInFlight: Int = 4
+    ) throws -> Int {
+        let rows = try connection.query(
+            "SELECT siwa.add_webhook_endpoint($1, $2, NULL, $3::integer, $4)",
+            [.text(url), .text(key.text), .int(Int64(maxInFlight)), .text(key.publicKey.text)])
+        return try rows[0][0, as: Int.self]
+    }
+
     /// Adds an endpoint (siwa.add_webhook_endpoint, as siwactl webhooks add does); returns its id.
     @discardableResult
     public func addEndpoint(
@@ -114,6 +126,19 @@ public struct ReceivedDelivery: Sendable {
     /// When it arrived.
     public var at: ContinuousClock.Instant
 
+    /// A delivery as received (or made up to be checked, e.g. one signed in a test).
+    public init(
+        id: String?, timestamp: String?, signature: String?, body: [UInt8], status: Int,
+        at: ContinuousClock.Instant
+    ) {
+        self.id = id
+        self.timestamp = timestamp
+        self.signature = signature
+        self.body = body
+        self.status = status
+        self.at = at
+    }
+
     /// The parsed body.
     public var json: [String: Any] {
         (try? JSONSerialization.jsonObject(with: Data(body))) as? [String: Any] ?? [:]
@@ -190,10 +215,22 @@ public enum ReferenceVerifier {
 
     private static let prepared = Mutex(false)
 
-    /// `ok` or `fail: …` for each delivery checked against `secret`.
+    /// `ok` or `fail: …` for each delivery checked against `secret` (v1, by `standardwebhooks`).
     public static func verify(_ deliveries: [ReceivedDelivery], secret: StandardWebhooks.Secret) throws
         -> [String]
     {
+        try verify(deliveries, key: ["secret": secret.text])
+    }
+
+    /// `ok` or `fail: …` for each delivery's v1a signatures checked against `publicKey` (by pyca
+    /// `cryptography`'s Ed25519, following the specification's text).
+    public static func verify(_ deliveries: [ReceivedDelivery], publicKey: StandardWebhooks.Ed25519PublicKey)
+        throws -> [String]
+    {
+        try verify(deliveries, key: ["public_key": publicKey.text])
+    }
+
+    private static func verify(_ deliveries: [ReceivedDelivery], key: [String: String]) throws -> [String] {
         // Made once per test process, one test at a time (tests verifying in parallel would otherwise
         // build the venv over each other); the script returns at once when the venv is ready.
         try prepared.withLock { (ready: inout Bool) throws(Missing) in
@@ -215,10 +252,10 @@ public enum ReferenceVerifier {
             headers["webhook-id"] = delivery.id
             headers["webhook-timestamp"] = delivery.timestamp
             headers["webhook-signature"] = delivery.signature
-            let object: [String: Any] = [
-                "secret": secret.text, "headers": headers,
-                "body_base64": Data(delivery.body).base64EncodedString(),
+            var object: [String: Any] = [
+                "headers": headers, "body_base64": Data(delivery.body).base64EncodedString(),
             ]
+            for (name, value) in key { object[name] = value }
             input +=
                 String(decoding: try JSONSerialization.data(withJSONObject: object), as: UTF8.self) + "\n"
         }

@@ -13,7 +13,8 @@ import Webhooks
 /// connection, listening on `siwa_webhooks` (the fan-out trigger and replays notify it). One attempt
 /// holds no lock and no transaction across the network: `siwa.claim_webhook_delivery` commits a lease on
 /// a due queue head (at most the endpoint's `max_in_flight` live leases, across every worker), the lane
-/// builds the body from the change row, signs it with every live secret and POSTs it under the outbound
+/// builds the body from the change row, signs it with every live key (`v1` for a whsec_ secret, `v1a` for
+/// a whsk_ ed25519 key) and POSTs it under the outbound
 /// policy (one deadline, no redirects, https or http to a loopback literal, the answer's body capped)
 /// with no transaction open, then `siwa.record_webhook_attempt` records the attempt and the delivery's
 /// new state if the lease is still its own. A 2xx is `delivered`; anything else is retried with
@@ -217,9 +218,10 @@ public final class WebhookDispatcher: Sendable {
         let attempt = try row[4, as: Int.self]
         let firstAttempt = try row[5, as: Date?.self]
         let url = try row[6, as: String.self]
-        // A text[] of whsec_ secrets ({a,b}): their alphabet has no comma, quote or brace to escape.
+        // A text[] of whsec_ secrets and whsk_ ed25519 keys ({a,b}): their alphabet has no comma, quote or
+        // brace to escape. Each signs with its own scheme (v1, v1a).
         let secrets = try row[7, as: String.self].trimmingCharacters(in: CharacterSet(charactersIn: "{}"))
-            .split(separator: ",").compactMap { try? StandardWebhooks.Secret(String($0)) }
+            .split(separator: ",").compactMap { try? StandardWebhooks.SigningKey(String($0)) }
         let body = try self.body(change: change, on: connection)
 
         // No transaction is open from here to the record: the delivery is held by its lease only.
@@ -242,7 +244,7 @@ public final class WebhookDispatcher: Sendable {
                     .init(
                         "webhook-signature",
                         StandardWebhooks.signatureHeader(
-                            id: webhookID, timestamp: timestamp, body: body, secrets: secrets)),
+                            id: webhookID, timestamp: timestamp, body: body, keys: secrets)),
                 ], body: body)
             do {
                 let response = try client.perform(request)

@@ -85,29 +85,26 @@ enum WebhooksVerb {
         abstract: """
             Add a webhook endpoint: https (or http to a loopback IP literal). Without a secret of your own
             (--secret-file FILE, '-' for stdin, or SIWA_WEBHOOK_SECRET) a whsec_ secret is generated and
-            printed once. Prints the endpoint's id (and the generated secret).
+            printed once. Prints the endpoint's id (and the generated secret). --scheme ed25519 signs v1a
+            with a new whsk_ key kept in the database and prints only its whpk_ public key.
             """,
         options: [
             .databaseURL,
             CommandOption("url", valueName: "URL", help: "Where deliveries are POSTed.", isRequired: true),
-            secretOption("The signing secret (default: a new one)."),
+            secretOption("The signing secret, whsec_ or an ed25519 whsk_ (default: a new one)."),
             CommandOption(
                 "types", valueName: "TYPE,…",
                 help: "Only these change types (default: all): \(types.joined(separator: ", "))."),
             CommandOption(
                 "max-in-flight", valueName: "N", help: "Attempts to this endpoint at once, 1 to 64.",
                 defaultValue: "4"),
+            schemeOption("hmac (v1, default) or ed25519 (v1a)."),
         ])
 
     static func add(_ parsed: ParsedCommand) throws {
         let url = parsed.value("url") ?? ""
         if let problem = StandardWebhooks.endpointProblem(url) { throw UsageError("--url: \(problem)") }
-        let secret: StandardWebhooks.Secret
-        if let text = parsed.value("secret") {
-            do { secret = try StandardWebhooks.Secret(text) } catch { throw UsageError("--secret: \(error)") }
-        } else {
-            secret = .generate()
-        }
+        let secret = try signingKey(parsed, scheme: parsed.value("scheme"))
         let chosen = try parsedTypes(parsed)
         let maxInFlight: Int
         do { maxInFlight = try parsed.integer("max-in-flight", in: 1...64) ?? 4 } catch {
@@ -117,16 +114,22 @@ enum WebhooksVerb {
         defer { connection.close() }
         let id = try database("adding the endpoint") {
             try connection.query(
-                "SELECT siwa.add_webhook_endpoint($1, $2, $3::text[], $4::integer)",
+                "SELECT siwa.add_webhook_endpoint($1, $2, $3::text[], $4::integer, $5)",
                 [
                     .text(url), .text(secret.text),
                     chosen.map { .text("{" + $0.joined(separator: ",") + "}") },
-                    .int(Int64(maxInFlight)),
+                    .int(Int64(maxInFlight)), secret.publicKey.map { .text($0.text) },
                 ]
             )[0][0, as: Int.self]
         }
         writeStandardOutput("endpoint \(id): \(url)\n")
-        if parsed.value("secret") == nil {
+        if let publicKey = secret.publicKey {
+            // The private key stays in the database: the app needs only the public key (not a secret).
+            writeStandardOutput("public key: \(publicKey.text)\n")
+            writeErrorLine(
+                "siwactl webhooks add",
+                "signing v1a (ed25519): put the public key in your app's configuration")
+        } else if parsed.value("secret") == nil {
             writeStandardOutput("secret: \(secret.text)\n")
             writeErrorLine(
                 "siwactl webhooks add",
@@ -240,35 +243,75 @@ enum WebhooksVerb {
             """,
         options: [
             .databaseURL, endpointOption,
-            secretOption("The new secret (default: a new one)."),
+            secretOption("The new secret, whsec_ or an ed25519 whsk_ (default: a new one)."),
             CommandOption(
                 "overlap", valueName: "DURATION", help: "How long the old secret still signs (s, m, h, d).",
                 defaultValue: "24h"),
+            schemeOption("hmac (v1) or ed25519 (v1a) for the new key (default: the current key's)."),
         ])
 
     static func rotate(_ parsed: ParsedCommand) throws {
         let id = try endpointID(parsed)
-        let secret: StandardWebhooks.Secret
-        if let text = parsed.value("secret") {
-            do { secret = try StandardWebhooks.Secret(text) } catch { throw UsageError("--secret: \(error)") }
-        } else {
-            secret = .generate()
-        }
         guard let overlap = parseDuration(parsed.value("overlap") ?? "24h") else {
             throw UsageError("--overlap must be a duration such as 24h, 90m, 3600s or 0")
         }
         let connection = try connect(parsed)
         defer { connection.close() }
+        // Without --scheme (or a key of the caller's) the new key has the scheme of the current one.
+        var scheme = parsed.value("scheme")
+        if scheme == nil, parsed.value("secret") == nil {
+            let current = try database("reading the endpoint's scheme") {
+                try connection.query(
+                    """
+                    SELECT scheme FROM siwa.webhook_signing_keys
+                     WHERE endpoint_id = $1 AND live ORDER BY expires_at IS NULL DESC, id DESC LIMIT 1
+                    """, [.int(Int64(id))])
+            }
+            if try current.first?[0, as: String.self] == "v1a" { scheme = "ed25519" }
+        }
+        let secret = try signingKey(parsed, scheme: scheme)
         let found = try database("rotating the secret") {
             try connection.query(
-                "SELECT siwa.rotate_webhook_secret($1::bigint, $2, make_interval(secs => $3))",
-                [.int(Int64(id)), .text(secret.text), .double(overlap)]
+                "SELECT siwa.rotate_webhook_secret($1::bigint, $2, make_interval(secs => $3), $4)",
+                [
+                    .int(Int64(id)), .text(secret.text), .double(overlap),
+                    secret.publicKey.map { .text($0.text) },
+                ]
             )[0][0, as: Bool.self]
         }
         guard found else { throw ToolFailure("no endpoint \(id)") }
         writeStandardOutput(
             "endpoint \(id): new secret signs now; the previous one signs for \(formatAge(overlap)) more\n")
-        if parsed.value("secret") == nil { writeStandardOutput("secret: \(secret.text)\n") }
+        if let publicKey = secret.publicKey {
+            writeStandardOutput("public key: \(publicKey.text)\n")
+        } else if parsed.value("secret") == nil {
+            writeStandardOutput("secret: \(secret.text)\n")
+        }
+    }
+
+    // MARK: signing schemes (ed25519, v1a)
+
+    /// `--scheme hmac|ed25519`.
+    static func schemeOption(_ help: String) -> CommandOption {
+        CommandOption("scheme", valueName: "hmac|ed25519", help: help)
+    }
+
+    /// The signing key for `add` and `rotate-secret`: the caller's (`--secret`, whsec_ or whsk_), else a
+    /// new one of `scheme` (hmac when nil).
+    static func signingKey(_ parsed: ParsedCommand, scheme: String?) throws -> StandardWebhooks.SigningKey {
+        guard scheme == nil || scheme == "hmac" || scheme == "ed25519" else {
+            throw UsageError("--scheme is hmac or ed25519")
+        }
+        guard let text = parsed.value("secret") else {
+            return scheme == "ed25519" ? .ed25519(.generate()) : .hmac(.generate())
+        }
+        let key: StandardWebhooks.SigningKey
+        do { key = try StandardWebhooks.SigningKey(text) } catch { throw UsageError("--secret: \(error)") }
+        if let scheme, (scheme == "ed25519") != (key.scheme == "v1a") {
+            throw UsageError(
+                "--secret: a \(scheme == "ed25519" ? "whsk_" : "whsec_") key for --scheme \(scheme)")
+        }
+        return key
     }
 
     /// `90`, `90s`, `15m`, `24h`, `2d`: seconds.
