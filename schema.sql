@@ -69,7 +69,8 @@
 --                          siwa.erase_personal_data, siwa.add_webhook_endpoint, siwa.rotate_webhook_secret,
 --                          siwa.replay_webhook_deliveries, siwa.retry_webhook_deliveries,
 --                          siwa.remove_webhook_endpoint, siwa.apply_sub_transfer (through siwactl);
---                          the roles siwa_admin, siwa_receiver, siwa_worker, siwa_signin and siwa_app
+--                          the roles siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app and
+--                          siwa_webhook_admin
 --                          and what each is granted (schema/85-privileges.sql).
 -- Everything else is internal and may change in any version: the log, queue and dedupe tables behind
 -- the views (siwa.notification_log, siwa.notification_queue, siwa.notification_jtis, the compatibility
@@ -4850,7 +4851,8 @@ DECLARE
     v_role     text;
     v_can_create boolean := (SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user);
 BEGIN
-    FOREACH v_role IN ARRAY ARRAY['siwa_admin', 'siwa_receiver', 'siwa_worker', 'siwa_signin', 'siwa_app'] LOOP
+    FOREACH v_role IN ARRAY ARRAY['siwa_admin', 'siwa_receiver', 'siwa_worker', 'siwa_signin', 'siwa_app',
+                                  'siwa_webhook_admin'] LOOP
         CONTINUE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role);
         IF NOT v_can_create THEN
             RAISE WARNING 'role % does not exist and % may not create it: create it (NOLOGIN) and apply schema.sql again',
@@ -4866,6 +4868,9 @@ BEGIN
                     'Sign in with Apple notifications: what siwa-receiver needs (INSERT into siwa.notification_log). Grant to its login role.'
                 WHEN 'siwa_worker' THEN
                     'Sign in with Apple notifications: what siwa-worker needs (apply, retry, prune, erase). Grant to its login role.'
+                -- wh-ops: siwa_webhook_admin
+                WHEN 'siwa_webhook_admin' THEN
+                    'Sign in with Apple: manage webhook endpoints through the siwa functions (siwactl webhooks add, rotate-secret, enable, disable, retry, replay, remove) without being the owner; never reads a secret back. Grant to people or a deploy tool.'
                 WHEN 'siwa_signin' THEN
                     'Sign in with Apple: what the sign-in API (siwa-receiver --signin-listen) needs: record sign-ins and encrypted refresh tokens through its functions, request revocations. Grant to the API''s own login role (--signin-database-url), never the receiver''s.'
                 ELSE
@@ -5103,6 +5108,38 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- ==== wh-ops: siwa_webhook_admin ====
+-- siwa_webhook_admin: manages webhook endpoints through the siwa functions (which run with its rights)
+-- without being the owner: add, rotate a secret, enable/disable, retry, replay, remove; reads the
+-- webhook views. It writes secrets but never reads one back: no SELECT on siwa.webhook_secrets.secret
+-- (only the columns a rotation's WHERE reads). Of siwa.changes it reads the four columns a replay
+-- needs (never an email). Deleting an endpoint cascades with the tables' owner's rights.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_webhook_admin') THEN
+        GRANT USAGE ON SCHEMA siwa TO siwa_webhook_admin;
+        GRANT SELECT ON siwa.webhook_endpoint_overview, siwa.webhook_attempt_history, siwa.webhook_delivery_status
+            TO siwa_webhook_admin;
+        GRANT EXECUTE ON FUNCTION siwa.add_webhook_endpoint(text, text, text[], integer),
+            siwa.rotate_webhook_secret(bigint, text, interval), siwa.set_webhook_endpoint_enabled(bigint, boolean),
+            siwa.retry_webhook_deliveries(bigint, bigint),
+            siwa.replay_webhook_deliveries(bigint, bigint, bigint, timestamptz, timestamptz, text),
+            siwa.remove_webhook_endpoint(bigint, boolean) TO siwa_webhook_admin;
+        GRANT SELECT, INSERT (url, types, max_in_flight), DELETE ON siwa.webhook_endpoints TO siwa_webhook_admin;
+        GRANT UPDATE (enabled, disabled_at, disabled_reason, failing_since) ON siwa.webhook_endpoints
+            TO siwa_webhook_admin;
+        GRANT SELECT (id, endpoint_id, created_at, expires_at), INSERT (endpoint_id, secret), UPDATE (expires_at),
+            DELETE ON siwa.webhook_secrets TO siwa_webhook_admin;
+        GRANT INSERT ON siwa.webhook_slots TO siwa_webhook_admin;
+        GRANT SELECT, INSERT (change_id, endpoint_id, sub),
+            UPDATE (state, attempts, next_attempt_at, first_attempt_at, delivered_at, ready)
+            ON siwa.webhook_deliveries TO siwa_webhook_admin;
+        GRANT SELECT (id, sub, type, applied_at) ON siwa.changes TO siwa_webhook_admin;
+    END IF;
+END;
+$$;
+-- ==== end wh-ops: siwa_webhook_admin ====
 
 -- ===================================================================================================
 -- schema/99-postamble.sql: The applying session's own search_path restored

@@ -40,7 +40,8 @@
 --                          siwa.erase_personal_data, siwa.add_webhook_endpoint, siwa.rotate_webhook_secret,
 --                          siwa.replay_webhook_deliveries, siwa.retry_webhook_deliveries,
 --                          siwa.remove_webhook_endpoint, siwa.apply_sub_transfer (through siwactl);
---                          the roles siwa_admin, siwa_receiver, siwa_worker, siwa_signin and siwa_app
+--                          the roles siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app and
+--                          siwa_webhook_admin
 --                          and what each is granted (schema/85-privileges.sql).
 -- Everything else is internal and may change in any version: the log, queue and dedupe tables behind
 -- the views (siwa.notification_log, siwa.notification_queue, siwa.notification_jtis, the compatibility

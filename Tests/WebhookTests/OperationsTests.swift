@@ -6,6 +6,18 @@ import Webhooks
 import Worker
 
 // ==== wh-ops: operations (retry, replay by state, remove, auto-disable, siwa_webhook_admin) ====
+/// The SQLSTATE `body` failed with; nil when it succeeded.
+private func refusal(_ body: () throws -> Void) -> String? {
+    do {
+        try body()
+        return nil
+    } catch let error as PostgresError {
+        return error.sqlState ?? "(no SQLSTATE)"
+    } catch {
+        return "(not a PostgresError)"
+    }
+}
+
 @Suite("Webhook operations", .serialized)
 struct OperationsTests {
     @Test(
@@ -250,6 +262,56 @@ struct OperationsTests {
                 "SELECT disabled_at - failing_since >= interval '300 milliseconds' FROM siwa.webhook_endpoints"
             )
                 as Bool)
+    }
+
+    @Test(
+        "siwa_webhook_admin adds, rotates, disables, retries, replays and removes; never reads a secret (42501)"
+    )
+    func webhookAdminRole() throws {
+        let database = try WebhookDatabase()
+        let receiver = try WebhookReceiver { _, seen in seen == 0 ? (503, .zero) : (204, .zero) }
+        let admin = try PostgresConnection(
+            configuration: database.configuration(asMemberOf: "siwa_webhook_admin"))
+        defer { admin.close() }
+        let secret = StandardWebhooks.Secret.generate()
+        let endpoint = try admin.query(
+            "SELECT siwa.add_webhook_endpoint($1, $2)", [.text(receiver.url), .text(secret.text)])[0][
+                0, as: Int.self]
+        #expect(
+            try admin.query(
+                "SELECT siwa.rotate_webhook_secret($1, $2, interval '1 hour')",
+                [.int(Int64(endpoint)), .text(StandardWebhooks.Secret.generate().text)])[0][0, as: Bool.self])
+        try database.insertChange(sub: "a", email: "a@privaterelay.appleid.com")
+        let dispatcher = try database.dispatcher(retryBaseDelay: .seconds(600), maxRetryDelay: .seconds(600))
+        #expect(try dispatcher.drainOnce().map(\.state) == ["retry"])
+        #expect(
+            try admin.query(
+                "SELECT siwa.retry_webhook_deliveries(p_endpoint => $1)", [.int(Int64(endpoint))])[0][
+                    0, as: Int.self] == 1)
+        #expect(try dispatcher.drainOnce().map(\.state) == ["delivered"])
+        #expect(
+            try admin.query(
+                "SELECT siwa.replay_webhook_deliveries(p_endpoint => $1, p_since => now() - interval '1 hour')",
+                [.int(Int64(endpoint))])[0][0, as: Int.self] == 1)
+        #expect(
+            try admin.query("SELECT siwa.set_webhook_endpoint_enabled($1, false)", [.int(Int64(endpoint))])[
+                0][
+                    0, as: Bool.self])
+        #expect(try admin.query("SELECT id, expires_at FROM siwa.webhook_secrets").count == 2)
+        for sql in [
+            "SELECT secret FROM siwa.webhook_secrets", "SELECT * FROM siwa.webhook_secrets",
+            "SELECT email FROM siwa.changes",
+            "UPDATE siwa.webhook_endpoints SET url = 'https://evil.example/'",
+        ] {
+            #expect(refusal { _ = try admin.query(sql) } == "42501", "\(sql)")
+        }
+        let text = try admin.query("SELECT o::text FROM siwa.webhook_endpoint_overview o")[0][
+            0, as: String.self]
+        #expect(!text.contains("whsec_"))
+        #expect(
+            try admin.query("SELECT siwa.remove_webhook_endpoint($1, true)", [.int(Int64(endpoint))])[0][
+                0, as: Int.self] == 1)
+        #expect(try database.value("SELECT count(*)::int FROM siwa.webhook_secrets") as Int == 0)
     }
 }
 // ==== end wh-ops: operations ====
