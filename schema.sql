@@ -66,10 +66,12 @@
 --                          admins and never undone by this file; the optional
 --                          siwa.on_change(change siwa.changes, superseded boolean).
 --   Settings and tools     siwa.settings (erase_personal_data_after, hook_search_path,
---   (the owner):           changes_retention); siwa.requeue, siwa.prune, siwa.erase_personal_data,
---                          siwa.add_webhook_endpoint, siwa.rotate_webhook_secret,
---                          siwa.replay_webhook_deliveries, siwa.apply_sub_transfer (through siwactl);
---                          the roles siwa_admin, siwa_receiver, siwa_worker, siwa_signin and siwa_app
+--   (the owner):           changes_retention, webhook_auto_disable_after); siwa.requeue, siwa.prune,
+--                          siwa.erase_personal_data, siwa.add_webhook_endpoint, siwa.rotate_webhook_secret,
+--                          siwa.replay_webhook_deliveries, siwa.retry_webhook_deliveries,
+--                          siwa.remove_webhook_endpoint, siwa.apply_sub_transfer (through siwactl);
+--                          the roles siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app and
+--                          siwa_webhook_admin
 --                          and what each is granted (schema/85-privileges.sql).
 -- Everything else is internal and may change in any version: the log, queue and dedupe tables behind
 -- the views (siwa.notification_log, siwa.notification_queue, siwa.notification_jtis, the compatibility
@@ -460,6 +462,23 @@ BEGIN
         END IF;
         DROP FUNCTION IF EXISTS siwa.add_webhook_endpoint(text, text, text[], integer);
         DROP FUNCTION IF EXISTS siwa.rotate_webhook_secret(bigint, text, interval);
+        -- wh-ops: replay chooses dead, failed or all (p_state): the five-argument replay goes, the
+        -- desired state creates the six-argument one.
+        DROP FUNCTION IF EXISTS siwa.replay_webhook_deliveries(bigint, bigint, bigint, timestamptz, timestamptz);
+        -- wh-ops: auto-disable of a webhook endpoint on 410 Gone or after failing continuously for
+        -- siwa.settings.webhook_auto_disable_after (recorded in disabled_reason).
+        IF pg_catalog.to_regclass('siwa.webhook_endpoints') IS NOT NULL THEN
+            ALTER TABLE siwa.webhook_endpoints
+                ADD COLUMN failing_since timestamptz,
+                ADD COLUMN disabled_reason text
+                    CONSTRAINT webhook_endpoints_disabled_reason_check CHECK (length(disabled_reason) <= 300);
+            UPDATE siwa.webhook_endpoints SET disabled_reason = 'manual' WHERE NOT enabled;
+        END IF;
+        IF v_from > 0 THEN
+            ALTER TABLE siwa.settings
+                ADD COLUMN webhook_auto_disable_after interval NOT NULL DEFAULT interval '3 days'
+                    CONSTRAINT settings_webhook_auto_disable_after_check CHECK (webhook_auto_disable_after > interval '0');
+        END IF;
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;
@@ -475,7 +494,10 @@ CREATE TABLE IF NOT EXISTS siwa.settings (
     erase_personal_data_after     interval NOT NULL DEFAULT interval '0' CHECK (erase_personal_data_after >= interval '0'),
     hook_search_path              text,
     changes_retention             interval NOT NULL DEFAULT interval '7 days'
-        CONSTRAINT settings_changes_retention_check CHECK (changes_retention >= interval '0')
+        CONSTRAINT settings_changes_retention_check CHECK (changes_retention >= interval '0'),
+    -- wh-ops: auto-disable (numbered change 5 adds it to an existing table)
+    webhook_auto_disable_after    interval NOT NULL DEFAULT interval '3 days'
+        CONSTRAINT settings_webhook_auto_disable_after_check CHECK (webhook_auto_disable_after > interval '0')
 );
 COMMENT ON TABLE siwa.settings IS
     'Settings read by the database functions; exactly one row. Change with UPDATE siwa.settings SET ….';
@@ -486,6 +508,8 @@ COMMENT ON COLUMN siwa.settings.hook_search_path IS
     'The search_path the admins'' hook siwa.on_event is called with. NULL (default): the worker session''s own search_path (its role''s or connection''s setting, PostgreSQL''s default "$user", public), as a hook written without schema names expects. A hook with its own SET search_path clause (recommended) uses that instead.';
 COMMENT ON COLUMN siwa.settings.changes_retention IS
     'How long a numbered change (siwa.changes) is kept after it was applied before siwa.prune deletes it: the longest a changefeed reader may stay away and still catch up. 7 days by default.';
+COMMENT ON COLUMN siwa.settings.webhook_auto_disable_after IS
+    'How long a webhook endpoint may fail continuously (no 2xx to any attempt) before siwa-worker disables it (siwa.webhook_endpoints.disabled_reason). 3 days by default; a 410 Gone disables it at once.';
 INSERT INTO siwa.settings DEFAULT VALUES ON CONFLICT DO NOTHING;
 
 -- ===================================================================================================
@@ -4004,13 +4028,20 @@ CREATE TABLE IF NOT EXISTS siwa.webhook_endpoints (
     CONSTRAINT webhook_endpoints_types_check CHECK (
         types IS NULL OR (cardinality(types) > 0 AND types <@ ARRAY['siwa.email_disabled', 'siwa.email_enabled',
             'siwa.consent_revoked', 'siwa.account_deleted', 'siwa.personal_data_erased', 'siwa.sub_transferred'])),
-    CONSTRAINT webhook_endpoints_max_in_flight_check CHECK (max_in_flight BETWEEN 1 AND 64)
+    CONSTRAINT webhook_endpoints_max_in_flight_check CHECK (max_in_flight BETWEEN 1 AND 64),
+    -- wh-ops: auto-disable (numbered change 5 adds these to an existing table)
+    failing_since   timestamptz,
+    disabled_reason text CONSTRAINT webhook_endpoints_disabled_reason_check CHECK (length(disabled_reason) <= 300)
 );
 COMMENT ON TABLE siwa.webhook_endpoints IS
     'Webhook endpoints (siwactl webhooks add): where siwa-worker sends each change, signed (Standard Webhooks).';
 COMMENT ON COLUMN siwa.webhook_endpoints.types IS 'The change types sent here; NULL: every type.';
 COMMENT ON COLUMN siwa.webhook_endpoints.enabled IS 'Whether new changes fan out here and pending deliveries are attempted.';
 COMMENT ON COLUMN siwa.webhook_endpoints.max_in_flight IS 'Attempts to this endpoint at once, across all workers (1 to 64).';
+COMMENT ON COLUMN siwa.webhook_endpoints.failing_since IS
+    'When its current run of failed attempts began (NULL: the last attempt was delivered); failing for siwa.settings.webhook_auto_disable_after disables it.';
+COMMENT ON COLUMN siwa.webhook_endpoints.disabled_reason IS
+    'Why it is disabled: manual (siwactl webhooks disable), or auto: … (a 410 Gone, or failing continuously); NULL while enabled.';
 
 CREATE TABLE IF NOT EXISTS siwa.webhook_secrets (
     id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -4187,7 +4218,10 @@ BEGIN
         RAISE EXCEPTION 'enabled must be true or false' USING ERRCODE = '22004';
     END IF;
     UPDATE siwa.webhook_endpoints e
-       SET enabled = p_enabled, disabled_at = CASE WHEN p_enabled THEN NULL ELSE now() END
+       SET enabled = p_enabled, disabled_at = CASE WHEN p_enabled THEN NULL ELSE now() END,
+           -- wh-ops: auto-disable: enabling clears the reason and the run of failures
+           disabled_reason = CASE WHEN p_enabled THEN NULL ELSE coalesce(e.disabled_reason, 'manual') END,
+           failing_since = CASE WHEN p_enabled THEN NULL ELSE e.failing_since END
      WHERE e.id = p_endpoint;
     IF NOT FOUND THEN
         RETURN false;
@@ -4201,48 +4235,63 @@ $$;
 COMMENT ON FUNCTION siwa.set_webhook_endpoint_enabled(bigint, boolean) IS
     'Enables or disables a webhook endpoint (siwactl webhooks enable/disable); enabling wakes the webhook lanes. Returns false for an unknown endpoint.';
 
--- Puts deliveries back to pending with a fresh retry schedule (same webhook-id: receivers dedupe on it):
--- one delivery; every delivery of one change; or, for one endpoint, every change applied in
--- [p_since, p_until) that matches its types, creating the deliveries it never had (an endpoint added
--- later, or disabled meanwhile). Pending ones are left as they are. Returns how many were queued.
+-- ==== wh-ops: replay with a state selector ====
+-- Puts deliveries back to pending with a fresh retry schedule (same webhook-id: receivers dedupe on it,
+-- attempts from 1 and the give-up window from the next attempt): one delivery; every delivery of one
+-- change; or a window: the changes applied in [p_since, p_until), to one endpoint (p_endpoint) or to
+-- every endpoint. p_state chooses which (docs/webhooks.md, "Recovery"):
+--  - dead: given up after the retry schedule ran out;
+--  - failed: dead, and pending ones whose last attempt failed (in backoff: due now, schedule fresh);
+--  - all (the default): failed, and delivered ones too; a window of one endpoint also creates the
+--    deliveries it never had (an endpoint added later, or disabled meanwhile).
+-- A pending delivery not yet attempted (it waits its turn) or in flight (a live lease) is left as it is.
+-- Returns how many were queued.
 CREATE OR REPLACE FUNCTION siwa.replay_webhook_deliveries(
     p_delivery bigint DEFAULT NULL, p_change bigint DEFAULT NULL, p_endpoint bigint DEFAULT NULL,
-    p_since timestamptz DEFAULT NULL, p_until timestamptz DEFAULT NULL) RETURNS integer
+    p_since timestamptz DEFAULT NULL, p_until timestamptz DEFAULT NULL, p_state text DEFAULT 'all')
+RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_count     integer;
+    v_created   integer := 0;
     v_endpoints bigint[];
 BEGIN
-    IF num_nonnulls(p_delivery, p_change, p_endpoint) <> 1 THEN
-        RAISE EXCEPTION 'give exactly one of a delivery, a change or an endpoint' USING ERRCODE = '22023';
+    IF num_nonnulls(p_delivery, p_change) + (num_nonnulls(p_endpoint, p_since, p_until) > 0)::integer <> 1 THEN
+        RAISE EXCEPTION 'give exactly one of a delivery, a change, or an endpoint and/or a time range'
+            USING ERRCODE = '22023';
     END IF;
-    IF p_endpoint IS NULL AND (p_since IS NOT NULL OR p_until IS NOT NULL) THEN
-        RAISE EXCEPTION 'a time range needs an endpoint' USING ERRCODE = '22023';
+    IF p_state IS NULL OR p_state NOT IN ('dead', 'failed', 'all') THEN
+        RAISE EXCEPTION 'the state is dead, failed or all' USING ERRCODE = '22023';
     END IF;
-    IF p_endpoint IS NULL THEN
-        WITH replayed AS (
-            UPDATE siwa.webhook_deliveries d
-               SET state = 'pending', attempts = 0, next_attempt_at = now(), first_attempt_at = NULL,
-                   delivered_at = NULL
-             WHERE d.state <> 'pending' AND (d.id = p_delivery OR d.change_id = p_change)
-            RETURNING d.endpoint_id)
-        SELECT count(*), array_agg(DISTINCT r.endpoint_id) INTO v_count, v_endpoints FROM replayed r;
-    ELSE
+    WITH replayed AS (
+        UPDATE siwa.webhook_deliveries d
+           SET state = 'pending', attempts = 0, next_attempt_at = now(), first_attempt_at = NULL,
+               delivered_at = NULL
+          FROM siwa.changes c
+         WHERE c.id = d.change_id
+           AND (d.id = p_delivery OR d.change_id = p_change
+                OR (p_delivery IS NULL AND p_change IS NULL
+                    AND (p_endpoint IS NULL OR d.endpoint_id = p_endpoint)
+                    AND c.applied_at >= coalesce(p_since, '-infinity')
+                    AND c.applied_at < coalesce(p_until, 'infinity')))
+           AND (d.state = 'dead'
+                OR (p_state <> 'dead' AND d.state = 'pending' AND d.attempts > 0
+                    AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= clock_timestamp()))
+                OR (p_state = 'all' AND d.state = 'delivered'))
+        RETURNING d.endpoint_id)
+    SELECT count(*), array_agg(DISTINCT r.endpoint_id) INTO v_count, v_endpoints FROM replayed r;
+    IF p_endpoint IS NOT NULL AND p_state = 'all' THEN
+        INSERT INTO siwa.webhook_deliveries (change_id, endpoint_id, sub)
+        SELECT c.id, e.id, c.sub
+          FROM siwa.webhook_endpoints e
+          JOIN siwa.changes c ON (e.types IS NULL OR c.type = ANY (e.types))
+         WHERE e.id = p_endpoint
+           AND c.applied_at >= coalesce(p_since, '-infinity') AND c.applied_at < coalesce(p_until, 'infinity')
+         ORDER BY c.id
+        ON CONFLICT (change_id, endpoint_id) DO NOTHING;
+        GET DIAGNOSTICS v_created = ROW_COUNT;
+        v_count := v_count + v_created;
         v_endpoints := ARRAY[p_endpoint];
-        WITH upserted AS (
-            INSERT INTO siwa.webhook_deliveries AS d (change_id, endpoint_id, sub)
-            SELECT c.id, e.id, c.sub
-              FROM siwa.webhook_endpoints e
-              JOIN siwa.changes c ON (e.types IS NULL OR c.type = ANY (e.types))
-             WHERE e.id = p_endpoint
-               AND c.applied_at >= coalesce(p_since, '-infinity') AND c.applied_at < coalesce(p_until, 'infinity')
-             ORDER BY c.id
-            ON CONFLICT (change_id, endpoint_id) DO UPDATE
-               SET state = 'pending', attempts = 0, next_attempt_at = now(), first_attempt_at = NULL,
-                   delivered_at = NULL
-             WHERE d.state <> 'pending'
-            RETURNING 1)
-        SELECT count(*) INTO v_count FROM upserted;
     END IF;
     -- Queue heads again: a replayed delivery goes before the later pending ones of its sub.
     UPDATE siwa.webhook_deliveries d SET ready = (d.change_id = h.head)
@@ -4256,8 +4305,9 @@ BEGIN
     RETURN v_count;
 END;
 $$;
-COMMENT ON FUNCTION siwa.replay_webhook_deliveries(bigint, bigint, bigint, timestamptz, timestamptz) IS
-    'Queues deliveries again (siwactl webhooks replay): by delivery, by change, or by endpoint and applied_at range.';
+COMMENT ON FUNCTION siwa.replay_webhook_deliveries(bigint, bigint, bigint, timestamptz, timestamptz, text) IS
+    'Queues deliveries again (siwactl webhooks replay): by delivery, by change, or by applied_at range (of one endpoint or all), choosing dead, failed or all.';
+-- ==== end wh-ops: replay with a state selector ====
 
 -- What admins read: endpoints without their secrets, and every attempt.
 CREATE OR REPLACE VIEW siwa.webhook_endpoint_overview AS
@@ -4266,7 +4316,9 @@ SELECT e.id, e.url, e.types, e.enabled, e.max_in_flight, e.created_at, e.disable
          WHERE s.endpoint_id = e.id AND (s.expires_at IS NULL OR s.expires_at > now())) AS live_secrets,
        (SELECT count(*) FROM siwa.webhook_deliveries d WHERE d.endpoint_id = e.id AND d.state = 'pending') AS pending,
        (SELECT count(*) FROM siwa.webhook_deliveries d WHERE d.endpoint_id = e.id AND d.state = 'dead') AS dead,
-       (SELECT max(d.delivered_at) FROM siwa.webhook_deliveries d WHERE d.endpoint_id = e.id) AS last_delivered_at
+       (SELECT max(d.delivered_at) FROM siwa.webhook_deliveries d WHERE d.endpoint_id = e.id) AS last_delivered_at,
+       -- wh-ops: auto-disable
+       e.disabled_reason, e.failing_since
   FROM siwa.webhook_endpoints e;
 COMMENT ON VIEW siwa.webhook_endpoint_overview IS
     'Webhook endpoints with their delivery counts; never their secrets.';
@@ -4319,6 +4371,8 @@ COMMENT ON COLUMN siwa.webhook_endpoint_overview.live_secrets IS 'Secrets that s
 COMMENT ON COLUMN siwa.webhook_endpoint_overview.pending IS 'Deliveries not yet delivered or dead.';
 COMMENT ON COLUMN siwa.webhook_endpoint_overview.dead IS 'Deliveries given up after the retry schedule (siwactl webhooks replay).';
 COMMENT ON COLUMN siwa.webhook_endpoint_overview.last_delivered_at IS 'When a delivery to it last got a 2xx.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.disabled_reason IS 'Why it is disabled: manual, or auto: … (410 Gone, failing continuously); NULL while enabled.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.failing_since IS 'When its current run of failed attempts began; NULL after a 2xx.';
 COMMENT ON COLUMN siwa.webhook_attempt_history.id IS 'The attempt''s id (attempt order).';
 COMMENT ON COLUMN siwa.webhook_attempt_history.delivery_id IS 'The delivery (siwa.webhook_delivery_status.id).';
 COMMENT ON COLUMN siwa.webhook_attempt_history.change_id IS 'The change sent (siwa.changes.id).';
@@ -4459,6 +4513,30 @@ BEGIN
            last_status = p_status, last_error = pg_catalog.left(p_error, 300),
            lease_owner = NULL, lease_expires_at = NULL
      WHERE d.id = p_delivery;
+    -- ==== wh-ops: auto-disable ====
+    -- A 2xx ends the endpoint's run of failures; a failure starts one. A 410 Gone, or a run longer than
+    -- siwa.settings.webhook_auto_disable_after, disables the endpoint (its pending deliveries wait; its
+    -- new changes do not fan out), recorded in disabled_at and disabled_reason.
+    IF p_outcome = 'delivered' THEN
+        UPDATE siwa.webhook_endpoints e SET failing_since = NULL
+         WHERE e.id = v_delivery.endpoint_id AND e.failing_since IS NOT NULL;
+    ELSE
+        UPDATE siwa.webhook_endpoints e SET failing_since = p_started
+         WHERE e.id = v_delivery.endpoint_id AND e.failing_since IS NULL;
+        UPDATE siwa.webhook_endpoints e
+           SET enabled = false, disabled_at = pg_catalog.clock_timestamp(),
+               disabled_reason = CASE WHEN p_status = 410 THEN 'auto: the endpoint answered 410 Gone'
+                                      ELSE 'auto: failing continuously since '
+                                           || pg_catalog.to_char(e.failing_since AT TIME ZONE 'UTC',
+                                                                 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+                                           || ' (siwa.settings.webhook_auto_disable_after: '
+                                           || s.webhook_auto_disable_after::text || ')' END
+          FROM siwa.settings s
+         WHERE e.id = v_delivery.endpoint_id AND e.enabled
+           AND (p_status = 410
+                OR e.failing_since <= pg_catalog.clock_timestamp() - s.webhook_auto_disable_after);
+    END IF;
+    -- ==== end wh-ops: auto-disable ====
     IF p_outcome <> 'retry' THEN
         -- The next change of this sub to this endpoint heads the queue now.
         UPDATE siwa.webhook_deliveries d SET ready = true
@@ -4497,6 +4575,70 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
 $$;
 COMMENT ON FUNCTION siwa.repair_webhook_ready() IS
     'Recomputes the webhook queue heads'' `ready` hint where it is wrong; returns how many rows it changed. Executable by siwa_worker.';
+
+-- ==== wh-ops: retry now (siwactl webhooks retry) ====
+-- Makes pending deliveries due now: one delivery (p_delivery), or every pending delivery of one
+-- endpoint (p_endpoint). The backoff starts again (attempts = 0: the next failure waits the base delay;
+-- the attempt history numbers the next attempt 1, as after a replay), the retry makes no attempt row,
+-- and the give-up window still runs from the first attempt (a replay starts that again). A delivery in
+-- flight (a live lease) is left to its attempt. Delivered and dead ones are not touched (replay them).
+-- Returns how many were made due.
+CREATE OR REPLACE FUNCTION siwa.retry_webhook_deliveries(p_delivery bigint DEFAULT NULL,
+                                                         p_endpoint bigint DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    IF num_nonnulls(p_delivery, p_endpoint) <> 1 THEN
+        RAISE EXCEPTION 'give exactly one of a delivery or an endpoint' USING ERRCODE = '22023';
+    END IF;
+    WITH retried AS (
+        UPDATE siwa.webhook_deliveries d
+           SET next_attempt_at = pg_catalog.now(), attempts = 0
+         WHERE d.state = 'pending' AND (d.id = p_delivery OR d.endpoint_id = p_endpoint)
+           AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= pg_catalog.clock_timestamp())
+        RETURNING 1)
+    SELECT pg_catalog.count(*) INTO v_count FROM retried;
+    IF v_count > 0 THEN
+        PERFORM pg_catalog.pg_notify('siwa_webhooks', '');
+    END IF;
+    RETURN v_count;
+END;
+$$;
+COMMENT ON FUNCTION siwa.retry_webhook_deliveries(bigint, bigint) IS
+    'Makes pending webhook deliveries due now with their backoff reset (siwactl webhooks retry): one delivery or an endpoint''s; not an attempt. Returns how many.';
+-- ==== end wh-ops: retry now ====
+
+-- ==== wh-ops: remove an endpoint (siwactl webhooks remove) ====
+-- Deletes an endpoint with its secrets, slots, deliveries and their attempts (ON DELETE CASCADE): its
+-- delivery history goes with it. While it has pending deliveries it is refused (55006, with how many)
+-- unless p_force, when they are deleted too (a lane attempting one then finds its lease gone and logs
+-- the attempt as not recorded). siwactl disables the endpoint first, in a transaction of its own, so
+-- that no change fans out to it while it is deleted. Returns how many pending deliveries were deleted;
+-- NULL for an unknown endpoint.
+CREATE OR REPLACE FUNCTION siwa.remove_webhook_endpoint(p_endpoint bigint, p_force boolean DEFAULT false)
+RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_pending integer;
+BEGIN
+    PERFORM 1 FROM siwa.webhook_endpoints e WHERE e.id = p_endpoint FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT pg_catalog.count(*) INTO v_pending
+      FROM siwa.webhook_deliveries d WHERE d.endpoint_id = p_endpoint AND d.state = 'pending';
+    IF v_pending > 0 AND NOT coalesce(p_force, false) THEN
+        RAISE EXCEPTION 'endpoint % has % pending deliveries', p_endpoint, v_pending
+            USING ERRCODE = '55006', HINT = 'wait for them, or remove it with force (siwactl webhooks remove --force)';
+    END IF;
+    DELETE FROM siwa.webhook_endpoints e WHERE e.id = p_endpoint;
+    RETURN v_pending;
+END;
+$$;
+COMMENT ON FUNCTION siwa.remove_webhook_endpoint(bigint, boolean) IS
+    'Deletes a webhook endpoint with its secrets, deliveries and attempts (siwactl webhooks remove); refused (55006) while deliveries are pending unless forced. Returns the pending deliveries deleted; NULL for an unknown endpoint.';
+-- ==== end wh-ops: remove an endpoint ====
 
 -- ===================================================================================================
 -- schema/70-health.sql: Health: service heartbeats and the gauges behind /metrics
@@ -4764,7 +4906,8 @@ DECLARE
     v_role     text;
     v_can_create boolean := (SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user);
 BEGIN
-    FOREACH v_role IN ARRAY ARRAY['siwa_admin', 'siwa_receiver', 'siwa_worker', 'siwa_signin', 'siwa_app'] LOOP
+    FOREACH v_role IN ARRAY ARRAY['siwa_admin', 'siwa_receiver', 'siwa_worker', 'siwa_signin', 'siwa_app',
+                                  'siwa_webhook_admin'] LOOP
         CONTINUE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role);
         IF NOT v_can_create THEN
             RAISE WARNING 'role % does not exist and % may not create it: create it (NOLOGIN) and apply schema.sql again',
@@ -4780,6 +4923,9 @@ BEGIN
                     'Sign in with Apple notifications: what siwa-receiver needs (INSERT into siwa.notification_log). Grant to its login role.'
                 WHEN 'siwa_worker' THEN
                     'Sign in with Apple notifications: what siwa-worker needs (apply, retry, prune, erase). Grant to its login role.'
+                -- wh-ops: siwa_webhook_admin
+                WHEN 'siwa_webhook_admin' THEN
+                    'Sign in with Apple: manage webhook endpoints through the siwa functions (siwactl webhooks add, rotate-secret, enable, disable, retry, replay, remove) without being the owner; never reads a secret back. Grant to people or a deploy tool.'
                 WHEN 'siwa_signin' THEN
                     'Sign in with Apple: what the sign-in API (siwa-receiver --signin-listen) needs: record sign-ins and encrypted refresh tokens through its functions, request revocations. Grant to the API''s own login role (--signin-database-url), never the receiver''s.'
                 ELSE
@@ -4938,6 +5084,8 @@ BEGIN
         -- Erasure drops the email an import holds for either sub (siwa.erase_personal_data_of).
         GRANT SELECT (old_sub, new_sub, email), UPDATE (email) ON siwa.transfer_imports TO siwa_worker;
         GRANT SELECT ON siwa.webhook_endpoints, siwa.webhook_secrets TO siwa_worker;
+        -- wh-ops: auto-disable (siwa.record_webhook_attempt records a run of failures and disables)
+        GRANT UPDATE (enabled, disabled_at, failing_since, disabled_reason) ON siwa.webhook_endpoints TO siwa_worker;
         GRANT SELECT, UPDATE ON siwa.webhook_slots TO siwa_worker;
         GRANT SELECT, INSERT, UPDATE ON siwa.webhook_deliveries TO siwa_worker;
         GRANT SELECT, INSERT ON siwa.webhook_attempts TO siwa_worker;
@@ -5016,6 +5164,38 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- ==== wh-ops: siwa_webhook_admin ====
+-- siwa_webhook_admin: manages webhook endpoints through the siwa functions (which run with its rights)
+-- without being the owner: add, rotate a secret, enable/disable, retry, replay, remove; reads the
+-- webhook views. It writes secrets but never reads one back: no SELECT on siwa.webhook_secrets.secret
+-- (only the columns a rotation's WHERE reads). Of siwa.changes it reads the four columns a replay
+-- needs (never an email). Deleting an endpoint cascades with the tables' owner's rights.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_webhook_admin') THEN
+        GRANT USAGE ON SCHEMA siwa TO siwa_webhook_admin;
+        GRANT SELECT ON siwa.webhook_endpoint_overview, siwa.webhook_attempt_history, siwa.webhook_delivery_status
+            TO siwa_webhook_admin;
+        GRANT EXECUTE ON FUNCTION siwa.add_webhook_endpoint(text, text, text[], integer),
+            siwa.rotate_webhook_secret(bigint, text, interval), siwa.set_webhook_endpoint_enabled(bigint, boolean),
+            siwa.retry_webhook_deliveries(bigint, bigint),
+            siwa.replay_webhook_deliveries(bigint, bigint, bigint, timestamptz, timestamptz, text),
+            siwa.remove_webhook_endpoint(bigint, boolean) TO siwa_webhook_admin;
+        GRANT SELECT, INSERT (url, types, max_in_flight), DELETE ON siwa.webhook_endpoints TO siwa_webhook_admin;
+        GRANT UPDATE (enabled, disabled_at, disabled_reason, failing_since) ON siwa.webhook_endpoints
+            TO siwa_webhook_admin;
+        GRANT SELECT (id, endpoint_id, created_at, expires_at), INSERT (endpoint_id, secret), UPDATE (expires_at),
+            DELETE ON siwa.webhook_secrets TO siwa_webhook_admin;
+        GRANT INSERT ON siwa.webhook_slots TO siwa_webhook_admin;
+        GRANT SELECT, INSERT (change_id, endpoint_id, sub),
+            UPDATE (state, attempts, next_attempt_at, first_attempt_at, delivered_at, ready)
+            ON siwa.webhook_deliveries TO siwa_webhook_admin;
+        GRANT SELECT (id, sub, type, applied_at) ON siwa.changes TO siwa_webhook_admin;
+    END IF;
+END;
+$$;
+-- ==== end wh-ops: siwa_webhook_admin ====
 
 -- ===================================================================================================
 -- schema/99-postamble.sql: The applying session's own search_path restored

@@ -37,10 +37,12 @@
 --                          admins and never undone by this file; the optional
 --                          siwa.on_change(change siwa.changes, superseded boolean).
 --   Settings and tools     siwa.settings (erase_personal_data_after, hook_search_path,
---   (the owner):           changes_retention); siwa.requeue, siwa.prune, siwa.erase_personal_data,
---                          siwa.add_webhook_endpoint, siwa.rotate_webhook_secret,
---                          siwa.replay_webhook_deliveries, siwa.apply_sub_transfer (through siwactl);
---                          the roles siwa_admin, siwa_receiver, siwa_worker, siwa_signin and siwa_app
+--   (the owner):           changes_retention, webhook_auto_disable_after); siwa.requeue, siwa.prune,
+--                          siwa.erase_personal_data, siwa.add_webhook_endpoint, siwa.rotate_webhook_secret,
+--                          siwa.replay_webhook_deliveries, siwa.retry_webhook_deliveries,
+--                          siwa.remove_webhook_endpoint, siwa.apply_sub_transfer (through siwactl);
+--                          the roles siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app and
+--                          siwa_webhook_admin
 --                          and what each is granted (schema/85-privileges.sql).
 -- Everything else is internal and may change in any version: the log, queue and dedupe tables behind
 -- the views (siwa.notification_log, siwa.notification_queue, siwa.notification_jtis, the compatibility

@@ -285,6 +285,23 @@ BEGIN
         END IF;
         DROP FUNCTION IF EXISTS siwa.add_webhook_endpoint(text, text, text[], integer);
         DROP FUNCTION IF EXISTS siwa.rotate_webhook_secret(bigint, text, interval);
+        -- wh-ops: replay chooses dead, failed or all (p_state): the five-argument replay goes, the
+        -- desired state creates the six-argument one.
+        DROP FUNCTION IF EXISTS siwa.replay_webhook_deliveries(bigint, bigint, bigint, timestamptz, timestamptz);
+        -- wh-ops: auto-disable of a webhook endpoint on 410 Gone or after failing continuously for
+        -- siwa.settings.webhook_auto_disable_after (recorded in disabled_reason).
+        IF pg_catalog.to_regclass('siwa.webhook_endpoints') IS NOT NULL THEN
+            ALTER TABLE siwa.webhook_endpoints
+                ADD COLUMN failing_since timestamptz,
+                ADD COLUMN disabled_reason text
+                    CONSTRAINT webhook_endpoints_disabled_reason_check CHECK (length(disabled_reason) <= 300);
+            UPDATE siwa.webhook_endpoints SET disabled_reason = 'manual' WHERE NOT enabled;
+        END IF;
+        IF v_from > 0 THEN
+            ALTER TABLE siwa.settings
+                ADD COLUMN webhook_auto_disable_after interval NOT NULL DEFAULT interval '3 days'
+                    CONSTRAINT settings_webhook_auto_disable_after_check CHECK (webhook_auto_disable_after > interval '0');
+        END IF;
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;

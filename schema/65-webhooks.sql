@@ -50,13 +50,20 @@ CREATE TABLE IF NOT EXISTS siwa.webhook_endpoints (
     CONSTRAINT webhook_endpoints_types_check CHECK (
         types IS NULL OR (cardinality(types) > 0 AND types <@ ARRAY['siwa.email_disabled', 'siwa.email_enabled',
             'siwa.consent_revoked', 'siwa.account_deleted', 'siwa.personal_data_erased', 'siwa.sub_transferred'])),
-    CONSTRAINT webhook_endpoints_max_in_flight_check CHECK (max_in_flight BETWEEN 1 AND 64)
+    CONSTRAINT webhook_endpoints_max_in_flight_check CHECK (max_in_flight BETWEEN 1 AND 64),
+    -- wh-ops: auto-disable (numbered change 5 adds these to an existing table)
+    failing_since   timestamptz,
+    disabled_reason text CONSTRAINT webhook_endpoints_disabled_reason_check CHECK (length(disabled_reason) <= 300)
 );
 COMMENT ON TABLE siwa.webhook_endpoints IS
     'Webhook endpoints (siwactl webhooks add): where siwa-worker sends each change, signed (Standard Webhooks).';
 COMMENT ON COLUMN siwa.webhook_endpoints.types IS 'The change types sent here; NULL: every type.';
 COMMENT ON COLUMN siwa.webhook_endpoints.enabled IS 'Whether new changes fan out here and pending deliveries are attempted.';
 COMMENT ON COLUMN siwa.webhook_endpoints.max_in_flight IS 'Attempts to this endpoint at once, across all workers (1 to 64).';
+COMMENT ON COLUMN siwa.webhook_endpoints.failing_since IS
+    'When its current run of failed attempts began (NULL: the last attempt was delivered); failing for siwa.settings.webhook_auto_disable_after disables it.';
+COMMENT ON COLUMN siwa.webhook_endpoints.disabled_reason IS
+    'Why it is disabled: manual (siwactl webhooks disable), or auto: … (a 410 Gone, or failing continuously); NULL while enabled.';
 
 CREATE TABLE IF NOT EXISTS siwa.webhook_secrets (
     id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -233,7 +240,10 @@ BEGIN
         RAISE EXCEPTION 'enabled must be true or false' USING ERRCODE = '22004';
     END IF;
     UPDATE siwa.webhook_endpoints e
-       SET enabled = p_enabled, disabled_at = CASE WHEN p_enabled THEN NULL ELSE now() END
+       SET enabled = p_enabled, disabled_at = CASE WHEN p_enabled THEN NULL ELSE now() END,
+           -- wh-ops: auto-disable: enabling clears the reason and the run of failures
+           disabled_reason = CASE WHEN p_enabled THEN NULL ELSE coalesce(e.disabled_reason, 'manual') END,
+           failing_since = CASE WHEN p_enabled THEN NULL ELSE e.failing_since END
      WHERE e.id = p_endpoint;
     IF NOT FOUND THEN
         RETURN false;
@@ -247,48 +257,63 @@ $$;
 COMMENT ON FUNCTION siwa.set_webhook_endpoint_enabled(bigint, boolean) IS
     'Enables or disables a webhook endpoint (siwactl webhooks enable/disable); enabling wakes the webhook lanes. Returns false for an unknown endpoint.';
 
--- Puts deliveries back to pending with a fresh retry schedule (same webhook-id: receivers dedupe on it):
--- one delivery; every delivery of one change; or, for one endpoint, every change applied in
--- [p_since, p_until) that matches its types, creating the deliveries it never had (an endpoint added
--- later, or disabled meanwhile). Pending ones are left as they are. Returns how many were queued.
+-- ==== wh-ops: replay with a state selector ====
+-- Puts deliveries back to pending with a fresh retry schedule (same webhook-id: receivers dedupe on it,
+-- attempts from 1 and the give-up window from the next attempt): one delivery; every delivery of one
+-- change; or a window: the changes applied in [p_since, p_until), to one endpoint (p_endpoint) or to
+-- every endpoint. p_state chooses which (docs/webhooks.md, "Recovery"):
+--  - dead: given up after the retry schedule ran out;
+--  - failed: dead, and pending ones whose last attempt failed (in backoff: due now, schedule fresh);
+--  - all (the default): failed, and delivered ones too; a window of one endpoint also creates the
+--    deliveries it never had (an endpoint added later, or disabled meanwhile).
+-- A pending delivery not yet attempted (it waits its turn) or in flight (a live lease) is left as it is.
+-- Returns how many were queued.
 CREATE OR REPLACE FUNCTION siwa.replay_webhook_deliveries(
     p_delivery bigint DEFAULT NULL, p_change bigint DEFAULT NULL, p_endpoint bigint DEFAULT NULL,
-    p_since timestamptz DEFAULT NULL, p_until timestamptz DEFAULT NULL) RETURNS integer
+    p_since timestamptz DEFAULT NULL, p_until timestamptz DEFAULT NULL, p_state text DEFAULT 'all')
+RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_count     integer;
+    v_created   integer := 0;
     v_endpoints bigint[];
 BEGIN
-    IF num_nonnulls(p_delivery, p_change, p_endpoint) <> 1 THEN
-        RAISE EXCEPTION 'give exactly one of a delivery, a change or an endpoint' USING ERRCODE = '22023';
+    IF num_nonnulls(p_delivery, p_change) + (num_nonnulls(p_endpoint, p_since, p_until) > 0)::integer <> 1 THEN
+        RAISE EXCEPTION 'give exactly one of a delivery, a change, or an endpoint and/or a time range'
+            USING ERRCODE = '22023';
     END IF;
-    IF p_endpoint IS NULL AND (p_since IS NOT NULL OR p_until IS NOT NULL) THEN
-        RAISE EXCEPTION 'a time range needs an endpoint' USING ERRCODE = '22023';
+    IF p_state IS NULL OR p_state NOT IN ('dead', 'failed', 'all') THEN
+        RAISE EXCEPTION 'the state is dead, failed or all' USING ERRCODE = '22023';
     END IF;
-    IF p_endpoint IS NULL THEN
-        WITH replayed AS (
-            UPDATE siwa.webhook_deliveries d
-               SET state = 'pending', attempts = 0, next_attempt_at = now(), first_attempt_at = NULL,
-                   delivered_at = NULL
-             WHERE d.state <> 'pending' AND (d.id = p_delivery OR d.change_id = p_change)
-            RETURNING d.endpoint_id)
-        SELECT count(*), array_agg(DISTINCT r.endpoint_id) INTO v_count, v_endpoints FROM replayed r;
-    ELSE
+    WITH replayed AS (
+        UPDATE siwa.webhook_deliveries d
+           SET state = 'pending', attempts = 0, next_attempt_at = now(), first_attempt_at = NULL,
+               delivered_at = NULL
+          FROM siwa.changes c
+         WHERE c.id = d.change_id
+           AND (d.id = p_delivery OR d.change_id = p_change
+                OR (p_delivery IS NULL AND p_change IS NULL
+                    AND (p_endpoint IS NULL OR d.endpoint_id = p_endpoint)
+                    AND c.applied_at >= coalesce(p_since, '-infinity')
+                    AND c.applied_at < coalesce(p_until, 'infinity')))
+           AND (d.state = 'dead'
+                OR (p_state <> 'dead' AND d.state = 'pending' AND d.attempts > 0
+                    AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= clock_timestamp()))
+                OR (p_state = 'all' AND d.state = 'delivered'))
+        RETURNING d.endpoint_id)
+    SELECT count(*), array_agg(DISTINCT r.endpoint_id) INTO v_count, v_endpoints FROM replayed r;
+    IF p_endpoint IS NOT NULL AND p_state = 'all' THEN
+        INSERT INTO siwa.webhook_deliveries (change_id, endpoint_id, sub)
+        SELECT c.id, e.id, c.sub
+          FROM siwa.webhook_endpoints e
+          JOIN siwa.changes c ON (e.types IS NULL OR c.type = ANY (e.types))
+         WHERE e.id = p_endpoint
+           AND c.applied_at >= coalesce(p_since, '-infinity') AND c.applied_at < coalesce(p_until, 'infinity')
+         ORDER BY c.id
+        ON CONFLICT (change_id, endpoint_id) DO NOTHING;
+        GET DIAGNOSTICS v_created = ROW_COUNT;
+        v_count := v_count + v_created;
         v_endpoints := ARRAY[p_endpoint];
-        WITH upserted AS (
-            INSERT INTO siwa.webhook_deliveries AS d (change_id, endpoint_id, sub)
-            SELECT c.id, e.id, c.sub
-              FROM siwa.webhook_endpoints e
-              JOIN siwa.changes c ON (e.types IS NULL OR c.type = ANY (e.types))
-             WHERE e.id = p_endpoint
-               AND c.applied_at >= coalesce(p_since, '-infinity') AND c.applied_at < coalesce(p_until, 'infinity')
-             ORDER BY c.id
-            ON CONFLICT (change_id, endpoint_id) DO UPDATE
-               SET state = 'pending', attempts = 0, next_attempt_at = now(), first_attempt_at = NULL,
-                   delivered_at = NULL
-             WHERE d.state <> 'pending'
-            RETURNING 1)
-        SELECT count(*) INTO v_count FROM upserted;
     END IF;
     -- Queue heads again: a replayed delivery goes before the later pending ones of its sub.
     UPDATE siwa.webhook_deliveries d SET ready = (d.change_id = h.head)
@@ -302,8 +327,9 @@ BEGIN
     RETURN v_count;
 END;
 $$;
-COMMENT ON FUNCTION siwa.replay_webhook_deliveries(bigint, bigint, bigint, timestamptz, timestamptz) IS
-    'Queues deliveries again (siwactl webhooks replay): by delivery, by change, or by endpoint and applied_at range.';
+COMMENT ON FUNCTION siwa.replay_webhook_deliveries(bigint, bigint, bigint, timestamptz, timestamptz, text) IS
+    'Queues deliveries again (siwactl webhooks replay): by delivery, by change, or by applied_at range (of one endpoint or all), choosing dead, failed or all.';
+-- ==== end wh-ops: replay with a state selector ====
 
 -- What admins read: endpoints without their secrets, and every attempt.
 CREATE OR REPLACE VIEW siwa.webhook_endpoint_overview AS
@@ -312,7 +338,9 @@ SELECT e.id, e.url, e.types, e.enabled, e.max_in_flight, e.created_at, e.disable
          WHERE s.endpoint_id = e.id AND (s.expires_at IS NULL OR s.expires_at > now())) AS live_secrets,
        (SELECT count(*) FROM siwa.webhook_deliveries d WHERE d.endpoint_id = e.id AND d.state = 'pending') AS pending,
        (SELECT count(*) FROM siwa.webhook_deliveries d WHERE d.endpoint_id = e.id AND d.state = 'dead') AS dead,
-       (SELECT max(d.delivered_at) FROM siwa.webhook_deliveries d WHERE d.endpoint_id = e.id) AS last_delivered_at
+       (SELECT max(d.delivered_at) FROM siwa.webhook_deliveries d WHERE d.endpoint_id = e.id) AS last_delivered_at,
+       -- wh-ops: auto-disable
+       e.disabled_reason, e.failing_since
   FROM siwa.webhook_endpoints e;
 COMMENT ON VIEW siwa.webhook_endpoint_overview IS
     'Webhook endpoints with their delivery counts; never their secrets.';
@@ -365,6 +393,8 @@ COMMENT ON COLUMN siwa.webhook_endpoint_overview.live_secrets IS 'Secrets that s
 COMMENT ON COLUMN siwa.webhook_endpoint_overview.pending IS 'Deliveries not yet delivered or dead.';
 COMMENT ON COLUMN siwa.webhook_endpoint_overview.dead IS 'Deliveries given up after the retry schedule (siwactl webhooks replay).';
 COMMENT ON COLUMN siwa.webhook_endpoint_overview.last_delivered_at IS 'When a delivery to it last got a 2xx.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.disabled_reason IS 'Why it is disabled: manual, or auto: … (410 Gone, failing continuously); NULL while enabled.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.failing_since IS 'When its current run of failed attempts began; NULL after a 2xx.';
 COMMENT ON COLUMN siwa.webhook_attempt_history.id IS 'The attempt''s id (attempt order).';
 COMMENT ON COLUMN siwa.webhook_attempt_history.delivery_id IS 'The delivery (siwa.webhook_delivery_status.id).';
 COMMENT ON COLUMN siwa.webhook_attempt_history.change_id IS 'The change sent (siwa.changes.id).';
@@ -505,6 +535,30 @@ BEGIN
            last_status = p_status, last_error = pg_catalog.left(p_error, 300),
            lease_owner = NULL, lease_expires_at = NULL
      WHERE d.id = p_delivery;
+    -- ==== wh-ops: auto-disable ====
+    -- A 2xx ends the endpoint's run of failures; a failure starts one. A 410 Gone, or a run longer than
+    -- siwa.settings.webhook_auto_disable_after, disables the endpoint (its pending deliveries wait; its
+    -- new changes do not fan out), recorded in disabled_at and disabled_reason.
+    IF p_outcome = 'delivered' THEN
+        UPDATE siwa.webhook_endpoints e SET failing_since = NULL
+         WHERE e.id = v_delivery.endpoint_id AND e.failing_since IS NOT NULL;
+    ELSE
+        UPDATE siwa.webhook_endpoints e SET failing_since = p_started
+         WHERE e.id = v_delivery.endpoint_id AND e.failing_since IS NULL;
+        UPDATE siwa.webhook_endpoints e
+           SET enabled = false, disabled_at = pg_catalog.clock_timestamp(),
+               disabled_reason = CASE WHEN p_status = 410 THEN 'auto: the endpoint answered 410 Gone'
+                                      ELSE 'auto: failing continuously since '
+                                           || pg_catalog.to_char(e.failing_since AT TIME ZONE 'UTC',
+                                                                 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+                                           || ' (siwa.settings.webhook_auto_disable_after: '
+                                           || s.webhook_auto_disable_after::text || ')' END
+          FROM siwa.settings s
+         WHERE e.id = v_delivery.endpoint_id AND e.enabled
+           AND (p_status = 410
+                OR e.failing_since <= pg_catalog.clock_timestamp() - s.webhook_auto_disable_after);
+    END IF;
+    -- ==== end wh-ops: auto-disable ====
     IF p_outcome <> 'retry' THEN
         -- The next change of this sub to this endpoint heads the queue now.
         UPDATE siwa.webhook_deliveries d SET ready = true
@@ -543,3 +597,67 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
 $$;
 COMMENT ON FUNCTION siwa.repair_webhook_ready() IS
     'Recomputes the webhook queue heads'' `ready` hint where it is wrong; returns how many rows it changed. Executable by siwa_worker.';
+
+-- ==== wh-ops: retry now (siwactl webhooks retry) ====
+-- Makes pending deliveries due now: one delivery (p_delivery), or every pending delivery of one
+-- endpoint (p_endpoint). The backoff starts again (attempts = 0: the next failure waits the base delay;
+-- the attempt history numbers the next attempt 1, as after a replay), the retry makes no attempt row,
+-- and the give-up window still runs from the first attempt (a replay starts that again). A delivery in
+-- flight (a live lease) is left to its attempt. Delivered and dead ones are not touched (replay them).
+-- Returns how many were made due.
+CREATE OR REPLACE FUNCTION siwa.retry_webhook_deliveries(p_delivery bigint DEFAULT NULL,
+                                                         p_endpoint bigint DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    IF num_nonnulls(p_delivery, p_endpoint) <> 1 THEN
+        RAISE EXCEPTION 'give exactly one of a delivery or an endpoint' USING ERRCODE = '22023';
+    END IF;
+    WITH retried AS (
+        UPDATE siwa.webhook_deliveries d
+           SET next_attempt_at = pg_catalog.now(), attempts = 0
+         WHERE d.state = 'pending' AND (d.id = p_delivery OR d.endpoint_id = p_endpoint)
+           AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= pg_catalog.clock_timestamp())
+        RETURNING 1)
+    SELECT pg_catalog.count(*) INTO v_count FROM retried;
+    IF v_count > 0 THEN
+        PERFORM pg_catalog.pg_notify('siwa_webhooks', '');
+    END IF;
+    RETURN v_count;
+END;
+$$;
+COMMENT ON FUNCTION siwa.retry_webhook_deliveries(bigint, bigint) IS
+    'Makes pending webhook deliveries due now with their backoff reset (siwactl webhooks retry): one delivery or an endpoint''s; not an attempt. Returns how many.';
+-- ==== end wh-ops: retry now ====
+
+-- ==== wh-ops: remove an endpoint (siwactl webhooks remove) ====
+-- Deletes an endpoint with its secrets, slots, deliveries and their attempts (ON DELETE CASCADE): its
+-- delivery history goes with it. While it has pending deliveries it is refused (55006, with how many)
+-- unless p_force, when they are deleted too (a lane attempting one then finds its lease gone and logs
+-- the attempt as not recorded). siwactl disables the endpoint first, in a transaction of its own, so
+-- that no change fans out to it while it is deleted. Returns how many pending deliveries were deleted;
+-- NULL for an unknown endpoint.
+CREATE OR REPLACE FUNCTION siwa.remove_webhook_endpoint(p_endpoint bigint, p_force boolean DEFAULT false)
+RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_pending integer;
+BEGIN
+    PERFORM 1 FROM siwa.webhook_endpoints e WHERE e.id = p_endpoint FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT pg_catalog.count(*) INTO v_pending
+      FROM siwa.webhook_deliveries d WHERE d.endpoint_id = p_endpoint AND d.state = 'pending';
+    IF v_pending > 0 AND NOT coalesce(p_force, false) THEN
+        RAISE EXCEPTION 'endpoint % has % pending deliveries', p_endpoint, v_pending
+            USING ERRCODE = '55006', HINT = 'wait for them, or remove it with force (siwactl webhooks remove --force)';
+    END IF;
+    DELETE FROM siwa.webhook_endpoints e WHERE e.id = p_endpoint;
+    RETURN v_pending;
+END;
+$$;
+COMMENT ON FUNCTION siwa.remove_webhook_endpoint(bigint, boolean) IS
+    'Deletes a webhook endpoint with its secrets, deliveries and attempts (siwactl webhooks remove); refused (55006) while deliveries are pending unless forced. Returns the pending deliveries deleted; NULL for an unknown endpoint.';
+-- ==== end wh-ops: remove an endpoint ====

@@ -142,6 +142,8 @@ BEGIN
         -- Erasure drops the email an import holds for either sub (siwa.erase_personal_data_of).
         GRANT SELECT (old_sub, new_sub, email), UPDATE (email) ON siwa.transfer_imports TO siwa_worker;
         GRANT SELECT ON siwa.webhook_endpoints, siwa.webhook_secrets TO siwa_worker;
+        -- wh-ops: auto-disable (siwa.record_webhook_attempt records a run of failures and disables)
+        GRANT UPDATE (enabled, disabled_at, failing_since, disabled_reason) ON siwa.webhook_endpoints TO siwa_worker;
         GRANT SELECT, UPDATE ON siwa.webhook_slots TO siwa_worker;
         GRANT SELECT, INSERT, UPDATE ON siwa.webhook_deliveries TO siwa_worker;
         GRANT SELECT, INSERT ON siwa.webhook_attempts TO siwa_worker;
@@ -220,3 +222,35 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- ==== wh-ops: siwa_webhook_admin ====
+-- siwa_webhook_admin: manages webhook endpoints through the siwa functions (which run with its rights)
+-- without being the owner: add, rotate a secret, enable/disable, retry, replay, remove; reads the
+-- webhook views. It writes secrets but never reads one back: no SELECT on siwa.webhook_secrets.secret
+-- (only the columns a rotation's WHERE reads). Of siwa.changes it reads the four columns a replay
+-- needs (never an email). Deleting an endpoint cascades with the tables' owner's rights.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_webhook_admin') THEN
+        GRANT USAGE ON SCHEMA siwa TO siwa_webhook_admin;
+        GRANT SELECT ON siwa.webhook_endpoint_overview, siwa.webhook_attempt_history, siwa.webhook_delivery_status
+            TO siwa_webhook_admin;
+        GRANT EXECUTE ON FUNCTION siwa.add_webhook_endpoint(text, text, text[], integer),
+            siwa.rotate_webhook_secret(bigint, text, interval), siwa.set_webhook_endpoint_enabled(bigint, boolean),
+            siwa.retry_webhook_deliveries(bigint, bigint),
+            siwa.replay_webhook_deliveries(bigint, bigint, bigint, timestamptz, timestamptz, text),
+            siwa.remove_webhook_endpoint(bigint, boolean) TO siwa_webhook_admin;
+        GRANT SELECT, INSERT (url, types, max_in_flight), DELETE ON siwa.webhook_endpoints TO siwa_webhook_admin;
+        GRANT UPDATE (enabled, disabled_at, disabled_reason, failing_since) ON siwa.webhook_endpoints
+            TO siwa_webhook_admin;
+        GRANT SELECT (id, endpoint_id, created_at, expires_at), INSERT (endpoint_id, secret), UPDATE (expires_at),
+            DELETE ON siwa.webhook_secrets TO siwa_webhook_admin;
+        GRANT INSERT ON siwa.webhook_slots TO siwa_webhook_admin;
+        GRANT SELECT, INSERT (change_id, endpoint_id, sub),
+            UPDATE (state, attempts, next_attempt_at, first_attempt_at, delivered_at, ready)
+            ON siwa.webhook_deliveries TO siwa_webhook_admin;
+        GRANT SELECT (id, sub, type, applied_at) ON siwa.changes TO siwa_webhook_admin;
+    END IF;
+END;
+$$;
+-- ==== end wh-ops: siwa_webhook_admin ====

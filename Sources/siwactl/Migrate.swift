@@ -154,7 +154,9 @@ enum MigrateVerb {
     }
 
     /// The group roles schema.sql creates (when missing) and grants to.
-    static let groupRoles = ["siwa_admin", "siwa_receiver", "siwa_worker", "siwa_signin", "siwa_app"]
+    static let groupRoles = [
+        "siwa_admin", "siwa_receiver", "siwa_worker", "siwa_signin", "siwa_app", "siwa_webhook_admin",
+    ]
 
     /// Writes every notice and warning the server sent so far to stderr, as psql shows them.
     static func printNotices(_ connection: PostgresConnection) {

@@ -12,6 +12,8 @@ enum WebhooksVerb {
             ("disable", disableSpec, { try setEnabled($0, false) }),
             ("enable", enableSpec, { try setEnabled($0, true) }), ("rotate-secret", rotateSpec, rotate),
             ("replay", replaySpec, replay), ("listen", listenSpec, listen),
+            // wh-ops: operations
+            ("retry", retrySpec, retry), ("remove", removeSpec, remove),
         ]
 
     static let verb = Verb(
@@ -162,7 +164,7 @@ enum WebhooksVerb {
             try connection.query(
                 """
                 SELECT id, url, coalesce(array_to_string(types, ','), 'all'), enabled, max_in_flight, live_secrets,
-                       pending, dead, last_delivered_at
+                       pending, dead, last_delivered_at, disabled_reason, disabled_at
                   FROM siwa.webhook_endpoint_overview ORDER BY id
                 """)
         }
@@ -174,6 +176,9 @@ enum WebhooksVerb {
                 String(try row[5, as: Int.self]), String(try row[6, as: Int.self]),
                 String(try row[7, as: Int.self]),
                 try row[8, as: Date?.self].map(formatShort) ?? "-",
+                // wh-ops: auto-disable: why and when it was disabled
+                try row[9, as: String?.self].map { TerminalText.escaped($0) } ?? "-",
+                try row[10, as: Date?.self].map(formatShort) ?? "-",
             ]
             if parsed.flag("json") {
                 writeStandardOutput(
@@ -183,6 +188,8 @@ enum WebhooksVerb {
                         "max_in_flight": Int(cells[4])!, "live_secrets": Int(cells[5])!,
                         "pending": Int(cells[6])!,
                         "dead": Int(cells[7])!, "last_delivered_at": cells[8],
+                        "disabled_reason": try row[9, as: String?.self] ?? NSNull(),
+                        "disabled_at": cells[10],
                     ]))
             }
             table.append(cells)
@@ -192,7 +199,7 @@ enum WebhooksVerb {
                 renderTable(
                     header: [
                         "ID", "URL", "TYPES", "ENABLED", "IN-FLIGHT", "SECRETS", "PENDING", "DEAD",
-                        "LAST DELIVERED",
+                        "LAST DELIVERED", "DISABLED WHY", "DISABLED AT",
                     ],
                     rows: table))
         }
@@ -334,8 +341,10 @@ enum WebhooksVerb {
         name: "siwactl webhooks replay",
         abstract: """
             Queue deliveries again, with the same webhook-id and a fresh retry schedule: one --delivery, every
-            delivery of one --change, or for one --endpoint every change applied --since/--until (creating the
-            deliveries it never had). Pending ones are left alone. Prints how many were queued.
+            delivery of one --change (whatever their state), or a window: the changes applied --since/--until,
+            to one --endpoint or to all, choosing --state dead (the default), failed (dead, and pending ones
+            in backoff: due now) or all (delivered too; with --endpoint, creating the deliveries it never
+            had). Prints how many were queued.
             """,
         options: [
             .databaseURL,
@@ -343,9 +352,13 @@ enum WebhooksVerb {
             CommandOption("change", valueName: "ID", help: "A change (siwa.changes.id): all its deliveries."),
             CommandOption("endpoint", valueName: "ID", help: "An endpoint: every change in the time range."),
             CommandOption(
-                "since", valueName: "TIME", help: "With --endpoint: applied since (ISO 8601, or an age: 2h)."),
+                "since", valueName: "TIME", help: "Applied since (ISO 8601, or an age: 2h)."),
             CommandOption(
-                "until", valueName: "TIME", help: "With --endpoint: applied before (ISO 8601, or an age)."),
+                "until", valueName: "TIME", help: "Applied before (ISO 8601, or an age)."),
+            // wh-ops: replay with a state selector
+            CommandOption(
+                "state", valueName: "STATE",
+                help: "For a window: dead, failed or all (default dead); a delivery or change: all."),
         ])
 
     static func replay(_ parsed: ParsedCommand) throws {
@@ -357,12 +370,11 @@ enum WebhooksVerb {
         let delivery = try id("delivery")
         let change = try id("change")
         let endpoint = try id("endpoint")
-        guard [delivery, change, endpoint].compactMap({ $0 }).count == 1 else {
-            throw UsageError("give exactly one of --delivery, --change or --endpoint")
-        }
         func time(_ name: String) throws -> PostgresData? {
             guard let text = parsed.value(name) else { return nil }
-            guard endpoint != nil else { throw UsageError("--\(name) needs --endpoint") }
+            guard delivery == nil, change == nil else {
+                throw UsageError("--\(name) is a window: not with --delivery or --change")
+            }
             guard let date = parseSince(text) else {
                 throw UsageError("--\(name): ISO 8601 or an age such as 2h")
             }
@@ -370,13 +382,25 @@ enum WebhooksVerb {
         }
         let since = try time("since")
         let until = try time("until")
+        let window = endpoint != nil || since != nil || until != nil
+        guard [delivery, change].compactMap({ $0 }).count + (window ? 1 : 0) == 1 else {
+            throw UsageError(
+                "give exactly one of --delivery, --change, or a window (--endpoint and/or --since)")
+        }
+        let state = parsed.value("state") ?? (window ? "dead" : "all")
+        guard ["dead", "failed", "all"].contains(state) else {
+            throw UsageError("--state must be dead, failed or all")
+        }
         let connection = try connect(parsed)
         defer { connection.close() }
         let count = try database("replaying") {
             try connection.query(
-                "SELECT siwa.replay_webhook_deliveries($1::bigint, $2::bigint, $3::bigint, $4::timestamptz, $5::timestamptz)",
-                [delivery, change, endpoint, since, until]
+                "SELECT siwa.replay_webhook_deliveries($1::bigint, $2::bigint, $3::bigint, $4::timestamptz, $5::timestamptz, $6)",
+                [delivery, change, endpoint, since, until, .text(state)]
             )[0][0, as: Int.self]
+        }
+        if delivery != nil, count == 0, let id = parsed.value("delivery").flatMap(Int64.init) {
+            try explainNotReplayed(id, state: state, on: connection)
         }
         writeStandardOutput("queued \(count) deliver\(count == 1 ? "y" : "ies")\n")
     }

@@ -165,5 +165,7 @@ struct HonestErrorTests {
 
 /// The group roles schema.sql creates and grants to.
 enum MigrateRoles {
-    static let all = ["siwa_admin", "siwa_receiver", "siwa_worker", "siwa_signin", "siwa_app"]
+    static let all = [
+        "siwa_admin", "siwa_receiver", "siwa_worker", "siwa_signin", "siwa_app", "siwa_webhook_admin",
+    ]
 }

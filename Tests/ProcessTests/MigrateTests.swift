@@ -355,6 +355,8 @@ struct MigrateUpgradeTests {
             connection,
             without: [
                 "busy_since", "hook_search_path", "changes_retention", "next_attempt_at", "service_format",
+                // wh-ops: auto-disable's columns, new in version 5
+                "webhook_auto_disable_after", "failing_since", "disabled_reason",
             ]
                 + personal)
         let personalBefore = try personalData(connection)
@@ -376,6 +378,8 @@ struct MigrateUpgradeTests {
                 without: [
                     "busy_since", "hook_search_path", "changes_retention", "next_attempt_at",
                     "service_format",
+                    // wh-ops: auto-disable's columns, new in version 5
+                    "webhook_auto_disable_after", "failing_since", "disabled_reason",
                 ] + personal
             )
                 == before)

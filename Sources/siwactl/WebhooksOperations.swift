@@ -1,0 +1,157 @@
+import Foundation
+import Postgres
+import ServiceSupport
+
+// ==== wh-ops: operations (retry) ====
+extension WebhooksVerb {
+    static let retrySpec = CommandSpec(
+        name: "siwactl webhooks retry",
+        abstract: """
+            Attempt pending deliveries now: one --delivery, or every pending delivery of one --endpoint
+            (after an outage is fixed). Their backoff starts again; this is not an attempt, and the 26 h
+            give-up window keeps running (replay starts it again). Delivered and dead ones are left alone
+            (replay them). Prints how many are due now.
+            """,
+        options: [
+            .databaseURL,
+            CommandOption("delivery", valueName: "ID", help: "A delivery (siwa.webhook_delivery_status.id)."),
+            CommandOption("endpoint", valueName: "ID", help: "An endpoint: all its pending deliveries."),
+        ])
+
+    static func retry(_ parsed: ParsedCommand) throws {
+        func id(_ name: String) throws -> Int64? {
+            guard let text = parsed.value(name) else { return nil }
+            guard let value = Int64(text), value > 0 else { throw UsageError("--\(name) must be an id") }
+            return value
+        }
+        let delivery = try id("delivery")
+        let endpoint = try id("endpoint")
+        guard (delivery == nil) != (endpoint == nil) else {
+            throw UsageError("give exactly one of --delivery or --endpoint")
+        }
+        let connection = try connect(parsed)
+        defer { connection.close() }
+        let count = try database("retrying") {
+            try connection.query(
+                "SELECT siwa.retry_webhook_deliveries($1::bigint, $2::bigint)",
+                [delivery.map { .int($0) }, endpoint.map { .int($0) }]
+            )[0][0, as: Int.self]
+        }
+        if let delivery, count == 0 {
+            let state = try database("reading the delivery") {
+                try connection.query(
+                    "SELECT state, lease_expires_at > clock_timestamp() FROM siwa.webhook_deliveries WHERE id = $1",
+                    [.int(delivery)]
+                ).first.map { (try $0[0, as: String.self], try $0[1, as: Bool?.self] ?? false) }
+            }
+            switch state {
+            case nil: throw ToolFailure("no delivery \(delivery)")
+            case ("pending", true)?:
+                writeStandardOutput("delivery \(delivery) is being attempted now: nothing to retry\n")
+            case (let state, _)?:
+                throw ToolFailure(
+                    "delivery \(delivery) is \(state), not pending: siwactl webhooks replay --delivery \(delivery)"
+                )
+            }
+            return
+        }
+        if let endpoint, count == 0 {
+            let known = try database("reading the endpoint") {
+                try connection.query("SELECT 1 FROM siwa.webhook_endpoints WHERE id = $1", [.int(endpoint)])
+                    .count == 1
+            }
+            guard known else { throw ToolFailure("no endpoint \(endpoint)") }
+        }
+        writeStandardOutput("due now: \(count) deliver\(count == 1 ? "y" : "ies")\n")
+    }
+}
+// ==== end wh-ops: operations ====
+
+// ==== wh-ops: replay with a state selector ====
+extension WebhooksVerb {
+    /// Why `replay --delivery` queued nothing: an unknown delivery fails; a pending one is said (stderr).
+    static func explainNotReplayed(_ delivery: Int64, state: String, on connection: PostgresConnection) throws
+    {
+        let row = try database("reading the delivery") {
+            try connection.query(
+                """
+                SELECT state, attempts, coalesce(lease_expires_at > clock_timestamp(), false)
+                  FROM siwa.webhook_deliveries WHERE id = $1
+                """, [.int(delivery)]
+            ).first
+        }
+        guard let row else { throw ToolFailure("no delivery \(delivery)") }
+        let current = try row[0, as: String.self]
+        let why: String
+        if current != "pending" {
+            why = "it is \(current) (--state \(state) does not choose it)"
+        } else if try row[2, as: Bool.self] {
+            why = "it is pending and being attempted now"
+        } else if try row[1, as: Int.self] == 0 {
+            why = "it is pending and not yet attempted: it waits behind an earlier change of its user"
+        } else {
+            why =
+                "it is pending in backoff (--state dead does not choose it): siwactl webhooks retry --delivery"
+        }
+        writeErrorLine("siwactl webhooks replay", "nothing queued: \(why)")
+    }
+}
+// ==== end wh-ops: replay with a state selector ====
+
+// ==== wh-ops: remove an endpoint ====
+extension WebhooksVerb {
+    static let removeSpec = CommandSpec(
+        name: "siwactl webhooks remove",
+        abstract: """
+            Remove an endpoint with its secrets, deliveries and attempt history. Refused while it has
+            pending deliveries unless --force (they are deleted, never sent). It is disabled first, so
+            that no change fans out to it meanwhile.
+            """,
+        options: [.databaseURL],
+        flags: [CommandFlag("force", help: "Remove it even with pending deliveries (they are deleted).")],
+        positionals: [CommandPositional("ENDPOINT", help: "The endpoint's id (siwactl webhooks list).")])
+
+    static func remove(_ parsed: ParsedCommand) throws {
+        guard let text = parsed.positionals.first, let id = Int64(text), id > 0 else {
+            throw UsageError("ENDPOINT must be an endpoint id")
+        }
+        let connection = try connect(parsed)
+        defer { connection.close() }
+        let pending = try database("reading the endpoint") {
+            try connection.query(
+                "SELECT pending FROM siwa.webhook_endpoint_overview WHERE id = $1", [.int(id)]
+            )
+            .first.map { try $0[0, as: Int.self] }
+        }
+        guard let pending else { throw ToolFailure("no endpoint \(id)") }
+        let force = parsed.flag("force")
+        if pending > 0, !force {
+            throw ToolFailure(
+                "endpoint \(id) has \(pending) pending deliver\(pending == 1 ? "y" : "ies"): kept; remove it with"
+                    + " --force (they are deleted, never sent)")
+        }
+        // Its own transaction: once committed, no new change fans out to it (the fan-out reads enabled).
+        try database("disabling the endpoint") {
+            _ = try connection.query(
+                "SELECT siwa.set_webhook_endpoint_enabled($1::bigint, false)", [.int(id)])
+        }
+        let dropped: Int?
+        do {
+            dropped = try connection.query(
+                "SELECT siwa.remove_webhook_endpoint($1::bigint, $2::boolean)", [.int(id), .bool(force)]
+            )[0][0, as: Int?.self]
+        } catch let error as PostgresError where error.sqlState == "55006" {
+            throw ToolFailure(
+                "endpoint \(id) got pending deliveries meanwhile: it is disabled and kept; remove it with --force"
+                    + " or enable it again")
+        } catch let error as PostgresError {
+            throw ToolFailure("removing the endpoint failed: \(error.message)")
+        }
+        guard let dropped else { throw ToolFailure("no endpoint \(id)") }
+        writeStandardOutput(
+            "endpoint \(id) removed"
+                + (dropped > 0 ? " with \(dropped) pending deliver\(dropped == 1 ? "y" : "ies") deleted" : "")
+                + "\n")
+    }
+}
+// ==== end wh-ops: remove an endpoint ====
