@@ -219,3 +219,21 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- ==== Webhook visibility (schema/70-health.sql): the per-endpoint gauges ====
+-- siwa_worker's attempts keep each endpoint's run of failures (the trigger runs with its rights); the
+-- gauges' SECURITY DEFINER function is the worker's (/metrics) and siwa_admin's (siwactl stats).
+REVOKE ALL ON FUNCTION siwa.webhook_endpoint_gauges() FROM PUBLIC;
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_worker') THEN
+        GRANT SELECT, INSERT, UPDATE ON siwa.webhook_endpoint_failures TO siwa_worker;
+        GRANT EXECUTE ON FUNCTION siwa.track_webhook_endpoint_failures(),
+            siwa.webhook_endpoint_gauges() TO siwa_worker;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_admin') THEN
+        GRANT EXECUTE ON FUNCTION siwa.webhook_endpoint_gauges() TO siwa_admin;
+    END IF;
+END;
+$$;
+-- ==== end of webhook visibility ====
