@@ -235,15 +235,15 @@ BEGIN
         GRANT USAGE ON SCHEMA siwa TO siwa_webhook_admin;
         GRANT SELECT ON siwa.webhook_endpoint_overview, siwa.webhook_attempt_history, siwa.webhook_delivery_status
             TO siwa_webhook_admin;
-        GRANT EXECUTE ON FUNCTION siwa.add_webhook_endpoint(text, text, text[], integer),
-            siwa.rotate_webhook_secret(bigint, text, interval), siwa.set_webhook_endpoint_enabled(bigint, boolean),
+        GRANT EXECUTE ON FUNCTION siwa.add_webhook_endpoint(text, text, text[], integer, text),
+            siwa.rotate_webhook_secret(bigint, text, interval, text), siwa.set_webhook_endpoint_enabled(bigint, boolean),
             siwa.retry_webhook_deliveries(bigint, bigint),
             siwa.replay_webhook_deliveries(bigint, bigint, bigint, timestamptz, timestamptz, text),
             siwa.remove_webhook_endpoint(bigint, boolean) TO siwa_webhook_admin;
         GRANT SELECT, INSERT (url, types, max_in_flight), DELETE ON siwa.webhook_endpoints TO siwa_webhook_admin;
         GRANT UPDATE (enabled, disabled_at, disabled_reason, failing_since) ON siwa.webhook_endpoints
             TO siwa_webhook_admin;
-        GRANT SELECT (id, endpoint_id, created_at, expires_at), INSERT (endpoint_id, secret), UPDATE (expires_at),
+        GRANT SELECT (id, endpoint_id, created_at, expires_at), INSERT (endpoint_id, secret, public_key), UPDATE (expires_at),
             DELETE ON siwa.webhook_secrets TO siwa_webhook_admin;
         GRANT INSERT ON siwa.webhook_slots TO siwa_webhook_admin;
         GRANT SELECT, INSERT (change_id, endpoint_id, sub),
@@ -254,3 +254,20 @@ BEGIN
 END;
 $$;
 -- ==== end wh-ops: siwa_webhook_admin ====
+-- ==== Webhook visibility (schema/70-health.sql): the per-endpoint gauges ====
+-- siwa_worker's attempts keep each endpoint's run of failures (the trigger runs with its rights); the
+-- gauges' SECURITY DEFINER function is the worker's (/metrics) and siwa_admin's (siwactl stats).
+REVOKE ALL ON FUNCTION siwa.webhook_endpoint_gauges() FROM PUBLIC;
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_worker') THEN
+        GRANT SELECT, INSERT, UPDATE ON siwa.webhook_endpoint_failures TO siwa_worker;
+        GRANT EXECUTE ON FUNCTION siwa.track_webhook_endpoint_failures(),
+            siwa.webhook_endpoint_gauges() TO siwa_worker;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_admin') THEN
+        GRANT EXECUTE ON FUNCTION siwa.webhook_endpoint_gauges() TO siwa_admin;
+    END IF;
+END;
+$$;
+-- ==== end of webhook visibility ====

@@ -17,6 +17,8 @@ public final class MetricsRegistry: Sendable {
         case gauge(labels: String, Gauge)
         case histogram(labels: String, Histogram)
         case computed(labels: String, @Sendable () -> Double)
+        /// Series whose label sets are known only at render time (one per row of a reading).
+        case computedSet(@Sendable () -> [(labels: [(String, String)], value: Double)])
     }
 
     private let families = Mutex<[Family]>([])
@@ -56,6 +58,18 @@ public final class MetricsRegistry: Sendable {
                     Family(name: name, help: help, type: "gauge", series: [.computed(labels: rendered, read)])
                 )
             }
+        }
+    }
+
+    /// A gauge family whose series (label sets and values) are read from `read` at render time: one
+    /// series per element, none when it is empty (HELP and TYPE are rendered anyway). The caller bounds
+    /// how many label sets it returns.
+    public func computedGaugeSet(
+        _ name: String, help: String,
+        read: @escaping @Sendable () -> [(labels: [(String, String)], value: Double)]
+    ) {
+        families.withLock { families in
+            families.append(Family(name: name, help: help, type: "gauge", series: [.computedSet(read)]))
         }
     }
 
@@ -117,6 +131,10 @@ public final class MetricsRegistry: Sendable {
                     out += "\(family.name)\(labels) \(g.value)\n"
                 case .computed(let labels, let read):
                     out += "\(family.name)\(labels) \(Self.format(read()))\n"
+                case .computedSet(let read):
+                    for (labels, value) in read() {
+                        out += "\(family.name)\(Self.render(labels: labels)) \(Self.format(value))\n"
+                    }
                 case .histogram(let labels, let h):
                     let snap = h.snapshot()
                     var cumulative = 0
@@ -137,6 +155,7 @@ public final class MetricsRegistry: Sendable {
     private static func labels(of series: Series) -> String {
         switch series {
         case .counter(let l, _), .gauge(let l, _), .histogram(let l, _), .computed(let l, _): l
+        case .computedSet: ""
         }
     }
 

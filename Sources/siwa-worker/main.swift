@@ -193,6 +193,9 @@ if !parsed.flag("once") {
     } catch {
         fail("\(error)", status: 2)
     }
+    // ---- webhook visibility: the per-endpoint webhook gauges on /metrics ----
+    services.append(webhookGaugesService(database: configuration.database, metrics: metrics, logger: logger))
+    // ---- end of webhook visibility ----
 }
 if parsed.flag("once") {
     services.append(

@@ -38,6 +38,8 @@ enum StatsVerb {
         var oldestBusySeconds: Double?
         /// Webhook deliveries (nil when the database has no webhooks: before schema version 4).
         var webhooks: (pending: Int, dead: Int, endpoints: Int)?
+        /// Per webhook endpoint (nil before schema version 5).
+        var webhookEndpoints: [WebhookEndpointStats]?
 
         init(_ row: PostgresRow) throws(PostgresError) {
             pending = try row["pending"]
@@ -64,6 +66,7 @@ enum StatsVerb {
                 "webhook_deliveries_pending": webhooks.map { $0.pending as Any } ?? NSNull(),
                 "webhook_deliveries_dead": webhooks.map { $0.dead as Any } ?? NSNull(),
                 "webhook_endpoints_enabled": webhooks.map { $0.endpoints as Any } ?? NSNull(),
+                "webhook_endpoints": webhookEndpoints.map { $0.map(\.json) as Any } ?? NSNull(),
             ]
         }
 
@@ -91,7 +94,7 @@ enum StatsVerb {
             ]
             let width = rows.map { $0[0].count }.max() ?? 0
             return rows.map { $0[0] + String(repeating: " ", count: width - $0[0].count + 2) + $0[1] + "\n" }
-                .joined()
+                .joined() + WebhookEndpointStats.text(webhookEndpoints ?? [])
         }
     }
 
@@ -114,6 +117,7 @@ enum StatsVerb {
                     try row[0, as: Int.self], try row[1, as: Int.self], try row[2, as: Int.self]
                 )
             }
+            health.webhookEndpoints = try WebhookEndpointStats.read(on: connection)
             return health
         }
         writeStandardOutput(parsed.flag("json") ? JSONText.line(health.json) : health.text)
