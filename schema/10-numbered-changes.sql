@@ -273,6 +273,10 @@ BEGIN
              WHERE jti LIKE 'siwa-refresh-check:%' AND raw_token IS NULL;
             DROP INDEX IF EXISTS siwa.notification_log_exceptions_idx;  -- its predicate names rejected now
         END IF;
+        -- The developer loop: temporary endpoints of siwactl webhooks listen --forward-to (expires_at).
+        IF pg_catalog.to_regclass('siwa.webhook_endpoints') IS NOT NULL THEN
+            ALTER TABLE siwa.webhook_endpoints ADD COLUMN expires_at timestamptz;
+        END IF;
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;
