@@ -371,7 +371,8 @@ enum WebhooksVerb {
     static func listen(_ parsed: ParsedCommand) throws {
         if parsed.value("forward-to") != nil { return try forward(parsed) }
         guard !parsed.values("secret").isEmpty else {
-            throw UsageError("--secret (or --secret-file, SIWA_WEBHOOK_SECRET) is required without --forward-to")
+            throw UsageError(
+                "--secret (or --secret-file, SIWA_WEBHOOK_SECRET) is required without --forward-to")
         }
         let port: Int
         let answer: Int
