@@ -26,7 +26,9 @@
 --                          siwa.sub_aliases, siwa.sub_transfer_batches, siwa.sub_columns and
 --                          siwa.service_heartbeats (read only); siwa.history_of(sub),
 --                          siwa.current_sub(sub), siwa.health_gauges(), siwa.client_ids_in_use(since),
---                          siwa.webhook_endpoint_gauges().
+--                          siwa.webhook_endpoint_gauges(); the temporary endpoints of siwactl webhooks
+--                          listen --forward-to (siwa.add_temporary_webhook_endpoint, renew_…,
+--                          remove_temporary_…, siwa.remove_expired_webhook_endpoints()).
 --   The app (siwa_app):    siwa.session_is_valid(sub, created_at); siwa.request_revocation(sub, reason),
 --                          inside its account-deletion transaction; the changefeed siwa.changefeed (and
 --                          LISTEN siwa_changes); its sessions and refresh tokens in siwa.sessions and

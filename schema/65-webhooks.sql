@@ -53,12 +53,15 @@ CREATE TABLE IF NOT EXISTS siwa.webhook_endpoints (
     CONSTRAINT webhook_endpoints_max_in_flight_check CHECK (max_in_flight BETWEEN 1 AND 64),
     -- wh-ops: auto-disable (numbered change 5 adds these to an existing table)
     failing_since   timestamptz,
-    disabled_reason text CONSTRAINT webhook_endpoints_disabled_reason_check CHECK (length(disabled_reason) <= 300)
+    disabled_reason text CONSTRAINT webhook_endpoints_disabled_reason_check CHECK (length(disabled_reason) <= 300),
+    -- The developer loop: set on a temporary endpoint only (siwactl webhooks listen --forward-to).
+    expires_at    timestamptz
 );
 COMMENT ON TABLE siwa.webhook_endpoints IS
     'Webhook endpoints (siwactl webhooks add): where siwa-worker sends each change, signed (Standard Webhooks).';
 COMMENT ON COLUMN siwa.webhook_endpoints.types IS 'The change types sent here; NULL: every type.';
 COMMENT ON COLUMN siwa.webhook_endpoints.enabled IS 'Whether new changes fan out here and pending deliveries are attempted.';
+COMMENT ON COLUMN siwa.webhook_endpoints.expires_at IS 'NULL: a permanent endpoint. Else a temporary one (siwactl webhooks listen --forward-to), renewed while its listener runs and removed by it on exit, or after this time by the next listener (siwa.remove_expired_webhook_endpoints).';
 COMMENT ON COLUMN siwa.webhook_endpoints.max_in_flight IS 'Attempts to this endpoint at once, across all workers (1 to 64).';
 COMMENT ON COLUMN siwa.webhook_endpoints.failing_since IS
     'When its current run of failed attempts began (NULL: the last attempt was delivered); failing for siwa.settings.webhook_auto_disable_after disables it.';
@@ -661,3 +664,77 @@ $$;
 COMMENT ON FUNCTION siwa.remove_webhook_endpoint(bigint, boolean) IS
     'Deletes a webhook endpoint with its secrets, deliveries and attempts (siwactl webhooks remove); refused (55006) while deliveries are pending unless forced. Returns the pending deliveries deleted; NULL for an unknown endpoint.';
 -- ==== end wh-ops: remove an endpoint ====
+
+-- ===== The developer loop: temporary endpoints (siwactl webhooks listen --forward-to) =====
+-- A listener registers itself as a temporary endpoint (expires_at set): plain http to a loopback IP
+-- literal only (the worker posts to a listener on its own machine), renewed while the listener runs,
+-- removed by it when it stops; one left by a listener that crashed is recognisable by expires_at and is
+-- removed by the next listener once expired. SECURITY DEFINER and executable by siwa_admin: an admin
+-- reads the changefeed already, and these functions touch temporary endpoints only.
+
+-- Removes every temporary endpoint past its expiry (with its secrets, slots and deliveries); returns how
+-- many.
+CREATE OR REPLACE FUNCTION siwa.remove_expired_webhook_endpoints() RETURNS integer
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    WITH gone AS (
+        DELETE FROM siwa.webhook_endpoints e WHERE e.expires_at IS NOT NULL AND e.expires_at <= pg_catalog.now()
+        RETURNING 1)
+    SELECT pg_catalog.count(*)::integer FROM gone
+$$;
+COMMENT ON FUNCTION siwa.remove_expired_webhook_endpoints() IS
+    'The developer loop: removes temporary webhook endpoints past their expiry (left by a listener that crashed); returns how many. Executable by siwa_admin.';
+
+-- Adds a temporary endpoint for a listener: http to a loopback IP literal, expiring after p_lifetime (1
+-- minute to 1 hour) unless renewed; removes the expired ones first. Returns its id.
+CREATE OR REPLACE FUNCTION siwa.add_temporary_webhook_endpoint(p_url text, p_secret text, p_types text[],
+                                                               p_lifetime interval) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    IF p_url IS NULL OR p_url !~* '^http://(127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|\[::1\])(:[0-9]{1,5})?([/?#]|$)' THEN
+        RAISE EXCEPTION 'a temporary endpoint is plain http to a loopback IP literal' USING ERRCODE = '22023';
+    END IF;
+    IF p_lifetime IS NULL OR p_lifetime < interval '1 minute' OR p_lifetime > interval '1 hour' THEN
+        RAISE EXCEPTION 'a temporary endpoint lives 1 minute to 1 hour between renewals' USING ERRCODE = '22023';
+    END IF;
+    PERFORM siwa.remove_expired_webhook_endpoints();
+    INSERT INTO siwa.webhook_endpoints AS e (url, types, expires_at)
+    VALUES (p_url, p_types, pg_catalog.now() + p_lifetime) RETURNING e.id INTO v_id;
+    INSERT INTO siwa.webhook_secrets (endpoint_id, secret) VALUES (v_id, p_secret);
+    INSERT INTO siwa.webhook_slots (endpoint_id, slot) SELECT v_id, s FROM pg_catalog.generate_series(0, 63) s;
+    RETURN v_id;
+END;
+$$;
+COMMENT ON FUNCTION siwa.add_temporary_webhook_endpoint(text, text, text[], interval) IS
+    'The developer loop: adds a temporary webhook endpoint (loopback http, expiring unless renewed) for siwactl webhooks listen --forward-to; returns its id. Executable by siwa_admin.';
+
+-- Pushes a temporary endpoint's expiry to now + p_lifetime; false when there is no such temporary
+-- endpoint (never touches a permanent one).
+CREATE OR REPLACE FUNCTION siwa.renew_temporary_webhook_endpoint(p_endpoint bigint, p_lifetime interval)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF p_lifetime IS NULL OR p_lifetime < interval '1 minute' OR p_lifetime > interval '1 hour' THEN
+        RAISE EXCEPTION 'a temporary endpoint lives 1 minute to 1 hour between renewals' USING ERRCODE = '22023';
+    END IF;
+    UPDATE siwa.webhook_endpoints e SET expires_at = pg_catalog.now() + p_lifetime
+     WHERE e.id = p_endpoint AND e.expires_at IS NOT NULL;
+    RETURN FOUND;
+END;
+$$;
+COMMENT ON FUNCTION siwa.renew_temporary_webhook_endpoint(bigint, interval) IS
+    'The developer loop: renews a temporary webhook endpoint''s expiry; false for an unknown or permanent endpoint. Executable by siwa_admin.';
+
+-- Removes a temporary endpoint (its listener stops); false when there is no such temporary endpoint
+-- (never removes a permanent one).
+CREATE OR REPLACE FUNCTION siwa.remove_temporary_webhook_endpoint(p_endpoint bigint) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    DELETE FROM siwa.webhook_endpoints e WHERE e.id = p_endpoint AND e.expires_at IS NOT NULL;
+    RETURN FOUND;
+END;
+$$;
+COMMENT ON FUNCTION siwa.remove_temporary_webhook_endpoint(bigint) IS
+    'The developer loop: removes a temporary webhook endpoint with its secrets and deliveries; false for an unknown or permanent endpoint. Executable by siwa_admin.';
+-- ===== end of the developer loop =====

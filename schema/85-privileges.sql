@@ -12,6 +12,10 @@ REVOKE ALL ON FUNCTION siwa.client_ids_in_use(timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION siwa.begin_sign_in(bytea, text, text), siwa.abandon_sign_in(bytea),
     siwa.record_sign_in(bytea, text, text, text, boolean, boolean, integer, bytea, bytea),
     siwa.sign_in_answer(bytea, text, text) FROM PUBLIC;
+-- The developer loop's SECURITY DEFINER functions (schema/65-webhooks.sql): never PUBLIC's either.
+REVOKE ALL ON FUNCTION siwa.add_temporary_webhook_endpoint(text, text, text[], interval),
+    siwa.renew_temporary_webhook_endpoint(bigint, interval), siwa.remove_temporary_webhook_endpoint(bigint),
+    siwa.remove_expired_webhook_endpoints() FROM PUBLIC;
 
 -- Each block grants one role what its job needs, and only when the role exists (see
 -- schema/80-roles.sql). Functions run with the caller's rights: a role is granted the tables its
@@ -38,6 +42,11 @@ BEGIN
         GRANT SELECT ON siwa.service_heartbeats TO siwa_admin;
         GRANT EXECUTE ON FUNCTION siwa.health_gauges(timestamptz) TO siwa_admin;
         GRANT EXECUTE ON FUNCTION siwa.client_ids_in_use(timestamptz) TO siwa_admin;
+        -- The developer loop: temporary endpoints only (siwactl webhooks listen --forward-to).
+        GRANT EXECUTE ON FUNCTION siwa.add_temporary_webhook_endpoint(text, text, text[], interval),
+            siwa.renew_temporary_webhook_endpoint(bigint, interval),
+            siwa.remove_temporary_webhook_endpoint(bigint), siwa.remove_expired_webhook_endpoints()
+            TO siwa_admin;
         DROP POLICY IF EXISTS service_heartbeats_admin ON siwa.service_heartbeats;
         CREATE POLICY service_heartbeats_admin ON siwa.service_heartbeats FOR SELECT TO siwa_admin USING (true);
     END IF;

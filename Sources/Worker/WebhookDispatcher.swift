@@ -300,25 +300,15 @@ public final class WebhookDispatcher: Sendable {
               FROM siwa.changes WHERE id = $1
             """, [.int(Int64(change))])
         guard let row = rows.first else { throw ConfigurationError("change \(change) is gone") }
-        let formatter = ISO8601DateFormatter()
-        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-        let eventTime = formatter.string(from: try row[2, as: Date.self])
-        var data: [String: Any] = [
-            "change_id": change, "sub": try row[1, as: String.self], "event_time": eventTime,
-            "applied_at": formatter.string(from: try row[3, as: Date.self]),
-            "jti": try row[4, as: String.self],
-            "sessions_revoked": try row[6, as: Int.self], "refresh_tokens_revoked": try row[7, as: Int.self],
-        ]
-        if let audience = try row[5, as: String?.self] { data["audience"] = audience }
-        if let email = try row[8, as: String?.self] { data["email"] = email }
-        if let isPrivate = try row[9, as: Bool?.self] { data["is_private_email"] = isPrivate }
-        if let oldSub = try row[10, as: String?.self] { data["old_sub"] = oldSub }
-        let object: [String: Any] = [
-            "type": try row[0, as: String.self], "timestamp": eventTime, "data": data,
-        ]
-        return [UInt8](
-            try JSONSerialization.data(
-                withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]))
+        // The one body builder (Sources/Webhooks), shared with siwactl webhooks send.
+        return WebhookChange(
+            type: try row[0, as: String.self], changeID: change, sub: try row[1, as: String.self],
+            eventTime: try row[2, as: Date.self], appliedAt: try row[3, as: Date.self],
+            jti: try row[4, as: String.self], audience: try row[5, as: String?.self],
+            sessionsRevoked: try row[6, as: Int.self], refreshTokensRevoked: try row[7, as: Int.self],
+            email: try row[8, as: String?.self], isPrivateEmail: try row[9, as: Bool?.self],
+            oldSub: try row[10, as: String?.self]
+        ).body
     }
 
     /// The delay before attempt `attempt + 1`: base × 2^(attempt-1), at most the maximum, times a random

@@ -14,6 +14,8 @@ enum WebhooksVerb {
             ("replay", replaySpec, replay), ("listen", listenSpec, listen),
             // wh-ops: operations
             ("retry", retrySpec, retry), ("remove", removeSpec, remove),
+            // The developer loop (WebhooksSend.swift).
+            ("send", sendSpec, send),
         ]
 
     static let verb = Verb(
@@ -68,10 +70,7 @@ enum WebhooksVerb {
         return String(joined[..<end.lowerBound]) + "."
     }
 
-    static let types = [
-        "siwa.email_disabled", "siwa.email_enabled", "siwa.consent_revoked", "siwa.account_deleted",
-        "siwa.personal_data_erased", "siwa.sub_transferred",
-    ]
+    static let types = WebhookChange.types
 
     /// `--secret whsec_…`, also from `--secret-file FILE` ('-': stdin), `SIWA_WEBHOOK_SECRET` or
     /// `SIWA_WEBHOOK_SECRET_FILE`: a secret of the caller's choosing for `add` and `rotate-secret`.
@@ -415,13 +414,21 @@ enum WebhooksVerb {
             signature, 400 for a missing header or a stale timestamp. Until SIGINT/SIGTERM.
             """,
         options: [
-            CommandOption(
-                "port", valueName: "N", help: "The port (0: any free one, printed).", isRequired: true),
+            CommandOption("port", valueName: "N", help: "The port (0, the default: any free one, printed)."),
             CommandOption(
                 "secret", valueName: "whsec_…",
-                help: "The endpoint's secret; repeat for several (rotation; in a file, one per line).",
-                isRepeatable: true, isRequired: true, environmentVariable: "SIWA_WEBHOOK_SECRET"
+                help:
+                    "The endpoint's secret; repeat for several (rotation; in a file, one per line). With --forward-to: the secret the forwarded deliveries are signed with (default: a new one, printed).",
+                isRepeatable: true, environmentVariable: "SIWA_WEBHOOK_SECRET"
             ).secret(),
+            // The developer loop (WebhooksForward.swift).
+            CommandOption(
+                "forward-to", valueName: "URL",
+                help:
+                    "Register a temporary endpoint for this listener (needs --database-url; removed on exit) and forward each verified delivery to your app at URL, re-signed."
+            ),
+            optionalDatabaseURL,
+            CommandOption("types", valueName: "TYPE,…", help: "With --forward-to: only these change types."),
             CommandOption(
                 "status", valueName: "CODE",
                 help: "The status answered to a verified delivery (e.g. 500 to test retries).",
@@ -429,6 +436,11 @@ enum WebhooksVerb {
         ])
 
     static func listen(_ parsed: ParsedCommand) throws {
+        if parsed.value("forward-to") != nil { return try forward(parsed) }
+        guard !parsed.values("secret").isEmpty else {
+            throw UsageError(
+                "--secret (or --secret-file, SIWA_WEBHOOK_SECRET) is required without --forward-to")
+        }
         let port: Int
         let answer: Int
         do {
