@@ -205,17 +205,8 @@ extension StandardWebhooks {
         id: String?, timestamp: String?, signature: String?, body: [UInt8], publicKeys: [Ed25519PublicKey],
         tolerance: Duration = defaultTolerance, now: Date = Date()
     ) throws(StandardWebhooks.Error) {
-        guard let id, !id.isEmpty, let timestamp, let signature else {
-            throw Error("missing webhook-id, webhook-timestamp or webhook-signature")
-        }
-        guard let seconds = Int(timestamp), timestamp.allSatisfy(\.isNumber) else {
-            throw Error("webhook-timestamp is not whole seconds")
-        }
-        let skew = now.timeIntervalSince1970 - Double(seconds)
-        let limit = Double(tolerance.components.seconds)
-        if skew > limit { throw Error("webhook-timestamp too old") }
-        if skew < -limit { throw Error("webhook-timestamp too new") }
-        let content = signedContent(id: id, timestamp: seconds, body: body)
+        let (content, signature) = try receivedContent(
+            id: id, timestamp: timestamp, signature: signature, body: body, tolerance: tolerance, now: now)
         for candidate in signature.split(separator: " ") where candidate.hasPrefix("v1a,") {
             guard let given = base64Bytes(candidate.dropFirst(4)) else { continue }
             if publicKeys.contains(where: { $0.isValidSignature(given, of: content) }) { return }

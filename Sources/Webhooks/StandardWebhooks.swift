@@ -63,6 +63,24 @@ public enum StandardWebhooks {
         Array("\(id).\(timestamp).".utf8) + body
     }
 
+    /// The signed content of a received message (either scheme) and its signature header, once the
+    /// three headers are present and the timestamp is within `tolerance` of `now`.
+    static func receivedContent(
+        id: String?, timestamp: String?, signature: String?, body: [UInt8], tolerance: Duration, now: Date
+    ) throws(StandardWebhooks.Error) -> (content: [UInt8], signature: String) {
+        guard let id, !id.isEmpty, let timestamp, let signature else {
+            throw Error("missing webhook-id, webhook-timestamp or webhook-signature")
+        }
+        guard let seconds = Int(timestamp), timestamp.allSatisfy(\.isNumber) else {
+            throw Error("webhook-timestamp is not whole seconds")
+        }
+        let skew = now.timeIntervalSince1970 - Double(seconds)
+        let limit = Double(tolerance.components.seconds)
+        if skew > limit { throw Error("webhook-timestamp too old") }
+        if skew < -limit { throw Error("webhook-timestamp too new") }
+        return (signedContent(id: id, timestamp: seconds, body: body), signature)
+    }
+
     /// One `v1,<base64 HMAC-SHA256>` signature.
     public static func signature(id: String, timestamp: Int, body: [UInt8], secret: Secret) -> String {
         "v1,"
@@ -86,17 +104,8 @@ public enum StandardWebhooks {
         id: String?, timestamp: String?, signature: String?, body: [UInt8], secrets: [Secret],
         tolerance: Duration = defaultTolerance, now: Date = Date()
     ) throws(StandardWebhooks.Error) {
-        guard let id, !id.isEmpty, let timestamp, let signature else {
-            throw Error("missing webhook-id, webhook-timestamp or webhook-signature")
-        }
-        guard let seconds = Int(timestamp), timestamp.allSatisfy(\.isNumber) else {
-            throw Error("webhook-timestamp is not whole seconds")
-        }
-        let skew = now.timeIntervalSince1970 - Double(seconds)
-        let limit = Double(tolerance.components.seconds)
-        if skew > limit { throw Error("webhook-timestamp too old") }
-        if skew < -limit { throw Error("webhook-timestamp too new") }
-        let content = signedContent(id: id, timestamp: seconds, body: body)
+        let (content, signature) = try receivedContent(
+            id: id, timestamp: timestamp, signature: signature, body: body, tolerance: tolerance, now: now)
         let expected = secrets.map { hmacSHA256(key: $0.key, message: content) }
         for candidate in signature.split(separator: " ") {
             guard candidate.hasPrefix("v1,"), let given = Data(base64Encoded: String(candidate.dropFirst(3)))
