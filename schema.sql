@@ -465,10 +465,10 @@ BEGIN
         END IF;
         DROP FUNCTION IF EXISTS siwa.add_webhook_endpoint(text, text, text[], integer);
         DROP FUNCTION IF EXISTS siwa.rotate_webhook_secret(bigint, text, interval);
-        -- wh-ops: replay chooses dead, failed or all (p_state): the five-argument replay goes, the
+        -- replay chooses dead, failed or all (p_state): the five-argument replay goes, the
         -- desired state creates the six-argument one.
         DROP FUNCTION IF EXISTS siwa.replay_webhook_deliveries(bigint, bigint, bigint, timestamptz, timestamptz);
-        -- wh-ops: auto-disable of a webhook endpoint on 410 Gone or after failing continuously for
+        -- auto-disable of a webhook endpoint on 410 Gone or after failing continuously for
         -- siwa.settings.webhook_auto_disable_after (recorded in disabled_reason).
         IF pg_catalog.to_regclass('siwa.webhook_endpoints') IS NOT NULL THEN
             ALTER TABLE siwa.webhook_endpoints
@@ -502,7 +502,7 @@ CREATE TABLE IF NOT EXISTS siwa.settings (
     hook_search_path              text,
     changes_retention             interval NOT NULL DEFAULT interval '7 days'
         CONSTRAINT settings_changes_retention_check CHECK (changes_retention >= interval '0'),
-    -- wh-ops: auto-disable (numbered change 5 adds it to an existing table)
+    -- auto-disable (numbered change 5 adds it to an existing table)
     webhook_auto_disable_after    interval NOT NULL DEFAULT interval '3 days'
         CONSTRAINT settings_webhook_auto_disable_after_check CHECK (webhook_auto_disable_after > interval '0')
 );
@@ -4036,7 +4036,7 @@ CREATE TABLE IF NOT EXISTS siwa.webhook_endpoints (
         types IS NULL OR (cardinality(types) > 0 AND types <@ ARRAY['siwa.email_disabled', 'siwa.email_enabled',
             'siwa.consent_revoked', 'siwa.account_deleted', 'siwa.personal_data_erased', 'siwa.sub_transferred'])),
     CONSTRAINT webhook_endpoints_max_in_flight_check CHECK (max_in_flight BETWEEN 1 AND 64),
-    -- wh-ops: auto-disable (numbered change 5 adds these to an existing table)
+    -- auto-disable (numbered change 5 adds these to an existing table)
     failing_since   timestamptz,
     disabled_reason text CONSTRAINT webhook_endpoints_disabled_reason_check CHECK (length(disabled_reason) <= 300),
     -- The developer loop: set on a temporary endpoint only (siwactl webhooks listen --forward-to).
@@ -4229,7 +4229,7 @@ BEGIN
     END IF;
     UPDATE siwa.webhook_endpoints e
        SET enabled = p_enabled, disabled_at = CASE WHEN p_enabled THEN NULL ELSE now() END,
-           -- wh-ops: auto-disable: enabling clears the reason and the run of failures
+           -- auto-disable: enabling clears the reason and the run of failures
            disabled_reason = CASE WHEN p_enabled THEN NULL ELSE coalesce(e.disabled_reason, 'manual') END,
            failing_since = CASE WHEN p_enabled THEN NULL ELSE e.failing_since END
      WHERE e.id = p_endpoint;
@@ -4245,7 +4245,7 @@ $$;
 COMMENT ON FUNCTION siwa.set_webhook_endpoint_enabled(bigint, boolean) IS
     'Enables or disables a webhook endpoint (siwactl webhooks enable/disable); enabling wakes the webhook lanes. Returns false for an unknown endpoint.';
 
--- ==== wh-ops: replay with a state selector ====
+-- ==== replay with a state selector ====
 -- Puts deliveries back to pending with a fresh retry schedule (same webhook-id: receivers dedupe on it,
 -- attempts from 1 and the give-up window from the next attempt): one delivery; every delivery of one
 -- change; or a window: the changes applied in [p_since, p_until), to one endpoint (p_endpoint) or to
@@ -4317,7 +4317,7 @@ END;
 $$;
 COMMENT ON FUNCTION siwa.replay_webhook_deliveries(bigint, bigint, bigint, timestamptz, timestamptz, text) IS
     'Queues deliveries again (siwactl webhooks replay): by delivery, by change, or by applied_at range (of one endpoint or all), choosing dead, failed or all.';
--- ==== end wh-ops: replay with a state selector ====
+-- ==== end replay with a state selector ====
 
 -- What admins read: endpoints without their secrets, and every attempt.
 CREATE OR REPLACE VIEW siwa.webhook_endpoint_overview AS
@@ -4327,7 +4327,7 @@ SELECT e.id, e.url, e.types, e.enabled, e.max_in_flight, e.created_at, e.disable
        (SELECT count(*) FROM siwa.webhook_deliveries d WHERE d.endpoint_id = e.id AND d.state = 'pending') AS pending,
        (SELECT count(*) FROM siwa.webhook_deliveries d WHERE d.endpoint_id = e.id AND d.state = 'dead') AS dead,
        (SELECT max(d.delivered_at) FROM siwa.webhook_deliveries d WHERE d.endpoint_id = e.id) AS last_delivered_at,
-       -- wh-ops: auto-disable
+       -- auto-disable
        e.disabled_reason, e.failing_since
   FROM siwa.webhook_endpoints e;
 COMMENT ON VIEW siwa.webhook_endpoint_overview IS
@@ -4523,7 +4523,7 @@ BEGIN
            last_status = p_status, last_error = pg_catalog.left(p_error, 300),
            lease_owner = NULL, lease_expires_at = NULL
      WHERE d.id = p_delivery;
-    -- ==== wh-ops: auto-disable ====
+    -- ==== auto-disable ====
     -- A 2xx ends the endpoint's run of failures; a failure starts one. A 410 Gone, or a run longer than
     -- siwa.settings.webhook_auto_disable_after, disables the endpoint (its pending deliveries wait; its
     -- new changes do not fan out), recorded in disabled_at and disabled_reason.
@@ -4546,7 +4546,7 @@ BEGIN
            AND (p_status = 410
                 OR e.failing_since <= pg_catalog.clock_timestamp() - s.webhook_auto_disable_after);
     END IF;
-    -- ==== end wh-ops: auto-disable ====
+    -- ==== end auto-disable ====
     IF p_outcome <> 'retry' THEN
         -- The next change of this sub to this endpoint heads the queue now.
         UPDATE siwa.webhook_deliveries d SET ready = true
@@ -4586,7 +4586,7 @@ $$;
 COMMENT ON FUNCTION siwa.repair_webhook_ready() IS
     'Recomputes the webhook queue heads'' `ready` hint where it is wrong; returns how many rows it changed. Executable by siwa_worker.';
 
--- ==== wh-ops: retry now (siwactl webhooks retry) ====
+-- ==== retry now (siwactl webhooks retry) ====
 -- Makes pending deliveries due now: one delivery (p_delivery), or every pending delivery of one
 -- endpoint (p_endpoint). The backoff starts again (attempts = 0: the next failure waits the base delay;
 -- the attempt history numbers the next attempt 1, as after a replay), the retry makes no attempt row,
@@ -4617,9 +4617,9 @@ END;
 $$;
 COMMENT ON FUNCTION siwa.retry_webhook_deliveries(bigint, bigint) IS
     'Makes pending webhook deliveries due now with their backoff reset (siwactl webhooks retry): one delivery or an endpoint''s; not an attempt. Returns how many.';
--- ==== end wh-ops: retry now ====
+-- ==== end retry now ====
 
--- ==== wh-ops: remove an endpoint (siwactl webhooks remove) ====
+-- ==== remove an endpoint (siwactl webhooks remove) ====
 -- Deletes an endpoint with its secrets, slots, deliveries and their attempts (ON DELETE CASCADE): its
 -- delivery history goes with it. While it has pending deliveries it is refused (55006, with how many)
 -- unless p_force, when they are deleted too (a lane attempting one then finds its lease gone and logs
@@ -4648,7 +4648,7 @@ END;
 $$;
 COMMENT ON FUNCTION siwa.remove_webhook_endpoint(bigint, boolean) IS
     'Deletes a webhook endpoint with its secrets, deliveries and attempts (siwactl webhooks remove); refused (55006) while deliveries are pending unless forced. Returns the pending deliveries deleted; NULL for an unknown endpoint.';
--- ==== end wh-ops: remove an endpoint ====
+-- ==== end remove an endpoint ====
 
 -- ===== The developer loop: temporary endpoints (siwactl webhooks listen --forward-to) =====
 -- A listener registers itself as a temporary endpoint (expires_at set): plain http to a loopback IP
@@ -5092,7 +5092,7 @@ BEGIN
                     'Sign in with Apple notifications: what siwa-receiver needs (INSERT into siwa.notification_log). Grant to its login role.'
                 WHEN 'siwa_worker' THEN
                     'Sign in with Apple notifications: what siwa-worker needs (apply, retry, prune, erase). Grant to its login role.'
-                -- wh-ops: siwa_webhook_admin
+                -- siwa_webhook_admin
                 WHEN 'siwa_webhook_admin' THEN
                     'Sign in with Apple: manage webhook endpoints through the siwa functions (siwactl webhooks add, rotate-secret, enable, disable, retry, replay, remove) without being the owner; never reads a secret back. Grant to people or a deploy tool.'
                 WHEN 'siwa_signin' THEN
@@ -5262,7 +5262,7 @@ BEGIN
         -- Erasure drops the email an import holds for either sub (siwa.erase_personal_data_of).
         GRANT SELECT (old_sub, new_sub, email), UPDATE (email) ON siwa.transfer_imports TO siwa_worker;
         GRANT SELECT ON siwa.webhook_endpoints, siwa.webhook_secrets TO siwa_worker;
-        -- wh-ops: auto-disable (siwa.record_webhook_attempt records a run of failures and disables)
+        -- auto-disable (siwa.record_webhook_attempt records a run of failures and disables)
         GRANT UPDATE (enabled, disabled_at, failing_since, disabled_reason) ON siwa.webhook_endpoints TO siwa_worker;
         GRANT SELECT, UPDATE ON siwa.webhook_slots TO siwa_worker;
         GRANT SELECT, INSERT, UPDATE ON siwa.webhook_deliveries TO siwa_worker;
@@ -5343,7 +5343,7 @@ BEGIN
 END;
 $$;
 
--- ==== wh-ops: siwa_webhook_admin ====
+-- ==== siwa_webhook_admin ====
 -- siwa_webhook_admin: manages webhook endpoints through the siwa functions (which run with its rights)
 -- without being the owner: add, rotate a secret, enable/disable, retry, replay, remove; reads the
 -- webhook views. It writes secrets but never reads one back: no SELECT on siwa.webhook_secrets.secret
@@ -5373,7 +5373,7 @@ BEGIN
     END IF;
 END;
 $$;
--- ==== end wh-ops: siwa_webhook_admin ====
+-- ==== end siwa_webhook_admin ====
 -- ==== Webhook visibility (schema/70-health.sql): the per-endpoint gauges ====
 -- siwa_worker's attempts keep each endpoint's run of failures (the trigger runs with its rights); the
 -- gauges' SECURITY DEFINER function is the worker's (/metrics) and siwa_admin's (siwactl stats).

@@ -285,10 +285,10 @@ BEGIN
         END IF;
         DROP FUNCTION IF EXISTS siwa.add_webhook_endpoint(text, text, text[], integer);
         DROP FUNCTION IF EXISTS siwa.rotate_webhook_secret(bigint, text, interval);
-        -- wh-ops: replay chooses dead, failed or all (p_state): the five-argument replay goes, the
+        -- replay chooses dead, failed or all (p_state): the five-argument replay goes, the
         -- desired state creates the six-argument one.
         DROP FUNCTION IF EXISTS siwa.replay_webhook_deliveries(bigint, bigint, bigint, timestamptz, timestamptz);
-        -- wh-ops: auto-disable of a webhook endpoint on 410 Gone or after failing continuously for
+        -- auto-disable of a webhook endpoint on 410 Gone or after failing continuously for
         -- siwa.settings.webhook_auto_disable_after (recorded in disabled_reason).
         IF pg_catalog.to_regclass('siwa.webhook_endpoints') IS NOT NULL THEN
             ALTER TABLE siwa.webhook_endpoints

@@ -6,7 +6,7 @@ CREATE TABLE IF NOT EXISTS siwa.settings (
     hook_search_path              text,
     changes_retention             interval NOT NULL DEFAULT interval '7 days'
         CONSTRAINT settings_changes_retention_check CHECK (changes_retention >= interval '0'),
-    -- wh-ops: auto-disable (numbered change 5 adds it to an existing table)
+    -- auto-disable (numbered change 5 adds it to an existing table)
     webhook_auto_disable_after    interval NOT NULL DEFAULT interval '3 days'
         CONSTRAINT settings_webhook_auto_disable_after_check CHECK (webhook_auto_disable_after > interval '0')
 );

@@ -51,7 +51,7 @@ CREATE TABLE IF NOT EXISTS siwa.webhook_endpoints (
         types IS NULL OR (cardinality(types) > 0 AND types <@ ARRAY['siwa.email_disabled', 'siwa.email_enabled',
             'siwa.consent_revoked', 'siwa.account_deleted', 'siwa.personal_data_erased', 'siwa.sub_transferred'])),
     CONSTRAINT webhook_endpoints_max_in_flight_check CHECK (max_in_flight BETWEEN 1 AND 64),
-    -- wh-ops: auto-disable (numbered change 5 adds these to an existing table)
+    -- auto-disable (numbered change 5 adds these to an existing table)
     failing_since   timestamptz,
     disabled_reason text CONSTRAINT webhook_endpoints_disabled_reason_check CHECK (length(disabled_reason) <= 300),
     -- The developer loop: set on a temporary endpoint only (siwactl webhooks listen --forward-to).
@@ -244,7 +244,7 @@ BEGIN
     END IF;
     UPDATE siwa.webhook_endpoints e
        SET enabled = p_enabled, disabled_at = CASE WHEN p_enabled THEN NULL ELSE now() END,
-           -- wh-ops: auto-disable: enabling clears the reason and the run of failures
+           -- auto-disable: enabling clears the reason and the run of failures
            disabled_reason = CASE WHEN p_enabled THEN NULL ELSE coalesce(e.disabled_reason, 'manual') END,
            failing_since = CASE WHEN p_enabled THEN NULL ELSE e.failing_since END
      WHERE e.id = p_endpoint;
@@ -260,7 +260,7 @@ $$;
 COMMENT ON FUNCTION siwa.set_webhook_endpoint_enabled(bigint, boolean) IS
     'Enables or disables a webhook endpoint (siwactl webhooks enable/disable); enabling wakes the webhook lanes. Returns false for an unknown endpoint.';
 
--- ==== wh-ops: replay with a state selector ====
+-- ==== replay with a state selector ====
 -- Puts deliveries back to pending with a fresh retry schedule (same webhook-id: receivers dedupe on it,
 -- attempts from 1 and the give-up window from the next attempt): one delivery; every delivery of one
 -- change; or a window: the changes applied in [p_since, p_until), to one endpoint (p_endpoint) or to
@@ -332,7 +332,7 @@ END;
 $$;
 COMMENT ON FUNCTION siwa.replay_webhook_deliveries(bigint, bigint, bigint, timestamptz, timestamptz, text) IS
     'Queues deliveries again (siwactl webhooks replay): by delivery, by change, or by applied_at range (of one endpoint or all), choosing dead, failed or all.';
--- ==== end wh-ops: replay with a state selector ====
+-- ==== end replay with a state selector ====
 
 -- What admins read: endpoints without their secrets, and every attempt.
 CREATE OR REPLACE VIEW siwa.webhook_endpoint_overview AS
@@ -342,7 +342,7 @@ SELECT e.id, e.url, e.types, e.enabled, e.max_in_flight, e.created_at, e.disable
        (SELECT count(*) FROM siwa.webhook_deliveries d WHERE d.endpoint_id = e.id AND d.state = 'pending') AS pending,
        (SELECT count(*) FROM siwa.webhook_deliveries d WHERE d.endpoint_id = e.id AND d.state = 'dead') AS dead,
        (SELECT max(d.delivered_at) FROM siwa.webhook_deliveries d WHERE d.endpoint_id = e.id) AS last_delivered_at,
-       -- wh-ops: auto-disable
+       -- auto-disable
        e.disabled_reason, e.failing_since
   FROM siwa.webhook_endpoints e;
 COMMENT ON VIEW siwa.webhook_endpoint_overview IS
@@ -538,7 +538,7 @@ BEGIN
            last_status = p_status, last_error = pg_catalog.left(p_error, 300),
            lease_owner = NULL, lease_expires_at = NULL
      WHERE d.id = p_delivery;
-    -- ==== wh-ops: auto-disable ====
+    -- ==== auto-disable ====
     -- A 2xx ends the endpoint's run of failures; a failure starts one. A 410 Gone, or a run longer than
     -- siwa.settings.webhook_auto_disable_after, disables the endpoint (its pending deliveries wait; its
     -- new changes do not fan out), recorded in disabled_at and disabled_reason.
@@ -561,7 +561,7 @@ BEGIN
            AND (p_status = 410
                 OR e.failing_since <= pg_catalog.clock_timestamp() - s.webhook_auto_disable_after);
     END IF;
-    -- ==== end wh-ops: auto-disable ====
+    -- ==== end auto-disable ====
     IF p_outcome <> 'retry' THEN
         -- The next change of this sub to this endpoint heads the queue now.
         UPDATE siwa.webhook_deliveries d SET ready = true
@@ -601,7 +601,7 @@ $$;
 COMMENT ON FUNCTION siwa.repair_webhook_ready() IS
     'Recomputes the webhook queue heads'' `ready` hint where it is wrong; returns how many rows it changed. Executable by siwa_worker.';
 
--- ==== wh-ops: retry now (siwactl webhooks retry) ====
+-- ==== retry now (siwactl webhooks retry) ====
 -- Makes pending deliveries due now: one delivery (p_delivery), or every pending delivery of one
 -- endpoint (p_endpoint). The backoff starts again (attempts = 0: the next failure waits the base delay;
 -- the attempt history numbers the next attempt 1, as after a replay), the retry makes no attempt row,
@@ -632,9 +632,9 @@ END;
 $$;
 COMMENT ON FUNCTION siwa.retry_webhook_deliveries(bigint, bigint) IS
     'Makes pending webhook deliveries due now with their backoff reset (siwactl webhooks retry): one delivery or an endpoint''s; not an attempt. Returns how many.';
--- ==== end wh-ops: retry now ====
+-- ==== end retry now ====
 
--- ==== wh-ops: remove an endpoint (siwactl webhooks remove) ====
+-- ==== remove an endpoint (siwactl webhooks remove) ====
 -- Deletes an endpoint with its secrets, slots, deliveries and their attempts (ON DELETE CASCADE): its
 -- delivery history goes with it. While it has pending deliveries it is refused (55006, with how many)
 -- unless p_force, when they are deleted too (a lane attempting one then finds its lease gone and logs
@@ -663,7 +663,7 @@ END;
 $$;
 COMMENT ON FUNCTION siwa.remove_webhook_endpoint(bigint, boolean) IS
     'Deletes a webhook endpoint with its secrets, deliveries and attempts (siwactl webhooks remove); refused (55006) while deliveries are pending unless forced. Returns the pending deliveries deleted; NULL for an unknown endpoint.';
--- ==== end wh-ops: remove an endpoint ====
+-- ==== end remove an endpoint ====
 
 -- ===== The developer loop: temporary endpoints (siwactl webhooks listen --forward-to) =====
 -- A listener registers itself as a temporary endpoint (expires_at set): plain http to a loopback IP

@@ -47,7 +47,7 @@ BEGIN
                     'Sign in with Apple notifications: what siwa-receiver needs (INSERT into siwa.notification_log). Grant to its login role.'
                 WHEN 'siwa_worker' THEN
                     'Sign in with Apple notifications: what siwa-worker needs (apply, retry, prune, erase). Grant to its login role.'
-                -- wh-ops: siwa_webhook_admin
+                -- siwa_webhook_admin
                 WHEN 'siwa_webhook_admin' THEN
                     'Sign in with Apple: manage webhook endpoints through the siwa functions (siwactl webhooks add, rotate-secret, enable, disable, retry, replay, remove) without being the owner; never reads a secret back. Grant to people or a deploy tool.'
                 WHEN 'siwa_signin' THEN

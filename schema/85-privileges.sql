@@ -151,7 +151,7 @@ BEGIN
         -- Erasure drops the email an import holds for either sub (siwa.erase_personal_data_of).
         GRANT SELECT (old_sub, new_sub, email), UPDATE (email) ON siwa.transfer_imports TO siwa_worker;
         GRANT SELECT ON siwa.webhook_endpoints, siwa.webhook_secrets TO siwa_worker;
-        -- wh-ops: auto-disable (siwa.record_webhook_attempt records a run of failures and disables)
+        -- auto-disable (siwa.record_webhook_attempt records a run of failures and disables)
         GRANT UPDATE (enabled, disabled_at, failing_since, disabled_reason) ON siwa.webhook_endpoints TO siwa_worker;
         GRANT SELECT, UPDATE ON siwa.webhook_slots TO siwa_worker;
         GRANT SELECT, INSERT, UPDATE ON siwa.webhook_deliveries TO siwa_worker;
@@ -232,7 +232,7 @@ BEGIN
 END;
 $$;
 
--- ==== wh-ops: siwa_webhook_admin ====
+-- ==== siwa_webhook_admin ====
 -- siwa_webhook_admin: manages webhook endpoints through the siwa functions (which run with its rights)
 -- without being the owner: add, rotate a secret, enable/disable, retry, replay, remove; reads the
 -- webhook views. It writes secrets but never reads one back: no SELECT on siwa.webhook_secrets.secret
@@ -262,7 +262,7 @@ BEGIN
     END IF;
 END;
 $$;
--- ==== end wh-ops: siwa_webhook_admin ====
+-- ==== end siwa_webhook_admin ====
 -- ==== Webhook visibility (schema/70-health.sql): the per-endpoint gauges ====
 -- siwa_worker's attempts keep each endpoint's run of failures (the trigger runs with its rights); the
 -- gauges' SECURITY DEFINER function is the worker's (/metrics) and siwa_admin's (siwactl stats).

@@ -12,7 +12,7 @@ enum WebhooksVerb {
             ("disable", disableSpec, { try setEnabled($0, false) }),
             ("enable", enableSpec, { try setEnabled($0, true) }), ("rotate-secret", rotateSpec, rotate),
             ("replay", replaySpec, replay), ("listen", listenSpec, listen),
-            // wh-ops: operations
+            // operations
             ("retry", retrySpec, retry), ("remove", removeSpec, remove),
             // The developer loop (WebhooksSend.swift).
             ("send", sendSpec, send),
@@ -175,7 +175,7 @@ enum WebhooksVerb {
                 String(try row[5, as: Int.self]), String(try row[6, as: Int.self]),
                 String(try row[7, as: Int.self]),
                 try row[8, as: Date?.self].map(formatShort) ?? "-",
-                // wh-ops: auto-disable: why and when it was disabled
+                // auto-disable: why and when it was disabled
                 try row[9, as: String?.self].map { TerminalText.escaped($0) } ?? "-",
                 try row[10, as: Date?.self].map(formatShort) ?? "-",
             ]
@@ -354,7 +354,7 @@ enum WebhooksVerb {
                 "since", valueName: "TIME", help: "Applied since (ISO 8601, or an age: 2h)."),
             CommandOption(
                 "until", valueName: "TIME", help: "Applied before (ISO 8601, or an age)."),
-            // wh-ops: replay with a state selector
+            // replay with a state selector
             CommandOption(
                 "state", valueName: "STATE",
                 help: "For a window: dead, failed or all (default dead); a delivery or change: all."),

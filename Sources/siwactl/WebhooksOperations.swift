@@ -2,7 +2,7 @@ import Foundation
 import Postgres
 import ServiceSupport
 
-// ==== wh-ops: operations (retry) ====
+// ==== operations (retry) ====
 extension WebhooksVerb {
     static let retrySpec = CommandSpec(
         name: "siwactl webhooks retry",
@@ -65,9 +65,9 @@ extension WebhooksVerb {
         writeStandardOutput("due now: \(count) deliver\(count == 1 ? "y" : "ies")\n")
     }
 }
-// ==== end wh-ops: operations ====
+// ==== end operations ====
 
-// ==== wh-ops: replay with a state selector ====
+// ==== replay with a state selector ====
 extension WebhooksVerb {
     /// Why `replay --delivery` queued nothing: an unknown delivery fails; a pending one is said (stderr).
     static func explainNotReplayed(_ delivery: Int64, state: String, on connection: PostgresConnection) throws
@@ -96,9 +96,9 @@ extension WebhooksVerb {
         writeErrorLine("siwactl webhooks replay", "nothing queued: \(why)")
     }
 }
-// ==== end wh-ops: replay with a state selector ====
+// ==== end replay with a state selector ====
 
-// ==== wh-ops: remove an endpoint ====
+// ==== remove an endpoint ====
 extension WebhooksVerb {
     static let removeSpec = CommandSpec(
         name: "siwactl webhooks remove",
@@ -154,4 +154,4 @@ extension WebhooksVerb {
                 + "\n")
     }
 }
-// ==== end wh-ops: remove an endpoint ====
+// ==== end remove an endpoint ====

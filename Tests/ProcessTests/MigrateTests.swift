@@ -355,7 +355,7 @@ struct MigrateUpgradeTests {
             connection,
             without: [
                 "busy_since", "hook_search_path", "changes_retention", "next_attempt_at", "service_format",
-                // wh-ops: auto-disable's columns, new in version 5
+                // auto-disable's columns, new in version 5
                 "webhook_auto_disable_after", "failing_since", "disabled_reason",
             ]
                 + personal)
@@ -378,7 +378,7 @@ struct MigrateUpgradeTests {
                 without: [
                     "busy_since", "hook_search_path", "changes_retention", "next_attempt_at",
                     "service_format",
-                    // wh-ops: auto-disable's columns, new in version 5
+                    // auto-disable's columns, new in version 5
                     "webhook_auto_disable_after", "failing_since", "disabled_reason",
                 ] + personal
             )

@@ -5,7 +5,7 @@ import Testing
 import Webhooks
 import Worker
 
-// ==== wh-ops: operations through siwactl (retry, replay by state, remove) ====
+// ==== operations through siwactl (retry, replay by state, remove) ====
 @Suite("siwactl webhooks operations", .serialized)
 struct WebhookOperationsProcessTests {
     let siwactl = ExecutableLocator.url(named: "siwactl")
@@ -117,4 +117,4 @@ struct WebhookOperationsProcessTests {
         #expect(missing.status == 2)
     }
 }
-// ==== end wh-ops: operations through siwactl ====
+// ==== end operations through siwactl ====

@@ -5,7 +5,7 @@ import Testing
 import Webhooks
 import Worker
 
-// ==== wh-ops: operations (retry, replay by state, remove, auto-disable, siwa_webhook_admin) ====
+// ==== operations (retry, replay by state, remove, auto-disable, siwa_webhook_admin) ====
 /// The SQLSTATE `body` failed with; nil when it succeeded.
 private func refusal(_ body: () throws -> Void) -> String? {
     do {
@@ -314,4 +314,4 @@ struct OperationsTests {
         #expect(try database.value("SELECT count(*)::int FROM siwa.webhook_secrets") as Int == 0)
     }
 }
-// ==== end wh-ops: operations ====
+// ==== end operations ====
