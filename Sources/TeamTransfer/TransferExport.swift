@@ -188,11 +188,3 @@ public struct TransferExport {
             users: rows.count, digest: try TransferList.digest(targetTeam: targetTeam, entries: rows))
     }
 }
-
-/// One JSON object per line, keys sorted, slashes unescaped.
-func jsonLine(_ object: [String: Any]) -> String {
-    let data =
-        (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]))
-        ?? Data("{}".utf8)
-    return String(decoding: data, as: UTF8.self) + "\n"
-}

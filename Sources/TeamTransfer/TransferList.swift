@@ -1,5 +1,6 @@
 import AppleNotifications
 import Foundation
+import ServiceSupport
 
 /// The list the old team hands to the new team (`siwactl transfer export --output`), and the digest that
 /// makes it verifiable.
@@ -116,11 +117,13 @@ public struct TransferList: Sendable, Equatable {
     /// The file: a header line `{"format", "version", "target_team", "salt", "users"}`, then
     /// `{"account", "transfer_sub"}` per line.
     public var text: String {
-        var text = jsonLine([
+        var text = JSONText.line([
             "format": Self.format, "version": Self.version, "target_team": targetTeam, "salt": salt,
             "users": lines.count,
         ])
-        for line in lines { text += jsonLine(["account": line.account, "transfer_sub": line.transferSub]) }
+        for line in lines {
+            text += JSONText.line(["account": line.account, "transfer_sub": line.transferSub])
+        }
         return text
     }
 
