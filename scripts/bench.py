@@ -345,7 +345,7 @@ LEAN_INSERT = (f"INSERT INTO lean (jti, payload) VALUES (gen_random_uuid()::text
 OWN_INSERT = (
     "SELECT siwa.store_notifications(ARRAY[gen_random_uuid()::text], ARRAY['consent-revoked'], "
     f"ARRAY['001234.bench'], ARRAY['{AUDIENCE}'], ARRAY[NULL::text], ARRAY[NULL::boolean], ARRAY[now()], "
-    f"ARRAY[now()], ARRAY[now() + interval '1 day'], ARRAY['{TOKEN}']);\n")
+    f"ARRAY[now()], ARRAY[now() + interval '1 day'], ARRAY['{TOKEN}'], ARRAY[NULL::timestamptz]);\n")
 
 
 def run_pgbench(cluster, db, connections, seconds, workdir, statement=OWN_INSERT, table="siwa.notification_log"):
