@@ -158,18 +158,25 @@ COMMENT ON COLUMN siwa.notification_queue.last_error IS
 -- account whose personal data is already erased (Apple may send an email event after the deletion, or
 -- redeliver one) is stored without email and raw token: the same statement leaves them out (one
 -- primary-key probe of siwa.accounts per row, of the account's current sub: a late notification for a
--- sub a team transfer replaced is checked against the account it became, siwa.current_sub). A row stored while the erasure commits concurrently is
--- caught when the worker applies it (siwa.apply_claimed_batch) or records its failure (siwa.record_failure). There is no trigger
--- on either table: version 2's row trigger cost ~30 µs per row, a statement trigger with a transition
--- table ~20.
+-- sub a team transfer replaced is checked against the account it became, siwa.current_sub, called only
+-- for a sub siwa.sub_aliases has). A row stored while the erasure commits concurrently is caught when
+-- the worker applies it (siwa.apply_claimed_batch) or records its failure (siwa.record_failure). There
+-- is no trigger on either table: version 2's row trigger cost ~30 µs per row, a statement trigger with
+-- a transition table ~20. The NOTIFY has a price of its own: PostgreSQL holds its notify lock from the
+-- start of the commit until the commit is flushed, so transactions that NOTIFY commit one at a time,
+-- cluster-wide, and never share a WAL flush (one-row calls from 64 sessions: ~5× slower than without
+-- it, docs/performance.md). The receiver's batches pay it once per batch.
 CREATE OR REPLACE FUNCTION siwa.store_notifications(
     p_jti text[], p_event_type text[], p_sub text[], p_audience text[], p_email text[],
     p_is_private_email boolean[], p_event_time timestamptz[], p_issued_at timestamptz[],
     p_expires_at timestamptz[], p_raw_token text[], p_claimed_event_time timestamptz[])
 RETURNS SETOF text
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
-    -- PL/pgSQL keeps the statement's plan for the session, as the receiver's prepared statement did.
+    -- PL/pgSQL keeps the statement's plan for the session, as the receiver's prepared statement did:
+    -- one generic plan (plan_cache_mode), never a custom one planned per call for the batch's length.
+    -- siwa.current_sub (a recursive query behind a SET clause: ~30 µs a call) runs only for a sub that
+    -- has an alias: the probe of siwa.sub_aliases' primary key finds none for almost every row.
     RETURN QUERY
     WITH batch AS (
         SELECT * FROM unnest(p_jti, p_event_type, p_sub, p_audience, p_email, p_is_private_email,
@@ -191,7 +198,10 @@ BEGIN
                CASE WHEN a.sub IS NOT NULL THEN pg_catalog.clock_timestamp() END, b.claimed_event_time
           FROM batch b
           JOIN fresh f ON f.jti = b.jti AND f.issued_at = b.issued_at
-          LEFT JOIN siwa.accounts a ON a.sub = siwa.current_sub(b.sub) AND a.personal_data_erased_at IS NOT NULL
+          LEFT JOIN siwa.sub_aliases x ON x.old_sub = b.sub
+          LEFT JOIN siwa.accounts a
+                 ON a.sub = CASE WHEN x.old_sub IS NULL THEN b.sub ELSE siwa.current_sub(b.sub) END
+                AND a.personal_data_erased_at IS NOT NULL
         ON CONFLICT (jti, issued_at) DO NOTHING
         RETURNING l.id, l.jti, l.issued_at),
     queued AS (

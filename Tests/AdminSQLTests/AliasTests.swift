@@ -79,6 +79,37 @@ struct AliasTests {
         #expect(try row[2, as: Bool.self])
     }
 
+    @Test("the receiver's store calls siwa.current_sub only for a sub that has an alias, not once per row")
+    func receiverStoreResolvesOnlyAliasedSubs() throws {
+        // siwa.current_sub pins its search_path (no inlining: every call switches it) and runs a
+        // recursive query: called for every row of a batch, it was a quarter of PostgreSQL's CPU per
+        // stored notification (docs/performance.md).
+        let database = try AdminDatabase.make()
+        let owner = try database.connectAsOwner()
+        defer { owner.close() }
+        try seedUser(owner, sub: "old.e2", email: "e2@privaterelay.appleid.com", isPrivate: true)
+        try applyTransfer(owner, [("old.e2", "new.e2", nil, nil)])
+        let calls = try owner.transaction { connection -> [Int64] in
+            try connection.simpleQuery("SET LOCAL track_functions = 'all'")
+            let count =
+                "SELECT coalesce(pg_stat_get_xact_function_calls('siwa.current_sub(text)'::regprocedure), 0)"
+            try connection.storeAsReceiver(
+                (1...8).map { SeededNotification(jti: "plain-\($0)", sub: "001000.plain\($0)") })
+            let plain = try value(connection, count, as: Int64.self)
+            try connection.storeAsReceiver([
+                SeededNotification(jti: "aliased", sub: "old.e2"),
+                SeededNotification(jti: "plain-9", sub: "001000.plain9"),
+            ])
+            return [plain, try value(connection, count, as: Int64.self)]
+        }
+        #expect(calls == [0, 1])
+        #expect(
+            try value(
+                owner,
+                "SELECT count(*) FROM siwa.notification_log WHERE jti LIKE 'plain-%' OR jti = 'aliased'",
+                as: Int64.self) == 10)
+    }
+
     @Test(
         "after A→C and C's erasure, a late notification for A that fails keeps no error text (dead or retrying)"
     )
