@@ -1,5 +1,4 @@
 import Foundation
-import HTTPClient
 import Postgres
 import TestSupport
 import Testing
@@ -69,23 +68,15 @@ struct ReferenceConsumerTests {
 
         // A forged signature and a stale timestamp (signed with the right secret, ten minutes old) are
         // refused and change nothing.
-        let client = OutboundHTTP.Client()
         let body = Array(
             #"{"data":{"change_id":999,"sub":"forged","event_time":"2026-01-01T00:00:00Z"},"type":"siwa.account_deleted"}"#
                 .utf8)
         func post(_ id: String, at timestamp: Int, signedWith signing: StandardWebhooks.Secret) throws -> Int
         {
-            try client.perform(
-                OutboundHTTP.Request(
-                    method: "POST", url: String(url),
-                    headers: [
-                        .init("webhook-id", id), .init("webhook-timestamp", String(timestamp)),
-                        .init(
-                            "webhook-signature",
-                            StandardWebhooks.signature(
-                                id: id, timestamp: timestamp, body: body, secret: signing)),
-                    ], body: body)
-            ).status
+            try postDelivery(
+                to: String(url), id: id, timestamp: timestamp, body: body,
+                signature: StandardWebhooks.signature(
+                    id: id, timestamp: timestamp, body: body, secret: signing))
         }
         let now = Int(Date().timeIntervalSince1970)
         #expect(try post("msg_forged", at: now, signedWith: .generate()) == 400)

@@ -1,5 +1,4 @@
 import Foundation
-import HTTPClient
 import TestSupport
 import Testing
 import Webhooks
@@ -94,21 +93,13 @@ struct WebhookV1aDevLoopTests {
         #expect(printed["webhook_id"] as? String == "msg_\(change)_1")
         #expect(printed["verified"] as? Bool == true)
 
-        let client = OutboundHTTP.Client()
         let body = Array(#"{"type":"siwa.account_deleted"}"#.utf8)
         func post(_ signing: StandardWebhooks.SigningKey) throws -> Int {
             let now = Int(Date().timeIntervalSince1970)
-            return try client.perform(
-                OutboundHTTP.Request(
-                    method: "POST", url: "http://127.0.0.1:\(port)/",
-                    headers: [
-                        .init("webhook-id", "msg_test"), .init("webhook-timestamp", String(now)),
-                        .init(
-                            "webhook-signature",
-                            StandardWebhooks.signature(
-                                id: "msg_test", timestamp: now, body: body, key: signing)),
-                    ], body: body)
-            ).status
+            return try postDelivery(
+                to: "http://127.0.0.1:\(port)/", id: "msg_test", timestamp: now, body: body,
+                signature: StandardWebhooks.signature(
+                    id: "msg_test", timestamp: now, body: body, key: signing))
         }
         #expect(try post(.ed25519(.generate())) == 401)
         #expect(try post(.hmac(.generate())) == 401)
