@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A reference changefeed reader: applies siwa.changefeed to the app's own database, each change once.
 
-    SIWA_DATABASE_URL=postgresql://app_reader@siwa-db/siwa  # a login that is a member of siwa_app
-    APP_DATABASE_URL=postgresql://app@app-db/app             # the app's own database
+    export SIWA_DATABASE_URL=postgresql://app_reader@siwa-db/siwa  # a member of siwa_app
+    export APP_DATABASE_URL=postgresql://app@app-db/app             # the app's own database
     python3 changefeed_reader.py
 
 - The cursor (the last position applied) lives in the app's database, in the table
