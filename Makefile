@@ -13,8 +13,8 @@ BIN         = $(shell $(SWIFT) build $(BUILD_FLAGS) --show-bin-path 2>/dev/null)
 # and psql), curl and python3 for the script, the openssl CLI for the demo's team key. Testing, on top:
 # CA certificates, nginx, systemd-analyze, PyYAML and promtool (Debian's prometheus package: only its
 # promtool is used; the server it also installs is not started by the tests) for validate-deploy, and
-# python3-venv for the webhook tests' independent verifier (the PyPI package standardwebhooks in
-# .build/webhooks-venv).
+# python3-venv for the webhook tests' independent verifier and the reference consumers in examples/
+# (the PyPI packages standardwebhooks, cryptography and psycopg in .build/webhooks-venv).
 BUILD_PACKAGES = pkg-config libpq-dev libssl-dev libmicrohttpd-dev libcurl4-openssl-dev
 DEMO_PACKAGES  = $(BUILD_PACKAGES) postgresql curl python3 openssl
 TEST_PACKAGES  = $(DEMO_PACKAGES) ca-certificates nginx systemd python3-yaml python3-venv prometheus
@@ -59,7 +59,7 @@ test: test-deps lint validate-deploy webhooks-venv
 	$(SWIFT) test --skip-build
 
 # The webhook tests verify signatures with a second implementation: the PyPI package standardwebhooks,
-# installed into .build/webhooks-venv (git-ignored) by pip.
+# installed into .build/webhooks-venv (git-ignored) by pip, which also runs examples/ in the tests.
 webhooks-venv: test-deps
 	@./scripts/webhooks-venv
 
@@ -112,8 +112,8 @@ run: demo-deps build
 
 # Releases (not part of `make test`: minutes each). The version is the file VERSION.
 #   make dist        release binaries with the Swift runtime linked in, packed as
-#                    dist/siwa-<version>-linux-<arch>.tar.gz (bin/, schema.sql, deploy/, docs/, README.md,
-#                    LICENSE, NOTICE, CHANGELOG.md) and dist/SHA256SUMS
+#                    dist/siwa-<version>-linux-<arch>.tar.gz (bin/, schema.sql, deploy/, docs/, examples/,
+#                    README.md, LICENSE, NOTICE, CHANGELOG.md) and dist/SHA256SUMS
 #   make dist-test   that tarball on a Debian 12 root without Swift (mmdebstrap minbase + the run-time
 #                    libraries): migrate, receiver and worker against PostgreSQL, one notification applied
 #   make image       deploy/container/Dockerfile with podman from local Debian base images (no registry)

@@ -205,11 +205,75 @@ extension StandardWebhooks {
         id: String?, timestamp: String?, signature: String?, body: [UInt8], publicKeys: [Ed25519PublicKey],
         tolerance: Duration = defaultTolerance, now: Date = Date()
     ) throws(StandardWebhooks.Error) {
+        try verify(
+            id: id, timestamp: timestamp, signature: signature, body: body,
+            keys: publicKeys.map { .ed25519($0) },
+            tolerance: tolerance, now: now)
+    }
+
+    /// A key a receiver verifies with: an HMAC secret (`whsec_`, checks `v1`) or an ed25519 public key
+    /// (`whpk_`, checks `v1a`).
+    public enum VerificationKey: Sendable, Equatable, CustomStringConvertible {
+        /// HMAC-SHA256: `v1`.
+        case hmac(Secret)
+        /// Ed25519: `v1a`.
+        case ed25519(Ed25519PublicKey)
+
+        /// Parses `whsec_…` or `whpk_…` by its prefix. A private key (`whsk_…`) is refused: a receiver
+        /// needs only its public key.
+        public init(_ text: String) throws(StandardWebhooks.Error) {
+            if text.hasPrefix(StandardWebhooks.publicKeyPrefix) {
+                self = .ed25519(try Ed25519PublicKey(text))
+            } else if text.hasPrefix(StandardWebhooks.signingKeyPrefix) {
+                throw Error("a whsk_ key signs: verify with its whpk_ public key")
+            } else {
+                self = .hmac(try Secret(text))
+            }
+        }
+
+        /// The signature identifier it checks: `v1` or `v1a`.
+        public var scheme: String {
+            switch self {
+            case .hmac: "v1"
+            case .ed25519: "v1a"
+            }
+        }
+
+        /// Redacted for a secret; a public key may be shown.
+        public var description: String {
+            switch self {
+            case .hmac(let secret): secret.description
+            case .ed25519(let key): key.description
+            }
+        }
+    }
+
+    /// Verifies a received message against any of `keys`, of either scheme: one `v1` signature matching a
+    /// secret or one `v1a` signature valid under a public key suffices; the timestamp must be within
+    /// `tolerance` of `now`.
+    /// - Throws: ``Error`` naming what failed (missing header, timestamp, no matching signature).
+    public static func verify(
+        id: String?, timestamp: String?, signature: String?, body: [UInt8], keys: [VerificationKey],
+        tolerance: Duration = defaultTolerance, now: Date = Date()
+    ) throws(StandardWebhooks.Error) {
         let (content, signature) = try receivedContent(
             id: id, timestamp: timestamp, signature: signature, body: body, tolerance: tolerance, now: now)
-        for candidate in signature.split(separator: " ") where candidate.hasPrefix("v1a,") {
-            guard let given = base64Bytes(candidate.dropFirst(4)) else { continue }
-            if publicKeys.contains(where: { $0.isValidSignature(given, of: content) }) { return }
+        var macs: [[UInt8]] = []
+        var publicKeys: [Ed25519PublicKey] = []
+        for key in keys {
+            switch key {
+            case .hmac(let secret): macs.append(hmacSHA256(key: secret.key, message: content))
+            case .ed25519(let publicKey): publicKeys.append(publicKey)
+            }
+        }
+        for candidate in signature.split(separator: " ") {
+            if candidate.hasPrefix("v1,"), let given = base64Bytes(candidate.dropFirst(3)) {
+                for mac in macs where mac.count == given.count {
+                    if CRYPTO_memcmp(mac, given, mac.count) == 0 { return }
+                }
+            } else if candidate.hasPrefix("v1a,"), let given = base64Bytes(candidate.dropFirst(4)) {
+                if publicKeys.contains(where: { $0.isValidSignature(given, of: content) }) { return }
+            }
         }
         throw Error("no matching signature")
     }

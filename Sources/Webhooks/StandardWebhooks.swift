@@ -104,18 +104,9 @@ public enum StandardWebhooks {
         id: String?, timestamp: String?, signature: String?, body: [UInt8], secrets: [Secret],
         tolerance: Duration = defaultTolerance, now: Date = Date()
     ) throws(StandardWebhooks.Error) {
-        let (content, signature) = try receivedContent(
-            id: id, timestamp: timestamp, signature: signature, body: body, tolerance: tolerance, now: now)
-        let expected = secrets.map { hmacSHA256(key: $0.key, message: content) }
-        for candidate in signature.split(separator: " ") {
-            guard candidate.hasPrefix("v1,"), let given = Data(base64Encoded: String(candidate.dropFirst(3)))
-            else { continue }
-            let givenBytes = [UInt8](given)
-            for mac in expected where mac.count == givenBytes.count {
-                if CRYPTO_memcmp(mac, givenBytes, mac.count) == 0 { return }
-            }
-        }
-        throw Error("no matching signature")
+        try verify(
+            id: id, timestamp: timestamp, signature: signature, body: body, keys: secrets.map { .hmac($0) },
+            tolerance: tolerance, now: now)
     }
 
     /// HMAC-SHA256 of `message` under `key`, by OpenSSL's EVP_MAC.

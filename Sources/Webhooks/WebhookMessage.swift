@@ -58,6 +58,20 @@ public struct WebhookChange: Sendable, Equatable {
         "siwa.personal_data_erased", "siwa.sub_transferred",
     ]
 
+    /// Why a subscription to `types` (an endpoint's `--types`; nil: every type) loses something the app
+    /// should hear of, or nil when it does not: `siwa.account_deleted` without `siwa.personal_data_erased`
+    /// leaves the app holding the personal data it received (the emails of email events, whatever it
+    /// stored of the user) after siwa erased its own copy. The one home of that advice: `siwactl webhooks
+    /// add` and `listen --forward-to` print it as a warning.
+    public static func subscriptionWarning(_ types: [String]?) -> String? {
+        guard let types, types.contains("siwa.account_deleted"), !types.contains("siwa.personal_data_erased")
+        else { return nil }
+        return "--types has siwa.account_deleted without siwa.personal_data_erased: the app would never hear"
+            + " that a deleted user's personal data was erased here and would keep what it received (emails"
+            + " of email events, anything it stored); add siwa.personal_data_erased, or leave out --types to"
+            + " receive every type"
+    }
+
     /// The `webhook-id` of this change's delivery to endpoint `endpoint`: `msg_<change id>_<endpoint id>`.
     public func webhookID(endpoint: Int) -> String { "msg_\(changeID)_\(endpoint)" }
 

@@ -72,6 +72,20 @@ enum WebhooksVerb {
 
     static let types = WebhookChange.types
 
+    /// The values of a repeatable `--secret` (a file may hold one per line), split on whitespace.
+    static func secretValues(_ parsed: ParsedCommand) -> [String] {
+        parsed.values("secret").flatMap { $0.split(whereSeparator: \.isWhitespace).map(String.init) }
+    }
+
+    /// The keys that sign a delivery `send` or the forwarder makes: `whsec_` (v1) or `whsk_` (v1a).
+    static func signingKeys(_ parsed: ParsedCommand) throws -> [StandardWebhooks.SigningKey] {
+        try secretValues(parsed).map { text in
+            do { return try StandardWebhooks.SigningKey(text) } catch {
+                throw UsageError("--secret: \(error)")
+            }
+        }
+    }
+
     /// `--secret whsec_…`, also from `--secret-file FILE` ('-': stdin), `SIWA_WEBHOOK_SECRET` or
     /// `SIWA_WEBHOOK_SECRET_FILE`: a secret of the caller's choosing for `add` and `rotate-secret`.
     static func secretOption(_ help: String) -> CommandOption {
@@ -107,6 +121,9 @@ enum WebhooksVerb {
         if let problem = StandardWebhooks.endpointProblem(url) { throw UsageError("--url: \(problem)") }
         let secret = try signingKey(parsed, scheme: parsed.value("scheme"))
         let chosen = try parsedTypes(parsed)
+        if let warning = WebhookChange.subscriptionWarning(chosen) {
+            writeErrorLine("siwactl webhooks add", "warning: " + warning)
+        }
         let maxInFlight: Int
         do { maxInFlight = try parsed.integer("max-in-flight", in: 1...64) ?? 4 } catch {
             throw UsageError(error.message)
@@ -410,15 +427,15 @@ enum WebhooksVerb {
         name: "siwactl webhooks listen",
         abstract: """
             A local webhook endpoint for developers: listens on 127.0.0.1, verifies each delivery's signature
-            and timestamp (±5 min), prints it as one JSON line, and answers 204 (or --status); 401 for a bad
+            (v1 with a whsec_ secret, v1a with a whpk_ public key) and timestamp (±5 min), prints it as one JSON line, and answers 204 (or --status); 401 for a bad
             signature, 400 for a missing header or a stale timestamp. Until SIGINT/SIGTERM.
             """,
         options: [
             CommandOption("port", valueName: "N", help: "The port (0, the default: any free one, printed)."),
             CommandOption(
-                "secret", valueName: "whsec_…",
+                "secret", valueName: "whsec_…|whpk_…",
                 help:
-                    "The endpoint's secret; repeat for several (rotation; in a file, one per line). With --forward-to: the secret the forwarded deliveries are signed with (default: a new one, printed).",
+                    "The endpoint's secret (v1), or its whpk_ public key (v1a); repeat for several (rotation; in a file, one per line). With --forward-to: the whsec_ secret or whsk_ key the forwarded deliveries are signed with (default: a new whsec_, printed).",
                 isRepeatable: true, environmentVariable: "SIWA_WEBHOOK_SECRET"
             ).secret(),
             // The developer loop (WebhooksForward.swift).
@@ -447,26 +464,24 @@ enum WebhooksVerb {
             port = try parsed.integer("port", in: 0...65535) ?? 0
             answer = try parsed.integer("status", in: 200...599) ?? 204
         } catch { throw UsageError(error.message) }
-        var secrets: [StandardWebhooks.Secret] = []
-        for text in parsed.values("secret").flatMap({
-            $0.split(whereSeparator: \.isWhitespace).map(String.init)
-        }) {
-            do { secrets.append(try StandardWebhooks.Secret(text)) } catch {
+        // whsec_ secrets check v1 signatures, whpk_ public keys v1a: either kind, several of each.
+        let keys = try secretValues(parsed).map { text in
+            do { return try StandardWebhooks.VerificationKey(text) } catch {
                 throw UsageError("--secret: \(error)")
             }
         }
         let signals = TerminationSignals()
-        let secretsInUse = secrets
         let server = HTTPServer(
             configuration: HTTPServer.Configuration(
                 host: "127.0.0.1", port: port, threadCount: 2, maxBodyBytes: 1 << 20)
         ) { request in
-            handle(request, secrets: secretsInUse, answer: answer)
+            handle(request, keys: keys, answer: answer)
         }
         do { try server.start() } catch { throw ToolFailure("cannot listen on 127.0.0.1:\(port): \(error)") }
+        let schemes = Set(keys.map(\.scheme)).sorted().joined(separator: ", ")
         writeErrorLine(
             "siwactl webhooks listen",
-            "listening on http://127.0.0.1:\(server.port ?? port)/ (\(secrets.count) secret\(secrets.count == 1 ? "" : "s"))"
+            "listening on http://127.0.0.1:\(server.port ?? port)/ (\(keys.count) key\(keys.count == 1 ? "" : "s"): \(schemes))"
         )
         let name = signals.wait()
         writeErrorLine("siwactl webhooks listen", "\(name), stopping")
@@ -474,7 +489,7 @@ enum WebhooksVerb {
     }
 
     /// Verifies one request and prints it (stdout, one JSON line) or why it was refused (stderr).
-    static func handle(_ request: HTTPRequest, secrets: [StandardWebhooks.Secret], answer: Int)
+    static func handle(_ request: HTTPRequest, keys: [StandardWebhooks.VerificationKey], answer: Int)
         -> HTTPResponse
     {
         guard request.method == "POST" else { return .error(status: 405, "POST only") }
@@ -482,7 +497,7 @@ enum WebhooksVerb {
         do {
             try StandardWebhooks.verify(
                 id: id, timestamp: request.headers["webhook-timestamp"],
-                signature: request.headers["webhook-signature"], body: request.body, secrets: secrets)
+                signature: request.headers["webhook-signature"], body: request.body, keys: keys)
         } catch {
             let status = error.description == "no matching signature" ? 401 : 400
             writeErrorLine(

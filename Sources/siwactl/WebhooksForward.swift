@@ -38,17 +38,14 @@ extension WebhooksVerb {
         }
         let port: Int
         do { port = try parsed.integer("port", in: 0...65535) ?? 0 } catch { throw UsageError(error.message) }
-        var appSecrets: [StandardWebhooks.Secret] = []
-        for text in parsed.values("secret").flatMap({
-            $0.split(whereSeparator: \.isWhitespace).map(String.init)
-        }) {
-            do { appSecrets.append(try StandardWebhooks.Secret(text)) } catch {
-                throw UsageError("--secret: \(error)")
-            }
-        }
+        // The keys the forwarded deliveries are signed with: whsec_ (v1) or whsk_ (v1a), the app's own.
+        var appSecrets = try signingKeys(parsed)
         let generated = appSecrets.isEmpty
-        if generated { appSecrets = [.generate()] }
+        if generated { appSecrets = [.hmac(.generate())] }
         let chosen = try parsedTypes(parsed)
+        if let warning = WebhookChange.subscriptionWarning(chosen) {
+            writeErrorLine("siwactl webhooks listen", "warning: " + warning)
+        }
         // The temporary endpoint's own secret: only the worker and this process ever know it.
         let ownSecret = StandardWebhooks.Secret.generate()
         let signals = TerminationSignals()
@@ -79,6 +76,10 @@ extension WebhooksVerb {
                 ])[0][0, as: Int.self]
         }
         writeStandardOutput("endpoint \(endpoint) (temporary): \(url) → \(TerminalText.escaped(target))\n")
+        for publicKey in appSecrets.compactMap(\.publicKey) {
+            // Signing v1a: the app verifies with the public key (not a secret).
+            writeStandardOutput("public key: \(publicKey.text)\n")
+        }
         if generated {
             writeStandardOutput("secret: \(appSecrets[0].text)\n")
             writeErrorLine(
@@ -108,7 +109,7 @@ extension WebhooksVerb {
     /// secrets (same id, timestamp and body), prints one escaped line, and answers the app's status.
     static func relay(
         _ request: HTTPRequest, verifyingWith ownSecret: StandardWebhooks.Secret, to target: String,
-        signingWith secrets: [StandardWebhooks.Secret], client: OutboundHTTP.Client
+        signingWith secrets: [StandardWebhooks.SigningKey], client: OutboundHTTP.Client
     ) -> HTTPResponse {
         guard request.method == "POST" else { return .error(status: 405, "POST only") }
         let id = request.headers["webhook-id"] ?? ""
@@ -138,7 +139,7 @@ extension WebhooksVerb {
                 .init(
                     "webhook-signature",
                     StandardWebhooks.signatureHeader(
-                        id: id, timestamp: seconds, body: request.body, secrets: secrets)),
+                        id: id, timestamp: seconds, body: request.body, keys: secrets)),
             ], body: request.body)
         let status: Int
         let verdict: String

@@ -140,11 +140,11 @@ extension WebhooksVerb {
             dropped = try connection.query(
                 "SELECT siwa.remove_webhook_endpoint($1::bigint, $2::boolean)", [.int(id), .bool(force)]
             )[0][0, as: Int?.self]
-        } catch let error as PostgresError where error.sqlState == "55006" {
+        } catch  where error.sqlState == "55006" {  // the query throws PostgresError only
             throw ToolFailure(
                 "endpoint \(id) got pending deliveries meanwhile: it is disabled and kept; remove it with --force"
                     + " or enable it again")
-        } catch let error as PostgresError {
+        } catch {
             throw ToolFailure("removing the endpoint failed: \(error.message)")
         }
         guard let dropped else { throw ToolFailure("no endpoint \(id)") }

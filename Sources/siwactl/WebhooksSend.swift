@@ -13,8 +13,8 @@ extension WebhooksVerb {
         name: "siwactl webhooks send",
         abstract: """
             Send a signed sample delivery to your app, with no database: the body and headers a real delivery
-            of --type has (all: one of each type), signed with your endpoint's secret (--secret-file FILE, '-'
-            for stdin, or SIWA_WEBHOOK_SECRET). Prints the app's status per delivery; exits 1 if any was not
+            of --type has (all: one of each type), signed with your endpoint's secret (v1) or whsk_ key (v1a)
+            (--secret-file FILE, '-' for stdin, or SIWA_WEBHOOK_SECRET). Prints the app's status per delivery; exits 1 if any was not
             2xx.
             """,
         options: [
@@ -24,8 +24,9 @@ extension WebhooksVerb {
                 help: "The change type, or all: \(WebhookChange.types.joined(separator: ", ")).",
                 isRequired: true),
             CommandOption(
-                "secret", valueName: "whsec_…",
-                help: "The secret your app verifies with; repeat for several (as during a rotation).",
+                "secret", valueName: "whsec_…|whsk_…",
+                help:
+                    "The secret your app verifies with (v1), or the whsk_ private key whose whpk_ public key it verifies with (v1a); repeat for several (as during a rotation).",
                 isRepeatable: true, isRequired: true, environmentVariable: "SIWA_WEBHOOK_SECRET"
             ).secret(),
             CommandOption(
@@ -43,14 +44,7 @@ extension WebhooksVerb {
         guard chosen.allSatisfy(WebhookChange.types.contains) else {
             throw UsageError("--type: all or one of \(WebhookChange.types.joined(separator: ", "))")
         }
-        var secrets: [StandardWebhooks.Secret] = []
-        for text in parsed.values("secret").flatMap({
-            $0.split(whereSeparator: \.isWhitespace).map(String.init)
-        }) {
-            do { secrets.append(try StandardWebhooks.Secret(text)) } catch {
-                throw UsageError("--secret: \(error)")
-            }
-        }
+        let secrets = try signingKeys(parsed)
         guard !secrets.isEmpty else { throw UsageError("--secret: no secret given") }
         let firstChange: Int
         let timeout: Int
@@ -81,7 +75,7 @@ extension WebhooksVerb {
                     .init(
                         "webhook-signature",
                         StandardWebhooks.signatureHeader(
-                            id: id, timestamp: timestamp, body: body, secrets: secrets)),
+                            id: id, timestamp: timestamp, body: body, keys: secrets)),
                 ], body: body)
             let verdict: String
             do {

@@ -1,4 +1,5 @@
 import Foundation
+import HTTPClient
 import Postgres
 import TestSupport
 
@@ -37,4 +38,18 @@ extension TestDatabase {
         try query("SELECT state FROM siwa.notifications WHERE jti = $1", [.text(jti)]).first?[
             0, as: String.self]
     }
+}
+
+/// POSTs `body` to `url` as a webhook delivery with these headers, from a client of the test's own;
+/// returns the status answered (for forged, stale and hand-signed deliveries).
+func postDelivery(to url: String, id: String, timestamp: Int, body: [UInt8], signature: String) throws -> Int
+{
+    try OutboundHTTP.Client().perform(
+        OutboundHTTP.Request(
+            method: "POST", url: url,
+            headers: [
+                .init("webhook-id", id), .init("webhook-timestamp", String(timestamp)),
+                .init("webhook-signature", signature),
+            ], body: body)
+    ).status
 }
