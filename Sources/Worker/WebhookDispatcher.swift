@@ -178,7 +178,9 @@ public final class WebhookDispatcher: Sendable {
     /// schedules for later is not retried in it). Returns how soon the next delivery is due: of the
     /// enabled endpoints, the earliest due queue head not in flight, or a lease's end, but not before
     /// the endpoint's backoff.
-    private func drain(on connection: PostgresConnection, lane: Int, lanes: Int, into outcomes: inout [Outcome])
+    private func drain(
+        on connection: PostgresConnection, lane: Int, lanes: Int, into outcomes: inout [Outcome]
+    )
         throws -> Duration?
     {
         let start = try connection.query("SELECT now()")[0][0, as: Date.self]
@@ -315,7 +317,8 @@ public final class WebhookDispatcher: Sendable {
             [
                 .int(Int64(delivery)), .text(owner), .date(started), .int(Int64(elapsed.wholeMilliseconds)),
                 status.map { .int(Int64($0)) }, .text(outcome), delay.map { .double($0) },
-                failure.map { .text(String($0.prefix(300))) }, .double(configuration.retryBaseDelay.inSeconds),
+                failure.map { .text(String($0.prefix(300))) },
+                .double(configuration.retryBaseDelay.inSeconds),
                 .double(configuration.maxRetryDelay.inSeconds),
             ])[0][0, as: Bool.self]
         guard recorded else {

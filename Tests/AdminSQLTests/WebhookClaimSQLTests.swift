@@ -104,17 +104,24 @@ struct WebhookClaimSQLTests {
         #expect(try Self.claim(worker, owner: "host:6:ff:0", lanes: 8)?.endpoint == first)
 
         #expect(
-            sqlState { _ = try worker.query("SELECT * FROM siwa.claim_webhook_delivery('x:0', interval '1 minute', '{}', NULL, 0)") }
+            sqlState {
+                _ = try worker.query(
+                    "SELECT * FROM siwa.claim_webhook_delivery('x:0', interval '1 minute', '{}', NULL, 0)")
+            }
                 == "22023")
         // The claim locks the endpoint's row: a role that merely connects may not.
         let nobody = try database.connect(as: .nobody)
         defer { nobody.close() }
         #expect(
-            sqlState { _ = try nobody.query("SELECT * FROM siwa.claim_webhook_delivery('x:0', interval '1 minute')") }
+            sqlState {
+                _ = try nobody.query("SELECT * FROM siwa.claim_webhook_delivery('x:0', interval '1 minute')")
+            }
                 == permissionDenied)
     }
 
-    @Test("rotation: of two endpoints with backlogs the least recently claimed goes first, though the other's is older")
+    @Test(
+        "rotation: of two endpoints with backlogs the least recently claimed goes first, though the other's is older"
+    )
     func rotation() throws {
         let database = try AdminDatabase.make()
         let older = try database.addEndpoint(

@@ -35,7 +35,9 @@ struct IsolationTests {
         let before = receiver.accepted.count
         let start = ContinuousClock.now
         _ = try database.insertChanges(subs: (0..<count).map { "\(prefix)\($0)" }, count: 1)
-        guard waitUntil(timeout: .seconds(30), { receiver.accepted.count >= before + count }) else { return nil }
+        guard waitUntil(timeout: .seconds(30), { receiver.accepted.count >= before + count }) else {
+            return nil
+        }
         return receiver.accepted.map(\.at).max().map { $0 - start }
     }
 
@@ -49,7 +51,8 @@ struct IsolationTests {
         let timeout = Duration.seconds(8)
         let running = RunningDispatcher(try database.dispatcher(concurrency: 2, timeout: timeout))
         defer { running.stop() }
-        let alone = try #require(try Self.timeToAccept(8, subs: "alone-", receiver: healthy, database: database))
+        let alone = try #require(
+            try Self.timeToAccept(8, subs: "alone-", receiver: healthy, database: database))
 
         let hanging = try NeverAnswering()
         defer { hanging.release() }
@@ -164,12 +167,14 @@ struct IsolationTests {
     func expiredTemporaryEndpointsRemoved() throws {
         let database = try WebhookDatabase()
         let receiver = try WebhookReceiver()
-        let temporary = try database.value(
-            "SELECT siwa.add_temporary_webhook_endpoint($1, $2, NULL, interval '1 minute')::int",
-            [.text(receiver.url), .text(StandardWebhooks.Secret.generate().text)]) as Int
-        let live = try database.value(
-            "SELECT siwa.add_temporary_webhook_endpoint($1, $2, NULL, interval '1 minute')::int",
-            [.text(receiver.url), .text(StandardWebhooks.Secret.generate().text)]) as Int
+        let temporary =
+            try database.value(
+                "SELECT siwa.add_temporary_webhook_endpoint($1, $2, NULL, interval '1 minute')::int",
+                [.text(receiver.url), .text(StandardWebhooks.Secret.generate().text)]) as Int
+        let live =
+            try database.value(
+                "SELECT siwa.add_temporary_webhook_endpoint($1, $2, NULL, interval '1 minute')::int",
+                [.text(receiver.url), .text(StandardWebhooks.Secret.generate().text)]) as Int
         let permanent = try database.addEndpoint(url: receiver.url, secret: .generate())
         // Its listener crashed an hour ago: it was never renewed.
         try database.connection.execute(
@@ -180,7 +185,8 @@ struct IsolationTests {
         #expect(
             waitUntil {
                 (try? database.value(
-                    "SELECT count(*)::int FROM siwa.webhook_endpoints WHERE id = $1", [.int(Int64(temporary))])
+                    "SELECT count(*)::int FROM siwa.webhook_endpoints WHERE id = $1", [.int(Int64(temporary))]
+                )
                     as Int) == 0
             })
         let left = try database.connection.query("SELECT id::int FROM siwa.webhook_endpoints ORDER BY id")
