@@ -18,7 +18,7 @@
 --   schema/50-admin-views.sql        What admins read: siwa.event_history, siwa.account_overview, siwa.queue_health, and the changefeed
 --   schema/55-sign-in.sql            Sign-in exchange and the revocation outbox (siwa.request_revocation, siwa.revocation_ledger)
 --   schema/60-transfer.sql           Moving users when the app changes teams: the rewrite list, progress, aliases, siwa.history_of
---   schema/65-webhooks.sql           Signed outbound webhooks: endpoints, secrets, slots, deliveries, attempts, and their views
+--   schema/65-webhooks.sql           Signed outbound webhooks: endpoints, secrets, deliveries, attempts, and their views
 --   schema/70-health.sql             Health: service heartbeats and the gauges behind /metrics
 --   schema/75-data-moves.sql         Data moves: change 3's rows into the log and queue, and the month partitions ahead
 --   schema/80-roles.sql              The group roles: siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app (created when missing, one block)
@@ -486,6 +486,19 @@ BEGIN
         IF pg_catalog.to_regclass('siwa.webhook_endpoints') IS NOT NULL THEN
             ALTER TABLE siwa.webhook_endpoints ADD COLUMN expires_at timestamptz;
         END IF;
+        -- Webhook isolation: the endpoint's run of failures, backoff and rotation on its row (the one home
+        -- of "failing since"); the claim locks that row, so the slots go; the due heads by endpoint.
+        IF pg_catalog.to_regclass('siwa.webhook_endpoints') IS NOT NULL THEN
+            ALTER TABLE siwa.webhook_endpoints
+                ADD COLUMN consecutive_failures integer NOT NULL DEFAULT 0,
+                ADD COLUMN last_failure_at timestamptz,
+                ADD COLUMN backoff_until timestamptz,
+                ADD COLUMN last_claimed_at timestamptz,
+                ADD CONSTRAINT webhook_endpoints_failures_check
+                    CHECK (consecutive_failures >= 0 AND (consecutive_failures = 0) = (failing_since IS NULL));
+        END IF;
+        DROP TABLE IF EXISTS siwa.webhook_slots;
+        DROP INDEX IF EXISTS siwa.webhook_deliveries_ready_idx;
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;
@@ -3992,20 +4005,20 @@ COMMENT ON FUNCTION siwa.history_of(text) IS
     'A user''s notifications by either sub: the one given, the sub it became in a team transfer, and every sub that became it (siwa.sub_aliases); the rows of siwa.event_history, oldest first.';
 
 -- ===================================================================================================
--- schema/65-webhooks.sql: Signed outbound webhooks: endpoints, secrets, slots, deliveries, attempts, and their views
+-- schema/65-webhooks.sql: Signed outbound webhooks: endpoints, secrets, deliveries, attempts, and their views
 -- ===================================================================================================
 
 -- Every change in siwa.changes is sent to every enabled endpoint whose types it matches, by siwa-worker,
 -- as a Standard Webhooks message (webhook-id msg_<change id>_<endpoint id>, webhook-timestamp,
 -- webhook-signature v1,… with each of the endpoint's live secrets; docs/webhooks.md).
 --  - siwa.webhook_endpoints: where to send (https, or http to a loopback IP literal), which types, whether
---    enabled, and how many attempts may be in flight at once (max_in_flight).
+--    enabled, and how many attempts may be in flight at once (max_in_flight); and its state as the lanes
+--    see it: its current run of failed attempts (consecutive_failures, failing_since, last_failure_at),
+--    when it may be tried again as a whole (backoff_until), when a claim last took one of its
+--    deliveries (last_claimed_at). The one home of "failing since": auto-disable, the gauges and the
+--    isolation read it here.
 --  - siwa.webhook_secrets: the endpoint's whsec_ secrets. A rotation gives the current one an expiry (the
 --    overlap) and adds a new one; until the expiry both sign. Readable by siwa_worker and the owner only.
---  - siwa.webhook_slots: 64 lockable rows per endpoint. A claim (siwa.claim_webhook_delivery) locks the
---    first for its short transaction while it counts the endpoint's live leases, so at most
---    max_in_flight attempts to one endpoint run at once, across every worker process; no lock is held
---    during an attempt.
 --  - siwa.webhook_deliveries: one row per change and endpoint, written by the AFTER INSERT trigger on
 --    siwa.changes in the change's transaction. It holds no payload and no email: the body is built from
 --    the change row at send time, so an erasure (email set NULL in the change) also erases what is sent
@@ -4023,6 +4036,18 @@ COMMENT ON FUNCTION siwa.history_of(text) IS
 -- checks the order itself as well, so a wrong hint can delay a delivery but never reorder one. A dead delivery no longer blocks the later ones:
 -- the user's later changes go out rather than waiting forever, and a replay of the dead one then arrives
 -- after them (receivers compare the body's timestamp, the event time; docs/webhooks.md).
+-- Isolation (docs/webhooks.md, "Isolation"): one endpoint never takes more than its share of the lanes.
+-- A claim locks the endpoint's row (FOR NO KEY UPDATE, for its short transaction only) while it counts
+-- the endpoint's live leases, and takes a delivery only while the endpoint has fewer than
+--  - max_in_flight across every worker, or 1 while it is failing (its last attempt failed: one probe at
+--    a time), and
+--  - max(1, min(lanes - 1, ceil(lanes / E))) of the claiming process's own lanes, E the endpoints with
+--    due work: an endpoint that hangs leaves at least one lane to the others.
+-- After 3 consecutive failed attempts an endpoint is backed off as a whole (backoff_until, growing with
+-- each further failure, at most the worker's longest retry delay): its deliveries are not claimed
+-- before then, and the first after it probes the endpoint for every user; a 2xx ends the run. Claims
+-- rotate: of the endpoints with due work, the one least recently claimed goes first, so one endpoint's
+-- backlog never starves another's. No lock or transaction is held across an attempt (leases).
 -- Pruning: a change with a pending delivery must not be deleted (deleting a change deletes its delivery
 -- history, ON DELETE CASCADE): the changefeed's pruning adds
 --     AND NOT EXISTS (SELECT 1 FROM siwa.webhook_deliveries d WHERE d.change_id = c.id AND d.state = 'pending')
@@ -4050,16 +4075,30 @@ CREATE TABLE IF NOT EXISTS siwa.webhook_endpoints (
     failing_since   timestamptz,
     disabled_reason text CONSTRAINT webhook_endpoints_disabled_reason_check CHECK (length(disabled_reason) <= 300),
     -- The developer loop: set on a temporary endpoint only (siwactl webhooks listen --forward-to).
-    expires_at    timestamptz
+    expires_at    timestamptz,
+    -- isolation (numbered change 5 adds these): the run of failures, the endpoint's backoff, rotation
+    consecutive_failures integer NOT NULL DEFAULT 0,
+    last_failure_at      timestamptz,
+    backoff_until        timestamptz,
+    last_claimed_at      timestamptz,
+    CONSTRAINT webhook_endpoints_failures_check
+        CHECK (consecutive_failures >= 0 AND (consecutive_failures = 0) = (failing_since IS NULL))
 );
 COMMENT ON TABLE siwa.webhook_endpoints IS
     'Webhook endpoints (siwactl webhooks add): where siwa-worker sends each change, signed (Standard Webhooks).';
 COMMENT ON COLUMN siwa.webhook_endpoints.types IS 'The change types sent here; NULL: every type.';
 COMMENT ON COLUMN siwa.webhook_endpoints.enabled IS 'Whether new changes fan out here and pending deliveries are attempted.';
-COMMENT ON COLUMN siwa.webhook_endpoints.expires_at IS 'NULL: a permanent endpoint. Else a temporary one (siwactl webhooks listen --forward-to), renewed while its listener runs and removed by it on exit, or after this time by the next listener (siwa.remove_expired_webhook_endpoints).';
+COMMENT ON COLUMN siwa.webhook_endpoints.expires_at IS 'NULL: a permanent endpoint. Else a temporary one (siwactl webhooks listen --forward-to), renewed while its listener runs and removed by it on exit, or after this time by the worker or the next listener (siwa.remove_expired_webhook_endpoints).';
 COMMENT ON COLUMN siwa.webhook_endpoints.max_in_flight IS 'Attempts to this endpoint at once, across all workers (1 to 64).';
 COMMENT ON COLUMN siwa.webhook_endpoints.failing_since IS
     'When its current run of failed attempts began (NULL: the last attempt was delivered); failing for siwa.settings.webhook_auto_disable_after disables it.';
+COMMENT ON COLUMN siwa.webhook_endpoints.consecutive_failures IS
+    'Attempts failed (retry or dead) since its last delivered one; 0 when its last attempt was delivered. From 1 on, one attempt at a time; from 3 on, backed off as a whole.';
+COMMENT ON COLUMN siwa.webhook_endpoints.last_failure_at IS 'When an attempt to it last failed (kept after a success).';
+COMMENT ON COLUMN siwa.webhook_endpoints.backoff_until IS
+    'Not before: after 3 consecutive failures none of its deliveries is claimed before this time (the next attempt probes the endpoint); NULL after a 2xx, an enable or a retry.';
+COMMENT ON COLUMN siwa.webhook_endpoints.last_claimed_at IS
+    'When a claim last took one of its deliveries while another endpoint had due work too: claims prefer the endpoint least recently claimed.';
 COMMENT ON COLUMN siwa.webhook_endpoints.disabled_reason IS
     'Why it is disabled: manual (siwactl webhooks disable), or auto: … (a 410 Gone, or failing continuously); NULL while enabled.';
 
@@ -4084,14 +4123,6 @@ COMMENT ON COLUMN siwa.webhook_secrets.expires_at IS 'NULL: the current secret; 
 COMMENT ON COLUMN siwa.webhook_secrets.public_key IS
     'For an ed25519 key (whsk_, signing v1a): its public key whpk_…, what the app verifies with; NULL for an HMAC secret (whsec_, v1).';
 CREATE INDEX IF NOT EXISTS webhook_secrets_endpoint_idx ON siwa.webhook_secrets (endpoint_id);
-
-CREATE TABLE IF NOT EXISTS siwa.webhook_slots (
-    endpoint_id bigint  NOT NULL REFERENCES siwa.webhook_endpoints (id) ON DELETE CASCADE,
-    slot        integer NOT NULL,
-    PRIMARY KEY (endpoint_id, slot)
-);
-COMMENT ON TABLE siwa.webhook_slots IS
-    'Lockable rows per endpoint: a claim locks the first while it counts the endpoint''s live leases against siwa.webhook_endpoints.max_in_flight.';
 
 CREATE TABLE IF NOT EXISTS siwa.webhook_deliveries (
     id               bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -4119,8 +4150,10 @@ COMMENT ON TABLE siwa.webhook_deliveries IS
     'One row per change and webhook endpoint: pending, delivered (a 2xx) or dead. No payload, no email: the body is built from siwa.changes at send time.';
 COMMENT ON COLUMN siwa.webhook_deliveries.ready IS
     'Whether it heads its endpoint and sub''s queue (no earlier change of the sub pending to the endpoint): only these are claimed. A hint kept by the fan-out, the worker and replays; the claim checks the order itself too.';
-CREATE INDEX IF NOT EXISTS webhook_deliveries_ready_idx
-    ON siwa.webhook_deliveries (next_attempt_at, id) WHERE state = 'pending' AND ready;
+-- The due queue heads of each endpoint: a claim looks at each endpoint's first (rotation), the lanes'
+-- wait at each endpoint's earliest.
+CREATE INDEX IF NOT EXISTS webhook_deliveries_due_idx
+    ON siwa.webhook_deliveries (endpoint_id, next_attempt_at, id) WHERE state = 'pending' AND ready;
 CREATE INDEX IF NOT EXISTS webhook_deliveries_order_idx
     ON siwa.webhook_deliveries (endpoint_id, sub, change_id) WHERE state = 'pending';
 -- The leased deliveries of an endpoint (at most its lanes' worth), counted by every claim against
@@ -4183,7 +4216,7 @@ CREATE TRIGGER changes_webhook_fan_out
     AFTER INSERT ON siwa.changes REFERENCING NEW TABLE AS new_changes
     FOR EACH STATEMENT EXECUTE FUNCTION siwa.webhook_fan_out();
 
--- Adds an endpoint with its secret and its slots; returns its id. For siwactl webhooks add (the owner).
+-- Adds an endpoint with its secret; returns its id. For siwactl webhooks add (the owner).
 -- p_secret is whsec_… (HMAC, v1) or whsk_… (ed25519, v1a) with p_public_key its whpk_… (siwactl derives it).
 CREATE OR REPLACE FUNCTION siwa.add_webhook_endpoint(p_url text, p_secret text, p_types text[] DEFAULT NULL,
                                                      p_max_in_flight integer DEFAULT 4,
@@ -4195,7 +4228,6 @@ BEGIN
     INSERT INTO siwa.webhook_endpoints AS e (url, types, max_in_flight)
     VALUES (p_url, p_types, p_max_in_flight) RETURNING e.id INTO v_id;
     INSERT INTO siwa.webhook_secrets (endpoint_id, secret, public_key) VALUES (v_id, p_secret, p_public_key);
-    INSERT INTO siwa.webhook_slots (endpoint_id, slot) SELECT v_id, s FROM generate_series(0, 63) s;
     RETURN v_id;
 END;
 $$;
@@ -4239,9 +4271,11 @@ BEGIN
     END IF;
     UPDATE siwa.webhook_endpoints e
        SET enabled = p_enabled, disabled_at = CASE WHEN p_enabled THEN NULL ELSE now() END,
-           -- auto-disable: enabling clears the reason and the run of failures
+           -- auto-disable: enabling clears the reason and the run of failures (and the endpoint's backoff)
            disabled_reason = CASE WHEN p_enabled THEN NULL ELSE coalesce(e.disabled_reason, 'manual') END,
-           failing_since = CASE WHEN p_enabled THEN NULL ELSE e.failing_since END
+           failing_since = CASE WHEN p_enabled THEN NULL ELSE e.failing_since END,
+           consecutive_failures = CASE WHEN p_enabled THEN 0 ELSE e.consecutive_failures END,
+           backoff_until = CASE WHEN p_enabled THEN NULL ELSE e.backoff_until END
      WHERE e.id = p_endpoint;
     IF NOT FOUND THEN
         RETURN false;
@@ -4338,7 +4372,9 @@ SELECT e.id, e.url, e.types, e.enabled, e.max_in_flight, e.created_at, e.disable
        (SELECT count(*) FROM siwa.webhook_deliveries d WHERE d.endpoint_id = e.id AND d.state = 'dead') AS dead,
        (SELECT max(d.delivered_at) FROM siwa.webhook_deliveries d WHERE d.endpoint_id = e.id) AS last_delivered_at,
        -- auto-disable
-       e.disabled_reason, e.failing_since
+       e.disabled_reason, e.failing_since,
+       -- isolation
+       e.consecutive_failures, e.backoff_until
   FROM siwa.webhook_endpoints e;
 COMMENT ON VIEW siwa.webhook_endpoint_overview IS
     'Webhook endpoints with their delivery counts; never their secrets.';
@@ -4393,6 +4429,8 @@ COMMENT ON COLUMN siwa.webhook_endpoint_overview.dead IS 'Deliveries given up af
 COMMENT ON COLUMN siwa.webhook_endpoint_overview.last_delivered_at IS 'When a delivery to it last got a 2xx.';
 COMMENT ON COLUMN siwa.webhook_endpoint_overview.disabled_reason IS 'Why it is disabled: manual, or auto: … (410 Gone, failing continuously); NULL while enabled.';
 COMMENT ON COLUMN siwa.webhook_endpoint_overview.failing_since IS 'When its current run of failed attempts began; NULL after a 2xx.';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.consecutive_failures IS 'Attempts failed since its last delivered one (from 1: one attempt at a time; from 3: backed off).';
+COMMENT ON COLUMN siwa.webhook_endpoint_overview.backoff_until IS 'Backed off as a whole until then (after 3 consecutive failures): nothing is attempted before it; NULL when not backed off.';
 COMMENT ON COLUMN siwa.webhook_attempt_history.id IS 'The attempt''s id (attempt order).';
 COMMENT ON COLUMN siwa.webhook_attempt_history.delivery_id IS 'The delivery (siwa.webhook_delivery_status.id).';
 COMMENT ON COLUMN siwa.webhook_attempt_history.change_id IS 'The change sent (siwa.changes.id).';
@@ -4423,87 +4461,175 @@ COMMENT ON COLUMN siwa.webhook_delivery_status.last_error IS 'The last failure, 
 
 -- Leases for the webhook lanes: see the comment above siwa.claim_revocation (schema/55-sign-in.sql).
 
--- The webhook lanes' claim: the first due delivery that heads its endpoint and sub's queue (`ready`
--- and no earlier pending delivery of the pair, leased or not, so per-user order holds), of an enabled
--- endpoint not in p_skip, due by p_due_by (a drain passes its start: it never retries what it just
--- tried), not leased or with an expired lease. 'claimed': the lease is written (p_lease long); the row carries what the POST needs (URL, live secrets newest first). 'saturated':
--- the endpoint already has max_in_flight live leases (counted under its row's lock, so two workers
--- cannot both take the last one): nothing is written; the caller skips the endpoint this pass. No row:
--- nothing is claimable.
+-- The webhook lanes' claim. Of the enabled endpoints with due work (a due queue head: `ready`, due by
+-- p_due_by — a drain passes its start: it never retries what it just tried —, not leased or with an
+-- expired lease) and not backed off (backoff_until), least recently claimed first (rotation), it takes
+-- the first endpoint that is under its caps (see the head of this file: max_in_flight, or 1 while it is
+-- failing; and this process's share of its p_lanes lanes) and leases that endpoint's first due head
+-- with no earlier pending delivery of its sub (per-user order). The endpoint's row is locked (FOR NO
+-- KEY UPDATE) while its leases are counted, to this short transaction's end, so two claims cannot both
+-- take the last place; endpoints being claimed by another lane are tried after the others.
+-- p_owner is `<process>:<lane>`: leases whose owner shares the part up to its last colon are the
+-- process's (an owner without a colon is a process of one lane). p_skip: endpoints not to claim from.
+-- 'claimed': the lease is written (p_lease long) and the row carries everything the POST needs (URL,
+-- live secrets newest first, the change's columns the body is built from: an erased email is gone).
+-- 'saturated': there is due work, but every endpoint with some is at its cap; nothing is written. No
+-- row: nothing is claimable.
 CREATE OR REPLACE FUNCTION siwa.claim_webhook_delivery(p_owner text, p_lease interval,
                                                        p_skip bigint[] DEFAULT '{}',
-                                                       p_due_by timestamptz DEFAULT NULL)
+                                                       p_due_by timestamptz DEFAULT NULL,
+                                                       p_lanes integer DEFAULT 1)
 RETURNS TABLE (outcome text, delivery_id bigint, change_id bigint, endpoint_id bigint, attempt integer,
-               first_attempt_at timestamptz, url text, secrets text[])
+               first_attempt_at timestamptz, url text, secrets text[], type text, sub text,
+               event_time timestamptz, applied_at timestamptz, jti text, audience text,
+               sessions_revoked integer, refresh_tokens_revoked integer, email text, is_private_email boolean,
+               old_sub text)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_delivery siwa.webhook_deliveries%ROWTYPE;
-    v_endpoint siwa.webhook_endpoints%ROWTYPE;
-    v_in_flight integer;
+    v_due        timestamptz := coalesce(p_due_by, pg_catalog.now());
+    v_process    text := pg_catalog.substring(p_owner, '^(.*:)[^:]*$');
+    v_endpoints  integer;
+    v_candidates bigint[];
+    v_busy       bigint[] := '{}';
+    v_held       boolean := false;
+    v_id         bigint;
+    v_wait       boolean;
+    v_endpoint   siwa.webhook_endpoints%ROWTYPE;
+    v_delivery   siwa.webhook_deliveries%ROWTYPE;
+    v_in_flight  integer;
+    v_mine       integer;
+    v_share      integer;
+    v_cap        integer;
 BEGIN
-    IF p_owner IS NULL OR p_lease IS NULL OR p_lease <= interval '0' THEN
-        RAISE EXCEPTION 'a claim needs an owner and a positive lease' USING ERRCODE = '22023';
+    IF p_owner IS NULL OR p_lease IS NULL OR p_lease <= interval '0' OR p_lanes IS NULL OR p_lanes < 1 THEN
+        RAISE EXCEPTION 'a claim needs an owner, a positive lease and at least one lane' USING ERRCODE = '22023';
     END IF;
-    SELECT d.* INTO v_delivery
-      FROM siwa.webhook_deliveries d
-      JOIN siwa.webhook_endpoints e ON e.id = d.endpoint_id
-     WHERE d.state = 'pending' AND d.ready AND e.enabled
-       AND d.next_attempt_at <= coalesce(p_due_by, pg_catalog.now())
-       AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= pg_catalog.clock_timestamp())
-       AND d.endpoint_id <> ALL (coalesce(p_skip, '{}'))
-       AND NOT EXISTS (
-           SELECT 1 FROM siwa.webhook_deliveries p
-            WHERE p.endpoint_id = d.endpoint_id AND p.sub = d.sub AND p.state = 'pending'
-              AND p.change_id < d.change_id)
-     ORDER BY d.next_attempt_at, d.id
-     LIMIT 1
-       FOR UPDATE OF d SKIP LOCKED;
-    IF NOT FOUND THEN
+    -- The endpoints with due work (E), and of them those under their caps as read without a lock,
+    -- least recently claimed first. A process's share of its lanes: never all of them (one is left
+    -- to the others), and with E endpoints due about 1/E each.
+    SELECT pg_catalog.count(*)::integer,
+           pg_catalog.array_agg(c.id ORDER BY c.last_claimed_at NULLS FIRST, c.id)
+               FILTER (WHERE c.in_flight < c.cap
+                         AND c.mine < greatest(1, least(p_lanes - 1, ceil(p_lanes::numeric / c.due)::integer)))
+      INTO v_endpoints, v_candidates
+      FROM (SELECT e.id, e.last_claimed_at, l.in_flight, l.mine, pg_catalog.count(*) OVER () AS due,
+                   -- a failing endpoint gets one attempt at a time (a probe), across every worker
+                   CASE WHEN e.consecutive_failures > 0 THEN 1 ELSE e.max_in_flight END AS cap
+              FROM siwa.webhook_endpoints e
+             CROSS JOIN LATERAL (
+                   SELECT pg_catalog.count(*) AS in_flight,
+                          pg_catalog.count(*) FILTER (WHERE d.lease_owner = p_owner
+                                                        OR pg_catalog.starts_with(d.lease_owner, v_process)) AS mine
+                     FROM siwa.webhook_deliveries d
+                    WHERE d.endpoint_id = e.id AND d.state = 'pending'
+                      AND d.lease_expires_at IS NOT NULL AND d.lease_expires_at > pg_catalog.clock_timestamp()) l
+             WHERE e.enabled AND (e.backoff_until IS NULL OR e.backoff_until <= pg_catalog.clock_timestamp())
+               AND e.id <> ALL (coalesce(p_skip, '{}'))
+               AND EXISTS (SELECT 1 FROM siwa.webhook_deliveries d
+                            WHERE d.endpoint_id = e.id AND d.state = 'pending' AND d.ready
+                              AND d.next_attempt_at <= v_due
+                              AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= pg_catalog.clock_timestamp()))) c;
+    IF v_endpoints = 0 THEN
         RETURN;
     END IF;
-    -- The endpoint's first slot row serialises the claims that count its leases (held to this
-    -- transaction's short end only).
-    PERFORM 1 FROM siwa.webhook_slots s WHERE s.endpoint_id = v_delivery.endpoint_id AND s.slot = 0
-       FOR UPDATE;
-    SELECT e.* INTO v_endpoint FROM siwa.webhook_endpoints e WHERE e.id = v_delivery.endpoint_id;
-    SELECT pg_catalog.count(*) INTO v_in_flight
-      FROM siwa.webhook_deliveries d
-     WHERE d.endpoint_id = v_delivery.endpoint_id AND d.state = 'pending'
-       AND d.lease_expires_at IS NOT NULL AND d.lease_expires_at > pg_catalog.clock_timestamp();
-    IF v_in_flight >= v_endpoint.max_in_flight THEN
-        RETURN QUERY SELECT 'saturated'::text, v_delivery.id, v_delivery.change_id, v_delivery.endpoint_id,
-                            NULL::integer, NULL::timestamptz, NULL::text, NULL::text[];
-        RETURN;
-    END IF;
-    UPDATE siwa.webhook_deliveries d
-       SET lease_owner = p_owner, lease_expires_at = pg_catalog.clock_timestamp() + p_lease
-     WHERE d.id = v_delivery.id;
-    -- The claim's commit need not wait for the disk: a claim lost in a crash of the server only makes
-    -- the delivery claimable again, which is what a lease that expired does (at-least-once, the same
-    -- webhook-id); the attempt's record is committed durably. Transaction-local: the lanes call this
-    -- function alone in its transaction.
-    PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
-    RETURN QUERY
-    SELECT 'claimed'::text, v_delivery.id, v_delivery.change_id, v_delivery.endpoint_id,
-           v_delivery.attempts + 1, v_delivery.first_attempt_at, v_endpoint.url,
-           ARRAY(SELECT s.secret FROM siwa.webhook_secrets s
-                  WHERE s.endpoint_id = v_delivery.endpoint_id
-                    AND (s.expires_at IS NULL OR s.expires_at > pg_catalog.now())
-                  ORDER BY s.id DESC);
+    v_share := greatest(1, least(p_lanes - 1, ceil(p_lanes::numeric / v_endpoints)::integer));
+    -- Each candidate's row is locked (FOR NO KEY UPDATE) and its leases counted again under the lock.
+    -- First pass: rows no other claim holds (SKIP LOCKED); second pass: one of those, waited for, and
+    -- only while this claim holds no other endpoint's row (two claims never wait for each other).
+    FOREACH v_wait IN ARRAY ARRAY[false, true] LOOP
+        FOREACH v_id IN ARRAY CASE WHEN NOT v_wait THEN coalesce(v_candidates, '{}')
+                                   WHEN v_held THEN '{}' ELSE v_busy END LOOP
+            IF v_wait THEN
+                SELECT e.* INTO v_endpoint FROM siwa.webhook_endpoints e WHERE e.id = v_id FOR NO KEY UPDATE;
+            ELSE
+                SELECT e.* INTO v_endpoint FROM siwa.webhook_endpoints e WHERE e.id = v_id
+                   FOR NO KEY UPDATE SKIP LOCKED;
+                IF NOT FOUND THEN
+                    v_busy := v_busy || v_id;
+                    CONTINUE;
+                END IF;
+            END IF;
+            IF FOUND AND v_endpoint.enabled
+               AND (v_endpoint.backoff_until IS NULL OR v_endpoint.backoff_until <= pg_catalog.clock_timestamp()) THEN
+                SELECT pg_catalog.count(*),
+                       pg_catalog.count(*) FILTER (WHERE d.lease_owner = p_owner
+                                                     OR pg_catalog.starts_with(d.lease_owner, v_process))
+                  INTO v_in_flight, v_mine
+                  FROM siwa.webhook_deliveries d
+                 WHERE d.endpoint_id = v_id AND d.state = 'pending'
+                   AND d.lease_expires_at IS NOT NULL AND d.lease_expires_at > pg_catalog.clock_timestamp();
+                v_cap := CASE WHEN v_endpoint.consecutive_failures > 0 THEN 1 ELSE v_endpoint.max_in_flight END;
+                IF v_in_flight < v_cap AND v_mine < v_share THEN
+                    SELECT d.* INTO v_delivery
+                      FROM siwa.webhook_deliveries d
+                     WHERE d.endpoint_id = v_id AND d.state = 'pending' AND d.ready AND d.next_attempt_at <= v_due
+                       AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= pg_catalog.clock_timestamp())
+                       AND NOT EXISTS (
+                           SELECT 1 FROM siwa.webhook_deliveries p
+                            WHERE p.endpoint_id = d.endpoint_id AND p.sub = d.sub AND p.state = 'pending'
+                              AND p.change_id < d.change_id)
+                     ORDER BY d.next_attempt_at, d.id
+                     LIMIT 1
+                       FOR UPDATE OF d SKIP LOCKED;
+                    IF FOUND THEN
+                        UPDATE siwa.webhook_deliveries d
+                           SET lease_owner = p_owner, lease_expires_at = pg_catalog.clock_timestamp() + p_lease
+                         WHERE d.id = v_delivery.id;
+                        -- Rotation needs the time only while another endpoint has due work too (the
+                        -- healthy path of a single endpoint writes nothing here).
+                        IF v_endpoints > 1 THEN
+                            UPDATE siwa.webhook_endpoints e SET last_claimed_at = pg_catalog.clock_timestamp()
+                             WHERE e.id = v_id;
+                        END IF;
+                        -- The claim's commit need not wait for the disk: a claim lost in a crash of the
+                        -- server only makes the delivery claimable again, which is what a lease that
+                        -- expired does (at-least-once, the same webhook-id); the attempt's record is
+                        -- committed durably. Transaction-local: the lanes call this function alone in
+                        -- its transaction.
+                        PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
+                        RETURN QUERY
+                        SELECT 'claimed'::text, v_delivery.id, v_delivery.change_id, v_delivery.endpoint_id,
+                               v_delivery.attempts + 1, v_delivery.first_attempt_at, v_endpoint.url,
+                               ARRAY(SELECT s.secret FROM siwa.webhook_secrets s
+                                      WHERE s.endpoint_id = v_id
+                                        AND (s.expires_at IS NULL OR s.expires_at > pg_catalog.now())
+                                      ORDER BY s.id DESC),
+                               c.type, c.sub, c.event_time, c.applied_at, c.jti, c.audience, c.sessions_revoked,
+                               c.refresh_tokens_revoked, c.email, c.is_private_email, c.old_sub
+                          FROM siwa.changes c WHERE c.id = v_delivery.change_id;
+                        RETURN;
+                    END IF;
+                END IF;
+            END IF;
+            -- This row is held to the transaction's end now: wait for no other.
+            v_held := true;
+            EXIT WHEN v_wait;
+        END LOOP;
+    END LOOP;
+    -- Due work, but every endpoint with some is at its cap (or being claimed): nothing written.
+    RETURN QUERY SELECT 'saturated'::text, NULL::bigint, NULL::bigint, NULL::bigint, NULL::integer,
+                        NULL::timestamptz, NULL::text, NULL::text[], NULL::text, NULL::text,
+                        NULL::timestamptz, NULL::timestamptz, NULL::text, NULL::text, NULL::integer,
+                        NULL::integer, NULL::text, NULL::boolean, NULL::text;
 END;
 $$;
-COMMENT ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timestamptz) IS
-    'The webhook lanes'' claim: leases the first due queue head (rescuing an expired lease) and returns what the POST needs; ''saturated'' when its endpoint has max_in_flight live leases. Executable by siwa_worker.';
+COMMENT ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timestamptz, integer) IS
+    'The webhook lanes'' claim: leases a due queue head of the least recently claimed endpoint under its caps (max_in_flight, 1 while failing, the process''s share of its lanes; not while backed off) and returns what the POST needs, the change''s columns included; ''saturated'' when every endpoint with due work is at its cap. Executable by siwa_worker.';
 
 -- Records one attempt of a delivery the caller leased: the attempt row, the delivery's new state
--- (p_outcome: delivered, retry after p_retry_in seconds, or dead), the lease released, and — when the
--- delivery ended — `ready` passed on to the next pending delivery of its endpoint and sub. False, with
--- nothing written, when the lease is no longer the caller's (it expired and another lane took the
--- delivery over). Locks the delivery, then the next head: the order in which the fan-out share-locks
--- them (siwa.webhook_fan_out), so the two never deadlock and `ready` is never left stale.
+-- (p_outcome: delivered, retry after p_retry_in seconds, or dead), the lease released, the endpoint's
+-- run of failures (a 2xx ends it; from the 3rd consecutive failure on, the endpoint is backed off as a
+-- whole for p_backoff_base × 2^(failures − 3) seconds, at most p_backoff_max, times a jitter in [0.5, 1])
+-- and — when the delivery ended — `ready` passed on to the next pending delivery of its endpoint and
+-- sub. False, with nothing written, when the lease is no longer the caller's (it expired and another
+-- lane took the delivery over). Locks the delivery, then the next head: the order in which the fan-out
+-- share-locks them (siwa.webhook_fan_out), so the two never deadlock and `ready` is never left stale.
+-- The healthy path (a 2xx to an endpoint not failing) writes nothing to the endpoint's row.
 CREATE OR REPLACE FUNCTION siwa.record_webhook_attempt(p_delivery bigint, p_owner text, p_started timestamptz,
                                                        p_latency_ms integer, p_status integer, p_outcome text,
-                                                       p_retry_in double precision, p_error text)
+                                                       p_retry_in double precision, p_error text,
+                                                       p_backoff_base double precision DEFAULT 5,
+                                                       p_backoff_max double precision DEFAULT 3600)
 RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -4533,16 +4659,28 @@ BEGIN
            last_status = p_status, last_error = pg_catalog.left(p_error, 300),
            lease_owner = NULL, lease_expires_at = NULL
      WHERE d.id = p_delivery;
-    -- ==== auto-disable ====
-    -- A 2xx ends the endpoint's run of failures; a failure starts one. A 410 Gone, or a run longer than
-    -- siwa.settings.webhook_auto_disable_after, disables the endpoint (its pending deliveries wait; its
-    -- new changes do not fan out), recorded in disabled_at and disabled_reason.
+    -- The endpoint's run of failures: a 2xx ends it (and its backoff); a failure extends it, backs the
+    -- endpoint off from the 3rd on, and may disable it (auto-disable).
     IF p_outcome = 'delivered' THEN
-        UPDATE siwa.webhook_endpoints e SET failing_since = NULL
-         WHERE e.id = v_delivery.endpoint_id AND e.failing_since IS NOT NULL;
+        UPDATE siwa.webhook_endpoints e SET consecutive_failures = 0, failing_since = NULL, backoff_until = NULL
+         WHERE e.id = v_delivery.endpoint_id AND (e.consecutive_failures > 0 OR e.backoff_until IS NOT NULL);
     ELSE
-        UPDATE siwa.webhook_endpoints e SET failing_since = p_started
-         WHERE e.id = v_delivery.endpoint_id AND e.failing_since IS NULL;
+        UPDATE siwa.webhook_endpoints e
+           SET consecutive_failures = e.consecutive_failures + 1,
+               failing_since = coalesce(e.failing_since, p_started),
+               last_failure_at = greatest(e.last_failure_at, p_started),
+               backoff_until = CASE WHEN e.consecutive_failures + 1 >= 3
+                                    THEN pg_catalog.clock_timestamp() + pg_catalog.make_interval(
+                                        secs => least(coalesce(p_backoff_max, 3600),
+                                                      coalesce(p_backoff_base, 5)
+                                                      * 2 ^ least(e.consecutive_failures + 1 - 3, 40))
+                                                 * (0.5 + pg_catalog.random() / 2))
+                                    ELSE e.backoff_until END
+         WHERE e.id = v_delivery.endpoint_id;
+        -- ==== auto-disable ====
+        -- A 410 Gone, or a run longer than siwa.settings.webhook_auto_disable_after, disables the
+        -- endpoint (its pending deliveries wait; its new changes do not fan out), recorded in
+        -- disabled_at and disabled_reason.
         UPDATE siwa.webhook_endpoints e
            SET enabled = false, disabled_at = pg_catalog.clock_timestamp(),
                disabled_reason = CASE WHEN p_status = 410 THEN 'auto: the endpoint answered 410 Gone'
@@ -4555,8 +4693,8 @@ BEGIN
          WHERE e.id = v_delivery.endpoint_id AND e.enabled
            AND (p_status = 410
                 OR e.failing_since <= pg_catalog.clock_timestamp() - s.webhook_auto_disable_after);
+        -- ==== end auto-disable ====
     END IF;
-    -- ==== end auto-disable ====
     IF p_outcome <> 'retry' THEN
         -- The next change of this sub to this endpoint heads the queue now.
         UPDATE siwa.webhook_deliveries d SET ready = true
@@ -4569,8 +4707,8 @@ BEGIN
     RETURN true;
 END;
 $$;
-COMMENT ON FUNCTION siwa.record_webhook_attempt(bigint, text, timestamptz, integer, integer, text, double precision, text) IS
-    'Records a leased webhook attempt (delivered, retry or dead), releases the lease and passes `ready` on; false when the lease is no longer the caller''s. Executable by siwa_worker.';
+COMMENT ON FUNCTION siwa.record_webhook_attempt(bigint, text, timestamptz, integer, integer, text, double precision, text, double precision, double precision) IS
+    'Records a leased webhook attempt (delivered, retry or dead), releases the lease, keeps the endpoint''s run of failures and backoff, and passes `ready` on; false when the lease is no longer the caller''s. Executable by siwa_worker.';
 
 -- Marks ready every pending delivery with no pending delivery of its endpoint and sub ahead of it, and
 -- not ready one with such a delivery ahead; returns how many it changed. Every transition keeps `ready`
@@ -4602,6 +4740,7 @@ COMMENT ON FUNCTION siwa.repair_webhook_ready() IS
 -- the attempt history numbers the next attempt 1, as after a replay), the retry makes no attempt row,
 -- and the give-up window still runs from the first attempt (a replay starts that again). A delivery in
 -- flight (a live lease) is left to its attempt. Delivered and dead ones are not touched (replay them).
+-- The endpoint's backoff as a whole ends too (its run of failures is kept: the next attempt probes it).
 -- Returns how many were made due.
 CREATE OR REPLACE FUNCTION siwa.retry_webhook_deliveries(p_delivery bigint DEFAULT NULL,
                                                          p_endpoint bigint DEFAULT NULL) RETURNS integer
@@ -4617,7 +4756,10 @@ BEGIN
            SET next_attempt_at = pg_catalog.now(), attempts = 0
          WHERE d.state = 'pending' AND (d.id = p_delivery OR d.endpoint_id = p_endpoint)
            AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= pg_catalog.clock_timestamp())
-        RETURNING 1)
+        RETURNING d.endpoint_id),
+    unblocked AS (
+        UPDATE siwa.webhook_endpoints e SET backoff_until = NULL
+         WHERE e.id IN (SELECT r.endpoint_id FROM retried r) AND e.backoff_until IS NOT NULL)
     SELECT pg_catalog.count(*) INTO v_count FROM retried;
     IF v_count > 0 THEN
         PERFORM pg_catalog.pg_notify('siwa_webhooks', '');
@@ -4630,7 +4772,7 @@ COMMENT ON FUNCTION siwa.retry_webhook_deliveries(bigint, bigint) IS
 -- ==== end retry now ====
 
 -- ==== remove an endpoint (siwactl webhooks remove) ====
--- Deletes an endpoint with its secrets, slots, deliveries and their attempts (ON DELETE CASCADE): its
+-- Deletes an endpoint with its secrets, deliveries and their attempts (ON DELETE CASCADE): its
 -- delivery history goes with it. While it has pending deliveries it is refused (55006, with how many)
 -- unless p_force, when they are deleted too (a lane attempting one then finds its lease gone and logs
 -- the attempt as not recorded). siwactl disables the endpoint first, in a transaction of its own, so
@@ -4664,11 +4806,11 @@ COMMENT ON FUNCTION siwa.remove_webhook_endpoint(bigint, boolean) IS
 -- A listener registers itself as a temporary endpoint (expires_at set): plain http to a loopback IP
 -- literal only (the worker posts to a listener on its own machine), renewed while the listener runs,
 -- removed by it when it stops; one left by a listener that crashed is recognisable by expires_at and is
--- removed by the next listener once expired. SECURITY DEFINER and executable by siwa_admin: an admin
+-- removed once expired, by the worker (once a minute) or the next listener. SECURITY DEFINER and executable by siwa_admin: an admin
 -- reads the changefeed already, and these functions touch temporary endpoints only.
 
--- Removes every temporary endpoint past its expiry (with its secrets, slots and deliveries); returns how
--- many.
+-- Removes every temporary endpoint past its expiry (with its secrets and deliveries); returns how
+-- many. The next listener calls it, and the worker's webhook lanes once a minute.
 CREATE OR REPLACE FUNCTION siwa.remove_expired_webhook_endpoints() RETURNS integer
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     WITH gone AS (
@@ -4677,7 +4819,7 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT pg_catalog.count(*)::integer FROM gone
 $$;
 COMMENT ON FUNCTION siwa.remove_expired_webhook_endpoints() IS
-    'The developer loop: removes temporary webhook endpoints past their expiry (left by a listener that crashed); returns how many. Executable by siwa_admin.';
+    'The developer loop: removes temporary webhook endpoints past their expiry (left by a listener that crashed); returns how many. Executable by siwa_admin and siwa_worker.';
 
 -- Adds a temporary endpoint for a listener: http to a loopback IP literal, expiring after p_lifetime (1
 -- minute to 1 hour) unless renewed; removes the expired ones first. Returns its id.
@@ -4697,7 +4839,6 @@ BEGIN
     INSERT INTO siwa.webhook_endpoints AS e (url, types, expires_at)
     VALUES (p_url, p_types, pg_catalog.now() + p_lifetime) RETURNING e.id INTO v_id;
     INSERT INTO siwa.webhook_secrets (endpoint_id, secret) VALUES (v_id, p_secret);
-    INSERT INTO siwa.webhook_slots (endpoint_id, slot) SELECT v_id, s FROM pg_catalog.generate_series(0, 63) s;
     RETURN v_id;
 END;
 $$;
@@ -4904,58 +5045,15 @@ COMMENT ON FUNCTION siwa.remove_heartbeat(text, text, integer) IS
     'Deletes a stopping service process''s heartbeat row. Executable by siwa_receiver and siwa_worker (each for its own kind).';
 
 -- ==== Webhook visibility: per-endpoint gauges (siwa-worker's /metrics, siwactl stats) ====
--- siwa.webhook_endpoint_failures: each endpoint's current run of failed attempts (consecutive_failures,
--- failing_since: the first failure of the run), kept by a row trigger on siwa.webhook_attempts; a
--- delivered attempt ends the run. The healthy path writes nothing (the reset matches a row only when a
--- run is in progress), so deliveries to a healthy endpoint never queue on its row. Disabling an
--- endpoint (by hand or, with the operations work, automatically) does not end a run: only a 2xx does.
--- New in version 5.
-CREATE TABLE IF NOT EXISTS siwa.webhook_endpoint_failures (
-    endpoint_id          bigint      PRIMARY KEY REFERENCES siwa.webhook_endpoints (id) ON DELETE CASCADE,
-    consecutive_failures integer     NOT NULL DEFAULT 0,
-    failing_since        timestamptz,
-    last_failure_at      timestamptz,
-    CONSTRAINT webhook_endpoint_failures_run_check
-        CHECK ((consecutive_failures = 0) = (failing_since IS NULL) AND consecutive_failures >= 0)
-);
-COMMENT ON TABLE siwa.webhook_endpoint_failures IS
-    'Each webhook endpoint''s current run of failed attempts (no row, or 0: its last attempt was delivered). Kept by a trigger on siwa.webhook_attempts.';
-COMMENT ON COLUMN siwa.webhook_endpoint_failures.consecutive_failures IS 'Attempts failed (retry or dead) since the last delivered one.';
-COMMENT ON COLUMN siwa.webhook_endpoint_failures.failing_since IS 'When the first attempt of the current run failed; NULL when not failing.';
-COMMENT ON COLUMN siwa.webhook_endpoint_failures.last_failure_at IS 'When an attempt last failed (kept after a success).';
+-- Each endpoint's current run of failed attempts (consecutive_failures, failing_since: the first failure
+-- of the run) lives on its row in siwa.webhook_endpoints, kept by siwa.record_webhook_attempt (the one
+-- home: auto-disable and the lanes' isolation read it too); a delivered attempt ends the run, and so
+-- does enabling the endpoint. The healthy path writes nothing there.
 
 -- The dead deliveries of an endpoint, counted by siwa.webhook_endpoint_gauges every few seconds (without
 -- it the count reads every delivery ever kept).
 CREATE INDEX IF NOT EXISTS webhook_deliveries_dead_idx
     ON siwa.webhook_deliveries (endpoint_id) WHERE state = 'dead';
-
-CREATE OR REPLACE FUNCTION siwa.track_webhook_endpoint_failures() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    v_endpoint bigint;
-BEGIN
-    SELECT d.endpoint_id INTO v_endpoint FROM siwa.webhook_deliveries d WHERE d.id = NEW.delivery_id;
-    IF NEW.outcome = 'delivered' THEN
-        UPDATE siwa.webhook_endpoint_failures f SET consecutive_failures = 0, failing_since = NULL
-         WHERE f.endpoint_id = v_endpoint AND f.consecutive_failures > 0;
-    ELSE
-        INSERT INTO siwa.webhook_endpoint_failures AS f
-               (endpoint_id, consecutive_failures, failing_since, last_failure_at)
-        VALUES (v_endpoint, 1, NEW.started_at, NEW.started_at)
-        ON CONFLICT (endpoint_id) DO UPDATE
-           SET consecutive_failures = f.consecutive_failures + 1,
-               failing_since = coalesce(f.failing_since, excluded.failing_since),
-               last_failure_at = greatest(f.last_failure_at, excluded.last_failure_at);
-    END IF;
-    RETURN NULL;
-END;
-$$;
-COMMENT ON FUNCTION siwa.track_webhook_endpoint_failures() IS
-    'Row trigger after INSERT on siwa.webhook_attempts: counts an endpoint''s run of failed attempts in siwa.webhook_endpoint_failures; a delivered attempt ends it.';
-DROP TRIGGER IF EXISTS webhook_attempts_track_failures ON siwa.webhook_attempts;
-CREATE TRIGGER webhook_attempts_track_failures
-    AFTER INSERT ON siwa.webhook_attempts
-    FOR EACH ROW EXECUTE FUNCTION siwa.track_webhook_endpoint_failures();
 
 -- One row per endpoint for the worker's per-endpoint gauges and siwactl stats: the URL's host (and
 -- port) only — the URL's path and query may hold a token, userinfo is refused by the endpoints' CHECK —,
@@ -4969,7 +5067,7 @@ CREATE TRIGGER webhook_attempts_track_failures
 CREATE OR REPLACE FUNCTION siwa.webhook_endpoint_gauges()
 RETURNS TABLE (endpoint_id bigint, host text, enabled boolean, pending bigint, dead bigint,
                oldest_pending_seconds double precision, consecutive_failures integer,
-               failing_since timestamptz)
+               failing_since timestamptz, backoff_until timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     WITH p AS (SELECT d.endpoint_id, count(*) AS n, min(d.created_at) AS oldest
                  FROM siwa.webhook_deliveries d WHERE d.state = 'pending' GROUP BY d.endpoint_id),
@@ -4977,15 +5075,14 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
                  FROM siwa.webhook_deliveries d WHERE d.state = 'dead' GROUP BY d.endpoint_id)
     SELECT e.id, substring(e.url FROM '^[A-Za-z]+://([^/?#@]+)'), e.enabled, coalesce(p.n, 0), coalesce(x.n, 0),
            coalesce(extract(epoch FROM now() - p.oldest)::double precision, 0),
-           coalesce(f.consecutive_failures, 0), f.failing_since
+           e.consecutive_failures, e.failing_since, e.backoff_until
       FROM siwa.webhook_endpoints e
       LEFT JOIN p ON p.endpoint_id = e.id
       LEFT JOIN x ON x.endpoint_id = e.id
-      LEFT JOIN siwa.webhook_endpoint_failures f ON f.endpoint_id = e.id
-     ORDER BY (NOT e.enabled OR f.failing_since IS NOT NULL OR coalesce(x.n, 0) > 0) DESC, e.id
+     ORDER BY (NOT e.enabled OR e.failing_since IS NOT NULL OR coalesce(x.n, 0) > 0) DESC, e.id
 $$;
 COMMENT ON FUNCTION siwa.webhook_endpoint_gauges() IS
-    'Per webhook endpoint: URL host, enabled, pending, dead, oldest pending age, current run of failures; endpoints in trouble first. SECURITY DEFINER; executable by siwa_worker and siwa_admin.';
+    'Per webhook endpoint: URL host, enabled, pending, dead, oldest pending age, current run of failures, backed off until; endpoints in trouble first. SECURITY DEFINER; executable by siwa_worker and siwa_admin.';
 -- ==== end of webhook visibility ====
 
 -- ===================================================================================================
@@ -5224,9 +5321,9 @@ $$;
 -- claims notifications (and when it erases a user's history). Webhooks: it inserts deliveries (the
 -- fan-out trigger runs as the role inserting the change, and share-locks the pending ones ahead: FOR
 -- SHARE needs UPDATE), claims and updates them, records attempts, reads endpoints and secrets, and
--- locks slots (FOR UPDATE needs UPDATE). The transitions of its queues (leases, records, repair,
--- heartbeats) are functions run with its rights: EXECUTE on exactly those. Its heartbeats (of its own
--- kind) and the health gauges.
+-- locks an endpoint's row while it counts its leases (FOR NO KEY UPDATE needs UPDATE). The
+-- transitions of its queues (leases, records, repair, heartbeats) are functions run with its rights:
+-- EXECUTE on exactly those. Its heartbeats (of its own kind) and the health gauges.
 DO $$
 DECLARE
     v_function regprocedure;
@@ -5272,14 +5369,18 @@ BEGIN
         -- Erasure drops the email an import holds for either sub (siwa.erase_personal_data_of).
         GRANT SELECT (old_sub, new_sub, email), UPDATE (email) ON siwa.transfer_imports TO siwa_worker;
         GRANT SELECT ON siwa.webhook_endpoints, siwa.webhook_secrets TO siwa_worker;
-        -- auto-disable (siwa.record_webhook_attempt records a run of failures and disables)
-        GRANT UPDATE (enabled, disabled_at, failing_since, disabled_reason) ON siwa.webhook_endpoints TO siwa_worker;
-        GRANT SELECT, UPDATE ON siwa.webhook_slots TO siwa_worker;
+        -- auto-disable and isolation (siwa.record_webhook_attempt keeps the run of failures and the
+        -- backoff, and disables; a claim locks the endpoint's row and notes when it was claimed)
+        GRANT UPDATE (enabled, disabled_at, failing_since, disabled_reason, consecutive_failures, last_failure_at,
+                      backoff_until, last_claimed_at) ON siwa.webhook_endpoints TO siwa_worker;
+        -- Temporary endpoints past their expiry (the developer loop) are removed by the webhook lanes.
+        GRANT EXECUTE ON FUNCTION siwa.remove_expired_webhook_endpoints() TO siwa_worker;
         GRANT SELECT, INSERT, UPDATE ON siwa.webhook_deliveries TO siwa_worker;
         GRANT SELECT, INSERT ON siwa.webhook_attempts TO siwa_worker;
         GRANT EXECUTE ON FUNCTION siwa.webhook_fan_out() TO siwa_worker;
-        GRANT EXECUTE ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timestamptz),
-            siwa.record_webhook_attempt(bigint, text, timestamptz, integer, integer, text, double precision, text),
+        GRANT EXECUTE ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timestamptz, integer),
+            siwa.record_webhook_attempt(bigint, text, timestamptz, integer, integer, text, double precision, text,
+                                        double precision, double precision),
             siwa.repair_webhook_ready(), siwa.claim_revocation(text, interval, timestamptz),
             siwa.record_revocation(bigint, text, bigint[], bytea[], text, text, text, double precision, jsonb),
             siwa.release_revocation(bigint, text), siwa.claim_refresh_check(interval),
@@ -5371,11 +5472,10 @@ BEGIN
             siwa.replay_webhook_deliveries(bigint, bigint, bigint, timestamptz, timestamptz, text),
             siwa.remove_webhook_endpoint(bigint, boolean) TO siwa_webhook_admin;
         GRANT SELECT, INSERT (url, types, max_in_flight), DELETE ON siwa.webhook_endpoints TO siwa_webhook_admin;
-        GRANT UPDATE (enabled, disabled_at, disabled_reason, failing_since) ON siwa.webhook_endpoints
-            TO siwa_webhook_admin;
+        GRANT UPDATE (enabled, disabled_at, disabled_reason, failing_since, consecutive_failures, backoff_until)
+            ON siwa.webhook_endpoints TO siwa_webhook_admin;
         GRANT SELECT (id, endpoint_id, created_at, expires_at), INSERT (endpoint_id, secret, public_key), UPDATE (expires_at),
             DELETE ON siwa.webhook_secrets TO siwa_webhook_admin;
-        GRANT INSERT ON siwa.webhook_slots TO siwa_webhook_admin;
         GRANT SELECT, INSERT (change_id, endpoint_id, sub),
             UPDATE (state, attempts, next_attempt_at, first_attempt_at, delivered_at, ready)
             ON siwa.webhook_deliveries TO siwa_webhook_admin;
@@ -5385,15 +5485,12 @@ END;
 $$;
 -- ==== end siwa_webhook_admin ====
 -- ==== Webhook visibility (schema/70-health.sql): the per-endpoint gauges ====
--- siwa_worker's attempts keep each endpoint's run of failures (the trigger runs with its rights); the
--- gauges' SECURITY DEFINER function is the worker's (/metrics) and siwa_admin's (siwactl stats).
+-- The gauges' SECURITY DEFINER function is the worker's (/metrics) and siwa_admin's (siwactl stats).
 REVOKE ALL ON FUNCTION siwa.webhook_endpoint_gauges() FROM PUBLIC;
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_worker') THEN
-        GRANT SELECT, INSERT, UPDATE ON siwa.webhook_endpoint_failures TO siwa_worker;
-        GRANT EXECUTE ON FUNCTION siwa.track_webhook_endpoint_failures(),
-            siwa.webhook_endpoint_gauges() TO siwa_worker;
+        GRANT EXECUTE ON FUNCTION siwa.webhook_endpoint_gauges() TO siwa_worker;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_admin') THEN
         GRANT EXECUTE ON FUNCTION siwa.webhook_endpoint_gauges() TO siwa_admin;

@@ -306,6 +306,19 @@ BEGIN
         IF pg_catalog.to_regclass('siwa.webhook_endpoints') IS NOT NULL THEN
             ALTER TABLE siwa.webhook_endpoints ADD COLUMN expires_at timestamptz;
         END IF;
+        -- Webhook isolation: the endpoint's run of failures, backoff and rotation on its row (the one home
+        -- of "failing since"); the claim locks that row, so the slots go; the due heads by endpoint.
+        IF pg_catalog.to_regclass('siwa.webhook_endpoints') IS NOT NULL THEN
+            ALTER TABLE siwa.webhook_endpoints
+                ADD COLUMN consecutive_failures integer NOT NULL DEFAULT 0,
+                ADD COLUMN last_failure_at timestamptz,
+                ADD COLUMN backoff_until timestamptz,
+                ADD COLUMN last_claimed_at timestamptz,
+                ADD CONSTRAINT webhook_endpoints_failures_check
+                    CHECK (consecutive_failures >= 0 AND (consecutive_failures = 0) = (failing_since IS NULL));
+        END IF;
+        DROP TABLE IF EXISTS siwa.webhook_slots;
+        DROP INDEX IF EXISTS siwa.webhook_deliveries_ready_idx;
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;

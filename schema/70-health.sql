@@ -166,58 +166,15 @@ COMMENT ON FUNCTION siwa.remove_heartbeat(text, text, integer) IS
     'Deletes a stopping service process''s heartbeat row. Executable by siwa_receiver and siwa_worker (each for its own kind).';
 
 -- ==== Webhook visibility: per-endpoint gauges (siwa-worker's /metrics, siwactl stats) ====
--- siwa.webhook_endpoint_failures: each endpoint's current run of failed attempts (consecutive_failures,
--- failing_since: the first failure of the run), kept by a row trigger on siwa.webhook_attempts; a
--- delivered attempt ends the run. The healthy path writes nothing (the reset matches a row only when a
--- run is in progress), so deliveries to a healthy endpoint never queue on its row. Disabling an
--- endpoint (by hand or, with the operations work, automatically) does not end a run: only a 2xx does.
--- New in version 5.
-CREATE TABLE IF NOT EXISTS siwa.webhook_endpoint_failures (
-    endpoint_id          bigint      PRIMARY KEY REFERENCES siwa.webhook_endpoints (id) ON DELETE CASCADE,
-    consecutive_failures integer     NOT NULL DEFAULT 0,
-    failing_since        timestamptz,
-    last_failure_at      timestamptz,
-    CONSTRAINT webhook_endpoint_failures_run_check
-        CHECK ((consecutive_failures = 0) = (failing_since IS NULL) AND consecutive_failures >= 0)
-);
-COMMENT ON TABLE siwa.webhook_endpoint_failures IS
-    'Each webhook endpoint''s current run of failed attempts (no row, or 0: its last attempt was delivered). Kept by a trigger on siwa.webhook_attempts.';
-COMMENT ON COLUMN siwa.webhook_endpoint_failures.consecutive_failures IS 'Attempts failed (retry or dead) since the last delivered one.';
-COMMENT ON COLUMN siwa.webhook_endpoint_failures.failing_since IS 'When the first attempt of the current run failed; NULL when not failing.';
-COMMENT ON COLUMN siwa.webhook_endpoint_failures.last_failure_at IS 'When an attempt last failed (kept after a success).';
+-- Each endpoint's current run of failed attempts (consecutive_failures, failing_since: the first failure
+-- of the run) lives on its row in siwa.webhook_endpoints, kept by siwa.record_webhook_attempt (the one
+-- home: auto-disable and the lanes' isolation read it too); a delivered attempt ends the run, and so
+-- does enabling the endpoint. The healthy path writes nothing there.
 
 -- The dead deliveries of an endpoint, counted by siwa.webhook_endpoint_gauges every few seconds (without
 -- it the count reads every delivery ever kept).
 CREATE INDEX IF NOT EXISTS webhook_deliveries_dead_idx
     ON siwa.webhook_deliveries (endpoint_id) WHERE state = 'dead';
-
-CREATE OR REPLACE FUNCTION siwa.track_webhook_endpoint_failures() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    v_endpoint bigint;
-BEGIN
-    SELECT d.endpoint_id INTO v_endpoint FROM siwa.webhook_deliveries d WHERE d.id = NEW.delivery_id;
-    IF NEW.outcome = 'delivered' THEN
-        UPDATE siwa.webhook_endpoint_failures f SET consecutive_failures = 0, failing_since = NULL
-         WHERE f.endpoint_id = v_endpoint AND f.consecutive_failures > 0;
-    ELSE
-        INSERT INTO siwa.webhook_endpoint_failures AS f
-               (endpoint_id, consecutive_failures, failing_since, last_failure_at)
-        VALUES (v_endpoint, 1, NEW.started_at, NEW.started_at)
-        ON CONFLICT (endpoint_id) DO UPDATE
-           SET consecutive_failures = f.consecutive_failures + 1,
-               failing_since = coalesce(f.failing_since, excluded.failing_since),
-               last_failure_at = greatest(f.last_failure_at, excluded.last_failure_at);
-    END IF;
-    RETURN NULL;
-END;
-$$;
-COMMENT ON FUNCTION siwa.track_webhook_endpoint_failures() IS
-    'Row trigger after INSERT on siwa.webhook_attempts: counts an endpoint''s run of failed attempts in siwa.webhook_endpoint_failures; a delivered attempt ends it.';
-DROP TRIGGER IF EXISTS webhook_attempts_track_failures ON siwa.webhook_attempts;
-CREATE TRIGGER webhook_attempts_track_failures
-    AFTER INSERT ON siwa.webhook_attempts
-    FOR EACH ROW EXECUTE FUNCTION siwa.track_webhook_endpoint_failures();
 
 -- One row per endpoint for the worker's per-endpoint gauges and siwactl stats: the URL's host (and
 -- port) only — the URL's path and query may hold a token, userinfo is refused by the endpoints' CHECK —,
@@ -231,7 +188,7 @@ CREATE TRIGGER webhook_attempts_track_failures
 CREATE OR REPLACE FUNCTION siwa.webhook_endpoint_gauges()
 RETURNS TABLE (endpoint_id bigint, host text, enabled boolean, pending bigint, dead bigint,
                oldest_pending_seconds double precision, consecutive_failures integer,
-               failing_since timestamptz)
+               failing_since timestamptz, backoff_until timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     WITH p AS (SELECT d.endpoint_id, count(*) AS n, min(d.created_at) AS oldest
                  FROM siwa.webhook_deliveries d WHERE d.state = 'pending' GROUP BY d.endpoint_id),
@@ -239,13 +196,12 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
                  FROM siwa.webhook_deliveries d WHERE d.state = 'dead' GROUP BY d.endpoint_id)
     SELECT e.id, substring(e.url FROM '^[A-Za-z]+://([^/?#@]+)'), e.enabled, coalesce(p.n, 0), coalesce(x.n, 0),
            coalesce(extract(epoch FROM now() - p.oldest)::double precision, 0),
-           coalesce(f.consecutive_failures, 0), f.failing_since
+           e.consecutive_failures, e.failing_since, e.backoff_until
       FROM siwa.webhook_endpoints e
       LEFT JOIN p ON p.endpoint_id = e.id
       LEFT JOIN x ON x.endpoint_id = e.id
-      LEFT JOIN siwa.webhook_endpoint_failures f ON f.endpoint_id = e.id
-     ORDER BY (NOT e.enabled OR f.failing_since IS NOT NULL OR coalesce(x.n, 0) > 0) DESC, e.id
+     ORDER BY (NOT e.enabled OR e.failing_since IS NOT NULL OR coalesce(x.n, 0) > 0) DESC, e.id
 $$;
 COMMENT ON FUNCTION siwa.webhook_endpoint_gauges() IS
-    'Per webhook endpoint: URL host, enabled, pending, dead, oldest pending age, current run of failures; endpoints in trouble first. SECURITY DEFINER; executable by siwa_worker and siwa_admin.';
+    'Per webhook endpoint: URL host, enabled, pending, dead, oldest pending age, current run of failures, backed off until; endpoints in trouble first. SECURITY DEFINER; executable by siwa_worker and siwa_admin.';
 -- ==== end of webhook visibility ====

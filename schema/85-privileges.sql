@@ -103,9 +103,9 @@ $$;
 -- claims notifications (and when it erases a user's history). Webhooks: it inserts deliveries (the
 -- fan-out trigger runs as the role inserting the change, and share-locks the pending ones ahead: FOR
 -- SHARE needs UPDATE), claims and updates them, records attempts, reads endpoints and secrets, and
--- locks slots (FOR UPDATE needs UPDATE). The transitions of its queues (leases, records, repair,
--- heartbeats) are functions run with its rights: EXECUTE on exactly those. Its heartbeats (of its own
--- kind) and the health gauges.
+-- locks an endpoint's row while it counts its leases (FOR NO KEY UPDATE needs UPDATE). The
+-- transitions of its queues (leases, records, repair, heartbeats) are functions run with its rights:
+-- EXECUTE on exactly those. Its heartbeats (of its own kind) and the health gauges.
 DO $$
 DECLARE
     v_function regprocedure;
@@ -151,14 +151,18 @@ BEGIN
         -- Erasure drops the email an import holds for either sub (siwa.erase_personal_data_of).
         GRANT SELECT (old_sub, new_sub, email), UPDATE (email) ON siwa.transfer_imports TO siwa_worker;
         GRANT SELECT ON siwa.webhook_endpoints, siwa.webhook_secrets TO siwa_worker;
-        -- auto-disable (siwa.record_webhook_attempt records a run of failures and disables)
-        GRANT UPDATE (enabled, disabled_at, failing_since, disabled_reason) ON siwa.webhook_endpoints TO siwa_worker;
-        GRANT SELECT, UPDATE ON siwa.webhook_slots TO siwa_worker;
+        -- auto-disable and isolation (siwa.record_webhook_attempt keeps the run of failures and the
+        -- backoff, and disables; a claim locks the endpoint's row and notes when it was claimed)
+        GRANT UPDATE (enabled, disabled_at, failing_since, disabled_reason, consecutive_failures, last_failure_at,
+                      backoff_until, last_claimed_at) ON siwa.webhook_endpoints TO siwa_worker;
+        -- Temporary endpoints past their expiry (the developer loop) are removed by the webhook lanes.
+        GRANT EXECUTE ON FUNCTION siwa.remove_expired_webhook_endpoints() TO siwa_worker;
         GRANT SELECT, INSERT, UPDATE ON siwa.webhook_deliveries TO siwa_worker;
         GRANT SELECT, INSERT ON siwa.webhook_attempts TO siwa_worker;
         GRANT EXECUTE ON FUNCTION siwa.webhook_fan_out() TO siwa_worker;
-        GRANT EXECUTE ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timestamptz),
-            siwa.record_webhook_attempt(bigint, text, timestamptz, integer, integer, text, double precision, text),
+        GRANT EXECUTE ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timestamptz, integer),
+            siwa.record_webhook_attempt(bigint, text, timestamptz, integer, integer, text, double precision, text,
+                                        double precision, double precision),
             siwa.repair_webhook_ready(), siwa.claim_revocation(text, interval, timestamptz),
             siwa.record_revocation(bigint, text, bigint[], bytea[], text, text, text, double precision, jsonb),
             siwa.release_revocation(bigint, text), siwa.claim_refresh_check(interval),
@@ -250,11 +254,10 @@ BEGIN
             siwa.replay_webhook_deliveries(bigint, bigint, bigint, timestamptz, timestamptz, text),
             siwa.remove_webhook_endpoint(bigint, boolean) TO siwa_webhook_admin;
         GRANT SELECT, INSERT (url, types, max_in_flight), DELETE ON siwa.webhook_endpoints TO siwa_webhook_admin;
-        GRANT UPDATE (enabled, disabled_at, disabled_reason, failing_since) ON siwa.webhook_endpoints
-            TO siwa_webhook_admin;
+        GRANT UPDATE (enabled, disabled_at, disabled_reason, failing_since, consecutive_failures, backoff_until)
+            ON siwa.webhook_endpoints TO siwa_webhook_admin;
         GRANT SELECT (id, endpoint_id, created_at, expires_at), INSERT (endpoint_id, secret, public_key), UPDATE (expires_at),
             DELETE ON siwa.webhook_secrets TO siwa_webhook_admin;
-        GRANT INSERT ON siwa.webhook_slots TO siwa_webhook_admin;
         GRANT SELECT, INSERT (change_id, endpoint_id, sub),
             UPDATE (state, attempts, next_attempt_at, first_attempt_at, delivered_at, ready)
             ON siwa.webhook_deliveries TO siwa_webhook_admin;
@@ -264,15 +267,12 @@ END;
 $$;
 -- ==== end siwa_webhook_admin ====
 -- ==== Webhook visibility (schema/70-health.sql): the per-endpoint gauges ====
--- siwa_worker's attempts keep each endpoint's run of failures (the trigger runs with its rights); the
--- gauges' SECURITY DEFINER function is the worker's (/metrics) and siwa_admin's (siwactl stats).
+-- The gauges' SECURITY DEFINER function is the worker's (/metrics) and siwa_admin's (siwactl stats).
 REVOKE ALL ON FUNCTION siwa.webhook_endpoint_gauges() FROM PUBLIC;
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_worker') THEN
-        GRANT SELECT, INSERT, UPDATE ON siwa.webhook_endpoint_failures TO siwa_worker;
-        GRANT EXECUTE ON FUNCTION siwa.track_webhook_endpoint_failures(),
-            siwa.webhook_endpoint_gauges() TO siwa_worker;
+        GRANT EXECUTE ON FUNCTION siwa.webhook_endpoint_gauges() TO siwa_worker;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_admin') THEN
         GRANT EXECUTE ON FUNCTION siwa.webhook_endpoint_gauges() TO siwa_admin;

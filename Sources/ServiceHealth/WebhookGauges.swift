@@ -54,6 +54,8 @@ public final class WebhookGauges: Sendable {
         public var consecutiveFailures: Int
         /// Unix time of the current run's first failure (`nil`: not failing).
         public var failingSince: Double?
+        /// Unix time until which it is backed off as a whole (`nil`: not backed off).
+        public var backoffUntil: Double?
     }
 
     /// The configuration it runs with.
@@ -121,6 +123,10 @@ public final class WebhookGauges: Sendable {
             "siwa_webhook_endpoint_failing_since_timestamp_seconds",
             "Unix time of the first failed attempt of this endpoint's current run of failures; 0 when its last attempt was delivered."
         ) { $0.failingSince ?? 0 }
+        perEndpoint(
+            "siwa_webhook_endpoint_backoff_until_timestamp_seconds",
+            "Unix time until which this endpoint is backed off as a whole after consecutive failures (nothing is attempted before it); 0 when it is not."
+        ) { $0.backoffUntil ?? 0 }
         perEndpoint(
             "siwa_webhook_endpoint_disabled",
             "1 when this endpoint is disabled (siwactl webhooks disable), else 0."
@@ -191,7 +197,8 @@ public final class WebhookGauges: Sendable {
         let rows = try connection!.query(
             """
             SELECT endpoint_id, coalesce(host, ''), enabled, pending, dead, oldest_pending_seconds,
-                   consecutive_failures, extract(epoch FROM failing_since)::float8
+                   consecutive_failures, extract(epoch FROM failing_since)::float8,
+                   extract(epoch FROM backoff_until)::float8
               FROM siwa.webhook_endpoint_gauges()
             """)
         return try rows.map { row in
@@ -201,7 +208,7 @@ public final class WebhookGauges: Sendable {
                 pending: try row[3, as: Int.self], dead: try row[4, as: Int.self],
                 oldestPendingSeconds: try row[5, as: Double.self],
                 consecutiveFailures: try row[6, as: Int.self],
-                failingSince: try row[7, as: Double?.self])
+                failingSince: try row[7, as: Double?.self], backoffUntil: try row[8, as: Double?.self])
         }
     }
 }

@@ -12,9 +12,9 @@ import Webhooks
 /// Each of `configuration.concurrency` lanes is a ``ConsumerLoop`` on a thread of its own with its own
 /// connection, listening on `siwa_webhooks` (the fan-out trigger and replays notify it). One attempt
 /// holds no lock and no transaction across the network: `siwa.claim_webhook_delivery` commits a lease on
-/// a due queue head (at most the endpoint's `max_in_flight` live leases, across every worker), the lane
-/// builds the body from the change row, signs it with every live key (`v1` for a whsec_ secret, `v1a` for
-/// a whsk_ ed25519 key) and POSTs it under the outbound
+/// a due queue head and returns the change row with it, the lane builds the body from that row, signs it
+/// with every live key (`v1` for a whsec_ secret, `v1a` for a whsk_ ed25519 key) and POSTs it under the
+/// outbound
 /// policy (one deadline, no redirects, https or http to a loopback literal, the answer's body capped)
 /// with no transaction open, then `siwa.record_webhook_attempt` records the attempt and the delivery's
 /// new state if the lease is still its own. A 2xx is `delivered`; anything else is retried with
@@ -22,6 +22,13 @@ import Webhooks
 /// A process killed mid-attempt leaves its lease to expire; the next claim after that takes the
 /// delivery over (exactly one claimer does) and sends it again with the same `webhook-id`: receivers
 /// dedupe on it.
+///
+/// Isolation: the claim rotates between the endpoints with due work (the least recently claimed first)
+/// and never gives one endpoint more than `max_in_flight` attempts across every worker, one while it is
+/// failing, nor more than its share of this process's lanes (at most `concurrency − 1`, about
+/// `concurrency / E` with E endpoints due), so an endpoint that hangs never holds every lane. After 3
+/// consecutive failures the endpoint is backed off as a whole (on the same schedule as a delivery's
+/// retries, by its run of failures): the next attempt after the backoff probes it for every user.
 public final class WebhookDispatcher: Sendable {
     /// The dispatcher's settings.
     public struct Configuration: Sendable {
@@ -87,8 +94,12 @@ public final class WebhookDispatcher: Sendable {
 
     /// The channel the fan-out trigger and replays notify.
     public static let channel = "siwa_webhooks"
-    /// How often lane 0 repairs `ready` hints (`siwa.repair_webhook_ready`; every transition keeps them).
+    /// How often lane 0 repairs `ready` hints (`siwa.repair_webhook_ready`; every transition keeps them)
+    /// and removes the temporary endpoints past their expiry (`siwa.remove_expired_webhook_endpoints`).
     static let repairInterval: Duration = .seconds(60)
+    /// How soon a lane looks again when every endpoint with due work is at its cap (the lanes holding
+    /// them claim their next delivery themselves; this one serves an endpoint whose share grew).
+    static let saturatedWait: Duration = .milliseconds(100)
 
     /// The settings.
     public let configuration: Configuration
@@ -144,7 +155,7 @@ public final class WebhookDispatcher: Sendable {
         defer { connection.close() }
         try repair(on: connection)
         var outcomes: [Outcome] = []
-        _ = try drain(on: connection, lane: 0, into: &outcomes)
+        _ = try drain(on: connection, lane: 0, lanes: 1, into: &outcomes)
         return outcomes
     }
 
@@ -158,63 +169,85 @@ public final class WebhookDispatcher: Sendable {
         ) { [self] connection in
             if index == 0, repair.take(now: .now) { try self.repair(on: connection) }
             var outcomes: [Outcome] = []
-            return try drain(on: connection, lane: index, into: &outcomes)
+            return try drain(on: connection, lane: index, lanes: configuration.concurrency, into: &outcomes)
         }
         try? loop.run()
     }
 
     /// One drain: every delivery due by its start, claimed and attempted one after another (what it
-    /// schedules for later is not retried in it). Returns how soon the next delivery is due.
-    private func drain(on connection: PostgresConnection, lane: Int, into outcomes: inout [Outcome]) throws
-        -> Duration?
+    /// schedules for later is not retried in it). Returns how soon the next delivery is due: of the
+    /// enabled endpoints, the earliest due queue head not in flight, or a lease's end, but not before
+    /// the endpoint's backoff.
+    private func drain(
+        on connection: PostgresConnection, lane: Int, lanes: Int, into outcomes: inout [Outcome]
+    )
+        throws -> Duration?
     {
         let start = try connection.query("SELECT now()")[0][0, as: Date.self]
-        var saturated: Set<Int> = []
-        while !isStopping,
-            let step = try attemptOne(on: connection, lane: lane, saturated: &saturated, dueBy: start)
-        {
-            if let outcome = step { outcomes.append(outcome) }
+        var step: Step = .nothing
+        while !isStopping {
+            step = try attemptOne(on: connection, lane: lane, lanes: lanes, dueBy: start)
+            guard case .attempted(let outcome) = step else { break }
+            outcomes.append(outcome)
         }
-        if !saturated.isEmpty { return .milliseconds(20) }
+        if case .saturated = step { return Self.saturatedWait }
         let due = try connection.query(
             """
-            SELECT extract(epoch FROM min(d.next_attempt_at) - clock_timestamp())::float8
-              FROM siwa.webhook_deliveries d JOIN siwa.webhook_endpoints e ON e.id = d.endpoint_id
-             WHERE d.state = 'pending' AND d.ready AND e.enabled
+            SELECT extract(epoch FROM min(greatest(h.due, e.backoff_until)) - clock_timestamp())::float8
+              FROM siwa.webhook_endpoints e
+             CROSS JOIN LATERAL (
+                   SELECT min(CASE WHEN d.lease_expires_at > clock_timestamp() THEN d.lease_expires_at
+                                   ELSE d.next_attempt_at END) AS due
+                     FROM siwa.webhook_deliveries d
+                    WHERE d.endpoint_id = e.id AND d.state = 'pending' AND d.ready) h
+             WHERE e.enabled
             """)[0][0, as: Double?.self]
         return due.map { .milliseconds(max(0, Int64(($0 * 1000).rounded(.up)))) }
     }
 
-    /// Repairs the `ready` hints the transitions could not keep (see `siwa.repair_webhook_ready`).
+    /// Repairs the `ready` hints the transitions could not keep (see `siwa.repair_webhook_ready`) and
+    /// removes the temporary endpoints past their expiry (`siwa.remove_expired_webhook_endpoints`: a
+    /// listener that crashed leaves its endpoint behind). Returns how many hints it repaired.
     @discardableResult
     func repair(on connection: PostgresConnection) throws -> Int {
-        try connection.query("SELECT siwa.repair_webhook_ready()")[0][0, as: Int.self]
+        let row = try connection.query(
+            "SELECT siwa.repair_webhook_ready(), siwa.remove_expired_webhook_endpoints()")[0]
+        let removed = try row[1, as: Int.self]
+        if removed > 0 {
+            logger.info("webhooks: removed expired temporary endpoints", ["count": .int(removed)])
+        }
+        return try row[0, as: Int.self]
     }
 
-    /// One attempt: claim (committed), POST with no transaction open, record. Returns nil when nothing is
-    /// claimable, `.some(nil)` when the claimed delivery's endpoint had no free slot (added to
-    /// `saturated`, skipped until the next pass). Only deliveries due by `dueBy` are claimed.
-    func attemptOne(on connection: PostgresConnection, lane: Int, saturated: inout Set<Int>, dueBy: Date)
-        throws
-        -> Outcome??
-    {
-        let skip = "{" + saturated.map(String.init).joined(separator: ",") + "}"
+    /// What one claim led to.
+    enum Step {
+        /// Nothing is claimable now.
+        case nothing
+        /// There is due work, but every endpoint with some is at its cap.
+        case saturated
+        /// A delivery was claimed and attempted.
+        case attempted(Outcome)
+    }
+
+    /// One attempt: claim (committed), POST with no transaction open, record. Only deliveries due by
+    /// `dueBy` are claimed; `lanes` is this process's lane count (an endpoint's share of them).
+    func attemptOne(on connection: PostgresConnection, lane: Int, lanes: Int, dueBy: Date) throws -> Step {
         let owner = "\(owner):\(lane)"
         guard
             let row = try connection.query(
                 """
-                SELECT outcome, delivery_id, change_id, endpoint_id, attempt, first_attempt_at, url, secrets
-                  FROM siwa.claim_webhook_delivery($1, $2::float8 * interval '1 second', $3::bigint[], $4)
-                """, [.text(owner), .double(configuration.lease.inSeconds), .text(skip), .date(dueBy)]
+                SELECT outcome, delivery_id, change_id, endpoint_id, attempt, first_attempt_at, url, secrets,
+                       type, sub, event_time, applied_at, jti, audience, sessions_revoked,
+                       refresh_tokens_revoked, email, is_private_email, old_sub
+                  FROM siwa.claim_webhook_delivery($1, $2::float8 * interval '1 second', '{}', $3, $4::integer)
+                """,
+                [.text(owner), .double(configuration.lease.inSeconds), .date(dueBy), .int(Int64(lanes))]
             ).first
-        else { return nil }
+        else { return .nothing }
+        guard try row[0, as: String.self] == "claimed" else { return .saturated }
         let delivery = try row[1, as: Int.self]
         let change = try row[2, as: Int.self]
         let endpoint = try row[3, as: Int.self]
-        guard try row[0, as: String.self] == "claimed" else {
-            saturated.insert(endpoint)
-            return .some(nil)
-        }
         let attempt = try row[4, as: Int.self]
         let firstAttempt = try row[5, as: Date?.self]
         let url = try row[6, as: String.self]
@@ -222,7 +255,16 @@ public final class WebhookDispatcher: Sendable {
         // brace to escape. Each signs with its own scheme (v1, v1a).
         let secrets = try row[7, as: String.self].trimmingCharacters(in: CharacterSet(charactersIn: "{}"))
             .split(separator: ",").compactMap { try? StandardWebhooks.SigningKey(String($0)) }
-        let body = try self.body(change: change, on: connection)
+        // The body from the change row as the claim read it (an erased email is gone): the one body
+        // builder (Sources/Webhooks), shared with siwactl webhooks send.
+        let body = WebhookChange(
+            type: try row[8, as: String.self], changeID: change, sub: try row[9, as: String.self],
+            eventTime: try row[10, as: Date.self], appliedAt: try row[11, as: Date.self],
+            jti: try row[12, as: String.self], audience: try row[13, as: String?.self],
+            sessionsRevoked: try row[14, as: Int.self], refreshTokensRevoked: try row[15, as: Int.self],
+            email: try row[16, as: String?.self], isPrivateEmail: try row[17, as: Bool?.self],
+            oldSub: try row[18, as: String?.self]
+        ).body
 
         // No transaction is open from here to the record: the delivery is held by its lease only.
         let started = Date()
@@ -266,18 +308,24 @@ public final class WebhookDispatcher: Sendable {
             outcome = "retry"
             delay = backoff(attempt: attempt)
         }
+        // The endpoint's backoff as a whole (from its 3rd consecutive failure) follows the same schedule.
         let recorded = try connection.query(
-            "SELECT siwa.record_webhook_attempt($1, $2, $3, $4::integer, $5::integer, $6, $7::float8, $8)",
+            """
+            SELECT siwa.record_webhook_attempt($1, $2, $3, $4::integer, $5::integer, $6, $7::float8, $8,
+                                               $9::float8, $10::float8)
+            """,
             [
                 .int(Int64(delivery)), .text(owner), .date(started), .int(Int64(elapsed.wholeMilliseconds)),
                 status.map { .int(Int64($0)) }, .text(outcome), delay.map { .double($0) },
                 failure.map { .text(String($0.prefix(300))) },
+                .double(configuration.retryBaseDelay.inSeconds),
+                .double(configuration.maxRetryDelay.inSeconds),
             ])[0][0, as: Bool.self]
         guard recorded else {
             logger.warning(
                 "webhook attempt not recorded: its lease expired and another lane took the delivery over",
                 ["delivery": .int(delivery), "endpoint": .int(endpoint), "attempt": .int(attempt)])
-            return .some(Outcome(delivery: delivery, state: "lost", status: status))
+            return .attempted(Outcome(delivery: delivery, state: "lost", status: status))
         }
         attempts[outcome]?.increment()
         if outcome != "delivered" {
@@ -288,27 +336,7 @@ public final class WebhookDispatcher: Sendable {
                     "status": status.map { .int($0) } ?? .string("none"),
                 ])
         }
-        return .some(Outcome(delivery: delivery, state: outcome, status: status))
-    }
-
-    /// The Standard Webhooks body of change `change`, built from its row now (an erased email is gone).
-    func body(change: Int, on connection: PostgresConnection) throws -> [UInt8] {
-        let rows = try connection.query(
-            """
-            SELECT type, sub, event_time, applied_at, jti, audience, sessions_revoked, refresh_tokens_revoked,
-                   email, is_private_email, old_sub
-              FROM siwa.changes WHERE id = $1
-            """, [.int(Int64(change))])
-        guard let row = rows.first else { throw ConfigurationError("change \(change) is gone") }
-        // The one body builder (Sources/Webhooks), shared with siwactl webhooks send.
-        return WebhookChange(
-            type: try row[0, as: String.self], changeID: change, sub: try row[1, as: String.self],
-            eventTime: try row[2, as: Date.self], appliedAt: try row[3, as: Date.self],
-            jti: try row[4, as: String.self], audience: try row[5, as: String?.self],
-            sessionsRevoked: try row[6, as: Int.self], refreshTokensRevoked: try row[7, as: Int.self],
-            email: try row[8, as: String?.self], isPrivateEmail: try row[9, as: Bool?.self],
-            oldSub: try row[10, as: String?.self]
-        ).body
+        return .attempted(Outcome(delivery: delivery, state: outcome, status: status))
     }
 
     /// The delay before attempt `attempt + 1`: base × 2^(attempt-1), at most the maximum, times a random

@@ -3,8 +3,8 @@ import Postgres
 import TestSupport
 import Testing
 
-/// `siwa.webhook_endpoint_gauges()` and the run of failures kept by the trigger on
-/// siwa.webhook_attempts, as the roles in question.
+/// `siwa.webhook_endpoint_gauges()` and the run of failures siwa.record_webhook_attempt keeps on the
+/// endpoint's row, as the roles in question.
 @Suite("Webhook endpoint gauges in SQL")
 struct WebhookGaugesSQLTests {
     @Test(
@@ -52,7 +52,7 @@ struct WebhookGaugesSQLTests {
         #expect(try !row[6, as: Bool.self])
         #expect(
             try database.value(
-                "SELECT last_failure_at IS NOT NULL FROM siwa.webhook_endpoint_failures WHERE endpoint_id = $1",
+                "SELECT last_failure_at IS NOT NULL FROM siwa.webhook_endpoints WHERE id = $1",
                 [.int(Int64(endpoint))]) as Bool)
 
         for role in [AdminRole.receiver, .app, .signin, .nobody] {
@@ -61,6 +61,6 @@ struct WebhookGaugesSQLTests {
             #expect(sqlState { try connection.query(gauges) } == permissionDenied, "\(role)")
         }
         #expect(
-            sqlState { try admin.query("SELECT * FROM siwa.webhook_endpoint_failures") } == permissionDenied)
+            sqlState { try admin.query("SELECT * FROM siwa.webhook_endpoints") } == permissionDenied)
     }
 }

@@ -46,6 +46,7 @@ struct WebhookGaugesProcessTests {
             "siwa_webhook_endpoint_pending", "siwa_webhook_endpoint_dead",
             "siwa_webhook_endpoint_oldest_pending_age_seconds", "siwa_webhook_endpoint_consecutive_failures",
             "siwa_webhook_endpoint_failing_since_timestamp_seconds", "siwa_webhook_endpoint_disabled",
+            "siwa_webhook_endpoint_backoff_until_timestamp_seconds",
             "siwa_webhook_gauges_up", "siwa_webhook_endpoints", "siwa_webhook_pending_deliveries",
             "siwa_webhook_dead_deliveries", "siwa_webhook_endpoints_without_series",
         ]
@@ -72,6 +73,7 @@ struct WebhookGaugesProcessTests {
         #expect(endpointValue("siwa_webhook_endpoint_dead", ok, in: text) == 0)
         #expect(endpointValue("siwa_webhook_endpoint_consecutive_failures", ok, in: text) == 0)
         #expect(endpointValue("siwa_webhook_endpoint_failing_since_timestamp_seconds", ok, in: text) == 0)
+        #expect(endpointValue("siwa_webhook_endpoint_backoff_until_timestamp_seconds", ok, in: text) == 0)
         #expect(endpointValue("siwa_webhook_endpoint_disabled", ok, in: text) == 0)
         #expect(endpointValue("siwa_webhook_endpoint_oldest_pending_age_seconds", ok, in: text) == 0)
         // The failing one: every attempt counted, failing since its first attempt.

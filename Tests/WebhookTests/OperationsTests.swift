@@ -156,7 +156,6 @@ struct OperationsTests {
                 """
                 SELECT ((SELECT count(*) FROM siwa.webhook_endpoints WHERE id = $1)
                       + (SELECT count(*) FROM siwa.webhook_secrets WHERE endpoint_id = $1)
-                      + (SELECT count(*) FROM siwa.webhook_slots WHERE endpoint_id = $1)
                       + (SELECT count(*) FROM siwa.webhook_deliveries WHERE endpoint_id = $1)
                       + (SELECT count(*) FROM siwa.webhook_attempts a JOIN siwa.webhook_deliveries d
                                 ON d.id = a.delivery_id WHERE d.endpoint_id = $1))::int
@@ -172,7 +171,7 @@ struct OperationsTests {
         #expect(try remove(waiting, force: true) == 1)
         #expect(try rows(waiting) == 0)
         // Delivered history only: removed without force; the change itself stays.
-        #expect(try rows(done) == 1 + 1 + 64 + 2 + 2)
+        #expect(try rows(done) == 1 + 1 + 2 + 2)  // the endpoint, its secret, 2 deliveries, 2 attempts
         #expect(try remove(done, force: false) == 0)
         #expect(try rows(done) == 0)
         #expect(try database.value("SELECT count(*)::int FROM siwa.changes") as Int == 2)

@@ -1,0 +1,142 @@
+import Foundation
+import Postgres
+import TestSupport
+import Testing
+
+/// `siwa.claim_webhook_delivery` and `siwa.record_webhook_attempt` as siwa_worker: each endpoint's caps,
+/// its backoff as a whole, and the rotation between endpoints.
+@Suite("Webhook claims in SQL: caps, backoff, rotation")
+struct WebhookClaimSQLTests {
+    /// One claim: `claimed` with its delivery and endpoint, `saturated`, or nil (nothing claimable).
+    private static func claim(_ worker: PostgresConnection, owner: String, lanes: Int) throws
+        -> (outcome: String, delivery: Int?, endpoint: Int?)?
+    {
+        guard
+            let row = try worker.query(
+                """
+                SELECT outcome, delivery_id, endpoint_id
+                  FROM siwa.claim_webhook_delivery($1, interval '1 minute', '{}', NULL, $2::integer)
+                """, [.text(owner), .int(Int64(lanes))]
+            ).first
+        else { return nil }
+        return (try row[0, as: String.self], try row[1, as: Int?.self], try row[2, as: Int?.self])
+    }
+
+    private static func record(
+        _ worker: PostgresConnection, _ delivery: Int?, owner: String, outcome: String, status: Int
+    ) throws {
+        #expect(
+            try worker.query(
+                """
+                SELECT siwa.record_webhook_attempt($1, $2, now(), 5, $3::integer, $4, 600, 'HTTP', 600, 3600)
+                """, [.int(Int64(delivery ?? -1)), .text(owner), .int(Int64(status)), .text(outcome)])[0][
+                    0, as: Bool.self])
+    }
+
+    @Test(
+        "a process's lanes: at most lanes − 1 to one endpoint, its share with two due; max_in_flight across processes; one while failing; backed off at the 3rd failure; a 2xx ends it"
+    )
+    func capsAndBackoff() throws {
+        let database = try AdminDatabase.make()
+        let first = try database.addEndpoint(url: "https://first.example.com/hooks", secret: .generate())
+        let second = try database.addEndpoint(url: "https://second.example.com/hooks", secret: .generate())
+        _ = try database.insertChanges(subs: (1...8).map { "001.u\($0)" }, count: 1)
+        // The second endpoint's deliveries wait while it is disabled.
+        _ = try database.connection.query(
+            "SELECT siwa.set_webhook_endpoint_enabled($1, false)", [.int(Int64(second))])
+        let worker = try database.connect(as: .worker)
+        defer { worker.close() }
+        func leases(_ endpoint: Int) throws -> Int {
+            try database.value(
+                "SELECT count(*)::int FROM siwa.webhook_deliveries WHERE endpoint_id = $1 AND lease_owner IS NOT NULL",
+                [.int(Int64(endpoint))])
+        }
+
+        // One endpoint due: a process of 3 lanes gives it 2, never the third.
+        let a0 = try #require(try Self.claim(worker, owner: "host:1:aa:0", lanes: 3))
+        let a1 = try #require(try Self.claim(worker, owner: "host:1:aa:1", lanes: 3))
+        #expect([a0.outcome, a1.outcome] == ["claimed", "claimed"] && a0.endpoint == first)
+        #expect(try Self.claim(worker, owner: "host:1:aa:2", lanes: 3)?.outcome == "saturated")
+        // Another process gets the rest of max_in_flight (4), across processes; 'saturated' writes nothing.
+        let b0 = try #require(try Self.claim(worker, owner: "host:2:bb:0", lanes: 3))
+        let b1 = try #require(try Self.claim(worker, owner: "host:2:bb:1", lanes: 3))
+        #expect([b0.outcome, b1.outcome] == ["claimed", "claimed"])
+        #expect(try Self.claim(worker, owner: "other:9", lanes: 8)?.outcome == "saturated")
+        #expect(try leases(first) == 4)
+
+        // Two endpoints due: each gets its share of a process's lanes (4 lanes: 2 each).
+        _ = try database.connection.query(
+            "SELECT siwa.set_webhook_endpoint_enabled($1, true)", [.int(Int64(second))])
+        let c0 = try #require(try Self.claim(worker, owner: "host:3:cc:0", lanes: 4))
+        let c1 = try #require(try Self.claim(worker, owner: "host:3:cc:1", lanes: 4))
+        #expect([c0.endpoint, c1.endpoint] == [second, second])
+        #expect(try Self.claim(worker, owner: "host:3:cc:2", lanes: 4)?.outcome == "saturated")
+        #expect(try leases(second) == 2)
+
+        // A failure: the first endpoint is failing, so nothing more of it until its attempts in flight end.
+        try Self.record(worker, a0.delivery, owner: "host:1:aa:0", outcome: "retry", status: 503)
+        #expect(try Self.claim(worker, owner: "host:4:dd:0", lanes: 8)?.endpoint == second)
+        try Self.record(worker, a1.delivery, owner: "host:1:aa:1", outcome: "retry", status: 503)
+        try Self.record(worker, b0.delivery, owner: "host:2:bb:0", outcome: "retry", status: 503)
+        // The 3rd failure in a row backs it off as a whole (600 s × 2^0 × jitter ≥ 300 s).
+        let backedOff = try database.connection.query(
+            """
+            SELECT consecutive_failures, backoff_until > now() + interval '290 seconds', last_failure_at IS NOT NULL
+              FROM siwa.webhook_endpoints WHERE id = $1
+            """, [.int(Int64(first))])[0]
+        #expect(try backedOff[0, as: Int.self] == 3)
+        #expect(try backedOff[1, as: Bool.self])
+        #expect(try backedOff[2, as: Bool.self])
+        // Its deliveries are due (retry in 0 s) but not claimed: only the second endpoint's are.
+        try database.connection.execute("UPDATE siwa.webhook_deliveries SET next_attempt_at = now()")
+        for lane in 0..<4 {
+            if let next = try Self.claim(worker, owner: "host:5:ee:\(lane)", lanes: 8) {
+                #expect(next.outcome == "saturated" || next.endpoint == second)
+            }
+        }
+        #expect(try leases(first) == 1)  // b1's, still in flight
+        // Its attempt in flight answers 2xx: the run and the backoff end; it is claimed again.
+        try Self.record(worker, b1.delivery, owner: "host:2:bb:1", outcome: "delivered", status: 204)
+        #expect(
+            try database.value(
+                "SELECT consecutive_failures = 0 AND failing_since IS NULL AND backoff_until IS NULL FROM siwa.webhook_endpoints WHERE id = $1",
+                [.int(Int64(first))]) as Bool)
+        #expect(try Self.claim(worker, owner: "host:6:ff:0", lanes: 8)?.endpoint == first)
+
+        #expect(
+            sqlState {
+                _ = try worker.query(
+                    "SELECT * FROM siwa.claim_webhook_delivery('x:0', interval '1 minute', '{}', NULL, 0)")
+            }
+                == "22023")
+        // The claim locks the endpoint's row: a role that merely connects may not.
+        let nobody = try database.connect(as: .nobody)
+        defer { nobody.close() }
+        #expect(
+            sqlState {
+                _ = try nobody.query("SELECT * FROM siwa.claim_webhook_delivery('x:0', interval '1 minute')")
+            }
+                == permissionDenied)
+    }
+
+    @Test(
+        "rotation: of two endpoints with backlogs the least recently claimed goes first, though the other's is older"
+    )
+    func rotation() throws {
+        let database = try AdminDatabase.make()
+        let older = try database.addEndpoint(
+            url: "https://older.example.com/hooks", secret: .generate(), types: ["siwa.consent_revoked"])
+        let newer = try database.addEndpoint(
+            url: "https://newer.example.com/hooks", secret: .generate(), types: ["siwa.account_deleted"])
+        for index in 0..<4 { try database.insertChange(type: "siwa.consent_revoked", sub: "001.o\(index)") }
+        for index in 0..<4 { try database.insertChange(type: "siwa.account_deleted", sub: "001.n\(index)") }
+        let worker = try database.connect(as: .worker)
+        defer { worker.close() }
+        var order: [Int] = []
+        while let next = try Self.claim(worker, owner: "host:7:rr:0", lanes: 2), next.outcome == "claimed" {
+            order.append(try #require(next.endpoint))
+            try Self.record(worker, next.delivery, owner: "host:7:rr:0", outcome: "delivered", status: 204)
+        }
+        #expect(order == [older, newer, older, newer, older, newer, older, newer])
+    }
+}
