@@ -1,19 +1,23 @@
 #!/usr/bin/env python3
 """make bench: measures, side by side in one run on this machine,
 
-  - two database ceilings, pgbench at the same concurrency, one row per transaction: the "lean" one (a plain
-    `(jti text primary key, payload text)` table, `INSERT … ON CONFLICT DO NOTHING`) and our own table shape
-    (the receiver's INSERT into siwa.notification_log);
+  - the references: one RSA-2048 verification (`openssl speed rsa2048`); pgbench at the receiver's
+    concurrency into a plain `(jti text primary key, payload text)` table, one row per transaction
+    (`INSERT … ON CONFLICT DO NOTHING`, the "lean" ceiling) and 64 rows per statement (the lean batch); our
+    own store, siwa.store_notifications, with 1 and 64 rows per call; PgQueuer (PyPI, .build/bench-venv)
+    draining no-op jobs with 2 processes in batches of 64;
   - the receiver: wrk posting distinct pre-signed Apple-shaped notifications (rows counted in the database);
-  - the worker: how fast one and two workers drain 100k queued notifications;
+  - the worker: how fast one siwa-worker process with 1 and 2 lanes drains 100k queued notifications;
   - idle end-to-end latency, receive → applied;
   - signed webhooks: deliveries per second to a fast local endpoint (`siwactl webhooks listen`), and idle
     lag change → webhook acknowledged (and Apple's POST → webhook once the worker writes the changefeed);
 
-and prints a table with ratios and the CPU each process spent per notification, read from /proc (utime +
-stime of the receiver, of every process of the PostgreSQL cluster, of the load generator and of the worker,
-sampled just before and just after each measured window, divided by the rows stored or events applied in it). Everything runs against a throwaway PostgreSQL cluster (fsync on) and
-only on loopback. Standard library only.
+and prints tables with the CPU each process spent per notification, read from /proc (utime + stime of the
+receiver, of every process of this benchmark's PostgreSQL cluster, of the load generator and of the worker,
+sampled just before and just after each measured window, divided by the rows stored or events applied in
+it), and last the targets: each measure as a ratio to its reference from the same run. Everything runs
+against a throwaway PostgreSQL cluster (fsync on) and only on loopback. Standard library only (PgQueuer runs
+in its own venv, scripts/bench-pgqueuer.py).
 """
 
 import argparse
