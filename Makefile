@@ -72,8 +72,10 @@ coverage: test-deps webhooks-venv
 
 # Benchmarks (not part of `make test`): release binaries, a throwaway PostgreSQL with fsync on, wrk and
 # pgbench side by side. Pass options with BENCH_ARGS, e.g. `make bench BENCH_ARGS=--quick`.
+# The worker's reference is PgQueuer (PyPI, pinned) draining no-op jobs, from .build/bench-venv.
 bench: demo-deps
-	@./scripts/ensure-debian-packages wrk postgresql-client
+	@./scripts/ensure-debian-packages wrk postgresql-client python3-venv
+	@./scripts/bench-venv
 	$(SWIFT) build -c release
 	python3 scripts/bench.py $(BENCH_ARGS)
 
