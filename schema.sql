@@ -2187,7 +2187,9 @@ COMMENT ON FUNCTION siwa.record_failure(bigint, text, integer, interval) IS
 -- siwa.apply_claimed_batch).
 -- p_leave: notification_log ids the caller updates itself later in its transaction, erasing them as it
 -- does (the set-based pass: its batch's own rows, which its marking UPDATE erases), left out here so
--- that each of those rows is written once, not twice.
+-- that each of those rows is written once, not twice. Tested with array_position, which the planner
+-- leaves alone: an `id <> ALL (p_leave)` would be expanded into one clause per id and tried against every
+-- partition's constraints while planning (measured: most of the drain's instructions).
 -- Its statements are planned for each call, with the array and the tables' current sizes: see
 -- siwa.apply_claimed_batch.
 CREATE OR REPLACE FUNCTION siwa.erase_personal_data_of(p_subs text[], p_leave bigint[] DEFAULT '{}') RETURNS void
@@ -2212,7 +2214,7 @@ BEGIN
        SET email = NULL, raw_token = NULL,
            last_error = CASE WHEN last_error IS NOT NULL THEN siwa.erased_error(last_error, state) END,
            personal_data_erased_at = coalesce(personal_data_erased_at, clock_timestamp())
-     WHERE sub = ANY (v_all) AND id <> ALL (p_leave)
+     WHERE sub = ANY (v_all) AND pg_catalog.array_position(p_leave, id) IS NULL
        AND (email IS NOT NULL OR raw_token IS NOT NULL
             OR (last_error IS NOT NULL AND last_error IS DISTINCT FROM siwa.erased_error(last_error, state)));
     -- The error texts of the user's queued rows (found through the log). Rows another worker has claimed
@@ -2221,7 +2223,8 @@ BEGIN
     -- The ids first (the log's sub index), then the queue by its primary key: a join would let the
     -- planner read the whole queue, which it believes has few rows with an error.
     v_ids := ARRAY(SELECT l.id FROM siwa.notification_log l
-                    WHERE l.sub = ANY (v_all) AND l.state = 'pending' AND l.id <> ALL (p_leave));
+                    WHERE l.sub = ANY (v_all) AND l.state = 'pending'
+                      AND pg_catalog.array_position(p_leave, l.id) IS NULL);
     IF pg_catalog.cardinality(v_ids) > 0 THEN
         UPDATE siwa.notification_queue AS t
            SET last_error = siwa.erased_error(t.last_error, 'pending')
