@@ -21,8 +21,21 @@ struct DrainWorkTests {
         return outcomes
     }
 
-    private func logUpdatesInThisTransaction(_ db: TestDatabase) throws -> Int {
-        try db.value(
+    /// A new session: the transaction statistics (pg_stat_xact_*) also hold what this session did in
+    /// the last second, not yet reported, so each measured transaction runs in a session of its own.
+    private func freshSession(_ db: TestDatabase) throws -> PostgresConnection {
+        let session = try db.connect()
+        try session.execute("SET track_functions = 'all'")
+        return session
+    }
+
+    private func value(_ session: PostgresConnection, _ sql: String) throws -> Int {
+        try #require(try session.query(sql).first)[0, as: Int.self]
+    }
+
+    private func logUpdatesInThisTransaction(_ session: PostgresConnection) throws -> Int {
+        try value(
+            session,
             """
             SELECT coalesce(sum(n_tup_upd), 0)::integer FROM pg_stat_xact_user_tables
              WHERE schemaname = 'siwa' AND relname LIKE 'notification_log%'
@@ -41,11 +54,13 @@ struct DrainWorkTests {
             email: "b@privaterelay.appleid.com")
         try db.insert(jti: "delete", type: "account-delete", sub: "u")
 
-        try db.connection.execute("BEGIN")
-        #expect(try processBatch(db.connection) == ["mail": "applied", "delete": "applied"])
+        let session = try freshSession(db)
+        defer { session.close() }
+        try session.execute("BEGIN")
+        #expect(try processBatch(session) == ["mail": "applied", "delete": "applied"])
         // The older row erased (1), the batch's two rows marked and erased by one UPDATE each (2).
-        #expect(try logUpdatesInThisTransaction(db) == 3)
-        try db.connection.execute("COMMIT")
+        #expect(try logUpdatesInThisTransaction(session) == 3)
+        try session.execute("COMMIT")
 
         #expect(
             try db.value(
@@ -61,24 +76,28 @@ struct DrainWorkTests {
     @Test("no alias is looked up while none exists, and each row's once when one does")
     func aliasesLookedUpOnlyWhenThereAreAny() throws {
         let db = try TestDatabase()
-        try db.connection.execute("SET track_functions = 'all'")
+
         let currentSubCalls =
             "SELECT coalesce(sum(calls), 0)::integer FROM pg_stat_xact_user_functions WHERE funcname = 'current_sub'"
         for n in 1...3 { try db.insert(jti: "plain-\(n)", type: "consent-revoked", sub: "user-\(n)") }
-        try db.connection.execute("BEGIN")
-        #expect(try processBatch(db.connection).values.allSatisfy { $0 == "applied" })
-        #expect(try db.value(currentSubCalls) == 0)
-        try db.connection.execute("COMMIT")
+        let first = try freshSession(db)
+        defer { first.close() }
+        try first.execute("BEGIN")
+        #expect(try processBatch(first).values.allSatisfy { $0 == "applied" })
+        #expect(try value(first, currentSubCalls) == 0)
+        try first.execute("COMMIT")
 
         try db.query(
             "INSERT INTO siwa.sub_aliases (old_sub, new_sub, transfer_id) VALUES ('old-team-sub', 'new-team-sub', 't')"
         )
         try db.insert(jti: "moved", type: "consent-revoked", sub: "old-team-sub")
         for n in 4...5 { try db.insert(jti: "plain-\(n)", type: "consent-revoked", sub: "user-\(n)") }
-        try db.connection.execute("BEGIN")
-        #expect(try processBatch(db.connection).values.allSatisfy { $0 == "applied" })
-        #expect(try db.value(currentSubCalls) == 3)
-        try db.connection.execute("COMMIT")
+        let second = try freshSession(db)
+        defer { second.close() }
+        try second.execute("BEGIN")
+        #expect(try processBatch(second).values.allSatisfy { $0 == "applied" })
+        #expect(try value(second, currentSubCalls) == 3)
+        try second.execute("COMMIT")
         // The replaced sub's event went to the account it became.
         #expect(
             try db.value("SELECT count(*)::integer FROM siwa.accounts WHERE sub = 'new-team-sub'") == 1)
@@ -101,10 +120,13 @@ struct DrainWorkTests {
         try db.insert(jti: "before", type: "consent-revoked", sub: "u1")
         try db.insert(jti: "after", type: "consent-revoked", sub: "u2")
 
-        try db.connection.execute("BEGIN")
-        #expect(try processBatch(db.connection, limit: 1) == ["before": "applied"])
+        let session = try freshSession(db)
+        defer { session.close() }
+        try session.execute("BEGIN")
+        #expect(try processBatch(session, limit: 1) == ["before": "applied"])
         #expect(
-            try db.value(
+            try value(
+                session,
                 """
                 SELECT coalesce(sum(seq_scan + coalesce(idx_scan, 0)), 0)::integer FROM pg_stat_xact_user_tables
                  WHERE schemaname = 'siwa' AND relname IN ('webhook_endpoints', 'webhook_deliveries')
@@ -115,8 +137,8 @@ struct DrainWorkTests {
         let added = try #require(
             try other.query("SELECT siwa.add_webhook_endpoint('http://127.0.0.1:9/on', $1)", [.text(secret)])
                 .first?[0, as: Int64.self])
-        #expect(try processBatch(db.connection, limit: 1) == ["after": "applied"])
-        try db.connection.execute("COMMIT")
+        #expect(try processBatch(session, limit: 1) == ["after": "applied"])
+        try session.execute("COMMIT")
 
         let deliveries = try db.query(
             """
