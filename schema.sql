@@ -499,6 +499,8 @@ BEGIN
         END IF;
         DROP TABLE IF EXISTS siwa.webhook_slots;
         DROP INDEX IF EXISTS siwa.webhook_deliveries_ready_idx;
+        -- The drain: erasure leaves the rows its caller erases itself (p_leave), each written once.
+        DROP FUNCTION IF EXISTS siwa.erase_personal_data_of(text[]);
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;
@@ -1453,14 +1455,18 @@ BEGIN
     -- after batch, as it grows (measured: most of the pass's CPU in a 100k drain). Planned for each
     -- batch with its arrays and the tables' current sizes, they use the keys' indexes. (Disabling
     -- sequential scans instead makes the planner cost them at 10^10, and JIT-compile the statements
-    -- that have no other path.) The hook runs with the session's own setting.
+    -- that have no other path.) The statements that read only the batch's arrays (no table) have no
+    -- such risk: they keep one generic plan for the session (force_generic_plan), planned once instead
+    -- of once per batch, which was about a sixth of the pass's instructions. The two modes alternate in
+    -- four groups below. The hook runs with the session's own setting.
     v_plan_cache_mode := current_setting('plan_cache_mode');
-    PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
 
     -- 1. Lock the batch's users; create the missing ones. Each account row is looked up by its key,
     --    one LATERAL lookup per user, in sub order (the same order in every lane), whatever the planner
     --    thinks of the table's size; the locked rows' state before the batch is kept for step 2.
     v_subs := ARRAY(SELECT DISTINCT b.sub FROM unnest(p_batch) AS b ORDER BY 1);
+    PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);  -- tables: planned per batch
     SELECT coalesce(array_agg(l.sub ORDER BY l.sub), '{}'),
            coalesce(array_agg(l.email_status_at ORDER BY l.sub), '{}'),
            coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}'),
@@ -1505,6 +1511,7 @@ BEGIN
                                           WHERE d.jti = b.jti AND d.issued_at <> b.issued_at AND d.id < b.id));
 
     -- What each notification needs, worked out once.
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);  -- arrays (and siwa.settings' one row)
     v_erase_now := (SELECT s.erase_personal_data_after = interval '0' FROM siwa.settings s);
     v_events := ARRAY(
         SELECT ROW(e.ord, e.id, e.jti, e.event_type, e.sub, e.email, e.is_private_email, e.event_time,
@@ -1519,6 +1526,22 @@ BEGIN
                             OVER (PARTITION BY b.sub))::integer AS first_delete
                   FROM unnest(p_batch) WITH ORDINALITY AS b) AS e
          ORDER BY e.ord);
+
+    -- 3. (Worked out here, with the other array-only statements: what step 3 below revokes.)
+    --    Revocation, one statement updating both tables: up to the latest consent-revoked event_time
+    --    that comes before the user's first account-delete in the batch, everything for an
+    --    account-delete. (A session created later than every such consent-revoked is revoked by the
+    --    account-delete alone.)
+    SELECT coalesce(array_agg(r.sub), '{}'), coalesce(array_agg(r.upto), '{}'), coalesce(array_agg(r.everything), '{}')
+      INTO v_revoke_subs, v_revoke_upto, v_revoke_all
+      FROM (SELECT x.sub,
+                   max(x.event_time) FILTER (WHERE x.event_type = 'consent-revoked'
+                                               AND (x.first_delete IS NULL OR x.ord < x.first_delete)) AS upto,
+                   bool_or(x.event_type = 'account-delete') AS everything
+              FROM unnest(v_events) AS x
+             WHERE x.locked AND x.known AND x.event_type IN ('consent-revoked', 'account-delete')
+             GROUP BY x.sub) AS r;
+    PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);  -- tables
 
     -- 2. Account state, one UPDATE for the batch. Email events count only before the user's first
     --    account-delete in the batch (and not at all for an account deleted before it); one applies when
@@ -1567,19 +1590,7 @@ BEGIN
      WHERE a.sub = u.sub
        AND (mail.sub IS NOT NULL OR u.consent_revoked_at IS NOT NULL OR u.deleted_at IS NOT NULL);
 
-    -- 3. Revocation, one statement updating both tables: up to the latest consent-revoked event_time
-    --    that comes before the user's first account-delete in the batch, everything for an
-    --    account-delete. (A session created later than every such consent-revoked is revoked by the
-    --    account-delete alone.)
-    SELECT coalesce(array_agg(r.sub), '{}'), coalesce(array_agg(r.upto), '{}'), coalesce(array_agg(r.everything), '{}')
-      INTO v_revoke_subs, v_revoke_upto, v_revoke_all
-      FROM (SELECT x.sub,
-                   max(x.event_time) FILTER (WHERE x.event_type = 'consent-revoked'
-                                               AND (x.first_delete IS NULL OR x.ord < x.first_delete)) AS upto,
-                   bool_or(x.event_type = 'account-delete') AS everything
-              FROM unnest(v_events) AS x
-             WHERE x.locked AND x.known AND x.event_type IN ('consent-revoked', 'account-delete')
-             GROUP BY x.sub) AS r;
+    -- 3. Revocation (what each user's events revoke was worked out above, before step 2).
     --    Each revoked row is counted for the event that revoked it one event at a time: the user's first,
     --    in claim order up to the first account-delete, that covers it (an account-delete, or a
     --    consent-revoked at or after its created_at).
@@ -1629,6 +1640,7 @@ BEGIN
     --     batch) and it revoked nothing. Account-delete: when the account was deleted already at or
     --     before its event_time (before the batch, or by an earlier one of the batch) and it revoked
     --     nothing: an earlier deletion moves deleted_at, so it is a change, with the account's new time.
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);  -- arrays, up to the marking
     SELECT coalesce(array_agg(c.change ORDER BY c.ord, c.kind), '{}'),
            coalesce(array_agg(c.ord ORDER BY c.ord, c.kind), '{}'),
            coalesce(array_agg(c.superseded ORDER BY c.ord, c.kind), '{}')
@@ -1668,23 +1680,26 @@ BEGIN
                                  AND (w.status_at IS NULL OR w.status_at <= w.event_time)
                                  AND (w.earlier_email IS NULL OR w.earlier_email <= w.event_time))
                    END AS superseded
-              FROM w)
+              FROM w),
+        -- The change type of each event type of the batch (siwa.change_type, once per type, not per row).
+        t AS MATERIALIZED (
+            SELECT d.event_type, siwa.change_type(d.event_type) AS type FROM (SELECT DISTINCT e.event_type FROM e) AS d)
         SELECT s.ord, 0 AS kind, s.superseded,
-               jsonb_populate_record(NULL::siwa.changes, jsonb_build_object(
-                   'type', siwa.change_type(s.event_type), 'sub', s.sub, 'event_time', s.event_time,
-                   'applied_at', clock_timestamp(), 'jti', s.jti, 'audience', s.audience,
-                   'sessions_revoked', s.sessions, 'refresh_tokens_revoked', s.tokens,
-                   'email', CASE WHEN s.event_type IN ('email-disabled', 'email-enabled') AND NOT s.erased_before
-                                 THEN s.email END,
-                   'is_private_email', CASE WHEN s.event_type IN ('email-disabled', 'email-enabled')
-                                                 AND NOT s.erased_before THEN s.is_private_email END)) AS change
-          FROM s
+               -- A row of siwa.changes, its columns in table order (id, position, type, sub, event_time,
+               -- applied_at, jti, audience, sessions_revoked, refresh_tokens_revoked, email,
+               -- is_private_email, old_sub): built directly, no JSON per row.
+               ROW(NULL, NULL, t.type, s.sub, s.event_time, clock_timestamp(), s.jti, s.audience, s.sessions,
+                   s.tokens,
+                   CASE WHEN s.event_type IN ('email-disabled', 'email-enabled') AND NOT s.erased_before
+                        THEN s.email END,
+                   CASE WHEN s.event_type IN ('email-disabled', 'email-enabled') AND NOT s.erased_before
+                        THEN s.is_private_email END,
+                   NULL)::siwa.changes AS change
+          FROM s JOIN t ON t.event_type = s.event_type
         UNION ALL
         SELECT s.ord, 1, false,
-               jsonb_populate_record(NULL::siwa.changes, jsonb_build_object(
-                   'type', 'siwa.personal_data_erased', 'sub', s.sub, 'event_time', s.event_time,
-                   'applied_at', clock_timestamp(), 'jti', s.jti, 'audience', s.audience,
-                   'sessions_revoked', 0, 'refresh_tokens_revoked', 0))
+               ROW(NULL, NULL, 'siwa.personal_data_erased', s.sub, s.event_time, clock_timestamp(), s.jti,
+                   s.audience, 0, 0, NULL, NULL, NULL)::siwa.changes
           FROM s
          WHERE s.event_type = 'account-delete' AND s.ord = s.first_delete AND v_erase_now
            AND s.sub <> ALL (v_erased)) AS c;
@@ -1709,7 +1724,9 @@ BEGIN
         v_deleted := ARRAY(SELECT DISTINCT x.sub FROM unnest(v_events) AS x
                             WHERE x.locked AND x.known AND x.event_type = 'account-delete');
         IF cardinality(v_deleted) > 0 THEN
-            PERFORM siwa.erase_personal_data_of(v_deleted);
+            -- The batch's own rows are erased by the marking UPDATE of step 6 (erased_after): written once.
+            PERFORM siwa.erase_personal_data_of(
+                v_deleted, ARRAY(SELECT x.id FROM unnest(v_events) AS x WHERE x.locked));
         END IF;
     END IF;
 
@@ -1750,7 +1767,7 @@ BEGIN
             END IF;
         END LOOP;
         PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
-        PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
+        PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
     END IF;
 
     -- 6. Mark the batch. Finished (applied or skipped, an attempt): out of the queue, and the outcome
@@ -1770,6 +1787,7 @@ BEGIN
                         THEN extract(epoch FROM v_now - coalesce(x.busy_since, v_now))::double precision END
                   )::siwa.processing_result
           FROM unnest(v_events) AS x ORDER BY x.ord);
+    PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);  -- tables
     DELETE FROM siwa.notification_queue AS q
      WHERE q.id = ANY (ARRAY(SELECT x.id FROM unnest(v_events) AS x WHERE x.locked));
     GET DIAGNOSTICS v_done = ROW_COUNT;
@@ -1802,8 +1820,9 @@ $$;
 COMMENT ON FUNCTION siwa.apply_claimed_batch(siwa.notifications[]) IS
     'The worker''s set-based pass, the only implementation of its effects: applies a claimed batch (rows the caller holds FOR UPDATE, in claim order, subs resolved through siwa.sub_aliases) with one statement per effect — skips (unknown type, duplicate jti), account locks (busy users put off), account state with last writer wins by event_time, revocation, erasure, the hooks once per known event in order, one UPDATE marking every state — and returns one result per notification in claim order and the changes it wrote, with ids, for siwa.number_changes to insert. Raises on any failure; siwa.process_claimed_notifications then runs it on batches of one.';
 
--- Applies claimed notifications (rows the caller holds with FOR UPDATE, in claim order) and returns one
--- siwa.processing_result per notification, in claim order; the worker's two entry points below claim
+-- Applies claimed notifications (rows the caller holds with FOR UPDATE, in claim order; their raw_token
+-- NULL: the pass never reads it, and a batch of 64 tokens would be copied with every unnest) and
+-- returns one siwa.processing_result per notification, in claim order; the worker's two entry points below claim
 -- and call it. All in the caller's transaction: the claim disappears with a crashed worker's connection,
 -- and effects commit together with the state change that marks them applied. The user's siwa.accounts
 -- row lock (tried, never waited for) keeps two events of one user from being applied concurrently by
@@ -1863,14 +1882,25 @@ BEGIN
     IF coalesce(cardinality(p_batch), 0) = 0 THEN
         RETURN;
     END IF;
-    v_batch := ARRAY(
-        SELECT ROW(b.id, b.jti, b.event_type, c.sub, b.audience,
-                   CASE WHEN c.sub = b.sub THEN b.email END, CASE WHEN c.sub = b.sub THEN b.is_private_email END,
-                   b.event_time, b.issued_at, b.expires_at, b.raw_token,
-                   b.received_at, b.state, b.attempts, b.next_attempt_at, b.applied_at, b.last_error,
-                   b.personal_data_erased_at, b.busy_since)::siwa.notifications
-          FROM unnest(p_batch) WITH ORDINALITY AS b, LATERAL (SELECT siwa.current_sub(b.sub) AS sub) AS c
-         ORDER BY b.ordinality);
+    -- Aliases exist only once a team transfer ran: without any, every sub is its own current sub and
+    -- the batch is applied as claimed (one probe of an empty table instead of one siwa.current_sub per
+    -- row). Either way the answer is as of this statement's snapshot, as the resolution itself would be:
+    -- a transfer that commits after it is caught by the account lock (siwa.refuse_replaced_sub, 40001:
+    -- the attempt is retried and its next claim resolves the alias), as it always was.
+    IF EXISTS (SELECT 1 FROM siwa.sub_aliases) THEN
+        v_batch := ARRAY(
+            SELECT ROW(b.id, b.jti, b.event_type, c.sub, b.audience,
+                       CASE WHEN c.sub = b.sub THEN b.email END, CASE WHEN c.sub = b.sub THEN b.is_private_email END,
+                       b.event_time, b.issued_at, b.expires_at, b.raw_token,
+                       b.received_at, b.state, b.attempts, b.next_attempt_at, b.applied_at, b.last_error,
+                       b.personal_data_erased_at, b.busy_since)::siwa.notifications
+              FROM unnest(p_batch) WITH ORDINALITY AS b,
+                   -- OFFSET 0: resolved once per row (pulled up, the call would be made for each use of c.sub).
+                   LATERAL (SELECT siwa.current_sub(b.sub) AS sub OFFSET 0) AS c
+             ORDER BY b.ordinality);
+    ELSE
+        v_batch := p_batch;
+    END IF;
     IF cardinality(v_batch) > 1 THEN
         BEGIN
             SELECT p.results, p.changes INTO v_results, v_changes FROM siwa.apply_claimed_batch(v_batch) AS p;
@@ -1931,7 +1961,7 @@ BEGIN
     -- The claim locks queue rows (in id order: oldest first; the queue's only index), never log rows.
     v_batch := ARRAY(
         SELECT ROW(l.id, l.jti, l.event_type, l.sub, l.audience, l.email, l.is_private_email, l.event_time,
-                   l.issued_at, l.expires_at, l.raw_token, l.received_at, l.state, q.attempts,
+                   l.issued_at, l.expires_at, NULL, l.received_at, l.state, q.attempts,
                    q.next_attempt_at, l.applied_at, q.last_error, l.personal_data_erased_at,
                    q.busy_since)::siwa.notifications
           FROM siwa.notification_queue q
@@ -1961,7 +1991,7 @@ DECLARE
 BEGIN
     v_batch := ARRAY(
         SELECT ROW(l.id, l.jti, l.event_type, l.sub, l.audience, l.email, l.is_private_email, l.event_time,
-                   l.issued_at, l.expires_at, l.raw_token, l.received_at, l.state, q.attempts,
+                   l.issued_at, l.expires_at, NULL, l.received_at, l.state, q.attempts,
                    q.next_attempt_at, l.applied_at, q.last_error, l.personal_data_erased_at,
                    q.busy_since)::siwa.notifications
           FROM siwa.notification_queue q
@@ -2095,7 +2125,7 @@ BEGIN
     IF coalesce(cardinality(p_verified), 0) > 0 THEN
         v_batch := ARRAY(
             SELECT ROW(l.id, l.jti, l.event_type, l.sub, l.audience, l.email, l.is_private_email, l.event_time,
-                       l.issued_at, l.expires_at, l.raw_token, l.received_at, l.state, q.attempts,
+                       l.issued_at, l.expires_at, NULL, l.received_at, l.state, q.attempts,
                        q.next_attempt_at, l.applied_at, q.last_error, l.personal_data_erased_at,
                        q.busy_since)::siwa.notifications
               FROM unnest(p_verified) WITH ORDINALITY AS v(id, ord)
@@ -2178,9 +2208,14 @@ COMMENT ON FUNCTION siwa.record_failure(bigint, text, integer, interval) IS
 -- another worker has claimed but left alone (it could not take the lock) are skipped rather than waited
 -- for, which could deadlock with that worker's batch: they are erased when applied (see
 -- siwa.apply_claimed_batch).
+-- p_leave: notification_log ids the caller updates itself later in its transaction, erasing them as it
+-- does (the set-based pass: its batch's own rows, which its marking UPDATE erases), left out here so
+-- that each of those rows is written once, not twice. Tested with array_position, which the planner
+-- leaves alone: an `id <> ALL (p_leave)` would be expanded into one clause per id and tried against every
+-- partition's constraints while planning (measured: most of the drain's instructions).
 -- Its statements are planned for each call, with the array and the tables' current sizes: see
 -- siwa.apply_claimed_batch.
-CREATE OR REPLACE FUNCTION siwa.erase_personal_data_of(p_subs text[]) RETURNS void
+CREATE OR REPLACE FUNCTION siwa.erase_personal_data_of(p_subs text[], p_leave bigint[] DEFAULT '{}') RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_ids bigint[];
@@ -2202,7 +2237,7 @@ BEGIN
        SET email = NULL, raw_token = NULL,
            last_error = CASE WHEN last_error IS NOT NULL THEN siwa.erased_error(last_error, state) END,
            personal_data_erased_at = coalesce(personal_data_erased_at, clock_timestamp())
-     WHERE sub = ANY (v_all)
+     WHERE sub = ANY (v_all) AND pg_catalog.array_position(p_leave, id) IS NULL
        AND (email IS NOT NULL OR raw_token IS NOT NULL
             OR (last_error IS NOT NULL AND last_error IS DISTINCT FROM siwa.erased_error(last_error, state)));
     -- The error texts of the user's queued rows (found through the log). Rows another worker has claimed
@@ -2210,7 +2245,9 @@ BEGIN
     -- with that worker's batch: they are erased when applied or failed (siwa.record_failure).
     -- The ids first (the log's sub index), then the queue by its primary key: a join would let the
     -- planner read the whole queue, which it believes has few rows with an error.
-    v_ids := ARRAY(SELECT l.id FROM siwa.notification_log l WHERE l.sub = ANY (v_all) AND l.state = 'pending');
+    v_ids := ARRAY(SELECT l.id FROM siwa.notification_log l
+                    WHERE l.sub = ANY (v_all) AND l.state = 'pending'
+                      AND pg_catalog.array_position(p_leave, l.id) IS NULL);
     IF pg_catalog.cardinality(v_ids) > 0 THEN
         UPDATE siwa.notification_queue AS t
            SET last_error = siwa.erased_error(t.last_error, 'pending')
@@ -2235,8 +2272,8 @@ BEGIN
     END IF;
 END;
 $$;
-COMMENT ON FUNCTION siwa.erase_personal_data_of(text[]) IS
-    'Erases the personal data of the accounts p_subs: email in siwa.accounts; email, raw token and the text of last_error (its SQLSTATE stays) in every stored notification of these subs and of the subs a team transfer replaced with them, whatever its state; encrypted refresh tokens; email and is_private_email of their siwa.changes rows; the email a team transfer''s import holds for either sub. Call with the subs'' siwa.accounts rows locked (FOR UPDATE). Writes no change itself: its callers write siwa.personal_data_erased.';
+COMMENT ON FUNCTION siwa.erase_personal_data_of(text[], bigint[]) IS
+    'Erases the personal data of the accounts p_subs: email in siwa.accounts; email, raw token and the text of last_error (its SQLSTATE stays) in every stored notification of these subs and of the subs a team transfer replaced with them, whatever its state, but those of p_leave (ids the caller erases itself); encrypted refresh tokens; email and is_private_email of their siwa.changes rows; the email a team transfer''s import holds for either sub. Call with the subs'' siwa.accounts rows locked (FOR UPDATE). Writes no change itself: its callers write siwa.personal_data_erased.';
 
 -- Erases one account's personal data (siwa.erase_personal_data_of for one sub).
 CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_sub text) RETURNS void
@@ -4184,6 +4221,14 @@ CREATE INDEX IF NOT EXISTS webhook_attempts_delivery_idx ON siwa.webhook_attempt
 CREATE OR REPLACE FUNCTION siwa.webhook_fan_out() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    -- No enabled endpoint (most deployments, and every drain before the first one is added): nothing to
+    -- fan out: one probe instead of the two joins below. The probe takes its snapshot after the INSERT
+    -- that fired this trigger began, like the joins below: an endpoint committed before that INSERT
+    -- began is seen, and one committed later gets the changes inserted after it, as before (a replay of
+    -- a window creates what it missed).
+    IF NOT EXISTS (SELECT 1 FROM siwa.webhook_endpoints e WHERE e.enabled) THEN
+        RETURN NULL;
+    END IF;
     -- The pending deliveries ahead of the new ones, share-locked in change order (the order in which
     -- siwa.record_webhook_attempt locks them): a delivery being finished is waited for and then seen
     -- ended, and one not yet being finished cannot end before this transaction commits, when its

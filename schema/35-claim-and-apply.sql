@@ -189,14 +189,18 @@ BEGIN
     -- after batch, as it grows (measured: most of the pass's CPU in a 100k drain). Planned for each
     -- batch with its arrays and the tables' current sizes, they use the keys' indexes. (Disabling
     -- sequential scans instead makes the planner cost them at 10^10, and JIT-compile the statements
-    -- that have no other path.) The hook runs with the session's own setting.
+    -- that have no other path.) The statements that read only the batch's arrays (no table) have no
+    -- such risk: they keep one generic plan for the session (force_generic_plan), planned once instead
+    -- of once per batch, which was about a sixth of the pass's instructions. The two modes alternate in
+    -- four groups below. The hook runs with the session's own setting.
     v_plan_cache_mode := current_setting('plan_cache_mode');
-    PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
 
     -- 1. Lock the batch's users; create the missing ones. Each account row is looked up by its key,
     --    one LATERAL lookup per user, in sub order (the same order in every lane), whatever the planner
     --    thinks of the table's size; the locked rows' state before the batch is kept for step 2.
     v_subs := ARRAY(SELECT DISTINCT b.sub FROM unnest(p_batch) AS b ORDER BY 1);
+    PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);  -- tables: planned per batch
     SELECT coalesce(array_agg(l.sub ORDER BY l.sub), '{}'),
            coalesce(array_agg(l.email_status_at ORDER BY l.sub), '{}'),
            coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}'),
@@ -241,6 +245,7 @@ BEGIN
                                           WHERE d.jti = b.jti AND d.issued_at <> b.issued_at AND d.id < b.id));
 
     -- What each notification needs, worked out once.
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);  -- arrays (and siwa.settings' one row)
     v_erase_now := (SELECT s.erase_personal_data_after = interval '0' FROM siwa.settings s);
     v_events := ARRAY(
         SELECT ROW(e.ord, e.id, e.jti, e.event_type, e.sub, e.email, e.is_private_email, e.event_time,
@@ -255,6 +260,22 @@ BEGIN
                             OVER (PARTITION BY b.sub))::integer AS first_delete
                   FROM unnest(p_batch) WITH ORDINALITY AS b) AS e
          ORDER BY e.ord);
+
+    -- 3. (Worked out here, with the other array-only statements: what step 3 below revokes.)
+    --    Revocation, one statement updating both tables: up to the latest consent-revoked event_time
+    --    that comes before the user's first account-delete in the batch, everything for an
+    --    account-delete. (A session created later than every such consent-revoked is revoked by the
+    --    account-delete alone.)
+    SELECT coalesce(array_agg(r.sub), '{}'), coalesce(array_agg(r.upto), '{}'), coalesce(array_agg(r.everything), '{}')
+      INTO v_revoke_subs, v_revoke_upto, v_revoke_all
+      FROM (SELECT x.sub,
+                   max(x.event_time) FILTER (WHERE x.event_type = 'consent-revoked'
+                                               AND (x.first_delete IS NULL OR x.ord < x.first_delete)) AS upto,
+                   bool_or(x.event_type = 'account-delete') AS everything
+              FROM unnest(v_events) AS x
+             WHERE x.locked AND x.known AND x.event_type IN ('consent-revoked', 'account-delete')
+             GROUP BY x.sub) AS r;
+    PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);  -- tables
 
     -- 2. Account state, one UPDATE for the batch. Email events count only before the user's first
     --    account-delete in the batch (and not at all for an account deleted before it); one applies when
@@ -303,19 +324,7 @@ BEGIN
      WHERE a.sub = u.sub
        AND (mail.sub IS NOT NULL OR u.consent_revoked_at IS NOT NULL OR u.deleted_at IS NOT NULL);
 
-    -- 3. Revocation, one statement updating both tables: up to the latest consent-revoked event_time
-    --    that comes before the user's first account-delete in the batch, everything for an
-    --    account-delete. (A session created later than every such consent-revoked is revoked by the
-    --    account-delete alone.)
-    SELECT coalesce(array_agg(r.sub), '{}'), coalesce(array_agg(r.upto), '{}'), coalesce(array_agg(r.everything), '{}')
-      INTO v_revoke_subs, v_revoke_upto, v_revoke_all
-      FROM (SELECT x.sub,
-                   max(x.event_time) FILTER (WHERE x.event_type = 'consent-revoked'
-                                               AND (x.first_delete IS NULL OR x.ord < x.first_delete)) AS upto,
-                   bool_or(x.event_type = 'account-delete') AS everything
-              FROM unnest(v_events) AS x
-             WHERE x.locked AND x.known AND x.event_type IN ('consent-revoked', 'account-delete')
-             GROUP BY x.sub) AS r;
+    -- 3. Revocation (what each user's events revoke was worked out above, before step 2).
     --    Each revoked row is counted for the event that revoked it one event at a time: the user's first,
     --    in claim order up to the first account-delete, that covers it (an account-delete, or a
     --    consent-revoked at or after its created_at).
@@ -365,6 +374,7 @@ BEGIN
     --     batch) and it revoked nothing. Account-delete: when the account was deleted already at or
     --     before its event_time (before the batch, or by an earlier one of the batch) and it revoked
     --     nothing: an earlier deletion moves deleted_at, so it is a change, with the account's new time.
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);  -- arrays, up to the marking
     SELECT coalesce(array_agg(c.change ORDER BY c.ord, c.kind), '{}'),
            coalesce(array_agg(c.ord ORDER BY c.ord, c.kind), '{}'),
            coalesce(array_agg(c.superseded ORDER BY c.ord, c.kind), '{}')
@@ -404,23 +414,26 @@ BEGIN
                                  AND (w.status_at IS NULL OR w.status_at <= w.event_time)
                                  AND (w.earlier_email IS NULL OR w.earlier_email <= w.event_time))
                    END AS superseded
-              FROM w)
+              FROM w),
+        -- The change type of each event type of the batch (siwa.change_type, once per type, not per row).
+        t AS MATERIALIZED (
+            SELECT d.event_type, siwa.change_type(d.event_type) AS type FROM (SELECT DISTINCT e.event_type FROM e) AS d)
         SELECT s.ord, 0 AS kind, s.superseded,
-               jsonb_populate_record(NULL::siwa.changes, jsonb_build_object(
-                   'type', siwa.change_type(s.event_type), 'sub', s.sub, 'event_time', s.event_time,
-                   'applied_at', clock_timestamp(), 'jti', s.jti, 'audience', s.audience,
-                   'sessions_revoked', s.sessions, 'refresh_tokens_revoked', s.tokens,
-                   'email', CASE WHEN s.event_type IN ('email-disabled', 'email-enabled') AND NOT s.erased_before
-                                 THEN s.email END,
-                   'is_private_email', CASE WHEN s.event_type IN ('email-disabled', 'email-enabled')
-                                                 AND NOT s.erased_before THEN s.is_private_email END)) AS change
-          FROM s
+               -- A row of siwa.changes, its columns in table order (id, position, type, sub, event_time,
+               -- applied_at, jti, audience, sessions_revoked, refresh_tokens_revoked, email,
+               -- is_private_email, old_sub): built directly, no JSON per row.
+               ROW(NULL, NULL, t.type, s.sub, s.event_time, clock_timestamp(), s.jti, s.audience, s.sessions,
+                   s.tokens,
+                   CASE WHEN s.event_type IN ('email-disabled', 'email-enabled') AND NOT s.erased_before
+                        THEN s.email END,
+                   CASE WHEN s.event_type IN ('email-disabled', 'email-enabled') AND NOT s.erased_before
+                        THEN s.is_private_email END,
+                   NULL)::siwa.changes AS change
+          FROM s JOIN t ON t.event_type = s.event_type
         UNION ALL
         SELECT s.ord, 1, false,
-               jsonb_populate_record(NULL::siwa.changes, jsonb_build_object(
-                   'type', 'siwa.personal_data_erased', 'sub', s.sub, 'event_time', s.event_time,
-                   'applied_at', clock_timestamp(), 'jti', s.jti, 'audience', s.audience,
-                   'sessions_revoked', 0, 'refresh_tokens_revoked', 0))
+               ROW(NULL, NULL, 'siwa.personal_data_erased', s.sub, s.event_time, clock_timestamp(), s.jti,
+                   s.audience, 0, 0, NULL, NULL, NULL)::siwa.changes
           FROM s
          WHERE s.event_type = 'account-delete' AND s.ord = s.first_delete AND v_erase_now
            AND s.sub <> ALL (v_erased)) AS c;
@@ -445,7 +458,9 @@ BEGIN
         v_deleted := ARRAY(SELECT DISTINCT x.sub FROM unnest(v_events) AS x
                             WHERE x.locked AND x.known AND x.event_type = 'account-delete');
         IF cardinality(v_deleted) > 0 THEN
-            PERFORM siwa.erase_personal_data_of(v_deleted);
+            -- The batch's own rows are erased by the marking UPDATE of step 6 (erased_after): written once.
+            PERFORM siwa.erase_personal_data_of(
+                v_deleted, ARRAY(SELECT x.id FROM unnest(v_events) AS x WHERE x.locked));
         END IF;
     END IF;
 
@@ -486,7 +501,7 @@ BEGIN
             END IF;
         END LOOP;
         PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
-        PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
+        PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
     END IF;
 
     -- 6. Mark the batch. Finished (applied or skipped, an attempt): out of the queue, and the outcome
@@ -506,6 +521,7 @@ BEGIN
                         THEN extract(epoch FROM v_now - coalesce(x.busy_since, v_now))::double precision END
                   )::siwa.processing_result
           FROM unnest(v_events) AS x ORDER BY x.ord);
+    PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);  -- tables
     DELETE FROM siwa.notification_queue AS q
      WHERE q.id = ANY (ARRAY(SELECT x.id FROM unnest(v_events) AS x WHERE x.locked));
     GET DIAGNOSTICS v_done = ROW_COUNT;
@@ -538,8 +554,9 @@ $$;
 COMMENT ON FUNCTION siwa.apply_claimed_batch(siwa.notifications[]) IS
     'The worker''s set-based pass, the only implementation of its effects: applies a claimed batch (rows the caller holds FOR UPDATE, in claim order, subs resolved through siwa.sub_aliases) with one statement per effect — skips (unknown type, duplicate jti), account locks (busy users put off), account state with last writer wins by event_time, revocation, erasure, the hooks once per known event in order, one UPDATE marking every state — and returns one result per notification in claim order and the changes it wrote, with ids, for siwa.number_changes to insert. Raises on any failure; siwa.process_claimed_notifications then runs it on batches of one.';
 
--- Applies claimed notifications (rows the caller holds with FOR UPDATE, in claim order) and returns one
--- siwa.processing_result per notification, in claim order; the worker's two entry points below claim
+-- Applies claimed notifications (rows the caller holds with FOR UPDATE, in claim order; their raw_token
+-- NULL: the pass never reads it, and a batch of 64 tokens would be copied with every unnest) and
+-- returns one siwa.processing_result per notification, in claim order; the worker's two entry points below claim
 -- and call it. All in the caller's transaction: the claim disappears with a crashed worker's connection,
 -- and effects commit together with the state change that marks them applied. The user's siwa.accounts
 -- row lock (tried, never waited for) keeps two events of one user from being applied concurrently by
@@ -599,14 +616,25 @@ BEGIN
     IF coalesce(cardinality(p_batch), 0) = 0 THEN
         RETURN;
     END IF;
-    v_batch := ARRAY(
-        SELECT ROW(b.id, b.jti, b.event_type, c.sub, b.audience,
-                   CASE WHEN c.sub = b.sub THEN b.email END, CASE WHEN c.sub = b.sub THEN b.is_private_email END,
-                   b.event_time, b.issued_at, b.expires_at, b.raw_token,
-                   b.received_at, b.state, b.attempts, b.next_attempt_at, b.applied_at, b.last_error,
-                   b.personal_data_erased_at, b.busy_since)::siwa.notifications
-          FROM unnest(p_batch) WITH ORDINALITY AS b, LATERAL (SELECT siwa.current_sub(b.sub) AS sub) AS c
-         ORDER BY b.ordinality);
+    -- Aliases exist only once a team transfer ran: without any, every sub is its own current sub and
+    -- the batch is applied as claimed (one probe of an empty table instead of one siwa.current_sub per
+    -- row). Either way the answer is as of this statement's snapshot, as the resolution itself would be:
+    -- a transfer that commits after it is caught by the account lock (siwa.refuse_replaced_sub, 40001:
+    -- the attempt is retried and its next claim resolves the alias), as it always was.
+    IF EXISTS (SELECT 1 FROM siwa.sub_aliases) THEN
+        v_batch := ARRAY(
+            SELECT ROW(b.id, b.jti, b.event_type, c.sub, b.audience,
+                       CASE WHEN c.sub = b.sub THEN b.email END, CASE WHEN c.sub = b.sub THEN b.is_private_email END,
+                       b.event_time, b.issued_at, b.expires_at, b.raw_token,
+                       b.received_at, b.state, b.attempts, b.next_attempt_at, b.applied_at, b.last_error,
+                       b.personal_data_erased_at, b.busy_since)::siwa.notifications
+              FROM unnest(p_batch) WITH ORDINALITY AS b,
+                   -- OFFSET 0: resolved once per row (pulled up, the call would be made for each use of c.sub).
+                   LATERAL (SELECT siwa.current_sub(b.sub) AS sub OFFSET 0) AS c
+             ORDER BY b.ordinality);
+    ELSE
+        v_batch := p_batch;
+    END IF;
     IF cardinality(v_batch) > 1 THEN
         BEGIN
             SELECT p.results, p.changes INTO v_results, v_changes FROM siwa.apply_claimed_batch(v_batch) AS p;
@@ -667,7 +695,7 @@ BEGIN
     -- The claim locks queue rows (in id order: oldest first; the queue's only index), never log rows.
     v_batch := ARRAY(
         SELECT ROW(l.id, l.jti, l.event_type, l.sub, l.audience, l.email, l.is_private_email, l.event_time,
-                   l.issued_at, l.expires_at, l.raw_token, l.received_at, l.state, q.attempts,
+                   l.issued_at, l.expires_at, NULL, l.received_at, l.state, q.attempts,
                    q.next_attempt_at, l.applied_at, q.last_error, l.personal_data_erased_at,
                    q.busy_since)::siwa.notifications
           FROM siwa.notification_queue q
@@ -697,7 +725,7 @@ DECLARE
 BEGIN
     v_batch := ARRAY(
         SELECT ROW(l.id, l.jti, l.event_type, l.sub, l.audience, l.email, l.is_private_email, l.event_time,
-                   l.issued_at, l.expires_at, l.raw_token, l.received_at, l.state, q.attempts,
+                   l.issued_at, l.expires_at, NULL, l.received_at, l.state, q.attempts,
                    q.next_attempt_at, l.applied_at, q.last_error, l.personal_data_erased_at,
                    q.busy_since)::siwa.notifications
           FROM siwa.notification_queue q
@@ -831,7 +859,7 @@ BEGIN
     IF coalesce(cardinality(p_verified), 0) > 0 THEN
         v_batch := ARRAY(
             SELECT ROW(l.id, l.jti, l.event_type, l.sub, l.audience, l.email, l.is_private_email, l.event_time,
-                       l.issued_at, l.expires_at, l.raw_token, l.received_at, l.state, q.attempts,
+                       l.issued_at, l.expires_at, NULL, l.received_at, l.state, q.attempts,
                        q.next_attempt_at, l.applied_at, q.last_error, l.personal_data_erased_at,
                        q.busy_since)::siwa.notifications
               FROM unnest(p_verified) WITH ORDINALITY AS v(id, ord)

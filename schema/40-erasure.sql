@@ -7,9 +7,14 @@
 -- another worker has claimed but left alone (it could not take the lock) are skipped rather than waited
 -- for, which could deadlock with that worker's batch: they are erased when applied (see
 -- siwa.apply_claimed_batch).
+-- p_leave: notification_log ids the caller updates itself later in its transaction, erasing them as it
+-- does (the set-based pass: its batch's own rows, which its marking UPDATE erases), left out here so
+-- that each of those rows is written once, not twice. Tested with array_position, which the planner
+-- leaves alone: an `id <> ALL (p_leave)` would be expanded into one clause per id and tried against every
+-- partition's constraints while planning (measured: most of the drain's instructions).
 -- Its statements are planned for each call, with the array and the tables' current sizes: see
 -- siwa.apply_claimed_batch.
-CREATE OR REPLACE FUNCTION siwa.erase_personal_data_of(p_subs text[]) RETURNS void
+CREATE OR REPLACE FUNCTION siwa.erase_personal_data_of(p_subs text[], p_leave bigint[] DEFAULT '{}') RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_ids bigint[];
@@ -31,7 +36,7 @@ BEGIN
        SET email = NULL, raw_token = NULL,
            last_error = CASE WHEN last_error IS NOT NULL THEN siwa.erased_error(last_error, state) END,
            personal_data_erased_at = coalesce(personal_data_erased_at, clock_timestamp())
-     WHERE sub = ANY (v_all)
+     WHERE sub = ANY (v_all) AND pg_catalog.array_position(p_leave, id) IS NULL
        AND (email IS NOT NULL OR raw_token IS NOT NULL
             OR (last_error IS NOT NULL AND last_error IS DISTINCT FROM siwa.erased_error(last_error, state)));
     -- The error texts of the user's queued rows (found through the log). Rows another worker has claimed
@@ -39,7 +44,9 @@ BEGIN
     -- with that worker's batch: they are erased when applied or failed (siwa.record_failure).
     -- The ids first (the log's sub index), then the queue by its primary key: a join would let the
     -- planner read the whole queue, which it believes has few rows with an error.
-    v_ids := ARRAY(SELECT l.id FROM siwa.notification_log l WHERE l.sub = ANY (v_all) AND l.state = 'pending');
+    v_ids := ARRAY(SELECT l.id FROM siwa.notification_log l
+                    WHERE l.sub = ANY (v_all) AND l.state = 'pending'
+                      AND pg_catalog.array_position(p_leave, l.id) IS NULL);
     IF pg_catalog.cardinality(v_ids) > 0 THEN
         UPDATE siwa.notification_queue AS t
            SET last_error = siwa.erased_error(t.last_error, 'pending')
@@ -64,8 +71,8 @@ BEGIN
     END IF;
 END;
 $$;
-COMMENT ON FUNCTION siwa.erase_personal_data_of(text[]) IS
-    'Erases the personal data of the accounts p_subs: email in siwa.accounts; email, raw token and the text of last_error (its SQLSTATE stays) in every stored notification of these subs and of the subs a team transfer replaced with them, whatever its state; encrypted refresh tokens; email and is_private_email of their siwa.changes rows; the email a team transfer''s import holds for either sub. Call with the subs'' siwa.accounts rows locked (FOR UPDATE). Writes no change itself: its callers write siwa.personal_data_erased.';
+COMMENT ON FUNCTION siwa.erase_personal_data_of(text[], bigint[]) IS
+    'Erases the personal data of the accounts p_subs: email in siwa.accounts; email, raw token and the text of last_error (its SQLSTATE stays) in every stored notification of these subs and of the subs a team transfer replaced with them, whatever its state, but those of p_leave (ids the caller erases itself); encrypted refresh tokens; email and is_private_email of their siwa.changes rows; the email a team transfer''s import holds for either sub. Call with the subs'' siwa.accounts rows locked (FOR UPDATE). Writes no change itself: its callers write siwa.personal_data_erased.';
 
 -- Erases one account's personal data (siwa.erase_personal_data_of for one sub).
 CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_sub text) RETURNS void

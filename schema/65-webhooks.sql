@@ -176,6 +176,14 @@ CREATE INDEX IF NOT EXISTS webhook_attempts_delivery_idx ON siwa.webhook_attempt
 CREATE OR REPLACE FUNCTION siwa.webhook_fan_out() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    -- No enabled endpoint (most deployments, and every drain before the first one is added): nothing to
+    -- fan out: one probe instead of the two joins below. The probe takes its snapshot after the INSERT
+    -- that fired this trigger began, like the joins below: an endpoint committed before that INSERT
+    -- began is seen, and one committed later gets the changes inserted after it, as before (a replay of
+    -- a window creates what it missed).
+    IF NOT EXISTS (SELECT 1 FROM siwa.webhook_endpoints e WHERE e.enabled) THEN
+        RETURN NULL;
+    END IF;
     -- The pending deliveries ahead of the new ones, share-locked in change order (the order in which
     -- siwa.record_webhook_attempt locks them): a delivery being finished is waited for and then seen
     -- ended, and one not yet being finished cannot end before this transaction commits, when its

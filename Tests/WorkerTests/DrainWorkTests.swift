@@ -1,0 +1,151 @@
+import Foundation
+import Postgres
+import TestSupport
+import Testing
+
+/// The drain does no work it need not do, and skipping it never loses what it is for: each of a batch's
+/// log rows is written once (the erasure leaves the batch's own rows to the marking), no team-transfer
+/// alias is looked up while there is none (and each row's once when there are), and the webhook fan-out
+/// stops at one probe of the endpoints while none is enabled, yet honours one committed meanwhile. Counted with
+/// the transaction's own statistics (pg_stat_xact_*), which include the statements the functions run.
+@Suite("The drain skips the work it need not do")
+struct DrainWorkTests {
+    private func processBatch(_ connection: PostgresConnection, limit: Int = 64) throws -> [String: String] {
+        var outcomes: [String: String] = [:]
+        for row in try connection.query(
+            "SELECT jti, outcome FROM siwa.process_due_notifications($1::integer, 5, interval '1 second')",
+            [.int(Int64(limit))])
+        {
+            outcomes[try row[0, as: String.self]] = try row[1, as: String.self]
+        }
+        return outcomes
+    }
+
+    /// A new session: the transaction statistics (pg_stat_xact_*) also hold what this session did in
+    /// the last second, not yet reported, so each measured transaction runs in a session of its own.
+    private func freshSession(_ db: TestDatabase) throws -> PostgresConnection {
+        let session = try db.connect()
+        try session.execute("SET track_functions = 'all'")
+        return session
+    }
+
+    private func value(_ session: PostgresConnection, _ sql: String) throws -> Int {
+        try #require(try session.query(sql).first)[0, as: Int.self]
+    }
+
+    private func logUpdatesInThisTransaction(_ session: PostgresConnection) throws -> Int {
+        try value(
+            session,
+            """
+            SELECT coalesce(sum(n_tup_upd), 0)::integer FROM pg_stat_xact_user_tables
+             WHERE schemaname = 'siwa' AND relname LIKE 'notification_log%'
+            """)
+    }
+
+    @Test("an account-delete's batch writes each of its own log rows once, and erases the user's older ones")
+    func erasureWritesEachBatchRowOnce() throws {
+        let db = try TestDatabase()
+        try db.insert(
+            jti: "early", type: "email-enabled", sub: "u", eventTime: "now() - interval '2 hours'",
+            email: "a@privaterelay.appleid.com")
+        #expect(try processBatch(db.connection) == ["early": "applied"])
+        try db.insert(
+            jti: "mail", type: "email-disabled", sub: "u", eventTime: "now() - interval '1 hour'",
+            email: "b@privaterelay.appleid.com")
+        try db.insert(jti: "delete", type: "account-delete", sub: "u")
+
+        let session = try freshSession(db)
+        defer { session.close() }
+        try session.execute("BEGIN")
+        #expect(try processBatch(session) == ["mail": "applied", "delete": "applied"])
+        // The older row erased (1), the batch's two rows marked and erased by one UPDATE each (2).
+        #expect(try logUpdatesInThisTransaction(session) == 3)
+        try session.execute("COMMIT")
+
+        #expect(
+            try db.value(
+                """
+                SELECT count(*)::integer FROM siwa.notification_log
+                 WHERE sub = 'u' AND email IS NULL AND raw_token IS NULL AND personal_data_erased_at IS NOT NULL
+                """) == 3)
+        #expect(try db.value("SELECT count(*)::integer FROM siwa.notification_log WHERE sub = 'u'") == 3)
+        #expect(try db.state("mail") == "applied")
+        #expect(try db.state("delete") == "applied")
+    }
+
+    @Test("no alias is looked up while none exists, and each row's once when one does")
+    func aliasesLookedUpOnlyWhenThereAreAny() throws {
+        let db = try TestDatabase()
+
+        let currentSubCalls =
+            "SELECT coalesce(sum(calls), 0)::integer FROM pg_stat_xact_user_functions WHERE funcname = 'current_sub'"
+        for n in 1...3 { try db.insert(jti: "plain-\(n)", type: "consent-revoked", sub: "user-\(n)") }
+        let first = try freshSession(db)
+        defer { first.close() }
+        try first.execute("BEGIN")
+        #expect(try processBatch(first).values.allSatisfy { $0 == "applied" })
+        #expect(try value(first, currentSubCalls) == 0)
+        try first.execute("COMMIT")
+
+        try db.query(
+            "INSERT INTO siwa.sub_aliases (old_sub, new_sub, transfer_id) VALUES ('old-team-sub', 'new-team-sub', 't')"
+        )
+        try db.insert(jti: "moved", type: "consent-revoked", sub: "old-team-sub")
+        for n in 4...5 { try db.insert(jti: "plain-\(n)", type: "consent-revoked", sub: "user-\(n)") }
+        let second = try freshSession(db)
+        defer { second.close() }
+        try second.execute("BEGIN")
+        #expect(try processBatch(second).values.allSatisfy { $0 == "applied" })
+        #expect(try value(second, currentSubCalls) == 3)
+        try second.execute("COMMIT")
+        // The replaced sub's event went to the account it became.
+        #expect(
+            try db.value("SELECT count(*)::integer FROM siwa.accounts WHERE sub = 'new-team-sub'") == 1)
+        #expect(
+            try db.value("SELECT count(*)::integer FROM siwa.accounts WHERE sub = 'old-team-sub'") == 0)
+        #expect(
+            try db.value("SELECT sub FROM siwa.changes WHERE jti = 'moved'", as: String.self)
+                == "new-team-sub")
+    }
+
+    @Test(
+        "with no enabled endpoint the fan-out only probes; an endpoint committed meanwhile gets the next changes"
+    )
+    func fanOutSkipsWithoutEndpointsAndHonoursANewOne() throws {
+        let db = try TestDatabase()
+        let secret = "whsec_" + Data(repeating: 7, count: 32).base64EncodedString()
+        let disabled = try db.value(
+            "SELECT siwa.add_webhook_endpoint('http://127.0.0.1:9/off', $1)", [.text(secret)], as: Int64.self)
+        try db.query("SELECT siwa.set_webhook_endpoint_enabled($1, false)", [.int(disabled)])
+        try db.insert(jti: "before", type: "consent-revoked", sub: "u1")
+        try db.insert(jti: "after", type: "consent-revoked", sub: "u2")
+
+        let session = try freshSession(db)
+        defer { session.close() }
+        try session.execute("BEGIN")
+        #expect(try processBatch(session, limit: 1) == ["before": "applied"])
+        #expect(
+            try value(
+                session,
+                """
+                SELECT coalesce(sum(seq_scan + coalesce(idx_scan, 0)), 0)::integer FROM pg_stat_xact_user_tables
+                 WHERE schemaname = 'siwa' AND relname IN ('webhook_endpoints', 'webhook_deliveries')
+                """) == 1)  // the one probe of the endpoints
+        // Another session adds an endpoint and commits while this transaction is open.
+        let other = try db.connect()
+        defer { other.close() }
+        let added = try #require(
+            try other.query("SELECT siwa.add_webhook_endpoint('http://127.0.0.1:9/on', $1)", [.text(secret)])
+                .first?[0, as: Int64.self])
+        #expect(try processBatch(session, limit: 1) == ["after": "applied"])
+        try session.execute("COMMIT")
+
+        let deliveries = try db.query(
+            """
+            SELECT c.jti, d.endpoint_id FROM siwa.webhook_deliveries d JOIN siwa.changes c ON c.id = d.change_id
+            """)
+        #expect(deliveries.count == 1)
+        #expect(try deliveries.first?[0, as: String.self] == "after")
+        #expect(try deliveries.first?[1, as: Int64.self] == added)
+    }
+}
