@@ -744,9 +744,10 @@ def webhooks(cluster, binaries, jwks_url, bodies, changes=20_000, subs=2_000, id
         idle_children = cluster.child_count()
         pg_before = cluster.cpu_seconds(settle_to=idle_children)
         started = time.monotonic()
+        metrics_port = free_port()
         worker = subprocess.Popen(
             [binaries["siwa-worker"], "--database-url", cluster.url(db), "--webhook-concurrency", "8",
-             "--log-level", "error"],
+             "--metrics-listen", f"127.0.0.1:{metrics_port}", "--log-level", "error"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(lambda: cluster.psql(db, "SELECT count(*) FROM siwa.webhook_deliveries WHERE state = 'pending'")
                    == "0", "every webhook delivered", timeout=600, interval=0.1)
@@ -755,6 +756,7 @@ def webhooks(cluster, binaries, jwks_url, bodies, changes=20_000, subs=2_000, id
         listener_cpu = process_cpu_seconds(listener.pid)
         pg_cpu = cluster.cpu_seconds(settle_to=idle_children) - pg_before
         delivered = int(cluster.psql(db, "SELECT count(*) FROM siwa.webhook_deliveries WHERE state = 'delivered'"))
+        connections = webhook_connections_opened(metrics_port)
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=30)
 
@@ -793,10 +795,22 @@ def webhooks(cluster, binaries, jwks_url, bodies, changes=20_000, subs=2_000, id
             receiver.stop()
     return {"changes": changes, "subs": subs, "delivered": delivered, "seconds": elapsed,
             "per_second": delivered / elapsed, "worker_us": per_row_us(worker_cpu, delivered),
+            "connections_opened": connections,
             "postgres_us": per_row_us(pg_cpu, delivered), "listener_us": per_row_us(listener_cpu, delivered),
             "lag_p50_ms": percentile(lags, 50), "lag_p99_ms": percentile(lags, 99),
             "end_to_end_p50_ms": percentile(end_to_end, 50) if end_to_end else None,
             "end_to_end_p99_ms": percentile(end_to_end, 99) if end_to_end else None}
+
+
+def webhook_connections_opened(metrics_port):
+    """The worker's siwa_webhook_connections_opened_total (None from a worker without it)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    match = re.search(r"^siwa_webhook_connections_opened_total (\d+)$", text, re.MULTILINE)
+    return int(match.group(1)) if match else None
 
 
 def main():
@@ -1059,6 +1073,9 @@ def print_webhooks(w):
     print(f"  throughput: {w['per_second']:.0f} deliveries/s ({w['delivered']:,} in {w['seconds']:.1f} s); CPU per "
           f"delivery: worker {w['worker_us']:.0f} µs, PostgreSQL {w['postgres_us']:.0f} µs, listener "
           f"{w['listener_us']:.0f} µs")
+    if w.get("connections_opened") is not None:
+        print(f"  connections opened by the worker: {w['connections_opened']:,} "
+              f"({w['connections_opened'] / max(1, w['delivered']):.4f} per delivery)")
     print(f"  idle lag, change applied → webhook acknowledged: p50 {w['lag_p50_ms']:.2f} ms, "
           f"p99 {w['lag_p99_ms']:.2f} ms")
     if w["end_to_end_p50_ms"] is not None:

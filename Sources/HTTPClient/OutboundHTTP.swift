@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -26,6 +27,10 @@ import Foundation
 /// - `https_proxy`/`HTTPS_PROXY` (and `no_proxy`) from the environment the executable hands in are
 ///   honoured for `https` URLs (TLS stays end to end through `CONNECT`); loopback is never proxied;
 /// - no cookies, no authentication negotiation, no other protocol than http and https.
+///
+/// A ``Client`` opens a new connection for each request and closes it after; a ``Session`` keeps its
+/// connections open between requests (HTTP/1.1 keep-alive, TLS session reuse), under the same policy
+/// for every request on a reused connection.
 public enum OutboundHTTP {
     /// `url` as it may be logged or shown: scheme, host, port and path only. Userinfo
     /// (`user:password@`), the query and the fragment — where credentials and tokens travel — are left
@@ -253,6 +258,54 @@ public enum OutboundHTTP {
         /// - Throws: ``OutboundHTTP/Error``.
         public func perform(_ request: Request) throws(OutboundHTTP.Error) -> Response {
             try Transfer(request: request, policy: policy, environment: environment).run()
+        }
+    }
+
+    /// A client that keeps its connections open between requests: consecutive requests to one origin
+    /// (scheme, host, port, proxy) reuse one connection (HTTP/1.1 keep-alive), and a new connection to
+    /// an origin it has spoken to resumes the TLS session. What libcurl keeps is bounded: at most 5
+    /// idle connections (the oldest is closed first), none reused after 118 s idle.
+    ///
+    /// Every request is held to the client's policy exactly as on a new connection: its own deadline
+    /// (a peer that stops answering on a reused connection fails at it), no redirects, the scheme and
+    /// loopback rule, the caps, the proxy rule — each request's handle starts from no options at all
+    /// and is configured afresh. A connection is given up when the peer closes it (after an answer,
+    /// half-closed, or with `Connection: close`), and after any failure or refusal (timeout, an answer
+    /// past the cap cut off); a request sent on a kept connection the peer had closed meanwhile, and
+    /// answered with nothing, is sent once more on a new connection (libcurl's retry, within the same
+    /// deadline), so such a request may reach the peer twice.
+    ///
+    /// One request at a time reuses the connections: a request made while another thread's request is
+    /// in flight on the same session gets a connection of its own (closed after it). Give each thread
+    /// its session.
+    public final class Session: @unchecked Sendable {
+        // `kept` is touched only by the request holding `inUse`.
+        private let kept = ReusableHandle()
+        private let inUse = Atomic<Bool>(false)
+        private let opened = Atomic<Int>(0)
+
+        /// The policy and environment of every request.
+        public let client: Client
+
+        /// A session making `client`'s requests; no connection is opened before the first request.
+        public init(client: Client) { self.client = client }
+
+        /// How many connections this session's requests have opened so far (a reused one is not
+        /// counted again).
+        public var connectionsOpened: Int { opened.load(ordering: .relaxed) }
+
+        /// Performs `request` on a kept connection when there is one to its origin, blocking the calling
+        /// thread for at most the policy's timeout.
+        /// - Returns: the response, whatever its status (a 3xx included).
+        /// - Throws: ``OutboundHTTP/Error``.
+        public func perform(_ request: Request) throws(OutboundHTTP.Error) -> Response {
+            let owns = inUse.compareExchange(expected: false, desired: true, ordering: .acquiring).exchanged
+            defer { if owns { inUse.store(false, ordering: .releasing) } }
+            let transfer = Transfer(
+                request: request, policy: client.policy, environment: client.environment,
+                reusing: owns ? kept : nil)
+            defer { opened.add(transfer.connectionsOpened, ordering: .relaxed) }
+            return try transfer.run()
         }
     }
 }

@@ -2,6 +2,22 @@ import CCurl
 import CCurlShim
 import Foundation
 
+/// A libcurl easy handle kept between transfers (``OutboundHTTP/Session``): libcurl keeps the
+/// connections it opened, its TLS session IDs and its DNS cache in the handle, so the next transfer to
+/// the same origin reuses them. Every transfer starts from a handle reset to no options at all
+/// (`curl_easy_reset`, which keeps those caches) and configured afresh, as a new handle would be. Used
+/// by one transfer at a time.
+final class ReusableHandle {
+    /// Made by the first transfer that uses it (after libcurl's global initialisation).
+    fileprivate var handle: UnsafeMutableRawPointer?
+
+    init() {}
+
+    deinit {
+        if let handle { curl_easy_cleanup(handle) }  // closes the connections it kept
+    }
+}
+
 /// One request on one libcurl easy handle: the policy turned into options, the callbacks that hold
 /// the caps, and libcurl's result turned into an ``OutboundHTTP/Error``. Used on one thread only.
 final class Transfer {
@@ -10,7 +26,10 @@ final class Transfer {
     private let request: OutboundHTTP.Request
     private let policy: OutboundHTTP.Policy
     private let environment: [String: String]
+    private let reusable: ReusableHandle?
     private var handle: UnsafeMutableRawPointer?
+    /// The connections libcurl opened for this transfer (0 when it reused one), once it ran.
+    private(set) var connectionsOpened = 0
     private var body: [UInt8] = []
     private var headerBytes = 0
     private var headChecked = false
@@ -23,14 +42,15 @@ final class Transfer {
         "upgrade", "proxy-connection",
     ]
 
-    init(request: OutboundHTTP.Request, policy: OutboundHTTP.Policy, environment: [String: String]) {
+    /// A transfer on a handle of its own (closed with its connection at the end), or on `reusable`'s.
+    init(
+        request: OutboundHTTP.Request, policy: OutboundHTTP.Policy, environment: [String: String],
+        reusing reusable: ReusableHandle? = nil
+    ) {
         self.request = request
         self.policy = policy
         self.environment = environment
-    }
-
-    deinit {
-        if let handle { curl_easy_cleanup(handle) }
+        self.reusable = reusable
     }
 
     func run() throws(Failure) -> OutboundHTTP.Response {
@@ -61,18 +81,23 @@ final class Transfer {
             }
             headerList = extended
         }
-        guard let handle = curl_easy_init() else {
+        if let reusable, reusable.handle == nil { reusable.handle = curl_easy_init() }
+        guard let handle = reusable?.handle ?? curl_easy_init() else {
             throw Failure(.internal, "libcurl could not make a handle")
         }
         self.handle = handle
-        // Runs first: the handle goes before the header list and the URL it points to.
+        // Runs first: the handle goes (or forgets every option: a kept handle keeps only its
+        // connections and caches) before the header list and the URL it points to.
         defer {
-            curl_easy_cleanup(handle)
+            if reusable == nil { curl_easy_cleanup(handle) } else { curl_easy_reset(handle) }
             self.handle = nil
         }
         try configure(handle, url: url, scheme: scheme, host: host, headers: headerList)
 
         let code = curl_easy_perform(handle)
+        var opened = 0
+        _ = siwa_curl_getinfo_long(handle, CURLINFO_NUM_CONNECTS, &opened)
+        connectionsOpened = opened
         if let refusal { throw refusal }
         guard code == CURLE_OK else { throw failure(for: code) }
         var status = 0

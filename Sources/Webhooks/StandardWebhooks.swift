@@ -109,10 +109,13 @@ public enum StandardWebhooks {
             tolerance: tolerance, now: now)
     }
 
+    /// OpenSSL's HMAC, fetched once (a fetch looks the algorithm up in the providers; the fetched
+    /// object is read-only and shared by every thread's contexts).
+    nonisolated(unsafe) private static let hmac = EVP_MAC_fetch(nil, "HMAC", nil)
+
     /// HMAC-SHA256 of `message` under `key`, by OpenSSL's EVP_MAC.
     public static func hmacSHA256(key: [UInt8], message: [UInt8]) -> [UInt8] {
-        guard let mac = EVP_MAC_fetch(nil, "HMAC", nil) else { fatalError("OpenSSL has no HMAC") }
-        defer { EVP_MAC_free(mac) }
+        guard let mac = hmac else { fatalError("OpenSSL has no HMAC") }
         guard let context = EVP_MAC_CTX_new(mac) else { fatalError("EVP_MAC_CTX_new failed") }
         defer { EVP_MAC_CTX_free(context) }
         var output = [UInt8](repeating: 0, count: 32)

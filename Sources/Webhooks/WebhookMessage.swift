@@ -76,25 +76,35 @@ public struct WebhookChange: Sendable, Equatable {
     public func webhookID(endpoint: Int) -> String { "msg_\(changeID)_\(endpoint)" }
 
     /// The delivery body: `{"data":{…},"timestamp":…,"type":…}`, keys sorted, slashes unescaped, times
-    /// ISO 8601 with milliseconds.
+    /// ISO 8601 in UTC with milliseconds (`2026-01-01T12:00:00.123Z`): the bytes Foundation's
+    /// `JSONSerialization` (`.sortedKeys`, `.withoutEscapingSlashes`) writes for these fields, written
+    /// directly (the worker builds one per attempt; Foundation's serialiser and date formatter cost
+    /// most of an attempt's CPU).
     public var body: [UInt8] {
-        let formatter = ISO8601DateFormatter()
-        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-        let event = formatter.string(from: eventTime)
-        var data: [String: Any] = [
-            "change_id": changeID, "sub": sub, "event_time": event,
-            "applied_at": formatter.string(from: appliedAt), "jti": jti,
-            "sessions_revoked": sessionsRevoked, "refresh_tokens_revoked": refreshTokensRevoked,
-        ]
-        if let audience { data["audience"] = audience }
-        if let email { data["email"] = email }
-        if let isPrivateEmail { data["is_private_email"] = isPrivateEmail }
-        if let oldSub { data["old_sub"] = oldSub }
-        let object: [String: Any] = ["type": type, "timestamp": event, "data": data]
-        // Strings, integers and booleans only: serialisation cannot fail.
-        return [UInt8](
-            try! JSONSerialization.data(
-                withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]))
+        var out = BodyWriter()
+        let event = BodyWriter.timestamp(eventTime)
+        out.raw(#"{"data":{"applied_at":"#)
+        out.string(BodyWriter.timestamp(appliedAt))
+        if let audience { out.field("audience", audience) }
+        out.raw(#","change_id":"#)
+        out.raw(String(changeID))
+        if let email { out.field("email", email) }
+        out.field("event_time", event)
+        if let isPrivateEmail {
+            out.raw(isPrivateEmail ? #","is_private_email":true"# : #","is_private_email":false"#)
+        }
+        out.field("jti", jti)
+        if let oldSub { out.field("old_sub", oldSub) }
+        out.raw(#","refresh_tokens_revoked":"#)
+        out.raw(String(refreshTokensRevoked))
+        out.raw(#","sessions_revoked":"#)
+        out.raw(String(sessionsRevoked))
+        out.field("sub", sub)
+        out.raw(#"},"timestamp":"#)
+        out.string(event)
+        out.field("type", type)
+        out.raw("}")
+        return out.bytes
     }
 
     /// A sample change of `type` shaped as the worker writes that type: an email and its relay flag on
@@ -119,5 +129,84 @@ public struct WebhookChange: Sendable, Equatable {
         default: break
         }
         return change
+    }
+}
+
+/// The delivery body's JSON, written as `JSONSerialization` writes it: strings with `"`, `\`, and
+/// the C0 controls escaped (`\b \f \n \r \t`, others `\u00xx` in lower-case hex), everything else
+/// (slashes, DEL, non-ASCII) as UTF-8.
+struct BodyWriter {
+    var bytes: [UInt8] = []
+
+    init() { bytes.reserveCapacity(512) }
+
+    mutating func raw(_ text: String) { bytes.append(contentsOf: text.utf8) }
+
+    /// `,"name":` and `value` as a string.
+    mutating func field(_ name: String, _ value: String) {
+        bytes.append(UInt8(ascii: ","))
+        string(name)
+        bytes.append(UInt8(ascii: ":"))
+        string(value)
+    }
+
+    mutating func string(_ value: String) {
+        bytes.append(UInt8(ascii: "\""))
+        for byte in value.utf8 {
+            switch byte {
+            case UInt8(ascii: "\""): bytes += [UInt8(ascii: "\\"), UInt8(ascii: "\"")]
+            case UInt8(ascii: "\\"): bytes += [UInt8(ascii: "\\"), UInt8(ascii: "\\")]
+            case 0x08: bytes += [UInt8(ascii: "\\"), UInt8(ascii: "b")]
+            case 0x0C: bytes += [UInt8(ascii: "\\"), UInt8(ascii: "f")]
+            case 0x0A: bytes += [UInt8(ascii: "\\"), UInt8(ascii: "n")]
+            case 0x0D: bytes += [UInt8(ascii: "\\"), UInt8(ascii: "r")]
+            case 0x09: bytes += [UInt8(ascii: "\\"), UInt8(ascii: "t")]
+            case 0x00..<0x20:
+                let hex = Array("0123456789abcdef".utf8)
+                bytes += Array("\\u00".utf8) + [hex[Int(byte >> 4)], hex[Int(byte & 0xF)]]
+            default: bytes.append(byte)
+            }
+        }
+        bytes.append(UInt8(ascii: "\""))
+    }
+
+    /// `date` in UTC as `yyyy-MM-ddTHH:mm:ss.SSSZ`, rounded to the nearest millisecond, as
+    /// `ISO8601DateFormatter` with `.withInternetDateTime` and `.withFractionalSeconds` writes it.
+    static func timestamp(_ date: Date) -> String {
+        // The formatter's arithmetic: milliseconds since 1970 from the reference-date interval, rounded.
+        let milliseconds = Int64(((date.timeIntervalSinceReferenceDate + 978_307_200) * 1000).rounded())
+        let (seconds, millisecond) = milliseconds.quotientAndRemainder(dividingBy: 1000)
+        let (wholeSeconds, fraction) =
+            millisecond < 0 ? (seconds - 1, millisecond + 1000) : (seconds, millisecond)
+        var time = time_t(wholeSeconds)
+        var parts = tm()
+        gmtime_r(&time, &parts)
+        var text = [UInt8]()
+        text.reserveCapacity(24)
+        func digits(_ value: Int, _ count: Int) {
+            var divisor = 1
+            for _ in 1..<count { divisor *= 10 }
+            var rest = value
+            while divisor > 0 {
+                text.append(UInt8(ascii: "0") + UInt8(rest / divisor % 10))
+                rest %= divisor
+                divisor /= 10
+            }
+        }
+        digits(Int(parts.tm_year) + 1900, 4)
+        text.append(UInt8(ascii: "-"))
+        digits(Int(parts.tm_mon) + 1, 2)
+        text.append(UInt8(ascii: "-"))
+        digits(Int(parts.tm_mday), 2)
+        text.append(UInt8(ascii: "T"))
+        digits(Int(parts.tm_hour), 2)
+        text.append(UInt8(ascii: ":"))
+        digits(Int(parts.tm_min), 2)
+        text.append(UInt8(ascii: ":"))
+        digits(Int(parts.tm_sec), 2)
+        text.append(UInt8(ascii: "."))
+        digits(Int(fraction), 3)
+        text.append(UInt8(ascii: "Z"))
+        return String(decoding: text, as: UTF8.self)
     }
 }

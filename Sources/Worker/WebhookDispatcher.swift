@@ -14,10 +14,11 @@ import Webhooks
 /// holds no lock and no transaction across the network: `siwa.claim_webhook_delivery` commits a lease on
 /// a due queue head and returns the change row with it, the lane builds the body from that row, signs it
 /// with every live key (`v1` for a whsec_ secret, `v1a` for a whsk_ ed25519 key) and POSTs it under the
-/// outbound
-/// policy (one deadline, no redirects, https or http to a loopback literal, the answer's body capped)
-/// with no transaction open, then `siwa.record_webhook_attempt` records the attempt and the delivery's
-/// new state if the lease is still its own. A 2xx is `delivered`; anything else is retried with
+/// outbound policy (one deadline, no redirects, https or http to a loopback literal, the answer's body
+/// capped) with no transaction open — on the lane's own keep-alive connection to the endpoint when it
+/// has one (an ``OutboundHTTP/Session`` per lane: N lanes keep at most N connections to one endpoint) —,
+/// then `siwa.record_webhook_attempt` records the attempt and the delivery's new state if the lease is
+/// still its own. A 2xx is `delivered`; anything else is retried with
 /// exponential backoff and jitter until `giveUpAfter` has passed since the first attempt, then `dead`.
 /// A process killed mid-attempt leaves its lease to expire; the next claim after that takes the
 /// delivery over (exactly one claimer does) and sends it again with the same `webhook-id`: receivers
@@ -105,7 +106,9 @@ public final class WebhookDispatcher: Sendable {
     public let configuration: Configuration
     private let logger: Logger
     private let stopSignal = StopSignal()
-    private let client: OutboundHTTP.Client
+    /// One per lane: each keeps its connections to the endpoints open between attempts.
+    private let sessions: [OutboundHTTP.Session]
+    private let connectionsOpened: Counter?
     private let attempts: [String: Counter]
     private let latency: Histogram?
     /// This dispatcher's lease owner prefix: host, process and a random part (a lane adds its index).
@@ -115,11 +118,15 @@ public final class WebhookDispatcher: Sendable {
     public init(configuration: Configuration, logger: Logger, metrics: MetricsRegistry? = nil) {
         self.configuration = configuration
         self.logger = logger
-        client = OutboundHTTP.Client(
+        let client = OutboundHTTP.Client(
             policy: OutboundHTTP.Policy(
                 timeout: configuration.timeout, maxResponseBodyBytes: configuration.maxResponseBodyBytes,
                 allowsPlainHTTPToLoopback: true, userAgent: "siwa-notifications-webhooks"),
             environment: configuration.environment)
+        sessions = (0..<configuration.concurrency).map { _ in OutboundHTTP.Session(client: client) }
+        connectionsOpened = metrics?.counter(
+            "siwa_webhook_connections_opened_total",
+            help: "Connections the webhook lanes opened (each lane keeps its own open between attempts).")
         var attempts: [String: Counter] = [:]
         for outcome in ["delivered", "retry", "dead"] {
             attempts[outcome] = metrics?.counter(
@@ -288,8 +295,11 @@ public final class WebhookDispatcher: Sendable {
                         StandardWebhooks.signatureHeader(
                             id: webhookID, timestamp: timestamp, body: body, keys: secrets)),
                 ], body: body)
+            let session = sessions[lane % sessions.count]
+            let openedBefore = session.connectionsOpened
+            defer { connectionsOpened?.increment(by: session.connectionsOpened - openedBefore) }
             do {
-                let response = try client.perform(request)
+                let response = try session.perform(request)
                 status = response.status
                 if !(200...299).contains(response.status) { failure = "HTTP \(response.status)" }
             } catch {

@@ -504,14 +504,31 @@ enum WebhooksVerb {
                 "siwactl webhooks listen", "refused \(id ?? "(no webhook-id)") with \(status): \(error)")
             return .error(status: status, error.description)
         }
-        let body =
-            (try? JSONSerialization.jsonObject(with: request.data))
-            ?? String(decoding: request.body, as: UTF8.self)
-        var line: [String: Any] = [
-            "webhook_id": id ?? "", "verified": true, "answered": answer, "body": body,
-        ]
-        if let object = body as? [String: Any], let type = object["type"] { line["type"] = type }
-        writeStandardOutput(JSONText.line(line))
+        writeStandardOutput(printedLine(id: id ?? "", body: request.body, answer: answer))
         return HTTPResponse(status: answer)
+    }
+
+    /// The line printed for a verified delivery: `{"answered":…,"body":…,"type":…,"verified":true,
+    /// "webhook_id":…}`, the body as JSON when it is JSON (else as a string). A JSON object on one line
+    /// (every body the worker sends) is printed as it came, its controls escaped (``JSONText``), without
+    /// being serialised again; any other body is re-serialised by ``JSONText/line(_:)``.
+    static func printedLine(id: String, body: [UInt8], answer: Int) -> String {
+        let parsed = try? JSONSerialization.jsonObject(with: Data(body))
+        let type = (parsed as? [String: Any])?["type"]
+        // One line of UTF-8 (UTF-16 or 32 would hold NULs; a byte order mark would not start with `{`).
+        if parsed != nil, body.first == UInt8(ascii: "{"),
+            !body.contains(where: { $0 == 10 || $0 == 13 || $0 == 0 }), type == nil || type is String
+        {
+            var line = #"{"answered":\#(answer),"body":"#
+            line += JSONText.escapingControls(String(decoding: body, as: UTF8.self))
+            if let type = type as? String { line += #","type":"# + JSONText.quoted(type) }
+            return line + #","verified":true,"webhook_id":"# + JSONText.quoted(id) + "}\n"
+        }
+        var line: [String: Any] = [
+            "webhook_id": id, "verified": true, "answered": answer,
+            "body": parsed ?? String(decoding: body, as: UTF8.self),
+        ]
+        if let type { line["type"] = type }
+        return JSONText.line(line)
     }
 }
