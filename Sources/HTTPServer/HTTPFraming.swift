@@ -14,26 +14,44 @@
 ///
 /// A `Content-Length` above the body limit is answered 413.
 enum HTTPFraming {
+    /// The framing-relevant part of a request's header fields, gathered one field at a time from the
+    /// bytes libmicrohttpd holds: only the values of `Content-Length` and `Transfer-Encoding` become
+    /// strings.
+    struct Scan {
+        fileprivate var badName = false
+        fileprivate var contentLength: [String] = []
+        fileprivate var transferEncoding: [String] = []
+
+        /// Adds one header field (name and value as received).
+        mutating func add(name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
+            guard !name.isEmpty, name.allSatisfy(HTTPFraming.isTokenCharacter) else {
+                badName = true
+                return
+            }
+            // Token characters are ASCII, so comparing ASCII-lowercased bytes is comparing lowercased names.
+            if name.elementsEqual("content-length".utf8, by: Self.sameLetter) {
+                contentLength.append(String(decoding: value, as: UTF8.self))
+            } else if name.elementsEqual("transfer-encoding".utf8, by: Self.sameLetter) {
+                transferEncoding.append(String(decoding: value, as: UTF8.self))
+            }
+        }
+
+        private static func sameLetter(_ byte: UInt8, _ lowercase: UInt8) -> Bool {
+            (byte >= 65 && byte <= 90 ? byte + 32 : byte) == lowercase
+        }
+    }
+
     /// The answer to send at once (``ServerAnswers/badRequest`` or ``ServerAnswers/contentTooLarge``), or
     /// `nil` when the request may proceed.
     ///
     /// - Parameters:
-    ///   - fields: the request's header fields as received, names unaltered, in order.
+    ///   - scan: the request's header fields as received, names unaltered, in order.
     ///   - version: the request line's version, e.g. `HTTP/1.1`.
     ///   - maxBodyBytes: the largest body the server accepts.
-    static func refusal(fields: [(String, String)], version: String, maxBodyBytes: Int) -> CannedResponse? {
-        var contentLength: [String] = []
-        var transferEncoding: [String] = []
-        for (name, value) in fields {
-            guard !name.isEmpty, name.utf8.allSatisfy(isTokenCharacter) else {
-                return ServerAnswers.badRequest
-            }
-            switch name.lowercased() {
-            case "content-length": contentLength.append(value)
-            case "transfer-encoding": transferEncoding.append(value)
-            default: break
-            }
-        }
+    static func refusal(_ scan: Scan, version: String, maxBodyBytes: Int) -> CannedResponse? {
+        if scan.badName { return ServerAnswers.badRequest }
+        let contentLength = scan.contentLength
+        let transferEncoding = scan.transferEncoding
         if !transferEncoding.isEmpty {
             guard transferEncoding.count == 1, contentLength.isEmpty, version == "HTTP/1.1",
                 transferEncoding[0].trimmed().lowercased() == "chunked"

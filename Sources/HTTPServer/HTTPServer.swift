@@ -324,11 +324,11 @@ final class Dispatcher: Sendable {
 
     /// On an I/O thread, once the headers are in and before any body is read: the framing verdict.
     func checkFraming(_ exchange: OpaquePointer, version: String) -> CannedResponse? {
-        var fields: [(String, String)] = []
-        withUnsafeMutablePointer(to: &fields) { pointer in
-            siwa_http_each_header(exchange, collectHeader, pointer)
+        var scan = HTTPFraming.Scan()
+        withUnsafeMutablePointer(to: &scan) { pointer in
+            siwa_http_each_header(exchange, scanFramingHeader, pointer)
         }
-        return HTTPFraming.refusal(fields: fields, version: version, maxBodyBytes: maxBodyBytes)
+        return HTTPFraming.refusal(scan, version: version, maxBodyBytes: maxBodyBytes)
     }
 
     /// On an I/O thread, with the connection suspended: copies the request and routes it; the route
@@ -429,6 +429,19 @@ private func checkFraming(
 }
 
 /// The C callback for one request header; `context` points at the `[(String, String)]` being filled.
+private func scanFramingHeader(
+    _ context: UnsafeMutableRawPointer?, _ name: UnsafePointer<CChar>?, _ nameLength: Int,
+    _ value: UnsafePointer<CChar>?, _ valueLength: Int
+) {
+    guard let context, let name else { return }
+    let scan = context.assumingMemoryBound(to: HTTPFraming.Scan.self)
+    let nameBytes = UnsafeRawBufferPointer(start: name, count: nameLength).bindMemory(to: UInt8.self)
+    let valueBytes =
+        value.map { UnsafeRawBufferPointer(start: $0, count: valueLength).bindMemory(to: UInt8.self) }
+        ?? UnsafeBufferPointer(start: nil, count: 0)
+    scan.pointee.add(name: nameBytes, value: valueBytes)
+}
+
 private func collectHeader(
     _ context: UnsafeMutableRawPointer?, _ name: UnsafePointer<CChar>?, _ nameLength: Int,
     _ value: UnsafePointer<CChar>?, _ valueLength: Int

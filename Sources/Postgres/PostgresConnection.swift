@@ -334,7 +334,8 @@ public final class PostgresConnection: @unchecked Sendable {
         return try lastResult(
             collectResults {
                 PQsendQueryParams(
-                    handle, sql, Int32(values.count), values.types, values.pointers, nil, nil, 0)
+                    handle, sql, Int32(values.count), values.types, values.pointers, values.lengths,
+                    values.formats, 0)
             })
     }
 
@@ -350,7 +351,9 @@ public final class PostgresConnection: @unchecked Sendable {
             do {
                 return try lastResult(
                     collectResults {
-                        PQsendQueryPrepared(handle, name, Int32(values.count), values.pointers, nil, nil, 0)
+                        PQsendQueryPrepared(
+                            handle, name, Int32(values.count), values.pointers, values.lengths,
+                            values.formats, 0)
                     })
             } catch {
                 // The statement vanished (DEALLOCATE ALL / DISCARD ALL): forget it and, outside a
@@ -511,39 +514,62 @@ public final class PostgresConnection: @unchecked Sendable {
     }
 }
 
-/// C strings for one statement's parameters; owned here and released with `release()`.
+/// One statement's parameters as libpq takes them, in one buffer owned here and released with
+/// `release()`: text values NUL-terminated, binary ones with their lengths.
 private struct ParameterValues {
     let pointers: [UnsafePointer<CChar>?]
+    let lengths: [Int32]
+    let formats: [Int32]
     let types: [UInt32]
+    private let storage: UnsafeMutableRawPointer
     var count: Int { pointers.count }
 
     init(_ parameters: [PostgresData?]) throws(PostgresError) {
-        var pointers: [UnsafePointer<CChar>?] = []
+        var buffer: [UInt8] = []
+        var offsets: [Int?] = []
+        var lengths: [Int32] = []
+        var formats: [Int32] = []
         var types: [UInt32] = []
+        offsets.reserveCapacity(parameters.count)
         for (position, parameter) in parameters.enumerated() {
             guard let parameter else {
-                pointers.append(nil)
+                offsets.append(nil)
+                lengths.append(0)
+                formats.append(0)
                 types.append(0)
                 continue
             }
-            let text = parameter.textValue
-            if text.utf8.contains(0) {
-                for pointer in pointers { free(UnsafeMutablePointer(mutating: pointer)) }
+            let start = buffer.count
+            let wire: PostgresWireFormat
+            do {
+                wire = try parameter.encode(into: &buffer)
+            } catch {
                 throw PostgresError(
                     code: .queryFailed,
                     message:
                         "parameter $\(position + 1) contains a NUL character, which PostgreSQL text cannot hold"
                 )
             }
-            pointers.append(UnsafePointer(strdup(text)))
-            types.append(parameter.typeOID)
+            offsets.append(start)
+            lengths.append(wire.isBinary ? Int32(buffer.count - start) : 0)
+            formats.append(wire.isBinary ? 1 : 0)
+            types.append(wire.typeOID)
         }
-        self.pointers = pointers
+        let storage = UnsafeMutableRawPointer.allocate(byteCount: max(1, buffer.count), alignment: 8)
+        buffer.withUnsafeBytes { bytes in
+            if let base = bytes.baseAddress { storage.copyMemory(from: base, byteCount: bytes.count) }
+        }
+        self.storage = storage
+        self.pointers = offsets.map { offset in
+            offset.map { UnsafePointer(storage.advanced(by: $0).assumingMemoryBound(to: CChar.self)) }
+        }
+        self.lengths = lengths
+        self.formats = formats
         self.types = types
     }
 
     func release() {
-        for pointer in pointers { free(UnsafeMutablePointer(mutating: pointer)) }
+        storage.deallocate()
     }
 }
 

@@ -1,7 +1,11 @@
 import Foundation
 
-/// A statement parameter, sent to the server in text format with an explicit type where that helps
-/// the server infer the right one. Use `nil` (in a `[PostgresData?]`) for SQL NULL.
+/// A statement parameter, sent with an explicit type where that helps the server infer the right one.
+/// Use `nil` (in a `[PostgresData?]`) for SQL NULL.
+///
+/// Text and JSON go in text format (the server infers the type of `.text` from context); numbers,
+/// booleans, timestamps, bytes, UUIDs and arrays of one of those or of text go in PostgreSQL's binary
+/// format, which neither side has to format or parse (see ``array(_:)``).
 ///
 /// Literals work too: `try conn.query("SELECT $1, $2", ["text", 42])`.
 public enum PostgresData: Sendable, Hashable {
@@ -21,8 +25,14 @@ public enum PostgresData: Sendable, Hashable {
     case uuid(UUID)
     /// `jsonb`, given as JSON text.
     case jsonb(String)
-    /// A one-dimensional array, sent as an array literal whose type the statement gives (`$1::text[]`).
-    /// Elements may be nil (SQL NULL) but not arrays themselves.
+    /// A one-dimensional array. Elements may be nil (SQL NULL) but not arrays themselves.
+    ///
+    /// When every element that is not nil is of the same case among `.text`, `.int`, `.double`,
+    /// `.bool`, `.date`, `.bytes` and `.uuid`, the array goes in binary format typed as that element's
+    /// array (`text[]`, `int8[]`, `float8[]`, `bool[]`, `timestamptz[]`, `bytea[]`, `uuid[]`): the
+    /// statement may cast it (`$1::varchar[]`) but must not expect another element type from
+    /// inference. Otherwise (empty, all NULL, mixed, or `.jsonb` elements) it goes as an array literal
+    /// whose type the statement gives (`$1::text[]`).
     indirect case array([PostgresData?])
 
     /// Wraps any encodable value.
@@ -91,6 +101,126 @@ public enum PostgresData: Sendable, Hashable {
     private var isArray: Bool {
         if case .array = self { return true }
         return false
+    }
+}
+
+// MARK: - Wire encoding
+
+/// One parameter as libpq sends it: its type OID and whether its bytes are in binary format.
+struct PostgresWireFormat: Equatable {
+    var typeOID: UInt32
+    var isBinary: Bool
+}
+
+/// A parameter that cannot be sent (text holding NUL, which PostgreSQL text cannot hold).
+struct PostgresEncodingFailure: Error {}
+
+extension PostgresData {
+    /// Appends this parameter's bytes to `buffer` as libpq sends it, a text value followed by its
+    /// terminating NUL, and says how it goes.
+    func encode(into buffer: inout [UInt8]) throws(PostgresEncodingFailure) -> PostgresWireFormat {
+        switch self {
+        case .text(let value), .jsonb(let value):
+            try Self.appendText(value, to: &buffer)
+            buffer.append(0)
+            return PostgresWireFormat(typeOID: typeOID, isBinary: false)
+        case .array(let elements):
+            guard let element = Self.binaryElementOID(of: elements), let arrayOID = Self.arrayOID[element]
+            else {
+                try Self.appendText(textValue, to: &buffer)
+                buffer.append(0)
+                return PostgresWireFormat(typeOID: 0, isBinary: false)
+            }
+            try Self.appendBinaryArray(elements, elementOID: element, to: &buffer)
+            return PostgresWireFormat(typeOID: arrayOID, isBinary: true)
+        case .int, .double, .bool, .date, .bytes, .uuid:
+            try appendBinary(to: &buffer)
+            return PostgresWireFormat(typeOID: typeOID, isBinary: true)
+        }
+    }
+
+    /// The element type OID when every element that is not nil has the same binary-encodable case.
+    private static func binaryElementOID(of elements: [PostgresData?]) -> UInt32? {
+        var found: UInt32?
+        for case let element? in elements {
+            let oid: UInt32
+            switch element {
+            case .text: oid = 25
+            case .int, .double, .bool, .date, .bytes, .uuid: oid = element.typeOID
+            case .jsonb, .array: return nil
+            }
+            if let found, found != oid { return nil }
+            found = oid
+        }
+        return found
+    }
+
+    /// The array type of each element type sent in binary.
+    private static let arrayOID: [UInt32: UInt32] = [
+        25: 1009, 20: 1016, 701: 1022, 16: 1000, 1184: 1185, 17: 1001, 2950: 2951,
+    ]
+
+    /// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01 00:00:00 UTC).
+    private static let postgresEpochMicros: Int64 = 946_684_800_000_000
+
+    /// PostgreSQL's binary array: dimensions (1), a has-NULL flag, the element type, the length and
+    /// lower bound (1), then each element as a 32-bit length (-1 for NULL) and its bytes.
+    private static func appendBinaryArray(
+        _ elements: [PostgresData?], elementOID: UInt32, to buffer: inout [UInt8]
+    ) throws(PostgresEncodingFailure) {
+        appendInteger(Int32(1), to: &buffer)
+        appendInteger(Int32(elements.contains { $0 == nil } ? 1 : 0), to: &buffer)
+        appendInteger(elementOID, to: &buffer)
+        appendInteger(Int32(elements.count), to: &buffer)
+        appendInteger(Int32(1), to: &buffer)
+        for element in elements {
+            guard let element else {
+                appendInteger(Int32(-1), to: &buffer)
+                continue
+            }
+            let lengthAt = buffer.count
+            appendInteger(Int32(0), to: &buffer)
+            if case .text(let value) = element {
+                try appendText(value, to: &buffer)
+            } else {
+                try element.appendBinary(to: &buffer)
+            }
+            let length = UInt32(buffer.count - lengthAt - 4)
+            buffer[lengthAt] = UInt8(truncatingIfNeeded: length >> 24)
+            buffer[lengthAt + 1] = UInt8(truncatingIfNeeded: length >> 16)
+            buffer[lengthAt + 2] = UInt8(truncatingIfNeeded: length >> 8)
+            buffer[lengthAt + 3] = UInt8(truncatingIfNeeded: length)
+        }
+    }
+
+    /// The binary form of a scalar other than text (`int8send`, `float8send`, `boolsend`,
+    /// `timestamptz_send`, `byteasend`, `uuid_send`).
+    private func appendBinary(to buffer: inout [UInt8]) throws(PostgresEncodingFailure) {
+        switch self {
+        case .int(let value): Self.appendInteger(value, to: &buffer)
+        case .double(let value): Self.appendInteger(value.bitPattern, to: &buffer)
+        case .bool(let value): buffer.append(value ? 1 : 0)
+        case .date(let value):
+            // Rounded to the microsecond, as the text form was.
+            let micros = Int64((value.timeIntervalSince1970 * 1_000_000).rounded())
+            Self.appendInteger(micros - Self.postgresEpochMicros, to: &buffer)
+        case .bytes(let value): buffer.append(contentsOf: value)
+        case .uuid(let value):
+            withUnsafeBytes(of: value.uuid) { buffer.append(contentsOf: $0) }
+        case .text, .jsonb, .array:
+            preconditionFailure("text, JSON and arrays have no scalar binary form here")
+        }
+    }
+
+    /// UTF-8 bytes of text, refused when they hold a NUL.
+    private static func appendText(_ text: String, to buffer: inout [UInt8]) throws(PostgresEncodingFailure) {
+        let start = buffer.count
+        buffer.append(contentsOf: text.utf8)
+        if buffer[start...].contains(0) { throw PostgresEncodingFailure() }
+    }
+
+    private static func appendInteger<T: FixedWidthInteger>(_ value: T, to buffer: inout [UInt8]) {
+        withUnsafeBytes(of: value.bigEndian) { buffer.append(contentsOf: $0) }
     }
 }
 

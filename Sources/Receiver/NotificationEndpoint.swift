@@ -95,10 +95,14 @@ public final class NotificationEndpoint: Sendable {
         answer: @escaping @Sendable (HTTPResponse) -> Void
     ) {
         let started = ContinuousClock.now
-        var fields: [String: Logger.Value] = [
-            "request_id": .string(request.id),
-            "queued_ms": .double((Self.seconds(since: request.receivedAt) * 1e6).rounded() / 1e3),
-        ]
+        // The log line's fields are gathered only when a line may be written (an info line for every
+        // delivery, a warning for some): at `--log-level error` a delivery builds none.
+        let describes = logger.isEnabled(.warning)
+        var fields: [String: Logger.Value] = [:]
+        if describes {
+            fields["request_id"] = .string(request.id)
+            fields["queued_ms"] = .double((Self.seconds(since: request.receivedAt) * 1e6).rounded() / 1e3)
+        }
         let response: HTTPResponse
         let outcome: DeliveryOutcome
         do throws(NotificationError) {
@@ -108,9 +112,11 @@ public final class NotificationEndpoint: Sendable {
                 // The key set must be fetched: not on this thread.
                 return offload { self.receive(request, mayBlock: true, offload: { $0() }, answer: answer) }
             }
-            fields["jti"] = .string(notification.jti)
-            fields["event_type"] = .string(notification.eventType.rawValue)
-            if let claimed = notification.claimedEventTime {
+            if describes {
+                fields["jti"] = .string(notification.jti)
+                fields["event_type"] = .string(notification.eventType.rawValue)
+            }
+            if describes, let claimed = notification.claimedEventTime {
                 // Dated after Apple signed it: stored with iat + leeway as its event_time (see the verifier).
                 fields["claimed_event_time"] = .string(ISO8601DateFormatter().string(from: claimed))
             }
@@ -197,6 +203,7 @@ public final class NotificationEndpoint: Sendable {
         fields: inout [String: Logger.Value]
     ) {
         metrics.record(outcome)
+        guard logger.isEnabled(.warning) else { return }
         fields["status"] = .int(response.status)
         fields["outcome"] = .string(outcome.rawValue)
         fields["latency_ms"] = .double((Self.seconds(since: started) * 1e6).rounded() / 1e3)
