@@ -4570,10 +4570,15 @@ BEGIN
                       AND d.lease_expires_at IS NOT NULL AND d.lease_expires_at > pg_catalog.clock_timestamp()) l
              WHERE e.enabled AND (e.backoff_until IS NULL OR e.backoff_until <= pg_catalog.clock_timestamp())
                AND e.id <> ALL (coalesce(p_skip, '{}'))
-               AND EXISTS (SELECT 1 FROM siwa.webhook_deliveries d
-                            WHERE d.endpoint_id = e.id AND d.state = 'pending' AND d.ready
-                              AND d.next_attempt_at <= v_due
-                              AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= pg_catalog.clock_timestamp()))) c;
+               -- A due head: the first in the due index's order (a scalar subquery with ORDER BY, not
+               -- EXISTS, whose ORDER BY and LIMIT the planner drops: it then scans the table from its
+               -- start, where the delivered rows gather, so every claim read more rows as the
+               -- deliveries went out).
+               AND (SELECT d.id FROM siwa.webhook_deliveries d
+                     WHERE d.endpoint_id = e.id AND d.state = 'pending' AND d.ready
+                       AND d.next_attempt_at <= v_due
+                       AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= pg_catalog.clock_timestamp())
+                     ORDER BY d.next_attempt_at, d.id LIMIT 1) IS NOT NULL) c;
     IF v_endpoints = 0 THEN
         RETURN;
     END IF;

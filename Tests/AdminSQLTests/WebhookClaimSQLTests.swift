@@ -139,4 +139,36 @@ struct WebhookClaimSQLTests {
         }
         #expect(order == [older, newer, older, newer, older, newer, older, newer])
     }
+
+    @Test(
+        "a claim finds the due head through the due index: it reads no delivery row sequentially, however many delivered ones lie before the pending ones"
+    )
+    func claimReadsNoDeliverySequentially() throws {
+        let database = try AdminDatabase.make()
+        let endpoint = try database.addEndpoint(url: "https://first.example.com/hooks", secret: .generate())
+        _ = try database.insertChanges(subs: (1...100).map { "001.u\($0)" }, count: 20)
+        // A backlog half delivered, the delivered rows first in the table (where a drain leaves them): the
+        // first 1,000 changes delivered, the next ones queue heads, the table rewritten in id order.
+        for sql in [
+            "UPDATE siwa.webhook_deliveries SET state = 'delivered', delivered_at = now() WHERE id IN (SELECT id FROM siwa.webhook_deliveries ORDER BY change_id LIMIT 1000)",
+            "SELECT siwa.repair_webhook_ready()",
+            "CLUSTER siwa.webhook_deliveries USING webhook_deliveries_pkey",
+            "ANALYZE siwa.webhook_deliveries",
+        ] {
+            _ = try database.connection.query(sql)
+        }
+        // A fresh session, so that its statistics of this transaction are the claim's alone.
+        let worker = try database.connect(as: .worker)
+        defer { worker.close() }
+        _ = try worker.query("BEGIN")
+        let claimed = try #require(try Self.claim(worker, owner: "host:1:aa:0", lanes: 2))
+        #expect(claimed.outcome == "claimed" && claimed.endpoint == endpoint)
+        let row = try worker.query(
+            """
+            SELECT seq_scan::int, seq_tup_read::int FROM pg_stat_xact_user_tables
+             WHERE schemaname = 'siwa' AND relname = 'webhook_deliveries'
+            """)[0]
+        #expect(try row[0, as: Int.self] == 0 && row[1, as: Int.self] == 0)
+        _ = try worker.query("ROLLBACK")
+    }
 }
