@@ -321,9 +321,6 @@ BEGIN
         DROP INDEX IF EXISTS siwa.webhook_deliveries_ready_idx;
         -- The drain: erasure leaves the rows its caller erases itself (p_leave), each written once.
         DROP FUNCTION IF EXISTS siwa.erase_personal_data_of(text[]);
-        -- The receiver's wake-up after its commit: siwa.store_notifications gains p_wake (default true).
-        DROP FUNCTION IF EXISTS siwa.store_notifications(text[], text[], text[], text[], text[], boolean[],
-            timestamptz[], timestamptz[], timestamptz[], text[], timestamptz[]);
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;

@@ -153,28 +153,23 @@ COMMENT ON COLUMN siwa.notification_queue.last_error IS
 
 -- The receiver stores a batch of verified notifications with one call of siwa.store_notifications
 -- (Sources/Receiver/NotificationStore.swift): the dedupe keys, the log rows and their queue rows in one
--- statement. Storing wakes the worker (NOTIFY siwa_notifications, once, if it queued anything): this
--- function is the one home of that rule, so every caller that stores (siwactl, the admins' SQL, tests,
--- drills) wakes it by default, in its own transaction (NOTIFY is sent at commit, never for work rolled
--- back); a redelivered jti inserts nothing and wakes nobody. The NOTIFY has a price: PostgreSQL holds
--- its notify lock from the start of the commit until the commit record is flushed, so transactions
--- that NOTIFY commit one at a time, cluster-wide, and never share a WAL flush (one-row calls from 64
--- sessions: ~5× slower than without it, docs/performance.md). So the receiver passes p_wake => false
--- and sends the wake-up itself right after its batch commits, in a transaction of its own that writes
--- no WAL but its commit record and so waits for no flush (coalesced: at most one in flight). A
--- notification of an account whose personal data is already erased (Apple may send an email event
--- after the deletion, or redeliver one) is stored without email and raw token: the same statement leaves them out (one
+-- statement, and NOTIFY siwa_notifications once if it queued anything. NOTIFY is sent at commit (never
+-- for work rolled back); a redelivered jti inserts nothing and wakes nobody. A notification of an
+-- account whose personal data is already erased (Apple may send an email event after the deletion, or
+-- redeliver one) is stored without email and raw token: the same statement leaves them out (one
 -- primary-key probe of siwa.accounts per row, of the account's current sub: a late notification for a
 -- sub a team transfer replaced is checked against the account it became, siwa.current_sub, called only
 -- for a sub siwa.sub_aliases has). A row stored while the erasure commits concurrently is caught when
 -- the worker applies it (siwa.apply_claimed_batch) or records its failure (siwa.record_failure). There
 -- is no trigger on either table: version 2's row trigger cost ~30 µs per row, a statement trigger with
--- a transition table ~20.
+-- a transition table ~20. The NOTIFY has a price of its own: PostgreSQL holds its notify lock from the
+-- start of the commit until the commit is flushed, so transactions that NOTIFY commit one at a time,
+-- cluster-wide, and never share a WAL flush (one-row calls from 64 sessions: ~5× slower than without
+-- it, docs/performance.md). The receiver's batches pay it once per batch.
 CREATE OR REPLACE FUNCTION siwa.store_notifications(
     p_jti text[], p_event_type text[], p_sub text[], p_audience text[], p_email text[],
     p_is_private_email boolean[], p_event_time timestamptz[], p_issued_at timestamptz[],
-    p_expires_at timestamptz[], p_raw_token text[], p_claimed_event_time timestamptz[],
-    p_wake boolean DEFAULT true)
+    p_expires_at timestamptz[], p_raw_token text[], p_claimed_event_time timestamptz[])
 RETURNS SETOF text
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
@@ -215,11 +210,11 @@ BEGIN
         RETURNING 1)
     SELECT s.jti FROM stored s
      WHERE (SELECT pg_catalog.count(pg_catalog.pg_notify('siwa_notifications', ''))
-              FROM (SELECT 1 FROM queued WHERE p_wake LIMIT 1) AS w) >= 0;
+              FROM (SELECT 1 FROM queued LIMIT 1) AS w) >= 0;
 END;
 $$;
-COMMENT ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], text[], boolean[], timestamptz[], timestamptz[], timestamptz[], text[], timestamptz[], boolean) IS
-    'The receiver''s store: a batch of verified notifications (one array per column, same length) into the dedupe keys, the log and the queue, in one statement; returns the jti of each row stored now (a duplicate returns nothing). event_time is the effective one the receiver''s verifier decided (at the latest iat + leeway), claimed_event_time the signed one it did not believe (NULL when it did). Wakes the worker (NOTIFY siwa_notifications at commit) if it queued anything, unless p_wake is false: the receiver sends that wake-up itself after its commit. Runs with the caller''s rights: the receiver''s column grants (schema/85-privileges.sql).';
+COMMENT ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], text[], boolean[], timestamptz[], timestamptz[], timestamptz[], text[], timestamptz[]) IS
+    'The receiver''s store: a batch of verified notifications (one array per column, same length) into the dedupe keys, the log and the queue, in one statement; returns the jti of each row stored now (a duplicate returns nothing). event_time is the effective one the receiver''s verifier decided (at the latest iat + leeway), claimed_event_time the signed one it did not believe (NULL when it did). Runs with the caller''s rights: the receiver''s column grants (schema/85-privileges.sql).';
 
 -- The view with version 2's columns (the worker functions' row type).
 CREATE OR REPLACE VIEW siwa.notifications AS

@@ -82,7 +82,7 @@ BEGIN
         GRANT SELECT (old_sub, new_sub) ON siwa.sub_aliases TO siwa_receiver;
         GRANT EXECUTE ON FUNCTION siwa.current_sub(text) TO siwa_receiver;
         GRANT EXECUTE ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], text[], boolean[],
-            timestamptz[], timestamptz[], timestamptz[], text[], timestamptz[], boolean) TO siwa_receiver;
+            timestamptz[], timestamptz[], timestamptz[], text[], timestamptz[]) TO siwa_receiver;
         GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.service_heartbeats TO siwa_receiver;
         GRANT EXECUTE ON FUNCTION siwa.record_heartbeat(text, text, integer, integer, text, text, text[], timestamptz, interval),
             siwa.remove_heartbeat(text, text, integer) TO siwa_receiver;

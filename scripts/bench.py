@@ -54,8 +54,7 @@ def binaries_in(build):
     binaries = {name: os.path.join(build, name) for name in BINARIES}
     for path in binaries.values():
         if not os.access(path, os.X_OK):
-            sys.exit(f"missing {path}: build it first (make bench builds as make dist does; make drills "
-                     "runs `swift build -c release`)")
+            sys.exit(f"missing {path}: run `swift build -c release` first (make bench and make drills do)")
     return binaries
 
 
@@ -393,9 +392,8 @@ BATCH = 64
 # - the lean 64-row batch: one statement per transaction inserting 64 rows into the same table, the
 #   700-byte payloads sent by the client as one text array parameter (as the receiver sends its batches);
 # - our own table shape, the receiver's store siwa.store_notifications, with one row per call (the same
-#   dedupe key, log row, join to siwa.accounts and queue row as the receiver's batches, and like them
-#   p_wake => false: the receiver wakes the worker after its commit, in a transaction of its own) and
-#   with 64 rows per call (the receiver's batch, its tokens sent as one text array parameter).
+#   dedupe key, log row, join to siwa.accounts, queue row and NOTIFY as the receiver's batches) and with
+#   64 rows per call (the receiver's batch, its tokens sent as one text array parameter).
 LEAN_TABLE = "CREATE TABLE lean (jti text PRIMARY KEY, payload text)"
 LEAN_INSERT = (f"INSERT INTO lean (jti, payload) VALUES (gen_random_uuid()::text, '{TOKEN}') "
                "ON CONFLICT (jti) DO NOTHING;\n")
@@ -404,7 +402,7 @@ LEAN_BATCH_INSERT = ("INSERT INTO lean (jti, payload) SELECT gen_random_uuid()::
 OWN_INSERT = (
     "SELECT siwa.store_notifications(ARRAY[gen_random_uuid()::text], ARRAY['consent-revoked'], "
     f"ARRAY['001234.bench'], ARRAY['{AUDIENCE}'], ARRAY[NULL::text], ARRAY[NULL::boolean], ARRAY[now()], "
-    f"ARRAY[now()], ARRAY[now() + interval '1 day'], ARRAY['{TOKEN}'], ARRAY[NULL::timestamptz], false);\n")
+    f"ARRAY[now()], ARRAY[now() + interval '1 day'], ARRAY['{TOKEN}'], ARRAY[NULL::timestamptz]);\n")
 
 
 def _filled(value, type_name):
@@ -418,7 +416,7 @@ OWN_BATCH_INSERT = (
         ("'consent-revoked'", "text"), ("'001234.bench'", "text"), (f"'{AUDIENCE}'", "text"), ("NULL", "text"),
         ("NULL", "boolean"), ("now()", "timestamptz"), ("now()", "timestamptz"),
         ("(now() + interval '1 day')", "timestamptz")))
-    + f", :tokens::text[], {_filled('NULL', 'timestamptz')}, false);\n")
+    + f", :tokens::text[], {_filled('NULL', 'timestamptz')});\n")
 BATCH_TOKENS = "tokens={" + ",".join([TOKEN] * BATCH) + "}"
 
 
@@ -825,21 +823,17 @@ def main():
                              "e.g. 10000000 for the 10-million-row measurement")
     parser.add_argument("--quick", action="store_true", help="only the 64-connection runs (no sweep, no prefill)")
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--only", choices=["ingest", "drain", "webhooks", "idle"],
-                        help="run only this part (ingest: at 64 connections, with its references; idle: the "
-                        "idle receive → applied latency)")
+    parser.add_argument("--only", choices=["ingest", "drain", "webhooks"],
+                        help="run only this part (ingest: at 64 connections, with its references)")
     parser.add_argument("--drain-events", type=int, default=100_000, help="notifications each drain applies")
     parser.add_argument("--worker-before", help="with --only drain: also drain the same signed rows with this "
                         "siwa-worker binary from before stored-token verification (given no key options)")
     parser.add_argument("--repeat", type=int, default=1, help="with --only drain: drains per lane count")
     parser.add_argument("--pgqueuer-jobs", type=int, help="no-op jobs PgQueuer drains (default: --drain-events)")
     parser.add_argument("--no-pgqueuer", action="store_true", help="skip the PgQueuer reference")
-    parser.add_argument("--bin-path", default=os.path.join(ROOT, ".build", "release"),
-                        help="the directory of the binaries to measure (make bench: those built as make dist "
-                        "builds them, --static-swift-stdlib)")
     args = parser.parse_args()
 
-    binaries = binaries_in(args.bin_path)
+    binaries = binaries_in(os.path.join(ROOT, ".build", "release"))
     for tool in ("wrk", "pgbench", "psql"):
         if not shutil.which(tool):
             sys.exit(f"missing {tool}: apt-get install wrk postgresql-client")
@@ -886,14 +880,6 @@ def main():
             log("webhooks: throughput and lag")
             results["webhooks"] = webhooks(cluster, binaries, jwks_url, bodies)
             print_webhooks(results["webhooks"])
-            return
-        if args.only == "idle":
-            log("idle end-to-end latency")
-            results["idle"] = idle_latency(cluster, binaries, jwks_url, bodies)
-            print_idle(results["idle"])
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump(results, f, indent=2)
             return
         if args.only == "ingest":
             log("ingest at 64 connections")
@@ -1069,17 +1055,14 @@ def print_table(results):
               f"{r['queue_deletes']} deletes; log: {r['log_updates']} updates, {r['log_hot_updates']} HOT")
     print_pgqueuer(results.get("pgqueuer"))
     print()
-    print_idle(results["idle"])
+    idle = results["idle"]
+    print("Idle end-to-end latency (200 notifications, one at a time)")
+    print(f"  receive → applied: p50 {idle['applied_p50_ms']:.2f} ms, p99 {idle['applied_p99_ms']:.2f} ms")
+    print(f"  HTTP round trip:   p50 {idle['http_p50_ms']:.2f} ms, p99 {idle['http_p99_ms']:.2f} ms")
     print()
     print_webhooks(results["webhooks"])
     print()
     print_targets(results["targets"])
-
-
-def print_idle(idle):
-    print("Idle end-to-end latency (200 notifications, one at a time)")
-    print(f"  receive → applied: p50 {idle['applied_p50_ms']:.2f} ms, p99 {idle['applied_p99_ms']:.2f} ms")
-    print(f"  HTTP round trip:   p50 {idle['http_p50_ms']:.2f} ms, p99 {idle['http_p99_ms']:.2f} ms")
 
 
 def print_webhooks(w):

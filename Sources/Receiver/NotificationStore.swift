@@ -13,16 +13,8 @@ import Synchronization
 /// transaction, one WAL flush for the whole group — then calls each row's completion. A completion
 /// says "stored" only after the transaction holding its row has committed, so a 200 to Apple still
 /// always means "stored". No thread waits per row: a deadline watcher answers ``CommitTimeout`` to
-/// rows still unanswered at their deadline.
-///
-/// The worker is woken after the commit, not inside it: a transaction that NOTIFYs holds PostgreSQL's
-/// notify lock from its commit until its commit record is flushed, so notifying transactions commit one
-/// at a time, cluster-wide, and never share a flush. A committed batch that queued rows asks a waker
-/// thread for a wake-up (`SELECT pg_notify('siwa_notifications', '')` in a transaction of its own,
-/// which writes only its commit record and does not wait for it to be flushed). Wake-ups are coalesced:
-/// at most one is in flight, and a batch committed while one is being sent is covered by one more
-/// after it, so every committed row is followed by a wake-up sent after its commit (the worker's poll
-/// is only the safety net).
+/// rows still unanswered at their deadline. The schema's statement trigger sends the workers' `NOTIFY`
+/// in that same transaction.
 // @unchecked: the queue, `closed` and the committer threads are guarded by `condition`, the deadline
 // watcher's state and thread by `timer` (both set in `init` before any thread can see the store, then
 // taken under their lock by `close`); a ticket is answered once (an Atomic).
@@ -68,16 +60,11 @@ public final class NotificationStore: @unchecked Sendable {
     /// rows are queued for the worker, which is woken (NOTIFY at commit) once if anything was queued. A
     /// row for an account whose personal data is already erased is stored without email and token (one
     /// primary-key probe of siwa.accounts per row).
-    /// `$12` is `p_wake`: false for the store's own batches (woken after the commit).
     static let insertSQL = """
         SELECT siwa.store_notifications($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                                         $6::boolean[], $7::timestamptz[], $8::timestamptz[],
-                                        $9::timestamptz[], $10::text[], $11::timestamptz[], $12::boolean)
+                                        $9::timestamptz[], $10::text[], $11::timestamptz[])
         """
-
-    /// The worker's wake-up, sent after a batch that queued rows has committed (the channel the
-    /// worker's lanes LISTEN on).
-    static let wakeSQL = "SELECT pg_catalog.pg_notify('siwa_notifications', '')"
 
     /// One queued row and the completion that answers it, exactly once.
     private final class Ticket: Sendable {
@@ -125,11 +112,6 @@ public final class NotificationStore: @unchecked Sendable {
     private var pendingHead = 0
     private var watcherStopping = false
     private var watcher: JoinableThread?
-    /// The waker: a wake-up asked for and not yet begun, and whether to stop; guarded by `waking`.
-    private let waking = NSCondition()
-    private var wakeRequested = false
-    private var wakerStopping = false
-    private var waker: JoinableThread?
 
     /// Stores into the database behind `pool`, which must hold schema.sql.
     /// - Parameter observeBatch: told the size and duration of every committed batch (metrics).
@@ -145,7 +127,6 @@ public final class NotificationStore: @unchecked Sendable {
             committers.append(JoinableThread(name: "siwa-commit-\(index)") { self.commitLoop() })
         }
         watcher = JoinableThread(name: "siwa-commit-deadlines") { self.watchDeadlines() }
-        waker = JoinableThread(name: "siwa-wake") { self.wakeLoop() }
     }
 
     /// Commits `notification` (with its token, for audit) unless its `jti` is already stored.
@@ -213,13 +194,6 @@ public final class NotificationStore: @unchecked Sendable {
         committers = []
         condition.unlock()
         for thread in threads { thread.join() }
-        waking.lock()
-        wakerStopping = true  // after a last wake-up, if one is asked for
-        waking.broadcast()
-        let wakingThread = waker
-        waker = nil
-        waking.unlock()
-        wakingThread?.join()
         timer.lock()
         watcherStopping = true
         timer.broadcast()
@@ -308,7 +282,7 @@ public final class NotificationStore: @unchecked Sendable {
         let started = ContinuousClock.now
         do {
             let inserted = try insert(batch)
-            if inserted.isEmpty { try awaitReplication() } else { requestWake() }
+            if inserted.isEmpty { try awaitReplication() }
             observeBatch(batch.count, ContinuousClock.now - started)
             // The first ticket for each inserted jti is accepted; any other (a duplicate in the same
             // batch, or a jti stored before) is a duplicate.
@@ -347,56 +321,15 @@ public final class NotificationStore: @unchecked Sendable {
 
     private func insert(_ batch: [Ticket]) throws -> Set<String> {
         try pool.withConnection { connection in
-            try Self.insert(
-                batch.map { ($0.notification, $0.rawToken) }, on: connection, wakeAtCommit: false)
-        }
-    }
-
-    // MARK: - Waking the worker
-
-    /// Asks the waker for a wake-up; called after a batch that queued rows has committed. Never blocks
-    /// on the database: a wake-up already asked for and not yet begun covers this batch too.
-    private func requestWake() {
-        waking.lock()
-        wakeRequested = true
-        waking.signal()
-        waking.unlock()
-    }
-
-    /// The waker: takes the request, then sends one wake-up. The request is cleared before the send
-    /// begins, so a batch that commits during a send asks again and gets a wake-up after it. A send
-    /// that fails is tried once more on another connection; after that the worker's poll finds the rows.
-    private func wakeLoop() {
-        while true {
-            waking.lock()
-            while !wakeRequested && !wakerStopping { waking.wait() }
-            guard wakeRequested else {  // stopping, nothing asked for
-                waking.unlock()
-                return
-            }
-            wakeRequested = false
-            waking.unlock()
-            for _ in 0..<2 {
-                do {
-                    try pool.withConnection { _ = try $0.query(Self.wakeSQL) }
-                    break
-                } catch {
-                    continue
-                }
-            }
+            try Self.insert(batch.map { ($0.notification, $0.rawToken) }, on: connection)
         }
     }
 
     /// Stores `batch` on `connection` with the statement every batch of the store runs (``insertSQL``,
     /// one row per notification); returns the jtis it inserted (a jti stored before is not inserted).
     /// Public so that tests seed notifications exactly the way the receiver stores them.
-    ///
-    /// - Parameter wakeAtCommit: whether the statement itself wakes the worker (NOTIFY at the commit of
-    ///   the caller's transaction, if it queued anything). The store passes false and wakes the worker
-    ///   after its commit instead; a caller storing inside a transaction of its own keeps the default.
     public static func insert(
-        _ batch: [(notification: ServerNotification, rawToken: String)], on connection: PostgresConnection,
-        wakeAtCommit: Bool = true
+        _ batch: [(notification: ServerNotification, rawToken: String)], on connection: PostgresConnection
     ) throws -> Set<String> {
         var columns = Array(repeating: [PostgresData?](), count: 11)
         for column in columns.indices { columns[column].reserveCapacity(batch.count) }
@@ -413,7 +346,7 @@ public final class NotificationStore: @unchecked Sendable {
             columns[9].append(.text(rawToken))
             columns[10].append(n.claimedEventTime.map { .date($0) })
         }
-        let rows = try connection.query(insertSQL, columns.map { .array($0) } + [.bool(wakeAtCommit)])
+        let rows = try connection.query(insertSQL, columns.map { .array($0) })
         var inserted = Set<String>(minimumCapacity: rows.count)
         for row in rows { inserted.insert(try row[0, as: String.self]) }
         return inserted

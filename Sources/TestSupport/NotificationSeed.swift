@@ -51,9 +51,8 @@ public struct SeededNotification: Sendable {
 
 extension PostgresConnection {
     /// Stores `notifications` the way siwa-receiver does: its statement (`NotificationStore`'s batch
-    /// insert: dedupe key, log, queue), in one statement, on this connection (inside the caller's
-    /// transaction, if any), and wakes the workers at that transaction's commit (the receiver sends its
-    /// wake-up after its own commit instead). Returns the jtis it stored (one stored before is not).
+    /// insert: dedupe key, log, queue and the workers' NOTIFY), in one statement, on this connection
+    /// (inside the caller's transaction, if any). Returns the jtis it stored (one stored before is not).
     @discardableResult
     public func storeAsReceiver(_ notifications: [SeededNotification]) throws -> Set<String> {
         guard !notifications.isEmpty else { return [] }
