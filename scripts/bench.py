@@ -881,6 +881,8 @@ def main():
                         help="the directory of the binaries to measure (make bench: those built as make dist "
                         "builds them, --static-swift-stdlib)")
     args = parser.parse_args()
+    # Stopped by SIGTERM (kill, timeout), still stop the cluster and remove the directories (`finally`).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     binaries = binaries_in(args.bin_path)
     for tool in ("wrk", "pgbench", "psql"):
