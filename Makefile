@@ -7,6 +7,8 @@ SWIFT      ?= swift
 CONFIG     ?= debug
 BUILD_FLAGS = -c $(CONFIG)
 BIN         = $(shell $(SWIFT) build $(BUILD_FLAGS) --show-bin-path 2>/dev/null)
+# scripts/dist's scratch path (its default): make bench builds there too, as make dist does.
+DIST_SCRATCH ?= .build/dist
 
 # What each goal needs from Debian. Building: the C libraries' headers (libcurl: outbound HTTP, through
 # the HTTPClient module). The demo: PostgreSQL (server
@@ -70,14 +72,16 @@ coverage: test-deps webhooks-venv
 	  -instr-profile="$$($(SWIFT) build --show-bin-path)/codecov/default.profdata" \
 	  -ignore-filename-regex='(\.build|Tests|TestSupport|Fuzz)/'
 
-# Benchmarks (not part of `make test`): release binaries, a throwaway PostgreSQL with fsync on, wrk and
-# pgbench side by side. Pass options with BENCH_ARGS, e.g. `make bench BENCH_ARGS=--quick`.
+# Benchmarks (not part of `make test`): the release binaries as make dist builds them (the Swift
+# runtime linked in, --static-swift-stdlib, in dist's scratch path, so one build serves both), a
+# throwaway PostgreSQL with fsync on, wrk and pgbench side by side. Pass options with BENCH_ARGS, e.g. `make bench BENCH_ARGS=--quick`.
 # The worker's reference is PgQueuer (PyPI, pinned) draining no-op jobs, from .build/bench-venv.
 bench: demo-deps
 	@./scripts/ensure-debian-packages wrk postgresql-client python3-venv
 	@./scripts/bench-venv
-	$(SWIFT) build -c release
-	python3 scripts/bench.py $(BENCH_ARGS)
+	$(SWIFT) build -c release --static-swift-stdlib --scratch-path $(DIST_SCRATCH)
+	python3 scripts/bench.py --bin-path "$$($(SWIFT) build -c release --static-swift-stdlib \
+	  --scratch-path $(DIST_SCRATCH) --show-bin-path)" $(BENCH_ARGS)
 
 # Fuzzing (not part of `make test`): libFuzzer + AddressSanitizer targets in Fuzz/, each run for
 # FUZZ_SECONDS; pick targets with FUZZ_TARGETS (e.g. `make fuzz FUZZ_TARGETS="json claims"`). New corpus
@@ -130,7 +134,7 @@ container-deps:
 	@./scripts/ensure-debian-packages $(CONTAINER_PACKAGES)
 
 dist: deps
-	SWIFT=$(SWIFT) ./scripts/dist
+	SWIFT=$(SWIFT) DIST_SCRATCH=$(DIST_SCRATCH) ./scripts/dist
 
 dist-test: dist container-deps
 	./scripts/install-test tarball $(DIST_TARBALL)

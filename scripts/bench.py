@@ -54,7 +54,8 @@ def binaries_in(build):
     binaries = {name: os.path.join(build, name) for name in BINARIES}
     for path in binaries.values():
         if not os.access(path, os.X_OK):
-            sys.exit(f"missing {path}: run `swift build -c release` first (make bench and make drills do)")
+            sys.exit(f"missing {path}: build it first (make bench builds as make dist does; make drills "
+                     "runs `swift build -c release`)")
     return binaries
 
 
@@ -210,6 +211,7 @@ class Cluster:
             INSERT INTO siwa.notification_jtis (jti, issued_at, expires_at) SELECT * FROM stored""")
         self.psql(name, "VACUUM ANALYZE siwa.notification_log")
         self.psql(name, "VACUUM ANALYZE siwa.notification_jtis")
+        self.psql(name, "CHECKPOINT")  # no checkpoint of the fill's writes left to run during a measurement
         log(f"pre-filled {rows:,} rows in {time.monotonic() - started:.0f} s")
         return name
 
@@ -505,29 +507,7 @@ def ingest(cluster, binaries, jwks_url, bodies, workdir, connections, seconds, p
     cluster.create_database("ingest", prefill)
     if prefill:
         cluster.drop_prefilled()  # its two copies are made: free the disk (10 million rows: ~10 GB)
-    receiver = Receiver(binaries["siwa-receiver"], cluster.url("ingest"), jwks_url, connections)
-    before = cluster.count("ingest")
-    receiver_before = process_cpu_seconds(receiver.process.pid)
-    connected = cluster.child_count()
-    pg_before, wrk_before = cluster.cpu_seconds(settle_to=connected), children_cpu_seconds()
-    started = time.monotonic()
-    result = run_wrk(receiver.url, connections, seconds, bodies, workdir)
-    elapsed = time.monotonic() - started
-    receiver_cpu = process_cpu_seconds(receiver.process.pid) - receiver_before
-    pg_cpu, wrk_cpu = cluster.cpu_seconds(settle_to=connected) - pg_before, children_cpu_seconds() - wrk_before
-    rows = cluster.count("ingest") - before
-    with open(bodies) as f:
-        distinct = sum(1 for _ in f)
-    if rows >= distinct:
-        log(f"warning: all {distinct:,} pre-signed notifications were stored, so wrk re-sent duplicates that store "
-            "nothing: rows/s is understated and CPU per row overstated; raise --tokens")
-    result["rows"] = rows
-    result["rows_per_second"] = rows / elapsed
-    result["receiver_us_per_row"] = per_row_us(receiver_cpu, rows)
-    result["postgres_us_per_row"] = per_row_us(pg_cpu, rows)
-    result["wrk_us_per_row"] = per_row_us(wrk_cpu, rows)
-    result["peak_rss_mib"] = receiver.peak_rss_kib() / 1024
-    receiver.stop()
+    result = receiver_ingest(cluster, binaries, jwks_url, bodies, workdir, connections, seconds, "ingest")
     result["ceiling_tps"] = ceiling["transactions_per_second"]
     result["ceiling_p50_ms"] = ceiling["p50_ms"]
     result["ceiling_p99_ms"] = ceiling["p99_ms"]
@@ -543,6 +523,70 @@ def ingest(cluster, binaries, jwks_url, bodies, workdir, connections, seconds, p
     result["own_batch_rows_per_second"] = own_batch["rows_per_second"]
     result["own_batch_postgres_us_per_row"] = own_batch["postgres_us_per_row"]
     return result
+
+
+def receiver_ingest(cluster, binaries, jwks_url, bodies, workdir, connections, seconds, db):
+    """The receiver at `connections` under wrk, storing into database `db`: rows/s counted in the database,
+    latency, peak RSS, and the CPU per stored row of the receiver, of PostgreSQL and of wrk over the window."""
+    receiver = Receiver(binaries["siwa-receiver"], cluster.url(db), jwks_url, connections)
+    before = cluster.count(db)
+    receiver_before = process_cpu_seconds(receiver.process.pid)
+    connected = cluster.child_count()
+    pg_before, wrk_before = cluster.cpu_seconds(settle_to=connected), children_cpu_seconds()
+    started = time.monotonic()
+    result = run_wrk(receiver.url, connections, seconds, bodies, workdir)
+    elapsed = time.monotonic() - started
+    receiver_cpu = process_cpu_seconds(receiver.process.pid) - receiver_before
+    pg_cpu, wrk_cpu = cluster.cpu_seconds(settle_to=connected) - pg_before, children_cpu_seconds() - wrk_before
+    rows = cluster.count(db) - before
+    with open(bodies) as f:
+        distinct = sum(1 for _ in f)
+    if rows >= distinct:
+        log(f"warning: all {distinct:,} pre-signed notifications were stored, so wrk re-sent duplicates that store "
+            "nothing: rows/s is understated and CPU per row overstated; raise --tokens")
+    result["rows"] = rows
+    result["rows_per_second"] = rows / elapsed
+    result["receiver_us_per_row"] = per_row_us(receiver_cpu, rows)
+    result["postgres_us_per_row"] = per_row_us(pg_cpu, rows)
+    result["wrk_us_per_row"] = per_row_us(wrk_cpu, rows)
+    result["peak_rss_mib"] = receiver.peak_rss_kib() / 1024
+    receiver.stop()
+    return result
+
+
+def prefilled_ingest(cluster, binaries, jwks_url, bodies, workdir, rows_stored, seconds, connections=64):
+    """The receiver at `connections` on an empty database, on one with `rows_stored` applied notifications
+    already stored, then on an empty one again (the same bodies each time, none of them stored before), so
+    that a drift of the machine's speed between runs shows as a difference between the two empty runs. The
+    ratio is the stored run's rows/s over the empty runs' mean."""
+    if rows_stored <= 0:
+        sys.exit("--only prefilled needs --prefill-rows N (e.g. 10000000)")
+    stored_db = cluster.prefilled(rows_stored)
+    runs = {}
+    for label in ("empty", "stored", "empty again"):
+        db = stored_db
+        if label != "stored":
+            cluster.create_database("ingest")
+            db = "ingest"
+        cluster.psql(db, "CHECKPOINT")
+        log(f"receiver at {connections} connections, {label}"
+            + (f" ({rows_stored:,} rows)" if label == "stored" else ""))
+        runs[label] = receiver_ingest(cluster, binaries, jwks_url, bodies, workdir, connections, seconds, db)
+    empty = (runs["empty"]["rows_per_second"] + runs["empty again"]["rows_per_second"]) / 2
+    return {"rows_stored": rows_stored, "connections": connections, "runs": runs,
+            "ratio": runs["stored"]["rows_per_second"] / empty}
+
+
+def print_prefilled(p):
+    print()
+    print(f"Ingest with {p['rows_stored']:,} rows already stored, against an empty database before and after "
+          f"({p['connections']} connections; CPU µs per stored notification)")
+    print(f"{'database':>22} {'rows/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'receiver':>9} {'PostgreSQL':>11} "
+          f"{'non-2xx':>8}")
+    for label, r in p["runs"].items():
+        print(f"{label:>22} {r['rows_per_second']:>9.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+              f"{r['receiver_us_per_row']:>9.1f} {r['postgres_us_per_row']:>11.1f} "
+              f"{r['non_2xx'] + r['socket_errors']:>8}")
 
 
 def drain_rows(siwa_bench, keys, kid, audience, count, out, subs=20000, jti_prefix="drain-",
@@ -823,17 +867,24 @@ def main():
                              "e.g. 10000000 for the 10-million-row measurement")
     parser.add_argument("--quick", action="store_true", help="only the 64-connection runs (no sweep, no prefill)")
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--only", choices=["ingest", "drain", "webhooks"],
-                        help="run only this part (ingest: at 64 connections, with its references)")
+    parser.add_argument("--only", choices=["ingest", "drain", "webhooks", "idle", "prefilled"],
+                        help="run only this part (ingest: at 64 connections, with its references; idle: the "
+                        "idle receive → applied latency; prefilled: the receiver at 64 connections on an empty "
+                        "database, on one with --prefill-rows stored, and on an empty one again)")
     parser.add_argument("--drain-events", type=int, default=100_000, help="notifications each drain applies")
     parser.add_argument("--worker-before", help="with --only drain: also drain the same signed rows with this "
                         "siwa-worker binary from before stored-token verification (given no key options)")
     parser.add_argument("--repeat", type=int, default=1, help="with --only drain: drains per lane count")
     parser.add_argument("--pgqueuer-jobs", type=int, help="no-op jobs PgQueuer drains (default: --drain-events)")
     parser.add_argument("--no-pgqueuer", action="store_true", help="skip the PgQueuer reference")
+    parser.add_argument("--bin-path", default=os.path.join(ROOT, ".build", "release"),
+                        help="the directory of the binaries to measure (make bench: those built as make dist "
+                        "builds them, --static-swift-stdlib)")
     args = parser.parse_args()
+    # Stopped by SIGTERM (kill, timeout), still stop the cluster and remove the directories (`finally`).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
-    binaries = binaries_in(os.path.join(ROOT, ".build", "release"))
+    binaries = binaries_in(args.bin_path)
     for tool in ("wrk", "pgbench", "psql"):
         if not shutil.which(tool):
             sys.exit(f"missing {tool}: apt-get install wrk postgresql-client")
@@ -852,8 +903,9 @@ def main():
         sign(binaries["siwa-bench"], keys, kid, AUDIENCE, args.tokens, bodies)
 
         rows = os.path.join(workdir, "drain-rows.tsv")
-        log(f"signing the drain's {args.drain_events:,} notifications")
-        drain_rows(binaries["siwa-bench"], keys, kid, AUDIENCE, args.drain_events, rows)
+        if args.only in (None, "drain"):
+            log(f"signing the drain's {args.drain_events:,} notifications")
+            drain_rows(binaries["siwa-bench"], keys, kid, AUDIENCE, args.drain_events, rows)
         results["rsa_verify_us"] = rsa_verify_us()
         if args.only == "drain":
             before = dict(binaries, **{"siwa-worker": args.worker_before}) if args.worker_before else None
@@ -881,6 +933,25 @@ def main():
             results["webhooks"] = webhooks(cluster, binaries, jwks_url, bodies)
             print_webhooks(results["webhooks"])
             return
+        if args.only == "idle":
+            log("idle end-to-end latency")
+            results["idle"] = idle_latency(cluster, binaries, jwks_url, bodies)
+            print_idle(results["idle"])
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(results, f, indent=2)
+            return
+        if args.only == "prefilled":
+            results["prefilled"] = prefilled_ingest(cluster, binaries, jwks_url, bodies, workdir, args.prefill,
+                                                    args.seconds)
+            results["targets"] = targets(results)
+            print_prefilled(results["prefilled"])
+            print()
+            print_targets(results["targets"])
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(results, f, indent=2)
+            return
         if args.only == "ingest":
             log("ingest at 64 connections")
             results["ingest"]["64"] = ingest(cluster, binaries, jwks_url, bodies, workdir, 64, args.seconds)
@@ -899,6 +970,7 @@ def main():
                                                          args.seconds)
         if not args.quick and args.prefill:
             log(f"ingest at 64 connections with {args.prefill:,} rows already stored")
+            results["prefill_rows"] = args.prefill
             results["ingest"]["64, table prefilled"] = ingest(
                 cluster, binaries, jwks_url, bodies, workdir, 64, args.seconds, prefill=args.prefill)
         for workers in (1, 2):
@@ -1023,6 +1095,18 @@ def targets(results):
         add("receiver peak RSS at 64 connections", r64["peak_rss_mib"], "≤", 32, " MiB", "VmHWM")
         add("non-2xx answers and socket errors at 64 connections", r64["non_2xx"] + r64["socket_errors"], "≤", 0, "",
             "wrk")
+    stored = results["ingest"].get("64, table prefilled")
+    if r64 and stored:
+        add(f"ingest at 64 connections with {results['prefill_rows']:,} rows stored ÷ empty",
+            stored["rows_per_second"] / r64["rows_per_second"], "≥", 0.9, "×",
+            f"{stored['rows_per_second']:,.0f} ÷ {r64['rows_per_second']:,.0f} rows/s")
+    prefilled = results.get("prefilled")
+    if prefilled:
+        runs = prefilled["runs"]
+        add(f"ingest at {prefilled['connections']} connections with {prefilled['rows_stored']:,} rows stored ÷ empty",
+            prefilled["ratio"], "≥", 0.9, "×",
+            f"{runs['stored']['rows_per_second']:,.0f} ÷ mean of {runs['empty']['rows_per_second']:,.0f} and "
+            f"{runs['empty again']['rows_per_second']:,.0f} rows/s")
     idle = results.get("idle")
     if idle:
         add("idle receive → applied p50", idle["applied_p50_ms"], "≤", 5, " ms", "applied_at − received_at")
@@ -1055,14 +1139,17 @@ def print_table(results):
               f"{r['queue_deletes']} deletes; log: {r['log_updates']} updates, {r['log_hot_updates']} HOT")
     print_pgqueuer(results.get("pgqueuer"))
     print()
-    idle = results["idle"]
-    print("Idle end-to-end latency (200 notifications, one at a time)")
-    print(f"  receive → applied: p50 {idle['applied_p50_ms']:.2f} ms, p99 {idle['applied_p99_ms']:.2f} ms")
-    print(f"  HTTP round trip:   p50 {idle['http_p50_ms']:.2f} ms, p99 {idle['http_p99_ms']:.2f} ms")
+    print_idle(results["idle"])
     print()
     print_webhooks(results["webhooks"])
     print()
     print_targets(results["targets"])
+
+
+def print_idle(idle):
+    print("Idle end-to-end latency (200 notifications, one at a time)")
+    print(f"  receive → applied: p50 {idle['applied_p50_ms']:.2f} ms, p99 {idle['applied_p99_ms']:.2f} ms")
+    print(f"  HTTP round trip:   p50 {idle['http_p50_ms']:.2f} ms, p99 {idle['http_p99_ms']:.2f} ms")
 
 
 def print_webhooks(w):
