@@ -4555,7 +4555,7 @@ RETURNS TABLE (outcome text, delivery_id bigint, change_id bigint, endpoint_id b
                event_time timestamptz, applied_at timestamptz, jti text, audience text,
                sessions_revoked integer, refresh_tokens_revoked integer, email text, is_private_email boolean,
                old_sub text)
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_due        timestamptz := coalesce(p_due_by, pg_catalog.now());
     v_process    text := pg_catalog.substring(p_owner, '^(.*:)[^:]*$');
@@ -4566,7 +4566,6 @@ DECLARE
     v_id         bigint;
     v_wait       boolean;
     v_endpoint   siwa.webhook_endpoints%ROWTYPE;
-    v_delivery   siwa.webhook_deliveries%ROWTYPE;
     v_in_flight  integer;
     v_mine       integer;
     v_share      integer;
@@ -4636,21 +4635,39 @@ BEGIN
                    AND d.lease_expires_at IS NOT NULL AND d.lease_expires_at > pg_catalog.clock_timestamp();
                 v_cap := CASE WHEN v_endpoint.consecutive_failures > 0 THEN 1 ELSE v_endpoint.max_in_flight END;
                 IF v_in_flight < v_cap AND v_mine < v_share THEN
-                    SELECT d.* INTO v_delivery
-                      FROM siwa.webhook_deliveries d
-                     WHERE d.endpoint_id = v_id AND d.state = 'pending' AND d.ready AND d.next_attempt_at <= v_due
-                       AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= pg_catalog.clock_timestamp())
-                       AND NOT EXISTS (
-                           SELECT 1 FROM siwa.webhook_deliveries p
-                            WHERE p.endpoint_id = d.endpoint_id AND p.sub = d.sub AND p.state = 'pending'
-                              AND p.change_id < d.change_id)
-                     ORDER BY d.next_attempt_at, d.id
-                     LIMIT 1
-                       FOR UPDATE OF d SKIP LOCKED;
-                    IF FOUND THEN
+                    -- The endpoint's first due head that is still first in its sub's queue (per-user
+                    -- order: the hint `ready` is re-checked), leased, and returned with what the POST
+                    -- needs, in one statement.
+                    RETURN QUERY
+                    WITH picked AS (
+                        SELECT d.id FROM siwa.webhook_deliveries d
+                         WHERE d.endpoint_id = v_id AND d.state = 'pending' AND d.ready AND d.next_attempt_at <= v_due
+                           AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= pg_catalog.clock_timestamp())
+                           -- The order check as a scalar subquery: a probe of the order index per candidate.
+                           -- (As NOT EXISTS the planner makes it an anti join, and with a table that has no
+                           -- statistics yet it read every pending delivery of the endpoint per claim.)
+                           AND d.change_id = (SELECT p.change_id FROM siwa.webhook_deliveries p
+                                               WHERE p.endpoint_id = d.endpoint_id AND p.sub = d.sub
+                                                 AND p.state = 'pending'
+                                               ORDER BY p.change_id LIMIT 1)
+                         ORDER BY d.next_attempt_at, d.id
+                         LIMIT 1
+                           FOR UPDATE OF d SKIP LOCKED),
+                    leased AS (
                         UPDATE siwa.webhook_deliveries d
                            SET lease_owner = p_owner, lease_expires_at = pg_catalog.clock_timestamp() + p_lease
-                         WHERE d.id = v_delivery.id;
+                          FROM picked WHERE d.id = picked.id
+                        RETURNING d.id, d.change_id, d.endpoint_id, d.attempts, d.first_attempt_at)
+                    SELECT 'claimed'::text, l.id, l.change_id, l.endpoint_id, l.attempts + 1, l.first_attempt_at,
+                           v_endpoint.url,
+                           ARRAY(SELECT s.secret FROM siwa.webhook_secrets s
+                                  WHERE s.endpoint_id = v_id
+                                    AND (s.expires_at IS NULL OR s.expires_at > pg_catalog.now())
+                                  ORDER BY s.id DESC),
+                           c.type, c.sub, c.event_time, c.applied_at, c.jti, c.audience, c.sessions_revoked,
+                           c.refresh_tokens_revoked, c.email, c.is_private_email, c.old_sub
+                      FROM leased l JOIN siwa.changes c ON c.id = l.change_id;
+                    IF FOUND THEN
                         -- Rotation needs the time only while another endpoint has due work too (the
                         -- healthy path of a single endpoint writes nothing here).
                         IF v_endpoints > 1 THEN
@@ -4663,16 +4680,6 @@ BEGIN
                         -- committed durably. Transaction-local: the lanes call this function alone in
                         -- its transaction.
                         PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
-                        RETURN QUERY
-                        SELECT 'claimed'::text, v_delivery.id, v_delivery.change_id, v_delivery.endpoint_id,
-                               v_delivery.attempts + 1, v_delivery.first_attempt_at, v_endpoint.url,
-                               ARRAY(SELECT s.secret FROM siwa.webhook_secrets s
-                                      WHERE s.endpoint_id = v_id
-                                        AND (s.expires_at IS NULL OR s.expires_at > pg_catalog.now())
-                                      ORDER BY s.id DESC),
-                               c.type, c.sub, c.event_time, c.applied_at, c.jti, c.audience, c.sessions_revoked,
-                               c.refresh_tokens_revoked, c.email, c.is_private_email, c.old_sub
-                          FROM siwa.changes c WHERE c.id = v_delivery.change_id;
                         RETURN;
                     END IF;
                 END IF;
@@ -4707,26 +4714,18 @@ CREATE OR REPLACE FUNCTION siwa.record_webhook_attempt(p_delivery bigint, p_owne
                                                        p_backoff_base double precision DEFAULT 5,
                                                        p_backoff_max double precision DEFAULT 3600)
 RETURNS boolean
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    v_delivery siwa.webhook_deliveries%ROWTYPE;
+    v_delivery record;
     v_next     timestamptz;
 BEGIN
     IF p_outcome IS NULL OR p_outcome NOT IN ('delivered', 'retry', 'dead') THEN
         RAISE EXCEPTION 'an attempt ends delivered, retry or dead' USING ERRCODE = '22023';
     END IF;
-    SELECT d.* INTO v_delivery FROM siwa.webhook_deliveries d
-     WHERE d.id = p_delivery AND d.state = 'pending' AND d.lease_owner = p_owner
-       FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
     v_next := CASE WHEN p_outcome = 'retry'
                    THEN pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => coalesce(p_retry_in, 0)) END;
-    INSERT INTO siwa.webhook_attempts
-        (delivery_id, attempt, started_at, latency_ms, status, outcome, next_attempt_at, error)
-    VALUES (p_delivery, v_delivery.attempts + 1, p_started, p_latency_ms, p_status, p_outcome, v_next,
-            pg_catalog.left(p_error, 300));
+    -- The delivery's new state, if the lease is still the caller's: one statement locks, checks and
+    -- writes it (what it returns is the row as written: `attempts` counts this attempt).
     UPDATE siwa.webhook_deliveries d
        SET state = CASE WHEN p_outcome = 'retry' THEN 'pending' ELSE p_outcome END, attempts = d.attempts + 1,
            first_attempt_at = coalesce(d.first_attempt_at, p_started), last_attempt_at = p_started,
@@ -4734,7 +4733,15 @@ BEGIN
            delivered_at = CASE WHEN p_outcome = 'delivered' THEN pg_catalog.clock_timestamp() END,
            last_status = p_status, last_error = pg_catalog.left(p_error, 300),
            lease_owner = NULL, lease_expires_at = NULL
-     WHERE d.id = p_delivery;
+     WHERE d.id = p_delivery AND d.state = 'pending' AND d.lease_owner = p_owner
+    RETURNING d.attempts, d.endpoint_id, d.sub INTO v_delivery;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO siwa.webhook_attempts
+        (delivery_id, attempt, started_at, latency_ms, status, outcome, next_attempt_at, error)
+    VALUES (p_delivery, v_delivery.attempts, p_started, p_latency_ms, p_status, p_outcome, v_next,
+            pg_catalog.left(p_error, 300));
     -- The endpoint's run of failures: a 2xx ends it (and its backoff); a failure extends it, backs the
     -- endpoint off from the 3rd on, and may disable it (auto-disable).
     IF p_outcome = 'delivered' THEN

@@ -171,4 +171,73 @@ struct WebhookClaimSQLTests {
         #expect(try row[0, as: Int.self] == 0 && row[1, as: Int.self] == 0)
         _ = try worker.query("ROLLBACK")
     }
+
+    /// What one statement of `worker` read of `siwa.webhook_deliveries` in its own transaction: rows
+    /// read sequentially and rows fetched through an index.
+    private static func deliveryRowsRead(_ worker: PostgresConnection, _ body: () throws -> Void) throws
+        -> (sequential: Int, indexed: Int)
+    {
+        _ = try worker.query("BEGIN")
+        defer { _ = try? worker.query("ROLLBACK") }
+        try body()
+        let row = try worker.query(
+            """
+            SELECT seq_tup_read::int, coalesce(idx_tup_fetch, 0)::int FROM pg_stat_xact_user_tables
+             WHERE schemaname = 'siwa' AND relname = 'webhook_deliveries'
+            """)[0]
+        return (try row[0, as: Int.self], try row[1, as: Int.self])
+    }
+
+    @Test(
+        "the claim's and the record's plans are made once per session (generic) and stay index probes: made on a table without statistics, they read a few rows of a grown one, where the order check's anti join read every pending delivery"
+    )
+    func plansMadeOnAnEmptyTableStayIndexProbes() throws {
+        let database = try AdminDatabase.make()
+        _ = try database.addEndpoint(url: "https://first.example.com/hooks", secret: .generate())
+        // No ANALYZE between the session's first claim and the last one (it would make the plans anew).
+        try database.connection.execute(
+            "ALTER TABLE siwa.webhook_deliveries SET (autovacuum_enabled = false)")
+        #expect(
+            try database.value(
+                "SELECT reltuples <= 0 FROM pg_class WHERE oid = 'siwa.webhook_deliveries'::regclass") as Bool
+        )
+        let worker = try database.connect(as: .worker)
+        defer { worker.close() }
+        let owner = "host:1:aa:0"
+        // The session's plans are made here, on a table of one delivery and no statistics: every
+        // statement of the claim and the record runs once.
+        #expect(try Self.claim(worker, owner: owner, lanes: 2) == nil)
+        try database.insertChange(sub: "001.first")
+        let first = try #require(try Self.claim(worker, owner: owner, lanes: 2))
+        try Self.record(worker, first.delivery, owner: owner, outcome: "delivered", status: 204)
+        #expect(
+            try database.value(
+                "SELECT reltuples <= 0 FROM pg_class WHERE oid = 'siwa.webhook_deliveries'::regclass") as Bool
+        )
+
+        // The table grows: 2,000 deliveries of 100 users, the first 1,000 delivered.
+        _ = try database.insertChanges(subs: (1...100).map { "001.u\($0)" }, count: 20)
+        _ = try database.connection.query(
+            """
+            UPDATE siwa.webhook_deliveries SET state = 'delivered', delivered_at = now()
+             WHERE id IN (SELECT id FROM siwa.webhook_deliveries WHERE state = 'pending' ORDER BY change_id LIMIT 1000)
+            """)
+        _ = try database.connection.query("SELECT siwa.repair_webhook_ready()")
+        var claimed: (outcome: String, delivery: Int?, endpoint: Int?)?
+        let claimRead = try Self.deliveryRowsRead(worker) {
+            claimed = try Self.claim(worker, owner: owner, lanes: 2)
+        }
+        #expect(claimed?.outcome == "claimed")
+        #expect(claimRead.sequential == 0 && claimRead.indexed < 50, "\(claimRead)")
+        // The same claim committed, then its record (delivered: the next head of its user made ready).
+        let next = try #require(try Self.claim(worker, owner: owner, lanes: 2))
+        let recordRead = try Self.deliveryRowsRead(worker) {
+            try Self.record(worker, next.delivery, owner: owner, outcome: "delivered", status: 204)
+        }
+        #expect(recordRead.sequential == 0 && recordRead.indexed < 20, "\(recordRead)")
+        #expect(
+            try database.value(
+                "SELECT reltuples <= 0 FROM pg_class WHERE oid = 'siwa.webhook_deliveries'::regclass") as Bool
+        )
+    }
 }
