@@ -2047,8 +2047,12 @@ COMMENT ON FUNCTION siwa.process_notification(bigint, integer, interval) IS
 -- columns its claims must match (times as seconds since the epoch). A queue row whose log row is
 -- missing or not pending (already applied, skipped, dead or rejected: a queue row the receiver's role
 -- inserted for a finished notification) is refused: deleted, returned with refused = true and nothing
--- else, so a finished notification is never applied (nor its hook run) a second time.
-CREATE OR REPLACE FUNCTION siwa.claim_notifications(p_limit integer, p_id bigint DEFAULT NULL)
+-- else, so a finished notification is never applied (nor its hook run) a second time. Notifications of
+-- the subs p_skip_subs are left alone: the users a lane found busy earlier in the same drain, whose
+-- put-off rows may be due again already (a pass can take longer than the shortest put-off) and, being
+-- older, would otherwise fill every batch ahead of other users' work.
+CREATE OR REPLACE FUNCTION siwa.claim_notifications(p_limit integer, p_id bigint DEFAULT NULL,
+                                                    p_skip_subs text[] DEFAULT NULL)
 RETURNS TABLE (id bigint, refused boolean, origin text, raw_token text, jti text, event_type text,
                sub text, audience text, email text, is_private_email boolean, event_time double precision,
                issued_at double precision, expires_at double precision, received_at double precision,
@@ -2066,6 +2070,7 @@ BEGIN
           FROM siwa.notification_queue q
           LEFT JOIN siwa.notification_log l ON l.id = q.id AND l.jti = q.jti AND l.issued_at = q.issued_at
          WHERE q.next_attempt_at <= clock_timestamp() AND (p_id IS NULL OR q.id = p_id)
+           AND (l.sub IS NULL OR l.sub <> ALL (coalesce(p_skip_subs, '{}')))
          ORDER BY q.id
          LIMIT least(p_limit, 64)
            FOR UPDATE OF q SKIP LOCKED),
@@ -2084,8 +2089,8 @@ BEGIN
      ORDER BY c.qid;
 END;
 $$;
-COMMENT ON FUNCTION siwa.claim_notifications(integer, bigint) IS
-    'siwa-worker''s claim: up to p_limit (at most 64) due notifications (or only p_id), FOR UPDATE SKIP LOCKED, with the stored token, origin and the columns the token''s claims must match, for the worker to verify before siwa.apply_verified_notifications; a queue row whose notification is missing or finished is deleted and returned with refused = true. Call both in one transaction.';
+COMMENT ON FUNCTION siwa.claim_notifications(integer, bigint, text[]) IS
+    'siwa-worker''s claim: up to p_limit (at most 64) due notifications (or only p_id), none of the subs p_skip_subs (users this drain found busy), FOR UPDATE SKIP LOCKED, with the stored token, origin and the columns the token''s claims must match, for the worker to verify before siwa.apply_verified_notifications; a queue row whose notification is missing or finished is deleted and returned with refused = true. Call both in one transaction.';
 
 -- Applies what the worker verified, in the transaction of its siwa.claim_notifications: p_verified (in
 -- claim order) with the set-based pass; p_rejected (with p_reasons) marked rejected, out of the queue,

@@ -14,6 +14,9 @@ struct ProcessedNotification {
     var latency: Double?
     /// For a busy one: how long its user has been busy in a row (seconds).
     var busySeconds: Double?
+    /// The sub it was stored with, when it was claimed in this lane's transaction (busy users are left
+    /// alone for the rest of a drain by it).
+    var sub: String?
 
     init(row: PostgresRow) throws(PostgresError) {
         id = try row[0, as: Int64.self]
@@ -78,7 +81,7 @@ final class Lane {
     private static let claimSQL = """
         SELECT id, refused, origin, raw_token, jti, event_type, sub, audience, email, is_private_email,
                event_time, issued_at, expires_at, received_at, attempts, claimed_event_time
-          FROM siwa.claim_notifications($1::integer, $2::bigint)
+          FROM siwa.claim_notifications($1::integer, $2::bigint, $3::text[])
         """
     private static let applySQL = """
         SELECT id, jti, event_type, outcome, error, attempt, latency, busy_seconds
@@ -173,25 +176,22 @@ final class Lane {
         return (summary, nil, nextBusyDue)
     }
 
-    /// Runs batches until nothing is claimable, or until only busy notifications (their users' account
-    /// rows held by another transaction) remain: the database puts each busy one off briefly, so a batch
-    /// of nothing but busy ones, when it is not full or brings no notification this drain has not
-    /// already found busy, means the rest of what is due is busy too.
+    /// Runs batches until nothing is claimable but notifications of users found busy (their account
+    /// rows held by another transaction) in this drain: the database puts each busy one off briefly,
+    /// but a pass can outlast the shortest put-off, and a busy user's older notifications would then
+    /// fill every batch again ahead of everyone else's. So a user found busy is left alone for the rest
+    /// of the drain (the next drain, when they are due again, tries them first as before).
     private func drain(_ connection: PostgresConnection, into summary: inout Worker.DrainSummary)
         throws(PostgresError)
     {
-        var busySeen = Set<Int64>()
+        var busySubs = Set<String>()
         while !worker.isStopping {
-            let handled = try runBatch(connection)
+            let handled = try runBatch(connection, skipping: busySubs)
             for notification in handled { summary.record(notification.outcome) }
             if handled.isEmpty { return }
-            let busy = handled.filter { $0.outcome == .busy }.map(\.id)
-            if busy.count == handled.count
-                && (handled.count < configuration.batchSize || busy.allSatisfy(busySeen.contains))
-            {
-                return
+            for notification in handled where notification.outcome == .busy {
+                if let sub = notification.sub { busySubs.insert(sub) }
             }
-            busySeen.formUnion(busy)
         }
     }
 
@@ -206,14 +206,16 @@ final class Lane {
         }
     }
 
-    /// One batch in one transaction: the claim (``claimAndApply(_:only:)``), each stored token verified
+    /// One batch in one transaction: the claim (``claimAndApply(_:only:skipping:)``), each stored token verified
     /// here, then the set-based pass on the verified ones, which, if it fails, runs on each alone,
     /// recording its failure. Only an error no subtransaction can catch (a statement timeout, which
     /// cancels the whole call) comes back here: then the due notifications are handled one per
     /// transaction (``runOneByOne``).
-    private func runBatch(_ connection: PostgresConnection) throws(PostgresError) -> [ProcessedNotification] {
+    private func runBatch(_ connection: PostgresConnection, skipping busySubs: Set<String>)
+        throws(PostgresError) -> [ProcessedNotification]
+    {
         do {
-            return try claimAndApply(connection, only: nil)
+            return try claimAndApply(connection, only: nil, skipping: busySubs)
         } catch  where !error.isConnectionError {
             worker.metrics.batchFailures.increment()
             logger.warning(
@@ -222,7 +224,7 @@ final class Lane {
                     "lane": .int(index), "error_code": .string(error.code.description),
                     "sqlstate": .string(error.sqlState ?? ""),
                 ])
-            return try runOneByOne(connection)
+            return try runOneByOne(connection, skipping: busySubs)
         }
     }
 
@@ -230,10 +232,11 @@ final class Lane {
     /// and applies the verified ones, marking the rejected ones, in one transaction. A `kid` not held
     /// is never fetched inside it: the transaction is rolled back (nothing claimed, nothing changed), the
     /// keys are fetched with none open, and the batch is claimed again; a row whose key still cannot be
-    /// had is put off (deferred).
-    private func claimAndApply(_ connection: PostgresConnection, only id: Int64?) throws(PostgresError)
-        -> [ProcessedNotification]
-    {
+    /// had is put off (deferred). Notifications of `busySubs` are not claimed.
+    private func claimAndApply(
+        _ connection: PostgresConnection, only id: Int64?, skipping busySubs: Set<String>
+    ) throws(PostgresError) -> [ProcessedNotification] {
+        let skipped = busySubs.sorted().map { PostgresData.text($0) }
         var unknownKeys = Set<String>()
         var fetchedOnce = false
         while true {
@@ -241,15 +244,17 @@ final class Lane {
             var open = true
             defer { if open { _ = try? connection.execute("ROLLBACK") } }
             let claimed = try connection.query(
-                Self.claimSQL, [.int(Int64(configuration.batchSize)), id.map { .int($0) }])
+                Self.claimSQL, [.int(Int64(configuration.batchSize)), id.map { .int($0) }, .array(skipped)])
             var handled: [ProcessedNotification] = []
             var verified: [PostgresData?] = []
             var rejected: [PostgresData?] = []
             var reasons: [PostgresData?] = []
             var deferred: [PostgresData?] = []
             var missingKeys = Set<String>()
+            var subs: [Int64: String] = [:]
             for row in claimed {
                 let notification = try ClaimedNotification(row: row)
+                subs[notification.id] = notification.sub
                 if notification.refused {
                     handled.append(
                         ProcessedNotification(
@@ -292,7 +297,9 @@ final class Lane {
                     .int(Int64(configuration.maxAttempts)), .double(configuration.retryBaseDelay.inSeconds),
                 ])
             {
-                handled.append(try ProcessedNotification(row: result))
+                var notification = try ProcessedNotification(row: result)
+                notification.sub = subs[notification.id]
+                handled.append(notification)
             }
             _ = try connection.execute("COMMIT")
             open = false
@@ -304,8 +311,8 @@ final class Lane {
     /// The fallback for an error that cancelled the whole batch: each due notification in its own
     /// transaction (claimed, verified and applied as a batch of one); one whose transaction fails is
     /// recorded as a failed attempt in a separate transaction, so it cannot wedge the queue.
-    private func runOneByOne(_ connection: PostgresConnection) throws(PostgresError)
-        -> [ProcessedNotification]
+    private func runOneByOne(_ connection: PostgresConnection, skipping busySubs: Set<String>)
+        throws(PostgresError) -> [ProcessedNotification]
     {
         let due = try connection.query(Self.dueSQL, [.int(Int64(configuration.batchSize))])
         var handled: [ProcessedNotification] = []
@@ -313,7 +320,7 @@ final class Lane {
             if worker.isStopping { break }
             let id = try row[0, as: Int64.self]
             do {
-                handled += try claimAndApply(connection, only: id)
+                handled += try claimAndApply(connection, only: id, skipping: busySubs)
             } catch  where !error.isConnectionError {
                 let message = (error.sqlState.map { $0 + ": " } ?? "") + error.message
                 let outcome = try connection.query(
