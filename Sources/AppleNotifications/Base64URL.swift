@@ -38,42 +38,58 @@ public enum Base64URL {
 
     /// Decodes strict unpadded base64url; throws ``NotificationError/Code/badBase64`` otherwise.
     public static func decode(_ text: some StringProtocol) throws(NotificationError) -> Data {
-        try decode(bytes: Array(text.utf8)[...])
+        let bytes = Array(text.utf8)
+        return try bytes.withUnsafeBufferPointer { input throws(NotificationError) in try decode(bytes: input)
+        }
     }
 
-    /// Decodes strict unpadded base64url from ASCII bytes; throws ``NotificationError/Code/badBase64``
-    /// otherwise.
-    static func decode(bytes input: ArraySlice<UInt8>) throws(NotificationError) -> Data {
+    /// Decodes strict unpadded base64url from ASCII bytes straight into the `Data` it returns; throws
+    /// ``NotificationError/Code/badBase64`` otherwise.
+    static func decode(bytes input: UnsafeBufferPointer<UInt8>) throws(NotificationError) -> Data {
         if input.count % 4 == 1 { throw .malformed(.badBase64, "impossible length") }
-        var output: [UInt8] = []  // appended byte by byte: an array, not Data, keeps that cheap
-        output.reserveCapacity(input.count * 3 / 4)
-        var accumulator: UInt32 = 0
-        var bits = 0
-        for byte in input {
-            guard let value = sextet(byte) else {
+        let count = input.count / 4 * 3 + max(0, input.count % 4 - 1)
+        var output = Data(count: count)
+        let valid = output.withUnsafeMutableBytes { raw -> Bool in
+            let out = raw.bindMemory(to: UInt8.self)
+            var accumulator: UInt32 = 0
+            var bits: UInt32 = 0
+            var written = 0
+            var bad: UInt8 = 0
+            for byte in input {
+                let value = sextets[Int(byte)]
+                bad |= value  // 0x40 marks a byte outside the alphabet
+                accumulator = accumulator << 6 | UInt32(value & 63)
+                bits += 6
+                if bits >= 8 {
+                    bits -= 8
+                    out[written] = UInt8(truncatingIfNeeded: accumulator >> bits)
+                    written += 1
+                    accumulator &= (1 << bits) - 1
+                }
+            }
+            // Leftover bits (2 or 4) must be zero in the canonical encoding.
+            if bad & 0x40 != 0 { return false }
+            return accumulator == 0
+        }
+        guard valid else {
+            // Which reason: only on this error path is the input scanned again.
+            if input.contains(where: { sextets[Int($0)] & 0x40 != 0 }) {
                 throw .malformed(.badBase64, "character outside base64url")
             }
-            accumulator = accumulator << 6 | UInt32(value)
-            bits += 6
-            if bits >= 8 {
-                bits -= 8
-                output.append(UInt8(truncatingIfNeeded: accumulator >> UInt32(bits)))
-                accumulator &= (1 << UInt32(bits)) - 1
-            }
+            throw .malformed(.badBase64, "non-canonical trailing bits")
         }
-        // Leftover bits (2 or 4) must be zero in the canonical encoding.
-        if accumulator != 0 { throw .malformed(.badBase64, "non-canonical trailing bits") }
-        return Data(output)
+        return output
     }
 
-    private static func sextet(_ byte: UInt8) -> UInt8? {
-        switch byte {
-        case UInt8(ascii: "A")...UInt8(ascii: "Z"): byte - UInt8(ascii: "A")
-        case UInt8(ascii: "a")...UInt8(ascii: "z"): byte - UInt8(ascii: "a") + 26
-        case UInt8(ascii: "0")...UInt8(ascii: "9"): byte - UInt8(ascii: "0") + 52
+    /// Each byte's value in the base64url alphabet, or 0x40 for a byte outside it.
+    private static let sextets: [UInt8] = (0...255).map { byte -> UInt8 in
+        switch UInt8(byte) {
+        case UInt8(ascii: "A")...UInt8(ascii: "Z"): UInt8(byte) - UInt8(ascii: "A")
+        case UInt8(ascii: "a")...UInt8(ascii: "z"): UInt8(byte) - UInt8(ascii: "a") + 26
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): UInt8(byte) - UInt8(ascii: "0") + 52
         case UInt8(ascii: "-"): 62
         case UInt8(ascii: "_"): 63
-        default: nil
+        default: 0x40
         }
     }
 }

@@ -31,6 +31,23 @@ enum JSONValue: Sendable, Equatable {
         return object
     }
 
+    /// Reads bytes that must hold a JSON object member by member (``JSONParser/members(_:)``), with
+    /// the same strictness and the same errors as ``object(from:what:)``.
+    static func readObject(
+        from bytes: [UInt8], what: String,
+        _ visit: (ArraySlice<UInt8>, inout JSONParser) throws(JSONParser.Failure) -> Bool
+    ) throws(NotificationError) {
+        do {
+            try JSONParser.readObject(bytes, visit)
+        } catch {
+            // Which message: only on this error path is the input parsed again.
+            if let value = try? JSONParser.parse(bytes) {
+                if case .object = value {} else { throw .malformed(.badJSON, "\(what) is not a JSON object") }
+            }
+            throw .malformed(.badJSON, "\(what) is not JSON")
+        }
+    }
+
     var stringValue: String? {
         if case .string(let value) = self { value } else { nil }
     }
@@ -47,7 +64,10 @@ struct JSONParser {
     private var index = 0
     private var depth = 0
 
-    private init(_ bytes: [UInt8]) { self.bytes = bytes }
+    init(_ bytes: [UInt8]) { self.bytes = bytes }
+
+    /// Whether every byte has been read.
+    var isAtEnd: Bool { index == bytes.count }
 
     static func parse(_ data: Data) throws(Failure) -> JSONValue {
         try parse([UInt8](data))
@@ -62,7 +82,7 @@ struct JSONParser {
         return value
     }
 
-    private mutating func skipWhitespace() {
+    mutating func skipWhitespace() {
         while index < bytes.count {
             switch bytes[index] {
             case 0x20, 0x09, 0x0A, 0x0D: index += 1
@@ -71,7 +91,7 @@ struct JSONParser {
         }
     }
 
-    private func peek() throws(Failure) -> UInt8 {
+    func peek() throws(Failure) -> UInt8 {
         guard index < bytes.count else { throw Failure() }
         return bytes[index]
     }
@@ -85,7 +105,7 @@ struct JSONParser {
         }
     }
 
-    private mutating func value() throws(Failure) -> JSONValue {
+    mutating func value() throws(Failure) -> JSONValue {
         switch try peek() {
         case UInt8(ascii: "{"): return try object()
         case UInt8(ascii: "["): return try array()
@@ -111,28 +131,68 @@ struct JSONParser {
     }
 
     private mutating func object() throws(Failure) -> JSONValue {
+        var object: [String: JSONValue] = [:]
+        try members { name, parser throws(Failure) in
+            let member = try parser.value()
+            guard object.updateValue(member, forKey: String(decoding: name, as: UTF8.self)) == nil else {
+                throw Failure()
+            }
+            return true
+        }
+        return .object(object)
+    }
+
+    /// Reads the object the parser stands at, member by member, without building it: `visit` is called
+    /// with each member's decoded name while the parser stands at the member's value. A `visit` that
+    /// knows the name reads the value (``value()``, ``stringBytes()``, ``members(_:)``), refuses a
+    /// name it has already seen, and returns `true`; one that does not returns `false`, and the value
+    /// is then parsed (so the whole object is checked as strictly as by ``parse(_:)``) and dropped, its
+    /// name kept so that a repeat is refused (compared as `String`s, as the dictionary of ``parse(_:)``
+    /// compares its keys).
+    mutating func members(
+        _ visit: (ArraySlice<UInt8>, inout JSONParser) throws(Failure) -> Bool
+    ) throws(Failure) {
+        guard try peek() == UInt8(ascii: "{") else { throw Failure() }
         try enter()
         defer { depth -= 1 }
-        var members: [String: JSONValue] = [:]
         if try peek() == UInt8(ascii: "}") {
             index += 1
-            return .object(members)
+            return
         }
+        var unknown: Set<String> = []
         while true {
             guard try peek() == UInt8(ascii: "\"") else { throw Failure() }
-            let name = try string()
+            let name = try stringBytes()
             skipWhitespace()
             try expect(":")
             skipWhitespace()
-            let member = try value()
-            guard members.updateValue(member, forKey: name) == nil else { throw Failure() }
+            let start = index
+            if try !visit(name, &self) {
+                index = start
+                _ = try value()
+                guard unknown.insert(String(decoding: name, as: UTF8.self)).inserted else { throw Failure() }
+            } else if index == start {
+                throw Failure()  // a visitor that claimed the member must have read its value
+            }
             skipWhitespace()
             let next = try peek()
             index += 1
-            if next == UInt8(ascii: "}") { return .object(members) }
+            if next == UInt8(ascii: "}") { return }
             guard next == UInt8(ascii: ",") else { throw Failure() }
             skipWhitespace()
         }
+    }
+
+    /// Reads all of `bytes`, which must hold one JSON object (whitespace around it allowed), with
+    /// ``members(_:)``.
+    static func readObject(
+        _ bytes: [UInt8], _ visit: (ArraySlice<UInt8>, inout JSONParser) throws(Failure) -> Bool
+    ) throws(Failure) {
+        var parser = JSONParser(bytes)
+        parser.skipWhitespace()
+        try parser.members(visit)
+        parser.skipWhitespace()
+        guard parser.index == parser.bytes.count else { throw Failure() }
     }
 
     private mutating func array() throws(Failure) -> JSONValue {
@@ -155,19 +215,27 @@ struct JSONParser {
     }
 
     private mutating func string() throws(Failure) -> String {
+        String(decoding: try stringBytes(), as: UTF8.self)  // already checked to be UTF-8
+    }
+
+    /// The decoded bytes of the string the parser stands at (its opening quote): valid UTF-8, escapes
+    /// resolved. A string without escapes is a slice of the input, nothing copied.
+    mutating func stringBytes() throws(Failure) -> ArraySlice<UInt8> {
+        guard try peek() == UInt8(ascii: "\"") else { throw Failure() }
         index += 1  // opening quote
         // Fast path: no escape before the closing quote, so the text is the bytes as they stand.
         var end = index
+        var ascii = true
         while end < bytes.count {
             let byte = bytes[end]
             if byte == UInt8(ascii: "\"") {
-                guard let text = String(validating: bytes[index..<end], as: UTF8.self) else {
-                    throw Failure()
-                }
+                let text = bytes[index..<end]
+                guard ascii || String(validating: text, as: UTF8.self) != nil else { throw Failure() }
                 index = end + 1
                 return text
             }
             if byte == UInt8(ascii: "\\") || byte < 0x20 { break }
+            if byte >= 0x80 { ascii = false }
             end += 1
         }
         var scalars = Array(bytes[index..<end])
@@ -177,8 +245,8 @@ struct JSONParser {
             index += 1
             switch byte {
             case UInt8(ascii: "\""):
-                guard let text = String(validating: scalars, as: UTF8.self) else { throw Failure() }
-                return text
+                guard ascii || String(validating: scalars, as: UTF8.self) != nil else { throw Failure() }
+                return scalars[...]
             case UInt8(ascii: "\\"):
                 let escape = try peek()
                 index += 1
@@ -206,6 +274,7 @@ struct JSONParser {
             case 0..<0x20:
                 throw Failure()
             default:
+                if byte >= 0x80 { ascii = false }
                 scalars.append(byte)
             }
         }
@@ -229,7 +298,7 @@ struct JSONParser {
     }
 
     /// RFC 8259 number grammar: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
-    private mutating func number() throws(Failure) -> Double {
+    mutating func number() throws(Failure) -> Double {
         let start = index
         func isDigit(_ byte: UInt8) -> Bool { byte >= UInt8(ascii: "0") && byte <= UInt8(ascii: "9") }
         func digits() -> Int {

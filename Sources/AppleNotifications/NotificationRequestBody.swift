@@ -14,18 +14,34 @@ public enum NotificationRequestBody {
 
     /// The `payload` string of a request body `{"payload": "<JWS>"}` (see the generic form).
     public static func payload(from body: [UInt8]) throws(NotificationError) -> String {
-        let object: [String: JSONValue]
+        // Read member by member: only the token becomes a String.
+        var payload: Payload = .missing
         do {
-            object = try JSONValue.object(from: body, what: "the request body")
+            try JSONValue.readObject(from: body, what: "the request body") {
+                name, parser throws(JSONParser.Failure) in
+                guard name.elementsEqual("payload".utf8) else { return false }
+                guard case .missing = payload else { throw JSONParser.Failure() }  // named twice
+                if try parser.peek() == UInt8(ascii: "\"") {
+                    payload = .token(String(decoding: try parser.stringBytes(), as: UTF8.self))
+                } else {
+                    _ = try parser.value()
+                    payload = .notString
+                }
+                return true
+            }
         } catch {
             throw .malformed(.badBody, "the body is not a JSON object")
         }
-        guard let payload = object["payload"] else {
-            throw .malformed(.badBody, "the body has no payload")
+        switch payload {
+        case .missing: throw .malformed(.badBody, "the body has no payload")
+        case .notString: throw .malformed(.badBody, "the payload is not a string")
+        case .token(let token): return token
         }
-        guard let token = payload.stringValue else {
-            throw .malformed(.badBody, "the payload is not a string")
-        }
-        return token
+    }
+
+    private enum Payload {
+        case missing
+        case notString
+        case token(String)
     }
 }

@@ -88,7 +88,7 @@ public struct NotificationVerifier: Sendable {
         guard jws.algorithm == Self.algorithm else {
             throw .verificationFailed(.algorithmNotAllowed, "only RS256 is accepted")
         }
-        guard !jws.headerNames.contains("crit") else {
+        guard !jws.hasCriticalHeader else {
             throw .verificationFailed(.criticalHeader, "crit header is not supported")
         }
         guard let kid = jws.keyID, !kid.isEmpty else {
@@ -104,14 +104,14 @@ public struct NotificationVerifier: Sendable {
     }
 
     private func claims(_ payload: Data, now: Date) throws(NotificationError) -> ServerNotification {
-        let claims = try JSONValue.object(from: payload, what: "claims")
+        let claims = try SignedClaims(payload)
 
-        guard claims["iss"]?.stringValue == Self.issuer else {
+        guard claims.issuerIsApple else {
             throw .verificationFailed(.wrongIssuer, "iss is not Apple")
         }
 
         let tokenAudiences: [String]
-        switch claims["aud"] {
+        switch claims.audience {
         case .string(let value)?:
             tokenAudiences = [value]
         case .array(let values)?:
@@ -142,13 +142,13 @@ public struct NotificationVerifier: Sendable {
             throw error
         }
 
-        guard let iat = claims["iat"] else { throw .malformed(.missingClaim, "iat is missing") }
+        guard let iat = claims.issuedAt else { throw .malformed(.missingClaim, "iat is missing") }
         let issuedAt = try numericDate(iat, name: "iat")
         guard issuedAt.timeIntervalSince(now) <= leeway else {
             throw .verificationFailed(.issuedInFuture, "iat is in the future")
         }
         var expiresAt: Date?
-        if let exp = claims["exp"] {
+        if let exp = claims.expiresAt {
             let date = try numericDate(exp, name: "exp")
             guard date.timeIntervalSince(now) > -leeway else {
                 throw .verificationFailed(.expired, "exp is in the past")
@@ -160,12 +160,12 @@ public struct NotificationVerifier: Sendable {
             }
         }
 
-        guard let jtiValue = claims["jti"] else { throw .malformed(.missingClaim, "jti is missing") }
+        guard let jtiValue = claims.jti else { throw .malformed(.missingClaim, "jti is missing") }
         guard let jti = jtiValue.stringValue, !jti.isEmpty else {
             throw .malformed(.badClaim, "jti is not a non-empty string")
         }
 
-        let event = try events(claims["events"])
+        let event = try events(claims.events)
         // Dated after the token was signed (beyond the clock-skew leeway): not believed.
         let latest = issuedAt.addingTimeInterval(leeway)
         let future = event.time > latest
@@ -191,46 +191,42 @@ public struct NotificationVerifier: Sendable {
         var time: Date
     }
 
-    private func events(_ value: JSONValue?) throws(NotificationError) -> Event {
-        let object: [String: JSONValue]
+    private func events(_ value: SignedClaims.Events) throws(NotificationError) -> Event {
+        let object: SignedEvent
         switch value {
-        case .string(let text)?:
+        case .string(let text):
             // Real traffic: the events object JSON-encoded into a string.
-            do {
-                object = try JSONValue.object(from: Data(text.utf8), what: "events")
-            } catch {
-                throw .malformed(.badEvents, "events string is not a JSON object")
-            }
-        case .object(let value)?:
+            object = try SignedEvent(json: text)
+        case .object(let value):
             // Apple's documentation: a plain object.
             object = value
-        case nil:
+        case .missing:
             throw .malformed(.missingClaim, "events is missing")
-        default:
+        case .other:
             throw .malformed(.badEvents, "events is neither a string nor an object")
         }
 
-        guard let type = object["type"]?.stringValue, !type.isEmpty else {
+        guard let type = object.type?.stringValue, !type.isEmpty else {
             throw .malformed(.badEvents, "events.type is not a non-empty string")
         }
-        guard let subject = object["sub"]?.stringValue, !subject.isEmpty else {
+        guard let subject = object.subject?.stringValue, !subject.isEmpty else {
             throw .malformed(.badEvents, "events.sub is not a non-empty string")
         }
         var email: String?
-        switch object["email"] {
+        switch object.email {
         case nil, .null?: email = nil
         case .string(let value)?: email = value
         default: throw .malformed(.badEvents, "events.email is not a string")
         }
         var isPrivateEmail: Bool?
-        switch object["is_private_email"] {
+        switch object.isPrivateEmail {
         case nil, .null?: isPrivateEmail = nil
         case .bool(let value)?: isPrivateEmail = value
         case .string("true")?: isPrivateEmail = true
         case .string("false")?: isPrivateEmail = false
         default: throw .malformed(.badEvents, "events.is_private_email is not a boolean")
         }
-        guard case .number(let rawTime)? = object["event_time"], rawTime.isFinite, rawTime >= 0 else {
+        guard case .number(let rawTime)? = object.eventTime, rawTime.isFinite, rawTime >= 0 else {
             throw .malformed(.badEvents, "events.event_time is not a non-negative number")
         }
         let seconds = rawTime > 1e11 ? rawTime / 1000 : rawTime

@@ -19,6 +19,11 @@ public struct HTTPHeaders: Sendable, Equatable, Sequence, ExpressibleByDictionar
         fields = pairs.map { Field(name: $0.0, value: $0.1) }
     }
 
+    /// Creates headers from fields as they stand.
+    init(fields: [Field]) {
+        self.fields = fields
+    }
+
     public init(dictionaryLiteral elements: (String, String)...) {
         self.init(elements)
     }

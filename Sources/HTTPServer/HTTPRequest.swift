@@ -42,7 +42,12 @@ public struct HTTPRequest: Sendable {
     /// A fresh random request identifier: 16 lowercase hexadecimal characters.
     public static func makeID() -> String {
         let value = UInt64.random(in: .min ... .max)
-        let hex = String(value, radix: 16)
-        return String(repeating: "0", count: 16 - hex.count) + hex
+        return String(unsafeUninitializedCapacity: 16) { buffer in
+            for position in 0..<16 {
+                let digit = UInt8(truncatingIfNeeded: value >> UInt64(60 - 4 * position) & 15)
+                buffer[position] = digit < 10 ? UInt8(ascii: "0") + digit : UInt8(ascii: "a") + digit - 10
+            }
+            return 16
+        }
     }
 }

@@ -339,7 +339,7 @@ final class Dispatcher: Sendable {
     }
 
     private func makeRequest(_ exchange: OpaquePointer, _ view: siwa_http_request_view) -> HTTPRequest {
-        var fields: [(String, String)] = []
+        var fields: [HTTPHeaders.Field] = []
         withUnsafeMutablePointer(to: &fields) { pointer in
             siwa_http_each_header(exchange, collectHeader, pointer)
         }
@@ -354,18 +354,18 @@ final class Dispatcher: Sendable {
         if let bytes = view.body, view.body_length > 0 {
             body = Array(UnsafeBufferPointer(start: bytes, count: view.body_length))
         }
-        var address = [CChar](repeating: 0, count: 64)
-        address.withUnsafeMutableBufferPointer { buffer in
+        // INET6_ADDRSTRLEN is 46: 64 bytes hold any numeric address and its terminator.
+        let address = withUnsafeTemporaryAllocation(of: CChar.self, capacity: 64) { buffer in
             siwa_http_remote_address(exchange, buffer.baseAddress, buffer.count)
+            return String(cString: buffer.baseAddress!)
         }
         return HTTPRequest(
             method: view.method.map { String(cString: $0) } ?? "",
             path: view.path.map { String(cString: $0) } ?? "/",
             query: query,
-            headers: HTTPHeaders(fields),
+            headers: HTTPHeaders(fields: fields),
             body: body,
-            remoteAddress: String(
-                decoding: address.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
+            remoteAddress: address)
     }
 
     func send(_ response: HTTPResponse, on exchange: OpaquePointer) -> Int32 {
@@ -428,7 +428,7 @@ private func checkFraming(
     return refusal.map { UnsafePointer($0.pointer) }
 }
 
-/// The C callback for one request header; `context` points at the `[(String, String)]` being filled.
+/// The C callback for one request header; `context` points at the `[HTTPHeaders.Field]` being filled.
 private func scanFramingHeader(
     _ context: UnsafeMutableRawPointer?, _ name: UnsafePointer<CChar>?, _ nameLength: Int,
     _ value: UnsafePointer<CChar>?, _ valueLength: Int
@@ -447,10 +447,10 @@ private func collectHeader(
     _ value: UnsafePointer<CChar>?, _ valueLength: Int
 ) {
     guard let context, let name else { return }
-    let fields = context.assumingMemoryBound(to: [(String, String)].self)
+    let fields = context.assumingMemoryBound(to: [HTTPHeaders.Field].self)
     let nameText = String(decoding: UnsafeRawBufferPointer(start: name, count: nameLength), as: UTF8.self)
     let valueText =
         value.map { String(decoding: UnsafeRawBufferPointer(start: $0, count: valueLength), as: UTF8.self) }
         ?? ""
-    fields.pointee.append((nameText, valueText))
+    fields.pointee.append(HTTPHeaders.Field(name: nameText, value: valueText))
 }

@@ -66,7 +66,7 @@ public struct IdentityTokenVerifier: Sendable {
     ) throws(Failure) -> IdentityClaims {
         let jws: CompactJWS
         do { jws = try CompactJWS(token) } catch { throw Failure("malformed_id_token") }
-        guard jws.algorithm == "RS256", !jws.headerNames.contains("crit") else {
+        guard jws.algorithm == "RS256", !jws.hasCriticalHeader else {
             throw Failure("id_token_algorithm_not_allowed")
         }
         guard let kid = jws.keyID, !kid.isEmpty else { throw Failure("id_token_without_kid") }

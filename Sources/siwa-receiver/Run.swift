@@ -154,6 +154,10 @@ private func makeConfiguration(_ parsed: ParsedCommand, environment: [String: St
     http.connectionTimeout =
         try parsed.seconds("connection-timeout", positive: true) ?? http.connectionTimeout
     http.threadCount = try parsed.integer("threads", in: 1...1024) ?? http.threadCount
+    // 16 KiB per connection for the request line, headers and read buffer (nginx's own limit for a
+    // header line is 8 KiB): libmicrohttpd clears a connection's whole pool between two requests on it,
+    // so a larger pool costs every request, and memory per idle keep-alive connection.
+    http.connectionMemoryLimit = 16 * 1024
     let audiences = AppleCredentialOptions.audiences(parsed)
     let keys = KeyStore.Configuration(
         refreshInterval: try parsed.seconds("jwks-refresh", positive: true) ?? .seconds(3600),
