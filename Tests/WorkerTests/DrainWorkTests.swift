@@ -108,6 +108,44 @@ struct DrainWorkTests {
                 == "new-team-sub")
     }
 
+    @Test("a batch reads no account row sequentially, however many users there are; an erased user's change keeps no email")
+    func changesLookUpAccountsByKey() throws {
+        let db = try TestDatabase()
+        // Enough users that a hashed subplan over the whole table looked cheaper to the planner than one
+        // probe per change (the numbering's erased-account check read all of siwa.accounts, twice, per batch).
+        try db.query("INSERT INTO siwa.accounts (sub) SELECT 'other-' || g FROM generate_series(1, 10000) g")
+        try db.query("ANALYZE siwa.accounts")
+        for n in 1...40 {
+            try db.insert(
+                jti: "mail-\(n)", type: "email-enabled", sub: "user-\(n)", eventTime: "now() - interval '1 hour'",
+                email: "u\(n)@privaterelay.appleid.com")
+        }
+        try db.insert(jti: "gone", type: "account-delete", sub: "user-1")
+
+        let session = try freshSession(db)
+        defer { session.close() }
+        try session.execute("BEGIN")
+        #expect(try processBatch(session).values.allSatisfy { $0 == "applied" })
+        #expect(
+            try value(
+                session,
+                """
+                SELECT coalesce(sum(seq_tup_read), 0)::integer FROM pg_stat_xact_user_tables
+                 WHERE schemaname = 'siwa' AND relname = 'accounts'
+                """) == 0)
+        try session.execute("COMMIT")
+
+        // user-1's email event came before its deletion in the same batch: its change has no email.
+        #expect(
+            try db.value(
+                "SELECT count(*)::integer FROM siwa.changes WHERE jti = 'mail-1' AND email IS NULL AND is_private_email IS NULL"
+            ) == 1)
+        #expect(
+            try db.value(
+                "SELECT count(*)::integer FROM siwa.changes WHERE jti LIKE 'mail-%' AND email = 'u' || substr(jti, 6) || '@privaterelay.appleid.com'"
+            ) == 39)
+    }
+
     @Test(
         "with no enabled endpoint the fan-out only probes; an endpoint committed meanwhile gets the next changes"
     )
