@@ -108,7 +108,9 @@ struct DrainWorkTests {
                 == "new-team-sub")
     }
 
-    @Test("a batch reads no account row sequentially, however many users there are; an erased user's change keeps no email")
+    @Test(
+        "a batch reads no account row sequentially, however many users there are; an erased user's change keeps no email"
+    )
     func changesLookUpAccountsByKey() throws {
         let db = try TestDatabase()
         // Enough users that a hashed subplan over the whole table looked cheaper to the planner than one
@@ -117,7 +119,8 @@ struct DrainWorkTests {
         try db.query("ANALYZE siwa.accounts")
         for n in 1...40 {
             try db.insert(
-                jti: "mail-\(n)", type: "email-enabled", sub: "user-\(n)", eventTime: "now() - interval '1 hour'",
+                jti: "mail-\(n)", type: "email-enabled", sub: "user-\(n)",
+                eventTime: "now() - interval '1 hour'",
                 email: "u\(n)@privaterelay.appleid.com")
         }
         try db.insert(jti: "gone", type: "account-delete", sub: "user-1")
@@ -158,13 +161,16 @@ struct DrainWorkTests {
             ).first)[0, as: Int.self]
     }
 
-    @Test("plans a worker's session made while the tables were empty read no table sequentially once they have filled")
+    @Test(
+        "plans a worker's session made while the tables were empty read no table sequentially once they have filled"
+    )
     func plansMadeOnEmptyTablesUseTheKeys() throws {
         let db = try TestDatabase()
         try db.query("ANALYZE")  // the tables known to be empty, as on a new deployment's first autovacuum
         let types = ["email-disabled", "email-enabled", "consent-revoked", "account-delete"]
         for (n, type) in types.enumerated() {
-            try db.insert(jti: "first-\(n)", type: type, sub: "first-\(n)", email: "f\(n)@privaterelay.appleid.com")
+            try db.insert(
+                jti: "first-\(n)", type: type, sub: "first-\(n)", email: "f\(n)@privaterelay.appleid.com")
         }
         let session = try freshSession(db)
         defer { session.close() }
@@ -185,7 +191,8 @@ struct DrainWorkTests {
             """)
         for n in 1...300 {
             try db.insert(
-                jti: "backlog-\(n)", type: types[n % 4], sub: "user-\(n)", eventTime: "now() - interval '1 minute'",
+                jti: "backlog-\(n)", type: types[n % 4], sub: "user-\(n)",
+                eventTime: "now() - interval '1 minute'",
                 email: n % 4 < 2 ? "b\(n)@privaterelay.appleid.com" : nil)
         }
         // Rows read sequentially per table, as this transaction's statistics count them (they also hold
@@ -214,7 +221,8 @@ struct DrainWorkTests {
             try db.value("SELECT count(*)::integer FROM siwa.notification_log WHERE state = 'applied'") == 68)
         // The 16 users deleted in the batch keep no ciphertext; the others keep theirs.
         #expect(
-            try db.value("SELECT count(*)::integer FROM siwa.refresh_tokens WHERE token_ciphertext IS NULL") == 16)
+            try db.value("SELECT count(*)::integer FROM siwa.refresh_tokens WHERE token_ciphertext IS NULL")
+                == 16)
     }
 
     @Test(
