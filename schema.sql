@@ -1845,8 +1845,11 @@ BEGIN
         RAISE EXCEPTION 'siwa.apply_claimed_batch finished % queue rows and % log rows of % applied',
                         v_done, v_marked, cardinality(v_mark_ids);
     END IF;
+    -- Put off from now, when they are let go, not from the pass's start: a slow pass (the first of a
+    -- session makes its plans) would otherwise hand them back already due.
     IF false = ANY (ARRAY(SELECT x.locked FROM unnest(v_events) AS x)) THEN
-        PERFORM siwa.put_off_busy(ARRAY(SELECT x.id FROM unnest(v_events) AS x WHERE NOT x.locked), v_now);
+        PERFORM siwa.put_off_busy(ARRAY(SELECT x.id FROM unnest(v_events) AS x WHERE NOT x.locked),
+                                  clock_timestamp());
     END IF;
     -- 7. The changes (with their ids) go to the caller, which inserts them numbered, last in its
     --    transaction (siwa.number_changes): the siwa.changes_counter row lock then covers only what is
