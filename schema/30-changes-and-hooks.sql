@@ -98,7 +98,8 @@ INSERT INTO siwa.changes_counter DEFAULT VALUES ON CONFLICT DO NOTHING;
 -- its email. Then NOTIFY siwa_changes with the new last position (delivered at commit). Call it last in
 -- the transaction: the counter's row lock is held until the transaction ends, and every other numbering
 -- waits for it. Does nothing, and takes no lock, when there is nothing to number. Returns how many it
--- numbered. Planned for each call (see siwa.apply_claimed_batch).
+-- numbered. Planned for each call: the webhook fan-out trigger runs inside its INSERT, with its settings (the
+-- set-based pass and the claim keep generic plans made with sequential scans off: see siwa.apply_claimed_batch).
 CREATE OR REPLACE FUNCTION siwa.number_changes(p_new siwa.changes[] DEFAULT '{}') RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
