@@ -103,6 +103,10 @@ COMMENT ON COLUMN siwa.refresh_tokens.revoke_reason IS 'Why: consent-revoked, ac
 COMMENT ON COLUMN siwa.refresh_tokens.service_format IS
     'True when the service''s own sign-in API stored the row (siwa.record_sign_in): the ciphertext is in its format, which the revoker reads; false for a row the app stored (its own format, which the app revokes itself if the revoker cannot read it). No role but the service''s write path sets it.';
 CREATE INDEX IF NOT EXISTS refresh_tokens_sub_idx ON siwa.refresh_tokens (sub) WHERE revoked_at IS NULL;
+-- The erasure's (siwa.erase_personal_data_of): a deleted user's ciphertexts, revoked or not, by sub. Without
+-- it every batch with an account-delete read the whole table.
+CREATE INDEX IF NOT EXISTS refresh_tokens_ciphertext_idx ON siwa.refresh_tokens (sub)
+    WHERE token_ciphertext IS NOT NULL;
 
 -- The validity rule: a session or refresh token of user sub created at created_at is valid unless the
 -- account is deleted, or consent was revoked at or after created_at. The worker revokes what exists when

@@ -98,7 +98,8 @@ INSERT INTO siwa.changes_counter DEFAULT VALUES ON CONFLICT DO NOTHING;
 -- its email. Then NOTIFY siwa_changes with the new last position (delivered at commit). Call it last in
 -- the transaction: the counter's row lock is held until the transaction ends, and every other numbering
 -- waits for it. Does nothing, and takes no lock, when there is nothing to number. Returns how many it
--- numbered. Planned for each call (see siwa.apply_claimed_batch).
+-- numbered. Planned for each call: the webhook fan-out trigger runs inside its INSERT, with its settings (the
+-- set-based pass and the claim keep generic plans made with sequential scans off: see siwa.apply_claimed_batch).
 CREATE OR REPLACE FUNCTION siwa.number_changes(p_new siwa.changes[] DEFAULT '{}') RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
@@ -117,12 +118,14 @@ BEGIN
         OVERRIDING SYSTEM VALUE
         SELECT c.id, v_last + row_number() OVER (ORDER BY c.id), c.type, c.sub, c.event_time, c.applied_at, c.jti,
                c.audience, c.sessions_revoked, c.refresh_tokens_revoked,
-               CASE WHEN NOT e.erased THEN c.email END, CASE WHEN NOT e.erased THEN c.is_private_email END
-          FROM unnest(p_new) AS c,
-               LATERAL (SELECT CASE WHEN c.email IS NULL AND c.is_private_email IS NULL THEN false
-                                    ELSE EXISTS (SELECT 1 FROM siwa.accounts a
-                                                  WHERE a.sub = c.sub AND a.personal_data_erased_at IS NOT NULL)
-                               END AS erased) AS e
+               CASE WHEN e.erased_at IS NULL THEN c.email END, CASE WHEN e.erased_at IS NULL THEN c.is_private_email END
+          FROM unnest(p_new) AS c
+          -- One primary-key probe per change that carries an email (LIMIT 1 keeps the LATERAL a
+          -- parameterised index scan). An EXISTS in the select list was planned as a hashed subplan
+          -- that read all of siwa.accounts, twice, for every batch: its cost grew with the users.
+          LEFT JOIN LATERAL (SELECT a.personal_data_erased_at AS erased_at FROM siwa.accounts a
+                              WHERE (c.email IS NOT NULL OR c.is_private_email IS NOT NULL) AND a.sub = c.sub
+                              LIMIT 1) AS e ON true
          ORDER BY c.id;
         GET DIAGNOSTICS v_new = ROW_COUNT;
     END IF;

@@ -161,6 +161,8 @@ DECLARE
     v_revoke_upto  timestamptz[];
     v_revoke_all   boolean[];
     v_plan_cache_mode text;
+    v_enable_seqscan text;
+    v_jit          text;
     v_done         bigint;
     v_marked       bigint;
     v_mark_ids     bigint[];
@@ -191,23 +193,26 @@ DECLARE
     i              integer;
 BEGIN
     -- Plans: every statement here reads or writes a few dozen rows by their keys, with arrays as
-    -- parameters. PL/pgSQL would keep a generic plan for the session, and one made while a table was
-    -- still small (a new deployment's siwa.accounts, not yet analysed) scans it sequentially, batch
-    -- after batch, as it grows (measured: most of the pass's CPU in a 100k drain). Planned for each
-    -- batch with its arrays and the tables' current sizes, they use the keys' indexes. (Disabling
-    -- sequential scans instead makes the planner cost them at 10^10, and JIT-compile the statements
-    -- that have no other path.) The statements that read only the batch's arrays (no table) have no
-    -- such risk: they keep one generic plan for the session (force_generic_plan), planned once instead
-    -- of once per batch, which was about a sixth of the pass's instructions. The two modes alternate in
-    -- four groups below. The hook runs with the session's own setting.
+    -- parameters. Each keeps one generic plan for the session (force_generic_plan), planned once instead
+    -- of once per batch (planning the table statements per batch was a fifth of the pass's
+    -- instructions). A generic plan made while a table was still small (a new deployment's
+    -- siwa.accounts, not yet analysed) would scan it sequentially, batch after batch, as it grows
+    -- (measured: most of the pass's CPU in a 100k drain): so sequential scans are disabled here
+    -- (enable_seqscan), and every table is read through the index that serves its keys, whatever its
+    -- size was when the plan was made. A table with no index for a statement is still scanned (at a
+    -- cost of 10^10, which alone would make the planner JIT-compile it: jit is off here too). The hooks
+    -- run with the session's own settings.
     v_plan_cache_mode := current_setting('plan_cache_mode');
+    v_enable_seqscan := current_setting('enable_seqscan');
+    v_jit := current_setting('jit');
     PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+    PERFORM set_config('enable_seqscan', 'off', true);
+    PERFORM set_config('jit', 'off', true);
 
     -- 1. Lock the batch's users; create the missing ones. Each account row is looked up by its key,
     --    one LATERAL lookup per user, in sub order (the same order in every lane), whatever the planner
     --    thinks of the table's size; the locked rows' state before the batch is kept for step 2.
     v_subs := ARRAY(SELECT DISTINCT b.sub FROM unnest(p_batch) AS b ORDER BY 1);
-    PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);  -- tables: planned per batch
     SELECT coalesce(array_agg(l.sub ORDER BY l.sub), '{}'),
            coalesce(array_agg(l.email_status_at ORDER BY l.sub), '{}'),
            coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}'),
@@ -252,7 +257,6 @@ BEGIN
                                           WHERE d.jti = b.jti AND d.issued_at <> b.issued_at AND d.id < b.id));
 
     -- What each notification needs, worked out once.
-    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);  -- arrays (and siwa.settings' one row)
     v_erase_now := (SELECT s.erase_personal_data_after = interval '0' FROM siwa.settings s);
     v_events := ARRAY(
         SELECT ROW(e.ord, e.id, e.jti, e.event_type, e.sub, e.email, e.is_private_email, e.event_time,
@@ -282,7 +286,6 @@ BEGIN
               FROM unnest(v_events) AS x
              WHERE x.locked AND x.known AND x.event_type IN ('consent-revoked', 'account-delete')
              GROUP BY x.sub) AS r;
-    PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);  -- tables
 
     -- 2. Account state, one UPDATE for the batch. Email events count only before the user's first
     --    account-delete in the batch (and not at all for an account deleted before it); one applies when
@@ -381,7 +384,6 @@ BEGIN
     --     batch) and it revoked nothing. Account-delete: when the account was deleted already at or
     --     before its event_time (before the batch, or by an earlier one of the batch) and it revoked
     --     nothing: an earlier deletion moves deleted_at, so it is a change, with the account's new time.
-    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);  -- arrays, up to the marking
     SELECT coalesce(array_agg(c.change ORDER BY c.ord, c.kind), '{}'),
            coalesce(array_agg(c.ord ORDER BY c.ord, c.kind), '{}'),
            coalesce(array_agg(c.superseded ORDER BY c.ord, c.kind), '{}')
@@ -498,6 +500,8 @@ BEGIN
             END LOOP;
         END LOOP;
         PERFORM set_config('plan_cache_mode', v_plan_cache_mode, true);
+        PERFORM set_config('enable_seqscan', v_enable_seqscan, true);
+        PERFORM set_config('jit', v_jit, true);
         PERFORM pg_catalog.set_config('search_path', v_hook_path, true);
         FOR i IN 1 .. v_ncalls LOOP
             IF v_calls_change[i] THEN
@@ -509,6 +513,8 @@ BEGIN
         END LOOP;
         PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
         PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+        PERFORM set_config('enable_seqscan', 'off', true);
+        PERFORM set_config('jit', 'off', true);
     END IF;
 
     -- 6. Mark the batch. Finished (applied or skipped, an attempt): out of the queue, and the outcome
@@ -544,7 +550,6 @@ BEGIN
                                             ELSE 'unknown event type ' || quote_literal(left(y.event_type, 100)) END END
                        AS error
               FROM unnest(v_events) AS y) AS x;
-    PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);  -- tables
     -- Both in one statement (they write different tables): out of the queue, the outcome into the log.
     WITH gone AS (
         DELETE FROM siwa.notification_queue AS q WHERE q.id = ANY (v_mark_ids) RETURNING 1),
@@ -568,13 +573,18 @@ BEGIN
         RAISE EXCEPTION 'siwa.apply_claimed_batch finished % queue rows and % log rows of % applied',
                         v_done, v_marked, cardinality(v_mark_ids);
     END IF;
+    -- Put off from now, when they are let go, not from the pass's start: a slow pass (the first of a
+    -- session makes its plans) would otherwise hand them back already due.
     IF false = ANY (ARRAY(SELECT x.locked FROM unnest(v_events) AS x)) THEN
-        PERFORM siwa.put_off_busy(ARRAY(SELECT x.id FROM unnest(v_events) AS x WHERE NOT x.locked), v_now);
+        PERFORM siwa.put_off_busy(ARRAY(SELECT x.id FROM unnest(v_events) AS x WHERE NOT x.locked),
+                                  clock_timestamp());
     END IF;
     -- 7. The changes (with their ids) go to the caller, which inserts them numbered, last in its
     --    transaction (siwa.number_changes): the siwa.changes_counter row lock then covers only what is
     --    left of the transaction, not the work of the batch (nor of the batches of one of a fallback).
     PERFORM set_config('plan_cache_mode', v_plan_cache_mode, true);
+    PERFORM set_config('enable_seqscan', v_enable_seqscan, true);
+    PERFORM set_config('jit', v_jit, true);
 END;
 $$;
 COMMENT ON FUNCTION siwa.apply_claimed_batch(siwa.notifications[]) IS
@@ -785,6 +795,10 @@ COMMENT ON FUNCTION siwa.process_notification(bigint, integer, interval) IS
 -- the subs p_skip_subs are left alone: the users a lane found busy earlier in the same drain, whose
 -- put-off rows may be due again already (a pass can take longer than the shortest put-off) and, being
 -- older, would otherwise fill every batch ahead of other users' work.
+--
+-- Its generic plan (one per session) is made with sequential scans disabled: one made while the queue
+-- was empty (a worker started on an idle system) scanned the queue and the log's partition whole, for
+-- every batch, once a backlog arrived, until autovacuum analysed the queue.
 CREATE OR REPLACE FUNCTION siwa.claim_notifications(p_limit integer, p_id bigint DEFAULT NULL,
                                                     p_skip_subs text[] DEFAULT NULL)
 RETURNS TABLE (id bigint, refused boolean, origin text, raw_token text, jti text, event_type text,
@@ -794,6 +808,8 @@ RETURNS TABLE (id bigint, refused boolean, origin text, raw_token text, jti text
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
 AS $$
 BEGIN
     RETURN QUERY
@@ -841,7 +857,14 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_batch siwa.notifications[];
+    v_enable_seqscan text := current_setting('enable_seqscan');
+    v_jit   text := current_setting('jit');
 BEGIN
+    -- Its own statements read the queue and the log by their keys, with generic plans (one per
+    -- session): sequential scans are disabled for them (see siwa.claim_notifications), and the
+    -- session's settings are back before the set-based pass, which runs the hooks with them.
+    PERFORM set_config('enable_seqscan', 'off', true);
+    PERFORM set_config('jit', 'off', true);
     IF coalesce(cardinality(p_rejected), 0) > 0 THEN
         RETURN QUERY
         WITH r AS (
@@ -898,6 +921,10 @@ BEGIN
               JOIN siwa.notification_log l ON l.id = q.id AND l.jti = q.jti AND l.issued_at = q.issued_at
              WHERE l.state = 'pending'
              ORDER BY v.ord);
+    END IF;
+    PERFORM set_config('enable_seqscan', v_enable_seqscan, true);
+    PERFORM set_config('jit', v_jit, true);
+    IF coalesce(cardinality(v_batch), 0) > 0 THEN
         RETURN QUERY SELECT * FROM siwa.process_claimed_notifications(v_batch, p_max_attempts, p_retry_base_delay);
     END IF;
 END;

@@ -12,10 +12,11 @@
 -- that each of those rows is written once, not twice. Tested with array_position, which the planner
 -- leaves alone: an `id <> ALL (p_leave)` would be expanded into one clause per id and tried against every
 -- partition's constraints while planning (measured: most of the drain's instructions).
--- Its statements are planned for each call, with the array and the tables' current sizes: see
--- siwa.apply_claimed_batch.
+-- Its statements keep one generic plan per session, made with sequential scans disabled, so that each
+-- table is read through the index of its keys whatever its size was then: see siwa.apply_claimed_batch.
 CREATE OR REPLACE FUNCTION siwa.erase_personal_data_of(p_subs text[], p_leave bigint[] DEFAULT '{}') RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_custom_plan AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_ids bigint[];
     v_all text[];
