@@ -33,13 +33,21 @@ public final class NotificationStore: @unchecked Sendable {
         public var committers: Int
         /// The most rows in one transaction.
         public var maxBatchSize: Int
+        /// While a batch is committing, another committer starts one only once this many rows wait;
+        /// fewer wait for the commit in flight and go with the next batch (classic group commit: the
+        /// rows that arrive during one commit make the next). 1: a free committer takes whatever waits.
+        public var overlapThreshold: Int
         /// How long a caller waits for its row's commit before giving up (it then answers 503; if the
         /// commit lands later, Apple's retry is answered `duplicate`).
         public var commitTimeout: Duration
 
-        public init(committers: Int = 2, maxBatchSize: Int = 256, commitTimeout: Duration = .seconds(10)) {
+        public init(
+            committers: Int = 2, maxBatchSize: Int = 256, overlapThreshold: Int = 1,
+            commitTimeout: Duration = .seconds(10)
+        ) {
             self.committers = max(1, committers)
             self.maxBatchSize = max(1, maxBatchSize)
+            self.overlapThreshold = min(max(1, overlapThreshold), self.maxBatchSize)
             self.commitTimeout = commitTimeout
         }
     }
@@ -105,6 +113,7 @@ public final class NotificationStore: @unchecked Sendable {
     private let condition = NSCondition()
     private var queue: [Ticket] = []  // guarded by `condition`
     private var closed = false  // guarded by `condition`
+    private var committing = 0  // batches being committed now; guarded by `condition`
     private var committers: [JoinableThread] = []
     /// Tickets not yet answered, by deadline, for the deadline watcher; guarded by `timer`.
     private let timer = NSCondition()
@@ -206,16 +215,25 @@ public final class NotificationStore: @unchecked Sendable {
     private func commitLoop() {
         while true {
             condition.lock()
-            while queue.isEmpty && !closed { condition.wait() }
+            while !closed && (queue.isEmpty || (committing > 0 && queue.count < configuration.overlapThreshold)) {
+                condition.wait()
+            }
             if queue.isEmpty {  // closed and drained
                 condition.unlock()
                 return
             }
             let batch = Array(queue.prefix(configuration.maxBatchSize))
             queue.removeFirst(batch.count)
-            if !queue.isEmpty { condition.signal() }  // more work: wake another committer
+            committing += 1
+            // More work than one batch holds, or enough to start another beside this one.
+            if queue.count >= configuration.overlapThreshold { condition.signal() }
             condition.unlock()
             commit(batch)
+            condition.lock()
+            committing -= 1
+            // A committer waiting for this commit may take what queued meanwhile (this one, too).
+            if !queue.isEmpty { condition.signal() }
+            condition.unlock()
             timer.withLock { dropFinishedPending() }
         }
     }
