@@ -37,14 +37,18 @@ public final class NotificationStore: @unchecked Sendable {
         /// fewer wait for the commit in flight and go with the next batch (classic group commit: the
         /// rows that arrive during one commit make the next). 1: a free committer takes whatever waits.
         public var overlapThreshold: Int
+        /// Under load (the previous commit ended less than five times this ago), how long a committer
+        /// that would commit fewer than ``overlapThreshold`` rows waits for more first. Zero: never.
+        public var gatherDelay: Duration
         /// How long a caller waits for its row's commit before giving up (it then answers 503; if the
         /// commit lands later, Apple's retry is answered `duplicate`).
         public var commitTimeout: Duration
 
         public init(
             committers: Int = 2, maxBatchSize: Int = 256, overlapThreshold: Int = 1,
-            commitTimeout: Duration = .seconds(10)
+            gatherDelay: Duration = .zero, commitTimeout: Duration = .seconds(10)
         ) {
+            self.gatherDelay = max(.zero, gatherDelay)
             self.committers = max(1, committers)
             self.maxBatchSize = max(1, maxBatchSize)
             self.overlapThreshold = min(max(1, overlapThreshold), self.maxBatchSize)
@@ -114,6 +118,7 @@ public final class NotificationStore: @unchecked Sendable {
     private var queue: [Ticket] = []  // guarded by `condition`
     private var closed = false  // guarded by `condition`
     private var committing = 0  // batches being committed now; guarded by `condition`
+    private var lastCommitEnded: ContinuousClock.Instant?  // guarded by `condition`
     private var committers: [JoinableThread] = []
     /// Tickets not yet answered, by deadline, for the deadline watcher; guarded by `timer`.
     private let timer = NSCondition()
@@ -222,15 +227,32 @@ public final class NotificationStore: @unchecked Sendable {
                 condition.unlock()
                 return
             }
+            committing += 1
+            // Under load (the last commit ended moments ago), wait a little for more rows to share
+            // this commit; an idle store commits a lone row at once.
+            if configuration.gatherDelay > .zero && committing == 1 && !closed
+                && queue.count < configuration.overlapThreshold, let ended = lastCommitEnded,
+                ContinuousClock.now - ended < configuration.gatherDelay * 5
+            {
+                let until = Date(timeIntervalSinceNow: configuration.gatherDelay.inSeconds)
+                while !closed && queue.count < configuration.overlapThreshold {
+                    if !condition.wait(until: until) { break }
+                }
+                if queue.isEmpty {  // another committer took them
+                    committing -= 1
+                    condition.unlock()
+                    continue
+                }
+            }
             let batch = Array(queue.prefix(configuration.maxBatchSize))
             queue.removeFirst(batch.count)
-            committing += 1
             // More work than one batch holds, or enough to start another beside this one.
             if queue.count >= configuration.overlapThreshold { condition.signal() }
             condition.unlock()
             commit(batch)
             condition.lock()
             committing -= 1
+            lastCommitEnded = .now
             // A committer waiting for this commit may take what queued meanwhile (this one, too).
             if !queue.isEmpty { condition.signal() }
             condition.unlock()
