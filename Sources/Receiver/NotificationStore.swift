@@ -37,16 +37,17 @@ public final class NotificationStore: @unchecked Sendable {
         /// fewer wait for the commit in flight and go with the next batch (classic group commit: the
         /// rows that arrive during one commit make the next). 1: a free committer takes whatever waits.
         public var overlapThreshold: Int
-        /// Under load (the previous commit ended less than five times this ago), how long a committer
-        /// that would commit fewer than ``overlapThreshold`` rows waits for more first. Zero: never.
+        /// Under load (rows were waiting when the previous commit ended), how long a committer that
+        /// would commit fewer than ``overlapThreshold`` rows waits for more first; a row that finds the
+        /// store idle is committed at once. Zero: never wait.
         public var gatherDelay: Duration
         /// How long a caller waits for its row's commit before giving up (it then answers 503; if the
         /// commit lands later, Apple's retry is answered `duplicate`).
         public var commitTimeout: Duration
 
         public init(
-            committers: Int = 2, maxBatchSize: Int = 256, overlapThreshold: Int = 1,
-            gatherDelay: Duration = .zero, commitTimeout: Duration = .seconds(10)
+            committers: Int = 2, maxBatchSize: Int = 256, overlapThreshold: Int = 64,
+            gatherDelay: Duration = .milliseconds(2), commitTimeout: Duration = .seconds(10)
         ) {
             self.gatherDelay = max(.zero, gatherDelay)
             self.committers = max(1, committers)
@@ -118,7 +119,8 @@ public final class NotificationStore: @unchecked Sendable {
     private var queue: [Ticket] = []  // guarded by `condition`
     private var closed = false  // guarded by `condition`
     private var committing = 0  // batches being committed now; guarded by `condition`
-    private var lastCommitEnded: ContinuousClock.Instant?  // guarded by `condition`
+    /// Whether rows were waiting when the last commit ended; guarded by `condition`.
+    private var underLoad = false
     private var committers: [JoinableThread] = []
     /// Tickets not yet answered, by deadline, for the deadline watcher; guarded by `timer`.
     private let timer = NSCondition()
@@ -228,11 +230,10 @@ public final class NotificationStore: @unchecked Sendable {
                 return
             }
             committing += 1
-            // Under load (the last commit ended moments ago), wait a little for more rows to share
-            // this commit; an idle store commits a lone row at once.
-            if configuration.gatherDelay > .zero && committing == 1 && !closed
-                && queue.count < configuration.overlapThreshold, let ended = lastCommitEnded,
-                ContinuousClock.now - ended < configuration.gatherDelay * 5
+            // Under load (rows queued while the last commit was in flight), wait a little for more
+            // rows to share this commit; a row that finds the store idle is committed at once.
+            if configuration.gatherDelay > .zero && committing == 1 && !closed && underLoad
+                && queue.count < configuration.overlapThreshold
             {
                 let until = Date(timeIntervalSinceNow: configuration.gatherDelay.inSeconds)
                 while !closed && queue.count < configuration.overlapThreshold {
@@ -252,7 +253,7 @@ public final class NotificationStore: @unchecked Sendable {
             commit(batch)
             condition.lock()
             committing -= 1
-            lastCommitEnded = .now
+            underLoad = !queue.isEmpty
             // A committer waiting for this commit may take what queued meanwhile (this one, too).
             if !queue.isEmpty { condition.signal() }
             condition.unlock()
