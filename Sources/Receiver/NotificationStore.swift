@@ -8,9 +8,12 @@ import Synchronization
 /// Durable storage of verified notifications: one row per `jti`, with group commit.
 ///
 /// Concurrent deliveries are written together: each call queues its row with a completion and
-/// returns; a small set of committer threads takes everything queued (up to
-/// ``Configuration/maxBatchSize`` rows) as soon as one is free and inserts it in one statement — one
-/// transaction, one WAL flush for the whole group — then calls each row's completion. A completion
+/// returns; a committer thread takes everything queued (up to ``Configuration/maxBatchSize`` rows) and
+/// inserts it in one statement — one transaction, one WAL flush for the whole group — then calls each
+/// row's completion. While one batch commits, the rows that arrive wait for it and make the next
+/// batch: a second committer starts beside it only once ``Configuration/overlapThreshold`` rows wait,
+/// and under load a committer waits up to ``Configuration/gatherDelay`` for more rows (each commit
+/// costs PostgreSQL a transaction, a statement and a flush: fewer, larger batches cost less per row). A completion
 /// says "stored" only after the transaction holding its row has committed, so a 200 to Apple still
 /// always means "stored". No thread waits per row: a deadline watcher answers ``CommitTimeout`` to
 /// rows still unanswered at their deadline. The schema's statement trigger sends the workers' `NOTIFY`
@@ -222,7 +225,9 @@ public final class NotificationStore: @unchecked Sendable {
     private func commitLoop() {
         while true {
             condition.lock()
-            while !closed && (queue.isEmpty || (committing > 0 && queue.count < configuration.overlapThreshold)) {
+            while !closed
+                && (queue.isEmpty || (committing > 0 && queue.count < configuration.overlapThreshold))
+            {
                 condition.wait()
             }
             if queue.isEmpty {  // closed and drained

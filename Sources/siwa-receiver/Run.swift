@@ -171,15 +171,6 @@ private func makeConfiguration(_ parsed: ParsedCommand, environment: [String: St
         poolSize: try parsed.integer("pool-size", in: 1...1000) ?? 16, http: http)
     configuration.maxTokenAge =
         try parsed.seconds("max-token-age", positive: true) ?? configuration.maxTokenAge
-    if let value = environment["SIWA_EXP_COMMITTERS"].flatMap({ Int($0) }) {
-        configuration.storage.committers = value
-    }
-    if let value = environment["SIWA_EXP_OVERLAP"].flatMap({ Int($0) }) {
-        configuration.storage.overlapThreshold = value
-    }
-    if let value = environment["SIWA_EXP_GATHER_US"].flatMap({ Int($0) }) {
-        configuration.storage.gatherDelay = .microseconds(value)
-    }
     // The database keeps each jti's dedupe key for 7 days after iat (siwa.notification_jtis): an older
     // token accepted here could be stored a second time.
     guard configuration.maxTokenAge <= maximumTokenAge else {
