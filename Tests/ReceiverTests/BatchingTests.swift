@@ -71,32 +71,6 @@ struct BatchingTests {
             try locker.query("SELECT count(*) FROM siwa.notification_queue")[0][0, as: Int.self] == later + 1)
     }
 
-    @Test("once as many rows wait as the threshold, a second committer starts beside the one in flight")
-    func aSecondCommitterStartsAtTheThreshold() throws {
-        let database = try PostgresCluster.shared.createSchemaDatabase()
-        let pool = PostgresPool(configuration: database, maxConnections: 4)
-        defer { pool.close() }
-        let sizes = Sizes()
-        let store = NotificationStore(
-            pool: pool, configuration: .init(committers: 2, overlapThreshold: 8)
-        ) { size, _ in sizes.append(size) }
-        defer { store.close() }
-        let locker = try PostgresConnection(configuration: database)
-        defer { locker.close() }
-        try locker.simpleQuery("BEGIN; LOCK TABLE siwa.notification_jtis IN EXCLUSIVE MODE")
-        let group = DispatchGroup()
-        let accepted = Sizes()
-        queue(1, prefix: "first", on: store, group: group, outcomes: accepted)
-        #expect(try waitUntil { try lockWaiters(locker) == 1 })
-        queue(8, prefix: "more", on: store, group: group, outcomes: accepted)
-        // A slow commit does not hold back a full batch: the second committer's insert waits too.
-        #expect(try waitUntil { try lockWaiters(locker) == 2 })
-        try locker.simpleQuery("COMMIT")
-        #expect(group.wait(timeout: .now() + 30) == .success)
-        #expect(sizes.values.sorted() == [1, 8])
-        #expect(accepted.values.count == 9)
-    }
-
     @Test("under load, a committer waits up to the gather delay for more rows; an idle store does not")
     func gatherDelayUnderLoad() throws {
         let database = try PostgresCluster.shared.createSchemaDatabase()
