@@ -191,7 +191,10 @@ public final class NotificationStore: @unchecked Sendable {
             return completion(.failure(Closed()))
         }
         queue.append(ticket)
-        condition.signal()
+        // Wake a committer only when one may act: none is committing (an idle one takes the row), or
+        // enough rows wait to start a batch beside the one in flight (or to end a gather). Otherwise
+        // the committer in flight takes the row when its commit ends: no futile wake-up per row.
+        if committing == 0 || queue.count >= configuration.overlapThreshold { condition.signal() }
         condition.unlock()
         watch(ticket)
     }

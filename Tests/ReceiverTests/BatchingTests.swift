@@ -50,6 +50,9 @@ struct BatchingTests {
         // The receiver's own defaults.
         let store = NotificationStore(pool: pool) { size, _ in sizes.append(size) }
         defer { store.close() }
+        // A first row alone, on an idle store (its session is then connected and its plan made).
+        let lone = SeededNotification(jti: "lone", sub: "lone-user", rawToken: "t")
+        #expect(try store.store(lone.notification, rawToken: lone.rawToken) == .accepted)
         let locker = try PostgresConnection(configuration: database)
         defer { locker.close() }
         // The first batch's insert waits for this lock, as a slow commit would.
@@ -65,10 +68,10 @@ struct BatchingTests {
         #expect(group.wait(timeout: .now() + 30) == .success)
         // One transaction for the first row, one for all the others: no free committer took a few of
         // them alone while the first commit was in flight.
-        #expect(sizes.values == [1, later])
+        #expect(sizes.values == [1, 1, later])
         #expect(accepted.values.count == later + 1)
         #expect(
-            try locker.query("SELECT count(*) FROM siwa.notification_queue")[0][0, as: Int.self] == later + 1)
+            try locker.query("SELECT count(*) FROM siwa.notification_queue")[0][0, as: Int.self] == later + 2)
     }
 
     @Test("under load, a committer waits up to the gather delay for more rows; an idle store does not")
