@@ -8,9 +8,12 @@ import Synchronization
 /// Durable storage of verified notifications: one row per `jti`, with group commit.
 ///
 /// Concurrent deliveries are written together: each call queues its row with a completion and
-/// returns; a small set of committer threads takes everything queued (up to
-/// ``Configuration/maxBatchSize`` rows) as soon as one is free and inserts it in one statement — one
-/// transaction, one WAL flush for the whole group — then calls each row's completion. A completion
+/// returns; a committer thread takes everything queued (up to ``Configuration/maxBatchSize`` rows) and
+/// inserts it in one statement — one transaction, one WAL flush for the whole group — then calls each
+/// row's completion. While one batch commits, the rows that arrive wait for it and make the next
+/// batch: a second committer starts beside it only once ``Configuration/overlapThreshold`` rows wait,
+/// and under load a committer waits up to ``Configuration/gatherDelay`` for more rows (each commit
+/// costs PostgreSQL a transaction, a statement and a flush: fewer, larger batches cost less per row). A completion
 /// says "stored" only after the transaction holding its row has committed, so a 200 to Apple still
 /// always means "stored". No thread waits per row: a deadline watcher answers ``CommitTimeout`` to
 /// rows still unanswered at their deadline. The schema's statement trigger sends the workers' `NOTIFY`
@@ -33,13 +36,26 @@ public final class NotificationStore: @unchecked Sendable {
         public var committers: Int
         /// The most rows in one transaction.
         public var maxBatchSize: Int
+        /// While a batch is committing, another committer starts one only once this many rows wait;
+        /// fewer wait for the commit in flight and go with the next batch (classic group commit: the
+        /// rows that arrive during one commit make the next). 1: a free committer takes whatever waits.
+        public var overlapThreshold: Int
+        /// Under load (rows were waiting when the previous commit ended), how long a committer that
+        /// would commit fewer than ``overlapThreshold`` rows waits for more first; a row that finds the
+        /// store idle is committed at once. Zero: never wait.
+        public var gatherDelay: Duration
         /// How long a caller waits for its row's commit before giving up (it then answers 503; if the
         /// commit lands later, Apple's retry is answered `duplicate`).
         public var commitTimeout: Duration
 
-        public init(committers: Int = 2, maxBatchSize: Int = 256, commitTimeout: Duration = .seconds(10)) {
+        public init(
+            committers: Int = 2, maxBatchSize: Int = 256, overlapThreshold: Int = 64,
+            gatherDelay: Duration = .milliseconds(2), commitTimeout: Duration = .seconds(10)
+        ) {
+            self.gatherDelay = max(.zero, gatherDelay)
             self.committers = max(1, committers)
             self.maxBatchSize = max(1, maxBatchSize)
+            self.overlapThreshold = min(max(1, overlapThreshold), self.maxBatchSize)
             self.commitTimeout = commitTimeout
         }
     }
@@ -105,6 +121,9 @@ public final class NotificationStore: @unchecked Sendable {
     private let condition = NSCondition()
     private var queue: [Ticket] = []  // guarded by `condition`
     private var closed = false  // guarded by `condition`
+    private var committing = 0  // batches being committed now; guarded by `condition`
+    /// Whether rows were waiting when the last commit ended; guarded by `condition`.
+    private var underLoad = false
     private var committers: [JoinableThread] = []
     /// Tickets not yet answered, by deadline, for the deadline watcher; guarded by `timer`.
     private let timer = NSCondition()
@@ -172,7 +191,10 @@ public final class NotificationStore: @unchecked Sendable {
             return completion(.failure(Closed()))
         }
         queue.append(ticket)
-        condition.signal()
+        // Wake a committer only when one may act: none is committing (an idle one takes the row), or
+        // enough rows wait to start a batch beside the one in flight (or to end a gather). Otherwise
+        // the committer in flight takes the row when its commit ends: no futile wake-up per row.
+        if committing == 0 || queue.count >= configuration.overlapThreshold { condition.signal() }
         condition.unlock()
         watch(ticket)
     }
@@ -206,16 +228,43 @@ public final class NotificationStore: @unchecked Sendable {
     private func commitLoop() {
         while true {
             condition.lock()
-            while queue.isEmpty && !closed { condition.wait() }
+            while !closed
+                && (queue.isEmpty || (committing > 0 && queue.count < configuration.overlapThreshold))
+            {
+                condition.wait()
+            }
             if queue.isEmpty {  // closed and drained
                 condition.unlock()
                 return
             }
+            committing += 1
+            // Under load (rows queued while the last commit was in flight), wait a little for more
+            // rows to share this commit; a row that finds the store idle is committed at once.
+            if configuration.gatherDelay > .zero && committing == 1 && !closed && underLoad
+                && queue.count < configuration.overlapThreshold
+            {
+                let until = Date(timeIntervalSinceNow: configuration.gatherDelay.inSeconds)
+                while !closed && queue.count < configuration.overlapThreshold {
+                    if !condition.wait(until: until) { break }
+                }
+                if queue.isEmpty {  // another committer took them
+                    committing -= 1
+                    condition.unlock()
+                    continue
+                }
+            }
             let batch = Array(queue.prefix(configuration.maxBatchSize))
             queue.removeFirst(batch.count)
-            if !queue.isEmpty { condition.signal() }  // more work: wake another committer
+            // More work than one batch holds, or enough to start another beside this one.
+            if queue.count >= configuration.overlapThreshold { condition.signal() }
             condition.unlock()
             commit(batch)
+            condition.lock()
+            committing -= 1
+            underLoad = !queue.isEmpty
+            // A committer waiting for this commit may take what queued meanwhile (this one, too).
+            if !queue.isEmpty { condition.signal() }
+            condition.unlock()
             timer.withLock { dropFinishedPending() }
         }
     }
