@@ -44,15 +44,21 @@ public final class NotificationStore: @unchecked Sendable {
         /// would commit fewer than ``overlapThreshold`` rows waits for more first; a row that finds the
         /// store idle is committed at once. Zero: never wait.
         public var gatherDelay: Duration
+        /// A commit in flight this long is held up (a lock wait, a slow disk, a connection gone quiet):
+        /// another committer then starts beside it with whatever waits, as if the threshold were met, so
+        /// the rows behind a stuck commit are not held up with it.
+        public var overlapAfter: Duration
         /// How long a caller waits for its row's commit before giving up (it then answers 503; if the
         /// commit lands later, Apple's retry is answered `duplicate`).
         public var commitTimeout: Duration
 
         public init(
             committers: Int = 2, maxBatchSize: Int = 256, overlapThreshold: Int = 64,
-            gatherDelay: Duration = .milliseconds(2), commitTimeout: Duration = .seconds(10)
+            gatherDelay: Duration = .milliseconds(2), overlapAfter: Duration = .milliseconds(100),
+            commitTimeout: Duration = .seconds(10)
         ) {
             self.gatherDelay = max(.zero, gatherDelay)
+            self.overlapAfter = max(.zero, overlapAfter)
             self.committers = max(1, committers)
             self.maxBatchSize = max(1, maxBatchSize)
             self.overlapThreshold = min(max(1, overlapThreshold), self.maxBatchSize)
@@ -122,6 +128,8 @@ public final class NotificationStore: @unchecked Sendable {
     private var queue: [Ticket] = []  // guarded by `condition`
     private var closed = false  // guarded by `condition`
     private var committing = 0  // batches being committed now; guarded by `condition`
+    /// When each batch being committed now was taken (or its gather began); guarded by `condition`.
+    private var commitsStarted: [ContinuousClock.Instant] = []
     /// Whether rows were waiting when the last commit ended; guarded by `condition`.
     private var underLoad = false
     private var committers: [JoinableThread] = []
@@ -191,10 +199,14 @@ public final class NotificationStore: @unchecked Sendable {
             return completion(.failure(Closed()))
         }
         queue.append(ticket)
-        // Wake a committer only when one may act: none is committing (an idle one takes the row), or
-        // enough rows wait to start a batch beside the one in flight (or to end a gather). Otherwise
-        // the committer in flight takes the row when its commit ends: no futile wake-up per row.
-        if committing == 0 || queue.count >= configuration.overlapThreshold { condition.signal() }
+        // Wake a committer only when one may act: none is committing (an idle one takes the row),
+        // the first row now waits behind a commit in flight (an idle committer then watches that
+        // commit: it starts beside it if it is held up, see ``Configuration/overlapAfter``), or enough
+        // rows wait to start a batch beside it (or to end a gather). Otherwise the committer in flight
+        // takes the row when its commit ends: no futile wake-up per row.
+        if committing == 0 || queue.count == 1 || queue.count >= configuration.overlapThreshold {
+            condition.signal()
+        }
         condition.unlock()
         watch(ticket)
     }
@@ -228,16 +240,27 @@ public final class NotificationStore: @unchecked Sendable {
     private func commitLoop() {
         while true {
             condition.lock()
-            while !closed
-                && (queue.isEmpty || (committing > 0 && queue.count < configuration.overlapThreshold))
-            {
-                condition.wait()
+            while !closed {
+                if queue.isEmpty {
+                    condition.wait()
+                    continue
+                }
+                if committing == 0 || queue.count >= configuration.overlapThreshold { break }
+                // Rows wait behind a commit in flight and go with the next batch, unless that commit
+                // is held up: then this committer starts beside it.
+                guard let oldest = commitsStarted.min() else { break }
+                let heldUp = oldest + configuration.overlapAfter
+                let now = ContinuousClock.now
+                if now >= heldUp { break }
+                _ = condition.wait(until: Date(timeIntervalSinceNow: (heldUp - now).inSeconds))
             }
             if queue.isEmpty {  // closed and drained
                 condition.unlock()
                 return
             }
             committing += 1
+            let started = ContinuousClock.now
+            commitsStarted.append(started)
             // Under load (rows queued while the last commit was in flight), wait a little for more
             // rows to share this commit; a row that finds the store idle is committed at once.
             if configuration.gatherDelay > .zero && committing == 1 && !closed && underLoad
@@ -249,6 +272,7 @@ public final class NotificationStore: @unchecked Sendable {
                 }
                 if queue.isEmpty {  // another committer took them
                     committing -= 1
+                    if let index = commitsStarted.firstIndex(of: started) { commitsStarted.remove(at: index) }
                     condition.unlock()
                     continue
                 }
@@ -261,6 +285,7 @@ public final class NotificationStore: @unchecked Sendable {
             commit(batch)
             condition.lock()
             committing -= 1
+            if let index = commitsStarted.firstIndex(of: started) { commitsStarted.remove(at: index) }
             underLoad = !queue.isEmpty
             // A committer waiting for this commit may take what queued meanwhile (this one, too).
             if !queue.isEmpty { condition.signal() }

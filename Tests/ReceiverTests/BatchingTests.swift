@@ -105,4 +105,48 @@ struct BatchingTests {
         #expect(sizes.values == [1, 1, 4])
         #expect(accepted.values.count == 5)
     }
+
+    @Test("a commit held up longer than overlapAfter does not hold up the rows behind it")
+    func heldUpCommitDoesNotHoldUpOthers() throws {
+        let database = try PostgresCluster.shared.createSchemaDatabase()
+        let pool = PostgresPool(configuration: database, maxConnections: 4)
+        defer { pool.close() }
+        let store = NotificationStore(pool: pool, configuration: .init(overlapAfter: .milliseconds(100)))
+        defer { store.close() }
+        let warm = SeededNotification(jti: "warm", sub: "warm-user", rawToken: "t")
+        #expect(try store.store(warm.notification, rawToken: warm.rawToken) == .accepted)
+        // Another transaction inserts the dedupe key of one notification and stays open: the batch
+        // holding that notification waits for it (a commit held up, as by a lock or a stalled disk).
+        let locker = try PostgresConnection(configuration: database)
+        defer { locker.close() }
+        try locker.simpleQuery(
+            "BEGIN; INSERT INTO siwa.notification_jtis (jti, issued_at) VALUES ('stuck', now())")
+        let group = DispatchGroup()
+        let stuck = SeededNotification(jti: "stuck", sub: "stuck-user", rawToken: "t")
+        let stuckAnswered = Atomic<Bool>(false)
+        group.enter()
+        store.store(stuck.notification, rawToken: stuck.rawToken) { _ in
+            stuckAnswered.store(true, ordering: .relaxed)
+            group.leave()
+        }
+        #expect(try waitUntil { try lockWaiters(locker) == 1 })
+        // Fewer rows than overlapThreshold arrive behind it: they are stored while it still waits.
+        let others = Sizes()
+        let behind = DispatchGroup()
+        for index in 0..<5 {
+            let seeded = SeededNotification(
+                jti: "behind-\(index)", sub: "behind-user-\(index)", rawToken: "t")
+            behind.enter()
+            store.store(seeded.notification, rawToken: seeded.rawToken) { result in
+                if case .success(.accepted) = result { others.append(1) }
+                behind.leave()
+            }
+        }
+        #expect(behind.wait(timeout: .now() + 5) == .success)
+        #expect(others.values.count == 5)
+        let stuckAnsweredEarly = stuckAnswered.load(ordering: .relaxed)
+        #expect(!stuckAnsweredEarly)
+        try locker.simpleQuery("ROLLBACK")
+        #expect(group.wait(timeout: .now() + 30) == .success)
+    }
 }
