@@ -280,6 +280,23 @@ class Receiver:
         self.process.wait(timeout=30)
 
 
+def commit_batches(url):
+    """(rows, transactions) committed so far by a receiver, from its `siwa_commit_batch_size` histogram."""
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=5)  # no proxy
+    try:
+        connection.request("GET", "/metrics")
+        text = connection.getresponse().read().decode()
+    finally:
+        connection.close()
+    values = {}
+    for line in text.splitlines():
+        for suffix in ("_sum", "_count"):
+            if line.startswith("siwa_commit_batch_size" + suffix + " "):
+                values[suffix] = float(line.split()[1])
+    return values.get("_sum", 0.0), values.get("_count", 0.0)
+
+
 def http_status(url, timeout=2.0):
     """The status of GET `url` (any status, no redirects, no proxy), or None when nothing answered."""
     parts = urllib.parse.urlsplit(url)
@@ -533,9 +550,11 @@ def receiver_ingest(cluster, binaries, jwks_url, bodies, workdir, connections, s
     receiver_before = process_cpu_seconds(receiver.process.pid)
     connected = cluster.child_count()
     pg_before, wrk_before = cluster.cpu_seconds(settle_to=connected), children_cpu_seconds()
+    committed_before = commit_batches(receiver.url)
     started = time.monotonic()
     result = run_wrk(receiver.url, connections, seconds, bodies, workdir)
     elapsed = time.monotonic() - started
+    committed_after = commit_batches(receiver.url)
     receiver_cpu = process_cpu_seconds(receiver.process.pid) - receiver_before
     pg_cpu, wrk_cpu = cluster.cpu_seconds(settle_to=connected) - pg_before, children_cpu_seconds() - wrk_before
     rows = cluster.count(db) - before
@@ -550,6 +569,8 @@ def receiver_ingest(cluster, binaries, jwks_url, bodies, workdir, connections, s
     result["postgres_us_per_row"] = per_row_us(pg_cpu, rows)
     result["wrk_us_per_row"] = per_row_us(wrk_cpu, rows)
     result["peak_rss_mib"] = receiver.peak_rss_kib() / 1024
+    commits = committed_after[1] - committed_before[1]
+    result["rows_per_commit"] = (committed_after[0] - committed_before[0]) / commits if commits else 0.0
     receiver.stop()
     return result
 
@@ -1044,12 +1065,12 @@ def print_ingest(results):
           f"own, own×{BATCH} = siwa.store_notifications with 1 and {BATCH} rows per call")
     print(f"{'connections':>22} {'lean tx/s':>10} {f'lean×{BATCH} rows/s':>16} {'own tx/s':>9} "
           f"{f'own×{BATCH} rows/s':>15} {'receiver rows/s':>16} {'vs lean':>8} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'non-2xx':>8} {'peak RSS MiB':>13}")
+          f"{'non-2xx':>8} {'peak RSS MiB':>13} {'rows/commit':>12}")
     for name, r in results["ingest"].items():
         print(f"{name:>22} {r['lean_tps']:>10.0f} {r['lean_batch_rows_per_second']:>16.0f} {r['ceiling_tps']:>9.0f} "
               f"{r['own_batch_rows_per_second']:>15.0f} {r['rows_per_second']:>16.0f} {r['lean_ratio']:>8.2f} "
               f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['non_2xx'] + r['socket_errors']:>8} "
-              f"{r['peak_rss_mib']:>13.1f}")
+              f"{r['peak_rss_mib']:>13.1f} {r.get('rows_per_commit', 0):>12.1f}")
     print()
     print("CPU per stored notification, µs (/proc utime+stime over the measured window ÷ rows stored in it; "
           "PostgreSQL: this cluster's processes only)")
