@@ -603,11 +603,11 @@ def print_prefilled(p):
     print(f"Ingest with {p['rows_stored']:,} rows already stored, against an empty database before and after "
           f"({p['connections']} connections; CPU µs per stored notification)")
     print(f"{'database':>22} {'rows/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'receiver':>9} {'PostgreSQL':>11} "
-          f"{'non-2xx':>8}")
+          f"{'non-2xx':>8} {'rows/commit':>12}")
     for label, r in p["runs"].items():
         print(f"{label:>22} {r['rows_per_second']:>9.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
               f"{r['receiver_us_per_row']:>9.1f} {r['postgres_us_per_row']:>11.1f} "
-              f"{r['non_2xx'] + r['socket_errors']:>8}")
+              f"{r['non_2xx'] + r['socket_errors']:>8} {r['rows_per_commit']:>12.1f}")
 
 
 def drain_rows(siwa_bench, keys, kid, audience, count, out, subs=20000, jti_prefix="drain-",
