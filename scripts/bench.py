@@ -219,6 +219,18 @@ class Cluster:
         for name in self.psql("postgres", "SELECT datname FROM pg_database WHERE datname LIKE 'prefilled\\_%'").split():
             self.psql("postgres", f"DROP DATABASE {name}")
 
+    def settle(self, timeout=60):
+        """Lets the work the previous measurement left behind finish before the next window opens: a
+        checkpoint, then until no autovacuum worker runs (up to `timeout`), so that a window's CPU is its
+        own workload's (e.g. the receiver's was measured while autovacuum processed pgbench's tables)."""
+        self.psql("postgres", "CHECKPOINT")
+        try:
+            wait_until(lambda: self.psql("postgres", "SELECT count(*) FROM pg_stat_activity "
+                                                     "WHERE backend_type = 'autovacuum worker'") == "0",
+                       "autovacuum idle", timeout=timeout, interval=0.5)
+        except WaitTimeout:
+            log(f"warning: autovacuum still running after {timeout} s; measuring anyway")
+
     def postmaster_pid(self):
         with open(os.path.join(self.data, "postmaster.pid")) as f:
             return int(f.readline())
@@ -455,6 +467,7 @@ def run_pgbench(cluster, db, connections, seconds, workdir, statement=OWN_INSERT
     os.chmod(logdir, 0o777)
     count = f"SELECT count(*) FROM {table}"
     rows_at_start = int(cluster.psql(db, count))
+    cluster.settle()
     load_before = children_cpu_seconds()
     process = subprocess.Popen(
         ["pgbench", "-h", cluster.root, "-p", str(cluster.port), "-U", "postgres", "-n", "-M", "prepared",
@@ -527,6 +540,8 @@ def ingest(cluster, binaries, jwks_url, bodies, workdir, connections, seconds, p
     cluster.create_database("ingest", prefill)
     if prefill:
         cluster.drop_prefilled()  # its two copies are made: free the disk (10 million rows: ~10 GB)
+    for name in ("lean", "ceiling"):  # measured: no autovacuum of theirs during the receiver's window
+        cluster.psql("postgres", f"DROP DATABASE {name}")
     result = receiver_ingest(cluster, binaries, jwks_url, bodies, workdir, connections, seconds, "ingest")
     result["ceiling_tps"] = ceiling["transactions_per_second"]
     result["ceiling_p50_ms"] = ceiling["p50_ms"]
@@ -551,6 +566,7 @@ def receiver_ingest(cluster, binaries, jwks_url, bodies, workdir, connections, s
     receiver = Receiver(binaries["siwa-receiver"], cluster.url(db), jwks_url, connections)
     before = cluster.count(db)
     committed_before = commit_batches(receiver.url)  # also waits for the receiver's first health reading
+    cluster.settle()
     receiver_before = process_cpu_seconds(receiver.process.pid)
     connected = cluster.child_count()
     pg_before, wrk_before = cluster.cpu_seconds(settle_to=connected), children_cpu_seconds()
@@ -592,7 +608,6 @@ def prefilled_ingest(cluster, binaries, jwks_url, bodies, workdir, rows_stored, 
         if label != "stored":
             cluster.create_database("ingest")
             db = "ingest"
-        cluster.psql(db, "CHECKPOINT")
         log(f"receiver at {connections} connections, {label}"
             + (f" ({rows_stored:,} rows)" if label == "stored" else ""))
         runs[label] = receiver_ingest(cluster, binaries, jwks_url, bodies, workdir, connections, seconds, db)
@@ -680,6 +695,7 @@ def drain(cluster, binaries, workers, events=100_000, rows=None, jwks_url=None):
     cluster.psql(db, "VACUUM ANALYZE siwa.notification_queue")
     cluster.psql(db, "VACUUM ANALYZE siwa.sessions")
     applied_before = int(cluster.psql(db, "SELECT count(*) FROM siwa.notification_log WHERE state <> 'pending'"))
+    cluster.settle()
     idle_children = cluster.child_count()
     pg_before, worker_before = cluster.cpu_seconds(settle_to=idle_children), children_cpu_seconds()
     started = time.monotonic()
@@ -729,6 +745,7 @@ def pgqueuer_drain(cluster, jobs, processes=2, batch=BATCH):
     subprocess.run([BENCH_VENV_PYTHON, script, "install", url], check=True, stdout=subprocess.DEVNULL)
     subprocess.run([BENCH_VENV_PYTHON, script, "enqueue", url, str(jobs)], check=True)
     cluster.psql(db, "VACUUM ANALYZE pgqueuer")
+    cluster.settle()
     idle_children = cluster.child_count()
     pg_before, consumers_before = cluster.cpu_seconds(settle_to=idle_children), children_cpu_seconds()
     started = time.monotonic()
