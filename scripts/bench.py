@@ -961,13 +961,7 @@ def main():
                         cluster, binaries, workers, events=args.drain_events, rows=rows, jwks_url=jwks_url)
             if not args.no_pgqueuer:
                 results["pgqueuer"] = run_pgqueuer(cluster, args)
-            results["targets"] = targets(results)
-            print_drain(results)
-            print()
-            print_targets(results["targets"])
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump(results, f, indent=2)
+            finish(results, args.json, lambda: print_drain(results))
             return
         if args.only == "webhooks":
             log("webhooks: throughput and lag")
@@ -977,32 +971,17 @@ def main():
         if args.only == "idle":
             log("idle end-to-end latency")
             results["idle"] = idle_latency(cluster, binaries, jwks_url, bodies)
-            print_idle(results["idle"])
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump(results, f, indent=2)
+            finish(results, args.json, lambda: print_idle(results["idle"]), with_targets=False)
             return
         if args.only == "prefilled":
             results["prefilled"] = prefilled_ingest(cluster, binaries, jwks_url, bodies, workdir, args.prefill,
                                                     args.seconds)
-            results["targets"] = targets(results)
-            print_prefilled(results["prefilled"])
-            print()
-            print_targets(results["targets"])
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump(results, f, indent=2)
+            finish(results, args.json, lambda: print_prefilled(results["prefilled"]))
             return
         if args.only == "ingest":
             log("ingest at 64 connections")
             results["ingest"]["64"] = ingest(cluster, binaries, jwks_url, bodies, workdir, 64, args.seconds)
-            results["targets"] = targets(results)
-            print_ingest(results)
-            print()
-            print_targets(results["targets"])
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump(results, f, indent=2)
+            finish(results, args.json, lambda: print_ingest(results))
             return
         sweep = [64] if args.quick else [int(c) for c in args.sweep.split(",")]
         for connections in sweep:
@@ -1039,6 +1018,19 @@ def main():
     print_table(results)
     if args.json:
         with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+def finish(results, json_path, print_part, with_targets=True):
+    """Ends a `--only` run: the targets it measured, the part's table, the targets' table, the JSON."""
+    if with_targets:
+        results["targets"] = targets(results)
+    print_part()
+    if with_targets:
+        print()
+        print_targets(results["targets"])
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(results, f, indent=2)
 
 

@@ -40,8 +40,9 @@ struct LockTests {
         #expect(metric(#"siwa_worker_notifications_total{outcome="busy"}"#, in: metrics) == 0)
     }
 
-    @Test("a user whose account row an app transaction holds is put off; the others apply and the drain ends")
-    func heldAccountRowDoesNotStopOthers() throws {
+    /// 30 due notifications of the user `held`, whose account row an app transaction (the returned
+    /// connection, left open) holds, and one of each of 20 other users.
+    private func heldUserAndOthers() throws -> (TestDatabase, PostgresConnection) {
         let db = try TestDatabase()
         try db.connection.execute("INSERT INTO siwa.accounts (sub) VALUES ('held')")
         for index in 0..<30 {
@@ -52,8 +53,14 @@ struct LockTests {
             try db.insert(jti: "free-\(index)", type: "consent-revoked", sub: "free-\(index)")
         }
         let app = try PostgresConnection(configuration: db.configuration)
-        defer { app.close() }
         try app.simpleQuery("BEGIN; UPDATE siwa.accounts SET updated_at = now() WHERE sub = 'held'")
+        return (db, app)
+    }
+
+    @Test("a user whose account row an app transaction holds is put off; the others apply and the drain ends")
+    func heldAccountRowDoesNotStopOthers() throws {
+        let (db, app) = try heldUserAndOthers()
+        defer { app.close() }
 
         let metrics = MetricsRegistry()
         let worker = try db.worker(batchSize: 10, metrics: metrics)
@@ -105,18 +112,8 @@ struct LockTests {
         "a busy user's notifications, due again before the next pass, do not keep other users' out of the drain"
     )
     func busyUserDueAgainDoesNotCrowdOutOthers() throws {
-        let db = try TestDatabase()
-        try db.connection.execute("INSERT INTO siwa.accounts (sub) VALUES ('held')")
-        for index in 0..<30 {
-            try db.insert(
-                jti: "held-\(index)", type: "email-enabled", sub: "held", email: "h@privaterelay.appleid.com")
-        }
-        for index in 0..<20 {
-            try db.insert(jti: "free-\(index)", type: "consent-revoked", sub: "free-\(index)")
-        }
-        let app = try PostgresConnection(configuration: db.configuration)
+        let (db, app) = try heldUserAndOthers()
         defer { app.close() }
-        try app.simpleQuery("BEGIN; UPDATE siwa.accounts SET updated_at = now() WHERE sub = 'held'")
 
         // As on a loaded machine, where a pass takes longer than the shortest put-off: every busy
         // notification is due again as soon as it was put off.
