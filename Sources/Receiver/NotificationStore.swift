@@ -127,7 +127,6 @@ public final class NotificationStore: @unchecked Sendable {
     private let condition = NSCondition()
     private var queue: [Ticket] = []  // guarded by `condition`
     private var closed = false  // guarded by `condition`
-    private var committing = 0  // batches being committed now; guarded by `condition`
     /// When each batch being committed now was taken (or its gather began); guarded by `condition`.
     private var commitsStarted: [ContinuousClock.Instant] = []
     /// Whether rows were waiting when the last commit ended; guarded by `condition`.
@@ -204,7 +203,7 @@ public final class NotificationStore: @unchecked Sendable {
         // commit: it starts beside it if it is held up, see ``Configuration/overlapAfter``), or enough
         // rows wait to start a batch beside it (or to end a gather). Otherwise the committer in flight
         // takes the row when its commit ends: no futile wake-up per row.
-        if committing == 0 || queue.count == 1 || queue.count >= configuration.overlapThreshold {
+        if commitsStarted.isEmpty || queue.count == 1 || queue.count >= configuration.overlapThreshold {
             condition.signal()
         }
         condition.unlock()
@@ -245,7 +244,7 @@ public final class NotificationStore: @unchecked Sendable {
                     condition.wait()
                     continue
                 }
-                if committing == 0 || queue.count >= configuration.overlapThreshold { break }
+                if commitsStarted.isEmpty || queue.count >= configuration.overlapThreshold { break }
                 // Rows wait behind a commit in flight and go with the next batch, unless that commit
                 // is held up: then this committer starts beside it.
                 guard let oldest = commitsStarted.min() else { break }
@@ -258,12 +257,11 @@ public final class NotificationStore: @unchecked Sendable {
                 condition.unlock()
                 return
             }
-            committing += 1
             let started = ContinuousClock.now
             commitsStarted.append(started)
             // Under load (rows queued while the last commit was in flight), wait a little for more
             // rows to share this commit; a row that finds the store idle is committed at once.
-            if configuration.gatherDelay > .zero && committing == 1 && !closed && underLoad
+            if configuration.gatherDelay > .zero && commitsStarted.count == 1 && !closed && underLoad
                 && queue.count < configuration.overlapThreshold
             {
                 let until = Date(timeIntervalSinceNow: configuration.gatherDelay.inSeconds)
@@ -271,7 +269,6 @@ public final class NotificationStore: @unchecked Sendable {
                     if !condition.wait(until: until) { break }
                 }
                 if queue.isEmpty {  // another committer took them
-                    committing -= 1
                     if let index = commitsStarted.firstIndex(of: started) { commitsStarted.remove(at: index) }
                     condition.unlock()
                     continue
@@ -284,7 +281,6 @@ public final class NotificationStore: @unchecked Sendable {
             condition.unlock()
             commit(batch)
             condition.lock()
-            committing -= 1
             if let index = commitsStarted.firstIndex(of: started) { commitsStarted.remove(at: index) }
             underLoad = !queue.isEmpty
             // A committer waiting for this commit may take what queued meanwhile (this one, too).
