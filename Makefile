@@ -11,15 +11,15 @@ BIN         = $(shell $(SWIFT) build $(BUILD_FLAGS) --show-bin-path 2>/dev/null)
 DIST_SCRATCH ?= .build/dist
 
 # What each goal needs from Debian. Building: the C libraries' headers (libcurl: outbound HTTP, through
-# the HTTPClient module). The demo: PostgreSQL (server
-# and psql), curl and python3 for the script, the openssl CLI for the demo's team key. Testing, on top:
-# CA certificates, nginx, systemd-analyze, PyYAML and promtool (Debian's prometheus package: only its
-# promtool is used; the server it also installs is not started by the tests) for validate-deploy, and
-# python3-venv for the webhook tests' independent verifier and the reference consumers in examples/
-# (the PyPI packages standardwebhooks, cryptography and psycopg in .build/webhooks-venv).
+# the HTTPClient module). The demo: PostgreSQL (server and psql), curl and python3 for the script, the
+# openssl CLI for the demo's team key. Testing, on top: CA certificates, nginx, systemd-analyze, PyYAML
+# and promtool (Debian's prometheus package: only its promtool is used; the server it also installs is
+# not started by the tests) for validate-deploy, faketime for make test-dates, and python3-venv for the
+# webhook tests' independent verifier and the reference consumers in examples/ (the PyPI packages
+# standardwebhooks, cryptography and psycopg in .build/webhooks-venv).
 BUILD_PACKAGES = pkg-config libpq-dev libssl-dev libmicrohttpd-dev libcurl4-openssl-dev
 DEMO_PACKAGES  = $(BUILD_PACKAGES) postgresql curl python3 openssl
-TEST_PACKAGES  = $(DEMO_PACKAGES) ca-certificates nginx systemd python3-yaml python3-venv prometheus
+TEST_PACKAGES  = $(DEMO_PACKAGES) ca-certificates nginx systemd python3-yaml python3-venv prometheus faketime
 
 .PHONY: all deps demo-deps test-deps build release test lint format demo run coverage bench clean \
         validate-deploy webhooks-venv schema schema-check dist dist-test image image-test container-deps
@@ -59,6 +59,13 @@ test: test-deps lint validate-deploy webhooks-venv
 	$(SWIFT) build --build-tests
 	./scripts/test-schema "$$($(SWIFT) build --show-bin-path)"
 	$(SWIFT) test --skip-build
+
+# The date-sensitive suites with the clock moved by libfaketime to a month's last and first second, New
+# Year and 29 February (scripts/test-dates; not part of `make test`: a few minutes per instant).
+.PHONY: test-dates
+test-dates: test-deps
+	$(SWIFT) build --build-tests
+	./scripts/test-dates "$$($(SWIFT) build --show-bin-path)"
 
 # The webhook tests verify signatures with a second implementation: the PyPI package standardwebhooks,
 # installed into .build/webhooks-venv (git-ignored) by pip, which also runs examples/ in the tests.
