@@ -107,13 +107,30 @@ extension WebhooksVerb {
             pending deliveries unless --force (they are deleted, never sent). It is disabled first, so
             that no change fans out to it meanwhile.
             """,
-        options: [.databaseURL],
+        options: [
+            .databaseURL,
+            CommandOption("endpoint", valueName: "ID", help: "The endpoint's id (siwactl webhooks list)."),
+        ],
         flags: [CommandFlag("force", help: "Remove it even with pending deliveries (they are deleted).")],
-        positionals: [CommandPositional("ENDPOINT", help: "The endpoint's id (siwactl webhooks list).")])
+        positionals: [
+            CommandPositional(
+                "ENDPOINT", help: "Deprecated: the id as an argument (use --endpoint ID).", isOptional: true)
+        ])
 
     static func remove(_ parsed: ParsedCommand) throws {
-        guard let text = parsed.positionals.first, let id = Int64(text), id > 0 else {
-            throw UsageError("ENDPOINT must be an endpoint id")
+        // The argument form stays for one release beside --endpoint, with a warning.
+        let id: Int64
+        switch (parsed.value("endpoint"), parsed.positionals.first) {
+        case (.some, .some): throw UsageError("give the endpoint once: --endpoint ID")
+        case (.none, .none): throw UsageError("missing --endpoint ID")
+        case (.some, .none): id = Int64(try endpointID(parsed))
+        case (.none, .some(let text)):
+            guard let value = Int64(text), value > 0 else {
+                throw UsageError("--endpoint must be an endpoint id")
+            }
+            writeErrorLine(
+                "siwactl webhooks remove", "warning: 'remove ID' is deprecated, use 'remove --endpoint ID'")
+            id = value
         }
         let connection = try connect(parsed)
         defer { connection.close() }

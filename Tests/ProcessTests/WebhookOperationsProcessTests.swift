@@ -95,26 +95,40 @@ struct WebhookOperationsProcessTests {
         #expect(unknown.standardError.contains("no delivery 999"))
     }
 
-    @Test("siwactl webhooks remove ENDPOINT: refused while pending, --force deletes them; unknown fails")
+    @Test("siwactl webhooks remove --endpoint ID: refused while pending, --force deletes them; unknown fails")
     func remove() throws {
         let database = try WebhookDatabase()
         let endpoint = try database.addEndpoint(url: "https://hooks.example.com/x", secret: .generate())
         try database.insertChange(sub: "a")
         let url = database.url
-        let refused = try run(["remove", "--database-url", url, String(endpoint)])
+        let refused = try run(["remove", "--database-url", url, "--endpoint", String(endpoint)])
         #expect(refused.status == 1)
         #expect(refused.standardError.contains("1 pending delivery: kept; remove it with --force"))
         #expect(try database.value("SELECT enabled FROM siwa.webhook_endpoints") as Bool)
-        let forced = try run(["remove", "--database-url", url, "--force", String(endpoint)])
+        let forced = try run(["remove", "--database-url", url, "--force", "--endpoint", String(endpoint)])
         #expect(forced.status == 0, "\(forced.standardError)")
         #expect(forced.standardOutput == "endpoint \(endpoint) removed with 1 pending delivery deleted\n")
+        #expect(forced.standardError == "")
         #expect(try database.value("SELECT count(*)::int FROM siwa.webhook_secrets") as Int == 0)
         #expect(try database.value("SELECT count(*)::int FROM siwa.webhook_deliveries") as Int == 0)
-        let again = try run(["remove", "--database-url", url, String(endpoint)])
+        let again = try run(["remove", "--database-url", url, "--endpoint", String(endpoint)])
         #expect(again.status == 1)
         #expect(again.standardError.contains("no endpoint \(endpoint)"))
         let missing = try run(["remove", "--database-url", url])
         #expect(missing.status == 2)
+        #expect(missing.standardError.contains("missing --endpoint ID"))
+        let twice = try run(["remove", "--database-url", url, "--endpoint", "1", "1"])
+        #expect(twice.status == 2)
+    }
+
+    @Test("siwactl webhooks remove ID, the deprecated form, still removes, with a warning")
+    func removeDeprecatedArgument() throws {
+        let database = try WebhookDatabase()
+        let endpoint = try database.addEndpoint(url: "https://hooks.example.com/x", secret: .generate())
+        let removed = try run(["remove", "--database-url", database.url, String(endpoint)])
+        #expect(removed.status == 0, "\(removed.standardError)")
+        #expect(removed.standardError.contains("'remove ID' is deprecated, use 'remove --endpoint ID'"))
+        #expect(try database.value("SELECT count(*)::int FROM siwa.webhook_endpoints") as Int == 0)
     }
 }
 // ==== end operations through siwactl ====
