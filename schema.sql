@@ -643,7 +643,7 @@ COMMENT ON COLUMN siwa.notification_log.applied_at IS 'When it reached applied o
 COMMENT ON COLUMN siwa.notification_log.last_error IS
     'The last failure as SQLSTATE: message, with quoted values and email addresses masked (siwa.redact_error); only the SQLSTATE once the account''s personal data is erased. For a skipped notification, the reason. While pending: see siwa.notification_queue.';
 COMMENT ON COLUMN siwa.notification_log.personal_data_erased_at IS
-    'When email, raw token and error text were erased after an account deletion (or, for a notification that arrived after the erasure, when it was stored without them).';
+    'When email, raw token and error text were erased after an account deletion (or, for a notification that arrived after the erasure, when it was stored without them; a consent-revoked or account-delete without an address keeps its token until the worker has applied it).';
 COMMENT ON COLUMN siwa.notification_log.claimed_event_time IS
     'The signed events.event_time when it was later than iat + the receiver''s leeway (an event dated after Apple signed the token about it: not believed, event_time holds iat + leeway instead); NULL otherwise. An anomaly to look into; never used for effects.';
 
@@ -694,13 +694,16 @@ COMMENT ON COLUMN siwa.notification_queue.last_error IS
 -- statement, and NOTIFY siwa_notifications once if it queued anything. NOTIFY is sent at commit (never
 -- for work rolled back); a redelivered jti inserts nothing and wakes nobody. A notification of an
 -- account whose personal data is already erased (Apple may send an email event after the deletion, or
--- redeliver one) is stored without email and raw token: the same statement leaves them out (one
--- primary-key probe of siwa.accounts per row, of the account's current sub: a late notification for a
--- sub a team transfer replaced is checked against the account it became, siwa.current_sub, called only
--- for a sub siwa.sub_aliases has). A row stored while the erasure commits concurrently is caught when
--- the worker applies it (siwa.apply_claimed_batch) or records its failure (siwa.record_failure). There
--- is no trigger on either table: version 2's row trigger cost ~30 µs per row, a statement trigger with
--- a transition table ~20. The NOTIFY has a price of its own: PostgreSQL holds its notify lock from the
+-- redeliver one) is stored without email, and without raw token unless it is a consent-revoked or an
+-- account-delete without an address (such a token holds nothing but the sub the account keeps: the
+-- worker verifies and applies it like any other, and its marking clears the token, see
+-- siwa.apply_claimed_batch); the same statement decides it (one primary-key probe of siwa.accounts per
+-- row, of the account's current sub: a late notification for a sub a team transfer replaced is checked
+-- against the account it became, siwa.current_sub, called only for a sub siwa.sub_aliases has). A row
+-- stored while the erasure commits concurrently is caught when the worker applies it
+-- (siwa.apply_claimed_batch) or records its failure (siwa.record_failure). There is no trigger on
+-- either table: version 2's row trigger cost ~30 µs per row, a statement trigger with a transition
+-- table ~20. The NOTIFY has a price of its own: PostgreSQL holds its notify lock from the
 -- start of the commit until the commit is flushed, so transactions that NOTIFY commit one at a time,
 -- cluster-wide, and never share a WAL flush (one-row calls from 64 sessions: ~5× slower than without
 -- it, docs/performance.md). The receiver's batches pay it once per batch.
@@ -732,8 +735,14 @@ BEGIN
              raw_token, personal_data_erased_at, claimed_event_time)
         SELECT b.jti, b.event_type, b.sub, b.audience,
                CASE WHEN a.sub IS NULL THEN b.email END, b.is_private_email, b.event_time, b.issued_at,
-               b.expires_at, CASE WHEN a.sub IS NULL THEN b.raw_token END,
-               CASE WHEN a.sub IS NOT NULL THEN pg_catalog.clock_timestamp() END, b.claimed_event_time
+               b.expires_at,
+               CASE WHEN a.sub IS NULL
+                      OR (b.event_type IN ('consent-revoked', 'account-delete') AND b.email IS NULL)
+                    THEN b.raw_token END,
+               CASE WHEN a.sub IS NOT NULL
+                     AND NOT (b.event_type IN ('consent-revoked', 'account-delete') AND b.email IS NULL)
+                    THEN pg_catalog.clock_timestamp() END,
+               b.claimed_event_time
           FROM batch b
           JOIN fresh f ON f.jti = b.jti AND f.issued_at = b.issued_at
           LEFT JOIN siwa.sub_aliases x ON x.old_sub = b.sub
@@ -2146,23 +2155,28 @@ BEGIN
         gone AS (
             DELETE FROM siwa.notification_queue q USING r WHERE q.id = r.id
             RETURNING q.id, q.jti, q.issued_at, q.attempts, q.received_at, r.reason),
-        -- A row without a token of an account already erased (the receiver stores late events of erased
-        -- accounts so, and erasure clears pending rows' tokens) is skipped, not rejected: nothing of it
+        -- A row without a token of an account already erased (the receiver stores a late email event of
+        -- an erased account so, and erasure clears its token) is skipped, not rejected: nothing of it
         -- can be verified, and nothing of it would change a deleted, erased account. Whether the account
-        -- is erased comes from siwa.accounts, which the receiver's role cannot write.
+        -- is erased comes from siwa.accounts, which the receiver's role cannot write. A rejected row of
+        -- an erased account keeps no token or email either.
         erased AS (
-            SELECT l.id FROM gone g
+            SELECT l.id, l.raw_token IS NULL AND l.origin = 'apple' AS tokenless FROM gone g
               JOIN siwa.notification_log l ON l.jti = g.jti AND l.issued_at = g.issued_at AND l.id = g.id
-             WHERE l.raw_token IS NULL AND l.origin = 'apple'
-               AND EXISTS (SELECT 1 FROM siwa.accounts a
+             WHERE EXISTS (SELECT 1 FROM siwa.accounts a
                             WHERE a.sub = siwa.current_sub(l.sub) AND a.personal_data_erased_at IS NOT NULL)),
         marked AS (
             UPDATE siwa.notification_log l
-               SET state = CASE WHEN e.id IS NULL THEN 'rejected' ELSE 'skipped' END,
-                   applied_at = CASE WHEN e.id IS NOT NULL THEN clock_timestamp() END,
+               SET state = CASE WHEN e.tokenless THEN 'skipped' ELSE 'rejected' END,
+                   applied_at = CASE WHEN e.tokenless THEN clock_timestamp() END,
                    attempts = g.attempts + 1,
-                   last_error = CASE WHEN e.id IS NULL THEN g.reason
-                                     ELSE 'account erased: no stored token to verify, nothing applied' END
+                   last_error = CASE WHEN e.tokenless
+                                     THEN 'account erased: no stored token to verify, nothing applied'
+                                     ELSE g.reason END,
+                   email = CASE WHEN e.id IS NULL THEN l.email END,
+                   raw_token = CASE WHEN e.id IS NULL THEN l.raw_token END,
+                   personal_data_erased_at = CASE WHEN e.id IS NULL THEN l.personal_data_erased_at
+                                                  ELSE coalesce(l.personal_data_erased_at, clock_timestamp()) END
               FROM gone g LEFT JOIN erased e ON e.id = g.id
              WHERE l.jti = g.jti AND l.issued_at = g.issued_at AND l.id = g.id AND l.state = 'pending'
             RETURNING l.id, l.event_type, l.state, l.last_error)
@@ -2233,14 +2247,21 @@ BEGIN
         (SELECT l.sub FROM siwa.notification_log l WHERE l.jti = v_jti AND l.issued_at = v_issued_at));
     -- A late event of an account whose personal data is already erased (its current sub's: a sub a team
     -- transfer replaced is the account it became): its attempt (which would have erased this row's data)
-    -- was rolled back, so erase it here, outside that attempt, whatever follows.
+    -- was rolled back, so erase it here, outside that attempt, whatever follows. A consent-revoked or
+    -- account-delete without an address that is retried keeps its token: the next attempt verifies it.
     IF EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = v_sub AND a.personal_data_erased_at IS NOT NULL) THEN
         v_error := siwa.erased_error(v_error, 'pending');
         UPDATE siwa.notification_queue SET last_error = v_error WHERE id = p_id;
         UPDATE siwa.notification_log
-           SET email = NULL, raw_token = NULL,
+           SET email = NULL,
+               raw_token = CASE WHEN v_attempts < p_max_attempts AND email IS NULL
+                                     AND event_type IN ('consent-revoked', 'account-delete') THEN raw_token END,
                last_error = CASE WHEN last_error IS NOT NULL THEN siwa.erased_error(last_error, state) END,
-               personal_data_erased_at = coalesce(personal_data_erased_at, clock_timestamp())
+               personal_data_erased_at =
+                   CASE WHEN v_attempts < p_max_attempts AND email IS NULL AND raw_token IS NOT NULL
+                             AND event_type IN ('consent-revoked', 'account-delete')
+                        THEN personal_data_erased_at
+                        ELSE coalesce(personal_data_erased_at, clock_timestamp()) END
          WHERE jti = v_jti AND issued_at = v_issued_at;
     END IF;
     IF v_attempts >= p_max_attempts THEN
@@ -2287,24 +2308,36 @@ DECLARE
     v_ids bigint[];
     v_all text[];
 BEGIN
+    -- An account erased before (a second account-delete) keeps the time of its first erasure.
     UPDATE siwa.accounts
-       SET email = NULL, is_private_email = NULL, personal_data_erased_at = clock_timestamp(),
+       SET email = NULL, is_private_email = NULL,
+           personal_data_erased_at = coalesce(personal_data_erased_at, clock_timestamp()),
            updated_at = clock_timestamp()
      WHERE sub = ANY (p_subs);
     -- The history of a user whose sub a team transfer replaced is stored under the old sub too.
     v_all := p_subs || ARRAY(SELECT a.old_sub FROM siwa.sub_aliases a WHERE a.new_sub = ANY (p_subs));
     -- Every state: applied, skipped, dead (a failed late event) and pending alike, in the log (found by
     -- its sub index in every partition). The worker's claims lock queue rows, never log rows, so this
-    -- waits for no other worker's batch.
+    -- waits for no other worker's batch. A pending consent-revoked or account-delete without an address
+    -- keeps its token (nothing in it but the sub, which the account keeps) so that the worker can still
+    -- verify and apply it; its marking clears it then (siwa.apply_claimed_batch).
     -- siwa.erased_error is called only for a row with a last_error: it maps NULL to NULL, and a call
     -- costs a search_path switch (its SET clause keeps it from being inlined), which most rows (applied,
     -- without an error) need not pay.
     UPDATE siwa.notification_log
-       SET email = NULL, raw_token = NULL,
+       SET email = NULL,
+           raw_token = CASE WHEN state = 'pending' AND event_type IN ('consent-revoked', 'account-delete')
+                                 AND email IS NULL THEN raw_token END,
            last_error = CASE WHEN last_error IS NOT NULL THEN siwa.erased_error(last_error, state) END,
-           personal_data_erased_at = coalesce(personal_data_erased_at, clock_timestamp())
+           personal_data_erased_at =
+               CASE WHEN state = 'pending' AND event_type IN ('consent-revoked', 'account-delete')
+                         AND email IS NULL AND raw_token IS NOT NULL
+                    THEN personal_data_erased_at
+                    ELSE coalesce(personal_data_erased_at, clock_timestamp()) END
      WHERE sub = ANY (v_all) AND pg_catalog.array_position(p_leave, id) IS NULL
-       AND (email IS NOT NULL OR raw_token IS NOT NULL
+       AND (email IS NOT NULL
+            OR (raw_token IS NOT NULL
+                AND NOT (state = 'pending' AND event_type IN ('consent-revoked', 'account-delete')))
             OR (last_error IS NOT NULL AND last_error IS DISTINCT FROM siwa.erased_error(last_error, state)));
     -- The error texts of the user's queued rows (found through the log). Rows another worker has claimed
     -- but left alone (it could not take the lock) are skipped rather than waited for, which could deadlock
@@ -2339,7 +2372,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.erase_personal_data_of(text[], bigint[]) IS
-    'Erases the personal data of the accounts p_subs: email in siwa.accounts; email, raw token and the text of last_error (its SQLSTATE stays) in every stored notification of these subs and of the subs a team transfer replaced with them, whatever its state, but those of p_leave (ids the caller erases itself); encrypted refresh tokens; email and is_private_email of their siwa.changes rows; the email a team transfer''s import holds for either sub. Call with the subs'' siwa.accounts rows locked (FOR UPDATE). Writes no change itself: its callers write siwa.personal_data_erased.';
+    'Erases the personal data of the accounts p_subs: email in siwa.accounts; email, raw token (but that of a pending consent-revoked or account-delete without an address, which the worker still verifies and clears when it applies it) and the text of last_error (its SQLSTATE stays) in every stored notification of these subs and of the subs a team transfer replaced with them, whatever its state, but those of p_leave (ids the caller erases itself); encrypted refresh tokens; email and is_private_email of their siwa.changes rows; the email a team transfer''s import holds for either sub. Call with the subs'' siwa.accounts rows locked (FOR UPDATE). Writes no change itself: its callers write siwa.personal_data_erased.';
 
 -- Erases one account's personal data (siwa.erase_personal_data_of for one sub).
 CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_sub text) RETURNS void

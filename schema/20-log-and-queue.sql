@@ -105,7 +105,7 @@ COMMENT ON COLUMN siwa.notification_log.applied_at IS 'When it reached applied o
 COMMENT ON COLUMN siwa.notification_log.last_error IS
     'The last failure as SQLSTATE: message, with quoted values and email addresses masked (siwa.redact_error); only the SQLSTATE once the account''s personal data is erased. For a skipped notification, the reason. While pending: see siwa.notification_queue.';
 COMMENT ON COLUMN siwa.notification_log.personal_data_erased_at IS
-    'When email, raw token and error text were erased after an account deletion (or, for a notification that arrived after the erasure, when it was stored without them).';
+    'When email, raw token and error text were erased after an account deletion (or, for a notification that arrived after the erasure, when it was stored without them; a consent-revoked or account-delete without an address keeps its token until the worker has applied it).';
 COMMENT ON COLUMN siwa.notification_log.claimed_event_time IS
     'The signed events.event_time when it was later than iat + the receiver''s leeway (an event dated after Apple signed the token about it: not believed, event_time holds iat + leeway instead); NULL otherwise. An anomaly to look into; never used for effects.';
 
@@ -156,13 +156,16 @@ COMMENT ON COLUMN siwa.notification_queue.last_error IS
 -- statement, and NOTIFY siwa_notifications once if it queued anything. NOTIFY is sent at commit (never
 -- for work rolled back); a redelivered jti inserts nothing and wakes nobody. A notification of an
 -- account whose personal data is already erased (Apple may send an email event after the deletion, or
--- redeliver one) is stored without email and raw token: the same statement leaves them out (one
--- primary-key probe of siwa.accounts per row, of the account's current sub: a late notification for a
--- sub a team transfer replaced is checked against the account it became, siwa.current_sub, called only
--- for a sub siwa.sub_aliases has). A row stored while the erasure commits concurrently is caught when
--- the worker applies it (siwa.apply_claimed_batch) or records its failure (siwa.record_failure). There
--- is no trigger on either table: version 2's row trigger cost ~30 µs per row, a statement trigger with
--- a transition table ~20. The NOTIFY has a price of its own: PostgreSQL holds its notify lock from the
+-- redeliver one) is stored without email, and without raw token unless it is a consent-revoked or an
+-- account-delete without an address (such a token holds nothing but the sub the account keeps: the
+-- worker verifies and applies it like any other, and its marking clears the token, see
+-- siwa.apply_claimed_batch); the same statement decides it (one primary-key probe of siwa.accounts per
+-- row, of the account's current sub: a late notification for a sub a team transfer replaced is checked
+-- against the account it became, siwa.current_sub, called only for a sub siwa.sub_aliases has). A row
+-- stored while the erasure commits concurrently is caught when the worker applies it
+-- (siwa.apply_claimed_batch) or records its failure (siwa.record_failure). There is no trigger on
+-- either table: version 2's row trigger cost ~30 µs per row, a statement trigger with a transition
+-- table ~20. The NOTIFY has a price of its own: PostgreSQL holds its notify lock from the
 -- start of the commit until the commit is flushed, so transactions that NOTIFY commit one at a time,
 -- cluster-wide, and never share a WAL flush (one-row calls from 64 sessions: ~5× slower than without
 -- it, docs/performance.md). The receiver's batches pay it once per batch.
@@ -194,8 +197,14 @@ BEGIN
              raw_token, personal_data_erased_at, claimed_event_time)
         SELECT b.jti, b.event_type, b.sub, b.audience,
                CASE WHEN a.sub IS NULL THEN b.email END, b.is_private_email, b.event_time, b.issued_at,
-               b.expires_at, CASE WHEN a.sub IS NULL THEN b.raw_token END,
-               CASE WHEN a.sub IS NOT NULL THEN pg_catalog.clock_timestamp() END, b.claimed_event_time
+               b.expires_at,
+               CASE WHEN a.sub IS NULL
+                      OR (b.event_type IN ('consent-revoked', 'account-delete') AND b.email IS NULL)
+                    THEN b.raw_token END,
+               CASE WHEN a.sub IS NOT NULL
+                     AND NOT (b.event_type IN ('consent-revoked', 'account-delete') AND b.email IS NULL)
+                    THEN pg_catalog.clock_timestamp() END,
+               b.claimed_event_time
           FROM batch b
           JOIN fresh f ON f.jti = b.jti AND f.issued_at = b.issued_at
           LEFT JOIN siwa.sub_aliases x ON x.old_sub = b.sub

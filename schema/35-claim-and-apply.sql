@@ -873,23 +873,28 @@ BEGIN
         gone AS (
             DELETE FROM siwa.notification_queue q USING r WHERE q.id = r.id
             RETURNING q.id, q.jti, q.issued_at, q.attempts, q.received_at, r.reason),
-        -- A row without a token of an account already erased (the receiver stores late events of erased
-        -- accounts so, and erasure clears pending rows' tokens) is skipped, not rejected: nothing of it
+        -- A row without a token of an account already erased (the receiver stores a late email event of
+        -- an erased account so, and erasure clears its token) is skipped, not rejected: nothing of it
         -- can be verified, and nothing of it would change a deleted, erased account. Whether the account
-        -- is erased comes from siwa.accounts, which the receiver's role cannot write.
+        -- is erased comes from siwa.accounts, which the receiver's role cannot write. A rejected row of
+        -- an erased account keeps no token or email either.
         erased AS (
-            SELECT l.id FROM gone g
+            SELECT l.id, l.raw_token IS NULL AND l.origin = 'apple' AS tokenless FROM gone g
               JOIN siwa.notification_log l ON l.jti = g.jti AND l.issued_at = g.issued_at AND l.id = g.id
-             WHERE l.raw_token IS NULL AND l.origin = 'apple'
-               AND EXISTS (SELECT 1 FROM siwa.accounts a
+             WHERE EXISTS (SELECT 1 FROM siwa.accounts a
                             WHERE a.sub = siwa.current_sub(l.sub) AND a.personal_data_erased_at IS NOT NULL)),
         marked AS (
             UPDATE siwa.notification_log l
-               SET state = CASE WHEN e.id IS NULL THEN 'rejected' ELSE 'skipped' END,
-                   applied_at = CASE WHEN e.id IS NOT NULL THEN clock_timestamp() END,
+               SET state = CASE WHEN e.tokenless THEN 'skipped' ELSE 'rejected' END,
+                   applied_at = CASE WHEN e.tokenless THEN clock_timestamp() END,
                    attempts = g.attempts + 1,
-                   last_error = CASE WHEN e.id IS NULL THEN g.reason
-                                     ELSE 'account erased: no stored token to verify, nothing applied' END
+                   last_error = CASE WHEN e.tokenless
+                                     THEN 'account erased: no stored token to verify, nothing applied'
+                                     ELSE g.reason END,
+                   email = CASE WHEN e.id IS NULL THEN l.email END,
+                   raw_token = CASE WHEN e.id IS NULL THEN l.raw_token END,
+                   personal_data_erased_at = CASE WHEN e.id IS NULL THEN l.personal_data_erased_at
+                                                  ELSE coalesce(l.personal_data_erased_at, clock_timestamp()) END
               FROM gone g LEFT JOIN erased e ON e.id = g.id
              WHERE l.jti = g.jti AND l.issued_at = g.issued_at AND l.id = g.id AND l.state = 'pending'
             RETURNING l.id, l.event_type, l.state, l.last_error)
@@ -960,14 +965,21 @@ BEGIN
         (SELECT l.sub FROM siwa.notification_log l WHERE l.jti = v_jti AND l.issued_at = v_issued_at));
     -- A late event of an account whose personal data is already erased (its current sub's: a sub a team
     -- transfer replaced is the account it became): its attempt (which would have erased this row's data)
-    -- was rolled back, so erase it here, outside that attempt, whatever follows.
+    -- was rolled back, so erase it here, outside that attempt, whatever follows. A consent-revoked or
+    -- account-delete without an address that is retried keeps its token: the next attempt verifies it.
     IF EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = v_sub AND a.personal_data_erased_at IS NOT NULL) THEN
         v_error := siwa.erased_error(v_error, 'pending');
         UPDATE siwa.notification_queue SET last_error = v_error WHERE id = p_id;
         UPDATE siwa.notification_log
-           SET email = NULL, raw_token = NULL,
+           SET email = NULL,
+               raw_token = CASE WHEN v_attempts < p_max_attempts AND email IS NULL
+                                     AND event_type IN ('consent-revoked', 'account-delete') THEN raw_token END,
                last_error = CASE WHEN last_error IS NOT NULL THEN siwa.erased_error(last_error, state) END,
-               personal_data_erased_at = coalesce(personal_data_erased_at, clock_timestamp())
+               personal_data_erased_at =
+                   CASE WHEN v_attempts < p_max_attempts AND email IS NULL AND raw_token IS NOT NULL
+                             AND event_type IN ('consent-revoked', 'account-delete')
+                        THEN personal_data_erased_at
+                        ELSE coalesce(personal_data_erased_at, clock_timestamp()) END
          WHERE jti = v_jti AND issued_at = v_issued_at;
     END IF;
     IF v_attempts >= p_max_attempts THEN

@@ -21,24 +21,36 @@ DECLARE
     v_ids bigint[];
     v_all text[];
 BEGIN
+    -- An account erased before (a second account-delete) keeps the time of its first erasure.
     UPDATE siwa.accounts
-       SET email = NULL, is_private_email = NULL, personal_data_erased_at = clock_timestamp(),
+       SET email = NULL, is_private_email = NULL,
+           personal_data_erased_at = coalesce(personal_data_erased_at, clock_timestamp()),
            updated_at = clock_timestamp()
      WHERE sub = ANY (p_subs);
     -- The history of a user whose sub a team transfer replaced is stored under the old sub too.
     v_all := p_subs || ARRAY(SELECT a.old_sub FROM siwa.sub_aliases a WHERE a.new_sub = ANY (p_subs));
     -- Every state: applied, skipped, dead (a failed late event) and pending alike, in the log (found by
     -- its sub index in every partition). The worker's claims lock queue rows, never log rows, so this
-    -- waits for no other worker's batch.
+    -- waits for no other worker's batch. A pending consent-revoked or account-delete without an address
+    -- keeps its token (nothing in it but the sub, which the account keeps) so that the worker can still
+    -- verify and apply it; its marking clears it then (siwa.apply_claimed_batch).
     -- siwa.erased_error is called only for a row with a last_error: it maps NULL to NULL, and a call
     -- costs a search_path switch (its SET clause keeps it from being inlined), which most rows (applied,
     -- without an error) need not pay.
     UPDATE siwa.notification_log
-       SET email = NULL, raw_token = NULL,
+       SET email = NULL,
+           raw_token = CASE WHEN state = 'pending' AND event_type IN ('consent-revoked', 'account-delete')
+                                 AND email IS NULL THEN raw_token END,
            last_error = CASE WHEN last_error IS NOT NULL THEN siwa.erased_error(last_error, state) END,
-           personal_data_erased_at = coalesce(personal_data_erased_at, clock_timestamp())
+           personal_data_erased_at =
+               CASE WHEN state = 'pending' AND event_type IN ('consent-revoked', 'account-delete')
+                         AND email IS NULL AND raw_token IS NOT NULL
+                    THEN personal_data_erased_at
+                    ELSE coalesce(personal_data_erased_at, clock_timestamp()) END
      WHERE sub = ANY (v_all) AND pg_catalog.array_position(p_leave, id) IS NULL
-       AND (email IS NOT NULL OR raw_token IS NOT NULL
+       AND (email IS NOT NULL
+            OR (raw_token IS NOT NULL
+                AND NOT (state = 'pending' AND event_type IN ('consent-revoked', 'account-delete')))
             OR (last_error IS NOT NULL AND last_error IS DISTINCT FROM siwa.erased_error(last_error, state)));
     -- The error texts of the user's queued rows (found through the log). Rows another worker has claimed
     -- but left alone (it could not take the lock) are skipped rather than waited for, which could deadlock
@@ -73,7 +85,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.erase_personal_data_of(text[], bigint[]) IS
-    'Erases the personal data of the accounts p_subs: email in siwa.accounts; email, raw token and the text of last_error (its SQLSTATE stays) in every stored notification of these subs and of the subs a team transfer replaced with them, whatever its state, but those of p_leave (ids the caller erases itself); encrypted refresh tokens; email and is_private_email of their siwa.changes rows; the email a team transfer''s import holds for either sub. Call with the subs'' siwa.accounts rows locked (FOR UPDATE). Writes no change itself: its callers write siwa.personal_data_erased.';
+    'Erases the personal data of the accounts p_subs: email in siwa.accounts; email, raw token (but that of a pending consent-revoked or account-delete without an address, which the worker still verifies and clears when it applies it) and the text of last_error (its SQLSTATE stays) in every stored notification of these subs and of the subs a team transfer replaced with them, whatever its state, but those of p_leave (ids the caller erases itself); encrypted refresh tokens; email and is_private_email of their siwa.changes rows; the email a team transfer''s import holds for either sub. Call with the subs'' siwa.accounts rows locked (FOR UPDATE). Writes no change itself: its callers write siwa.personal_data_erased.';
 
 -- Erases one account's personal data (siwa.erase_personal_data_of for one sub).
 CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_sub text) RETURNS void
