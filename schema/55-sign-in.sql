@@ -572,8 +572,8 @@ COMMENT ON FUNCTION siwa.release_revocation(bigint, text) IS
 
 -- The refresh check's claim: the stored token checked longest ago (or never) and not within
 -- p_interval, or whose check began longer than p_lease ago and was never recorded (its process died:
--- a lease, see "Leases" above); its check is recorded as begun now ('checking'), and committed, so
--- another worker skips it for p_lease. It comes with what its ciphertext is
+-- a lease, see "Leases" above, judged by the claimer's p_lease, the same rule in every worker); its
+-- check is recorded as begun now ('checking'), and committed. It comes with what its ciphertext is
 -- bound to: token_sha256, and the subs a team transfer replaced by the row's (schema version 4's
 -- format is bound to the sub it was stored under). No row: none is due.
 CREATE OR REPLACE FUNCTION siwa.claim_refresh_check(p_interval interval, p_lease interval)
