@@ -38,8 +38,13 @@ struct RevocationCrashTests {
             0, as: Int.self]
         let databaseURL = try PostgresCluster.shared.url(database: fixture.receiver.database.database ?? "")
         let first = try WorkerProcess(workerArguments(fixture), databaseURL: databaseURL)
-        // The echo is applied and matched while the call is still out (a live lease, no answer yet).
-        let matched = try waitUntil(timeout: .seconds(20)) {
+        // The call is out: Apple revoked the token, sent its consent-revoked and holds its answer.
+        #expect(
+            waitUntil(timeout: .seconds(20)) { fixture.apple.log.contains("holding the answer") },
+            "worker: \(first.log)\napple: \(fixture.apple.log)")
+        // The echo is applied and matched while the call is still out (a live lease, no answer yet); the
+        // wait ends well before the call's 10 s deadline, so the kill below lands during the call.
+        let matched = try waitUntil(timeout: .seconds(5)) {
             try fixture.count(
                 """
                 SELECT count(*) FROM siwa.revocation_ledger l JOIN siwa.revocation_requests r USING (id)
@@ -56,6 +61,9 @@ struct RevocationCrashTests {
             lease.map { abs($0 - CallLease.covering(.seconds(10)).inSeconds) < 1 } == true, "\(lease ?? -1)")
         first.send(SIGKILL)
         #expect(first.waitForExit(timeout: .seconds(10)) == 128 + SIGKILL)
+        #expect(
+            try fixture.count(
+                "SELECT count(*) FROM siwa.revocation_ledger WHERE id = \(id) AND state = 'pending'") == 1)
 
         let restarted = ContinuousClock.now
         let second = try WorkerProcess(workerArguments(fixture), databaseURL: databaseURL)
