@@ -3173,11 +3173,11 @@ COMMENT ON FUNCTION siwa.request_revocation(text, text) IS
     'Asks siwa-worker to revoke the user''s Apple tokens once the calling transaction commits (the transactional outbox); a sub a team transfer replaced is recorded as its current sub (siwa.current_sub). Returns the request id. Call it inside the account-deletion transaction as siwa_app.';
 
 -- The echoed consent-revoked: when the worker applies a consent-revoked for a user (siwa.accounts.
--- consent_revoked_at moves), the user's requests not yet matched that have had a recorded attempt are
+-- consent_revoked_at moves), the user's requests not yet matched that have been attempted (attempts >
+-- 0: an attempt counts from its claim, so an echo arriving while Apple is still answering matches) are
 -- marked with its event_time. Runs as whoever updates siwa.accounts (the worker). An echo applied
--- before the attempt that caused it was recorded (the revoker died between Apple's answer and its
--- commit; the app revoked the token at Apple itself) is matched by that record instead
--- (siwa.record_revocation).
+-- before any attempt (the app revoked the token at Apple itself) is matched by the final record
+-- instead when it covers the tokens revoked (siwa.record_revocation).
 CREATE OR REPLACE FUNCTION siwa.match_revocation_echo() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -3254,8 +3254,13 @@ COMMENT ON FUNCTION siwa.record_consent_lost(text, text) IS
 --      or 'lost').
 -- A lease that expired (its process died, or hung past the lease) is rescued by the next claim: the
 -- claim takes rows whose lease is missing or expired, under FOR UPDATE SKIP LOCKED, so exactly one
--- claimer takes it over. The attempt counter is raised when an attempt is recorded: an attempt whose
--- process died before recording it is not counted (as when a transaction never committed).
+-- claimer takes it over.
+-- The lease's length (p_lease) is the caller's, by one rule (Sources/Worker/CallLease.swift): the
+-- deadline of the call it covers plus a margin of 5 s (the claim's commit before the call, the
+-- record's start after it). A consumer killed mid-call is taken over within seconds of its deadline.
+-- The attempt is counted when its lease is taken (attempts, last_attempt_at): from then on the call
+-- may be under way, so an echo that arrives during it matches (siwa.match_revocation_echo), and a call
+-- whose process died counts for the retry schedule and the attempts before giving up.
 -- Every function here is SECURITY INVOKER (the caller's grants and row policies apply) with the pinned
 -- search_path, and executable only by the role whose process calls it (schema/85-privileges.sql).
 
@@ -3266,7 +3271,8 @@ COMMENT ON FUNCTION siwa.record_consent_lost(text, text) IS
 -- lock (a plain read never waits for one: another transaction may hold a token row meanwhile).
 -- Without such a token it ends here ('revoked' when an earlier attempt revoked some, 'partially_revoked'
 -- or 'failed' when an earlier attempt recorded some as not revoked, else 'no_token'; one row, no
--- token). Otherwise 'claimed': the lease is written (p_lease long), one row per token (id,
+-- token). Otherwise 'claimed': the attempt is counted and the lease written (p_lease covers one call
+-- to Apple: the request is leased for one per token returned), one row per token (id,
 -- client ID, ciphertext, token_sha256, whether the service's own write path stored it) with the subs a
 -- team transfer replaced by the request's sub (a ciphertext of schema version 4 is bound to the sub it
 -- was stored under). No row: nothing is due.
@@ -3314,7 +3320,11 @@ BEGIN
         RETURN;
     END IF;
     UPDATE siwa.revocation_requests r
-       SET lease_owner = p_owner, lease_expires_at = pg_catalog.clock_timestamp() + p_lease
+       SET attempts = r.attempts + 1, last_attempt_at = pg_catalog.now(), lease_owner = p_owner,
+           lease_expires_at = pg_catalog.clock_timestamp()
+                              + p_lease * (SELECT pg_catalog.count(*) FROM siwa.refresh_tokens t
+                                            WHERE t.sub = v_request.sub AND t.token_ciphertext IS NOT NULL
+                                              AND t.created_at <= v_request.requested_at)
      WHERE r.id = v_request.id;
     v_former := ARRAY(SELECT a.old_sub FROM siwa.sub_aliases a WHERE a.new_sub = v_request.sub
                        ORDER BY a.transferred_at DESC, a.old_sub);
@@ -3328,9 +3338,9 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.claim_revocation(text, interval, timestamptz) IS
-    'The revoker''s claim: leases the first due revocation request (rescuing an expired lease) and returns the user''s stored tokens that existed at the request (with token_sha256, service_format and the subs a transfer replaced), or ends a request without such tokens. Executable by siwa_worker.';
+    'The revoker''s claim: counts an attempt of the first due revocation request and leases it (p_lease per token: one call''s deadline plus the margin; rescuing an expired lease), and returns the user''s stored tokens that existed at the request (with token_sha256, service_format and the subs a transfer replaced), or ends a request without such tokens. Executable by siwa_worker.';
 
--- Records a leased revocation attempt. Destroys exactly the tokens Apple accepted (p_token_ids with the
+-- Records a leased revocation attempt (counted when it was claimed). Destroys exactly the tokens Apple accepted (p_token_ids with the
 -- ciphertexts they had when claimed: a row whose ciphertext changed meanwhile holds another token,
 -- which is kept) and records each token's outcome in siwa.revocation_token_outcomes: revoked, or what
 -- p_not_revoked says of the others (a JSON array of {id, outcome, detail}: undecryptable,
@@ -3341,7 +3351,8 @@ COMMENT ON FUNCTION siwa.claim_revocation(text, interval, timestamptz) IS
 -- (some revoked, some not: see the outcomes) or failed (none revoked). Apple's answer and the error
 -- (bounded) are kept. Returns the state recorded ('retry' for a retry), 'lost' (nothing written) when
 -- the lease is no longer the caller's, or 'busy' when another transaction holds one of those token
--- rows: then nothing but the lease is released, and the request is due again after p_retry_in seconds
+-- rows: then nothing but the lease is released (the attempt stays counted: Apple was called), and the
+-- request is due again after p_retry_in seconds
 -- (the revoke at Apple is repeated then; Apple answers 200 for a token already revoked). A token row
 -- is locked NOWAIT, so the revoker never waits for an app's transaction.
 --
@@ -3438,7 +3449,7 @@ BEGIN
                             AND v_consent >= coalesce(v_newest, v_request.requested_at), false);
     END IF;
     UPDATE siwa.revocation_requests r
-       SET state = v_state, attempts = r.attempts + 1,
+       SET state = v_state,
            last_attempt_at = pg_catalog.now(),
            next_attempt_at = CASE WHEN p_state = 'retry'
                                   THEN pg_catalog.now() + pg_catalog.make_interval(secs => coalesce(p_retry_in, 0))
@@ -3460,7 +3471,8 @@ COMMENT ON FUNCTION siwa.record_revocation(bigint, text, bigint[], bytea[], text
     'Records a leased revocation attempt: destroys exactly the tokens Apple accepted (unless their rows changed), records each token''s outcome, then retry, or revoked, partially_revoked or failed (matching Apple''s echo applied before it); ''lost'' when the lease is not the caller''s, ''busy'' when a token row is held by another transaction. Executable by siwa_worker.';
 
 -- Gives a leased revocation request back at once (the revoker could not record its attempt but lives
--- on): due again now, the attempt not counted. False when the lease is not the caller's.
+-- on): due again now; the attempt stays counted (it called Apple). False when the lease is not the
+-- caller's.
 CREATE OR REPLACE FUNCTION siwa.release_revocation(p_request bigint, p_owner text) RETURNS boolean
 LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
     WITH released AS (
@@ -3473,21 +3485,26 @@ COMMENT ON FUNCTION siwa.release_revocation(bigint, text) IS
     'Releases a revocation request''s lease held by the caller (due again at once); false when it is not the caller''s. Executable by siwa_worker.';
 
 -- The refresh check's claim: the stored token checked longest ago (or never) and not within
--- p_interval; its check is recorded as begun now ('checking'), and committed, so another worker skips
--- it and a process that dies leaves it due again after the interval. It comes with what its ciphertext is
+-- p_interval, or whose check began longer than p_lease ago and was never recorded (its process died:
+-- a lease, see "Leases" above, judged by the claimer's p_lease, the same rule in every worker); its
+-- check is recorded as begun now ('checking'), and committed. It comes with what its ciphertext is
 -- bound to: token_sha256, and the subs a team transfer replaced by the row's (schema version 4's
 -- format is bound to the sub it was stored under). No row: none is due.
-CREATE OR REPLACE FUNCTION siwa.claim_refresh_check(p_interval interval)
+CREATE OR REPLACE FUNCTION siwa.claim_refresh_check(p_interval interval, p_lease interval)
 RETURNS TABLE (token_id bigint, sub text, client_id text, token_ciphertext bytea, token_sha256 bytea,
                former_subs text[])
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_token siwa.refresh_tokens%ROWTYPE;
 BEGIN
+    IF p_interval IS NULL OR p_lease IS NULL OR p_lease <= interval '0' THEN
+        RAISE EXCEPTION 'a refresh check''s claim needs an interval and a positive lease' USING ERRCODE = '22023';
+    END IF;
     SELECT t.* INTO v_token
       FROM siwa.refresh_tokens t LEFT JOIN siwa.refresh_token_checks c ON c.token_id = t.id
      WHERE t.token_ciphertext IS NOT NULL AND t.revoked_at IS NULL
-       AND (c.checked_at IS NULL OR c.checked_at <= pg_catalog.now() - p_interval)
+       AND (c.checked_at IS NULL OR c.checked_at <= pg_catalog.now() - p_interval
+            OR (c.outcome = 'checking' AND c.checked_at <= pg_catalog.clock_timestamp() - p_lease))
      ORDER BY c.checked_at NULLS FIRST, t.id
      LIMIT 1
        FOR UPDATE OF t SKIP LOCKED;
@@ -3504,8 +3521,8 @@ BEGIN
                                ORDER BY a.transferred_at DESC, a.old_sub);
 END;
 $$;
-COMMENT ON FUNCTION siwa.claim_refresh_check(interval) IS
-    'The refresh check''s claim: the stored token due for a check (with token_sha256 and the subs a transfer replaced), marked as being checked now. Executable by siwa_worker.';
+COMMENT ON FUNCTION siwa.claim_refresh_check(interval, interval) IS
+    'The refresh check''s claim: the stored token due for a check (or whose check began over p_lease ago and was never recorded), with token_sha256 and the subs a transfer replaced, marked as being checked now. Executable by siwa_worker.';
 
 -- Records a refresh check's outcome. invalid_grant (consent is gone): the token is destroyed, unless its
 -- row holds another ciphertext by now, and a consent-revoked of our own is recorded
@@ -3582,8 +3599,8 @@ COMMENT ON COLUMN siwa.revocation_ledger.id IS 'The request''s id (what siwa.req
 COMMENT ON COLUMN siwa.revocation_ledger.sub IS 'The user whose Apple tokens are to be revoked.';
 COMMENT ON COLUMN siwa.revocation_ledger.reason IS 'The caller''s reason, e.g. account deleted in app.';
 COMMENT ON COLUMN siwa.revocation_ledger.requested_at IS 'When the requesting transaction ran (it committed, or the row would not be here).';
-COMMENT ON COLUMN siwa.revocation_ledger.attempts IS 'Calls to Apple made for it (a request found without a token counts none).';
-COMMENT ON COLUMN siwa.revocation_ledger.last_attempt_at IS 'When the worker last handled it.';
+COMMENT ON COLUMN siwa.revocation_ledger.attempts IS 'Attempts made for it, each counted when the revoker claimed it (one whose process died mid-call included; a request found without a token counts none).';
+COMMENT ON COLUMN siwa.revocation_ledger.last_attempt_at IS 'When the worker last claimed or handled it.';
 COMMENT ON COLUMN siwa.revocation_ledger.next_attempt_at IS 'When a pending request is next due (backoff with jitter after a retryable failure).';
 COMMENT ON COLUMN siwa.revocation_ledger.completed_at IS 'When it ended revoked, no_token or failed.';
 COMMENT ON COLUMN siwa.revocation_ledger.state IS
@@ -4594,11 +4611,11 @@ COMMENT ON COLUMN siwa.webhook_delivery_status.endpoint_id IS 'The endpoint it i
 COMMENT ON COLUMN siwa.webhook_delivery_status.type IS 'The change''s type, e.g. siwa.consent_revoked.';
 COMMENT ON COLUMN siwa.webhook_delivery_status.sub IS 'The user''s team-scoped Apple identifier.';
 COMMENT ON COLUMN siwa.webhook_delivery_status.state IS 'pending (waiting, in flight or retrying), delivered (a 2xx) or dead (the schedule ran out).';
-COMMENT ON COLUMN siwa.webhook_delivery_status.attempts IS 'Attempts made (since the last replay).';
+COMMENT ON COLUMN siwa.webhook_delivery_status.attempts IS 'Attempts made (since the last replay), each counted when a lane claimed it: one in flight, or cut short by a lane that died, included.';
 COMMENT ON COLUMN siwa.webhook_delivery_status.next_attempt_at IS 'When a pending delivery is next due.';
 COMMENT ON COLUMN siwa.webhook_delivery_status.created_at IS 'When the change fanned out to this endpoint.';
 COMMENT ON COLUMN siwa.webhook_delivery_status.first_attempt_at IS 'When the first attempt (since the last replay) was made; the retry schedule runs from here.';
-COMMENT ON COLUMN siwa.webhook_delivery_status.last_attempt_at IS 'When the last attempt was made.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.last_attempt_at IS 'When the last attempt began.';
 COMMENT ON COLUMN siwa.webhook_delivery_status.delivered_at IS 'When the endpoint answered 2xx.';
 COMMENT ON COLUMN siwa.webhook_delivery_status.last_status IS 'The last HTTP status answered; NULL when there was no answer.';
 COMMENT ON COLUMN siwa.webhook_delivery_status.last_error IS 'The last failure, in our own words; never a secret, a body or an email.';
@@ -4615,7 +4632,8 @@ COMMENT ON COLUMN siwa.webhook_delivery_status.last_error IS 'The last failure, 
 -- take the last place; endpoints being claimed by another lane are tried after the others.
 -- p_owner is `<process>:<lane>`: leases whose owner shares the part up to its last colon are the
 -- process's (an owner without a colon is a process of one lane). p_skip: endpoints not to claim from.
--- 'claimed': the lease is written (p_lease long) and the row carries everything the POST needs (URL,
+-- 'claimed': the attempt is counted (attempts, first and last attempt times) and the lease written
+-- (p_lease long: the attempt's deadline plus the margin) and the row carries everything the POST needs (URL,
 -- live secrets newest first, the change's columns the body is built from: an erased email is gone).
 -- 'saturated': there is due work, but every endpoint with some is at its cap; nothing is written. No
 -- row: nothing is claimable.
@@ -4728,10 +4746,13 @@ BEGIN
                            FOR UPDATE OF d SKIP LOCKED),
                     leased AS (
                         UPDATE siwa.webhook_deliveries d
-                           SET lease_owner = p_owner, lease_expires_at = pg_catalog.clock_timestamp() + p_lease
+                           SET attempts = d.attempts + 1,
+                               first_attempt_at = coalesce(d.first_attempt_at, pg_catalog.clock_timestamp()),
+                               last_attempt_at = pg_catalog.clock_timestamp(),
+                               lease_owner = p_owner, lease_expires_at = pg_catalog.clock_timestamp() + p_lease
                           FROM picked WHERE d.id = picked.id
                         RETURNING d.id, d.change_id, d.endpoint_id, d.attempts, d.first_attempt_at)
-                    SELECT 'claimed'::text, l.id, l.change_id, l.endpoint_id, l.attempts + 1, l.first_attempt_at,
+                    SELECT 'claimed'::text, l.id, l.change_id, l.endpoint_id, l.attempts, l.first_attempt_at,
                            v_endpoint.url,
                            ARRAY(SELECT s.secret FROM siwa.webhook_secrets s
                                   WHERE s.endpoint_id = v_id
@@ -4749,7 +4770,7 @@ BEGIN
                         END IF;
                         -- The claim's commit need not wait for the disk: a claim lost in a crash of the
                         -- server only makes the delivery claimable again, which is what a lease that
-                        -- expired does (at-least-once, the same webhook-id); the attempt's record is
+                        -- expired does (at-least-once, the same webhook-id; that attempt uncounted); the attempt's record is
                         -- committed durably. Transaction-local: the lanes call this function alone in
                         -- its transaction.
                         PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
@@ -4772,7 +4793,8 @@ $$;
 COMMENT ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timestamptz, integer) IS
     'The webhook lanes'' claim: leases a due queue head of the least recently claimed endpoint under its caps (max_in_flight, 1 while failing, the process''s share of its lanes; not while backed off) and returns what the POST needs, the change''s columns included; ''saturated'' when every endpoint with due work is at its cap. Executable by siwa_worker.';
 
--- Records one attempt of a delivery the caller leased: the attempt row, the delivery's new state
+-- Records one attempt of a delivery the caller leased (counted by its claim): the attempt row, numbered
+-- as the claim counted it (an attempt whose lane died leaves no row: its number is skipped), the delivery's new state
 -- (p_outcome: delivered, retry after p_retry_in seconds, or dead), the lease released, the endpoint's
 -- run of failures (a 2xx ends it; from the 3rd consecutive failure on, the endpoint is backed off as a
 -- whole for p_backoff_base × 2^(failures − 3) seconds, at most p_backoff_max, times a jitter in [0.5, 1])
@@ -4798,9 +4820,9 @@ BEGIN
     v_next := CASE WHEN p_outcome = 'retry'
                    THEN pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => coalesce(p_retry_in, 0)) END;
     -- The delivery's new state, if the lease is still the caller's: one statement locks, checks and
-    -- writes it (what it returns is the row as written: `attempts` counts this attempt).
+    -- writes it (`attempts` counts this attempt since its claim).
     UPDATE siwa.webhook_deliveries d
-       SET state = CASE WHEN p_outcome = 'retry' THEN 'pending' ELSE p_outcome END, attempts = d.attempts + 1,
+       SET state = CASE WHEN p_outcome = 'retry' THEN 'pending' ELSE p_outcome END,
            first_attempt_at = coalesce(d.first_attempt_at, p_started), last_attempt_at = p_started,
            next_attempt_at = coalesce(v_next, d.next_attempt_at),
            delivered_at = CASE WHEN p_outcome = 'delivered' THEN pg_catalog.clock_timestamp() END,
@@ -5539,7 +5561,7 @@ BEGIN
                                         double precision, double precision),
             siwa.repair_webhook_ready(), siwa.claim_revocation(text, interval, timestamptz),
             siwa.record_revocation(bigint, text, bigint[], bytea[], text, text, text, double precision, jsonb),
-            siwa.release_revocation(bigint, text), siwa.claim_refresh_check(interval),
+            siwa.release_revocation(bigint, text), siwa.claim_refresh_check(interval, interval),
             siwa.record_refresh_check(bigint, bytea, text), siwa.prune_sign_in_codes(interval),
             siwa.record_heartbeat(text, text, integer, integer, text, text, text[], timestamptz, interval),
             siwa.remove_heartbeat(text, text, integer) TO siwa_worker;

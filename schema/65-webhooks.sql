@@ -450,11 +450,11 @@ COMMENT ON COLUMN siwa.webhook_delivery_status.endpoint_id IS 'The endpoint it i
 COMMENT ON COLUMN siwa.webhook_delivery_status.type IS 'The change''s type, e.g. siwa.consent_revoked.';
 COMMENT ON COLUMN siwa.webhook_delivery_status.sub IS 'The user''s team-scoped Apple identifier.';
 COMMENT ON COLUMN siwa.webhook_delivery_status.state IS 'pending (waiting, in flight or retrying), delivered (a 2xx) or dead (the schedule ran out).';
-COMMENT ON COLUMN siwa.webhook_delivery_status.attempts IS 'Attempts made (since the last replay).';
+COMMENT ON COLUMN siwa.webhook_delivery_status.attempts IS 'Attempts made (since the last replay), each counted when a lane claimed it: one in flight, or cut short by a lane that died, included.';
 COMMENT ON COLUMN siwa.webhook_delivery_status.next_attempt_at IS 'When a pending delivery is next due.';
 COMMENT ON COLUMN siwa.webhook_delivery_status.created_at IS 'When the change fanned out to this endpoint.';
 COMMENT ON COLUMN siwa.webhook_delivery_status.first_attempt_at IS 'When the first attempt (since the last replay) was made; the retry schedule runs from here.';
-COMMENT ON COLUMN siwa.webhook_delivery_status.last_attempt_at IS 'When the last attempt was made.';
+COMMENT ON COLUMN siwa.webhook_delivery_status.last_attempt_at IS 'When the last attempt began.';
 COMMENT ON COLUMN siwa.webhook_delivery_status.delivered_at IS 'When the endpoint answered 2xx.';
 COMMENT ON COLUMN siwa.webhook_delivery_status.last_status IS 'The last HTTP status answered; NULL when there was no answer.';
 COMMENT ON COLUMN siwa.webhook_delivery_status.last_error IS 'The last failure, in our own words; never a secret, a body or an email.';
@@ -471,7 +471,8 @@ COMMENT ON COLUMN siwa.webhook_delivery_status.last_error IS 'The last failure, 
 -- take the last place; endpoints being claimed by another lane are tried after the others.
 -- p_owner is `<process>:<lane>`: leases whose owner shares the part up to its last colon are the
 -- process's (an owner without a colon is a process of one lane). p_skip: endpoints not to claim from.
--- 'claimed': the lease is written (p_lease long) and the row carries everything the POST needs (URL,
+-- 'claimed': the attempt is counted (attempts, first and last attempt times) and the lease written
+-- (p_lease long: the attempt's deadline plus the margin) and the row carries everything the POST needs (URL,
 -- live secrets newest first, the change's columns the body is built from: an erased email is gone).
 -- 'saturated': there is due work, but every endpoint with some is at its cap; nothing is written. No
 -- row: nothing is claimable.
@@ -584,10 +585,13 @@ BEGIN
                            FOR UPDATE OF d SKIP LOCKED),
                     leased AS (
                         UPDATE siwa.webhook_deliveries d
-                           SET lease_owner = p_owner, lease_expires_at = pg_catalog.clock_timestamp() + p_lease
+                           SET attempts = d.attempts + 1,
+                               first_attempt_at = coalesce(d.first_attempt_at, pg_catalog.clock_timestamp()),
+                               last_attempt_at = pg_catalog.clock_timestamp(),
+                               lease_owner = p_owner, lease_expires_at = pg_catalog.clock_timestamp() + p_lease
                           FROM picked WHERE d.id = picked.id
                         RETURNING d.id, d.change_id, d.endpoint_id, d.attempts, d.first_attempt_at)
-                    SELECT 'claimed'::text, l.id, l.change_id, l.endpoint_id, l.attempts + 1, l.first_attempt_at,
+                    SELECT 'claimed'::text, l.id, l.change_id, l.endpoint_id, l.attempts, l.first_attempt_at,
                            v_endpoint.url,
                            ARRAY(SELECT s.secret FROM siwa.webhook_secrets s
                                   WHERE s.endpoint_id = v_id
@@ -605,7 +609,7 @@ BEGIN
                         END IF;
                         -- The claim's commit need not wait for the disk: a claim lost in a crash of the
                         -- server only makes the delivery claimable again, which is what a lease that
-                        -- expired does (at-least-once, the same webhook-id); the attempt's record is
+                        -- expired does (at-least-once, the same webhook-id; that attempt uncounted); the attempt's record is
                         -- committed durably. Transaction-local: the lanes call this function alone in
                         -- its transaction.
                         PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
@@ -628,7 +632,8 @@ $$;
 COMMENT ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timestamptz, integer) IS
     'The webhook lanes'' claim: leases a due queue head of the least recently claimed endpoint under its caps (max_in_flight, 1 while failing, the process''s share of its lanes; not while backed off) and returns what the POST needs, the change''s columns included; ''saturated'' when every endpoint with due work is at its cap. Executable by siwa_worker.';
 
--- Records one attempt of a delivery the caller leased: the attempt row, the delivery's new state
+-- Records one attempt of a delivery the caller leased (counted by its claim): the attempt row, numbered
+-- as the claim counted it (an attempt whose lane died leaves no row: its number is skipped), the delivery's new state
 -- (p_outcome: delivered, retry after p_retry_in seconds, or dead), the lease released, the endpoint's
 -- run of failures (a 2xx ends it; from the 3rd consecutive failure on, the endpoint is backed off as a
 -- whole for p_backoff_base × 2^(failures − 3) seconds, at most p_backoff_max, times a jitter in [0.5, 1])
@@ -654,9 +659,9 @@ BEGIN
     v_next := CASE WHEN p_outcome = 'retry'
                    THEN pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => coalesce(p_retry_in, 0)) END;
     -- The delivery's new state, if the lease is still the caller's: one statement locks, checks and
-    -- writes it (what it returns is the row as written: `attempts` counts this attempt).
+    -- writes it (`attempts` counts this attempt since its claim).
     UPDATE siwa.webhook_deliveries d
-       SET state = CASE WHEN p_outcome = 'retry' THEN 'pending' ELSE p_outcome END, attempts = d.attempts + 1,
+       SET state = CASE WHEN p_outcome = 'retry' THEN 'pending' ELSE p_outcome END,
            first_attempt_at = coalesce(d.first_attempt_at, p_started), last_attempt_at = p_started,
            next_attempt_at = coalesce(v_next, d.next_attempt_at),
            delivered_at = CASE WHEN p_outcome = 'delivered' THEN pg_catalog.clock_timestamp() END,

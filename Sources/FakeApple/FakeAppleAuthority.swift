@@ -62,6 +62,9 @@ public final class FakeAppleAuthority: Sendable {
         public var failWith: String?
         /// How long to wait before answering.
         public var delay: Duration = .zero
+        /// How long to hold the answer after the call was carried out (a revoke's token revoked and its
+        /// consent-revoked sent): Apple acting, then answering late. Not with `failWith`.
+        public var answerDelay: Duration = .zero
         /// How many more calls fail (nil: all).
         public var remaining: Int?
         /// `token`, `revoke`, `migration`.
@@ -157,7 +160,8 @@ public final class FakeAppleAuthority: Sendable {
             }
         let form = parseForm(request)
         let subject = endpoint == "migration" ? (form?["sub"] ?? form?["transfer_sub"]) : nil
-        if let fault = takeFault(endpoint: endpoint, subject: subject) {
+        let fault = takeFault(endpoint: endpoint, subject: subject)
+        if let fault {
             if fault.delay > .zero { Thread.sleep(forTimeInterval: fault.delay.inSeconds) }
             if let failWith = fault.failWith {
                 log("\(request.path): failing on demand with \(failWith)")
@@ -166,12 +170,18 @@ public final class FakeAppleAuthority: Sendable {
             }
         }
         guard let form else { return .error(status: 400, "invalid_request") }
+        let response: HTTPResponse
         switch endpoint {
-        case "token": return token(form, settings)
+        case "token": response = token(form, settings)
         case "migration":
-            return migrationInfo(form, authorization: request.headers["Authorization"], settings)
-        default: return revoke(form, settings)
+            response = migrationInfo(form, authorization: request.headers["Authorization"], settings)
+        default: response = revoke(form, settings)
         }
+        if let fault, fault.answerDelay > .zero {
+            log("\(request.path): done; holding the answer \(fault.answerDelay) on demand")
+            Thread.sleep(forTimeInterval: fault.answerDelay.inSeconds)
+        }
+        return response
     }
 
     // MARK: - /auth/token
@@ -393,7 +403,7 @@ public final class FakeAppleAuthority: Sendable {
         return answer(["code": code, "id_token": idToken(grant, now: Date(), includeNonce: true)])
     }
 
-    /// `POST /fake/faults`, JSON `{fail_with?, delay_ms?, times?, endpoint?}`; `{}` clears.
+    /// `POST /fake/faults`, JSON `{fail_with?, delay_ms?, answer_delay_ms?, times?, endpoint?}`; `{}` clears.
     private func setFaults(_ request: HTTPRequest) -> HTTPResponse {
         guard let object = try? JSONSerialization.jsonObject(with: request.data) as? [String: Any] else {
             return .error(status: 400, "expected a JSON object")
@@ -406,6 +416,12 @@ public final class FakeAppleAuthority: Sendable {
         if let delay = object["delay_ms"] as? Int {
             guard (0...600_000).contains(delay) else { return .error(status: 400, "bad delay_ms") }
             plan.delay = .milliseconds(delay)
+        }
+        if let delay = object["answer_delay_ms"] as? Int {
+            guard (0...600_000).contains(delay), plan.failWith == nil || delay == 0 else {
+                return .error(status: 400, "bad answer_delay_ms (0 to 600000, not with fail_with)")
+            }
+            plan.answerDelay = .milliseconds(delay)
         }
         if let times = object["times"] as? Int {
             guard times > 0 else { return .error(status: 400, "bad times") }
@@ -427,13 +443,13 @@ public final class FakeAppleAuthority: Sendable {
             plan.every = every
         }
         let add = (object["add"] as? Bool) ?? false
-        let active = plan.failWith != nil || plan.delay > .zero
+        let active = plan.failWith != nil || plan.delay > .zero || plan.answerDelay > .zero
         state.withLock { state in
             if !add { state.faults = [] }
             if active { state.faults.append(plan) }
         }
         log(
-            "faults: \(active ? "\(add ? "added " : "")\(plan.failWith ?? "no failure"), delay \(plan.delay), times \(plan.remaining.map(String.init) ?? "all"), \(plan.endpoints.sorted().joined(separator: "+"))\(plan.subjects.map { ", \($0.count) subjects" } ?? "")\(plan.every.map { ", every \($0)th call" } ?? "")" : "cleared")"
+            "faults: \(active ? "\(add ? "added " : "")\(plan.failWith ?? "no failure"), delay \(plan.delay)\(plan.answerDelay > .zero ? ", answer held \(plan.answerDelay)" : ""), times \(plan.remaining.map(String.init) ?? "all"), \(plan.endpoints.sorted().joined(separator: "+"))\(plan.subjects.map { ", \($0.count) subjects" } ?? "")\(plan.every.map { ", every \($0)th call" } ?? "")" : "cleared")"
         )
         return HTTPResponse(status: 204)
     }

@@ -220,7 +220,7 @@ public final class LocalApple {
             case "--subjects":
                 body["subjects"] = try String(contentsOfFile: value, encoding: .utf8).split(separator: "\n")
                     .map(String.init).filter { !$0.isEmpty }
-            case "--delay-ms", "--times", "--every":
+            case "--delay-ms", "--answer-delay-ms", "--times", "--every":
                 guard let number = Int(value) else { throw ExecutableError("fault: \(name) \(value)") }
                 body[String(name.dropFirst(2)).replacingOccurrences(of: "-", with: "_")] = number
             default: throw ExecutableError("fault: unknown \(name)")

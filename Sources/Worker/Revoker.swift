@@ -18,9 +18,11 @@ import TokenVault
 /// (none); a user without a stored token ends as `no_token`; a token row held by another transaction
 /// at record time puts the request off (`busy`) instead of waiting for it.
 ///
-/// If the process dies after Apple's 200 but before the record, the lease expires and the next claim
-/// takes the request over (exactly one claimer does): Apple answers 200 for a token already revoked, so
-/// the second revoke is harmless, and the ledger ends complete.
+/// The claim counts the attempt and leases the request for its calls' deadlines plus a margin
+/// (``CallLease``). If the process dies during the call or after Apple's 200 but before the record, the
+/// lease expires within seconds of the call's deadline and the next claim takes the request over
+/// (exactly one claimer does): Apple answers 200 for a token already revoked, so the second revoke is
+/// harmless, and the ledger ends complete; Apple's echo, arriving meanwhile, is matched already.
 public final class Revoker: Sendable {
     /// The revoker's settings.
     public struct Configuration: Sendable {
@@ -46,16 +48,19 @@ public final class Revoker: Sendable {
         /// The interval given when it was below ``Revoker/minimumRefreshCheckInterval`` and raised (the
         /// revoker warns about it at start); nil otherwise.
         public var requestedRefreshCheckInterval: Duration?
-        /// How long a claimed request stays leased: longer than its calls to Apple can take. A lease still
+        /// How long a claimed request stays leased per token, and a refresh check per token: the
+        /// longest deadline of the clients' calls plus ``CallLease/margin`` (``CallLease``). A lease still
         /// held after that is taken over by another revoker.
-        public var lease: Duration
+        public var lease: Duration {
+            CallLease.covering(clients.values.map(\.configuration.timeout).max() ?? .seconds(10))
+        }
 
         /// Settings; `clients` must not be empty.
         public init(
             database: PostgresConfiguration, clients: [String: AppleIDClient], cipher: TokenCipher,
             pollInterval: Duration = .seconds(5), retryBaseDelay: Duration = .seconds(5),
             maxRetryDelay: Duration = .seconds(3600), maxAttempts: Int = 20,
-            refreshCheckInterval: Duration? = nil, lease: Duration = .seconds(300)
+            refreshCheckInterval: Duration? = nil
         ) throws {
             if let refreshCheckInterval, refreshCheckInterval <= .zero {
                 throw ConfigurationError("the refresh-check interval must be positive")
@@ -68,7 +73,7 @@ public final class Revoker: Sendable {
                 throw ConfigurationError("the revoker needs at least one client ID")
             }
             guard pollInterval > .zero, retryBaseDelay > .zero, maxRetryDelay >= retryBaseDelay,
-                maxAttempts > 0, lease > .zero
+                maxAttempts > 0
             else { throw ConfigurationError("the revoker's intervals and attempts must be positive") }
             self.database = database
             self.clients = clients
@@ -77,7 +82,6 @@ public final class Revoker: Sendable {
             self.retryBaseDelay = retryBaseDelay
             self.maxRetryDelay = maxRetryDelay
             self.maxAttempts = maxAttempts
-            self.lease = lease
         }
     }
 
@@ -240,8 +244,8 @@ public final class Revoker: Sendable {
                 """
                 SELECT token_id, sub, client_id, token_ciphertext, token_sha256,
                        pg_catalog.array_to_json(former_subs)::text
-                  FROM siwa.claim_refresh_check($1::float8 * interval '1 second')
-                """, [.double(interval.inSeconds)]
+                  FROM siwa.claim_refresh_check($1::float8 * interval '1 second', $2::float8 * interval '1 second')
+                """, [.double(interval.inSeconds), .double(configuration.lease.inSeconds)]
             ).first
         else { return nil }
         let tokenID = try row[0, as: Int.self]

@@ -20,9 +20,10 @@ import Webhooks
 /// then `siwa.record_webhook_attempt` records the attempt and the delivery's new state if the lease is
 /// still its own. A 2xx is `delivered`; anything else is retried with
 /// exponential backoff and jitter until `giveUpAfter` has passed since the first attempt, then `dead`.
-/// A process killed mid-attempt leaves its lease to expire; the next claim after that takes the
-/// delivery over (exactly one claimer does) and sends it again with the same `webhook-id`: receivers
-/// dedupe on it.
+/// The claim counts the attempt and leases the delivery for the attempt's deadline plus a margin
+/// (``CallLease``). A process killed mid-attempt leaves its lease to expire within seconds of that
+/// deadline; the next claim after that takes the delivery over (exactly one claimer does) and sends it
+/// again with the same `webhook-id`: receivers dedupe on it.
 ///
 /// Isolation: the claim rotates between the endpoints with due work (the least recently claimed first)
 /// and never gives one endpoint more than `max_in_flight` attempts across every worker, one while it is
@@ -52,20 +53,19 @@ public final class WebhookDispatcher: Sendable {
         public var maxResponseBodyBytes: Int
         /// Where `SSL_CERT_FILE` and `https_proxy`/`no_proxy` are read (the executable's environment).
         public var environment: [String: String]
-        /// How long a claimed delivery stays leased to its lane: longer than an attempt can take (default
-        /// the timeout plus 30 s). A lease still held after that is taken over by another lane.
-        public var lease: Duration
+        /// How long a claimed delivery stays leased to its lane: the attempt's ``timeout`` plus
+        /// ``CallLease/margin`` (``CallLease``). A lease still held after that is taken over by another lane.
+        public var lease: Duration { CallLease.covering(timeout) }
 
         /// Settings; every duration must be positive and `concurrency` at least 1.
         public init(
             database: PostgresConfiguration, concurrency: Int = 4, timeout: Duration = .seconds(10),
             retryBaseDelay: Duration = .seconds(5), maxRetryDelay: Duration = .seconds(3600),
             giveUpAfter: Duration = .seconds(26 * 3600), pollInterval: Duration = .seconds(1),
-            maxResponseBodyBytes: Int = 64 << 10, environment: [String: String] = [:], lease: Duration? = nil
+            maxResponseBodyBytes: Int = 64 << 10, environment: [String: String] = [:]
         ) throws {
             guard concurrency >= 1, timeout > .zero, retryBaseDelay > .zero, maxRetryDelay >= retryBaseDelay,
-                giveUpAfter > .zero, pollInterval > .zero, maxResponseBodyBytes > 0,
-                lease.map({ $0 > .zero }) ?? true
+                giveUpAfter > .zero, pollInterval > .zero, maxResponseBodyBytes > 0
             else {
                 throw ConfigurationError("the webhook settings must be positive (max delay ≥ base delay)")
             }
@@ -78,7 +78,6 @@ public final class WebhookDispatcher: Sendable {
             self.pollInterval = pollInterval
             self.maxResponseBodyBytes = maxResponseBodyBytes
             self.environment = environment
-            self.lease = lease ?? timeout + .seconds(30)
         }
     }
 

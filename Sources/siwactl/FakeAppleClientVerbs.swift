@@ -33,8 +33,8 @@ enum FakeAppleClientVerbs {
         name: "siwactl fake-apple fault",
         abstract: """
             Make a running fake-apple fail on demand: the next --times calls (default: all) to --endpoint
-            wait --delay-ms, then answer --fail-with instead of the real answer. No --fail-with and no
-            --delay-ms clears the faults.
+            wait --delay-ms, then answer --fail-with instead of the real answer, or are carried out and
+            answered --answer-delay-ms late. None of the three clears the faults.
             """,
         options: [
             urlOption,
@@ -44,6 +44,9 @@ enum FakeAppleClientVerbs {
                     "invalid_grant, invalid_client, invalid_request, unsupported_grant_type, unauthorized_client, invalid_scope, 429 or 500-599."
             ),
             CommandOption("delay-ms", valueName: "MS", help: "Delay each answer by MS milliseconds."),
+            CommandOption(
+                "answer-delay-ms", valueName: "MS",
+                help: "Carry each call out, then hold its answer MS milliseconds (not with --fail-with)."),
             CommandOption("times", valueName: "N", help: "Only the next N calls."),
             CommandOption(
                 "endpoint", valueName: "token|revoke|both|migration",
@@ -101,7 +104,10 @@ enum FakeAppleClientVerbs {
                     return ExitStatus.usage
                 }
             }
-            for (option, key) in [("delay-ms", "delay_ms"), ("times", "times"), ("every", "every")] {
+            for (option, key) in [
+                ("delay-ms", "delay_ms"), ("answer-delay-ms", "answer_delay_ms"), ("times", "times"),
+                ("every", "every"),
+            ] {
                 guard let text = parsed.value(option) else { continue }
                 guard let number = Int(text), number >= 0 else {
                     writeErrorLine(faultSpec.name, "--\(option) must be a whole number")

@@ -22,8 +22,7 @@ struct RevocationLeaseTests {
         return try Revoker(
             configuration: Revoker.Configuration(
                 database: database, clients: [LocalApple.clientID: try client ?? fixture.apple.client()],
-                cipher: fixture.cipher, pollInterval: .milliseconds(100), retryBaseDelay: .milliseconds(100),
-                lease: .seconds(60)),
+                cipher: fixture.cipher, pollInterval: .milliseconds(100), retryBaseDelay: .milliseconds(100)),
             logger: fixture.logs.logger())
     }
 
@@ -91,7 +90,7 @@ struct RevocationLeaseTests {
         #expect(try waitUntil { try free.drainOnce() == [Revoker.Outcome(id: held, state: "revoked")] })
         let row = try helper.ledger(fixture, held)
         #expect(try row["tokens_revoked", as: Int.self] == 1)
-        #expect(try row["attempts", as: Int.self] == 1)
+        #expect(try row["attempts", as: Int.self] == 2)  // the put-off attempt called Apple too
     }
 
     @Test("a revoker dying with a claim out: the lease expires and exactly one of two revokers takes it over")
@@ -160,5 +159,29 @@ struct RevocationLeaseTests {
             )
                 == 1)
         #expect(try helper.ledger(fixture, id)["tokens_revoked", as: Int.self] == 0)
+    }
+
+    @Test(
+        "a refresh check whose process died is checked again once its lease (the call's deadline plus the margin) is over, not a day later"
+    )
+    func refreshCheckRescued() throws {
+        let fixture = try SignInFixture(notify: false)
+        _ = try helper.signIn(fixture, sub: "001.checked")
+        let dying = try PostgresConnection(configuration: fixture.login("worker_test_login"))
+        #expect(
+            try dying.query(
+                "SELECT count(*) FROM siwa.claim_refresh_check(interval '1 day', interval '6 seconds')")[0][
+                    0, as: Int.self] == 1)
+        dying.close()
+        // A check's lease is judged by the claimer's: its call's deadline (1 s here) plus the margin.
+        let revoker = try revoker(fixture, client: fixture.apple.client(timeout: .seconds(1)))
+        // While the lease lives, the check is another's; after it, it is due again.
+        #expect(try revoker.checkRefreshTokensOnce(interval: .seconds(86400)).isEmpty)
+        #expect(
+            try waitUntil(timeout: .seconds(20)) {
+                try revoker.checkRefreshTokensOnce(interval: .seconds(86400)).map(\.outcome) == ["valid"]
+            })
+        #expect(try revoker.checkRefreshTokensOnce(interval: .seconds(86400)).isEmpty)
+        #expect(revoker.configuration.lease == CallLease.covering(.seconds(1)))
     }
 }

@@ -140,13 +140,14 @@ struct RevocationTests {
         #expect(appleError { _ = try fixture.apple.client().refresh(token: token) }?.code == .invalidGrant)
         var row = try ledger(fixture, id)
         #expect(try row["state", as: String.self] == "pending")
-        #expect(try row["attempts", as: Int.self] == 0)
+        #expect(try row["attempts", as: Int.self] == 1)  // counted at the claim
         #expect(
             try fixture.count("SELECT count(*) FROM siwa.refresh_tokens WHERE token_ciphertext IS NOT NULL")
                 == 1)
         _ = try fixture.query("DROP TRIGGER test_fail_ledger ON siwa.revocation_requests")
         #expect(try revoker.drainOnce() == [Revoker.Outcome(id: id, state: "revoked")])
         row = try ledger(fixture, id)
+        #expect(try row["attempts", as: Int.self] == 2)
         #expect(try row["apple_answer", as: String.self] == "200")
         #expect(try row["tokens_revoked", as: Int.self] == 1)
         #expect(

@@ -121,12 +121,37 @@ struct WebhookLeaseTests {
         for thread in threads { thread.join() }
         #expect(outcomes.withLock { $0 }.map(\.state) == ["delivered"])
         #expect(receiver.accepted.map(\.changeID) == [change])
+        // The dead worker's attempt counts (from its claim) but left no row: the history numbers it out.
         #expect(try database.value("SELECT count(*)::int FROM siwa.webhook_attempts") == 1)
-        #expect(try database.value("SELECT attempts FROM siwa.webhook_deliveries") == 1)
+        #expect(try database.value("SELECT attempt FROM siwa.webhook_attempts") == 2)
+        #expect(try database.value("SELECT attempts FROM siwa.webhook_deliveries") == 2)
         // The dead worker's record, had it come late, would change nothing.
         #expect(
             try database.value(
                 "SELECT siwa.record_webhook_attempt($1, 'dead-worker', now(), 1, 204, 'delivered', NULL, NULL)",
                 [.int(Int64(delivery))]) == false)
+    }
+
+    @Test(
+        "a lane's lease covers its attempt: the timeout plus the margin, the attempt counted from the claim, so a lane that died is taken over within seconds of its deadline"
+    )
+    func leaseSizedToTheAttempt() throws {
+        let database = try WebhookDatabase()
+        let hanging = try HangingEndpoint()
+        defer { hanging.release() }
+        try database.addEndpoint(url: hanging.url, secret: .generate())
+        _ = try database.insertChange(sub: "sized")
+        let running = RunningDispatcher(try database.dispatcher(concurrency: 1, timeout: .seconds(2)))
+        defer { running.stop() }
+        #expect(waitUntil { hanging.server.requestHeads.count == 1 })
+        let row = try database.connection.query(
+            """
+            SELECT attempts, extract(epoch FROM lease_expires_at - last_attempt_at)::float8
+              FROM siwa.webhook_deliveries WHERE lease_owner IS NOT NULL
+            """)
+        #expect(row.count == 1)
+        #expect(try row.first?[0, as: Int.self] == 1)  // counted while the POST is out
+        let lease = try row.first?[1, as: Double?.self] ?? -1
+        #expect(abs(lease - CallLease.covering(.seconds(2)).inSeconds) < 0.5, "lease \(lease) s")
     }
 }

@@ -1,0 +1,14 @@
+/// How long a consumer that calls out (the revoker, its refresh check, the webhook lanes) leases the row
+/// it claimed: the one rule for every lease (schema/55-sign-in.sql, "Leases"; docs/operations.md § 12).
+///
+/// A lease covers one call: its deadline plus ``margin``. The claim commits before the call and the
+/// record starts after it, so a consumer killed mid-call is taken over within seconds of its deadline,
+/// and a live one never has its lease taken while its call can still answer.
+public enum CallLease {
+    /// What a lease adds to its call's deadline: the claim's commit before the call, the record's start
+    /// after it.
+    public static let margin: Duration = .seconds(5)
+
+    /// The lease for a call with this deadline.
+    public static func covering(_ deadline: Duration) -> Duration { deadline + margin }
+}
