@@ -325,9 +325,10 @@ public final class PostgresCluster: Sendable {
     /// The root file system whose PostgreSQL the clusters run (the environment variable
     /// `POSTGRES_CLUSTER_CHROOT`, e.g. Debian 13's from `make test-postgres17`), or nil: this machine's.
     /// Its binaries need its own libc, so every tool runs inside it, as root only.
-    static let toolRoot: String? = ProcessInfo.processInfo.environment["POSTGRES_CLUSTER_CHROOT"].flatMap {
-        $0.isEmpty ? nil : $0
-    }
+    public static let toolRoot: String? = ProcessInfo.processInfo.environment["POSTGRES_CLUSTER_CHROOT"]
+        .flatMap {
+            $0.isEmpty ? nil : $0
+        }
 
     /// In a mount namespace of its own: /tmp (the clusters' directories, at the same paths), /dev and
     /// /proc bound into the root "$1", then "$3…" run there as uid:gid "$2".
