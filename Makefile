@@ -67,6 +67,19 @@ test-dates: test-deps
 	$(SWIFT) build --build-tests
 	./scripts/test-dates "$$($(SWIFT) build --show-bin-path)"
 
+# The database suites against Debian 13's PostgreSQL 17 (not part of `make test`, which runs Debian 12's
+# 15): a root made once by mmdebstrap (`scripts/container-images postgres17`, kept in podman's store like
+# the image's base; REBUILD=1 makes it again, e.g. for a point release), whose tools the test clusters
+# run inside it (POSTGRES_CLUSTER_CHROOT: unshare -m, chroot as postgres). As root.
+# The test targets that start PostgreSQL clusters (a regular expression for swift test --filter).
+POSTGRES17_SUITES = ^(AdminSQLTests|PostgresTests|ProcessTests|ReceiverTests|SignInTests|SiwactlTests|WebhookTests|WorkerTests)\.
+.PHONY: test-postgres17
+test-postgres17: test-deps container-deps webhooks-venv
+	$(SWIFT) build --build-tests
+	root="$$(podman image mount "$$(./scripts/container-images postgres17)")" && \
+	  POSTGRES_CLUSTER_CHROOT="$$root" $(SWIFT) test --skip-build \
+	    --filter '$(POSTGRES17_SUITES)'
+
 # The webhook tests verify signatures with a second implementation: the PyPI package standardwebhooks,
 # installed into .build/webhooks-venv (git-ignored) by pip, which also runs examples/ in the tests.
 webhooks-venv: test-deps

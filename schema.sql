@@ -2553,8 +2553,9 @@ BEGIN
         EXECUTE format('ALTER TABLE siwa.notification_log DETACH PARTITION siwa.%I', v_name);
         -- Each kind of row kept is found by an index, not by reading the month: pending ones through the
         -- queue (its rows probe the month's primary key), dead ones by the partial index on rare states,
-        -- unexpired tokens by the BRIN index on expires_at.
-        EXECUTE format('INSERT INTO siwa.notification_log_default
+        -- unexpired tokens by the BRIN index on expires_at. The ids are kept (from PostgreSQL 17 on
+        -- the partitions share the log's GENERATED ALWAYS identity).
+        EXECUTE format('INSERT INTO siwa.notification_log_default OVERRIDING SYSTEM VALUE
                         SELECT p.* FROM siwa.%1$I p
                           JOIN siwa.notification_queue q ON q.jti = p.jti AND q.issued_at = p.issued_at
                         UNION

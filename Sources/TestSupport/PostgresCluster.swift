@@ -282,11 +282,25 @@ public final class PostgresCluster: Sendable {
         }
     }
 
-    /// Runs a PostgreSQL tool (as `postgres` via runuser when we are root) from the socket directory
-    /// (a directory the tool may read), without PG* variables; throws with its output when it fails.
+    /// Runs a PostgreSQL tool (as `postgres` via runuser when we are root, inside ``toolRoot`` when set)
+    /// from the socket directory (a directory the tool may read), without PG* variables; throws with its
+    /// output when it fails.
     private func run(_ executable: String, _ arguments: [String]) throws {
-        let command = runAsPostgres ? Self.runuserPath() : executable
-        let commandArguments = runAsPostgres ? ["-u", "postgres", "--", executable] + arguments : arguments
+        let command: String
+        let commandArguments: [String]
+        if let root = Self.toolRoot {
+            let user = try Self.postgresUser()
+            command = "/usr/bin/unshare"
+            commandArguments =
+                ["--mount", "--", "/bin/sh", "-ec", Self.chrootScript, "sh", root, "\(user.uid):\(user.gid)"]
+                + [executable] + arguments
+        } else if runAsPostgres {
+            command = Self.runuserPath()
+            commandArguments = ["-u", "postgres", "--", executable] + arguments
+        } else {
+            command = executable
+            commandArguments = arguments
+        }
         let result = try Subprocess.run(
             command, commandArguments,
             environment: ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("PG") },
@@ -308,8 +322,62 @@ public final class PostgresCluster: Sendable {
         return "/usr/sbin/runuser"
     }
 
-    /// `pg_config --bindir` when it has the server binaries, else the newest /usr/lib/postgresql/*/bin.
+    /// The root file system whose PostgreSQL the clusters run (the environment variable
+    /// `POSTGRES_CLUSTER_CHROOT`, e.g. Debian 13's from `make test-postgres17`), or nil: this machine's.
+    /// Its binaries need its own libc, so every tool runs inside it, as root only.
+    public static let toolRoot: String? = ProcessInfo.processInfo.environment["POSTGRES_CLUSTER_CHROOT"]
+        .flatMap {
+            $0.isEmpty ? nil : $0
+        }
+
+    /// In a mount namespace of its own: /tmp (the clusters' directories, at the same paths), /dev and
+    /// /proc bound into the root "$1", then "$3…" run there as uid:gid "$2".
+    private static let chrootScript = """
+        /usr/bin/mount --rbind /tmp "$1/tmp"
+        /usr/bin/mount --rbind /dev "$1/dev"
+        /usr/bin/mount --rbind /proc "$1/proc"
+        root=$1 user=$2
+        shift 2
+        exec /usr/sbin/chroot --userspec="$user" --groups="${user#*:}" "$root" "$@"
+        """
+
+    /// This machine's `postgres` user, whom the root's must match (the clusters' files are his).
+    private static func postgresUser() throws -> (uid: uid_t, gid: gid_t) {
+        guard let user = getpwnam("postgres") else {
+            throw ClusterError(
+                description: "running as root but there is no 'postgres' user to run the server")
+        }
+        return (user.pointee.pw_uid, user.pointee.pw_gid)
+    }
+
+    /// The bin directory of the newest PostgreSQL in ``toolRoot`` (a path inside it), after checking that
+    /// we are root and that its `postgres` user has this machine's uid and gid.
+    private static func findBinDirectory(inRoot root: String) throws -> String {
+        guard geteuid() == 0 else {
+            throw ClusterError(description: "POSTGRES_CLUSTER_CHROOT needs root (unshare, chroot)")
+        }
+        let user = try postgresUser()
+        let passwd = (try? String(contentsOfFile: root + "/etc/passwd", encoding: .utf8)) ?? ""
+        let entry = passwd.split(separator: "\n").first { $0.hasPrefix("postgres:") }?.split(separator: ":")
+        guard let entry, entry.count > 3, entry[2] == "\(user.uid)", entry[3] == "\(user.gid)" else {
+            throw ClusterError(
+                description: "POSTGRES_CLUSTER_CHROOT \(root): its postgres user is not uid \(user.uid), gid "
+                    + "\(user.gid) like this machine's (rebuild it: scripts/container-images postgres17)")
+        }
+        let base = "/usr/lib/postgresql"
+        let versions = ((try? FileManager.default.contentsOfDirectory(atPath: root + base)) ?? [])
+            .compactMap { Int($0) }.sorted(by: >)
+        for version in versions
+        where FileManager.default.isExecutableFile(atPath: "\(root)\(base)/\(version)/bin/initdb") {
+            return "\(base)/\(version)/bin"
+        }
+        throw ClusterError(description: "POSTGRES_CLUSTER_CHROOT \(root): no \(base)/*/bin/initdb in it")
+    }
+
+    /// `pg_config --bindir` when it has the server binaries, else the newest /usr/lib/postgresql/*/bin
+    /// (inside ``toolRoot`` when it is set).
     private static func findBinDirectory() throws -> String {
+        if let root = toolRoot { return try findBinDirectory(inRoot: root) }
         let fileManager = FileManager.default
         for directory in ["/usr/bin", "/usr/local/bin", "/usr/local/pgsql/bin"]
         where fileManager.isExecutableFile(atPath: directory + "/pg_config") {

@@ -49,6 +49,38 @@ struct HonestErrorTests {
     }
 
     @Test(
+        "an owner with only CREATEROLE migrates, then creates the login roles of operations.md § 3, each with its group's rights"
+    )
+    func ownerWithCreateRoleMakesTheLoginRoles() throws {
+        // From PostgreSQL 16 on, granting a role needs ADMIN OPTION on it, which its creator holds.
+        let cluster = try PostgresCluster.start()
+        defer { cluster.destroy() }
+        let admin = try PostgresConnection(configuration: try cluster.configuration(database: "postgres"))
+        defer { admin.close() }
+        try admin.simpleQuery("CREATE ROLE siwa_owner LOGIN CREATEROLE")
+        try admin.simpleQuery("CREATE DATABASE siwa OWNER siwa_owner")
+        let url = { (user: String) in
+            "postgresql://\(user)@/siwa?host=\(cluster.socketDirectory)&port=\(cluster.port)"
+        }
+        let migrated = try siwactl(["migrate", "--database-url", url("siwa_owner")])
+        #expect(migrated.status == 0, "\(migrated.standardOutput)\(migrated.standardError)")
+        #expect(!migrated.standardError.contains("WARNING"), "\(migrated.standardError)")
+
+        let owner = try PostgresConnection(configuration: try PostgresConfiguration(url("siwa_owner")))
+        defer { owner.close() }
+        for role in MigrateRoles.all {
+            try owner.simpleQuery("CREATE ROLE \(role)_login LOGIN IN ROLE \(role)")
+            let login = try PostgresConnection(configuration: try PostgresConfiguration(url(role + "_login")))
+            defer { login.close() }
+            let row = try login.query(
+                "SELECT has_schema_privilege('siwa', 'USAGE'), pg_has_role($1, 'USAGE')", [.text(role)])[0]
+            let usage = try row[0, as: Bool.self]
+            let member = try row[1, as: Bool.self]
+            #expect(usage && member, "\(role)")
+        }
+    }
+
+    @Test(
         "a worker whose password is refused, or whose database does not exist, logs the server's reason without the password"
     )
     func connectionFailureReason() throws {
