@@ -124,6 +124,9 @@ public final class FakeAppleServer: Sendable {
     /// The port it listens on, once started.
     public var port: Int? { server.port }
 
+    /// The bound address (`HOST:PORT`), once started.
+    public var address: String? { server.address }
+
     /// `http://HOST:PORT`, once started.
     public var baseURL: String? {
         port.map { "http://\(host.contains(":") ? "[\(host)]" : host):\($0)" }

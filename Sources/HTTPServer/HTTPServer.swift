@@ -214,7 +214,7 @@ public final class HTTPServer: Sendable {
         }
         if let daemon { return daemon }
 
-        let address = host.contains(":") ? "[\(host)]:\(configuration.port)" : "\(host):\(configuration.port)"
+        let address = Self.address(host: host, port: configuration.port)
         let reason = HTTPServerError.systemMessage(systemError)
         switch Int(error) {
         case Int(SIWA_HTTP_ERROR_INVALID_ADDRESS):
@@ -240,6 +240,16 @@ public final class HTTPServer: Sendable {
             case .idle, .stopped: nil
             }
         }
+    }
+
+    /// The bound address while running, as `HOST:PORT` (`[HOST]:PORT` for IPv6) with the numeric host
+    /// bound and the real port (the kernel's choice when 0 was configured); `nil` otherwise.
+    public var address: String? {
+        port.map { Self.address(host: configuration.numericHost, port: $0) }
+    }
+
+    static func address(host: String, port: Int) -> String {
+        host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
     }
 
     /// Requests received but not yet finished (including ones still uploading), for metrics.

@@ -122,12 +122,16 @@ public final class NotificationReceiver: Sendable {
             [
                 "host": .string(configuration.http.host),
                 "port": .int(server.port ?? configuration.http.port),
+                "address": .string(server.address ?? ""),
                 "audiences": .int(configuration.audiences.count),
             ])
     }
 
     /// The bound port, once started.
     public var port: Int? { server.port }
+
+    /// The bound address (`HOST:PORT`), once started.
+    public var address: String? { server.address }
 
     /// Stops accepting, lets requests in flight finish (up to the grace period), then releases
     /// everything, in the reverse order of starting: the HTTP server (its daemon and handler threads

@@ -93,11 +93,18 @@ public final class SignInService: Sendable {
         try server.start()
         logger.info(
             "sign-in API listening",
-            ["host": .string(configuration.http.host), "port": .int(server.port ?? configuration.http.port)])
+            [
+                "host": .string(configuration.http.host),
+                "port": .int(server.port ?? configuration.http.port),
+                "address": .string(server.address ?? ""),
+            ])
     }
 
     /// The bound port, once started.
     public var port: Int? { server.port }
+
+    /// The bound address (`HOST:PORT`), once started.
+    public var address: String? { server.address }
 
     /// Stops accepting, lets calls in flight finish, closes the connections.
     public func shutdown() {

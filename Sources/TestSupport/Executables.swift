@@ -42,12 +42,6 @@ public enum ExecutableLocator {
             executable.path, arguments, environment: environment, input: input, timeout: timeout)
     }
 
-    /// A TCP port on 127.0.0.1 that was free a moment ago.
-    public static func freePort() throws -> Int {
-        let (fd, port) = try LoopbackSocket.bound()
-        close(fd)
-        return port
-    }
 }
 
 /// Running an executable failed.

@@ -7,7 +7,8 @@ import Synchronization
 #endif
 
 /// A throwaway PostgreSQL server for tests: `initdb` into a fresh directory under /tmp, a unix socket
-/// there plus 127.0.0.1 on a random free port, `fsync=off` (commits still survive an immediate stop).
+/// there (and 127.0.0.1 only when started with `tcp: true`), `fsync=off` (commits still survive an
+/// immediate stop).
 ///
 /// Use `PostgresCluster.shared` (started once per test process) with one `createDatabase()` per test;
 /// suites that stop the server make their own with `PostgresCluster.start()`. Every cluster is shut
@@ -31,8 +32,10 @@ public final class PostgresCluster: Sendable {
         public let description: String
     }
 
-    /// The TCP port (on 127.0.0.1) and the unix socket's port number.
+    /// The unix socket's port number, and the TCP port on 127.0.0.1 when ``listensOnTCP``.
     public let port: Int
+    /// Whether the server also listens on 127.0.0.1 (``start(tcp:)``); otherwise on its socket only.
+    public let listensOnTCP: Bool
     /// The directory holding the unix socket (also the cluster's root directory).
     public let socketDirectory: String
     /// The data directory.
@@ -70,15 +73,16 @@ public final class PostgresCluster: Sendable {
         }
     }
 
-    /// Creates and starts a new, independent cluster (for tests that stop and restart the server).
-    public static func start() throws -> PostgresCluster {
-        try start(basedOn: nil)
+    /// Creates and starts a new, independent cluster (for tests that stop and restart the server); with
+    /// `tcp`, it also listens on 127.0.0.1 (for tests of TCP itself: ``tcpURL(database:)``).
+    public static func start(tcp: Bool = false) throws -> PostgresCluster {
+        try start(basedOn: nil, tcp: tcp)
     }
 
     /// Creates and starts a streaming standby of this cluster (`pg_basebackup -R`, a hot standby that
     /// accepts reads only) with its own directory, socket and port; ``promote()`` makes it a primary.
     public func startStandby() throws -> PostgresCluster {
-        try Self.start(basedOn: self)
+        try Self.start(basedOn: self, tcp: listensOnTCP)
     }
 
     /// Promotes a standby to a primary (`pg_ctl promote`) and waits until it accepts writes.
@@ -86,16 +90,18 @@ public final class PostgresCluster: Sendable {
         try run(binDirectory + "/pg_ctl", ["-D", dataDirectory, "-w", "-t", "60", "-s", "promote"])
     }
 
-    private static func start(basedOn primary: PostgresCluster?) throws -> PostgresCluster {
+    private static func start(basedOn primary: PostgresCluster?, tcp: Bool) throws -> PostgresCluster {
         Registry.prepare()
         let binDirectory = try findBinDirectory()
         let root = try makeRootDirectory()
         let runAsPostgres = geteuid() == 0
         var lastError: any Error = ClusterError(description: "the server did not start")
-        for _ in 0..<3 {
-            let port = try ExecutableLocator.freePort()
+        for _ in 0..<(tcp ? 3 : 1) {
+            // The socket lives in the cluster's own directory: its number collides with nothing.
+            let port = tcp ? try probedTCPPort() : 5432
             let cluster = PostgresCluster(
-                root: root, port: port, binDirectory: binDirectory, runAsPostgres: runAsPostgres)
+                root: root, port: port, listensOnTCP: tcp, binDirectory: binDirectory,
+                runAsPostgres: runAsPostgres)
             Registry.add(root: root, dataDirectory: cluster.dataDirectory)
             do {
                 if !FileManager.default.fileExists(atPath: cluster.dataDirectory + "/PG_VERSION") {
@@ -105,16 +111,25 @@ public final class PostgresCluster: Sendable {
                 try cluster.start()
                 return cluster
             } catch {
-                lastError = error  // Most likely the port was taken meanwhile: try another.
+                lastError = error  // Most likely the TCP port was taken meanwhile: try another.
             }
         }
         throw lastError
     }
 
-    private init(root: String, port: Int, binDirectory: String, runAsPostgres: Bool) {
+    /// A TCP port that was free a moment ago: the one exception to "bind port 0 and read it back",
+    /// because PostgreSQL cannot bind port 0 and report it; ``start(basedOn:tcp:)`` retries when taken.
+    private static func probedTCPPort() throws -> Int {
+        let (fd, port) = try LoopbackSocket.bound()
+        close(fd)
+        return port
+    }
+
+    private init(root: String, port: Int, listensOnTCP: Bool, binDirectory: String, runAsPostgres: Bool) {
         self.socketDirectory = root
         self.dataDirectory = root + "/data"
         self.port = port
+        self.listensOnTCP = listensOnTCP
         self.binDirectory = binDirectory
         self.runAsPostgres = runAsPostgres
     }
@@ -158,9 +173,10 @@ public final class PostgresCluster: Sendable {
         "postgresql://postgres@/\(database)?host=\(socketDirectory)&port=\(port)"
     }
 
-    /// A URL for `database` over TCP on 127.0.0.1.
+    /// A URL for `database` over TCP on 127.0.0.1 (a cluster started with `tcp: true`).
     public func tcpURL(database: String) -> String {
-        "postgresql://postgres@127.0.0.1:\(port)/\(database)"
+        precondition(listensOnTCP, "tcpURL needs a cluster started with tcp: true")
+        return "postgresql://postgres@127.0.0.1:\(port)/\(database)"
     }
 
     /// A configuration for `database` over the unix socket.
@@ -249,7 +265,7 @@ public final class PostgresCluster: Sendable {
 
             # Test cluster settings (appended by PostgresCluster).
             port = \(port)
-            listen_addresses = '127.0.0.1'
+            listen_addresses = '\(listensOnTCP ? "127.0.0.1" : "")'
             unix_socket_directories = '\(socketDirectory)'
             # fsync only matters when the OS crashes; commits stay durable across stop -m immediate.
             fsync = off

@@ -12,19 +12,28 @@ public final class ServiceProcess: Sendable {
     /// The receiver's notification endpoint (nil for a worker).
     public let notificationURL: String?
 
+    /// Starts `name` with `arguments` and a `--listen-address-file`, and returns once the file names its
+    /// listeners; `urls` makes the metrics and notification URLs from them (name → `HOST:PORT`).
     private init(
-        _ name: String, _ arguments: [String], databaseURL: String, metricsURL: String,
-        notificationURL: String?
+        _ name: String, _ arguments: [String], databaseURL: String,
+        urls: ([String: String]) throws -> (metrics: String, notification: String?)
     ) throws {
         logURL = FileManager.default.temporaryDirectory.appendingPathComponent(
             "\(name)-\(UUID().uuidString).log")
         var environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") }
         environment["SIWA_DATABASE_URL"] = databaseURL
-        process = try Subprocess(
-            ExecutableLocator.url(named: name).path, arguments, environment: environment,
+        let addresses = ListenAddresses()
+        defer { addresses.remove() }
+        let process = try Subprocess(
+            ExecutableLocator.url(named: name).path, arguments + addresses.arguments,
+            environment: environment,
             standardError: logURL.path)
-        self.metricsURL = metricsURL
-        self.notificationURL = notificationURL
+        let logURL = logURL
+        let listeners = try addresses.wait(for: process) {
+            (try? String(contentsOf: logURL, encoding: .utf8)) ?? ""
+        }
+        self.process = process
+        (metricsURL, notificationURL) = try urls(listeners)
     }
 
     /// A receiver accepting `audiences`, with Apple's keys from `jwks`, as a member of `siwa_receiver`;
@@ -52,14 +61,15 @@ public final class ServiceProcess: Sendable {
         _ database: TestDatabase, audiences: [String], jwksURL: String, answering path: String,
         else failure: String
     ) throws -> ServiceProcess {
-        let port = try ExecutableLocator.freePort()
-        let base = "http://127.0.0.1:\(port)"
         let started = try ServiceProcess(
             "siwa-receiver",
-            ["--listen", "127.0.0.1:\(port)", "--jwks-url", jwksURL]
-                + audiences.flatMap { ["--audience", $0] },
-            databaseURL: try database.url(asMemberOf: "siwa_receiver"), metricsURL: base + "/metrics",
-            notificationURL: base + "/apple/notifications")
+            ["--listen", "127.0.0.1:0", "--jwks-url", jwksURL] + audiences.flatMap { ["--audience", $0] },
+            databaseURL: try database.url(asMemberOf: "siwa_receiver")
+        ) { listeners in
+            let base = "http://" + (try ListenAddresses.address("notifications", in: listeners))
+            return (base + "/metrics", base + "/apple/notifications")
+        }
+        let base = String(started.metricsURL.dropLast("/metrics".count))
         guard waitUntil(timeout: .seconds(20), { (try? TestHTTPClient.get(base + path).status) == 200 })
         else {
             throw ExecutableError("\(failure): \(started.log)")
@@ -67,17 +77,18 @@ public final class ServiceProcess: Sendable {
         return started
     }
 
-    /// A worker (metrics on a free port) as a member of `siwa_worker` (or with `databaseURL`); returns
+    /// A worker (metrics on a port the kernel chose) as a member of `siwa_worker` (or with `databaseURL`); returns
     /// once /metrics answers.
     public static func worker(_ database: TestDatabase, _ extra: [String] = [], databaseURL: String? = nil)
         throws
         -> ServiceProcess
     {
-        let port = try ExecutableLocator.freePort()
         let started = try ServiceProcess(
-            "siwa-worker", ["--metrics-listen", "127.0.0.1:\(port)", "--poll-interval", "0.2"] + extra,
-            databaseURL: try databaseURL ?? database.url(asMemberOf: "siwa_worker"),
-            metricsURL: "http://127.0.0.1:\(port)/metrics", notificationURL: nil)
+            "siwa-worker", ["--metrics-listen", "127.0.0.1:0", "--poll-interval", "0.2"] + extra,
+            databaseURL: try databaseURL ?? database.url(asMemberOf: "siwa_worker")
+        ) { listeners in
+            ("http://" + (try ListenAddresses.address("metrics", in: listeners)) + "/metrics", nil)
+        }
         guard waitUntil(timeout: .seconds(20), { (try? started.scrape()) != nil }) else {
             throw ExecutableError("the worker's metrics did not answer: \(started.log)")
         }

@@ -54,6 +54,9 @@ let receiverCommand = CommandSpec(
             "pool-size", valueName: "N", help: "Database connections.", environmentVariable: "SIWA_POOL_SIZE",
             defaultValue: "16"),
         .logLevel,
+        .listenAddressFile(
+            environmentVariable: "SIWA_LISTEN_ADDRESS_FILE",
+            names: "notifications; signin with --signin-listen"),
     ] + signInOptions, flags: signInFlags, offersVersion: true)
 
 /// Parses the configuration, runs until SIGTERM/SIGINT, and returns the exit status: 0 stopped by a
@@ -97,6 +100,14 @@ func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
     // thread it started (HTTP daemon and handlers, committers, key refresher) before shutdown returns.
     // It is built when the group starts it, so a signal during start-up leaves no thread behind.
     let receiver = StartedReceiver()
+    let bound = BoundAddresses()
+    let addressFile = parsed.value("listen-address-file").map(ListenAddressFile.init(path:))
+    do {
+        try addressFile?.removeStale()
+    } catch {
+        writeErrorLine("siwa-receiver", "\(error)")
+        return 2
+    }
     var services: [Service] = [
         .background(
             "siwa-receiver",
@@ -104,6 +115,7 @@ func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
                 let started = try NotificationReceiver(configuration: configuration, logger: logger)
                 try started.start()  // on failure it has released what it started
                 receiver.set(started)
+                bound.record("notifications", started.address)
             }, stop: { receiver.get()?.shutdown() })
     ]
     // Its heartbeat and the database's health gauges, once the receiver's registry exists.
@@ -120,11 +132,25 @@ func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
         services.append(
             signIn.service(
                 jwks: configuration.jwks, keys: configuration.keys,
-                metrics: { receiver.get()?.metrics.registry },
+                metrics: { receiver.get()?.metrics.registry }, bound: bound,
                 logger: logger))
+    }
+    // Written once every listener above is bound (the group starts services in order).
+    if let addressFile {
+        services.append(.listenAddressFile(addressFile, listeners: { bound.all }))
     }
     let group = ServiceGroup(services, signals: signals, logger: logger)
     return group.run().exitStatus
+}
+
+/// The addresses the process's listeners bound, by name, in the order they started.
+final class BoundAddresses: Sendable {
+    private let value = Mutex<[(name: String, address: String)]>([])
+    func record(_ name: String, _ address: String?) {
+        guard let address else { return }
+        value.withLock { $0.append((name, address)) }
+    }
+    var all: [(name: String, address: String)] { value.withLock { $0 } }
 }
 
 /// The receiver once started, for the group's stop.

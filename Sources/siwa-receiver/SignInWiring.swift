@@ -97,7 +97,7 @@ struct SignInSetup: Sendable {
     /// listener, and the client-secret expiry gauge on the receiver's /metrics.
     func service(
         jwks: JWKSSource, keys: KeyStore.Configuration, metrics: @escaping @Sendable () -> MetricsRegistry?,
-        logger: Logger
+        bound: BoundAddresses, logger: Logger
     )
         -> Service
     {
@@ -127,6 +127,7 @@ struct SignInSetup: Sendable {
                         "Seconds until the soonest-expiring client secret for Apple's token API expires (negative: expired)."
                 ) { providers.map { $0.secondsUntilExpiry() }.min() ?? 0 }
                 running.withLock { $0 = (service, store) }
+                bound.record("signin", service.address)
             },
             stop: {
                 guard let (service, store) = running.withLock({ $0 }) else { return }

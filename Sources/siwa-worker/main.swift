@@ -64,6 +64,7 @@ let spec = CommandSpec(
         CommandOption(
             "metrics-listen", valueName: "HOST:PORT", help: "Serve Prometheus metrics at /metrics here.",
             environmentVariable: "SIWA_WORKER_METRICS_LISTEN"),
+        .listenAddressFile(environmentVariable: "SIWA_WORKER_LISTEN_ADDRESS_FILE", names: "metrics"),
     ] + keyOptions + revokerOptions + webhookOptions,
     flags: [
         CommandFlag(
@@ -110,6 +111,9 @@ let webhooks: WebhookDispatcher?
 let keys: KeyStore
 do {
     metricsAddress = try parsed.listenAddress("metrics-listen")
+    if parsed.value("listen-address-file") != nil && metricsAddress == nil {
+        throw ConfigurationError("--listen-address-file needs --metrics-listen (the worker's only listener)")
+    }
     let database: PostgresConfiguration
     do {
         database = try PostgresConfiguration(
@@ -175,9 +179,19 @@ if let metricsAddress {
                     throw WorkerFailure(
                         "cannot serve metrics: \((error as? HTTPServerError)?.message ?? "\(error)")")
                 }
-                logger.info("serving metrics", ["port": .int(server.port ?? metricsAddress.port)])
+                logger.info(
+                    "serving metrics",
+                    [
+                        "port": .int(server.port ?? metricsAddress.port),
+                        "address": .string(server.address ?? ""),
+                    ])
             },
             stop: { server.shutdown(gracePeriod: .seconds(2)) }))
+    if let path = parsed.value("listen-address-file") {
+        let file = ListenAddressFile(path: path)
+        do { try file.removeStale() } catch { fail(error.message, status: 2) }
+        services.append(.listenAddressFile(file, listeners: { [("metrics", server.address ?? "")] }))
+    }
 }
 // Apple's keys: loaded at start and refreshed in the background (a --once drain fetches on first use).
 if !parsed.flag("once") {

@@ -66,6 +66,7 @@ enum FakeAppleVerb {
                 help:
                     "JSON lines {sub, email, is_private_email}: the users whose email /auth/usermigrationinfo returns to the recipient team.",
                 environmentVariable: "SIWA_FAKE_APPLE_MIGRATION_USERS"),
+            .listenAddressFile(environmentVariable: "SIWA_FAKE_APPLE_LISTEN_ADDRESS_FILE", names: "apple"),
         ])
 
     static let path = FakeAppleServer.keysPath
@@ -196,6 +197,8 @@ enum FakeAppleVerb {
                 }
             }
         }
+        let addressFile = parsed.value("listen-address-file").map(ListenAddressFile.init(path:))
+        do { try addressFile?.removeStale() } catch { throw ToolFailure(error.message) }
         let server = try FakeAppleServer(
             configuration: FakeAppleServer.Configuration(
                 host: listen.host, port: listen.port, keysDirectory: parsed.value("keys")!,
@@ -207,9 +210,17 @@ enum FakeAppleVerb {
         } catch {
             throw ToolFailure("cannot listen on \(listen): \(error)")
         }
+        writeErrorLine("fake-apple", "listening on \(server.address!)")
+        if let addressFile {
+            do { try addressFile.write([("apple", server.address!)]) } catch {
+                server.shutdown(gracePeriod: .zero)
+                throw ToolFailure(error.message)
+            }
+        }
         writeStandardOutput(server.baseURL! + FakeAppleServer.keysPath + "\n")
         let name = signals.wait()
         writeErrorLine("fake-apple", "\(name), stopping")
         server.shutdown(gracePeriod: .seconds(2))
+        addressFile?.remove()
     }
 }

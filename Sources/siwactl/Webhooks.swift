@@ -450,6 +450,7 @@ enum WebhooksVerb {
                 "status", valueName: "CODE",
                 help: "The status answered to a verified delivery (e.g. 500 to test retries).",
                 defaultValue: "204"),
+            .listenAddressFile(environmentVariable: nil, names: "webhooks"),
         ])
 
     static func listen(_ parsed: ParsedCommand) throws {
@@ -470,6 +471,7 @@ enum WebhooksVerb {
                 throw UsageError("--secret: \(error)")
             }
         }
+        let addressFile = try listenAddressFile(parsed)
         let signals = TerminationSignals()
         let server = HTTPServer(
             configuration: HTTPServer.Configuration(
@@ -478,14 +480,30 @@ enum WebhooksVerb {
             handle(request, keys: keys, answer: answer)
         }
         do { try server.start() } catch { throw ToolFailure("cannot listen on 127.0.0.1:\(port): \(error)") }
+        defer { server.shutdown(gracePeriod: .seconds(2)) }
         let schemes = Set(keys.map(\.scheme)).sorted().joined(separator: ", ")
         writeErrorLine(
             "siwactl webhooks listen",
-            "listening on http://127.0.0.1:\(server.port ?? port)/ (\(keys.count) key\(keys.count == 1 ? "" : "s"): \(schemes))"
+            "listening on http://\(server.address!)/ (\(keys.count) key\(keys.count == 1 ? "" : "s"): \(schemes))"
         )
+        try write(addressFile, server)
+        defer { addressFile?.remove() }
         let name = signals.wait()
         writeErrorLine("siwactl webhooks listen", "\(name), stopping")
-        server.shutdown(gracePeriod: .seconds(2))
+    }
+
+    /// `--listen-address-file`, with a file left by an earlier run removed.
+    static func listenAddressFile(_ parsed: ParsedCommand) throws -> ListenAddressFile? {
+        let file = parsed.value("listen-address-file").map(ListenAddressFile.init(path:))
+        do { try file?.removeStale() } catch { throw ToolFailure(error.message) }
+        return file
+    }
+
+    /// Writes the listener's address (as `webhooks`) to `file`, when given.
+    static func write(_ file: ListenAddressFile?, _ server: HTTPServer) throws {
+        do { try file?.write([("webhooks", server.address ?? "")]) } catch {
+            throw ToolFailure(error.message)
+        }
     }
 
     /// Verifies one request and prints it (stdout, one JSON line) or why it was refused (stderr).

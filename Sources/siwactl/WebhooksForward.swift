@@ -55,6 +55,7 @@ extension WebhooksVerb {
                 userAgent: "siwa-notifications-webhooks"),
             environment: ProcessInfo.processInfo.environment)
         let signing = appSecrets
+        let addressFile = try listenAddressFile(parsed)
         let server = HTTPServer(
             configuration: HTTPServer.Configuration(
                 host: "127.0.0.1", port: port, threadCount: 4, maxBodyBytes: 1 << 20)
@@ -63,7 +64,8 @@ extension WebhooksVerb {
         }
         do { try server.start() } catch { throw ToolFailure("cannot listen on 127.0.0.1:\(port): \(error)") }
         defer { server.shutdown(gracePeriod: .seconds(2)) }
-        let url = "http://127.0.0.1:\(server.port ?? port)/"
+        let url = "http://\(server.address!)/"
+        writeErrorLine("siwactl webhooks listen", "listening on \(url)")
 
         let connection = try connect(parsed)
         defer { connection.close() }
@@ -89,6 +91,8 @@ extension WebhooksVerb {
         }
         writeErrorLine(
             "siwactl webhooks listen", "forwarding; SIGINT or SIGTERM removes endpoint \(endpoint)")
+        try write(addressFile, server)  // once the endpoint is registered: deliveries can come
+        defer { addressFile?.remove() }
         while !signals.wait(timeout: renewalInterval) {
             do {
                 _ = try connection.query(

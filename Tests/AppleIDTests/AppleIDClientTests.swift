@@ -88,11 +88,13 @@ struct AppleIDClientTests {
     @Test("refresh works until revoked; revoking sends consent-revoked that a receiver verifies and stores")
     func refreshAndRevoke() throws {
         // The receiver trusts the fake's own /auth/keys, and the fake notifies the receiver.
-        let port = try ExecutableLocator.freePort()
+        // The receiver starts first (Apple notifies it) with no keys; it is served Apple's once they exist.
         let receiver = try ReceiverHarness(
-            keys: .url(URL(string: "http://127.0.0.1:\(port)/auth/keys")!), audience: LocalApple.clientID,
+            keys: .served(Data(#"{"keys":[]}"#.utf8)), audience: LocalApple.clientID,
             cooldown: .milliseconds(50), poolSize: 2, waitForKeys: false)
-        let notifying = try LocalApple(port: port, notifyURL: receiver.notificationURL)
+        let notifying = try LocalApple(notifyURL: receiver.notificationURL)
+        receiver.jwks?.setBody(
+            try Data(contentsOf: notifying.keysDirectory.appendingPathComponent("jwks.json")))
         let client = try notifying.client()
         let tokens = try client.exchange(
             code: notifying.authorize(sub: "001.revoked", email: "r@example.com").code)

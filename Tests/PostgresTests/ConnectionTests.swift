@@ -7,7 +7,8 @@ import Testing
 struct ConnectionTests {
     @Test("connects with a socket URL, a TCP URL and a conninfo string")
     func connectionForms() throws {
-        let cluster = try PostgresCluster.shared
+        let cluster = try PostgresCluster.start(tcp: true)  // the shared one listens on its socket only
+        defer { cluster.destroy() }
         let database = try #require(try cluster.createDatabase().database)
         let forms = [
             cluster.url(database: database),

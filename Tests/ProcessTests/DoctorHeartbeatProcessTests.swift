@@ -12,11 +12,12 @@ struct DoctorHeartbeatProcessTests {
     /// The doctor against a closed loopback port (the endpoint checks fail at once; the database checks
     /// follow), as a member of siwa_admin.
     static func doctor(_ database: TestDatabase) throws -> ExecutableLocator.Result {
-        let port = try ExecutableLocator.freePort()
+        let nothing = try RefusingPort()  // held until the end of scope
+        defer { withExtendedLifetime(nothing) {} }
         return try ExecutableLocator.run(
             ExecutableLocator.url(named: "siwactl"),
             arguments: [
-                "doctor", "http://127.0.0.1:\(port)/apple/notifications", "--allow-http-loopback",
+                "doctor", "http://127.0.0.1:\(nothing.port)/apple/notifications", "--allow-http-loopback",
                 "--timeout", "5",
             ],
             environment: ["SIWA_DATABASE_URL": try database.url(asMemberOf: "siwa_admin")])

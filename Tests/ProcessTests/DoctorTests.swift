@@ -96,8 +96,9 @@ struct DoctorTests {
 
     @Test("nothing listening is a connection failure")
     func nothingListening() throws {
-        let port = try ExecutableLocator.freePort()
-        let result = try Self.doctor("http://127.0.0.1:\(port)\(Self.path)")
+        let nothing = try RefusingPort()  // held until the end of scope
+        defer { withExtendedLifetime(nothing) {} }
+        let result = try Self.doctor("http://127.0.0.1:\(nothing.port)\(Self.path)")
         #expect(result.status == 1)
         #expect(Self.line(result, "connection")?.hasPrefix("FAIL") == true, "\(result.standardOutput)")
     }
@@ -131,20 +132,19 @@ struct DoctorTests {
                     + "-subj /CN=localhost -addext subjectAltName=DNS:localhost 2>/dev/null",
             ], workingDirectory: directory.path)
         try #require(made.status == 0, "\(made.standardError)")
-        let port = try ExecutableLocator.freePort()
+        // Port 0: s_server prints "ACCEPT 127.0.0.1:PORT" once it listens.
+        let output = directory.appendingPathComponent("s_server.out")
         let server = try Subprocess(
             "/usr/bin/openssl",
             [
-                "s_server", "-accept", "127.0.0.1:\(port)", "-cert", "server.pem", "-key", "server.key",
-                "-WWW",
-                "-quiet",
+                "s_server", "-accept", "127.0.0.1:0", "-cert", "server.pem", "-key", "server.key", "-WWW",
             ] + options,
-            workingDirectory: directory.path)
+            standardOutput: output.path, workingDirectory: directory.path)
         defer {
             server.send(SIGKILL)
             _ = server.wait(timeout: .seconds(5))
         }
-        try #require(waitUntil { (try? RawHTTPConnection(host: "127.0.0.1", port: port)) != nil })
+        let port = try ListenAddresses.printedPort("ACCEPT", in: output, of: server)
         try body(port, directory.appendingPathComponent("server.pem").path)
     }
 
@@ -179,7 +179,10 @@ struct DoctorTests {
         defer { try? FileManager.default.removeItem(at: directory) }
         // TEST ONLY: a throwaway CA (trusted through SSL_CERT_FILE) and a certificate for "localhost".
         try makeLocalhostCertificate(in: directory)
-        let port = try ExecutableLocator.freePort()
+        // nginx cannot bind port 0 and report it: it shares a port held here (SO_REUSEPORT) instead.
+        let held = try RefusingPort(sharedByReusePort: true)
+        defer { withExtendedLifetime(held) {} }
+        let port = held.port
         let dir = directory.path
         let configuration = """
             daemon off;
@@ -192,7 +195,7 @@ struct DoctorTests {
                 client_body_temp_path \(dir)/body;
                 proxy_temp_path \(dir)/proxy;
                 server {
-                    listen 127.0.0.1:\(port) ssl;
+                    listen 127.0.0.1:\(port) ssl reuseport;
                     server_name localhost;
                     ssl_certificate \(dir)/server.pem;
                     ssl_certificate_key \(dir)/server.key;

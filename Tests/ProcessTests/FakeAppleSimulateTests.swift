@@ -185,9 +185,11 @@ struct SimulateTests {
     func unreachable() throws {
         let key = try GeneratedKey(kid: "simulate-3")
         defer { try? FileManager.default.removeItem(at: key.directory) }
-        let port = try ExecutableLocator.freePort()
+        let nothing = try RefusingPort()  // held until the end of scope
+        defer { withExtendedLifetime(nothing) {} }
         let result = try siwactl([
-            "simulate", "--to", "http://127.0.0.1:\(port)/apple/notifications", "--key", key.keyFile.path,
+            "simulate", "--to", "http://127.0.0.1:\(nothing.port)/apple/notifications", "--key",
+            key.keyFile.path,
             "--audience", "a", "--type", "consent-revoked", "--sub", "s",
         ])
         #expect(result.status == 1)

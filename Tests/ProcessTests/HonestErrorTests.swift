@@ -84,7 +84,7 @@ struct HonestErrorTests {
         "a worker whose password is refused, or whose database does not exist, logs the server's reason without the password"
     )
     func connectionFailureReason() throws {
-        let cluster = try PostgresCluster.start()
+        let cluster = try PostgresCluster.start(tcp: true)
         defer { cluster.destroy() }
         // Password authentication over TCP for one role.
         let hba = URL(fileURLWithPath: cluster.dataDirectory + "/pg_hba.conf")
@@ -142,9 +142,11 @@ struct HonestErrorTests {
     )
     func noKeysHeld() throws {
         let database = try TestDatabase()
-        let nothing = try ExecutableLocator.freePort()  // nothing listens here
+        let nothing = try RefusingPort()  // held until the end of scope
+        defer { withExtendedLifetime(nothing) {} }
         let receiver = try ServiceProcess.receiver(
-            database, audiences: [TestSigning.audience], jwksURL: "http://127.0.0.1:\(nothing)/auth/keys")
+            database, audiences: [TestSigning.audience], jwksURL: "http://127.0.0.1:\(nothing.port)/auth/keys"
+        )
         #expect(
             waitUntil(timeout: .seconds(20)) { receiver.log.contains("could not fetch Apple's key set") },
             "\(receiver.log)")

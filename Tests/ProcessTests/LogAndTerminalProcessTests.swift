@@ -18,7 +18,6 @@ struct LogAndTerminalProcessTests {
         let database = try cluster.createSchemaDatabase()
         let jwks = try JWKSTestServer(body: TestSigning.apple.jwksJSON())
         defer { jwks.stop() }
-        let port = try ExecutableLocator.freePort()
         let log = FileManager.default.temporaryDirectory.appendingPathComponent(
             "receiver-\(UUID().uuidString).log")
         defer { try? FileManager.default.removeItem(at: log) }
@@ -26,7 +25,7 @@ struct LogAndTerminalProcessTests {
         let process = try Subprocess(
             ExecutableLocator.url(named: "siwa-receiver").path,
             [
-                "--listen", "127.0.0.1:\(port)", "--database-url", cluster.url(database: database.database!),
+                "--listen", "127.0.0.1:0", "--database-url", cluster.url(database: database.database!),
                 "--audience", TestSigning.audience, "--jwks-url", url,
             ],
             environment: ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") },
@@ -51,11 +50,12 @@ struct LogAndTerminalProcessTests {
             "listen-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
-        let port = try ExecutableLocator.freePort()
         let errors = directory.appendingPathComponent("stderr")
+        let addresses = ListenAddresses()
+        defer { addresses.remove() }
         let process = try Subprocess(
             ExecutableLocator.url(named: "siwactl").path,
-            ["webhooks", "listen", "--port", "\(port)"],
+            ["webhooks", "listen", "--port", "0"] + addresses.arguments,
             environment: ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") }
                 .merging(["SIWA_WEBHOOK_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]) { $1 },
             standardError: errors.path)
@@ -64,7 +64,7 @@ struct LogAndTerminalProcessTests {
             process.wait()
         }
         let text = { (try? String(contentsOf: errors, encoding: .utf8)) ?? "" }
-        #expect(waitUntil(timeout: .seconds(20)) { text().contains("listening on") }, "\(text())")
+        let port = try ListenAddresses.port(of: addresses.address("webhooks", of: process, log: text))
         // An unauthenticated sender: a wrong signature, and ESC sequences (title, clear screen) and a C1
         // CSI in its webhook-id.
         let connection = try RawHTTPConnection(host: "127.0.0.1", port: port)
@@ -95,19 +95,20 @@ struct LogAndTerminalProcessTests {
         try TestSigning.apple.jwksJSON().write(to: directory.appendingPathComponent("jwks.json"))
         let output = directory.appendingPathComponent("stdout")
         let errors = directory.appendingPathComponent("stderr")
-        let port = try ExecutableLocator.freePort()
+        let addresses = ListenAddresses()
+        defer { addresses.remove() }
         let process = try Subprocess(
             ExecutableLocator.url(named: "siwactl").path,
-            ["fake-apple", "--listen", "127.0.0.1:\(port)", "--keys", directory.path],
+            ["fake-apple", "--listen", "127.0.0.1:0", "--keys", directory.path] + addresses.arguments,
             environment: ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") },
             standardOutput: output.path, standardError: errors.path)
         defer {
             process.send(SIGKILL)
             process.wait()
         }
-        #expect(
-            waitUntil(timeout: .seconds(20)) {
-                ((try? String(contentsOf: output, encoding: .utf8)) ?? "").hasSuffix("\n")
+        let port = try ListenAddresses.port(
+            of: addresses.address("apple", of: process) {
+                (try? String(contentsOf: errors, encoding: .utf8)) ?? ""
             })
         let forged = "/x%0afake-apple:%20127.0.0.1%20GET%20/auth/keys%20200%1b[2J%c2%9b"
         let connection = try RawHTTPConnection(host: "127.0.0.1", port: port)

@@ -31,17 +31,22 @@ struct ReceiverShutdownCycleTests {
         var failures: [String] = []
         for cycle in 0..<Self.cycles {
             let log = directory.appendingPathComponent("receiver-\(cycle).log").path
-            let port = try ExecutableLocator.freePort()
+            let addresses = ListenAddresses()
+            defer { addresses.remove() }
             let process = try Subprocess(
                 ReceiverProcessTests.binary.path,
                 [
-                    "--listen", "127.0.0.1:\(port)", "--database-url",
+                    "--listen", "127.0.0.1:0", "--database-url",
                     cluster.url(database: database.database!), "--audience", TestSigning.audience,
                     "--jwks-url", jwks.url.absoluteString, "--threads", "2", "--pool-size", "4",
-                ],
+                ] + addresses.arguments,
                 environment: ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") },
                 standardError: log)
-            let url = "http://127.0.0.1:\(port)"
+            let address = try addresses.address("notifications", of: process) {
+                (try? String(contentsOf: URL(fileURLWithPath: log), encoding: .utf8)) ?? ""
+            }
+            let port = try ListenAddresses.port(of: address)
+            let url = "http://" + address
             guard
                 waitUntil(timeout: .seconds(20), { (try? TestHTTPClient.get(url + "/readyz").status) == 200 })
             else {

@@ -20,9 +20,12 @@ struct SignInProcessTests {
         }
         let receiverURL = try loginURL("siwa_receiver")
         let signInURL = try loginURL("siwa_signin")
-        let receiverPort = try ExecutableLocator.freePort()
-        let signInPort = try ExecutableLocator.freePort()
-        let apple = try LocalApple(notifyURL: "http://127.0.0.1:\(receiverPort)/apple/notifications")
+        // Apple notifies the receiver, which is started with Apple's address: through a relay told the
+        // receiver's address once it is bound.
+        let relay = try ForwardingHTTPServer()
+        let apple = try LocalApple(notifyURL: relay.url("/apple/notifications"))
+        let addresses = ListenAddresses()
+        defer { addresses.remove() }
         let directory = apple.directory
         let keyFile = try writeKeyFile([("k1", randomKey())], in: directory)
         let tokenFile = directory.appendingPathComponent("bearer").path
@@ -56,9 +59,9 @@ struct SignInProcessTests {
         let receiverEnvironment = clean.merging(
             [
                 "SIWA_DATABASE_URL": receiverURL, "SIWA_SIGNIN_DATABASE_URL": signInURL,
-                "SIWA_LISTEN": "127.0.0.1:\(receiverPort)",
+                "SIWA_LISTEN": "127.0.0.1:0", "SIWA_LISTEN_ADDRESS_FILE": addresses.url.path,
                 "SIWA_AUDIENCES": LocalApple.clientID, "SIWA_JWKS_URL": apple.baseURL + "/auth/keys",
-                "SIWA_SIGNIN_LISTEN": "127.0.0.1:\(signInPort)", "SIWA_SIGNIN_TOKEN_FILE": tokenFile,
+                "SIWA_SIGNIN_LISTEN": "127.0.0.1:0", "SIWA_SIGNIN_TOKEN_FILE": tokenFile,
                 "SIWA_TOKEN_KEY_FILE": keyFile, "SIWA_APPLE_TEAM_ID": LocalApple.teamID,
                 "SIWA_APPLE_KEY_ID": LocalApple.keyID, "SIWA_APPLE_KEY_FILE": apple.teamKeyFile.path,
                 "SIWA_APPLE_URL": apple.baseURL,
@@ -71,13 +74,23 @@ struct SignInProcessTests {
             receiver.send(SIGTERM)
             _ = receiver.wait(timeout: .seconds(20))
         }
-        let signIn = "http://127.0.0.1:\(signInPort)"
+        // Both listeners, each under its name.
+        let listeners = try addresses.wait(for: receiver) {
+            (try? String(contentsOfFile: receiverLog, encoding: .utf8)) ?? ""
+        }
+        #expect(Set(listeners.keys) == ["notifications", "signin"], "\(listeners)")
+        let receiverBase = try "http://" + ListenAddresses.address("notifications", in: listeners)
+        let signIn = try "http://" + ListenAddresses.address("signin", in: listeners)
+        #expect(
+            ((try? String(contentsOfFile: receiverLog, encoding: .utf8)) ?? "").contains(
+                #""address":"\#(signIn.dropFirst("http://".count))""#))
+        relay.forward(to: receiverBase)
         #expect(
             waitUntil(timeout: .seconds(30)) {
-                (try? TestHTTPClient.get("http://127.0.0.1:\(receiverPort)/readyz").status) == 200
+                (try? TestHTTPClient.get(receiverBase + "/readyz").status) == 200
                     && (try? TestHTTPClient.get(signIn + "/v1/sign-ins").status) == 401
             }, "\((try? String(contentsOfFile: receiverLog, encoding: .utf8)) ?? "")")
-        let metrics = try TestHTTPClient.get("http://127.0.0.1:\(receiverPort)/metrics").text
+        let metrics = try TestHTTPClient.get(receiverBase + "/metrics").text
         let gauge = try #require(
             metrics.split(separator: "\n").first { $0.hasPrefix("siwa_apple_client_secret_expiry_seconds ") })
         #expect(Double(gauge.split(separator: " ")[1]) ?? 0 > 3600)

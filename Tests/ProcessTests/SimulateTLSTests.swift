@@ -17,13 +17,13 @@ struct SimulateTLSTests {
         try #require(keygen.status == 0, "\(keygen.standardError)")
 
         // An HTTPS endpoint that answers every POST as an accepting receiver would.
-        let port = try ExecutableLocator.freePort()
+        let output = directory.appendingPathComponent("server.out")
         let server = try Subprocess(
             "/usr/bin/python3",
             [
                 "-c",
                 """
-                import http.server, ssl, sys
+                import http.server, ssl
                 class H(http.server.BaseHTTPRequestHandler):
                     def do_POST(self):
                         self.rfile.read(int(self.headers.get('Content-Length', 0)))
@@ -34,18 +34,19 @@ struct SimulateTLSTests {
                         self.wfile.write(body)
                     def log_message(self, *args):
                         pass
-                s = http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H)
+                s = http.server.HTTPServer(('127.0.0.1', 0), H)
                 c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
                 c.load_cert_chain('server.pem', 'server.key')
                 s.socket = c.wrap_socket(s.socket, server_side=True)
+                print(f'ACCEPT 127.0.0.1:{s.server_port}', flush=True)
                 s.serve_forever()
-                """, String(port),
-            ], workingDirectory: directory.path)
+                """,
+            ], standardOutput: output.path, workingDirectory: directory.path)
         defer {
             server.send(SIGKILL)
             _ = server.wait(timeout: .seconds(5))
         }
-        try #require(waitUntil { (try? RawHTTPConnection(host: "127.0.0.1", port: port)) != nil })
+        let port = try ListenAddresses.printedPort("ACCEPT", in: output, of: server)
 
         let arguments = [
             "simulate", "--to", "https://localhost:\(port)/apple/notifications", "--key",

@@ -132,19 +132,17 @@ struct VerifyPolicyTests {
         // TEST ONLY: a throwaway CA and a certificate for "localhost" (no IP address in it).
         try makeLocalhostCertificate(in: directory)
         try TestSigning.apple.jwksJSON().write(to: directory.appendingPathComponent("jwks.json"))
-        let port = try ExecutableLocator.freePort()
+        // Port 0: s_server prints "ACCEPT 127.0.0.1:PORT" once it listens.
+        let output = directory.appendingPathComponent("s_server.out")
         let server = try Subprocess(
             "/usr/bin/openssl",
-            [
-                "s_server", "-accept", "127.0.0.1:\(port)", "-cert", "server.pem", "-key", "server.key",
-                "-WWW", "-quiet",
-            ],
-            workingDirectory: directory.path)
+            ["s_server", "-accept", "127.0.0.1:0", "-cert", "server.pem", "-key", "server.key", "-WWW"],
+            standardOutput: output.path, workingDirectory: directory.path)
         defer {
             server.send(SIGKILL)
             _ = server.wait(timeout: .seconds(5))
         }
-        #expect(waitUntil { (try? RawHTTPConnection(host: "127.0.0.1", port: port)) != nil })
+        let port = try ListenAddresses.printedPort("ACCEPT", in: output, of: server)
 
         let token = TestSigning.token()
         let trustedCA = ["SSL_CERT_FILE": directory.appendingPathComponent("ca.pem").path]

@@ -101,21 +101,22 @@ struct EndToEndTests {
         // Apple's keys, the receiver and the worker, each as a member of its own role.
         let jwks = try JWKSTestServer(body: TestSigning.apple.jwksJSON())
         defer { jwks.stop() }
-        let port = try ExecutableLocator.freePort()
         let receiverLog = temporaryPath("receiver.log")
+        let addresses = ListenAddresses()
+        defer { addresses.remove() }
         let receiver = try Subprocess(
             ExecutableLocator.url(named: "siwa-receiver").path,
             [
-                "--listen", "127.0.0.1:\(port)", "--database-url",
+                "--listen", "127.0.0.1:0", "--database-url",
                 loginURL(database, memberOf: "siwa_receiver"),
                 "--audience", TestSigning.audience, "--jwks-url", jwks.url.absoluteString, "--log-level",
                 "debug",
-            ], environment: cleanEnvironment, standardError: receiverLog)
+            ] + addresses.arguments, environment: cleanEnvironment, standardError: receiverLog)
         defer {
             receiver.send(SIGTERM)
             receiver.wait()
         }
-        let base = "http://127.0.0.1:\(port)"
+        let base = try "http://" + addresses.address("notifications", of: receiver) { contents(receiverLog) }
         try #require(
             waitUntil(timeout: .seconds(20)) { (try? TestHTTPClient.get(base + "/readyz").status) == 200 },
             "\(contents(receiverLog))")

@@ -87,18 +87,20 @@ struct WebhookProcessTests {
     func listen() throws {
         let database = try WebhookDatabase()
         let secret = StandardWebhooks.Secret.generate()
-        let port = try ExecutableLocator.freePort()
+        let addresses = ListenAddresses()
+        defer { addresses.remove() }
         let output = temporaryPath("listen.out")
         let errors = temporaryPath("listen.err")
         let listener = try Subprocess(
             ExecutableLocator.url(named: "siwactl").path,
-            ["webhooks", "listen", "--port", String(port), "--secret", secret.text],
+            ["webhooks", "listen", "--port", "0", "--secret", secret.text] + addresses.arguments,
             standardOutput: output, standardError: errors)
         defer {
             listener.send(SIGTERM)
             listener.wait()
         }
-        #expect(waitUntil(timeout: .seconds(10)) { contents(errors).contains("listening on") })
+        let port = try ListenAddresses.port(
+            of: addresses.address("webhooks", of: listener) { contents(errors) })
         try database.addEndpoint(url: "http://127.0.0.1:\(port)/", secret: secret)
         let change = try database.insertChange(type: "siwa.account_deleted", sub: "001.dev")
         let outcomes = try database.dispatcher().drainOnce()

@@ -61,12 +61,13 @@ struct WebhookV1aDevLoopTests {
         let database = try WebhookDatabase()
         let key = StandardWebhooks.Ed25519SigningKey.generate()
         let secret = StandardWebhooks.Secret.generate()
-        let port = try ExecutableLocator.freePort()
+        let addresses = ListenAddresses()
+        defer { addresses.remove() }
         let output = temporaryPath("listen.out")
         let errors = temporaryPath("listen.err")
         let listener = try Subprocess(
             ExecutableLocator.url(named: "siwactl").path,
-            ["webhooks", "listen", "--port", String(port), "--secret-file", "-"],
+            ["webhooks", "listen", "--port", "0", "--secret-file", "-"] + addresses.arguments,
             environment: cleanEnvironment,
             standardInput: {
                 let path = temporaryPath("keys")
@@ -78,9 +79,8 @@ struct WebhookV1aDevLoopTests {
             listener.send(SIGTERM)
             listener.wait()
         }
-        try #require(
-            waitUntil(timeout: .seconds(10)) { contents(errors).contains("listening on") },
-            "\(contents(errors))")
+        let port = try ListenAddresses.port(
+            of: addresses.address("webhooks", of: listener) { contents(errors) })
         #expect(contents(errors).contains("2 keys: v1, v1a"))
 
         try database.addEndpoint(url: "http://127.0.0.1:\(port)/", ed25519: key)

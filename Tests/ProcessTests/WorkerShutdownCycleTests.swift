@@ -42,12 +42,15 @@ struct WorkerShutdownCycleTests {
         for cycle in 0..<Self.cycles {
             var connection = try PostgresConnection(configuration: db.configuration)
             try queue(connection, cycle: cycle, from: 0, count: 60)
-            let metricsPort = try ExecutableLocator.freePort()
+            let addresses = ListenAddresses()
+            defer { addresses.remove() }
             let worker = try WorkerProcess(
                 [
                     "--concurrency", "2", "--batch-size", "5", "--poll-interval", "0.2",
-                    "--metrics-listen", "127.0.0.1:\(metricsPort)",
-                ], databaseURL: db.url)
+                    "--metrics-listen", "127.0.0.1:0",
+                ] + addresses.arguments, databaseURL: db.url)
+            let metricsPort = try ListenAddresses.port(
+                of: addresses.address("metrics", of: worker.process) { worker.log })
             let scrapes = KeepAliveTraffic(port: metricsPort, clients: 2) {
                 .init(method: "GET", path: "/metrics")
             }

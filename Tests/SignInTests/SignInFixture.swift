@@ -22,11 +22,12 @@ final class SignInFixture {
 
     /// `notify: false` leaves fake-apple without --notify-url (Apple's consent-revoked lost).
     init(clientIDs: [String] = [LocalApple.clientID], notify: Bool = true) throws {
-        let port = try ExecutableLocator.freePort()
+        // The receiver starts first (Apple notifies it) with no keys; it is served Apple's once they exist.
         receiver = try ReceiverHarness(
-            keys: .url(URL(string: "http://127.0.0.1:\(port)/auth/keys")!), audience: LocalApple.clientID,
+            keys: .served(Data(#"{"keys":[]}"#.utf8)), audience: LocalApple.clientID,
             cooldown: .milliseconds(50), poolSize: 2, waitForKeys: false)
-        apple = try LocalApple(port: port, notifyURL: notify ? receiver.notificationURL : nil)
+        apple = try LocalApple(notifyURL: notify ? receiver.notificationURL : nil)
+        receiver.jwks?.setBody(try Data(contentsOf: apple.keysDirectory.appendingPathComponent("jwks.json")))
         keyFile = try writeKeyFile([("k1", randomKey())], in: apple.directory)
         cipher = try TokenCipher(keyFile: keyFile)
         var clients: [String: AppleIDClient] = [:]
