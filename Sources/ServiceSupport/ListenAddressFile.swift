@@ -37,11 +37,7 @@ public struct ListenAddressFile: Sendable {
     /// Removes a file left by an earlier run, so that whoever waits for the file never reads a stale one.
     /// - Throws: ``ConfigurationError`` when a file is there and cannot be removed.
     public func removeStale() throws(ConfigurationError) {
-        guard unlink(path) == 0 || errno == ENOENT else {
-            throw ConfigurationError(
-                "--listen-address-file \(path): cannot remove the old file: \(String(cString: strerror(errno)))"
-            )
-        }
+        guard unlink(path) == 0 || errno == ENOENT else { throw failure("cannot remove the old file") }
     }
 
     /// Writes `listeners` atomically: a temporary file in the same directory, renamed over `path`.

@@ -380,14 +380,21 @@ public final class PostgresCluster: Sendable {
                 description: "POSTGRES_CLUSTER_CHROOT \(root): its postgres user is not uid \(user.uid), gid "
                     + "\(user.gid) like this machine's (rebuild it: scripts/container-images postgres17)")
         }
+        guard let bin = newestBinDirectory(in: root) else {
+            throw ClusterError(
+                description: "POSTGRES_CLUSTER_CHROOT \(root): no /usr/lib/postgresql/*/bin/initdb in it")
+        }
+        return bin
+    }
+
+    /// The newest /usr/lib/postgresql/*/bin with an initdb in the file system at `root` (a path inside it).
+    private static func newestBinDirectory(in root: String = "") -> String? {
         let base = "/usr/lib/postgresql"
         let versions = ((try? FileManager.default.contentsOfDirectory(atPath: root + base)) ?? [])
             .compactMap { Int($0) }.sorted(by: >)
-        for version in versions
-        where FileManager.default.isExecutableFile(atPath: "\(root)\(base)/\(version)/bin/initdb") {
-            return "\(base)/\(version)/bin"
+        return versions.map { "\(base)/\($0)/bin" }.first {
+            FileManager.default.isExecutableFile(atPath: root + $0 + "/initdb")
         }
-        throw ClusterError(description: "POSTGRES_CLUSTER_CHROOT \(root): no \(base)/*/bin/initdb in it")
     }
 
     /// `pg_config --bindir` when it has the server binaries, else the newest /usr/lib/postgresql/*/bin
@@ -402,12 +409,7 @@ public final class PostgresCluster: Sendable {
                 if fileManager.isExecutableFile(atPath: bin + "/initdb") { return bin }
             }
         }
-        let base = "/usr/lib/postgresql"
-        let versions = ((try? fileManager.contentsOfDirectory(atPath: base)) ?? [])
-            .compactMap { Int($0) }.sorted(by: >)
-        for version in versions where fileManager.isExecutableFile(atPath: "\(base)/\(version)/bin/initdb") {
-            return "\(base)/\(version)/bin"
-        }
+        if let bin = newestBinDirectory() { return bin }
         throw ClusterError(
             description: "PostgreSQL server binaries not found (install the Debian package 'postgresql')")
     }
@@ -421,12 +423,8 @@ public final class PostgresCluster: Sendable {
         let root = String(cString: pointer)
         try Data("\(getpid())\n".utf8).write(to: URL(fileURLWithPath: root + "/owner.pid"))
         if geteuid() == 0 {
-            guard let user = getpwnam("postgres") else {
-                throw ClusterError(
-                    description: "running as root but there is no 'postgres' user to run the server")
-            }
-            for path in [root, root + "/owner.pid"]
-            where chown(path, user.pointee.pw_uid, user.pointee.pw_gid) != 0 {
+            let user = try postgresUser()
+            for path in [root, root + "/owner.pid"] where chown(path, user.uid, user.gid) != 0 {
                 throw ClusterError(description: "chown \(path) failed with errno \(errno)")
             }
         }

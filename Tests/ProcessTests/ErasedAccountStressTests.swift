@@ -3,18 +3,6 @@ import Postgres
 import TestSupport
 import Testing
 
-/// A small seeded generator (SplitMix64), so that a failing run can be told by its seed.
-private struct SeededGenerator: RandomNumberGenerator {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
-
 /// One `siwa-worker` of the stress, named in `pg_stat_activity` by its slot and generation.
 private struct StressWorker {
     let process: WorkerProcess
@@ -51,7 +39,7 @@ struct ErasedAccountStressTests {
 
     /// Each account's events (1 to 6: email events, consent-revoked, account-delete, some with a
     /// second deletion), each at its own event time within the last hours, and one session.
-    private static func events(_ random: inout SeededGenerator, now: Date) -> [SeededNotification] {
+    private static func events(_ random: inout SplitMix64, now: Date) -> [SeededNotification] {
         var all: [SeededNotification] = []
         for account in 0..<accounts {
             let sub = "001000.stress\(account)"
@@ -79,7 +67,7 @@ struct ErasedAccountStressTests {
     )
     func finalStateFollowsEventTime() throws {
         let seed = UInt64.random(in: 1...UInt64.max)
-        var random = SeededGenerator(state: seed)
+        var random = SplitMix64(seed: seed)
         let db = try TestDatabase()
         try db.connection.simpleQuery(Self.hook)
         let now = Date()
