@@ -127,7 +127,9 @@ let package = Package(
                 "Webhooks", "Worker", "Postgres", "HTTPServer", "HTTPClient", "ServiceSupport", "TestSupport",
             ]),
         .testTarget(name: "ServiceSupportTests", dependencies: ["ServiceSupport"]),
-        .testTarget(name: "AdminSQLTests", dependencies: ["Postgres", "Receiver", "TestSupport"]),
+        .testTarget(
+            name: "AdminSQLTests",
+            dependencies: ["Doctor", "Postgres", "Receiver", "ServiceHealth", "SignIn", "TestSupport"]),
         .testTarget(
             name: "SiwactlTests", dependencies: ["SiwaSchema", "TestSupport", "TeamTransfer", "AppleID"]),
         .testTarget(name: "AppleIDTests", dependencies: ["AppleID", "ServiceSupport", "TestSupport"]),

@@ -30,6 +30,41 @@ extension Doctor {
         }
     }
 
+    /// One row of `siwa.service_heartbeats`, its age in seconds (nil at infinity).
+    struct HeartbeatRow: PostgresRowDecodable {
+        static let statement = """
+            SELECT kind, host, pid, array_to_json(audiences)::text AS audiences,
+                   CASE WHEN isfinite(last_seen) THEN extract(epoch FROM now() - last_seen)::float8 END AS age,
+                   version, to_jsonb(h) ->> 'product_version' AS product_version,
+                   to_jsonb(h) ->> 'build_commit' AS build_commit
+              FROM siwa.service_heartbeats h ORDER BY kind, host, pid
+            """
+        static let columns: PostgresColumns = """
+            kind text, host text, pid integer, audiences text, age double precision, version text, \
+            product_version text, build_commit text
+            """
+        var kind: String
+        var host: String
+        var pid: Int
+        var audiences: [String]
+        var age: Double?
+        var schema: String
+        var productVersion: String?
+        var commit: String?
+
+        init(row: PostgresRow) throws(PostgresError) {
+            kind = try row[0, as: String.self]
+            host = try row[1, as: String.self]
+            pid = try row[2, as: Int.self]
+            let json = try row[3, as: String.self]
+            audiences = (try? JSONSerialization.jsonObject(with: Data(json.utf8))) as? [String] ?? []
+            age = try row[4, as: Double?.self]
+            schema = try row[5, as: String.self]
+            productVersion = try row[6, as: String?.self]
+            commit = try row[7, as: String?.self]
+        }
+    }
+
     /// How far back notifications' audiences count as in use.
     static let audienceWindowDays = 30
 
@@ -37,9 +72,41 @@ extension Doctor {
     static let heartbeatSkew: Double = 60
 
     /// When the database last stored and applied a notification, in seconds ago (nil: none, or unknown).
-    struct Activity {
+    struct Activity: PostgresRowDecodable {
+        static let statement = """
+            SELECT CASE WHEN isfinite(last_received_at) THEN extract(epoch FROM now() - last_received_at)::float8 END
+                     AS stored_ago,
+                   CASE WHEN isfinite(last_applied_at) THEN extract(epoch FROM now() - last_applied_at)::float8 END
+                     AS applied_ago
+              FROM siwa.health_gauges()
+            """
+        static let columns: PostgresColumns = "stored_ago double precision, applied_ago double precision"
         var lastStored: Double?
         var lastApplied: Double?
+
+        init(lastStored: Double? = nil, lastApplied: Double? = nil) {
+            self.lastStored = lastStored
+            self.lastApplied = lastApplied
+        }
+
+        init(row: PostgresRow) throws(PostgresError) {
+            lastStored = try row[0, as: Double?.self]
+            lastApplied = try row[1, as: Double?.self]
+        }
+    }
+
+    /// Where each client ID was seen in use (`siwa.client_ids_in_use`) over the last `$1` days.
+    struct ClientIDUse: PostgresRowDecodable {
+        static let statement =
+            "SELECT source, client_id FROM siwa.client_ids_in_use(now() - make_interval(days => $1::integer))"
+        static let columns: PostgresColumns = "source text, client_id text"
+        var source: String
+        var clientID: String
+
+        init(row: PostgresRow) throws(PostgresError) {
+            source = try row[0, as: String.self]
+            clientID = try row[1, as: String.self]
+        }
     }
 
     /// The database's checks: workers alive, versions, receivers alive and their audiences against the
@@ -60,33 +127,17 @@ extension Doctor {
         var implausible: [String] = []
         var inUse: [String: [String]] = [:]  // client ID → where it is used
         do {
-            heartbeats = try connection.query(
-                """
-                SELECT kind, host, pid, array_to_json(audiences)::text,
-                       CASE WHEN isfinite(last_seen) THEN extract(epoch FROM now() - last_seen)::float8 END,
-                       version, to_jsonb(h) ->> 'product_version', to_jsonb(h) ->> 'build_commit'
-                  FROM siwa.service_heartbeats h ORDER BY kind, host, pid
-                """
-            ).compactMap { row in
-                let json = try row[3, as: String.self]
-                let audiences = (try? JSONSerialization.jsonObject(with: Data(json.utf8))) as? [String] ?? []
-                let kind = try row[0, as: String.self]
-                let name = "\(try row[1, as: String.self]) pid \(try row[2, as: Int.self])"
-                guard let age = try row[4, as: Double?.self], age >= -Self.heartbeatSkew else {
-                    implausible.append("\(kind) \(name)")
+            heartbeats = try connection.rows(HeartbeatRow.self).compactMap { row in
+                guard let age = row.age, age >= -Self.heartbeatSkew else {
+                    implausible.append("\(row.kind) \(row.host) pid \(row.pid)")
                     return nil
                 }
                 return Heartbeat(
-                    kind: kind, host: try row[1, as: String.self],
-                    pid: try row[2, as: Int.self], audiences: audiences, age: max(age, 0),
-                    schema: try row[5, as: String.self], productVersion: try row[6, as: String?.self],
-                    commit: try row[7, as: String?.self])
+                    kind: row.kind, host: row.host, pid: row.pid, audiences: row.audiences, age: max(age, 0),
+                    schema: row.schema, productVersion: row.productVersion, commit: row.commit)
             }
-            for row in try connection.query(
-                "SELECT source, client_id FROM siwa.client_ids_in_use(now() - make_interval(days => $1::integer))",
-                [.int(Int64(Self.audienceWindowDays))])
-            {
-                inUse[try row[1, as: String.self], default: []].append(try row[0, as: String.self])
+            for use in try connection.rows(ClientIDUse.self, [.int(Int64(Self.audienceWindowDays))]) {
+                inUse[use.clientID, default: []].append(use.source)
             }
         } catch {
             let denied = (error as? PostgresError)?.sqlState == "42501"
@@ -133,16 +184,8 @@ extension Doctor {
     /// When the database last stored and applied a notification (`siwa.health_gauges`); nothing when it
     /// cannot say.
     static func activity(_ connection: PostgresConnection) -> Activity {
-        guard
-            let row = try? connection.query(
-                """
-                SELECT CASE WHEN isfinite(last_received_at) THEN extract(epoch FROM now() - last_received_at)::float8 END,
-                       CASE WHEN isfinite(last_applied_at) THEN extract(epoch FROM now() - last_applied_at)::float8 END
-                  FROM siwa.health_gauges()
-                """
-            ).first
-        else { return Activity() }
-        return Activity(lastStored: try? row[0, as: Double?.self], lastApplied: try? row[1, as: Double?.self])
+        guard let row = try? connection.rows(Activity.self).first else { return Activity() }
+        return row
     }
 
     private mutating func checkWorkers(

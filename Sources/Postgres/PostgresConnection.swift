@@ -155,6 +155,22 @@ public final class PostgresConnection: @unchecked Sendable {
         return try runUnprepared(sql, parameters)
     }
 
+    /// The columns `sql` would return, without running it: prepared as the unnamed statement and
+    /// described (`PQdescribePrepared`); parameter types are inferred by the server.
+    public func describe(_ sql: String) throws(PostgresError) -> PostgresColumns {
+        let handle = try openHandle()
+        _ = try collectResults { PQsendPrepare(handle, "", sql, 0, nil) }
+        guard let description = try collectResults({ PQsendDescribePrepared(handle, "") }).last,
+            !description.columnTypes.isEmpty
+        else { return PostgresColumns(names: [], types: []) }
+        let oids = description.columnTypes.map { PostgresData.int(Int64($0)) }
+        let names = try query(
+            "SELECT pg_catalog.format_type(o, NULL) FROM unnest($1::oid[]) WITH ORDINALITY AS t(o, n) ORDER BY n",
+            [.array(oids)]
+        ).map { row throws(PostgresError) in try row[0, as: String.self] }
+        return PostgresColumns(names: description.columns, types: names)
+    }
+
     /// Runs one statement and returns the number of rows it affected.
     @discardableResult
     public func execute(_ sql: String, _ parameters: [PostgresData?] = []) throws(PostgresError) -> Int {

@@ -165,19 +165,10 @@ public final class ServiceHealth: Sendable {
         let since = state.snapshot?.lastReceived
         do {
             let connection = try Self.open(&state.connection, configuration)
-            let row = try connection.query(
-                """
-                SELECT extract(epoch FROM g.last_received_at)::float8, extract(epoch FROM g.installed_at)::float8,
-                       extract(epoch FROM g.last_applied_at)::float8, g.dead, g.oldest_pending_seconds
-                  FROM siwa.health_gauges(to_timestamp($1::float8)) g
-                """, [since.map { .double($0) }])[0]
+            var snapshot = try connection.rows(Snapshot.self, [since.map { .double($0) }])[0]
             // NULL with a bound: nothing received since; the previous answer stands.
-            state.snapshot = Snapshot(
-                lastReceived: try row[0, as: Double?.self] ?? since,
-                installed: try row[1, as: Double?.self],
-                lastApplied: try row[2, as: Double?.self],
-                dead: try row[3, as: Int.self],
-                oldestPendingSeconds: try row[4, as: Double.self])
+            snapshot.lastReceived = snapshot.lastReceived ?? since
+            state.snapshot = snapshot
             state.lastFetchFailed = false
         } catch {
             state.connection?.close()
@@ -283,22 +274,12 @@ public final class ServiceHealth: Sendable {
     /// of it): such a role may do anything to the data, far more than the group role's grant says, so a
     /// bug or a compromised process is not contained. Checked once, at start.
     func warnAboutRole() {
-        let row: (String, Bool, Bool)? = state.withLock { state in
-            guard let connection = try? Self.open(&state.connection, configuration),
-                let row = try? connection.query(
-                    """
-                    SELECT current_user::text, r.rolsuper,
-                           coalesce((SELECT pg_has_role(current_user, n.nspowner, 'USAGE')
-                                       FROM pg_namespace n WHERE n.nspname = 'siwa'), false)
-                      FROM pg_roles r WHERE r.rolname = current_user
-                    """
-                ).first,
-                let user = try? row[0, as: String.self], let superuser = try? row[1, as: Bool.self],
-                let owner = try? row[2, as: Bool.self]
-            else { return nil }
-            return (user, superuser, owner)
+        let standing: RoleStanding? = state.withLock { state in
+            guard let connection = try? Self.open(&state.connection, configuration) else { return nil }
+            return try? connection.rows(RoleStanding.self).first
         }
-        guard let (user, superuser, owner) = row, superuser || owner else { return }
+        guard let standing, standing.superuser || standing.owner else { return }
+        let (user, superuser) = (standing.user, standing.superuser)
         let group = configuration.kind == .receiver ? "siwa_receiver" : "siwa_worker"
         logger.warning(
             superuser
@@ -332,5 +313,47 @@ public final class ServiceHealth: Sendable {
     /// quote values).
     private static func describe(_ error: any Error) -> String {
         (error as? PostgresError)?.description ?? "\(error)"
+    }
+}
+
+extension ServiceHealth.Snapshot: PostgresRowDecodable {
+    /// `siwa.health_gauges`, times as seconds since 1970; `$1`: the last answer's `lastReceived`.
+    public static let statement = """
+        SELECT extract(epoch FROM g.last_received_at)::float8 AS last_received,
+               extract(epoch FROM g.installed_at)::float8 AS installed,
+               extract(epoch FROM g.last_applied_at)::float8 AS last_applied, g.dead, g.oldest_pending_seconds
+          FROM siwa.health_gauges(to_timestamp($1::float8)) g
+        """
+    public static let columns: PostgresColumns = """
+        last_received double precision, installed double precision, last_applied double precision, \
+        dead bigint, oldest_pending_seconds double precision
+        """
+
+    public init(row: PostgresRow) throws(PostgresError) {
+        lastReceived = try row[0, as: Double?.self]
+        installed = try row[1, as: Double?.self]
+        lastApplied = try row[2, as: Double?.self]
+        dead = try row[3, as: Int.self]
+        oldestPendingSeconds = try row[4, as: Double.self]
+    }
+}
+
+/// Whether this session's role is a superuser or a member of the owner of schema `siwa`.
+struct RoleStanding: PostgresRowDecodable {
+    static let statement = """
+        SELECT current_user::text AS role, r.rolsuper,
+               coalesce((SELECT pg_has_role(current_user, n.nspowner, 'USAGE')
+                           FROM pg_namespace n WHERE n.nspname = 'siwa'), false) AS owner
+          FROM pg_roles r WHERE r.rolname = current_user
+        """
+    static let columns: PostgresColumns = "role text, rolsuper boolean, owner boolean"
+    var user: String
+    var superuser: Bool
+    var owner: Bool
+
+    init(row: PostgresRow) throws(PostgresError) {
+        user = try row[0, as: String.self]
+        superuser = try row[1, as: Bool.self]
+        owner = try row[2, as: Bool.self]
     }
 }

@@ -284,21 +284,19 @@ public final class SignInService: Sendable {
     /// is deleted (410) or consent was revoked at or after the sign-in (403).
     private func answer(codeHash: Data, sub: String, clientID: String) throws -> HTTPResponse {
         let rows = try pool.withConnection { connection in
-            try connection.query(
-                "SELECT outcome, sub, email, is_private_email, email_verified, real_user_status FROM siwa.sign_in_answer($1, $2, $3)",
-                [.bytes(codeHash), .text(clientID), .text(sub)])
+            try connection.rows(SignInAnswer.self, [.bytes(codeHash), .text(clientID), .text(sub)])
         }
         guard let row = rows.first else { return .error(status: 409, "exchange_in_progress") }
-        switch try row[0, as: String.self] {
-        case "signed_in": break
-        case "account_deleted": return .error(status: 410, "account_deleted")
-        default: return .error(status: 403, "consent_revoked")
+        switch row.outcome {
+        case .signedIn: break
+        case .accountDeleted: return .error(status: 410, "account_deleted")
+        case .consentRevoked: return .error(status: 403, "consent_revoked")
         }
-        var answer: [String: Any] = ["sub": try row[1, as: String.self], "client_id": clientID]
-        answer["email"] = try row[2, as: String?.self] ?? NSNull()
-        answer["is_private_email"] = try row[3, as: Bool?.self] ?? NSNull()
-        answer["email_verified"] = try row[4, as: Bool?.self] ?? NSNull()
-        answer["real_user_status"] = try row[5, as: Int?.self] ?? NSNull()
+        var answer: [String: Any] = ["sub": row.sub, "client_id": clientID]
+        answer["email"] = row.email ?? NSNull()
+        answer["is_private_email"] = row.isPrivateEmail ?? NSNull()
+        answer["email_verified"] = row.emailVerified ?? NSNull()
+        answer["real_user_status"] = row.realUserStatus ?? NSNull()
         let data = try JSONSerialization.data(withJSONObject: answer, options: [.sortedKeys])
         return .json(status: 200, data)
     }
@@ -364,4 +362,41 @@ func isLoopback(host: String) -> Bool {
         return withUnsafeBytes(of: &address6) { $0.elementsEqual([UInt8](repeating: 0, count: 15) + [1]) }
     }
     return UInt32(bigEndian: address.s_addr) >> 24 == 127
+}
+
+/// What `siwa.sign_in_answer` says of a recorded sign-in: the identity and whether it still stands.
+struct SignInAnswer: PostgresRowDecodable {
+    static let statement = """
+        SELECT outcome, sub, email, is_private_email, email_verified, real_user_status
+          FROM siwa.sign_in_answer($1, $2, $3)
+        """
+    static let columns: PostgresColumns = """
+        outcome text, sub text, email text, is_private_email boolean, email_verified boolean, \
+        real_user_status integer
+        """
+
+    /// Whether the sign-in stands; any other word than the first two refuses, as consent revoked does.
+    enum Outcome {
+        case signedIn, accountDeleted, consentRevoked
+    }
+
+    var outcome: Outcome
+    var sub: String
+    var email: String?
+    var isPrivateEmail: Bool?
+    var emailVerified: Bool?
+    var realUserStatus: Int?
+
+    init(row: PostgresRow) throws(PostgresError) {
+        switch try row[0, as: String.self] {
+        case "signed_in": outcome = .signedIn
+        case "account_deleted": outcome = .accountDeleted
+        default: outcome = .consentRevoked
+        }
+        sub = try row[1, as: String.self]
+        email = try row[2, as: String?.self]
+        isPrivateEmail = try row[3, as: Bool?.self]
+        emailVerified = try row[4, as: Bool?.self]
+        realUserStatus = try row[5, as: Int?.self]
+    }
 }
