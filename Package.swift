@@ -129,7 +129,9 @@ let package = Package(
         .testTarget(name: "ServiceSupportTests", dependencies: ["ServiceSupport"]),
         .testTarget(
             name: "AdminSQLTests",
-            dependencies: ["Doctor", "Postgres", "Receiver", "ServiceHealth", "SignIn", "TestSupport"]),
+            dependencies: [
+                "Doctor", "Postgres", "Receiver", "ServiceHealth", "SignIn", "TestSupport", "Worker",
+            ]),
         .testTarget(
             name: "SiwactlTests", dependencies: ["SiwaSchema", "TestSupport", "TeamTransfer", "AppleID"]),
         .testTarget(name: "AppleIDTests", dependencies: ["AppleID", "ServiceSupport", "TestSupport"]),

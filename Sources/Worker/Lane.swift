@@ -2,8 +2,18 @@ import Foundation
 import Postgres
 import ServiceSupport
 
-/// One notification handled by a database call: a row of `siwa.processing_result`.
-struct ProcessedNotification {
+/// One notification handled by a database call: a row of `siwa.apply_verified_notifications`.
+struct ProcessedNotification: PostgresRowDecodable {
+    static let statement = """
+        SELECT id, jti, event_type, outcome, error, attempt, latency, busy_seconds
+          FROM siwa.apply_verified_notifications($1::bigint[], $2::bigint[], $3::text[], $4::bigint[],
+                                                 $5::integer, $6::float8 * interval '1 second')
+        """
+    static let columns: PostgresColumns = """
+        id bigint, jti text, event_type text, outcome text, error text, attempt integer, \
+        latency double precision, busy_seconds double precision
+        """
+
     var id: Int64
     var jti: String
     var eventType: String
@@ -41,7 +51,19 @@ struct ProcessedNotification {
     }
 }
 
-extension ClaimedNotification {
+extension ClaimedNotification: PostgresRowDecodable {
+    static let statement = """
+        SELECT id, refused, origin, raw_token, jti, event_type, sub, audience, email, is_private_email,
+               event_time, issued_at, expires_at, received_at, attempts, claimed_event_time
+          FROM siwa.claim_notifications($1::integer, $2::bigint, $3::text[])
+        """
+    static let columns: PostgresColumns = """
+        id bigint, refused boolean, origin text, raw_token text, jti text, event_type text, sub text, \
+        audience text, email text, is_private_email boolean, event_time double precision, \
+        issued_at double precision, expires_at double precision, received_at double precision, \
+        attempts integer, claimed_event_time double precision
+        """
+
     init(row: PostgresRow) throws(PostgresError) {
         func date(_ column: Int) throws(PostgresError) -> Date? {
             try row[column, as: Double?.self].map { Date(timeIntervalSince1970: $0) }
@@ -78,34 +100,12 @@ final class Lane {
     static let channel = "siwa_notifications"
     /// A user busy this long (its account row held by another transaction) is worth a warning.
     static let busyWarningAfter = Duration.seconds(60)
-    private static let claimSQL = """
-        SELECT id, refused, origin, raw_token, jti, event_type, sub, audience, email, is_private_email,
-               event_time, issued_at, expires_at, received_at, attempts, claimed_event_time
-          FROM siwa.claim_notifications($1::integer, $2::bigint, $3::text[])
-        """
-    private static let applySQL = """
-        SELECT id, jti, event_type, outcome, error, attempt, latency, busy_seconds
-          FROM siwa.apply_verified_notifications($1::bigint[], $2::bigint[], $3::text[], $4::bigint[],
-                                                 $5::integer, $6::float8 * interval '1 second')
-        """
-    private static let dueSQL = """
-        SELECT q.id, q.jti, coalesce(l.event_type, ''), q.attempts
-          FROM siwa.notification_queue q
-          LEFT JOIN siwa.notification_log l ON l.id = q.id AND l.jti = q.jti AND l.issued_at = q.issued_at
-         WHERE q.next_attempt_at <= clock_timestamp()
-         ORDER BY q.id LIMIT $1::integer
-        """
     private static let recordFailureSQL = """
         SELECT siwa.record_failure($1::bigint, $2::text, $3::integer, $4::float8 * interval '1 second')
         """
     private static let nextDueSQL = """
         SELECT extract(epoch FROM min(next_attempt_at) - clock_timestamp())::float8
           FROM siwa.notification_queue
-        """
-    private static let oldestBusySQL = """
-        SELECT extract(epoch FROM clock_timestamp() - min(busy_since))::float8,
-               extract(epoch FROM min(next_attempt_at) - clock_timestamp())::float8
-          FROM siwa.notification_queue WHERE busy_since IS NOT NULL
         """
 
     init(worker: Worker, index: Int, once: Bool) {
@@ -198,12 +198,10 @@ final class Lane {
     /// Publishes how long the longest-busy pending notification has waited for its user; returns how
     /// soon the first busy one is due again (nil when none is busy).
     private func observeBusy(_ connection: PostgresConnection) throws(PostgresError) -> Duration? {
-        let row = try connection.query(Self.oldestBusySQL).first
-        let oldest = try row?[0, as: Double?.self] ?? nil
-        worker.metrics.oldestBusyMilliseconds.store(Int(((oldest ?? 0) * 1000).rounded()), ordering: .relaxed)
-        return try (row?[1, as: Double?.self] ?? nil).map {
-            .milliseconds(Int64((max($0, 0) * 1000).rounded(.up)))
-        }
+        let busy = try connection.rows(BusyUsers.self).first
+        let oldest = busy?.longestWait ?? 0
+        worker.metrics.oldestBusyMilliseconds.store(Int((oldest * 1000).rounded()), ordering: .relaxed)
+        return busy?.firstDueIn.map { .milliseconds(Int64((max($0, 0) * 1000).rounded(.up))) }
     }
 
     /// One batch in one transaction: the claim (``claimAndApply(_:only:skipping:)``), each stored token verified
@@ -243,8 +241,9 @@ final class Lane {
             try connection.execute("BEGIN")
             var open = true
             defer { if open { _ = try? connection.execute("ROLLBACK") } }
-            let claimed = try connection.query(
-                Self.claimSQL, [.int(Int64(configuration.batchSize)), id.map { .int($0) }, .array(skipped)])
+            let claimed = try connection.rows(
+                ClaimedNotification.self,
+                [.int(Int64(configuration.batchSize)), id.map { .int($0) }, .array(skipped)])
             var handled: [ProcessedNotification] = []
             var verified: [PostgresData?] = []
             var rejected: [PostgresData?] = []
@@ -252,8 +251,7 @@ final class Lane {
             var deferred: [PostgresData?] = []
             var missingKeys = Set<String>()
             var subs: [Int64: String] = [:]
-            for row in claimed {
-                let notification = try ClaimedNotification(row: row)
+            for notification in claimed {
                 subs[notification.id] = notification.sub
                 if notification.refused {
                     handled.append(
@@ -290,14 +288,13 @@ final class Lane {
                 }
                 continue
             }
-            for result in try connection.query(
-                Self.applySQL,
+            for var notification in try connection.rows(
+                ProcessedNotification.self,
                 [
                     .array(verified), .array(rejected), .array(reasons), .array(deferred),
                     .int(Int64(configuration.maxAttempts)), .double(configuration.retryBaseDelay.inSeconds),
                 ])
             {
-                var notification = try ProcessedNotification(row: result)
                 notification.sub = subs[notification.id]
                 handled.append(notification)
             }
@@ -314,11 +311,11 @@ final class Lane {
     private func runOneByOne(_ connection: PostgresConnection, skipping busySubs: Set<String>)
         throws(PostgresError) -> [ProcessedNotification]
     {
-        let due = try connection.query(Self.dueSQL, [.int(Int64(configuration.batchSize))])
+        let due = try connection.rows(DueNotification.self, [.int(Int64(configuration.batchSize))])
         var handled: [ProcessedNotification] = []
         for row in due {
             if worker.isStopping { break }
-            let id = try row[0, as: Int64.self]
+            let id = row.id
             do {
                 handled += try claimAndApply(connection, only: id, skipping: busySubs)
             } catch  where !error.isConnectionError {
@@ -331,9 +328,9 @@ final class Lane {
                     ]
                 ).first?[0, as: String.self]
                 let notification = ProcessedNotification(
-                    id: id, jti: try row[1, as: String.self], eventType: try row[2, as: String.self],
-                    outcome: Worker.Outcome(outcome ?? "gone"), error: message,
-                    attempt: try row[3, as: Int.self] + 1)
+                    id: id, jti: row.jti, eventType: row.eventType,
+                    outcome: Worker.Outcome(outcome ?? "gone"),
+                    error: message, attempt: row.attempts + 1)
                 report(notification)
                 handled.append(notification)
             }
@@ -407,5 +404,46 @@ final class Lane {
         try connection.query(Self.nextDueSQL).first?[0, as: Double?.self].map {
             .milliseconds(Int64((max($0, 0) * 1000).rounded(.up)))
         }
+    }
+}
+
+/// A due notification as the one-by-one fallback sees it, before claiming it.
+struct DueNotification: PostgresRowDecodable {
+    static let statement = """
+        SELECT q.id, q.jti, coalesce(l.event_type, '') AS event_type, q.attempts
+          FROM siwa.notification_queue q
+          LEFT JOIN siwa.notification_log l ON l.id = q.id AND l.jti = q.jti AND l.issued_at = q.issued_at
+         WHERE q.next_attempt_at <= clock_timestamp()
+         ORDER BY q.id LIMIT $1::integer
+        """
+    static let columns: PostgresColumns = "id bigint, jti text, event_type text, attempts integer"
+    var id: Int64
+    var jti: String
+    var eventType: String
+    var attempts: Int
+
+    init(row: PostgresRow) throws(PostgresError) {
+        id = try row[0, as: Int64.self]
+        jti = try row[1, as: String.self]
+        eventType = try row[2, as: String.self]
+        attempts = try row[3, as: Int.self]
+    }
+}
+
+/// How long the longest-busy pending notification has waited for its user, and when the first is due
+/// again (seconds; both nil when none is busy).
+struct BusyUsers: PostgresRowDecodable {
+    static let statement = """
+        SELECT extract(epoch FROM clock_timestamp() - min(busy_since))::float8 AS longest_wait,
+               extract(epoch FROM min(next_attempt_at) - clock_timestamp())::float8 AS first_due_in
+          FROM siwa.notification_queue WHERE busy_since IS NOT NULL
+        """
+    static let columns: PostgresColumns = "longest_wait double precision, first_due_in double precision"
+    var longestWait: Double?
+    var firstDueIn: Double?
+
+    init(row: PostgresRow) throws(PostgresError) {
+        longestWait = try row[0, as: Double?.self]
+        firstDueIn = try row[1, as: Double?.self]
     }
 }

@@ -140,7 +140,7 @@ public struct StoredTokenVerification: Sendable {
 }
 
 /// One row of `siwa.claim_notifications`: what the worker verifies before applying.
-struct ClaimedNotification {
+struct ClaimedNotification: Sendable {
     var id: Int64
     var refused: Bool
     var origin: String

@@ -6,12 +6,14 @@ import Testing
 @testable import Doctor
 @testable import ServiceHealth
 @testable import SignIn
+@testable import Worker
 
 /// Every typed row the modules read, each checked against the schema here.
 private let rowTypes: [any PostgresRowDecodable.Type] = [
     Doctor.HeartbeatRow.self, Doctor.Activity.self, Doctor.ClientIDUse.self,
     ServiceHealth.Snapshot.self, RoleStanding.self,
     SignInAnswer.self,
+    ClaimedNotification.self, ProcessedNotification.self, DueNotification.self, BusyUsers.self,
 ]
 
 @Suite("Typed rows: every statement's columns, as schema.sql gives them, are those its row type reads")
