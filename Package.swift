@@ -53,6 +53,9 @@ let package = Package(
         .target(
             name: "Doctor",
             dependencies: ["AppleNotifications", "HTTPClient", "Postgres", "ServiceSupport", "SiwaSchema"]),
+        // `siwactl migrate`: the embedded schema applied one migration at a time, with the search_path
+        // pinned; returns a report (versions, notices, warnings, role gaps). Never prints or reads the environment.
+        .target(name: "Migrator", dependencies: ["Postgres", "SiwaSchema"]),
         .target(
             name: "Receiver",
             dependencies: ["AppleNotifications", "HTTPClient", "Postgres", "HTTPServer", "ServiceSupport"]),
@@ -101,7 +104,7 @@ let package = Package(
             name: "siwactl",
             dependencies: [
                 "AppleNotifications", "AppleID", "HTTPClient", "Postgres", "ServiceSupport", "HTTPServer",
-                "SiwaSchema", "Receiver", "Webhooks", "TeamTransfer", "FakeApple", "Doctor",
+                "SiwaSchema", "Receiver", "Webhooks", "TeamTransfer", "FakeApple", "Doctor", "Migrator",
             ]),
         .executableTarget(name: "siwa-bench", dependencies: ["AppleNotifications"]),
 
@@ -130,6 +133,8 @@ let package = Package(
         .testTarget(name: "AdminSQLTests", dependencies: ["Postgres", "Receiver", "TestSupport"]),
         .testTarget(
             name: "SiwactlTests", dependencies: ["SiwaSchema", "TestSupport", "TeamTransfer", "AppleID"]),
+        .testTarget(
+            name: "MigratorTests", dependencies: ["Migrator", "Postgres", "SiwaSchema", "TestSupport"]),
         .testTarget(name: "AppleIDTests", dependencies: ["AppleID", "ServiceSupport", "TestSupport"]),
         .testTarget(
             name: "SignInTests",
