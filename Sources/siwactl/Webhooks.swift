@@ -6,69 +6,22 @@ import Webhooks
 
 /// `siwactl webhooks`: manage signed outbound webhook endpoints, replay deliveries, and listen locally.
 enum WebhooksVerb {
-    static let subcommands:
-        [(name: String, spec: CommandSpec, run: @Sendable (ParsedCommand) throws -> Void)] = [
-            ("add", addSpec, add), ("list", listSpec, list),
-            ("disable", disableSpec, { try setEnabled($0, false) }),
-            ("enable", enableSpec, { try setEnabled($0, true) }), ("rotate-secret", rotateSpec, rotate),
-            ("replay", replaySpec, replay), ("listen", listenSpec, listen),
-            // operations
-            ("retry", retrySpec, retry), ("remove", removeSpec, remove),
-            // The developer loop (WebhooksSend.swift).
-            ("send", sendSpec, send),
-        ]
-
     static let verb = Verb(
-        name: "webhooks", abstract: "Manage signed webhook endpoints; replay deliveries; listen locally."
-    ) { arguments, environment in
-        guard let first = arguments.first, let sub = subcommands.first(where: { $0.name == first }) else {
-            let help =
-                "usage: siwactl webhooks SUBCOMMAND [OPTIONS]\n\nsubcommands:\n"
-                + subcommands.map {
-                    "  \($0.name)" + String(repeating: " ", count: 15 - $0.name.count)
-                        + firstSentence($0.spec.abstract)
-                }
-                .joined(separator: "\n") + "\n\nRun 'siwactl webhooks SUBCOMMAND --help' for its options.\n"
-            if arguments.first == "--help" || arguments.first == "-h" || arguments.first == "help" {
-                writeStandardOutput(help)
-                return ExitStatus.success
-            }
-            writeErrorLine(
-                "siwactl webhooks",
-                arguments.first.map { "unknown subcommand '\($0)'" } ?? "missing subcommand")
-            FileHandle.standardError.write(Data(help.utf8))
-            return ExitStatus.usage
-        }
-        switch parse(sub.spec, Array(arguments.dropFirst()), environment) {
-        case .failure(let exit): return exit.status
-        case .success(let parsed):
-            do {
-                try sub.run(parsed)
-                return ExitStatus.success
-            } catch let error as UsageError {
-                writeErrorLine(sub.spec.name, error.message)
-                return ExitStatus.usage
-            } catch {
-                writeErrorLine(sub.spec.name, "\(error)")
-                return ExitStatus.failure
-            }
-        }
-    }
-
-    /// A usage error found after parsing (exit status 2).
-    struct UsageError: Error {
-        var message: String
-        init(_ message: String) { self.message = message }
-    }
-
-    /// The abstract's first sentence on one line (the abstracts are wrapped in the source: their first
-    /// line is not a sentence).
-    static func firstSentence(_ text: String) -> String {
-        let joined = text.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }
-            .joined(separator: " ")
-        guard let end = joined.range(of: ". ") else { return joined }
-        return String(joined[..<end.lowerBound]) + "."
-    }
+        name: "webhooks", abstract: "Manage signed webhook endpoints; replay deliveries; listen locally.",
+        subverbs: [
+            .parsing("add", addSpec) { parsed, _ in try add(parsed) },
+            .parsing("list", listSpec) { parsed, _ in try list(parsed) },
+            .parsing("disable", disableSpec) { parsed, _ in try setEnabled(parsed, false) },
+            .parsing("enable", enableSpec) { parsed, _ in try setEnabled(parsed, true) },
+            .parsing("rotate-secret", rotateSpec) { parsed, _ in try rotate(parsed) },
+            .parsing("replay", replaySpec) { parsed, _ in try replay(parsed) },
+            .parsing("listen", listenSpec) { parsed, _ in try listen(parsed) },
+            // operations
+            .parsing("retry", retrySpec) { parsed, _ in try retry(parsed) },
+            .parsing("remove", removeSpec) { parsed, _ in try remove(parsed) },
+            // The developer loop (WebhooksSend.swift).
+            .parsing("send", sendSpec) { parsed, _ in try send(parsed) },
+        ])
 
     static let types = WebhookChange.types
 
