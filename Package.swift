@@ -68,6 +68,9 @@ let package = Package(
         // Standard Webhooks: whsec_ secrets, v1 signatures (OpenSSL's HMAC), whsk_/whpk_ keys and v1a
         // signatures (OpenSSL's ed25519), endpoint URL policy.
         .target(name: "Webhooks", dependencies: ["COpenSSL"]),
+        // The operator's calls on webhook endpoints and deliveries (siwactl webhooks, stats), with typed rows.
+        // Never prints or reads the environment.
+        .target(name: "WebhookAdministration", dependencies: ["Postgres"]),
         // Heartbeats in siwa.service_heartbeats and the database's health gauges on /metrics.
         .target(name: "ServiceHealth", dependencies: ["Postgres", "ServiceSupport"]),
         // Refresh tokens encrypted at rest (AES-256-GCM, rotating keys), for the sign-in API and the revoker.
@@ -105,6 +108,7 @@ let package = Package(
             dependencies: [
                 "AppleNotifications", "AppleID", "HTTPClient", "Postgres", "ServiceSupport", "HTTPServer",
                 "SiwaSchema", "Receiver", "Webhooks", "TeamTransfer", "FakeApple", "Doctor", "Migrator",
+                "WebhookAdministration", "ServiceHealth",
             ]),
         .executableTarget(name: "siwa-bench", dependencies: ["AppleNotifications"]),
 
@@ -135,6 +139,9 @@ let package = Package(
             name: "SiwactlTests", dependencies: ["SiwaSchema", "TestSupport", "TeamTransfer", "AppleID"]),
         .testTarget(
             name: "MigratorTests", dependencies: ["Migrator", "Postgres", "SiwaSchema", "TestSupport"]),
+        .testTarget(
+            name: "WebhookAdministrationTests",
+            dependencies: ["WebhookAdministration", "Postgres", "ServiceHealth", "TestSupport", "Webhooks"]),
         .testTarget(name: "AppleIDTests", dependencies: ["AppleID", "ServiceSupport", "TestSupport"]),
         .testTarget(
             name: "SignInTests",
