@@ -53,6 +53,9 @@ let package = Package(
         .target(
             name: "Doctor",
             dependencies: ["AppleNotifications", "HTTPClient", "Postgres", "ServiceSupport", "SiwaSchema"]),
+        // `siwactl migrate`: the embedded schema applied one migration at a time, with the search_path
+        // pinned; returns a report (versions, notices, warnings, role gaps). Never prints or reads the environment.
+        .target(name: "Migrator", dependencies: ["Postgres", "SiwaSchema"]),
         .target(
             name: "Receiver",
             dependencies: ["AppleNotifications", "HTTPClient", "Postgres", "HTTPServer", "ServiceSupport"]),
@@ -65,6 +68,9 @@ let package = Package(
         // Standard Webhooks: whsec_ secrets, v1 signatures (OpenSSL's HMAC), whsk_/whpk_ keys and v1a
         // signatures (OpenSSL's ed25519), endpoint URL policy.
         .target(name: "Webhooks", dependencies: ["COpenSSL"]),
+        // The operator's calls on webhook endpoints and deliveries (siwactl webhooks, stats), with typed rows.
+        // Never prints or reads the environment.
+        .target(name: "WebhookAdministration", dependencies: ["Postgres"]),
         // Heartbeats in siwa.service_heartbeats and the database's health gauges on /metrics.
         .target(name: "ServiceHealth", dependencies: ["Postgres", "ServiceSupport"]),
         // Refresh tokens encrypted at rest (AES-256-GCM, rotating keys), for the sign-in API and the revoker.
@@ -101,7 +107,8 @@ let package = Package(
             name: "siwactl",
             dependencies: [
                 "AppleNotifications", "AppleID", "HTTPClient", "Postgres", "ServiceSupport", "HTTPServer",
-                "SiwaSchema", "Receiver", "Webhooks", "TeamTransfer", "FakeApple", "Doctor",
+                "SiwaSchema", "Receiver", "Webhooks", "TeamTransfer", "FakeApple", "Doctor", "Migrator",
+                "WebhookAdministration", "ServiceHealth",
             ]),
         .executableTarget(name: "siwa-bench", dependencies: ["AppleNotifications"]),
 
@@ -134,6 +141,11 @@ let package = Package(
             ]),
         .testTarget(
             name: "SiwactlTests", dependencies: ["SiwaSchema", "TestSupport", "TeamTransfer", "AppleID"]),
+        .testTarget(
+            name: "MigratorTests", dependencies: ["Migrator", "Postgres", "SiwaSchema", "TestSupport"]),
+        .testTarget(
+            name: "WebhookAdministrationTests",
+            dependencies: ["WebhookAdministration", "Postgres", "ServiceHealth", "TestSupport", "Webhooks"]),
         .testTarget(name: "AppleIDTests", dependencies: ["AppleID", "ServiceSupport", "TestSupport"]),
         .testTarget(
             name: "SignInTests",

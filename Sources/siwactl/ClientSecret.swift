@@ -62,31 +62,33 @@ enum ClientSecretVerb {
         ])
 
     static let verb = Verb(
-        name: "client-secret", abstract: "Make or check the client_secret for Apple's token API."
-    ) {
-        arguments, environment in
-        if arguments.first == "check-key" {
-            switch parse(checkKeySpec, Array(arguments.dropFirst()), environment) {
-            case .failure(let exit): return exit.status
-            case .success(let parsed):
-                return checkKey(parsed) ? ExitStatus.success : ExitStatus.failure
-            }
-        }
-        if arguments.first == "check" {
-            switch parse(checkSpec, Array(arguments.dropFirst()), environment) {
-            case .failure(let exit): return exit.status
-            case .success(let parsed):
-                guard let minimumDays = Double(parsed.value("min-days") ?? ""), minimumDays >= 0,
-                    minimumDays.isFinite
-                else {
-                    writeErrorLine(checkSpec.name, "--min-days must be a number of days, 0 or more")
-                    return ExitStatus.usage
+        name: "client-secret", abstract: "Make or check the client_secret for Apple's token API.",
+        subverbs: [
+            Verb(name: "check-key", abstract: Verb.firstSentence(checkKeySpec.abstract)) {
+                arguments, environment in
+                switch parse(checkKeySpec, arguments, environment) {
+                case .failure(let exit): return exit.status
+                case .success(let parsed):
+                    return checkKey(parsed) ? ExitStatus.success : ExitStatus.failure
                 }
-                return await runReportingFailure(checkSpec.name) {
-                    try check(parsed, minimumDays: minimumDays)
+            },
+            Verb(name: "check", abstract: Verb.firstSentence(checkSpec.abstract)) { arguments, environment in
+                switch parse(checkSpec, arguments, environment) {
+                case .failure(let exit): return exit.status
+                case .success(let parsed):
+                    guard let minimumDays = Double(parsed.value("min-days") ?? ""), minimumDays >= 0,
+                        minimumDays.isFinite
+                    else {
+                        writeErrorLine(checkSpec.name, "--min-days must be a number of days, 0 or more")
+                        return ExitStatus.usage
+                    }
+                    return await runReportingFailure(checkSpec.name) {
+                        try check(parsed, minimumDays: minimumDays)
+                    }
                 }
-            }
-        }
+            },
+        ]
+    ) { arguments, environment in
         switch parse(makeSpec, arguments, environment) {
         case .failure(let exit): return exit.status
         case .success(let parsed):

@@ -28,11 +28,6 @@ func database<T>(_ what: String, _ body: () throws -> T) throws -> T {
     }
 }
 
-/// Whether a relation (table or view) such as `siwa.queue_health` exists.
-func relationExists(_ name: String, on connection: PostgresConnection) throws -> Bool {
-    try connection.query("SELECT to_regclass($1) IS NOT NULL", [.text(name)])[0][0, as: Bool.self]
-}
-
 /// Parses `--since`: an ISO 8601 date-time or date, or a relative age such as `90s`, `15m`, `2h`,
 /// `3d`, `1w` (that long before `now`).
 func parseSince(_ text: String, now: Date = Date()) -> Date? {

@@ -71,14 +71,17 @@ enum FakeAppleVerb {
 
     static let path = FakeAppleServer.keysPath
 
-    static let verb = Verb(name: "fake-apple", abstract: "A local Apple: keys, token and revoke endpoints.") {
-        arguments, environment in
-        switch arguments.first {
-        case "authorize":
-            return await FakeAppleClientVerbs.authorize(Array(arguments.dropFirst()), environment)
-        case "fault": return await FakeAppleClientVerbs.fault(Array(arguments.dropFirst()), environment)
-        default: break
-        }
+    static let verb = Verb(
+        name: "fake-apple", abstract: "A local Apple: keys, token and revoke endpoints.",
+        subverbs: [
+            Verb(
+                name: "authorize", abstract: Verb.firstSentence(FakeAppleClientVerbs.authorizeSpec.abstract),
+                run: FakeAppleClientVerbs.authorize),
+            Verb(
+                name: "fault", abstract: Verb.firstSentence(FakeAppleClientVerbs.faultSpec.abstract),
+                run: FakeAppleClientVerbs.fault),
+        ]
+    ) { arguments, environment in
         switch parse(spec, arguments, environment) {
         case .failure(let exit): return exit.status
         case .success(let parsed):

@@ -1,49 +1,11 @@
 import Foundation
-import Postgres
 import ServiceSupport
+import WebhookAdministration
 
 // ---- webhook visibility: siwactl stats per webhook endpoint ----
 
-/// One row of `siwa.webhook_endpoint_gauges()` for `siwactl stats`: the endpoint's id and URL host
-/// (never its path, query or a secret), its deliveries pending and dead, the oldest pending one's age,
-/// and its current run of failures.
-struct WebhookEndpointStats {
-    var id: Int
-    var host: String
-    var enabled: Bool
-    var pending: Int
-    var dead: Int
-    var oldestPendingSeconds: Double
-    var consecutiveFailures: Int
-    var failingSince: Date?
-    var failingForSeconds: Double?
-
-    /// Every endpoint (those in trouble first), or nil when the database has no such function (before
-    /// schema version 5).
-    static func read(on connection: PostgresConnection) throws -> [WebhookEndpointStats]? {
-        guard
-            try connection.query(
-                "SELECT to_regprocedure('siwa.webhook_endpoint_gauges()') IS NOT NULL")[0][0, as: Bool.self]
-        else { return nil }
-        return try connection.query(
-            """
-            SELECT endpoint_id, coalesce(host, ''), enabled, pending, dead, oldest_pending_seconds,
-                   consecutive_failures, extract(epoch FROM failing_since)::float8,
-                   extract(epoch FROM now() - failing_since)::float8
-              FROM siwa.webhook_endpoint_gauges()
-            """
-        ).map { row in
-            WebhookEndpointStats(
-                id: try row[0, as: Int.self], host: try row[1, as: String.self],
-                enabled: try row[2, as: Bool.self],
-                pending: try row[3, as: Int.self], dead: try row[4, as: Int.self],
-                oldestPendingSeconds: try row[5, as: Double.self],
-                consecutiveFailures: try row[6, as: Int.self],
-                failingSince: try row[7, as: Double?.self].map { Date(timeIntervalSince1970: $0) },
-                failingForSeconds: try row[8, as: Double?.self])
-        }
-    }
-
+/// An endpoint's stats as `siwactl stats` prints them: a JSON object, and a table.
+extension WebhookAdministration.EndpointStats {
     var json: [String: Any] {
         [
             "id": id, "host": host, "disabled": !enabled, "pending": pending, "dead": dead,
@@ -55,7 +17,7 @@ struct WebhookEndpointStats {
     }
 
     /// The endpoints as a table under a `webhook endpoints` heading (nothing when there is none).
-    static func text(_ endpoints: [WebhookEndpointStats]) -> String {
+    static func text(_ endpoints: [Self]) -> String {
         guard !endpoints.isEmpty else { return "" }
         let header = ["endpoint", "host", "pending", "dead", "oldest pending", "failing since", "disabled"]
         let rows: [[String]] = endpoints.map { endpoint in

@@ -117,33 +117,16 @@ enum TransferVerb {
         ])
 
     static let verb = Verb(
-        name: "transfer", abstract: "Move users to another team: transfer identifiers out, new subs in."
-    ) { arguments, environment in
-        switch arguments.first {
-        case "export":
-            switch parse(exportSpec, Array(arguments.dropFirst()), environment) {
-            case .failure(let exit): return exit.status
-            case .success(let parsed):
-                return await runReportingFailure(exportSpec.name) {
-                    try TransferExportCommand.run(parsed, environment: environment)
-                }
-            }
-        case "import":
-            switch parse(importSpec, Array(arguments.dropFirst()), environment) {
-            case .failure(let exit): return exit.status
-            case .success(let parsed):
-                return await runReportingFailure(importSpec.name) {
-                    try TransferImportCommand.run(parsed, environment: environment)
-                }
-            }
-        case "--help", "-h", "help":
-            writeStandardOutput(exportSpec.helpText() + "\n" + importSpec.helpText())
-            return ExitStatus.success
-        default:
-            writeErrorLine("siwactl transfer", "expected 'export' or 'import' (see siwactl transfer --help)")
-            return ExitStatus.usage
-        }
-    }
+        name: "transfer", abstract: "Move users to another team: transfer identifiers out, new subs in.",
+        subverbs: [
+            .parsing("export", exportSpec) { parsed, environment in
+                try TransferExportCommand.run(parsed, environment: environment)
+            },
+            .parsing("import", importSpec) { parsed, environment in
+                try TransferImportCommand.run(parsed, environment: environment)
+            },
+        ],
+        help: { exportSpec.helpText() + "\n" + importSpec.helpText() })
 }
 
 /// Parses --transfer-date: an ISO 8601 date-time or date.

@@ -1,74 +1,27 @@
 import Foundation
 import HTTPServer
-import Postgres
 import ServiceSupport
+import WebhookAdministration
 import Webhooks
 
 /// `siwactl webhooks`: manage signed outbound webhook endpoints, replay deliveries, and listen locally.
 enum WebhooksVerb {
-    static let subcommands:
-        [(name: String, spec: CommandSpec, run: @Sendable (ParsedCommand) throws -> Void)] = [
-            ("add", addSpec, add), ("list", listSpec, list),
-            ("disable", disableSpec, { try setEnabled($0, false) }),
-            ("enable", enableSpec, { try setEnabled($0, true) }), ("rotate-secret", rotateSpec, rotate),
-            ("replay", replaySpec, replay), ("listen", listenSpec, listen),
-            // operations
-            ("retry", retrySpec, retry), ("remove", removeSpec, remove),
-            // The developer loop (WebhooksSend.swift).
-            ("send", sendSpec, send),
-        ]
-
     static let verb = Verb(
-        name: "webhooks", abstract: "Manage signed webhook endpoints; replay deliveries; listen locally."
-    ) { arguments, environment in
-        guard let first = arguments.first, let sub = subcommands.first(where: { $0.name == first }) else {
-            let help =
-                "usage: siwactl webhooks SUBCOMMAND [OPTIONS]\n\nsubcommands:\n"
-                + subcommands.map {
-                    "  \($0.name)" + String(repeating: " ", count: 15 - $0.name.count)
-                        + firstSentence($0.spec.abstract)
-                }
-                .joined(separator: "\n") + "\n\nRun 'siwactl webhooks SUBCOMMAND --help' for its options.\n"
-            if arguments.first == "--help" || arguments.first == "-h" || arguments.first == "help" {
-                writeStandardOutput(help)
-                return ExitStatus.success
-            }
-            writeErrorLine(
-                "siwactl webhooks",
-                arguments.first.map { "unknown subcommand '\($0)'" } ?? "missing subcommand")
-            FileHandle.standardError.write(Data(help.utf8))
-            return ExitStatus.usage
-        }
-        switch parse(sub.spec, Array(arguments.dropFirst()), environment) {
-        case .failure(let exit): return exit.status
-        case .success(let parsed):
-            do {
-                try sub.run(parsed)
-                return ExitStatus.success
-            } catch let error as UsageError {
-                writeErrorLine(sub.spec.name, error.message)
-                return ExitStatus.usage
-            } catch {
-                writeErrorLine(sub.spec.name, "\(error)")
-                return ExitStatus.failure
-            }
-        }
-    }
-
-    /// A usage error found after parsing (exit status 2).
-    struct UsageError: Error {
-        var message: String
-        init(_ message: String) { self.message = message }
-    }
-
-    /// The abstract's first sentence on one line (the abstracts are wrapped in the source: their first
-    /// line is not a sentence).
-    static func firstSentence(_ text: String) -> String {
-        let joined = text.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }
-            .joined(separator: " ")
-        guard let end = joined.range(of: ". ") else { return joined }
-        return String(joined[..<end.lowerBound]) + "."
-    }
+        name: "webhooks", abstract: "Manage signed webhook endpoints; replay deliveries; listen locally.",
+        subverbs: [
+            .parsing("add", addSpec) { parsed, _ in try add(parsed) },
+            .parsing("list", listSpec) { parsed, _ in try list(parsed) },
+            .parsing("disable", disableSpec) { parsed, _ in try setEnabled(parsed, false) },
+            .parsing("enable", enableSpec) { parsed, _ in try setEnabled(parsed, true) },
+            .parsing("rotate-secret", rotateSpec) { parsed, _ in try rotate(parsed) },
+            .parsing("replay", replaySpec) { parsed, _ in try replay(parsed) },
+            .parsing("listen", listenSpec) { parsed, _ in try listen(parsed) },
+            // operations
+            .parsing("retry", retrySpec) { parsed, _ in try retry(parsed) },
+            .parsing("remove", removeSpec) { parsed, _ in try remove(parsed) },
+            // The developer loop (WebhooksSend.swift).
+            .parsing("send", sendSpec) { parsed, _ in try send(parsed) },
+        ])
 
     static let types = WebhookChange.types
 
@@ -131,14 +84,9 @@ enum WebhooksVerb {
         let connection = try connect(parsed)
         defer { connection.close() }
         let id = try database("adding the endpoint") {
-            try connection.query(
-                "SELECT siwa.add_webhook_endpoint($1, $2, $3::text[], $4::integer, $5)",
-                [
-                    .text(url), .text(secret.text),
-                    chosen.map { .text("{" + $0.joined(separator: ",") + "}") },
-                    .int(Int64(maxInFlight)), secret.publicKey.map { .text($0.text) },
-                ]
-            )[0][0, as: Int.self]
+            try WebhookAdministration(connection).addEndpoint(
+                url: url, secret: secret.text, types: chosen, maxInFlight: maxInFlight,
+                publicKey: secret.publicKey?.text)
         }
         writeStandardOutput("endpoint \(id): \(url)\n")
         if let publicKey = secret.publicKey {
@@ -176,49 +124,41 @@ enum WebhooksVerb {
     static func list(_ parsed: ParsedCommand) throws {
         let connection = try connect(parsed)
         defer { connection.close() }
-        let rows = try database("listing endpoints") {
-            try connection.query(
-                """
-                SELECT id, url, coalesce(array_to_string(types, ','), 'all'), enabled, max_in_flight, live_secrets,
-                       pending, dead, last_delivered_at, disabled_reason, disabled_at
-                  FROM siwa.webhook_endpoint_overview ORDER BY id
-                """)
+        let endpoints = try database("listing endpoints") {
+            try WebhookAdministration(connection).endpoints()
         }
-        var table: [[String]] = []
-        for row in rows {
-            let cells = [
-                String(try row[0, as: Int.self]), try row[1, as: String.self], try row[2, as: String.self],
-                try row[3, as: Bool.self] ? "yes" : "no", String(try row[4, as: Int.self]),
-                String(try row[5, as: Int.self]), String(try row[6, as: Int.self]),
-                String(try row[7, as: Int.self]),
-                try row[8, as: Date?.self].map(formatShort) ?? "-",
-                // auto-disable: why and when it was disabled
-                try row[9, as: String?.self].map { TerminalText.escaped($0) } ?? "-",
-                try row[10, as: Date?.self].map(formatShort) ?? "-",
-            ]
-            if parsed.flag("json") {
+        if parsed.flag("json") {
+            for endpoint in endpoints {
                 writeStandardOutput(
                     JSONText.line([
-                        "id": Int(cells[0])!, "url": cells[1], "types": cells[2],
-                        "enabled": cells[3] == "yes",
-                        "max_in_flight": Int(cells[4])!, "live_secrets": Int(cells[5])!,
-                        "pending": Int(cells[6])!,
-                        "dead": Int(cells[7])!, "last_delivered_at": cells[8],
-                        "disabled_reason": try row[9, as: String?.self] ?? NSNull(),
-                        "disabled_at": cells[10],
+                        "id": endpoint.id, "url": endpoint.url, "types": endpoint.types,
+                        "enabled": endpoint.enabled,
+                        "max_in_flight": endpoint.maxInFlight, "live_secrets": endpoint.liveSecrets,
+                        "pending": endpoint.pending, "dead": endpoint.dead,
+                        "last_delivered_at": endpoint.lastDeliveredAt.map(formatShort) ?? "-",
+                        "disabled_reason": endpoint.disabledReason ?? NSNull(),
+                        "disabled_at": endpoint.disabledAt.map(formatShort) ?? "-",
                     ]))
             }
-            table.append(cells)
+            return
         }
-        if !parsed.flag("json") {
-            writeStandardOutput(
-                renderTable(
-                    header: [
-                        "ID", "URL", "TYPES", "ENABLED", "IN-FLIGHT", "SECRETS", "PENDING", "DEAD",
-                        "LAST DELIVERED", "DISABLED WHY", "DISABLED AT",
-                    ],
-                    rows: table))
+        let table = endpoints.map { endpoint in
+            [
+                String(endpoint.id), endpoint.url, endpoint.types, endpoint.enabled ? "yes" : "no",
+                String(endpoint.maxInFlight), String(endpoint.liveSecrets), String(endpoint.pending),
+                String(endpoint.dead), endpoint.lastDeliveredAt.map(formatShort) ?? "-",
+                // auto-disable: why and when it was disabled
+                endpoint.disabledReason.map { TerminalText.escaped($0) } ?? "-",
+                endpoint.disabledAt.map(formatShort) ?? "-",
+            ]
         }
+        writeStandardOutput(
+            renderTable(
+                header: [
+                    "ID", "URL", "TYPES", "ENABLED", "IN-FLIGHT", "SECRETS", "PENDING", "DEAD",
+                    "LAST DELIVERED", "DISABLED WHY", "DISABLED AT",
+                ],
+                rows: table))
     }
 
     // MARK: disable / enable
@@ -246,10 +186,7 @@ enum WebhooksVerb {
         let connection = try connect(parsed)
         defer { connection.close() }
         let found = try database("updating the endpoint") {
-            try connection.query(
-                "SELECT siwa.set_webhook_endpoint_enabled($1::bigint, $2::boolean)",
-                [.int(Int64(id)), .bool(enabled)]
-            )[0][0, as: Bool.self]
+            try WebhookAdministration(connection).setEnabled(endpoint: Int64(id), enabled)
         }
         guard found else { throw ToolFailure("no endpoint \(id)") }
         writeStandardOutput("endpoint \(id) \(enabled ? "enabled" : "disabled")\n")
@@ -281,26 +218,18 @@ enum WebhooksVerb {
         let connection = try connect(parsed)
         defer { connection.close() }
         // Without --scheme (or a key of the caller's) the new key has the scheme of the current one.
+        let webhooks = WebhookAdministration(connection)
         var scheme = parsed.value("scheme")
         if scheme == nil, parsed.value("secret") == nil {
             let current = try database("reading the endpoint's scheme") {
-                try connection.query(
-                    """
-                    SELECT scheme FROM siwa.webhook_signing_keys
-                     WHERE endpoint_id = $1 AND live ORDER BY expires_at IS NULL DESC, id DESC LIMIT 1
-                    """, [.int(Int64(id))])
+                try webhooks.currentScheme(endpoint: Int64(id))
             }
-            if try current.first?[0, as: String.self] == "v1a" { scheme = "ed25519" }
+            if current == .v1a { scheme = "ed25519" }
         }
         let secret = try signingKey(parsed, scheme: scheme)
         let found = try database("rotating the secret") {
-            try connection.query(
-                "SELECT siwa.rotate_webhook_secret($1::bigint, $2, make_interval(secs => $3), $4)",
-                [
-                    .int(Int64(id)), .text(secret.text), .double(overlap),
-                    secret.publicKey.map { .text($0.text) },
-                ]
-            )[0][0, as: Bool.self]
+            try webhooks.rotateSecret(
+                endpoint: Int64(id), secret: secret.text, overlap: overlap, publicKey: secret.publicKey?.text)
         }
         guard found else { throw ToolFailure("no endpoint \(id)") }
         writeStandardOutput(
@@ -378,15 +307,15 @@ enum WebhooksVerb {
         ])
 
     static func replay(_ parsed: ParsedCommand) throws {
-        func id(_ name: String) throws -> PostgresData? {
+        func id(_ name: String) throws -> Int64? {
             guard let text = parsed.value(name) else { return nil }
             guard let value = Int64(text), value > 0 else { throw UsageError("--\(name) must be an id") }
-            return .int(value)
+            return value
         }
         let delivery = try id("delivery")
         let change = try id("change")
         let endpoint = try id("endpoint")
-        func time(_ name: String) throws -> PostgresData? {
+        func time(_ name: String) throws -> Date? {
             guard let text = parsed.value(name) else { return nil }
             guard delivery == nil, change == nil else {
                 throw UsageError("--\(name) is a window: not with --delivery or --change")
@@ -394,7 +323,7 @@ enum WebhooksVerb {
             guard let date = parseSince(text) else {
                 throw UsageError("--\(name): ISO 8601 or an age such as 2h")
             }
-            return .date(date)
+            return date
         }
         let since = try time("since")
         let until = try time("until")
@@ -403,21 +332,21 @@ enum WebhooksVerb {
             throw UsageError(
                 "give exactly one of --delivery, --change, or a window (--endpoint and/or --since)")
         }
-        let state = parsed.value("state") ?? (window ? "dead" : "all")
-        guard ["dead", "failed", "all"].contains(state) else {
+        guard
+            let state = WebhookAdministration.ReplayChoice(
+                rawValue: parsed.value("state") ?? (window ? "dead" : "all"))
+        else {
             throw UsageError("--state must be dead, failed or all")
         }
         let connection = try connect(parsed)
         defer { connection.close() }
+        let webhooks = WebhookAdministration(connection)
         let count = try database("replaying") {
-            try connection.query(
-                "SELECT siwa.replay_webhook_deliveries($1::bigint, $2::bigint, $3::bigint, $4::timestamptz, $5::timestamptz, $6)",
-                [delivery, change, endpoint, since, until, .text(state)]
-            )[0][0, as: Int.self]
+            try webhooks.replay(
+                delivery: delivery, change: change, endpoint: endpoint, since: since, until: until,
+                choosing: state)
         }
-        if delivery != nil, count == 0, let id = parsed.value("delivery").flatMap(Int64.init) {
-            try explainNotReplayed(id, state: state, on: connection)
-        }
+        if let delivery, count == 0 { try explainNotReplayed(delivery, state: state, on: webhooks) }
         writeStandardOutput("queued \(count) deliver\(count == 1 ? "y" : "ies")\n")
     }
 

@@ -1,8 +1,8 @@
 import Foundation
 import HTTPClient
 import HTTPServer
-import Postgres
 import ServiceSupport
+import WebhookAdministration
 import Webhooks
 
 // MARK: - webhooks listen --forward-to (the developer loop, as `stripe listen --forward-to`)
@@ -69,13 +69,10 @@ extension WebhooksVerb {
 
         let connection = try connect(parsed)
         defer { connection.close() }
+        let webhooks = WebhookAdministration(connection)
         let endpoint = try database("registering the temporary endpoint") {
-            try connection.query(
-                "SELECT siwa.add_temporary_webhook_endpoint($1, $2, $3::text[], make_interval(secs => $4))",
-                [
-                    .text(url), .text(ownSecret.text),
-                    chosen.map { .text("{" + $0.joined(separator: ",") + "}") }, .double(temporaryLifetime),
-                ])[0][0, as: Int.self]
+            try webhooks.addTemporaryEndpoint(
+                url: url, secret: ownSecret.text, types: chosen, lifetime: temporaryLifetime)
         }
         writeStandardOutput("endpoint \(endpoint) (temporary): \(url) → \(TerminalText.escaped(target))\n")
         for publicKey in appSecrets.compactMap(\.publicKey) {
@@ -95,17 +92,14 @@ extension WebhooksVerb {
         defer { addressFile?.remove() }
         while !signals.wait(timeout: renewalInterval) {
             do {
-                _ = try connection.query(
-                    "SELECT siwa.renew_temporary_webhook_endpoint($1::bigint, make_interval(secs => $2))",
-                    [.int(Int64(endpoint)), .double(temporaryLifetime)])
+                try webhooks.renewTemporaryEndpoint(Int64(endpoint), lifetime: temporaryLifetime)
             } catch {
                 writeErrorLine("siwactl webhooks listen", "renewing endpoint \(endpoint) failed: \(error)")
             }
         }
         writeErrorLine("siwactl webhooks listen", "stopping: removing endpoint \(endpoint)")
         try database("removing the temporary endpoint") {
-            _ = try connection.query(
-                "SELECT siwa.remove_temporary_webhook_endpoint($1::bigint)", [.int(Int64(endpoint))])
+            try webhooks.removeTemporaryEndpoint(Int64(endpoint))
         }
     }
 

@@ -1,6 +1,6 @@
 import Foundation
-import Postgres
 import ServiceSupport
+import WebhookAdministration
 
 // ==== operations (retry) ====
 extension WebhooksVerb {
@@ -31,35 +31,21 @@ extension WebhooksVerb {
         }
         let connection = try connect(parsed)
         defer { connection.close() }
-        let count = try database("retrying") {
-            try connection.query(
-                "SELECT siwa.retry_webhook_deliveries($1::bigint, $2::bigint)",
-                [delivery.map { .int($0) }, endpoint.map { .int($0) }]
-            )[0][0, as: Int.self]
-        }
+        let webhooks = WebhookAdministration(connection)
+        let count = try database("retrying") { try webhooks.retry(delivery: delivery, endpoint: endpoint) }
         if let delivery, count == 0 {
-            let state = try database("reading the delivery") {
-                try connection.query(
-                    "SELECT state, lease_expires_at > clock_timestamp() FROM siwa.webhook_deliveries WHERE id = $1",
-                    [.int(delivery)]
-                ).first.map { (try $0[0, as: String.self], try $0[1, as: Bool?.self] ?? false) }
-            }
-            switch state {
-            case nil: throw ToolFailure("no delivery \(delivery)")
-            case ("pending", true)?:
+            let found = try database("reading the delivery") { try webhooks.delivery(delivery) }
+            guard let found else { throw ToolFailure("no delivery \(delivery)") }
+            guard found.state != .pending || !found.leased else {
                 writeStandardOutput("delivery \(delivery) is being attempted now: nothing to retry\n")
-            case (let state, _)?:
-                throw ToolFailure(
-                    "delivery \(delivery) is \(state), not pending: siwactl webhooks replay --delivery \(delivery)"
-                )
+                return
             }
-            return
+            throw ToolFailure(
+                "delivery \(delivery) is \(found.state.rawValue), not pending: siwactl webhooks replay --delivery \(delivery)"
+            )
         }
         if let endpoint, count == 0 {
-            let known = try database("reading the endpoint") {
-                try connection.query("SELECT 1 FROM siwa.webhook_endpoints WHERE id = $1", [.int(endpoint)])
-                    .count == 1
-            }
+            let known = try database("reading the endpoint") { try webhooks.endpointExists(endpoint) }
             guard known else { throw ToolFailure("no endpoint \(endpoint)") }
         }
         writeStandardOutput("due now: \(count) deliver\(count == 1 ? "y" : "ies")\n")
@@ -70,24 +56,17 @@ extension WebhooksVerb {
 // ==== replay with a state selector ====
 extension WebhooksVerb {
     /// Why `replay --delivery` queued nothing: an unknown delivery fails; a pending one is said (stderr).
-    static func explainNotReplayed(_ delivery: Int64, state: String, on connection: PostgresConnection) throws
-    {
-        let row = try database("reading the delivery") {
-            try connection.query(
-                """
-                SELECT state, attempts, coalesce(lease_expires_at > clock_timestamp(), false)
-                  FROM siwa.webhook_deliveries WHERE id = $1
-                """, [.int(delivery)]
-            ).first
-        }
-        guard let row else { throw ToolFailure("no delivery \(delivery)") }
-        let current = try row[0, as: String.self]
+    static func explainNotReplayed(
+        _ delivery: Int64, state: WebhookAdministration.ReplayChoice, on webhooks: WebhookAdministration
+    ) throws {
+        let found = try database("reading the delivery") { try webhooks.delivery(delivery) }
+        guard let found else { throw ToolFailure("no delivery \(delivery)") }
         let why: String
-        if current != "pending" {
-            why = "it is \(current) (--state \(state) does not choose it)"
-        } else if try row[2, as: Bool.self] {
+        if found.state != .pending {
+            why = "it is \(found.state.rawValue) (--state \(state.rawValue) does not choose it)"
+        } else if found.leased {
             why = "it is pending and being attempted now"
-        } else if try row[1, as: Int.self] == 0 {
+        } else if found.attempts == 0 {
             why = "it is pending and not yet attempted: it waits behind an earlier change of its user"
         } else {
             why =
@@ -134,12 +113,8 @@ extension WebhooksVerb {
         }
         let connection = try connect(parsed)
         defer { connection.close() }
-        let pending = try database("reading the endpoint") {
-            try connection.query(
-                "SELECT pending FROM siwa.webhook_endpoint_overview WHERE id = $1", [.int(id)]
-            )
-            .first.map { try $0[0, as: Int.self] }
-        }
+        let webhooks = WebhookAdministration(connection)
+        let pending = try database("reading the endpoint") { try webhooks.pendingDeliveries(endpoint: id) }
         guard let pending else { throw ToolFailure("no endpoint \(id)") }
         let force = parsed.flag("force")
         if pending > 0, !force {
@@ -148,23 +123,16 @@ extension WebhooksVerb {
                     + " --force (they are deleted, never sent)")
         }
         // Its own transaction: once committed, no new change fans out to it (the fan-out reads enabled).
-        try database("disabling the endpoint") {
-            _ = try connection.query(
-                "SELECT siwa.set_webhook_endpoint_enabled($1::bigint, false)", [.int(id)])
-        }
-        let dropped: Int?
-        do {
-            dropped = try connection.query(
-                "SELECT siwa.remove_webhook_endpoint($1::bigint, $2::boolean)", [.int(id), .bool(force)]
-            )[0][0, as: Int?.self]
-        } catch  where error.sqlState == "55006" {  // the query throws PostgresError only
+        try database("disabling the endpoint") { _ = try webhooks.setEnabled(endpoint: id, false) }
+        let dropped: Int
+        switch try database("removing the endpoint", { try webhooks.remove(endpoint: id, force: force) }) {
+        case .removed(let deletedPending): dropped = deletedPending
+        case .notFound: throw ToolFailure("no endpoint \(id)")
+        case .keptWithPending:
             throw ToolFailure(
                 "endpoint \(id) got pending deliveries meanwhile: it is disabled and kept; remove it with --force"
                     + " or enable it again")
-        } catch {
-            throw ToolFailure("removing the endpoint failed: \(error.message)")
         }
-        guard let dropped else { throw ToolFailure("no endpoint \(id)") }
         writeStandardOutput(
             "endpoint \(id) removed"
                 + (dropped > 0 ? " with \(dropped) pending deliver\(dropped == 1 ? "y" : "ies") deleted" : "")

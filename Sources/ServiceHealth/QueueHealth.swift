@@ -1,0 +1,39 @@
+import Postgres
+
+/// The notification queue's health at a glance: one row of the view `siwa.queue_health`.
+public struct QueueHealth: Sendable, Equatable {
+    public var pending: Int
+    public var due: Int
+    public var retrying: Int
+    public var dead: Int
+    public var oldestPendingSeconds: Double?
+    public var receivedLastHour: Int
+    public var appliedLastHour: Int
+    public var applyLatencyP50Seconds: Double?
+    public var applyLatencyP99Seconds: Double?
+    /// Pending ones waiting for their user's row.
+    public var busy: Int
+    public var oldestBusySeconds: Double?
+
+    public init(row: PostgresRow) throws(PostgresError) {
+        pending = try row["pending"]
+        due = try row["due"]
+        retrying = try row["retrying"]
+        dead = try row["dead"]
+        oldestPendingSeconds = try row["oldest_pending_seconds"]
+        receivedLastHour = try row["received_last_hour"]
+        appliedLastHour = try row["applied_last_hour"]
+        applyLatencyP50Seconds = try row["apply_latency_p50_seconds"]
+        applyLatencyP99Seconds = try row["apply_latency_p99_seconds"]
+        busy = try row["busy"]
+        oldestBusySeconds = try row["oldest_busy_seconds"]
+    }
+
+    /// The view's row, or nil when the database has no `siwa.queue_health` (no schema yet).
+    public static func read(on connection: PostgresConnection) throws(PostgresError) -> QueueHealth? {
+        guard
+            try connection.query("SELECT to_regclass('siwa.queue_health') IS NOT NULL")[0][0, as: Bool.self]
+        else { return nil }
+        return try QueueHealth(row: connection.query("SELECT * FROM siwa.queue_health")[0])
+    }
+}
