@@ -137,7 +137,9 @@ let package = Package(
         .testTarget(
             name: "AdminSQLTests",
             dependencies: [
-                "Doctor", "Postgres", "Receiver", "ServiceHealth", "SignIn", "TestSupport", "Worker",
+                "Doctor", "Postgres", "Receiver", "ServiceHealth", "SignIn", "TestSupport",
+                "WebhookAdministration",
+                "Worker",
             ]),
         .testTarget(
             name: "SiwactlTests", dependencies: ["SiwaSchema", "TestSupport", "TeamTransfer", "AppleID"]),

@@ -10,7 +10,7 @@ public protocol PostgresRowDecodable: Sendable {
     /// The columns `statement` returns, in order, as PostgreSQL names their types, e.g.
     /// `"id bigint, jti text, seen_at timestamp with time zone"` (`pg_get_function_result` without TABLE()).
     static var columns: PostgresColumns { get }
-    /// Decodes one row; cells are read by position, in the order of ``columns``.
+    /// Decodes one row, its cells read by position (in the order of ``columns``) or by name.
     init(row: PostgresRow) throws(PostgresError)
 }
 

@@ -1,7 +1,17 @@
 import Postgres
 
 /// The notification queue's health at a glance: one row of the view `siwa.queue_health`.
-public struct QueueHealth: Sendable, Equatable {
+public struct QueueHealth: PostgresRowDecodable, Equatable {
+    public static let statement = """
+        SELECT pending, due, retrying, dead, oldest_pending_seconds, received_last_hour, applied_last_hour,
+               apply_latency_p50_seconds, apply_latency_p99_seconds, busy, oldest_busy_seconds
+          FROM siwa.queue_health
+        """
+    public static let columns: PostgresColumns = """
+        pending bigint, due bigint, retrying bigint, dead bigint, oldest_pending_seconds double precision, \
+        received_last_hour bigint, applied_last_hour bigint, apply_latency_p50_seconds double precision, \
+        apply_latency_p99_seconds double precision, busy bigint, oldest_busy_seconds double precision
+        """
     public var pending: Int
     public var due: Int
     public var retrying: Int
@@ -34,6 +44,6 @@ public struct QueueHealth: Sendable, Equatable {
         guard
             try connection.query("SELECT to_regclass('siwa.queue_health') IS NOT NULL")[0][0, as: Bool.self]
         else { return nil }
-        return try QueueHealth(row: connection.query("SELECT * FROM siwa.queue_health")[0])
+        return try connection.rows(QueueHealth.self).first
     }
 }

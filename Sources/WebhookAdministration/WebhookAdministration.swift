@@ -28,21 +28,21 @@ public struct WebhookAdministration {
 
     /// Every endpoint of `siwa.webhook_endpoint_overview`, by id (never a secret).
     public func endpoints() throws(PostgresError) -> [Endpoint] {
-        var endpoints: [Endpoint] = []
-        for row in try connection.query(
-            """
-            SELECT id, url, coalesce(array_to_string(types, ','), 'all') AS types, enabled, max_in_flight,
-                   live_secrets, pending, dead, last_delivered_at, disabled_reason, disabled_at
-              FROM siwa.webhook_endpoint_overview ORDER BY id
-            """)
-        {
-            endpoints.append(try Endpoint(row: row))
-        }
-        return endpoints
+        try connection.rows(Endpoint.self)
     }
 
     /// One row of `siwa.webhook_endpoint_overview`.
-    public struct Endpoint: Sendable, Equatable {
+    public struct Endpoint: PostgresRowDecodable, Equatable {
+        public static let statement = """
+            SELECT id, url, coalesce(array_to_string(types, ','), 'all') AS types, enabled, max_in_flight,
+                   live_secrets, pending, dead, last_delivered_at, disabled_reason, disabled_at
+              FROM siwa.webhook_endpoint_overview ORDER BY id
+            """
+        public static let columns: PostgresColumns = """
+            id bigint, url text, types text, enabled boolean, max_in_flight integer, live_secrets bigint, \
+            pending bigint, dead bigint, last_delivered_at timestamp with time zone, disabled_reason text, \
+            disabled_at timestamp with time zone
+            """
         public var id: Int
         public var url: String
         /// The change types, comma-separated, or `all`.
@@ -170,16 +170,16 @@ public struct WebhookAdministration {
 
     /// One delivery's state, or nil when there is no such delivery.
     public func delivery(_ id: Int64) throws(PostgresError) -> Delivery? {
-        try connection.query(
-            """
-            SELECT state, attempts, coalesce(lease_expires_at > clock_timestamp(), false) AS leased
-              FROM siwa.webhook_deliveries WHERE id = $1
-            """, [.int(id)]
-        ).first.map { row throws(PostgresError) in try Delivery(row: row) }
+        try connection.rows(Delivery.self, [.int(id)]).first
     }
 
     /// A delivery's state in `siwa.webhook_deliveries`.
-    public struct Delivery: Sendable, Equatable {
+    public struct Delivery: PostgresRowDecodable, Equatable {
+        public static let statement = """
+            SELECT state, attempts, coalesce(lease_expires_at > clock_timestamp(), false) AS leased
+              FROM siwa.webhook_deliveries WHERE id = $1
+            """
+        public static let columns: PostgresColumns = "state text, attempts integer, leased boolean"
         /// `pending`, `delivered` or `dead`.
         public enum State: String, Sendable {
             case pending, delivered, dead

@@ -3,7 +3,13 @@ import Postgres
 
 extension WebhookAdministration {
     /// The deliveries pending and dead over every endpoint, and the endpoints enabled.
-    public struct DeliveryTotals: Sendable, Equatable {
+    public struct DeliveryTotals: PostgresRowDecodable, Equatable {
+        public static let statement = """
+            SELECT coalesce(sum(pending), 0)::bigint AS pending, coalesce(sum(dead), 0)::bigint AS dead,
+                   count(*) FILTER (WHERE enabled) AS enabled_endpoints
+              FROM siwa.webhook_endpoint_overview
+            """
+        public static let columns: PostgresColumns = "pending bigint, dead bigint, enabled_endpoints bigint"
         public var pending: Int
         public var dead: Int
         public var enabledEndpoints: Int
@@ -22,19 +28,24 @@ extension WebhookAdministration {
             try connection.query("SELECT to_regclass('siwa.webhook_endpoint_overview') IS NOT NULL")[0][
                 0, as: Bool.self]
         else { return nil }
-        return try DeliveryTotals(
-            row: connection.query(
-                """
-                SELECT coalesce(sum(pending), 0)::bigint AS pending, coalesce(sum(dead), 0)::bigint AS dead,
-                       count(*) FILTER (WHERE enabled) AS enabled_endpoints
-                  FROM siwa.webhook_endpoint_overview
-                """)[0])
+        return try connection.rows(DeliveryTotals.self).first
     }
 
     /// One row of `siwa.webhook_endpoint_gauges()` for `siwactl stats`: the endpoint's id and URL host
     /// (never its path, query or a secret), its deliveries pending and dead, the oldest pending one's
     /// age, and its current run of failures.
-    public struct EndpointStats: Sendable, Equatable {
+    public struct EndpointStats: PostgresRowDecodable, Equatable {
+        public static let statement = """
+            SELECT endpoint_id, coalesce(host, '') AS host, enabled, pending, dead, oldest_pending_seconds,
+                   consecutive_failures, extract(epoch FROM failing_since)::float8 AS failing_since,
+                   extract(epoch FROM now() - failing_since)::float8 AS failing_for_seconds
+              FROM siwa.webhook_endpoint_gauges()
+            """
+        public static let columns: PostgresColumns = """
+            endpoint_id bigint, host text, enabled boolean, pending bigint, dead bigint, \
+            oldest_pending_seconds double precision, consecutive_failures integer, \
+            failing_since double precision, failing_for_seconds double precision
+            """
         public var id: Int
         public var host: String
         public var enabled: Bool
@@ -65,17 +76,6 @@ extension WebhookAdministration {
             try connection.query(
                 "SELECT to_regprocedure('siwa.webhook_endpoint_gauges()') IS NOT NULL")[0][0, as: Bool.self]
         else { return nil }
-        var stats: [EndpointStats] = []
-        for row in try connection.query(
-            """
-            SELECT endpoint_id, coalesce(host, '') AS host, enabled, pending, dead, oldest_pending_seconds,
-                   consecutive_failures, extract(epoch FROM failing_since)::float8 AS failing_since,
-                   extract(epoch FROM now() - failing_since)::float8 AS failing_for_seconds
-              FROM siwa.webhook_endpoint_gauges()
-            """)
-        {
-            stats.append(try EndpointStats(row: row))
-        }
-        return stats
+        return try connection.rows(EndpointStats.self)
     }
 }

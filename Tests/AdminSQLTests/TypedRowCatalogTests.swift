@@ -6,12 +6,15 @@ import Testing
 @testable import Doctor
 @testable import ServiceHealth
 @testable import SignIn
+@testable import WebhookAdministration
 @testable import Worker
 
 /// Every typed row the modules read, each checked against the schema here.
 private let rowTypes: [any PostgresRowDecodable.Type] = [
     Doctor.HeartbeatRow.self, Doctor.Activity.self, Doctor.ClientIDUse.self,
-    ServiceHealth.Snapshot.self, RoleStanding.self,
+    ServiceHealth.Snapshot.self, RoleStanding.self, QueueHealth.self,
+    WebhookAdministration.Endpoint.self, WebhookAdministration.Delivery.self,
+    WebhookAdministration.DeliveryTotals.self, WebhookAdministration.EndpointStats.self,
     SignInAnswer.self,
     ClaimedNotification.self, ProcessedNotification.self, DueNotification.self, BusyUsers.self,
 ]
