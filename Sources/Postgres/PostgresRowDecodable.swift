@@ -65,6 +65,32 @@ extension PostgresRows {
 }
 
 extension PostgresConnection {
+    /// The single value `sql` returns: one row of one column, decoded as `T` (an Optional for NULL).
+    /// - Throws: `.decoding` when the result is not one row of one column, or the cell's decoding error.
+    public func value<T: PostgresDecodable>(
+        _ sql: String, _ parameters: [PostgresData?] = [], as type: T.Type = T.self
+    ) throws(PostgresError) -> T {
+        let rows = try query(sql, parameters)
+        guard rows.count == 1, rows.columns.count == 1 else {
+            throw PostgresError(
+                code: .decoding,
+                message: "expected one value, got \(rows.count) row(s) of \(rows.columns.count) column(s)")
+        }
+        return try rows[0][0, as: T.self]
+    }
+
+    /// The value in the first row of `sql`'s one column, or nil when it returns no row.
+    /// - Throws: `.decoding` when the result has more than one column, or the cell's decoding error.
+    public func firstValue<T: PostgresDecodable>(
+        _ sql: String, _ parameters: [PostgresData?] = [], as type: T.Type = T.self
+    ) throws(PostgresError) -> T? {
+        let rows = try query(sql, parameters)
+        guard rows.columns.count == 1 else {
+            throw PostgresError(code: .decoding, message: "expected one column, got \(rows.columns.count)")
+        }
+        return try rows.first?[0, as: T.self]
+    }
+
     /// Runs `T.statement` with `parameters` and decodes its rows as `T`.
     public func rows<T: PostgresRowDecodable>(
         _ type: T.Type, _ parameters: [PostgresData?] = []

@@ -42,7 +42,7 @@ public struct QueueHealth: PostgresRowDecodable, Equatable {
     /// The view's row, or nil when the database has no `siwa.queue_health` (no schema yet).
     public static func read(on connection: PostgresConnection) throws(PostgresError) -> QueueHealth? {
         guard
-            try connection.query("SELECT to_regclass('siwa.queue_health') IS NOT NULL")[0][0, as: Bool.self]
+            try connection.value("SELECT to_regclass('siwa.queue_health') IS NOT NULL", as: Bool.self)
         else { return nil }
         return try connection.rows(QueueHealth.self).first
     }

@@ -199,10 +199,10 @@ public final class SignInService: Sendable {
         let codeHash = sha256(code)
         do {
             let state = try pool.withConnection { connection in
-                try connection.query(
+                try connection.value(
                     "SELECT siwa.begin_sign_in($1, $2, $3)",
-                    [.bytes(codeHash), .text(clientID), .text(claims.sub)]
-                )[0][0, as: String.self]
+                    [.bytes(codeHash), .text(clientID), .text(claims.sub)], as: String.self
+                )
             }
             switch state {
             case "new": break

@@ -17,13 +17,13 @@ public struct WebhookAdministration {
     public func addEndpoint(
         url: String, secret: String, types: [String]?, maxInFlight: Int, publicKey: String?
     ) throws(PostgresError) -> Int {
-        try connection.query(
+        try connection.value(
             "SELECT siwa.add_webhook_endpoint($1, $2, $3::text[], $4::integer, $5)",
             [
                 .text(url), .text(secret), types.map(Self.textArray), .int(Int64(maxInFlight)),
                 publicKey.map { .text($0) },
-            ]
-        )[0][0, as: Int.self]
+            ], as: Int.self
+        )
     }
 
     /// Every endpoint of `siwa.webhook_endpoint_overview`, by id (never a secret).
@@ -75,10 +75,10 @@ public struct WebhookAdministration {
 
     /// Enables or disables an endpoint (`siwa.set_webhook_endpoint_enabled`); false: no such endpoint.
     public func setEnabled(endpoint: Int64, _ enabled: Bool) throws(PostgresError) -> Bool {
-        try connection.query(
+        try connection.value(
             "SELECT siwa.set_webhook_endpoint_enabled($1::bigint, $2::boolean)",
-            [.int(endpoint), .bool(enabled)]
-        )[0][0, as: Bool.self]
+            [.int(endpoint), .bool(enabled)], as: Bool.self
+        )
     }
 
     /// Whether an endpoint with this id exists.
@@ -89,12 +89,9 @@ public struct WebhookAdministration {
 
     /// The deliveries an endpoint has pending, or nil when there is no such endpoint.
     public func pendingDeliveries(endpoint: Int64) throws(PostgresError) -> Int? {
-        guard
-            let row = try connection.query(
-                "SELECT pending FROM siwa.webhook_endpoint_overview WHERE id = $1", [.int(endpoint)]
-            ).first
-        else { return nil }
-        return try row[0, as: Int.self]
+        try connection.firstValue(
+            "SELECT pending FROM siwa.webhook_endpoint_overview WHERE id = $1", [.int(endpoint)], as: Int.self
+        )
     }
 
     // MARK: Signing keys
@@ -102,15 +99,12 @@ public struct WebhookAdministration {
     /// The signature scheme of the endpoint's current key (the newest live one without an end), or
     /// nil when it has none.
     public func currentScheme(endpoint: Int64) throws(PostgresError) -> SignatureScheme? {
-        guard
-            let row = try connection.query(
-                """
-                SELECT scheme FROM siwa.webhook_signing_keys
-                 WHERE endpoint_id = $1 AND live ORDER BY expires_at IS NULL DESC, id DESC LIMIT 1
-                """, [.int(endpoint)]
-            ).first
-        else { return nil }
-        return SignatureScheme(rawValue: try row[0, as: String.self])
+        try connection.firstValue(
+            """
+            SELECT scheme FROM siwa.webhook_signing_keys
+             WHERE endpoint_id = $1 AND live ORDER BY expires_at IS NULL DESC, id DESC LIMIT 1
+            """, [.int(endpoint)], as: String.self
+        ).flatMap(SignatureScheme.init(rawValue:))
     }
 
     /// A Standard Webhooks signature scheme as `siwa.webhook_signing_keys.scheme` names it.
@@ -126,10 +120,10 @@ public struct WebhookAdministration {
     public func rotateSecret(
         endpoint: Int64, secret: String, overlap: Double, publicKey: String?
     ) throws(PostgresError) -> Bool {
-        try connection.query(
+        try connection.value(
             "SELECT siwa.rotate_webhook_secret($1::bigint, $2, make_interval(secs => $3), $4)",
-            [.int(endpoint), .text(secret), .double(overlap), publicKey.map { .text($0) }]
-        )[0][0, as: Bool.self]
+            [.int(endpoint), .text(secret), .double(overlap), publicKey.map { .text($0) }], as: Bool.self
+        )
     }
 
     // MARK: Deliveries
@@ -150,22 +144,22 @@ public struct WebhookAdministration {
         delivery: Int64?, change: Int64?, endpoint: Int64?, since: Date?, until: Date?,
         choosing choice: ReplayChoice
     ) throws(PostgresError) -> Int {
-        try connection.query(
+        try connection.value(
             "SELECT siwa.replay_webhook_deliveries($1::bigint, $2::bigint, $3::bigint, $4::timestamptz, $5::timestamptz, $6)",
             [
                 delivery.map { .int($0) }, change.map { .int($0) }, endpoint.map { .int($0) },
                 since.map { .date($0) }, until.map { .date($0) }, .text(choice.rawValue),
-            ]
-        )[0][0, as: Int.self]
+            ], as: Int.self
+        )
     }
 
     /// Makes pending deliveries due now (`siwa.retry_webhook_deliveries`): one delivery, or every
     /// pending one of an endpoint. Returns how many.
     public func retry(delivery: Int64?, endpoint: Int64?) throws(PostgresError) -> Int {
-        try connection.query(
+        try connection.value(
             "SELECT siwa.retry_webhook_deliveries($1::bigint, $2::bigint)",
-            [delivery.map { .int($0) }, endpoint.map { .int($0) }]
-        )[0][0, as: Int.self]
+            [delivery.map { .int($0) }, endpoint.map { .int($0) }], as: Int.self
+        )
     }
 
     /// One delivery's state, or nil when there is no such delivery.
@@ -216,10 +210,10 @@ public struct WebhookAdministration {
     /// with pending deliveries only when `force` (they are deleted). Disable it first.
     public func remove(endpoint: Int64, force: Bool) throws(PostgresError) -> Removal {
         do {
-            let dropped = try connection.query(
+            let dropped = try connection.value(
                 "SELECT siwa.remove_webhook_endpoint($1::bigint, $2::boolean)",
-                [.int(endpoint), .bool(force)]
-            )[0][0, as: Int?.self]
+                [.int(endpoint), .bool(force)], as: Int?.self
+            )
             return dropped.map { .removed(deletedPending: $0) } ?? .notFound
         } catch  where error.sqlState == "55006" {
             return .keptWithPending
@@ -232,10 +226,10 @@ public struct WebhookAdministration {
     public func addTemporaryEndpoint(url: String, secret: String, types: [String]?, lifetime: Double)
         throws(PostgresError) -> Int
     {
-        try connection.query(
+        try connection.value(
             "SELECT siwa.add_temporary_webhook_endpoint($1, $2, $3::text[], make_interval(secs => $4))",
-            [.text(url), .text(secret), types.map(Self.textArray), .double(lifetime)]
-        )[0][0, as: Int.self]
+            [.text(url), .text(secret), types.map(Self.textArray), .double(lifetime)], as: Int.self
+        )
     }
 
     /// Extends a temporary endpoint's life to `lifetime` seconds from now.

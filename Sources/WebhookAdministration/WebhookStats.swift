@@ -25,8 +25,8 @@ extension WebhookAdministration {
     /// (before schema version 4).
     public func deliveryTotals() throws(PostgresError) -> DeliveryTotals? {
         guard
-            try connection.query("SELECT to_regclass('siwa.webhook_endpoint_overview') IS NOT NULL")[0][
-                0, as: Bool.self]
+            try connection.value(
+                "SELECT to_regclass('siwa.webhook_endpoint_overview') IS NOT NULL", as: Bool.self)
         else { return nil }
         return try connection.rows(DeliveryTotals.self).first
     }
@@ -73,8 +73,8 @@ extension WebhookAdministration {
     /// (before schema version 5).
     public func endpointStats() throws(PostgresError) -> [EndpointStats]? {
         guard
-            try connection.query(
-                "SELECT to_regprocedure('siwa.webhook_endpoint_gauges()') IS NOT NULL")[0][0, as: Bool.self]
+            try connection.value(
+                "SELECT to_regprocedure('siwa.webhook_endpoint_gauges()') IS NOT NULL", as: Bool.self)
         else { return nil }
         return try connection.rows(EndpointStats.self)
     }

@@ -320,13 +320,12 @@ final class Lane {
                 handled += try claimAndApply(connection, only: id, skipping: busySubs)
             } catch  where !error.isConnectionError {
                 let message = (error.sqlState.map { $0 + ": " } ?? "") + error.message
-                let outcome = try connection.query(
+                let outcome = try connection.firstValue(
                     Self.recordFailureSQL,
                     [
                         .int(id), .text(message), .int(Int64(configuration.maxAttempts)),
                         .double(configuration.retryBaseDelay.inSeconds),
-                    ]
-                ).first?[0, as: String.self]
+                    ], as: String.self)
                 let notification = ProcessedNotification(
                     id: id, jti: row.jti, eventType: row.eventType,
                     outcome: Worker.Outcome(outcome ?? "gone"),
@@ -401,7 +400,7 @@ final class Lane {
 
     /// How soon the next scheduled retry is due (nil: nothing pending).
     private func untilNextDue(_ connection: PostgresConnection) throws(PostgresError) -> Duration? {
-        try connection.query(Self.nextDueSQL).first?[0, as: Double?.self].map {
+        try connection.value(Self.nextDueSQL, as: Double?.self).map {
             .milliseconds(Int64((max($0, 0) * 1000).rounded(.up)))
         }
     }

@@ -55,10 +55,11 @@ enum ReplayVerb {
         let connection = try connect(parsed)
         defer { connection.close() }
         let count = try database("requeueing") {
-            try connection.query(
+            try connection.value(
                 "SELECT siwa.requeue($1::text, $2::text, $3::timestamptz)",
-                [jti.map(PostgresData.text), state.map(PostgresData.text), since.map(PostgresData.date)]
-            )[0][0, as: Int.self]
+                [jti.map(PostgresData.text), state.map(PostgresData.text), since.map(PostgresData.date)],
+                as: Int.self
+            )
         }
         writeStandardOutput("requeued \(count) notification\(count == 1 ? "" : "s")\n")
         if jti != nil && count == 0 {

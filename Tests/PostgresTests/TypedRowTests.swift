@@ -65,4 +65,25 @@ struct TypedRowTests {
         #expect(error?.sqlState == "42601")
         #expect(try connection.query("SELECT 1")[0][0, as: Int.self] == 1)
     }
+
+    @Test("value wants exactly one row of one column; firstValue, at most one column and maybe no row")
+    func singleValues() throws {
+        let connection = try freshConnection(applying: Self.table)
+        #expect(try connection.value("SELECT count(*) FROM tickets", as: Int.self) == 2)
+        #expect(try connection.value("SELECT owner FROM tickets WHERE id = 2", as: String?.self) == nil)
+        #expect(
+            postgresError { _ = try connection.value("SELECT id FROM tickets", as: Int.self) }?.code
+                == .decoding)
+        #expect(
+            postgresError {
+                _ = try connection.value("SELECT id, owner FROM tickets WHERE id = 1", as: Int.self)
+            }?.code == .decoding)
+        #expect(
+            try connection.firstValue("SELECT id FROM tickets WHERE id > $1::bigint", [.int(5)], as: Int.self)
+                == nil)
+        #expect(try connection.firstValue("SELECT id FROM tickets ORDER BY id DESC", as: Int.self) == 2)
+        #expect(
+            postgresError { _ = try connection.firstValue("SELECT id, owner FROM tickets", as: Int.self) }?
+                .code == .decoding)
+    }
 }
