@@ -72,7 +72,8 @@ let package = Package(
         // Never prints or reads the environment.
         .target(name: "WebhookAdministration", dependencies: ["Postgres"]),
         // Heartbeats in siwa.service_heartbeats and the database's health gauges on /metrics.
-        .target(name: "ServiceHealth", dependencies: ["Postgres", "ServiceSupport"]),
+        .target(
+            name: "ServiceHealth", dependencies: ["Postgres", "ServiceSupport", "WebhookAdministration"]),
         // Refresh tokens encrypted at rest (AES-256-GCM, rotating keys), for the sign-in API and the revoker.
         .target(name: "TokenVault", dependencies: ["COpenSSL", "ServiceSupport"]),
         // The internal sign-in API hosted by siwa-receiver: code exchange, id_token checks, revocation requests.

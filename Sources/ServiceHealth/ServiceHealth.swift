@@ -279,13 +279,12 @@ public final class ServiceHealth: Sendable {
             return try? connection.rows(RoleStanding.self).first
         }
         guard let standing, standing.superuser || standing.owner else { return }
-        let (user, superuser) = (standing.user, standing.superuser)
         let group = configuration.kind == .receiver ? "siwa_receiver" : "siwa_worker"
         logger.warning(
-            superuser
+            standing.superuser
                 ? "connected as a superuser: this process may do anything to every database of the server; log in as a member of \(group) instead"
                 : "connected as the owner of schema siwa: this process may change or drop any of its tables; log in as a member of \(group) instead",
-            ["role": .string(user), "group_role": .string(group)])
+            ["role": .string(standing.user), "group_role": .string(group)])
     }
 
     private static func open(_ connection: inout PostgresConnection?, _ configuration: Configuration) throws

@@ -2,6 +2,7 @@ import Foundation
 import Postgres
 import ServiceSupport
 import Synchronization
+import WebhookAdministration
 
 /// The webhook endpoints' gauges on siwa-worker's `/metrics`, read from the database
 /// (`siwa.webhook_endpoint_gauges()`).
@@ -37,26 +38,7 @@ public final class WebhookGauges: Sendable {
     }
 
     /// One endpoint's row of `siwa.webhook_endpoint_gauges()`.
-    public struct Endpoint: Sendable, Equatable {
-        /// `siwa.webhook_endpoints.id`.
-        public var id: Int
-        /// The URL's host and port (never its path, query or userinfo).
-        public var host: String
-        /// Whether it is enabled.
-        public var enabled: Bool
-        /// Deliveries pending.
-        public var pending: Int
-        /// Deliveries dead.
-        public var dead: Int
-        /// Age of its oldest pending delivery (0: none pending).
-        public var oldestPendingSeconds: Double
-        /// Attempts failed since the last delivered one.
-        public var consecutiveFailures: Int
-        /// Unix time of the current run's first failure (`nil`: not failing).
-        public var failingSince: Double?
-        /// Unix time until which it is backed off as a whole (`nil`: not backed off).
-        public var backoffUntil: Double?
-    }
+    public typealias Endpoint = WebhookAdministration.EndpointStats
 
     /// The configuration it runs with.
     public let configuration: Configuration
@@ -122,11 +104,11 @@ public final class WebhookGauges: Sendable {
         perEndpoint(
             "siwa_webhook_endpoint_failing_since_timestamp_seconds",
             "Unix time of the first failed attempt of this endpoint's current run of failures; 0 when its last attempt was delivered."
-        ) { $0.failingSince ?? 0 }
+        ) { $0.failingSince?.timeIntervalSince1970 ?? 0 }
         perEndpoint(
             "siwa_webhook_endpoint_backoff_until_timestamp_seconds",
             "Unix time until which this endpoint is backed off as a whole after consecutive failures (nothing is attempted before it); 0 when it is not."
-        ) { $0.backoffUntil ?? 0 }
+        ) { $0.backoffUntil?.timeIntervalSince1970 ?? 0 }
         perEndpoint(
             "siwa_webhook_endpoint_disabled",
             "1 when this endpoint is disabled (siwactl webhooks disable), else 0."
@@ -194,21 +176,6 @@ public final class WebhookGauges: Sendable {
             }
             connection = opened
         }
-        let rows = try connection!.query(
-            """
-            SELECT endpoint_id, coalesce(host, ''), enabled, pending, dead, oldest_pending_seconds,
-                   consecutive_failures, extract(epoch FROM failing_since)::float8,
-                   extract(epoch FROM backoff_until)::float8
-              FROM siwa.webhook_endpoint_gauges()
-            """)
-        return try rows.map { row in
-            Endpoint(
-                id: try row[0, as: Int.self], host: try row[1, as: String.self],
-                enabled: try row[2, as: Bool.self],
-                pending: try row[3, as: Int.self], dead: try row[4, as: Int.self],
-                oldestPendingSeconds: try row[5, as: Double.self],
-                consecutiveFailures: try row[6, as: Int.self],
-                failingSince: try row[7, as: Double?.self], backoffUntil: try row[8, as: Double?.self])
-        }
+        return try connection!.rows(Endpoint.self)
     }
 }

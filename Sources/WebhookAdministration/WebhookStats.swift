@@ -31,20 +31,22 @@ extension WebhookAdministration {
         return try connection.rows(DeliveryTotals.self).first
     }
 
-    /// One row of `siwa.webhook_endpoint_gauges()` for `siwactl stats`: the endpoint's id and URL host
-    /// (never its path, query or a secret), its deliveries pending and dead, the oldest pending one's
-    /// age, and its current run of failures.
+    /// One row of `siwa.webhook_endpoint_gauges()`, for `siwactl stats` and siwa-worker's `/metrics`: the
+    /// endpoint's id and URL host (never its path, query or a secret), its deliveries pending and dead,
+    /// the oldest pending one's age, its current run of failures and its backoff.
     public struct EndpointStats: PostgresRowDecodable, Equatable {
         public static let statement = """
             SELECT endpoint_id, coalesce(host, '') AS host, enabled, pending, dead, oldest_pending_seconds,
                    consecutive_failures, extract(epoch FROM failing_since)::float8 AS failing_since,
-                   extract(epoch FROM now() - failing_since)::float8 AS failing_for_seconds
+                   extract(epoch FROM now() - failing_since)::float8 AS failing_for_seconds,
+                   extract(epoch FROM backoff_until)::float8 AS backoff_until
               FROM siwa.webhook_endpoint_gauges()
             """
         public static let columns: PostgresColumns = """
             endpoint_id bigint, host text, enabled boolean, pending bigint, dead bigint, \
             oldest_pending_seconds double precision, consecutive_failures integer, \
-            failing_since double precision, failing_for_seconds double precision
+            failing_since double precision, failing_for_seconds double precision, \
+            backoff_until double precision
             """
         public var id: Int
         public var host: String
@@ -55,6 +57,8 @@ extension WebhookAdministration {
         public var consecutiveFailures: Int
         public var failingSince: Date?
         public var failingForSeconds: Double?
+        /// Until when it is backed off as a whole (`nil`: not backed off).
+        public var backoffUntil: Date?
 
         public init(row: PostgresRow) throws(PostgresError) {
             id = try row["endpoint_id"]
@@ -66,6 +70,7 @@ extension WebhookAdministration {
             consecutiveFailures = try row["consecutive_failures"]
             failingSince = try row["failing_since", as: Double?.self].map { Date(timeIntervalSince1970: $0) }
             failingForSeconds = try row["failing_for_seconds"]
+            backoffUntil = try row["backoff_until", as: Double?.self].map { Date(timeIntervalSince1970: $0) }
         }
     }
 
