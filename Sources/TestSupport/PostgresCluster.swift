@@ -169,8 +169,20 @@ public final class PostgresCluster: Sendable {
     // MARK: Databases
 
     /// A URL for `database` over the unix socket, e.g. `postgresql://postgres@/db?host=/tmp/…&port=…`.
-    public func url(database: String) -> String {
-        "postgresql://postgres@/\(database)?host=\(socketDirectory)&port=\(port)"
+    public func url(database: String, user: String = "postgres") -> String {
+        "postgresql://\(user)@/\(database)?host=\(socketDirectory)&port=\(port)"
+    }
+
+    /// Creates the login role `owner` (with `attributes`, e.g. `CREATEROLE`) and the database `database`
+    /// it owns, as the superuser; returns the owner's URL for it.
+    public func createDatabase(_ database: String, ownedBy owner: String, attributes: String = "") throws
+        -> String
+    {
+        let admin = try PostgresConnection(configuration: try configuration(database: "postgres"))
+        defer { admin.close() }
+        try admin.simpleQuery("CREATE ROLE \(owner) LOGIN \(attributes)")
+        try admin.simpleQuery("CREATE DATABASE \(database) OWNER \(owner)")
+        return url(database: database, user: owner)
     }
 
     /// A URL for `database` over TCP on 127.0.0.1 (a cluster started with `tcp: true`).

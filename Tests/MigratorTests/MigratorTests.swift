@@ -91,13 +91,8 @@ struct MigratorTests {
         // A cluster of its own: the shared one already has the group roles.
         let cluster = try PostgresCluster.start()
         defer { cluster.destroy() }
-        let admin = try PostgresConnection(configuration: try cluster.configuration(database: "postgres"))
-        defer { admin.close() }
-        try admin.simpleQuery("CREATE ROLE siwa_owner LOGIN")
-        try admin.simpleQuery("CREATE DATABASE siwa OWNER siwa_owner")
         let owner = try PostgresConnection(
-            configuration: PostgresConfiguration(
-                "postgresql://siwa_owner@/siwa?host=\(cluster.socketDirectory)&port=\(cluster.port)"))
+            configuration: PostgresConfiguration(try cluster.createDatabase("siwa", ownedBy: "siwa_owner")))
         defer { owner.close() }
 
         let report = try Migrator.migrate(owner, lockTimeout: 5)

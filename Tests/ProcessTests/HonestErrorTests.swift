@@ -17,9 +17,7 @@ struct HonestErrorTests {
         defer { cluster.destroy() }
         let admin = try PostgresConnection(configuration: try cluster.configuration(database: "postgres"))
         defer { admin.close() }
-        try admin.simpleQuery("CREATE ROLE siwa_owner LOGIN")
-        try admin.simpleQuery("CREATE DATABASE siwa OWNER siwa_owner")
-        let url = "postgresql://siwa_owner@/siwa?host=\(cluster.socketDirectory)&port=\(cluster.port)"
+        let url = try cluster.createDatabase("siwa", ownedBy: "siwa_owner")
 
         let result = try siwactl(["migrate", "--database-url", url])
         #expect(result.status == 1, "\(result.standardOutput)\(result.standardError)")
@@ -55,13 +53,8 @@ struct HonestErrorTests {
         // From PostgreSQL 16 on, granting a role needs ADMIN OPTION on it, which its creator holds.
         let cluster = try PostgresCluster.start()
         defer { cluster.destroy() }
-        let admin = try PostgresConnection(configuration: try cluster.configuration(database: "postgres"))
-        defer { admin.close() }
-        try admin.simpleQuery("CREATE ROLE siwa_owner LOGIN CREATEROLE")
-        try admin.simpleQuery("CREATE DATABASE siwa OWNER siwa_owner")
-        let url = { (user: String) in
-            "postgresql://\(user)@/siwa?host=\(cluster.socketDirectory)&port=\(cluster.port)"
-        }
+        _ = try cluster.createDatabase("siwa", ownedBy: "siwa_owner", attributes: "CREATEROLE")
+        let url = { (user: String) in cluster.url(database: "siwa", user: user) }
         let migrated = try siwactl(["migrate", "--database-url", url("siwa_owner")])
         #expect(migrated.status == 0, "\(migrated.standardOutput)\(migrated.standardError)")
         #expect(!migrated.standardError.contains("WARNING"), "\(migrated.standardError)")
