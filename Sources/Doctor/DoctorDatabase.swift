@@ -10,28 +10,8 @@ import SiwaSchema
 /// `siwa_admin`. Rows are not trusted: a heartbeat dated in the future or at infinity (which a database
 /// without version 5's constraints may hold) is reported and left out, never counted as alive.
 extension Doctor {
-    /// One running process as its heartbeat says.
-    struct Heartbeat {
-        var kind: String
-        var host: String
-        var pid: Int
-        var audiences: [String]
-        var age: Double
-        /// `version` as recorded (`schema N`), the product version and the commit (nil for a process
-        /// built before schema version 5).
-        var schema: String
-        var productVersion: String?
-        var commit: String?
-        var name: String { "\(host) pid \(pid)" }
-        /// What it runs, e.g. `5.0.0 (commit 0123456789ab, schema 5)`.
-        var running: String {
-            guard let productVersion else { return "built before 5.0.0 (\(schema))" }
-            return "\(productVersion) (commit \(commit ?? "unknown"), \(schema))"
-        }
-    }
-
-    /// One row of `siwa.service_heartbeats`, its age in seconds (nil at infinity).
-    struct HeartbeatRow: PostgresRowDecodable {
+    /// One running process as its heartbeat (a row of `siwa.service_heartbeats`) says.
+    struct Heartbeat: PostgresRowDecodable {
         static let statement = """
             SELECT kind, host, pid, array_to_json(audiences)::text AS audiences,
                    CASE WHEN isfinite(last_seen) THEN extract(epoch FROM now() - last_seen)::float8 END AS age,
@@ -47,10 +27,19 @@ extension Doctor {
         var host: String
         var pid: Int
         var audiences: [String]
-        var age: Double?
+        /// Seconds since it was last seen; −∞ for a heartbeat dated at infinity (never counted as alive).
+        var age: Double
+        /// `version` as recorded (`schema N`), the product version and the commit (nil for a process
+        /// built before schema version 5).
         var schema: String
         var productVersion: String?
         var commit: String?
+        var name: String { "\(host) pid \(pid)" }
+        /// What it runs, e.g. `5.0.0 (commit 0123456789ab, schema 5)`.
+        var running: String {
+            guard let productVersion else { return "built before 5.0.0 (\(schema))" }
+            return "\(productVersion) (commit \(commit ?? "unknown"), \(schema))"
+        }
 
         init(row: PostgresRow) throws(PostgresError) {
             kind = try row[0, as: String.self]
@@ -58,7 +47,7 @@ extension Doctor {
             pid = try row[2, as: Int.self]
             let json = try row[3, as: String.self]
             audiences = (try? JSONSerialization.jsonObject(with: Data(json.utf8))) as? [String] ?? []
-            age = try row[4, as: Double?.self]
+            age = try row[4, as: Double?.self] ?? -.infinity
             schema = try row[5, as: String.self]
             productVersion = try row[6, as: String?.self]
             commit = try row[7, as: String?.self]
@@ -127,14 +116,14 @@ extension Doctor {
         var implausible: [String] = []
         var inUse: [String: [String]] = [:]  // client ID → where it is used
         do {
-            heartbeats = try connection.rows(HeartbeatRow.self).compactMap { row in
-                guard let age = row.age, age >= -Self.heartbeatSkew else {
-                    implausible.append("\(row.kind) \(row.host) pid \(row.pid)")
+            heartbeats = try connection.rows(Heartbeat.self).compactMap { heartbeat in
+                guard heartbeat.age >= -Self.heartbeatSkew else {
+                    implausible.append("\(heartbeat.kind) \(heartbeat.name)")
                     return nil
                 }
-                return Heartbeat(
-                    kind: row.kind, host: row.host, pid: row.pid, audiences: row.audiences, age: max(age, 0),
-                    schema: row.schema, productVersion: row.productVersion, commit: row.commit)
+                var seen = heartbeat
+                seen.age = max(heartbeat.age, 0)
+                return seen
             }
             for use in try connection.rows(ClientIDUse.self, [.int(Int64(Self.audienceWindowDays))]) {
                 inUse[use.clientID, default: []].append(use.source)
@@ -184,8 +173,7 @@ extension Doctor {
     /// When the database last stored and applied a notification (`siwa.health_gauges`); nothing when it
     /// cannot say.
     static func activity(_ connection: PostgresConnection) -> Activity {
-        guard let row = try? connection.rows(Activity.self).first else { return Activity() }
-        return row
+        (try? connection.rows(Activity.self).first) ?? Activity()
     }
 
     private mutating func checkWorkers(

@@ -1,7 +1,7 @@
 /// A typed row of one statement's result: the statement, the columns it returns and the decoding, side by
 /// side, so that the SQL↔Swift boundary is one type per result and not positions scattered over callers.
 ///
-/// `TypedRowTests` describes every conforming type's `statement` on a freshly migrated database and
+/// `TypedRowCatalogTests` describes every conforming type's `statement` on a freshly migrated database and
 /// compares the columns, names and types, with ``columns``; ``PostgresRows/decode(_:)`` checks the names
 /// of each result it decodes, so a binary run against a schema whose result changed fails with the cause.
 public protocol PostgresRowDecodable: Sendable {

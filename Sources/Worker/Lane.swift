@@ -313,9 +313,9 @@ final class Lane {
     {
         let due = try connection.rows(DueNotification.self, [.int(Int64(configuration.batchSize))])
         var handled: [ProcessedNotification] = []
-        for row in due {
+        for candidate in due {
             if worker.isStopping { break }
-            let id = row.id
+            let id = candidate.id
             do {
                 handled += try claimAndApply(connection, only: id, skipping: busySubs)
             } catch  where !error.isConnectionError {
@@ -327,9 +327,9 @@ final class Lane {
                         .double(configuration.retryBaseDelay.inSeconds),
                     ], as: String.self)
                 let notification = ProcessedNotification(
-                    id: id, jti: row.jti, eventType: row.eventType,
+                    id: id, jti: candidate.jti, eventType: candidate.eventType,
                     outcome: Worker.Outcome(outcome ?? "gone"),
-                    error: message, attempt: row.attempts + 1)
+                    error: message, attempt: candidate.attempts + 1)
                 report(notification)
                 handled.append(notification)
             }

@@ -11,7 +11,7 @@ import Testing
 
 /// Every typed row the modules read, each checked against the schema here.
 private let rowTypes: [any PostgresRowDecodable.Type] = [
-    Doctor.HeartbeatRow.self, Doctor.Activity.self, Doctor.ClientIDUse.self,
+    Doctor.Heartbeat.self, Doctor.Activity.self, Doctor.ClientIDUse.self,
     ServiceHealth.Snapshot.self, RoleStanding.self, QueueHealth.self,
     WebhookAdministration.Endpoint.self, WebhookAdministration.Delivery.self,
     WebhookAdministration.DeliveryTotals.self, WebhookAdministration.EndpointStats.self,
