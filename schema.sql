@@ -2103,47 +2103,8 @@ COMMENT ON FUNCTION siwa.apply_claimed_batch(siwa.notifications[]) IS
 -- schema/37-fallback.sql: The fallback on batches of one (siwa.process_claimed_notifications), failures and the retry schedule (siwa.retry_delay)
 -- ===================================================================================================
 
--- Applies claimed notifications (rows the caller holds with FOR UPDATE, in claim order; their raw_token
--- NULL: the pass never reads it, and a batch of 64 tokens would be copied with every unnest) and
--- returns one siwa.processing_result per notification, in claim order; the worker's two entry points below claim
--- and call it. All in the caller's transaction: the claim disappears with a crashed worker's connection,
--- and effects commit together with the state change that marks them applied. The user's siwa.accounts
--- row lock (tried, never waited for) keeps two events of one user from being applied concurrently by
--- two workers; such rows are reported busy and put off briefly.
---
--- A sub that a team transfer replaced is applied to the account it became (siwa.current_sub): resolved
--- here, once, for the pass and its fallback. An email event for a replaced sub carries the old team's
--- relay address, which no longer forwards: its status is applied, its address is not (the pass, the
--- change row and the hook get no email; the history keeps what Apple sent).
---
--- First the set-based pass (siwa.apply_claimed_batch) on the whole batch, in one subtransaction. If it
--- raises (an event whose hook raises, a lock wait past lock_timeout, anything), it is rolled back and the
--- fallback runs the same pass on each notification alone, a batch of one, in its own subtransaction (as
--- River's inline completer turns one job into a batch of one): a failure affects only its own
--- notification, recorded by siwa.record_failure (retry with backoff, or dead). A batch of one goes to
--- that form at once. Before the pass, the fallback creates a missing account itself
--- (siwa.create_accounts), so that a wait for a concurrent insert of the same sub (55P03 after 1 ms, or
--- a deadlock) tells that the user is busy, while a lock wait in the effects (e.g. an app transaction
--- holding a session row, past the caller's lock_timeout) is a failure like any other.
---
--- Last, siwa.number_changes inserts the changes the passes wrote, numbered (under the
--- siwa.changes_counter row lock, held until the caller commits: call this in a transaction of its own,
--- as the worker does, and commit right away).
---
--- Errors no EXCEPTION block catches (query_canceled from statement_timeout, assert_failure) abort the
--- caller's transaction; the worker then handles the batch's notifications one per transaction
--- (siwa.process_notification) and records a failure with siwa.record_failure in a transaction of its
--- own.
---
--- At most 64 notifications per call (the entry points claim no more). In the fallback each
--- notification's subtransaction writes (it locks its user's account row, at least), so it gets a
--- subtransaction XID, and these stay with the transaction until it ends (only a rolled-back one gives
--- its XID back, as the failed pass on the whole batch does). PostgreSQL keeps 64 of them per
--- transaction in shared memory (PGPROC_MAX_CACHED_SUBXIDS); beyond that the transaction's cache
--- overflows, and every snapshot any session takes while it is open must look subtransactions up in
--- pg_subtrans, which slows the whole server down. The pass on the whole batch uses one. A hook
--- (siwa.on_event) with BEGIN … EXCEPTION blocks of its own that write uses one more per block entered:
--- the worker's --batch-size must then be lower (docs/operations.md).
+-- Why one subtransaction per batch, batches of one after a failure, at most 64 per call: docs/architecture.md,
+-- "One statement per effect, one subtransaction per batch". p_batch's raw_token is NULL: never read.
 CREATE OR REPLACE FUNCTION siwa.process_claimed_notifications(
     p_batch siwa.notifications[], p_max_attempts integer, p_retry_base_delay interval)
 RETURNS SETOF siwa.processing_result
@@ -2165,11 +2126,8 @@ BEGIN
     IF coalesce(cardinality(p_batch), 0) = 0 THEN
         RETURN;
     END IF;
-    -- Aliases exist only once a team transfer ran: without any, every sub is its own current sub and
-    -- the batch is applied as claimed (one probe of an empty table instead of one siwa.current_sub per
-    -- row). Either way the answer is as of this statement's snapshot, as the resolution itself would be:
-    -- a transfer that commits after it is caught by the account lock (siwa.refuse_replaced_sub, 40001:
-    -- the attempt is retried and its next claim resolves the alias), as it always was.
+    -- Without aliases (no team transfer ran) every sub is its own; a transfer committing after this
+    -- probe is caught by the account lock (siwa.refuse_replaced_sub, 40001, retried), as always.
     IF EXISTS (SELECT 1 FROM siwa.sub_aliases) THEN
         v_batch := ARRAY(
             SELECT ROW(b.id, b.jti, b.event_type, c.sub, b.audience,
@@ -2227,9 +2185,18 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.process_claimed_notifications(siwa.notifications[], integer, interval) IS
-    'Applies notifications the caller has claimed (FOR UPDATE, in claim order; subs resolved through siwa.sub_aliases) with the set-based pass (siwa.apply_claimed_batch) in one subtransaction; if that fails, runs the pass on each alone in its own subtransaction and records the failure of one that fails (siwa.record_failure), or reports it busy. Inserts the changes numbered last (siwa.number_changes). One row per notification.';
+    'Applies notifications the caller has claimed (FOR UPDATE, in claim order), in the caller''s transaction: a replaced sub is applied to the account it became (siwa.current_sub; an email event of a replaced sub without its old team''s address), then the set-based pass (siwa.apply_claimed_batch) in one subtransaction; if that fails, the pass on each alone in its own subtransaction, after creating its account (so that a wait for a concurrent insert reads as busy), recording the failure of one that fails (siwa.record_failure). Inserts the changes numbered last (siwa.number_changes, whose counter lock is held to commit: commit at once). Errors no EXCEPTION block catches abort the caller''s transaction. One siwa.processing_result per notification, in claim order.';
 
--- Records a failed attempt: back off exponentially with jitter, or give up (dead) after p_max_attempts.
+CREATE OR REPLACE FUNCTION siwa.retry_delay(p_attempt integer, p_base interval, p_cap interval)
+RETURNS interval
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT make_interval(secs => least(date_part('epoch', p_cap),
+                                       date_part('epoch', p_base) * 2 ^ least(greatest(p_attempt, 1) - 1, 80))
+                                 * (0.5 + random() / 2))
+$$;
+COMMENT ON FUNCTION siwa.retry_delay(integer, interval, interval) IS
+    'The one retry schedule: base doubled per attempt, at most cap, times a jitter in [1/2, 1). Exactly, in seconds (date_part(''epoch'', …) of base and cap): least(cap, base × 2^(least(greatest(attempt, 1) − 1, 80))) × (0.5 + random() / 2), as an interval (make_interval(secs => …)); the exponent stops at 80 (any cap is reached by then), so no attempt overflows. Used by siwa.record_failure (cap 1 hour) and siwa.record_webhook_attempt (an endpoint''s backoff); Swift''s RetrySchedule computes the same.';
+
 CREATE OR REPLACE FUNCTION siwa.record_failure(
     p_id bigint, p_error text, p_max_attempts integer, p_retry_base_delay interval)
 RETURNS text
@@ -2255,10 +2222,8 @@ BEGIN
     END IF;
     v_sub := siwa.current_sub(
         (SELECT l.sub FROM siwa.notification_log l WHERE l.jti = v_jti AND l.issued_at = v_issued_at));
-    -- A late event of an account whose personal data is already erased (its current sub's: a sub a team
-    -- transfer replaced is the account it became): its attempt (which would have erased this row's data)
-    -- was rolled back, so erase it here, outside that attempt, whatever follows. A consent-revoked or
-    -- account-delete without an address that is retried keeps its token: the next attempt verifies it.
+    -- The rolled-back attempt of a late event of an erased account would have erased this row: erase it
+    -- here; a retried consent-revoked or account-delete without an address keeps its token to verify.
     IF EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = v_sub AND a.personal_data_erased_at IS NOT NULL) THEN
         v_error := siwa.erased_error(v_error, 'pending');
         UPDATE siwa.notification_queue SET last_error = v_error WHERE id = p_id;
@@ -2280,18 +2245,15 @@ BEGIN
          WHERE jti = v_jti AND issued_at = v_issued_at;
         RETURN 'dead';
     ELSE
-        -- base × 2^(attempts−1), capped at one hour, times a random factor in [0.5, 1).
         UPDATE siwa.notification_queue
-           SET next_attempt_at = clock_timestamp()
-                                 + least(p_retry_base_delay * power(2, least(v_attempts - 1, 30)),
-                                         interval '1 hour') * (0.5 + random() / 2)
+           SET next_attempt_at = clock_timestamp() + siwa.retry_delay(v_attempts, p_retry_base_delay, interval '1 hour')
          WHERE id = p_id;
         RETURN 'retry';
     END IF;
 END;
 $$;
 COMMENT ON FUNCTION siwa.record_failure(bigint, text, integer, interval) IS
-    'Records a failed attempt at one pending notification: stores the error redacted (siwa.redact_error), clears busy_since, erases the row''s personal data if its account''s is erased, and schedules a retry with exponential backoff (base × 2^(attempt−1), at most 1 hour) and jitter, or marks it dead after p_max_attempts. Returns retry, dead, or gone (not pending).';
+    'Records a failed attempt at one pending notification: stores the error redacted (siwa.redact_error), clears busy_since, erases the row''s personal data if its account''s is erased, and schedules a retry (siwa.retry_delay: base p_retry_base_delay, cap 1 hour), or marks it dead after p_max_attempts. Returns retry, dead, or gone (not pending).';
 
 -- ===================================================================================================
 -- schema/40-erasure.sql: Erasure of a user's personal data: at the deletion and delayed (siwa.settings.erase_personal_data_after)
@@ -4205,8 +4167,8 @@ COMMENT ON FUNCTION siwa.history_of(text) IS
 -- the endpoint's live leases, and takes a delivery only while the endpoint has fewer than
 --  - max_in_flight across every worker, or 1 while it is failing (its last attempt failed: one probe at
 --    a time), and
---  - max(1, min(lanes - 1, ceil(lanes / E))) of the claiming process's own lanes, E the endpoints with
---    due work: an endpoint that hangs leaves at least one lane to the others.
+--  - its share of the claiming process's own lanes (the rule: docs/webhooks.md, "Isolation"; computed
+--    once, in siwa.claim_webhook_delivery): an endpoint that hangs leaves at least one lane to the others.
 -- After 3 consecutive failed attempts an endpoint is backed off as a whole (backoff_until, growing with
 -- each further failure, at most the worker's longest retry delay): its deliveries are not claimed
 -- before then, and the first after it probes the endpoint for every user; a 2xx ends the run. Claims
@@ -4676,15 +4638,16 @@ BEGIN
     IF p_owner IS NULL OR p_lease IS NULL OR p_lease <= interval '0' OR p_lanes IS NULL OR p_lanes < 1 THEN
         RAISE EXCEPTION 'a claim needs an owner, a positive lease and at least one lane' USING ERRCODE = '22023';
     END IF;
-    -- The endpoints with due work (E), and of them those under their caps as read without a lock,
-    -- least recently claimed first. A process's share of its lanes: never all of them (one is left
-    -- to the others), and with E endpoints due about 1/E each.
-    SELECT pg_catalog.count(*)::integer,
+    -- The endpoints with due work (E), the process's share of its lanes (the one place it is computed:
+    -- never all of them, about 1/E each), and the endpoints under their caps as read without a lock,
+    -- least recently claimed first.
+    SELECT pg_catalog.count(*)::integer, pg_catalog.min(c.share),
            pg_catalog.array_agg(c.id ORDER BY c.last_claimed_at NULLS FIRST, c.id)
-               FILTER (WHERE c.in_flight < c.cap
-                         AND c.mine < greatest(1, least(p_lanes - 1, ceil(p_lanes::numeric / c.due)::integer)))
-      INTO v_endpoints, v_candidates
-      FROM (SELECT e.id, e.last_claimed_at, l.in_flight, l.mine, pg_catalog.count(*) OVER () AS due,
+               FILTER (WHERE c.in_flight < c.cap AND c.mine < c.share)
+      INTO v_endpoints, v_share, v_candidates
+      FROM (SELECT e.id, e.last_claimed_at, l.in_flight, l.mine,
+                   greatest(1, least(p_lanes - 1, ceil(p_lanes::numeric / pg_catalog.count(*) OVER ())::integer))
+                       AS share,
                    -- a failing endpoint gets one attempt at a time (a probe), across every worker
                    CASE WHEN e.consecutive_failures > 0 THEN 1 ELSE e.max_in_flight END AS cap
               FROM siwa.webhook_endpoints e
@@ -4709,7 +4672,6 @@ BEGIN
     IF v_endpoints = 0 THEN
         RETURN;
     END IF;
-    v_share := greatest(1, least(p_lanes - 1, ceil(p_lanes::numeric / v_endpoints)::integer));
     -- Each candidate's row is locked (FOR NO KEY UPDATE) and its leases counted again under the lock.
     -- First pass: rows no other claim holds (SKIP LOCKED); second pass: one of those, waited for, and
     -- only while this claim holds no other endpoint's row (two claims never wait for each other).
@@ -4808,7 +4770,7 @@ COMMENT ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timest
 -- as the claim counted it (an attempt whose lane died leaves no row: its number is skipped), the delivery's new state
 -- (p_outcome: delivered, retry after p_retry_in seconds, or dead), the lease released, the endpoint's
 -- run of failures (a 2xx ends it; from the 3rd consecutive failure on, the endpoint is backed off as a
--- whole for p_backoff_base × 2^(failures − 3) seconds, at most p_backoff_max, times a jitter in [0.5, 1])
+-- whole for siwa.retry_delay(failures − 2, p_backoff_base seconds, p_backoff_max seconds))
 -- and — when the delivery ended — `ready` passed on to the next pending delivery of its endpoint and
 -- sub. False, with nothing written, when the lease is no longer the caller's (it expired and another
 -- lane took the delivery over). Locks the delivery, then the next head: the order in which the fan-out
@@ -4859,11 +4821,10 @@ BEGIN
                failing_since = coalesce(e.failing_since, p_started),
                last_failure_at = greatest(e.last_failure_at, p_started),
                backoff_until = CASE WHEN e.consecutive_failures + 1 >= 3
-                                    THEN pg_catalog.clock_timestamp() + pg_catalog.make_interval(
-                                        secs => least(coalesce(p_backoff_max, 3600),
-                                                      coalesce(p_backoff_base, 5)
-                                                      * 2 ^ least(e.consecutive_failures + 1 - 3, 40))
-                                                 * (0.5 + pg_catalog.random() / 2))
+                                    THEN pg_catalog.clock_timestamp() + siwa.retry_delay(
+                                        e.consecutive_failures + 1 - 2,
+                                        pg_catalog.make_interval(secs => coalesce(p_backoff_base, 5)),
+                                        pg_catalog.make_interval(secs => coalesce(p_backoff_max, 3600)))
                                     ELSE e.backoff_until END
          WHERE e.id = v_delivery.endpoint_id;
         -- ==== auto-disable ====
@@ -5538,6 +5499,7 @@ BEGIN
              WHERE p.pronamespace = 'siwa'::regnamespace
                AND p.proname IN ('process_due_notifications', 'process_notification',
                                  'process_claimed_notifications', 'create_accounts', 'put_off_busy', 'record_failure',
+                                 'retry_delay',
                                  'prune', 'erase_due_personal_data', 'erase_personal_data', 'on_event',
                                  'redact_error', 'erased_error', 'create_log_partitions',
                                  'drop_log_partitions', 'apply_claimed_batch', 'erase_personal_data_of',

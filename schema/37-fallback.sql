@@ -1,46 +1,7 @@
 -- The fallback on batches of one (siwa.process_claimed_notifications), failures and the retry schedule (siwa.retry_delay)
 
--- Applies claimed notifications (rows the caller holds with FOR UPDATE, in claim order; their raw_token
--- NULL: the pass never reads it, and a batch of 64 tokens would be copied with every unnest) and
--- returns one siwa.processing_result per notification, in claim order; the worker's two entry points below claim
--- and call it. All in the caller's transaction: the claim disappears with a crashed worker's connection,
--- and effects commit together with the state change that marks them applied. The user's siwa.accounts
--- row lock (tried, never waited for) keeps two events of one user from being applied concurrently by
--- two workers; such rows are reported busy and put off briefly.
---
--- A sub that a team transfer replaced is applied to the account it became (siwa.current_sub): resolved
--- here, once, for the pass and its fallback. An email event for a replaced sub carries the old team's
--- relay address, which no longer forwards: its status is applied, its address is not (the pass, the
--- change row and the hook get no email; the history keeps what Apple sent).
---
--- First the set-based pass (siwa.apply_claimed_batch) on the whole batch, in one subtransaction. If it
--- raises (an event whose hook raises, a lock wait past lock_timeout, anything), it is rolled back and the
--- fallback runs the same pass on each notification alone, a batch of one, in its own subtransaction (as
--- River's inline completer turns one job into a batch of one): a failure affects only its own
--- notification, recorded by siwa.record_failure (retry with backoff, or dead). A batch of one goes to
--- that form at once. Before the pass, the fallback creates a missing account itself
--- (siwa.create_accounts), so that a wait for a concurrent insert of the same sub (55P03 after 1 ms, or
--- a deadlock) tells that the user is busy, while a lock wait in the effects (e.g. an app transaction
--- holding a session row, past the caller's lock_timeout) is a failure like any other.
---
--- Last, siwa.number_changes inserts the changes the passes wrote, numbered (under the
--- siwa.changes_counter row lock, held until the caller commits: call this in a transaction of its own,
--- as the worker does, and commit right away).
---
--- Errors no EXCEPTION block catches (query_canceled from statement_timeout, assert_failure) abort the
--- caller's transaction; the worker then handles the batch's notifications one per transaction
--- (siwa.process_notification) and records a failure with siwa.record_failure in a transaction of its
--- own.
---
--- At most 64 notifications per call (the entry points claim no more). In the fallback each
--- notification's subtransaction writes (it locks its user's account row, at least), so it gets a
--- subtransaction XID, and these stay with the transaction until it ends (only a rolled-back one gives
--- its XID back, as the failed pass on the whole batch does). PostgreSQL keeps 64 of them per
--- transaction in shared memory (PGPROC_MAX_CACHED_SUBXIDS); beyond that the transaction's cache
--- overflows, and every snapshot any session takes while it is open must look subtransactions up in
--- pg_subtrans, which slows the whole server down. The pass on the whole batch uses one. A hook
--- (siwa.on_event) with BEGIN … EXCEPTION blocks of its own that write uses one more per block entered:
--- the worker's --batch-size must then be lower (docs/operations.md).
+-- Why one subtransaction per batch, batches of one after a failure, at most 64 per call: docs/architecture.md,
+-- "One statement per effect, one subtransaction per batch". p_batch's raw_token is NULL: never read.
 CREATE OR REPLACE FUNCTION siwa.process_claimed_notifications(
     p_batch siwa.notifications[], p_max_attempts integer, p_retry_base_delay interval)
 RETURNS SETOF siwa.processing_result
@@ -62,11 +23,8 @@ BEGIN
     IF coalesce(cardinality(p_batch), 0) = 0 THEN
         RETURN;
     END IF;
-    -- Aliases exist only once a team transfer ran: without any, every sub is its own current sub and
-    -- the batch is applied as claimed (one probe of an empty table instead of one siwa.current_sub per
-    -- row). Either way the answer is as of this statement's snapshot, as the resolution itself would be:
-    -- a transfer that commits after it is caught by the account lock (siwa.refuse_replaced_sub, 40001:
-    -- the attempt is retried and its next claim resolves the alias), as it always was.
+    -- Without aliases (no team transfer ran) every sub is its own; a transfer committing after this
+    -- probe is caught by the account lock (siwa.refuse_replaced_sub, 40001, retried), as always.
     IF EXISTS (SELECT 1 FROM siwa.sub_aliases) THEN
         v_batch := ARRAY(
             SELECT ROW(b.id, b.jti, b.event_type, c.sub, b.audience,
@@ -124,9 +82,18 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.process_claimed_notifications(siwa.notifications[], integer, interval) IS
-    'Applies notifications the caller has claimed (FOR UPDATE, in claim order; subs resolved through siwa.sub_aliases) with the set-based pass (siwa.apply_claimed_batch) in one subtransaction; if that fails, runs the pass on each alone in its own subtransaction and records the failure of one that fails (siwa.record_failure), or reports it busy. Inserts the changes numbered last (siwa.number_changes). One row per notification.';
+    'Applies notifications the caller has claimed (FOR UPDATE, in claim order), in the caller''s transaction: a replaced sub is applied to the account it became (siwa.current_sub; an email event of a replaced sub without its old team''s address), then the set-based pass (siwa.apply_claimed_batch) in one subtransaction; if that fails, the pass on each alone in its own subtransaction, after creating its account (so that a wait for a concurrent insert reads as busy), recording the failure of one that fails (siwa.record_failure). Inserts the changes numbered last (siwa.number_changes, whose counter lock is held to commit: commit at once). Errors no EXCEPTION block catches abort the caller''s transaction. One siwa.processing_result per notification, in claim order.';
 
--- Records a failed attempt: back off exponentially with jitter, or give up (dead) after p_max_attempts.
+CREATE OR REPLACE FUNCTION siwa.retry_delay(p_attempt integer, p_base interval, p_cap interval)
+RETURNS interval
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT make_interval(secs => least(date_part('epoch', p_cap),
+                                       date_part('epoch', p_base) * 2 ^ least(greatest(p_attempt, 1) - 1, 80))
+                                 * (0.5 + random() / 2))
+$$;
+COMMENT ON FUNCTION siwa.retry_delay(integer, interval, interval) IS
+    'The one retry schedule: base doubled per attempt, at most cap, times a jitter in [1/2, 1). Exactly, in seconds (date_part(''epoch'', …) of base and cap): least(cap, base × 2^(least(greatest(attempt, 1) − 1, 80))) × (0.5 + random() / 2), as an interval (make_interval(secs => …)); the exponent stops at 80 (any cap is reached by then), so no attempt overflows. Used by siwa.record_failure (cap 1 hour) and siwa.record_webhook_attempt (an endpoint''s backoff); Swift''s RetrySchedule computes the same.';
+
 CREATE OR REPLACE FUNCTION siwa.record_failure(
     p_id bigint, p_error text, p_max_attempts integer, p_retry_base_delay interval)
 RETURNS text
@@ -152,10 +119,8 @@ BEGIN
     END IF;
     v_sub := siwa.current_sub(
         (SELECT l.sub FROM siwa.notification_log l WHERE l.jti = v_jti AND l.issued_at = v_issued_at));
-    -- A late event of an account whose personal data is already erased (its current sub's: a sub a team
-    -- transfer replaced is the account it became): its attempt (which would have erased this row's data)
-    -- was rolled back, so erase it here, outside that attempt, whatever follows. A consent-revoked or
-    -- account-delete without an address that is retried keeps its token: the next attempt verifies it.
+    -- The rolled-back attempt of a late event of an erased account would have erased this row: erase it
+    -- here; a retried consent-revoked or account-delete without an address keeps its token to verify.
     IF EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = v_sub AND a.personal_data_erased_at IS NOT NULL) THEN
         v_error := siwa.erased_error(v_error, 'pending');
         UPDATE siwa.notification_queue SET last_error = v_error WHERE id = p_id;
@@ -177,15 +142,12 @@ BEGIN
          WHERE jti = v_jti AND issued_at = v_issued_at;
         RETURN 'dead';
     ELSE
-        -- base × 2^(attempts−1), capped at one hour, times a random factor in [0.5, 1).
         UPDATE siwa.notification_queue
-           SET next_attempt_at = clock_timestamp()
-                                 + least(p_retry_base_delay * power(2, least(v_attempts - 1, 30)),
-                                         interval '1 hour') * (0.5 + random() / 2)
+           SET next_attempt_at = clock_timestamp() + siwa.retry_delay(v_attempts, p_retry_base_delay, interval '1 hour')
          WHERE id = p_id;
         RETURN 'retry';
     END IF;
 END;
 $$;
 COMMENT ON FUNCTION siwa.record_failure(bigint, text, integer, interval) IS
-    'Records a failed attempt at one pending notification: stores the error redacted (siwa.redact_error), clears busy_since, erases the row''s personal data if its account''s is erased, and schedules a retry with exponential backoff (base × 2^(attempt−1), at most 1 hour) and jitter, or marks it dead after p_max_attempts. Returns retry, dead, or gone (not pending).';
+    'Records a failed attempt at one pending notification: stores the error redacted (siwa.redact_error), clears busy_since, erases the row''s personal data if its account''s is erased, and schedules a retry (siwa.retry_delay: base p_retry_base_delay, cap 1 hour), or marks it dead after p_max_attempts. Returns retry, dead, or gone (not pending).';

@@ -33,8 +33,8 @@
 -- the endpoint's live leases, and takes a delivery only while the endpoint has fewer than
 --  - max_in_flight across every worker, or 1 while it is failing (its last attempt failed: one probe at
 --    a time), and
---  - max(1, min(lanes - 1, ceil(lanes / E))) of the claiming process's own lanes, E the endpoints with
---    due work: an endpoint that hangs leaves at least one lane to the others.
+--  - its share of the claiming process's own lanes (the rule: docs/webhooks.md, "Isolation"; computed
+--    once, in siwa.claim_webhook_delivery): an endpoint that hangs leaves at least one lane to the others.
 -- After 3 consecutive failed attempts an endpoint is backed off as a whole (backoff_until, growing with
 -- each further failure, at most the worker's longest retry delay): its deliveries are not claimed
 -- before then, and the first after it probes the endpoint for every user; a 2xx ends the run. Claims
@@ -504,15 +504,16 @@ BEGIN
     IF p_owner IS NULL OR p_lease IS NULL OR p_lease <= interval '0' OR p_lanes IS NULL OR p_lanes < 1 THEN
         RAISE EXCEPTION 'a claim needs an owner, a positive lease and at least one lane' USING ERRCODE = '22023';
     END IF;
-    -- The endpoints with due work (E), and of them those under their caps as read without a lock,
-    -- least recently claimed first. A process's share of its lanes: never all of them (one is left
-    -- to the others), and with E endpoints due about 1/E each.
-    SELECT pg_catalog.count(*)::integer,
+    -- The endpoints with due work (E), the process's share of its lanes (the one place it is computed:
+    -- never all of them, about 1/E each), and the endpoints under their caps as read without a lock,
+    -- least recently claimed first.
+    SELECT pg_catalog.count(*)::integer, pg_catalog.min(c.share),
            pg_catalog.array_agg(c.id ORDER BY c.last_claimed_at NULLS FIRST, c.id)
-               FILTER (WHERE c.in_flight < c.cap
-                         AND c.mine < greatest(1, least(p_lanes - 1, ceil(p_lanes::numeric / c.due)::integer)))
-      INTO v_endpoints, v_candidates
-      FROM (SELECT e.id, e.last_claimed_at, l.in_flight, l.mine, pg_catalog.count(*) OVER () AS due,
+               FILTER (WHERE c.in_flight < c.cap AND c.mine < c.share)
+      INTO v_endpoints, v_share, v_candidates
+      FROM (SELECT e.id, e.last_claimed_at, l.in_flight, l.mine,
+                   greatest(1, least(p_lanes - 1, ceil(p_lanes::numeric / pg_catalog.count(*) OVER ())::integer))
+                       AS share,
                    -- a failing endpoint gets one attempt at a time (a probe), across every worker
                    CASE WHEN e.consecutive_failures > 0 THEN 1 ELSE e.max_in_flight END AS cap
               FROM siwa.webhook_endpoints e
@@ -537,7 +538,6 @@ BEGIN
     IF v_endpoints = 0 THEN
         RETURN;
     END IF;
-    v_share := greatest(1, least(p_lanes - 1, ceil(p_lanes::numeric / v_endpoints)::integer));
     -- Each candidate's row is locked (FOR NO KEY UPDATE) and its leases counted again under the lock.
     -- First pass: rows no other claim holds (SKIP LOCKED); second pass: one of those, waited for, and
     -- only while this claim holds no other endpoint's row (two claims never wait for each other).
@@ -636,7 +636,7 @@ COMMENT ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timest
 -- as the claim counted it (an attempt whose lane died leaves no row: its number is skipped), the delivery's new state
 -- (p_outcome: delivered, retry after p_retry_in seconds, or dead), the lease released, the endpoint's
 -- run of failures (a 2xx ends it; from the 3rd consecutive failure on, the endpoint is backed off as a
--- whole for p_backoff_base × 2^(failures − 3) seconds, at most p_backoff_max, times a jitter in [0.5, 1])
+-- whole for siwa.retry_delay(failures − 2, p_backoff_base seconds, p_backoff_max seconds))
 -- and — when the delivery ended — `ready` passed on to the next pending delivery of its endpoint and
 -- sub. False, with nothing written, when the lease is no longer the caller's (it expired and another
 -- lane took the delivery over). Locks the delivery, then the next head: the order in which the fan-out
@@ -687,11 +687,10 @@ BEGIN
                failing_since = coalesce(e.failing_since, p_started),
                last_failure_at = greatest(e.last_failure_at, p_started),
                backoff_until = CASE WHEN e.consecutive_failures + 1 >= 3
-                                    THEN pg_catalog.clock_timestamp() + pg_catalog.make_interval(
-                                        secs => least(coalesce(p_backoff_max, 3600),
-                                                      coalesce(p_backoff_base, 5)
-                                                      * 2 ^ least(e.consecutive_failures + 1 - 3, 40))
-                                                 * (0.5 + pg_catalog.random() / 2))
+                                    THEN pg_catalog.clock_timestamp() + siwa.retry_delay(
+                                        e.consecutive_failures + 1 - 2,
+                                        pg_catalog.make_interval(secs => coalesce(p_backoff_base, 5)),
+                                        pg_catalog.make_interval(secs => coalesce(p_backoff_max, 3600)))
                                     ELSE e.backoff_until END
          WHERE e.id = v_delivery.endpoint_id;
         -- ==== auto-disable ====
