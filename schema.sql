@@ -1284,9 +1284,8 @@ $$;
 -- schema/35-claim.sql: Claiming notifications: siwa-worker's verified claim and apply, and the unverified entry points (called by siwa-worker and the owner)
 -- ===================================================================================================
 
--- Result rows of the processing functions. Only functions depend on it: an attribute added later is
--- added to existing databases by a numbered change with ALTER TYPE … ADD ATTRIBUTE (at the end, so
--- callers that name the columns they read keep working).
+-- Result rows of the processing functions: an attribute added later goes at the end (ALTER TYPE … ADD
+-- ATTRIBUTE in a numbered change), so callers that name the columns they read keep working.
 DO $$
 BEGIN
     IF to_regtype('siwa.processing_result') IS NULL THEN
@@ -1306,31 +1305,14 @@ $$;
 COMMENT ON TYPE siwa.processing_result IS
     'One handled notification: outcome applied, skipped, retry, dead, gone (no longer pending), busy (its user''s siwa.accounts row is held by another transaction; put off briefly without counting an attempt), rejected (its stored token did not verify: nothing applied) or deferred (the worker had no key at hand to verify it: put off, no attempt); attempt is the attempt number just made; latency is seconds from received_at to now; busy_seconds is, for a busy one, how long it has been busy in a row.';
 
--- The worker's verified path ----------------------------------------------------------------------
---
--- siwa-worker applies only what Apple signed. In one transaction it claims due notifications
--- (siwa.claim_notifications, which hands it each row's stored token and the columns the token must
--- match), verifies each token in Swift (RS256 against Apple's keys by kid, the claims against the
--- columns: docs/security.md), and hands the outcome to siwa.apply_verified_notifications, which applies
--- the verified rows with the set-based pass (siwa.process_claimed_notifications, the only
--- implementation of the effects), marks the rejected ones (state rejected: nothing applied) and puts off
--- those whose key could not be had without a network call (no transaction is held across one).
--- siwa.process_due_notifications and siwa.process_notification above apply without verifying: the
--- owner's repairs and the tests of the effects use them, siwa-worker never does.
+-- The worker's verified path: in one transaction siwa-worker claims (siwa.claim_notifications), verifies
+-- each stored token in Swift (docs/security.md) and applies (siwa.apply_verified_notifications); no
+-- network call inside it. The entry points at the end of this part apply without verifying (the owner's
+-- repairs, the effects' tests); siwa-worker never calls them.
 
--- Claims up to p_limit (at most 64) due notifications, oldest first (or only p_id), FOR UPDATE OF the
--- queue row SKIP LOCKED, and returns what the worker verifies: the stored token, the origin and the
--- columns its claims must match (times as seconds since the epoch). A queue row whose log row is
--- missing or not pending (already applied, skipped, dead or rejected: a queue row the receiver's role
--- inserted for a finished notification) is refused: deleted, returned with refused = true and nothing
--- else, so a finished notification is never applied (nor its hook run) a second time. Notifications of
--- the subs p_skip_subs are left alone: the users a lane found busy earlier in the same drain, whose
--- put-off rows may be due again already (a pass can take longer than the shortest put-off) and, being
--- older, would otherwise fill every batch ahead of other users' work.
---
--- Its generic plan (one per session) is made with sequential scans disabled: one made while the queue
--- was empty (a worker started on an idle system) scanned the queue and the log's partition whole, for
--- every batch, once a backlog arrived, until autovacuum analysed the queue.
+-- p_skip_subs: a busy user's put-off rows may be due again within the same drain and, being older,
+-- would otherwise fill every batch ahead of other users' work. Sequential scans off: a generic plan made
+-- while the queue was empty would scan the queue and the log's partition whole for every batch.
 CREATE OR REPLACE FUNCTION siwa.claim_notifications(p_limit integer, p_id bigint DEFAULT NULL,
                                                     p_skip_subs text[] DEFAULT NULL)
 RETURNS TABLE (id bigint, refused boolean, origin text, raw_token text, jti text, event_type text,
@@ -1372,13 +1354,8 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.claim_notifications(integer, bigint, text[]) IS
-    'siwa-worker''s claim: up to p_limit (at most 64) due notifications (or only p_id), none of the subs p_skip_subs (users this drain found busy), FOR UPDATE SKIP LOCKED, with the stored token, origin and the columns the token''s claims must match, for the worker to verify before siwa.apply_verified_notifications; a queue row whose notification is missing or finished is deleted and returned with refused = true. Call both in one transaction.';
+    'siwa-worker''s claim: up to p_limit (at most 64) due notifications, oldest first (or only p_id), none of the subs p_skip_subs (users this drain found busy), FOR UPDATE OF the queue row SKIP LOCKED, with the stored token, origin and the columns the token''s claims must match (times as epoch seconds), for the worker to verify before siwa.apply_verified_notifications; a queue row whose notification is missing or finished is deleted and returned with refused = true and nothing else, so a finished notification is never applied (nor its hook run) twice. Call both in one transaction.';
 
--- Applies what the worker verified, in the transaction of its siwa.claim_notifications: p_verified (in
--- claim order) with the set-based pass; p_rejected (with p_reasons) marked rejected, out of the queue,
--- one attempt, nothing else changed; p_deferred (a key that could not be had without a network call)
--- put off by 5 s, no attempt counted. One siwa.processing_result per notification (outcome applied,
--- skipped, retry, dead, busy, rejected or deferred).
 CREATE OR REPLACE FUNCTION siwa.apply_verified_notifications(
     p_verified bigint[], p_rejected bigint[], p_reasons text[], p_deferred bigint[],
     p_max_attempts integer, p_retry_base_delay interval)
@@ -1392,9 +1369,8 @@ DECLARE
     v_enable_seqscan text := current_setting('enable_seqscan');
     v_jit   text := current_setting('jit');
 BEGIN
-    -- Its own statements read the queue and the log by their keys, with generic plans (one per
-    -- session): sequential scans are disabled for them (see siwa.claim_notifications), and the
-    -- session's settings are back before the set-based pass, which runs the hooks with them.
+    -- Sequential scans off for its own statements (see siwa.claim_notifications), the session's settings
+    -- back before the set-based pass, which runs the hooks with them.
     PERFORM set_config('enable_seqscan', 'off', true);
     PERFORM set_config('jit', 'off', true);
     IF coalesce(cardinality(p_rejected), 0) > 0 THEN
@@ -1405,11 +1381,8 @@ BEGIN
         gone AS (
             DELETE FROM siwa.notification_queue q USING r WHERE q.id = r.id
             RETURNING q.id, q.jti, q.issued_at, q.attempts, q.received_at, r.reason),
-        -- A row without a token of an account already erased (the receiver stores a late email event of
-        -- an erased account so, and erasure clears its token) is skipped, not rejected: nothing of it
-        -- can be verified, and nothing of it would change a deleted, erased account. Whether the account
-        -- is erased comes from siwa.accounts, which the receiver's role cannot write. A rejected row of
-        -- an erased account keeps no token or email either.
+        -- A tokenless row of an erased account (siwa.accounts, which the receiver cannot write) is skipped,
+        -- not rejected: nothing of it can be verified or would change. Neither keeps a token or email.
         erased AS (
             SELECT l.id, l.raw_token IS NULL AND l.origin = 'apple' AS tokenless FROM gone g
               JOIN siwa.notification_log l ON l.jti = g.jti AND l.issued_at = g.issued_at AND l.id = g.id
@@ -1467,10 +1440,8 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.apply_verified_notifications(bigint[], bigint[], text[], bigint[], integer, interval) IS
-    'siwa-worker''s apply, after siwa.claim_notifications in the same transaction: the notifications whose tokens it verified go through the set-based pass (siwa.process_claimed_notifications); the rejected ones are marked rejected with their reason (nothing applied, out of the queue); the deferred ones (key not at hand) are put off 5 s without an attempt. One result per notification.';
+    'siwa-worker''s apply, after siwa.claim_notifications in the same transaction: p_verified (in claim order) go through the set-based pass (siwa.process_claimed_notifications); p_rejected are marked rejected with p_reasons (one attempt, out of the queue, nothing applied); p_deferred (key not at hand without a network call) are put off 5 s without an attempt. One siwa.processing_result per notification.';
 
--- Worker entry point: claims up to p_limit (at most 64) due notifications, oldest first, and applies
--- them (siwa.process_claimed_notifications).
 CREATE OR REPLACE FUNCTION siwa.process_due_notifications(
     p_limit integer, p_max_attempts integer, p_retry_base_delay interval)
 RETURNS SETOF siwa.processing_result
@@ -1497,11 +1468,8 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.process_due_notifications(integer, integer, interval) IS
-    'Worker entry point: claims up to p_limit (at most 64) due notifications (FOR UPDATE SKIP LOCKED) and applies them with one statement per effect (siwa.apply_claimed_batch); if that fails, rolls it back and applies each alone in its own subtransaction (one each, and PostgreSQL caches 64 per transaction). Marks each applied, skipped, retried with backoff, or dead. One row per notification handled (busy: its user''s account row is held elsewhere; put off briefly, no attempt counted).';
+    'Unverified entry point (the owner''s repairs, the effects'' tests): claims up to p_limit (at most 64) due notifications, oldest first (FOR UPDATE SKIP LOCKED), and applies them (siwa.process_claimed_notifications). One row per notification handled.';
 
--- The worker's fallback when a whole batch failed with an error no subtransaction can catch: handles
--- exactly one notification, a batch of one, so that the culprit can be identified and recorded
--- separately.
 CREATE OR REPLACE FUNCTION siwa.process_notification(
     p_id bigint, p_max_attempts integer, p_retry_base_delay interval)
 RETURNS SETOF siwa.processing_result
@@ -1525,24 +1493,17 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.process_notification(bigint, integer, interval) IS
-    'Like siwa.process_due_notifications for the one notification p_id, if it is still pending, due and not locked elsewhere. Returns no row otherwise.';
+    'Like siwa.process_due_notifications for the one notification p_id (a batch of one: the culprit of a batch that failed uncatchably is found and recorded alone), if it is still pending, due and not locked elsewhere. Returns no row otherwise.';
 
 -- ===================================================================================================
 -- schema/36-apply.sql: The set-based pass siwa.apply_claimed_batch, the only implementation of the worker's effects
 -- ===================================================================================================
 
--- Work on one user (sub) is serialised by the lock on its siwa.accounts row, taken with FOR UPDATE SKIP
--- LOCKED: only roles that may UPDATE siwa.accounts (the worker, the owner, the app) can hold it, never a
--- role that merely connects or reads the admin views. The advisory lock on a guessable key that version 1
--- used could be held by any role (and its key function resolved hashtextextended through the caller's
--- search_path): it is gone, also from databases upgraded to version 2 (change 2 in
--- schema/10-numbered-changes.sql).
+-- Work on one user (sub) is serialised by the lock on its siwa.accounts row (FOR UPDATE SKIP LOCKED):
+-- only roles that may UPDATE siwa.accounts can hold it, never one that merely connects.
 
--- Creates the accounts p_subs (that do not exist yet) and returns the subs it created, which this
--- transaction holds until it ends. The INSERT waits only for a concurrent uncommitted insert of the same
--- sub (another lane's batch, or the app's sign-in), and for 1 ms at most (lock_timeout, then 55P03): that
--- user is busy. Called by the set-based pass (step 1) and by its fallback, which creates a batch of one's
--- account before the pass so that such a wait is told apart from a lock wait of the effects.
+-- The fallback calls it before the pass, so that a wait for a concurrent insert (that user is busy) is
+-- told apart from a lock wait of the effects (a failure).
 CREATE OR REPLACE FUNCTION siwa.create_accounts(p_subs text[]) RETURNS text[]
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET lock_timeout = '1ms' AS $$
 DECLARE
@@ -1556,11 +1517,8 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.create_accounts(text[]) IS
-    'Creates the siwa.accounts rows of p_subs that do not exist (ON CONFLICT DO NOTHING), waiting 1 ms at most for a concurrent insert of the same sub (55P03: that user is busy), and returns the subs it created.';
+    'Creates the siwa.accounts rows of p_subs that do not exist (ON CONFLICT DO NOTHING), waiting 1 ms at most for a concurrent uncommitted insert of the same sub (55P03: that user is busy), and returns the subs it created, which this transaction then holds.';
 
--- Puts off pending notifications whose user is busy (its siwa.accounts row held by another transaction):
--- by half the time each has been busy (busy_since, set to p_now when it was not busy yet), between 0.1 s
--- and 5 s, times a factor in [0.5, 1): short at first, rarer while the user stays busy, never an attempt.
 CREATE OR REPLACE FUNCTION siwa.put_off_busy(p_ids bigint[], p_now timestamptz) RETURNS void
 LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
     UPDATE siwa.notification_queue AS t
@@ -1571,26 +1529,14 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
      WHERE t.id = ANY (p_ids)
 $$;
 COMMENT ON FUNCTION siwa.put_off_busy(bigint[], timestamptz) IS
-    'Puts off the pending notifications p_ids of busy users (busy_since set, next attempt in 0.05–5 s, growing while the user stays busy); counts no attempt.';
+    'Puts off the pending notifications p_ids of busy users (their siwa.accounts row held elsewhere), counting no attempt: busy_since set (p_now if it was not), next attempt after half the time busy, between 0.1 s and 5 s, times a jitter in [0.5, 1).';
 
--- The set-based pass ---------------------------------------------------------------------------------
+-- The set-based pass -------------------------------------------------------------------------------
 --
--- siwa.apply_claimed_batch is the only implementation of the worker's effects: one statement per effect
--- for the whole batch instead of one subtransaction per notification, so that the costs paid per call (a
--- function's SET search_path, the switch to the hook's path and back, the account row lock, the
--- subtransaction) are paid once per batch. It leaves exactly what applying the batch's notifications one
--- after the other, in claim order, each as a batch of one, leaves. If any of it fails, nothing of it is
--- kept (siwa.process_claimed_notifications rolls its subtransaction back) and the same pass runs on each
--- notification alone, in a subtransaction of its own, the failure recorded for the one that fails: a
--- single bad event, or a hook that raises for one, still affects only itself.
---
--- The tables it reads and writes, by statement: siwa.accounts (lock, create, email/consent/deletion),
--- siwa.settings, siwa.sessions and siwa.refresh_tokens (revocation), siwa.erase_personal_data_of
--- (erasure), siwa.on_event (the hook), siwa.notification_queue and siwa.notification_log (marking the
--- batch's states: finished rows leave the queue and their outcome goes to the log).
+-- One statement per effect for the whole batch, so that what a call costs (SET search_path, the hook's
+-- path, the account lock, a subtransaction) is paid once per batch; its contract is its COMMENT ON.
 
--- One claimed notification as the set-based pass sees it: the queue row's fields it needs (no raw
--- token), its position in the batch (ord, claim order), and what the pass worked out about it.
+-- One claimed notification as the set-based pass sees it.
 DO $$
 BEGIN
     IF to_regtype('siwa.batch_event') IS NULL THEN
@@ -1618,99 +1564,83 @@ $$;
 COMMENT ON TYPE siwa.batch_event IS
     'One notification of a batch in siwa.apply_claimed_batch: ord is its claim order; locked: its user''s siwa.accounts row is held by this transaction (else it is busy); known: it is applied (its event type is one the worker applies, and it is no duplicate of an earlier stored jti); first_delete: ord of the first account-delete of its user in the batch; erased_before: its user''s personal data is erased when its turn comes (before the batch, or by an earlier account-delete of the batch); erased_after: erased once the batch is applied.';
 
--- Applies a claimed batch (rows the caller holds with FOR UPDATE, in claim order, each with the sub it is
--- applied to: see siwa.process_claimed_notifications) with one statement per effect, and returns one
--- siwa.processing_result per notification, in claim order (results), and the changes it wrote, with
--- their ids, for siwa.number_changes to insert (changes). Raises on any failure; the caller owns the
--- subtransaction and falls back to batches of one.
---  0. Skips: an unknown event type, and a jti stored twice (possible only past the dedupe window, see
---     siwa.notification_jtis: the log's earlier row, found by its primary key in every partition, was
---     applied, and this one is skipped), are skipped with their reason; the user is locked all the same.
---  1. Users: every account row of the batch is locked at once (FOR UPDATE SKIP LOCKED); the missing ones
---     are created (siwa.create_accounts, waiting 1 ms at most for a concurrent insert of the same sub:
---     past that the pass raises 55P03, and the fallback, which creates a batch of one's account itself
---     first, reports that user busy). A user whose row another transaction holds is busy: its
---     notifications are put off (siwa.put_off_busy).
---  2. Account state, one UPDATE: relay email status with last writer wins by event_time (also between
---     events of one user in the batch; an email event after an account-delete of the batch, or of an
---     already deleted account, changes nothing), consent_revoked_at, deleted_at.
---  3. Revocation, one UPDATE each of siwa.sessions and siwa.refresh_tokens: a consent-revoked event
---     revokes what was created up to its event_time (unless an account-delete of the batch came first),
---     an account-delete everything; each revoked row counted for the event that revoked it.
---     3b. The changes (siwa.changes): what one-at-a-time application writes, in its order, with ids.
---  4. Erasure of the users deleted in the batch (siwa.settings.erase_personal_data_after = 0), at once.
---  5. The hook siwa.on_event once per known event, in claim order, after all of the above, with the
---     session's search_path (switched once for the whole loop), and the email it would have had one
---     event at a time (NULL once the user's data is erased); after each, siwa.on_change (if it exists)
---     with the event's change and its erasure's.
---  6. One UPDATE marks every notification: applied, skipped (with the reason), or busy (put off, no
---     attempt counted); a late event of an erased user keeps no email or token.
---  7. The changes are returned, not inserted: the caller inserts them last, numbered, with those of the
---     other batches of its transaction (siwa.number_changes).
+-- One locked account of a batch as it was before the batch.
+DO $$
+BEGIN
+    IF to_regtype('siwa.batch_account') IS NULL THEN
+        CREATE TYPE siwa.batch_account AS (
+            sub                text,
+            email_status_at    timestamptz,
+            consent_revoked_at timestamptz,
+            deleted_at         timestamptz
+        );
+    END IF;
+END;
+$$;
+COMMENT ON TYPE siwa.batch_account IS
+    'One account siwa.apply_claimed_batch locked, with the columns of siwa.accounts its rules compare events with, as they were before the batch (NULL for an account the batch created).';
+
 CREATE OR REPLACE FUNCTION siwa.apply_claimed_batch(
     p_batch siwa.notifications[], OUT results siwa.processing_result[], OUT changes siwa.changes[])
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now          timestamptz := clock_timestamp();
-    v_subs         text[];
-    v_locked       text[];
-    v_erased       text[];
-    v_missing      text[];
-    v_inserted     text[];
-    v_duplicates   bigint[];
-    v_erase_now    boolean;
-    v_events       siwa.batch_event[];
-    v_hooks        siwa.batch_event[];
-    v_hook         siwa.batch_event;
-    v_hook_path    text;
-    v_deleted      text[];
-    v_revoke_subs  text[];
-    v_revoke_upto  timestamptz[];
-    v_revoke_all   boolean[];
-    v_plan_cache_mode text;
-    v_enable_seqscan text;
-    v_jit          text;
-    v_done         bigint;
-    v_marked       bigint;
-    v_mark_ids     bigint[];
-    v_mark_jtis    text[];
-    v_mark_issued_at timestamptz[];
-    v_mark_known   boolean[];
-    v_mark_attempts integer[];
-    v_mark_errors  text[];
-    v_mark_erase   boolean[];
-    v_status_at    timestamptz[];
-    v_deleted_before text[];
-    v_consent_at   timestamptz[];
-    v_deleted_at   timestamptz[];
-    v_rs_ord       integer[];
-    v_rt_ord       integer[];
-    v_list         siwa.changes[];
-    v_list_ord     integer[];
-    v_list_superseded boolean[];
-    v_on_change    boolean;
-    v_calls_change boolean[] := '{}';
-    v_calls_event  siwa.batch_event[] := '{}';
-    v_calls_record siwa.changes[] := '{}';
+    v_now              timestamptz := clock_timestamp();
+    v_plan_cache_mode  text;
+    v_enable_seqscan   text;
+    v_jit              text;
+    -- 1. lock
+    v_subs             text[];
+    v_locked           text[];
+    v_accounts         siwa.batch_account[];
+    v_erased           text[];
+    v_deleted_before   text[];
+    v_missing          text[];
+    v_inserted         text[];
+    -- 2. events
+    v_duplicates       bigint[];
+    v_erase_now        boolean;
+    v_events           siwa.batch_event[];
+    v_revoke_subs      text[];
+    v_revoke_upto      timestamptz[];
+    v_revoke_all       boolean[];
+    -- 4. revoke
+    v_rs_ord           integer[] := '{}';
+    v_rt_ord           integer[] := '{}';
+    -- 5. changes
+    v_list             siwa.changes[];
+    v_list_ord         integer[];
+    v_list_superseded  boolean[];
+    v_change           siwa.changes;
+    v_seq              regclass;
+    -- 6. erase
+    v_deleted          text[];
+    -- 7. hooks
+    v_hooks            siwa.batch_event[];
+    v_hook             siwa.batch_event;
+    v_hook_path        text;
+    v_on_change        boolean;
+    v_calls_change     boolean[] := '{}';
+    v_calls_event      siwa.batch_event[] := '{}';
+    v_calls_record     siwa.changes[] := '{}';
     v_calls_superseded boolean[] := '{}';
-    v_ncalls       integer := 0;
-    v_p            integer;
-    v_change       siwa.changes;
-    v_seq          regclass;
-    i              integer;
+    v_ncalls           integer := 0;
+    v_p                integer;
+    -- 8. mark
+    v_mark_ids         bigint[];
+    v_mark_jtis        text[];
+    v_mark_issued_at   timestamptz[];
+    v_mark_known       boolean[];
+    v_mark_attempts    integer[];
+    v_mark_errors      text[];
+    v_mark_erase       boolean[];
+    v_done             bigint;
+    v_marked           bigint;
+    i                  integer;
 BEGIN
-    -- Plans: every statement here reads or writes a few dozen rows by their keys, with arrays as
-    -- parameters. Each keeps one generic plan for the session (force_generic_plan), planned once instead
-    -- of once per batch (planning the table statements per batch was a fifth of the pass's
-    -- instructions). A generic plan made while a table was still small (a new deployment's
-    -- siwa.accounts, not yet analysed) would scan it sequentially, batch after batch, as it grows
-    -- (measured: most of the pass's CPU in a 100k drain): so sequential scans are disabled here
-    -- (enable_seqscan), and every table is read through the index that serves its keys, whatever its
-    -- size was when the plan was made. A table with no index for a statement is still scanned (at a
-    -- cost of 10^10, which alone would make the planner JIT-compile it: jit is off here too). The hooks
-    -- run with the session's own settings.
+    -- One generic plan per statement and session, read through the indexes whatever a table's size was
+    -- when it was planned (sequential scans and JIT off); the hooks run with the session's own settings.
     v_plan_cache_mode := current_setting('plan_cache_mode');
     v_enable_seqscan := current_setting('enable_seqscan');
     v_jit := current_setting('jit');
@@ -1718,17 +1648,15 @@ BEGIN
     PERFORM set_config('enable_seqscan', 'off', true);
     PERFORM set_config('jit', 'off', true);
 
-    -- 1. Lock the batch's users; create the missing ones. Each account row is looked up by its key,
-    --    one LATERAL lookup per user, in sub order (the same order in every lane), whatever the planner
-    --    thinks of the table's size; the locked rows' state before the batch is kept for step 2.
+    -- 1. lock: every user's account row (FOR UPDATE SKIP LOCKED, one lookup per sub, in sub order as in
+    --    every lane), the missing ones created; a user whose row is held elsewhere is busy.
     v_subs := ARRAY(SELECT DISTINCT b.sub FROM unnest(p_batch) AS b ORDER BY 1);
     SELECT coalesce(array_agg(l.sub ORDER BY l.sub), '{}'),
-           coalesce(array_agg(l.email_status_at ORDER BY l.sub), '{}'),
+           coalesce(array_agg(ROW(l.sub, l.email_status_at, l.consent_revoked_at, l.deleted_at)::siwa.batch_account
+                              ORDER BY l.sub), '{}'),
            coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}'),
-           coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}'),
-           coalesce(array_agg(l.consent_revoked_at ORDER BY l.sub), '{}'),
-           coalesce(array_agg(l.deleted_at ORDER BY l.sub), '{}')
-      INTO v_locked, v_status_at, v_erased, v_deleted_before, v_consent_at, v_deleted_at
+           coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}')
+      INTO v_locked, v_accounts, v_erased, v_deleted_before
       FROM unnest(v_subs) AS s(sub),
            LATERAL (SELECT a.sub, a.email_status_at, a.personal_data_erased_at, a.deleted_at, a.consent_revoked_at
                       FROM siwa.accounts a WHERE a.sub = s.sub FOR UPDATE SKIP LOCKED) AS l;
@@ -1739,18 +1667,16 @@ BEGIN
         IF cardinality(v_missing) > 0 THEN
             v_inserted := siwa.create_accounts(v_missing);
             v_locked := v_locked || v_inserted;
-            v_status_at := v_status_at || array_fill(NULL::timestamptz, ARRAY[cardinality(v_inserted)]);
-            v_consent_at := v_consent_at || array_fill(NULL::timestamptz, ARRAY[cardinality(v_inserted)]);
-            v_deleted_at := v_deleted_at || array_fill(NULL::timestamptz, ARRAY[cardinality(v_inserted)]);
+            v_accounts := v_accounts || ARRAY(SELECT ROW(n.sub, NULL, NULL, NULL)::siwa.batch_account
+                                                FROM unnest(v_inserted) AS n(sub));
             IF cardinality(v_inserted) < cardinality(v_missing) THEN
                 -- Created by another transaction that committed meanwhile: lock it like the others.
                 SELECT v_locked || coalesce(array_agg(l.sub ORDER BY l.sub), '{}'),
-                       v_status_at || coalesce(array_agg(l.email_status_at ORDER BY l.sub), '{}'),
+                       v_accounts || coalesce(array_agg(ROW(l.sub, l.email_status_at, l.consent_revoked_at,
+                                                            l.deleted_at)::siwa.batch_account ORDER BY l.sub), '{}'),
                        v_erased || coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}'),
-                       v_deleted_before || coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}'),
-                       v_consent_at || coalesce(array_agg(l.consent_revoked_at ORDER BY l.sub), '{}'),
-                       v_deleted_at || coalesce(array_agg(l.deleted_at ORDER BY l.sub), '{}')
-                  INTO v_locked, v_status_at, v_erased, v_deleted_before, v_consent_at, v_deleted_at
+                       v_deleted_before || coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}')
+                  INTO v_locked, v_accounts, v_erased, v_deleted_before
                   FROM unnest(v_missing) AS s(sub),
                        LATERAL (SELECT a.sub, a.email_status_at, a.personal_data_erased_at, a.deleted_at,
                                        a.consent_revoked_at
@@ -1760,12 +1686,11 @@ BEGIN
         END IF;
     END IF;
 
-    -- 0. A jti stored twice: the later row is skipped (the log's primary key, by jti, in every partition).
+    -- 2. events: what each notification needs, worked out once (siwa.batch_event). A jti stored twice
+    --    (possible only past the dedupe window): the later row is skipped, found by the log's primary key.
     v_duplicates := ARRAY(SELECT b.id FROM unnest(p_batch) AS b
                            WHERE EXISTS (SELECT 1 FROM siwa.notification_log d
                                           WHERE d.jti = b.jti AND d.issued_at <> b.issued_at AND d.id < b.id));
-
-    -- What each notification needs, worked out once.
     v_erase_now := (SELECT s.erase_personal_data_after = interval '0' FROM siwa.settings s);
     v_events := ARRAY(
         SELECT ROW(e.ord, e.id, e.jti, e.event_type, e.sub, e.email, e.is_private_email, e.event_time,
@@ -1780,12 +1705,8 @@ BEGIN
                             OVER (PARTITION BY b.sub))::integer AS first_delete
                   FROM unnest(p_batch) WITH ORDINALITY AS b) AS e
          ORDER BY e.ord);
-
-    -- 3. (Worked out here, with the other array-only statements: what step 3 below revokes.)
-    --    Revocation, one statement updating both tables: up to the latest consent-revoked event_time
-    --    that comes before the user's first account-delete in the batch, everything for an
-    --    account-delete. (A session created later than every such consent-revoked is revoked by the
-    --    account-delete alone.)
+    --    What stage 4 revokes per user: up to the latest consent-revoked before the user's first
+    --    account-delete of the batch, everything for an account-delete.
     SELECT coalesce(array_agg(r.sub), '{}'), coalesce(array_agg(r.upto), '{}'), coalesce(array_agg(r.everything), '{}')
       INTO v_revoke_subs, v_revoke_upto, v_revoke_all
       FROM (SELECT x.sub,
@@ -1796,11 +1717,9 @@ BEGIN
              WHERE x.locked AND x.known AND x.event_type IN ('consent-revoked', 'account-delete')
              GROUP BY x.sub) AS r;
 
-    -- 2. Account state, one UPDATE for the batch. Email events count only before the user's first
-    --    account-delete in the batch (and not at all for an account deleted before it); one applies when
-    --    its event_time is at least the account's email_status_at and that of every earlier email event
-    --    of the user in the batch (these are exactly the ones one-at-a-time application would apply);
-    --    the last one applied sets the status, and the last email (and is_private_email) given wins.
+    -- 3. accounts, one UPDATE: an email event counts before the user's first account-delete (never for an
+    --    account deleted before the batch) when its event_time is at least the account's and every earlier
+    --    one's of the batch (last writer wins); consent_revoked_at and deleted_at.
     WITH e AS (
         SELECT x.* FROM unnest(v_events) AS x WHERE x.locked AND x.known),
     m AS (
@@ -1817,7 +1736,7 @@ BEGIN
                (array_agg(m.email ORDER BY m.ord DESC) FILTER (WHERE m.email IS NOT NULL))[1] AS email,
                (array_agg(m.is_private_email ORDER BY m.ord DESC)
                     FILTER (WHERE m.is_private_email IS NOT NULL))[1] AS is_private_email
-          FROM m JOIN unnest(v_locked, v_status_at) AS a(sub, email_status_at) ON a.sub = m.sub
+          FROM m JOIN unnest(v_accounts) AS a ON a.sub = m.sub
          WHERE m.sub <> ALL (v_deleted_before)
            AND (a.email_status_at IS NULL OR a.email_status_at <= m.event_time)
            AND (m.earlier IS NULL OR m.earlier <= m.event_time)
@@ -1843,12 +1762,8 @@ BEGIN
      WHERE a.sub = u.sub
        AND (mail.sub IS NOT NULL OR u.consent_revoked_at IS NOT NULL OR u.deleted_at IS NOT NULL);
 
-    -- 3. Revocation (what each user's events revoke was worked out above, before step 2).
-    --    Each revoked row is counted for the event that revoked it one event at a time: the user's first,
-    --    in claim order up to the first account-delete, that covers it (an account-delete, or a
-    --    consent-revoked at or after its created_at).
-    v_rs_ord := '{}';
-    v_rt_ord := '{}';
+    -- 4. revoke, one statement for sessions and refresh tokens; each revoked row is counted for the
+    --    user's first event, in claim order up to the first account-delete, that covers it.
     IF cardinality(v_revoke_subs) > 0 THEN
         WITH revoke AS (
             SELECT * FROM unnest(v_revoke_subs, v_revoke_upto, v_revoke_all) AS r(sub, upto, everything)),
@@ -1881,18 +1796,8 @@ BEGIN
           INTO v_rs_ord, v_rt_ord FROM revoked;
     END IF;
 
-    -- 3b. The changes (siwa.changes), one per known event of a locked user in claim order, and after the
-    --     user's first account-delete of the batch a siwa.personal_data_erased when it erases an account
-    --     not erased before; the same rows, in the same order, as applying the batch's notifications one
-    --     at a time writes. Worked out here, with the emails one-at-a-time application writes before the
-    --     erasure of step 4 clears them, given to the hook (step 5) as they are, and returned (step 7):
-    --     siwa.number_changes inserts them without the emails that erasure cleared. A superseded event
-    --     (see siwa.changes) writes none, but its record is kept for the hook.
-    --     Email events: applied as in step 2. Consent-revoked: superseded when the user's consent was
-    --     revoked at or after its event_time already (before the batch, or by an earlier one of the
-    --     batch) and it revoked nothing. Account-delete: when the account was deleted already at or
-    --     before its event_time (before the batch, or by an earlier one of the batch) and it revoked
-    --     nothing: an earlier deletion moves deleted_at, so it is a change, with the account's new time.
+    -- 5. changes: the rows and order one-at-a-time application writes (siwa.changes says which are
+    --    superseded), with the emails erasure clears later; ids taken now for the hooks, inserted by the caller.
     SELECT coalesce(array_agg(c.change ORDER BY c.ord, c.kind), '{}'),
            coalesce(array_agg(c.ord ORDER BY c.ord, c.kind), '{}'),
            coalesce(array_agg(c.superseded ORDER BY c.ord, c.kind), '{}')
@@ -1905,7 +1810,7 @@ BEGIN
               FROM unnest(v_events) AS x JOIN unnest(p_batch) AS n ON n.id = x.id
              WHERE x.locked AND x.known),
         w AS (
-            SELECT e.*, a.status_at, a.consent_at, a.deleted_at,
+            SELECT e.*, a.email_status_at AS status_at, a.consent_revoked_at AS consent_at, a.deleted_at,
                    max(e.event_time) FILTER (WHERE e.event_type IN ('email-disabled', 'email-enabled'))
                        OVER (PARTITION BY e.sub ORDER BY e.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
                        AS earlier_email,
@@ -1915,9 +1820,7 @@ BEGIN
                    min(e.event_time) FILTER (WHERE e.event_type = 'account-delete')
                        OVER (PARTITION BY e.sub ORDER BY e.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
                        AS earlier_delete
-              FROM e JOIN unnest(v_locked, v_status_at, v_consent_at, v_deleted_at)
-                          AS a(sub, status_at, consent_at, deleted_at)
-                ON a.sub = e.sub),
+              FROM e JOIN unnest(v_accounts) AS a ON a.sub = e.sub),
         s AS (
             SELECT w.*,
                    CASE w.event_type
@@ -1933,13 +1836,10 @@ BEGIN
                                  AND (w.earlier_email IS NULL OR w.earlier_email <= w.event_time))
                    END AS superseded
               FROM w),
-        -- The change type of each event type of the batch (siwa.change_type, once per type, not per row).
-        t AS MATERIALIZED (
+        t AS MATERIALIZED (  -- siwa.change_type once per event type of the batch
             SELECT d.event_type, siwa.change_type(d.event_type) AS type FROM (SELECT DISTINCT e.event_type FROM e) AS d)
         SELECT s.ord, 0 AS kind, s.superseded,
-               -- A row of siwa.changes, its columns in table order (id, position, type, sub, event_time,
-               -- applied_at, jti, audience, sessions_revoked, refresh_tokens_revoked, email,
-               -- is_private_email, old_sub): built directly, no JSON per row.
+               -- a row of siwa.changes, its columns in table order, built without JSON
                ROW(NULL, NULL, t.type, s.sub, s.event_time, clock_timestamp(), s.jti, s.audience, s.sessions,
                    s.tokens,
                    CASE WHEN s.event_type IN ('email-disabled', 'email-enabled') AND NOT s.erased_before
@@ -1955,8 +1855,6 @@ BEGIN
           FROM s
          WHERE s.event_type = 'account-delete' AND s.ord = s.first_delete AND v_erase_now
            AND s.sub <> ALL (v_erased)) AS c;
-    -- Their ids now, from the identity's sequence in this order, so that the hook gets them; the rows
-    -- themselves are inserted by the caller, numbered (step 7).
     changes := '{}';
     IF false = ANY (v_list_superseded) THEN
         v_seq := pg_catalog.pg_get_serial_sequence('siwa.changes', 'id')::regclass;
@@ -1970,23 +1868,19 @@ BEGIN
         END LOOP;
     END IF;
 
-    -- 4. Erasure of every user deleted in this batch, at once (the batch's own rows of these users
-    --    included: this transaction holds their locks).
+    -- 6. erase every user deleted in the batch, at once (siwa.settings.erase_personal_data_after = 0);
+    --    the batch's own log rows are left to stage 8 (erased_after), so each is written once.
     IF v_erase_now THEN
         v_deleted := ARRAY(SELECT DISTINCT x.sub FROM unnest(v_events) AS x
                             WHERE x.locked AND x.known AND x.event_type = 'account-delete');
         IF cardinality(v_deleted) > 0 THEN
-            -- The batch's own rows are erased by the marking UPDATE of step 6 (erased_after): written once.
             PERFORM siwa.erase_personal_data_of(
                 v_deleted, ARRAY(SELECT x.id FROM unnest(v_events) AS x WHERE x.locked));
         END IF;
     END IF;
 
-    -- 5. The hooks, once per known event in claim order, with the path they were written for (see
-    --    siwa.hook_path): switched once around the loop, which evaluates no operator or function
-    --    of its own while the session's path is in force. Per event siwa.on_event, then (if it exists)
-    --    siwa.on_change with its change record and with its erasure's, exactly as one at a time: the
-    --    calls are listed first, under this function's own path.
+    -- 7. hooks, as docs/sql.md "Exactly when the hooks are called" says: the calls are listed under this
+    --    function's path, then made under siwa.hook_path(), switched once, evaluating nothing of our own.
     v_hooks := ARRAY(
         SELECT ROW(x.ord, x.id, x.jti, x.event_type, x.sub, CASE WHEN x.erased_before THEN NULL ELSE x.email END,
                    x.is_private_email, x.event_time, x.received_at, x.attempts, x.busy_since, x.locked, x.known,
@@ -2026,14 +1920,8 @@ BEGIN
         PERFORM set_config('jit', 'off', true);
     END IF;
 
-    -- 6. Mark the batch. Finished (applied or skipped, an attempt): out of the queue, and the outcome
-    --    into its log row, in one statement (a late event of an erased user keeps no email or token).
-    --    Busy (no attempt): its queue row is put off (siwa.put_off_busy). The results first: the log
-    --    row's last_error is the result's (a skip's reason). The results and the marking's columns
-    --    (one narrow array each, in claim order; the log row's issued_at by position in p_batch) are
-    --    worked out in one statement, so that the marking UPDATE reads a single unnest of scalars:
-    --    no join (it was a nested loop of 64 × 64 rows over three unnests) and a narrow row mark
-    --    instead of three whole rows copied per updated row.
+    -- 8. mark: the results, and one narrow array per column of the finished rows (the marking UPDATE then
+    --    reads one unnest of scalars, no join); finished rows leave the queue, their outcome goes to the log.
     SELECT coalesce(array_agg(ROW(x.id, x.jti, x.event_type,
                                   CASE WHEN NOT x.locked THEN 'busy' WHEN x.known THEN 'applied' ELSE 'skipped' END,
                                   x.error,
@@ -2059,7 +1947,6 @@ BEGIN
                                             ELSE 'unknown event type ' || quote_literal(left(y.event_type, 100)) END END
                        AS error
               FROM unnest(v_events) AS y) AS x;
-    -- Both in one statement (they write different tables): out of the queue, the outcome into the log.
     WITH gone AS (
         DELETE FROM siwa.notification_queue AS q WHERE q.id = ANY (v_mark_ids) RETURNING 1),
     marked AS (
@@ -2082,22 +1969,18 @@ BEGIN
         RAISE EXCEPTION 'siwa.apply_claimed_batch finished % queue rows and % log rows of % applied',
                         v_done, v_marked, cardinality(v_mark_ids);
     END IF;
-    -- Put off from now, when they are let go, not from the pass's start: a slow pass (the first of a
-    -- session makes its plans) would otherwise hand them back already due.
+    --    Busy ones are put off from now, when they are let go (a slow pass would hand them back due).
     IF false = ANY (ARRAY(SELECT x.locked FROM unnest(v_events) AS x)) THEN
         PERFORM siwa.put_off_busy(ARRAY(SELECT x.id FROM unnest(v_events) AS x WHERE NOT x.locked),
                                   clock_timestamp());
     END IF;
-    -- 7. The changes (with their ids) go to the caller, which inserts them numbered, last in its
-    --    transaction (siwa.number_changes): the siwa.changes_counter row lock then covers only what is
-    --    left of the transaction, not the work of the batch (nor of the batches of one of a fallback).
     PERFORM set_config('plan_cache_mode', v_plan_cache_mode, true);
     PERFORM set_config('enable_seqscan', v_enable_seqscan, true);
     PERFORM set_config('jit', v_jit, true);
 END;
 $$;
 COMMENT ON FUNCTION siwa.apply_claimed_batch(siwa.notifications[]) IS
-    'The worker''s set-based pass, the only implementation of its effects: applies a claimed batch (rows the caller holds FOR UPDATE, in claim order, subs resolved through siwa.sub_aliases) with one statement per effect — skips (unknown type, duplicate jti), account locks (busy users put off), account state with last writer wins by event_time, revocation, erasure, the hooks once per known event in order, one UPDATE marking every state — and returns one result per notification in claim order and the changes it wrote, with ids, for siwa.number_changes to insert. Raises on any failure; siwa.process_claimed_notifications then runs it on batches of one.';
+    'The worker''s set-based pass, the only implementation of its effects: applies a claimed batch (rows the caller holds FOR UPDATE, in claim order, subs resolved through siwa.sub_aliases) with one statement per effect, in stages: lock the users'' account rows (busy users put off, missing accounts created), work out each event (skips: unknown type, duplicate jti), account state (last writer wins by event_time), revocation, the changes, erasure, the hooks once per known event in order, one UPDATE marking every state. Leaves exactly what applying the notifications one at a time in claim order leaves. Returns one result per notification in claim order and the changes it wrote, with ids, for siwa.number_changes to insert last. Raises on any failure; siwa.process_claimed_notifications then runs it on batches of one.';
 
 -- ===================================================================================================
 -- schema/37-fallback.sql: The fallback on batches of one (siwa.process_claimed_notifications), failures and the retry schedule (siwa.retry_delay)

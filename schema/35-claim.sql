@@ -1,8 +1,7 @@
 -- Claiming notifications: siwa-worker's verified claim and apply, and the unverified entry points (called by siwa-worker and the owner)
 
--- Result rows of the processing functions. Only functions depend on it: an attribute added later is
--- added to existing databases by a numbered change with ALTER TYPE … ADD ATTRIBUTE (at the end, so
--- callers that name the columns they read keep working).
+-- Result rows of the processing functions: an attribute added later goes at the end (ALTER TYPE … ADD
+-- ATTRIBUTE in a numbered change), so callers that name the columns they read keep working.
 DO $$
 BEGIN
     IF to_regtype('siwa.processing_result') IS NULL THEN
@@ -22,31 +21,14 @@ $$;
 COMMENT ON TYPE siwa.processing_result IS
     'One handled notification: outcome applied, skipped, retry, dead, gone (no longer pending), busy (its user''s siwa.accounts row is held by another transaction; put off briefly without counting an attempt), rejected (its stored token did not verify: nothing applied) or deferred (the worker had no key at hand to verify it: put off, no attempt); attempt is the attempt number just made; latency is seconds from received_at to now; busy_seconds is, for a busy one, how long it has been busy in a row.';
 
--- The worker's verified path ----------------------------------------------------------------------
---
--- siwa-worker applies only what Apple signed. In one transaction it claims due notifications
--- (siwa.claim_notifications, which hands it each row's stored token and the columns the token must
--- match), verifies each token in Swift (RS256 against Apple's keys by kid, the claims against the
--- columns: docs/security.md), and hands the outcome to siwa.apply_verified_notifications, which applies
--- the verified rows with the set-based pass (siwa.process_claimed_notifications, the only
--- implementation of the effects), marks the rejected ones (state rejected: nothing applied) and puts off
--- those whose key could not be had without a network call (no transaction is held across one).
--- siwa.process_due_notifications and siwa.process_notification above apply without verifying: the
--- owner's repairs and the tests of the effects use them, siwa-worker never does.
+-- The worker's verified path: in one transaction siwa-worker claims (siwa.claim_notifications), verifies
+-- each stored token in Swift (docs/security.md) and applies (siwa.apply_verified_notifications); no
+-- network call inside it. The entry points at the end of this part apply without verifying (the owner's
+-- repairs, the effects' tests); siwa-worker never calls them.
 
--- Claims up to p_limit (at most 64) due notifications, oldest first (or only p_id), FOR UPDATE OF the
--- queue row SKIP LOCKED, and returns what the worker verifies: the stored token, the origin and the
--- columns its claims must match (times as seconds since the epoch). A queue row whose log row is
--- missing or not pending (already applied, skipped, dead or rejected: a queue row the receiver's role
--- inserted for a finished notification) is refused: deleted, returned with refused = true and nothing
--- else, so a finished notification is never applied (nor its hook run) a second time. Notifications of
--- the subs p_skip_subs are left alone: the users a lane found busy earlier in the same drain, whose
--- put-off rows may be due again already (a pass can take longer than the shortest put-off) and, being
--- older, would otherwise fill every batch ahead of other users' work.
---
--- Its generic plan (one per session) is made with sequential scans disabled: one made while the queue
--- was empty (a worker started on an idle system) scanned the queue and the log's partition whole, for
--- every batch, once a backlog arrived, until autovacuum analysed the queue.
+-- p_skip_subs: a busy user's put-off rows may be due again within the same drain and, being older,
+-- would otherwise fill every batch ahead of other users' work. Sequential scans off: a generic plan made
+-- while the queue was empty would scan the queue and the log's partition whole for every batch.
 CREATE OR REPLACE FUNCTION siwa.claim_notifications(p_limit integer, p_id bigint DEFAULT NULL,
                                                     p_skip_subs text[] DEFAULT NULL)
 RETURNS TABLE (id bigint, refused boolean, origin text, raw_token text, jti text, event_type text,
@@ -88,13 +70,8 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.claim_notifications(integer, bigint, text[]) IS
-    'siwa-worker''s claim: up to p_limit (at most 64) due notifications (or only p_id), none of the subs p_skip_subs (users this drain found busy), FOR UPDATE SKIP LOCKED, with the stored token, origin and the columns the token''s claims must match, for the worker to verify before siwa.apply_verified_notifications; a queue row whose notification is missing or finished is deleted and returned with refused = true. Call both in one transaction.';
+    'siwa-worker''s claim: up to p_limit (at most 64) due notifications, oldest first (or only p_id), none of the subs p_skip_subs (users this drain found busy), FOR UPDATE OF the queue row SKIP LOCKED, with the stored token, origin and the columns the token''s claims must match (times as epoch seconds), for the worker to verify before siwa.apply_verified_notifications; a queue row whose notification is missing or finished is deleted and returned with refused = true and nothing else, so a finished notification is never applied (nor its hook run) twice. Call both in one transaction.';
 
--- Applies what the worker verified, in the transaction of its siwa.claim_notifications: p_verified (in
--- claim order) with the set-based pass; p_rejected (with p_reasons) marked rejected, out of the queue,
--- one attempt, nothing else changed; p_deferred (a key that could not be had without a network call)
--- put off by 5 s, no attempt counted. One siwa.processing_result per notification (outcome applied,
--- skipped, retry, dead, busy, rejected or deferred).
 CREATE OR REPLACE FUNCTION siwa.apply_verified_notifications(
     p_verified bigint[], p_rejected bigint[], p_reasons text[], p_deferred bigint[],
     p_max_attempts integer, p_retry_base_delay interval)
@@ -108,9 +85,8 @@ DECLARE
     v_enable_seqscan text := current_setting('enable_seqscan');
     v_jit   text := current_setting('jit');
 BEGIN
-    -- Its own statements read the queue and the log by their keys, with generic plans (one per
-    -- session): sequential scans are disabled for them (see siwa.claim_notifications), and the
-    -- session's settings are back before the set-based pass, which runs the hooks with them.
+    -- Sequential scans off for its own statements (see siwa.claim_notifications), the session's settings
+    -- back before the set-based pass, which runs the hooks with them.
     PERFORM set_config('enable_seqscan', 'off', true);
     PERFORM set_config('jit', 'off', true);
     IF coalesce(cardinality(p_rejected), 0) > 0 THEN
@@ -121,11 +97,8 @@ BEGIN
         gone AS (
             DELETE FROM siwa.notification_queue q USING r WHERE q.id = r.id
             RETURNING q.id, q.jti, q.issued_at, q.attempts, q.received_at, r.reason),
-        -- A row without a token of an account already erased (the receiver stores a late email event of
-        -- an erased account so, and erasure clears its token) is skipped, not rejected: nothing of it
-        -- can be verified, and nothing of it would change a deleted, erased account. Whether the account
-        -- is erased comes from siwa.accounts, which the receiver's role cannot write. A rejected row of
-        -- an erased account keeps no token or email either.
+        -- A tokenless row of an erased account (siwa.accounts, which the receiver cannot write) is skipped,
+        -- not rejected: nothing of it can be verified or would change. Neither keeps a token or email.
         erased AS (
             SELECT l.id, l.raw_token IS NULL AND l.origin = 'apple' AS tokenless FROM gone g
               JOIN siwa.notification_log l ON l.jti = g.jti AND l.issued_at = g.issued_at AND l.id = g.id
@@ -183,10 +156,8 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.apply_verified_notifications(bigint[], bigint[], text[], bigint[], integer, interval) IS
-    'siwa-worker''s apply, after siwa.claim_notifications in the same transaction: the notifications whose tokens it verified go through the set-based pass (siwa.process_claimed_notifications); the rejected ones are marked rejected with their reason (nothing applied, out of the queue); the deferred ones (key not at hand) are put off 5 s without an attempt. One result per notification.';
+    'siwa-worker''s apply, after siwa.claim_notifications in the same transaction: p_verified (in claim order) go through the set-based pass (siwa.process_claimed_notifications); p_rejected are marked rejected with p_reasons (one attempt, out of the queue, nothing applied); p_deferred (key not at hand without a network call) are put off 5 s without an attempt. One siwa.processing_result per notification.';
 
--- Worker entry point: claims up to p_limit (at most 64) due notifications, oldest first, and applies
--- them (siwa.process_claimed_notifications).
 CREATE OR REPLACE FUNCTION siwa.process_due_notifications(
     p_limit integer, p_max_attempts integer, p_retry_base_delay interval)
 RETURNS SETOF siwa.processing_result
@@ -213,11 +184,8 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.process_due_notifications(integer, integer, interval) IS
-    'Worker entry point: claims up to p_limit (at most 64) due notifications (FOR UPDATE SKIP LOCKED) and applies them with one statement per effect (siwa.apply_claimed_batch); if that fails, rolls it back and applies each alone in its own subtransaction (one each, and PostgreSQL caches 64 per transaction). Marks each applied, skipped, retried with backoff, or dead. One row per notification handled (busy: its user''s account row is held elsewhere; put off briefly, no attempt counted).';
+    'Unverified entry point (the owner''s repairs, the effects'' tests): claims up to p_limit (at most 64) due notifications, oldest first (FOR UPDATE SKIP LOCKED), and applies them (siwa.process_claimed_notifications). One row per notification handled.';
 
--- The worker's fallback when a whole batch failed with an error no subtransaction can catch: handles
--- exactly one notification, a batch of one, so that the culprit can be identified and recorded
--- separately.
 CREATE OR REPLACE FUNCTION siwa.process_notification(
     p_id bigint, p_max_attempts integer, p_retry_base_delay interval)
 RETURNS SETOF siwa.processing_result
@@ -241,4 +209,4 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.process_notification(bigint, integer, interval) IS
-    'Like siwa.process_due_notifications for the one notification p_id, if it is still pending, due and not locked elsewhere. Returns no row otherwise.';
+    'Like siwa.process_due_notifications for the one notification p_id (a batch of one: the culprit of a batch that failed uncatchably is found and recorded alone), if it is still pending, due and not locked elsewhere. Returns no row otherwise.';
