@@ -12,7 +12,9 @@
 --   schema/20-log-and-queue.sql      The notification log, its dedupe keys, the worker's queue, and the view of both (siwa.notifications)
 --   schema/25-accounts.sql           State the app can use: accounts, sessions, refresh tokens, and the validity rule (siwa.session_is_valid)
 --   schema/30-changes-and-hooks.sql  The changes (siwa.changes, one row per applied effect), their numbering, and the hooks siwa.on_event and siwa.on_change
---   schema/35-claim-and-apply.sql    Applying notifications: claim, the set-based pass (the only implementation of the effects) and its fallback on batches of one, failures (called by siwa-worker)
+--   schema/35-claim.sql              Claiming notifications: siwa-worker's verified claim and apply, and the unverified entry points (called by siwa-worker and the owner)
+--   schema/36-apply.sql              The set-based pass siwa.apply_claimed_batch, the only implementation of the worker's effects
+--   schema/37-fallback.sql           The fallback on batches of one (siwa.process_claimed_notifications), failures and the retry schedule (siwa.retry_delay)
 --   schema/40-erasure.sql            Erasure of a user's personal data: at the deletion and delayed (siwa.settings.erase_personal_data_after)
 --   schema/45-retention.sql          Retention: month partitions of the log, token and history pruning, dedupe keys, changes; requeue
 --   schema/50-admin-views.sql        What admins read: siwa.event_history, siwa.account_overview, siwa.queue_health, and the changefeed
@@ -1279,19 +1281,11 @@ $$;
 -- application is kept and the event is retried.
 
 -- ===================================================================================================
--- schema/35-claim-and-apply.sql: Applying notifications: claim, the set-based pass (the only implementation of the effects) and its fallback on batches of one, failures (called by siwa-worker)
+-- schema/35-claim.sql: Claiming notifications: siwa-worker's verified claim and apply, and the unverified entry points (called by siwa-worker and the owner)
 -- ===================================================================================================
 
--- Work on one user (sub) is serialised by the lock on its siwa.accounts row, taken with FOR UPDATE SKIP
--- LOCKED: only roles that may UPDATE siwa.accounts (the worker, the owner, the app) can hold it, never a
--- role that merely connects or reads the admin views. The advisory lock on a guessable key that version 1
--- used could be held by any role (and its key function resolved hashtextextended through the caller's
--- search_path): it is gone, also from databases upgraded to version 2 (change 2 in
--- schema/10-numbered-changes.sql).
-
--- Result rows of the processing functions. Only functions depend on it: an attribute added later is
--- added to existing databases by a numbered change with ALTER TYPE … ADD ATTRIBUTE (at the end, so
--- callers that name the columns they read keep working).
+-- Result rows of the processing functions: an attribute added later goes at the end (ALTER TYPE … ADD
+-- ATTRIBUTE in a numbered change), so callers that name the columns they read keep working.
 DO $$
 BEGIN
     IF to_regtype('siwa.processing_result') IS NULL THEN
@@ -1311,776 +1305,14 @@ $$;
 COMMENT ON TYPE siwa.processing_result IS
     'One handled notification: outcome applied, skipped, retry, dead, gone (no longer pending), busy (its user''s siwa.accounts row is held by another transaction; put off briefly without counting an attempt), rejected (its stored token did not verify: nothing applied) or deferred (the worker had no key at hand to verify it: put off, no attempt); attempt is the attempt number just made; latency is seconds from received_at to now; busy_seconds is, for a busy one, how long it has been busy in a row.';
 
--- Creates the accounts p_subs (that do not exist yet) and returns the subs it created, which this
--- transaction holds until it ends. The INSERT waits only for a concurrent uncommitted insert of the same
--- sub (another lane's batch, or the app's sign-in), and for 1 ms at most (lock_timeout, then 55P03): that
--- user is busy. Called by the set-based pass (step 1) and by its fallback, which creates a batch of one's
--- account before the pass so that such a wait is told apart from a lock wait of the effects.
-CREATE OR REPLACE FUNCTION siwa.create_accounts(p_subs text[]) RETURNS text[]
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET lock_timeout = '1ms' AS $$
-DECLARE
-    v_created text[];
-BEGIN
-    WITH created AS (
-        INSERT INTO siwa.accounts (sub) SELECT m.sub FROM unnest(p_subs) AS m(sub) ORDER BY m.sub
-        ON CONFLICT (sub) DO NOTHING RETURNING sub)
-    SELECT coalesce(array_agg(created.sub), '{}') INTO v_created FROM created;
-    RETURN v_created;
-END;
-$$;
-COMMENT ON FUNCTION siwa.create_accounts(text[]) IS
-    'Creates the siwa.accounts rows of p_subs that do not exist (ON CONFLICT DO NOTHING), waiting 1 ms at most for a concurrent insert of the same sub (55P03: that user is busy), and returns the subs it created.';
+-- The worker's verified path: in one transaction siwa-worker claims (siwa.claim_notifications), verifies
+-- each stored token in Swift (docs/security.md) and applies (siwa.apply_verified_notifications); no
+-- network call inside it. The entry points at the end of this part apply without verifying (the owner's
+-- repairs, the effects' tests); siwa-worker never calls them.
 
--- Puts off pending notifications whose user is busy (its siwa.accounts row held by another transaction):
--- by half the time each has been busy (busy_since, set to p_now when it was not busy yet), between 0.1 s
--- and 5 s, times a factor in [0.5, 1): short at first, rarer while the user stays busy, never an attempt.
-CREATE OR REPLACE FUNCTION siwa.put_off_busy(p_ids bigint[], p_now timestamptz) RETURNS void
-LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
-    UPDATE siwa.notification_queue AS t
-       SET busy_since      = coalesce(t.busy_since, p_now),
-           next_attempt_at = p_now + least(greatest((p_now - coalesce(t.busy_since, p_now)) / 2,
-                                                    interval '100 milliseconds'),
-                                           interval '5 seconds') * (0.5 + random() / 2)
-     WHERE t.id = ANY (p_ids)
-$$;
-COMMENT ON FUNCTION siwa.put_off_busy(bigint[], timestamptz) IS
-    'Puts off the pending notifications p_ids of busy users (busy_since set, next attempt in 0.05–5 s, growing while the user stays busy); counts no attempt.';
-
--- The set-based pass ---------------------------------------------------------------------------------
---
--- siwa.apply_claimed_batch is the only implementation of the worker's effects: one statement per effect
--- for the whole batch instead of one subtransaction per notification, so that the costs paid per call (a
--- function's SET search_path, the switch to the hook's path and back, the account row lock, the
--- subtransaction) are paid once per batch. It leaves exactly what applying the batch's notifications one
--- after the other, in claim order, each as a batch of one, leaves. If any of it fails, nothing of it is
--- kept (siwa.process_claimed_notifications rolls its subtransaction back) and the same pass runs on each
--- notification alone, in a subtransaction of its own, the failure recorded for the one that fails: a
--- single bad event, or a hook that raises for one, still affects only itself.
---
--- The tables it reads and writes, by statement: siwa.accounts (lock, create, email/consent/deletion),
--- siwa.settings, siwa.sessions and siwa.refresh_tokens (revocation), siwa.erase_personal_data_of
--- (erasure), siwa.on_event (the hook), siwa.notification_queue and siwa.notification_log (marking the
--- batch's states: finished rows leave the queue and their outcome goes to the log).
-
--- One claimed notification as the set-based pass sees it: the queue row's fields it needs (no raw
--- token), its position in the batch (ord, claim order), and what the pass worked out about it.
-DO $$
-BEGIN
-    IF to_regtype('siwa.batch_event') IS NULL THEN
-        CREATE TYPE siwa.batch_event AS (
-            ord              integer,
-            id               bigint,
-            jti              text,
-            event_type       text,
-            sub              text,
-            email            text,
-            is_private_email boolean,
-            event_time       timestamptz,
-            received_at      timestamptz,
-            attempts         integer,
-            busy_since       timestamptz,
-            locked           boolean,
-            known            boolean,
-            first_delete     integer,
-            erased_before    boolean,
-            erased_after     boolean
-        );
-    END IF;
-END;
-$$;
-COMMENT ON TYPE siwa.batch_event IS
-    'One notification of a batch in siwa.apply_claimed_batch: ord is its claim order; locked: its user''s siwa.accounts row is held by this transaction (else it is busy); known: it is applied (its event type is one the worker applies, and it is no duplicate of an earlier stored jti); first_delete: ord of the first account-delete of its user in the batch; erased_before: its user''s personal data is erased when its turn comes (before the batch, or by an earlier account-delete of the batch); erased_after: erased once the batch is applied.';
-
--- Applies a claimed batch (rows the caller holds with FOR UPDATE, in claim order, each with the sub it is
--- applied to: see siwa.process_claimed_notifications) with one statement per effect, and returns one
--- siwa.processing_result per notification, in claim order (results), and the changes it wrote, with
--- their ids, for siwa.number_changes to insert (changes). Raises on any failure; the caller owns the
--- subtransaction and falls back to batches of one.
---  0. Skips: an unknown event type, and a jti stored twice (possible only past the dedupe window, see
---     siwa.notification_jtis: the log's earlier row, found by its primary key in every partition, was
---     applied, and this one is skipped), are skipped with their reason; the user is locked all the same.
---  1. Users: every account row of the batch is locked at once (FOR UPDATE SKIP LOCKED); the missing ones
---     are created (siwa.create_accounts, waiting 1 ms at most for a concurrent insert of the same sub:
---     past that the pass raises 55P03, and the fallback, which creates a batch of one's account itself
---     first, reports that user busy). A user whose row another transaction holds is busy: its
---     notifications are put off (siwa.put_off_busy).
---  2. Account state, one UPDATE: relay email status with last writer wins by event_time (also between
---     events of one user in the batch; an email event after an account-delete of the batch, or of an
---     already deleted account, changes nothing), consent_revoked_at, deleted_at.
---  3. Revocation, one UPDATE each of siwa.sessions and siwa.refresh_tokens: a consent-revoked event
---     revokes what was created up to its event_time (unless an account-delete of the batch came first),
---     an account-delete everything; each revoked row counted for the event that revoked it.
---     3b. The changes (siwa.changes): what one-at-a-time application writes, in its order, with ids.
---  4. Erasure of the users deleted in the batch (siwa.settings.erase_personal_data_after = 0), at once.
---  5. The hook siwa.on_event once per known event, in claim order, after all of the above, with the
---     session's search_path (switched once for the whole loop), and the email it would have had one
---     event at a time (NULL once the user's data is erased); after each, siwa.on_change (if it exists)
---     with the event's change and its erasure's.
---  6. One UPDATE marks every notification: applied, skipped (with the reason), or busy (put off, no
---     attempt counted); a late event of an erased user keeps no email or token.
---  7. The changes are returned, not inserted: the caller inserts them last, numbered, with those of the
---     other batches of its transaction (siwa.number_changes).
-CREATE OR REPLACE FUNCTION siwa.apply_claimed_batch(
-    p_batch siwa.notifications[], OUT results siwa.processing_result[], OUT changes siwa.changes[])
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_now          timestamptz := clock_timestamp();
-    v_subs         text[];
-    v_locked       text[];
-    v_erased       text[];
-    v_missing      text[];
-    v_inserted     text[];
-    v_duplicates   bigint[];
-    v_erase_now    boolean;
-    v_events       siwa.batch_event[];
-    v_hooks        siwa.batch_event[];
-    v_hook         siwa.batch_event;
-    v_hook_path    text;
-    v_deleted      text[];
-    v_revoke_subs  text[];
-    v_revoke_upto  timestamptz[];
-    v_revoke_all   boolean[];
-    v_plan_cache_mode text;
-    v_enable_seqscan text;
-    v_jit          text;
-    v_done         bigint;
-    v_marked       bigint;
-    v_mark_ids     bigint[];
-    v_mark_jtis    text[];
-    v_mark_issued_at timestamptz[];
-    v_mark_known   boolean[];
-    v_mark_attempts integer[];
-    v_mark_errors  text[];
-    v_mark_erase   boolean[];
-    v_status_at    timestamptz[];
-    v_deleted_before text[];
-    v_consent_at   timestamptz[];
-    v_deleted_at   timestamptz[];
-    v_rs_ord       integer[];
-    v_rt_ord       integer[];
-    v_list         siwa.changes[];
-    v_list_ord     integer[];
-    v_list_superseded boolean[];
-    v_on_change    boolean;
-    v_calls_change boolean[] := '{}';
-    v_calls_event  siwa.batch_event[] := '{}';
-    v_calls_record siwa.changes[] := '{}';
-    v_calls_superseded boolean[] := '{}';
-    v_ncalls       integer := 0;
-    v_p            integer;
-    v_change       siwa.changes;
-    v_seq          regclass;
-    i              integer;
-BEGIN
-    -- Plans: every statement here reads or writes a few dozen rows by their keys, with arrays as
-    -- parameters. Each keeps one generic plan for the session (force_generic_plan), planned once instead
-    -- of once per batch (planning the table statements per batch was a fifth of the pass's
-    -- instructions). A generic plan made while a table was still small (a new deployment's
-    -- siwa.accounts, not yet analysed) would scan it sequentially, batch after batch, as it grows
-    -- (measured: most of the pass's CPU in a 100k drain): so sequential scans are disabled here
-    -- (enable_seqscan), and every table is read through the index that serves its keys, whatever its
-    -- size was when the plan was made. A table with no index for a statement is still scanned (at a
-    -- cost of 10^10, which alone would make the planner JIT-compile it: jit is off here too). The hooks
-    -- run with the session's own settings.
-    v_plan_cache_mode := current_setting('plan_cache_mode');
-    v_enable_seqscan := current_setting('enable_seqscan');
-    v_jit := current_setting('jit');
-    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
-    PERFORM set_config('enable_seqscan', 'off', true);
-    PERFORM set_config('jit', 'off', true);
-
-    -- 1. Lock the batch's users; create the missing ones. Each account row is looked up by its key,
-    --    one LATERAL lookup per user, in sub order (the same order in every lane), whatever the planner
-    --    thinks of the table's size; the locked rows' state before the batch is kept for step 2.
-    v_subs := ARRAY(SELECT DISTINCT b.sub FROM unnest(p_batch) AS b ORDER BY 1);
-    SELECT coalesce(array_agg(l.sub ORDER BY l.sub), '{}'),
-           coalesce(array_agg(l.email_status_at ORDER BY l.sub), '{}'),
-           coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}'),
-           coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}'),
-           coalesce(array_agg(l.consent_revoked_at ORDER BY l.sub), '{}'),
-           coalesce(array_agg(l.deleted_at ORDER BY l.sub), '{}')
-      INTO v_locked, v_status_at, v_erased, v_deleted_before, v_consent_at, v_deleted_at
-      FROM unnest(v_subs) AS s(sub),
-           LATERAL (SELECT a.sub, a.email_status_at, a.personal_data_erased_at, a.deleted_at, a.consent_revoked_at
-                      FROM siwa.accounts a WHERE a.sub = s.sub FOR UPDATE SKIP LOCKED) AS l;
-    IF cardinality(v_locked) < cardinality(v_subs) THEN
-        v_missing := ARRAY(SELECT s.sub FROM unnest(v_subs) AS s(sub)
-                            WHERE s.sub <> ALL (v_locked)
-                              AND (SELECT true FROM siwa.accounts a WHERE a.sub = s.sub) IS NULL);
-        IF cardinality(v_missing) > 0 THEN
-            v_inserted := siwa.create_accounts(v_missing);
-            v_locked := v_locked || v_inserted;
-            v_status_at := v_status_at || array_fill(NULL::timestamptz, ARRAY[cardinality(v_inserted)]);
-            v_consent_at := v_consent_at || array_fill(NULL::timestamptz, ARRAY[cardinality(v_inserted)]);
-            v_deleted_at := v_deleted_at || array_fill(NULL::timestamptz, ARRAY[cardinality(v_inserted)]);
-            IF cardinality(v_inserted) < cardinality(v_missing) THEN
-                -- Created by another transaction that committed meanwhile: lock it like the others.
-                SELECT v_locked || coalesce(array_agg(l.sub ORDER BY l.sub), '{}'),
-                       v_status_at || coalesce(array_agg(l.email_status_at ORDER BY l.sub), '{}'),
-                       v_erased || coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}'),
-                       v_deleted_before || coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}'),
-                       v_consent_at || coalesce(array_agg(l.consent_revoked_at ORDER BY l.sub), '{}'),
-                       v_deleted_at || coalesce(array_agg(l.deleted_at ORDER BY l.sub), '{}')
-                  INTO v_locked, v_status_at, v_erased, v_deleted_before, v_consent_at, v_deleted_at
-                  FROM unnest(v_missing) AS s(sub),
-                       LATERAL (SELECT a.sub, a.email_status_at, a.personal_data_erased_at, a.deleted_at,
-                                       a.consent_revoked_at
-                                  FROM siwa.accounts a
-                                 WHERE a.sub = s.sub AND a.sub <> ALL (v_inserted) FOR UPDATE SKIP LOCKED) AS l;
-            END IF;
-        END IF;
-    END IF;
-
-    -- 0. A jti stored twice: the later row is skipped (the log's primary key, by jti, in every partition).
-    v_duplicates := ARRAY(SELECT b.id FROM unnest(p_batch) AS b
-                           WHERE EXISTS (SELECT 1 FROM siwa.notification_log d
-                                          WHERE d.jti = b.jti AND d.issued_at <> b.issued_at AND d.id < b.id));
-
-    -- What each notification needs, worked out once.
-    v_erase_now := (SELECT s.erase_personal_data_after = interval '0' FROM siwa.settings s);
-    v_events := ARRAY(
-        SELECT ROW(e.ord, e.id, e.jti, e.event_type, e.sub, e.email, e.is_private_email, e.event_time,
-                   e.received_at, e.attempts, e.busy_since, e.locked, e.known, e.first_delete,
-                   e.locked AND (e.sub = ANY (v_erased) OR coalesce(v_erase_now AND e.first_delete <= e.ord, false)),
-                   e.locked AND (e.sub = ANY (v_erased) OR (v_erase_now AND e.first_delete IS NOT NULL))
-                  )::siwa.batch_event
-          FROM (SELECT b.*, b.ordinality::integer AS ord, b.sub = ANY (v_locked) AS locked,
-                       b.event_type IN ('email-disabled', 'email-enabled', 'consent-revoked', 'account-delete')
-                           AND b.id <> ALL (v_duplicates) AS known,
-                       (min(b.ordinality) FILTER (WHERE b.event_type = 'account-delete' AND b.id <> ALL (v_duplicates))
-                            OVER (PARTITION BY b.sub))::integer AS first_delete
-                  FROM unnest(p_batch) WITH ORDINALITY AS b) AS e
-         ORDER BY e.ord);
-
-    -- 3. (Worked out here, with the other array-only statements: what step 3 below revokes.)
-    --    Revocation, one statement updating both tables: up to the latest consent-revoked event_time
-    --    that comes before the user's first account-delete in the batch, everything for an
-    --    account-delete. (A session created later than every such consent-revoked is revoked by the
-    --    account-delete alone.)
-    SELECT coalesce(array_agg(r.sub), '{}'), coalesce(array_agg(r.upto), '{}'), coalesce(array_agg(r.everything), '{}')
-      INTO v_revoke_subs, v_revoke_upto, v_revoke_all
-      FROM (SELECT x.sub,
-                   max(x.event_time) FILTER (WHERE x.event_type = 'consent-revoked'
-                                               AND (x.first_delete IS NULL OR x.ord < x.first_delete)) AS upto,
-                   bool_or(x.event_type = 'account-delete') AS everything
-              FROM unnest(v_events) AS x
-             WHERE x.locked AND x.known AND x.event_type IN ('consent-revoked', 'account-delete')
-             GROUP BY x.sub) AS r;
-
-    -- 2. Account state, one UPDATE for the batch. Email events count only before the user's first
-    --    account-delete in the batch (and not at all for an account deleted before it); one applies when
-    --    its event_time is at least the account's email_status_at and that of every earlier email event
-    --    of the user in the batch (these are exactly the ones one-at-a-time application would apply);
-    --    the last one applied sets the status, and the last email (and is_private_email) given wins.
-    WITH e AS (
-        SELECT x.* FROM unnest(v_events) AS x WHERE x.locked AND x.known),
-    m AS (
-        SELECT e.sub, e.ord, e.event_type, e.event_time, e.email, e.is_private_email,
-               max(e.event_time) OVER (PARTITION BY e.sub ORDER BY e.ord
-                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS earlier
-          FROM e
-         WHERE e.event_type IN ('email-disabled', 'email-enabled')
-           AND (e.first_delete IS NULL OR e.ord < e.first_delete)),
-    mail AS (
-        SELECT m.sub,
-               (array_agg(m.event_type ORDER BY m.ord DESC))[1] AS event_type,
-               (array_agg(m.event_time ORDER BY m.ord DESC))[1] AS event_time,
-               (array_agg(m.email ORDER BY m.ord DESC) FILTER (WHERE m.email IS NOT NULL))[1] AS email,
-               (array_agg(m.is_private_email ORDER BY m.ord DESC)
-                    FILTER (WHERE m.is_private_email IS NOT NULL))[1] AS is_private_email
-          FROM m JOIN unnest(v_locked, v_status_at) AS a(sub, email_status_at) ON a.sub = m.sub
-         WHERE m.sub <> ALL (v_deleted_before)
-           AND (a.email_status_at IS NULL OR a.email_status_at <= m.event_time)
-           AND (m.earlier IS NULL OR m.earlier <= m.event_time)
-         GROUP BY m.sub),
-    u AS (
-        SELECT e.sub,
-               max(e.event_time) FILTER (WHERE e.event_type = 'consent-revoked') AS consent_revoked_at,
-               min(e.event_time) FILTER (WHERE e.event_type = 'account-delete') AS deleted_at
-          FROM e GROUP BY e.sub)
-    UPDATE siwa.accounts AS a
-       SET email            = CASE WHEN mail.sub IS NULL THEN a.email
-                                   WHEN a.personal_data_erased_at IS NULL THEN coalesce(mail.email, a.email) END,
-           is_private_email = CASE WHEN mail.sub IS NULL THEN a.is_private_email
-                                   WHEN a.personal_data_erased_at IS NULL
-                                   THEN coalesce(mail.is_private_email, a.is_private_email) END,
-           email_status     = CASE WHEN mail.sub IS NULL THEN a.email_status
-                                   WHEN mail.event_type = 'email-enabled' THEN 'enabled' ELSE 'disabled' END,
-           email_status_at  = coalesce(mail.event_time, a.email_status_at),
-           consent_revoked_at = greatest(a.consent_revoked_at, u.consent_revoked_at),
-           deleted_at       = least(a.deleted_at, u.deleted_at),
-           updated_at       = clock_timestamp()
-      FROM u LEFT JOIN mail ON mail.sub = u.sub
-     WHERE a.sub = u.sub
-       AND (mail.sub IS NOT NULL OR u.consent_revoked_at IS NOT NULL OR u.deleted_at IS NOT NULL);
-
-    -- 3. Revocation (what each user's events revoke was worked out above, before step 2).
-    --    Each revoked row is counted for the event that revoked it one event at a time: the user's first,
-    --    in claim order up to the first account-delete, that covers it (an account-delete, or a
-    --    consent-revoked at or after its created_at).
-    v_rs_ord := '{}';
-    v_rt_ord := '{}';
-    IF cardinality(v_revoke_subs) > 0 THEN
-        WITH revoke AS (
-            SELECT * FROM unnest(v_revoke_subs, v_revoke_upto, v_revoke_all) AS r(sub, upto, everything)),
-        sessions AS (
-            UPDATE siwa.sessions AS t
-               SET revoked_at = clock_timestamp(),
-                   revoke_reason = CASE WHEN t.created_at <= r.upto THEN 'consent-revoked' ELSE 'account-delete' END
-              FROM revoke AS r
-             WHERE t.sub = ANY (v_revoke_subs) AND t.sub = r.sub AND t.revoked_at IS NULL
-               AND (r.everything OR t.created_at <= r.upto)
-            RETURNING true AS is_session, t.sub, t.created_at),
-        tokens AS (
-            UPDATE siwa.refresh_tokens AS t
-               SET revoked_at = clock_timestamp(),
-                   revoke_reason = CASE WHEN t.created_at <= r.upto THEN 'consent-revoked' ELSE 'account-delete' END
-              FROM revoke AS r
-             WHERE t.sub = ANY (v_revoke_subs) AND t.sub = r.sub AND t.revoked_at IS NULL
-               AND (r.everything OR t.created_at <= r.upto)
-            RETURNING false AS is_session, t.sub, t.created_at),
-        revoked AS (
-            SELECT v.is_session,
-                   (SELECT min(x.ord) FROM unnest(v_events) AS x
-                     WHERE x.locked AND x.known AND x.sub = v.sub
-                       AND (x.first_delete IS NULL OR x.ord <= x.first_delete)
-                       AND (x.event_type = 'account-delete'
-                            OR (x.event_type = 'consent-revoked' AND v.created_at <= x.event_time))) AS ord
-              FROM (SELECT * FROM sessions UNION ALL SELECT * FROM tokens) AS v)
-        SELECT coalesce(array_agg(revoked.ord) FILTER (WHERE revoked.is_session), '{}'),
-               coalesce(array_agg(revoked.ord) FILTER (WHERE NOT revoked.is_session), '{}')
-          INTO v_rs_ord, v_rt_ord FROM revoked;
-    END IF;
-
-    -- 3b. The changes (siwa.changes), one per known event of a locked user in claim order, and after the
-    --     user's first account-delete of the batch a siwa.personal_data_erased when it erases an account
-    --     not erased before; the same rows, in the same order, as applying the batch's notifications one
-    --     at a time writes. Worked out here, with the emails one-at-a-time application writes before the
-    --     erasure of step 4 clears them, given to the hook (step 5) as they are, and returned (step 7):
-    --     siwa.number_changes inserts them without the emails that erasure cleared. A superseded event
-    --     (see siwa.changes) writes none, but its record is kept for the hook.
-    --     Email events: applied as in step 2. Consent-revoked: superseded when the user's consent was
-    --     revoked at or after its event_time already (before the batch, or by an earlier one of the
-    --     batch) and it revoked nothing. Account-delete: when the account was deleted already at or
-    --     before its event_time (before the batch, or by an earlier one of the batch) and it revoked
-    --     nothing: an earlier deletion moves deleted_at, so it is a change, with the account's new time.
-    SELECT coalesce(array_agg(c.change ORDER BY c.ord, c.kind), '{}'),
-           coalesce(array_agg(c.ord ORDER BY c.ord, c.kind), '{}'),
-           coalesce(array_agg(c.superseded ORDER BY c.ord, c.kind), '{}')
-      INTO v_list, v_list_ord, v_list_superseded
-      FROM (
-        WITH e AS (
-            SELECT x.*, n.audience,
-                   (SELECT count(*) FROM unnest(v_rs_ord) AS o(ord) WHERE o.ord = x.ord)::integer AS sessions,
-                   (SELECT count(*) FROM unnest(v_rt_ord) AS o(ord) WHERE o.ord = x.ord)::integer AS tokens
-              FROM unnest(v_events) AS x JOIN unnest(p_batch) AS n ON n.id = x.id
-             WHERE x.locked AND x.known),
-        w AS (
-            SELECT e.*, a.status_at, a.consent_at, a.deleted_at,
-                   max(e.event_time) FILTER (WHERE e.event_type IN ('email-disabled', 'email-enabled'))
-                       OVER (PARTITION BY e.sub ORDER BY e.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-                       AS earlier_email,
-                   max(e.event_time) FILTER (WHERE e.event_type = 'consent-revoked')
-                       OVER (PARTITION BY e.sub ORDER BY e.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-                       AS earlier_consent,
-                   min(e.event_time) FILTER (WHERE e.event_type = 'account-delete')
-                       OVER (PARTITION BY e.sub ORDER BY e.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-                       AS earlier_delete
-              FROM e JOIN unnest(v_locked, v_status_at, v_consent_at, v_deleted_at)
-                          AS a(sub, status_at, consent_at, deleted_at)
-                ON a.sub = e.sub),
-        s AS (
-            SELECT w.*,
-                   CASE w.event_type
-                       WHEN 'consent-revoked' THEN
-                           coalesce(greatest(w.consent_at, w.earlier_consent) >= w.event_time, false)
-                           AND w.sessions = 0 AND w.tokens = 0
-                       WHEN 'account-delete' THEN
-                           coalesce(least(w.deleted_at, w.earlier_delete) <= w.event_time, false)
-                           AND w.sessions = 0 AND w.tokens = 0
-                       ELSE NOT ((w.first_delete IS NULL OR w.ord < w.first_delete)
-                                 AND w.sub <> ALL (v_deleted_before)
-                                 AND (w.status_at IS NULL OR w.status_at <= w.event_time)
-                                 AND (w.earlier_email IS NULL OR w.earlier_email <= w.event_time))
-                   END AS superseded
-              FROM w),
-        -- The change type of each event type of the batch (siwa.change_type, once per type, not per row).
-        t AS MATERIALIZED (
-            SELECT d.event_type, siwa.change_type(d.event_type) AS type FROM (SELECT DISTINCT e.event_type FROM e) AS d)
-        SELECT s.ord, 0 AS kind, s.superseded,
-               -- A row of siwa.changes, its columns in table order (id, position, type, sub, event_time,
-               -- applied_at, jti, audience, sessions_revoked, refresh_tokens_revoked, email,
-               -- is_private_email, old_sub): built directly, no JSON per row.
-               ROW(NULL, NULL, t.type, s.sub, s.event_time, clock_timestamp(), s.jti, s.audience, s.sessions,
-                   s.tokens,
-                   CASE WHEN s.event_type IN ('email-disabled', 'email-enabled') AND NOT s.erased_before
-                        THEN s.email END,
-                   CASE WHEN s.event_type IN ('email-disabled', 'email-enabled') AND NOT s.erased_before
-                        THEN s.is_private_email END,
-                   NULL)::siwa.changes AS change
-          FROM s JOIN t ON t.event_type = s.event_type
-        UNION ALL
-        SELECT s.ord, 1, false,
-               ROW(NULL, NULL, 'siwa.personal_data_erased', s.sub, s.event_time, clock_timestamp(), s.jti,
-                   s.audience, 0, 0, NULL, NULL, NULL)::siwa.changes
-          FROM s
-         WHERE s.event_type = 'account-delete' AND s.ord = s.first_delete AND v_erase_now
-           AND s.sub <> ALL (v_erased)) AS c;
-    -- Their ids now, from the identity's sequence in this order, so that the hook gets them; the rows
-    -- themselves are inserted by the caller, numbered (step 7).
-    changes := '{}';
-    IF false = ANY (v_list_superseded) THEN
-        v_seq := pg_catalog.pg_get_serial_sequence('siwa.changes', 'id')::regclass;
-        FOR i IN 1 .. cardinality(v_list) LOOP
-            IF NOT v_list_superseded[i] THEN
-                v_change := v_list[i];
-                v_change.id := pg_catalog.nextval(v_seq);
-                v_list[i] := v_change;
-                changes := changes || v_change;
-            END IF;
-        END LOOP;
-    END IF;
-
-    -- 4. Erasure of every user deleted in this batch, at once (the batch's own rows of these users
-    --    included: this transaction holds their locks).
-    IF v_erase_now THEN
-        v_deleted := ARRAY(SELECT DISTINCT x.sub FROM unnest(v_events) AS x
-                            WHERE x.locked AND x.known AND x.event_type = 'account-delete');
-        IF cardinality(v_deleted) > 0 THEN
-            -- The batch's own rows are erased by the marking UPDATE of step 6 (erased_after): written once.
-            PERFORM siwa.erase_personal_data_of(
-                v_deleted, ARRAY(SELECT x.id FROM unnest(v_events) AS x WHERE x.locked));
-        END IF;
-    END IF;
-
-    -- 5. The hooks, once per known event in claim order, with the path they were written for (see
-    --    siwa.hook_path): switched once around the loop, which evaluates no operator or function
-    --    of its own while the session's path is in force. Per event siwa.on_event, then (if it exists)
-    --    siwa.on_change with its change record and with its erasure's, exactly as one at a time: the
-    --    calls are listed first, under this function's own path.
-    v_hooks := ARRAY(
-        SELECT ROW(x.ord, x.id, x.jti, x.event_type, x.sub, CASE WHEN x.erased_before THEN NULL ELSE x.email END,
-                   x.is_private_email, x.event_time, x.received_at, x.attempts, x.busy_since, x.locked, x.known,
-                   x.first_delete, x.erased_before, x.erased_after)::siwa.batch_event
-          FROM unnest(v_events) AS x WHERE x.locked AND x.known ORDER BY x.ord);
-    IF cardinality(v_hooks) > 0 THEN
-        v_hook_path := siwa.hook_path();
-        v_on_change := pg_catalog.to_regprocedure('siwa.on_change(siwa.changes, boolean)') IS NOT NULL;
-        v_p := 1;
-        FOREACH v_hook IN ARRAY v_hooks LOOP
-            v_ncalls := v_ncalls + 1;
-            v_calls_change[v_ncalls] := false;
-            v_calls_event[v_ncalls] := v_hook;
-            WHILE v_on_change AND v_p <= cardinality(v_list) AND v_list_ord[v_p] = v_hook.ord LOOP
-                v_ncalls := v_ncalls + 1;
-                v_calls_change[v_ncalls] := true;
-                v_calls_record[v_ncalls] := v_list[v_p];
-                v_calls_superseded[v_ncalls] := v_list_superseded[v_p];
-                v_p := v_p + 1;
-            END LOOP;
-        END LOOP;
-        PERFORM set_config('plan_cache_mode', v_plan_cache_mode, true);
-        PERFORM set_config('enable_seqscan', v_enable_seqscan, true);
-        PERFORM set_config('jit', v_jit, true);
-        PERFORM pg_catalog.set_config('search_path', v_hook_path, true);
-        FOR i IN 1 .. v_ncalls LOOP
-            IF v_calls_change[i] THEN
-                PERFORM siwa.on_change(v_calls_record[i], v_calls_superseded[i]);
-            ELSE
-                v_hook := v_calls_event[i];
-                PERFORM siwa.on_event(v_hook.event_type, v_hook.sub, v_hook.event_time, v_hook.email, v_hook.jti);
-            END IF;
-        END LOOP;
-        PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
-        PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
-        PERFORM set_config('enable_seqscan', 'off', true);
-        PERFORM set_config('jit', 'off', true);
-    END IF;
-
-    -- 6. Mark the batch. Finished (applied or skipped, an attempt): out of the queue, and the outcome
-    --    into its log row, in one statement (a late event of an erased user keeps no email or token).
-    --    Busy (no attempt): its queue row is put off (siwa.put_off_busy). The results first: the log
-    --    row's last_error is the result's (a skip's reason). The results and the marking's columns
-    --    (one narrow array each, in claim order; the log row's issued_at by position in p_batch) are
-    --    worked out in one statement, so that the marking UPDATE reads a single unnest of scalars:
-    --    no join (it was a nested loop of 64 × 64 rows over three unnests) and a narrow row mark
-    --    instead of three whole rows copied per updated row.
-    SELECT coalesce(array_agg(ROW(x.id, x.jti, x.event_type,
-                                  CASE WHEN NOT x.locked THEN 'busy' WHEN x.known THEN 'applied' ELSE 'skipped' END,
-                                  x.error,
-                                  x.attempts + CASE WHEN x.locked THEN 1 ELSE 0 END,
-                                  extract(epoch FROM clock_timestamp() - x.received_at)::double precision,
-                                  CASE WHEN NOT x.locked
-                                       THEN extract(epoch FROM v_now - coalesce(x.busy_since, v_now))::double precision END
-                                 )::siwa.processing_result ORDER BY x.ord), '{}'),
-           coalesce(array_agg(x.id ORDER BY x.ord) FILTER (WHERE x.locked), '{}'),
-           coalesce(array_agg(x.jti ORDER BY x.ord) FILTER (WHERE x.locked), '{}'),
-           coalesce(array_agg((p_batch[array_lower(p_batch, 1) + x.ord - 1]).issued_at ORDER BY x.ord)
-                        FILTER (WHERE x.locked), '{}'),
-           coalesce(array_agg(x.known ORDER BY x.ord) FILTER (WHERE x.locked), '{}'),
-           coalesce(array_agg(x.attempts + 1 ORDER BY x.ord) FILTER (WHERE x.locked), '{}'),
-           coalesce(array_agg(x.error ORDER BY x.ord) FILTER (WHERE x.locked), '{}'),
-           coalesce(array_agg(x.erased_after ORDER BY x.ord) FILTER (WHERE x.locked), '{}')
-      INTO results, v_mark_ids, v_mark_jtis, v_mark_issued_at, v_mark_known, v_mark_attempts, v_mark_errors,
-           v_mark_erase
-      FROM (SELECT y.*,
-                   CASE WHEN y.locked THEN CASE WHEN y.known THEN NULL
-                                            WHEN y.event_type IN ('email-disabled', 'email-enabled', 'consent-revoked', 'account-delete')
-                                            THEN 'duplicate jti (an earlier notification has the same jti)'
-                                            ELSE 'unknown event type ' || quote_literal(left(y.event_type, 100)) END END
-                       AS error
-              FROM unnest(v_events) AS y) AS x;
-    -- Both in one statement (they write different tables): out of the queue, the outcome into the log.
-    WITH gone AS (
-        DELETE FROM siwa.notification_queue AS q WHERE q.id = ANY (v_mark_ids) RETURNING 1),
-    marked AS (
-        UPDATE siwa.notification_log AS t
-           SET state      = CASE WHEN m.known THEN 'applied' ELSE 'skipped' END,
-               attempts   = m.attempts,
-               applied_at = clock_timestamp(),
-               last_error = m.error,
-               email      = CASE WHEN m.erase THEN NULL ELSE t.email END,
-               raw_token  = CASE WHEN m.erase THEN NULL ELSE t.raw_token END,
-               personal_data_erased_at =
-                   CASE WHEN m.erase AND (t.email IS NOT NULL OR t.raw_token IS NOT NULL)
-                        THEN clock_timestamp() ELSE t.personal_data_erased_at END
-          FROM unnest(v_mark_jtis, v_mark_issued_at, v_mark_known, v_mark_attempts, v_mark_errors, v_mark_erase)
-               AS m(jti, issued_at, known, attempts, error, erase)
-         WHERE t.jti = m.jti AND t.issued_at = m.issued_at
-        RETURNING 1)
-    SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM marked) INTO v_done, v_marked;
-    IF v_marked <> v_done OR v_done <> cardinality(v_mark_ids) THEN
-        RAISE EXCEPTION 'siwa.apply_claimed_batch finished % queue rows and % log rows of % applied',
-                        v_done, v_marked, cardinality(v_mark_ids);
-    END IF;
-    -- Put off from now, when they are let go, not from the pass's start: a slow pass (the first of a
-    -- session makes its plans) would otherwise hand them back already due.
-    IF false = ANY (ARRAY(SELECT x.locked FROM unnest(v_events) AS x)) THEN
-        PERFORM siwa.put_off_busy(ARRAY(SELECT x.id FROM unnest(v_events) AS x WHERE NOT x.locked),
-                                  clock_timestamp());
-    END IF;
-    -- 7. The changes (with their ids) go to the caller, which inserts them numbered, last in its
-    --    transaction (siwa.number_changes): the siwa.changes_counter row lock then covers only what is
-    --    left of the transaction, not the work of the batch (nor of the batches of one of a fallback).
-    PERFORM set_config('plan_cache_mode', v_plan_cache_mode, true);
-    PERFORM set_config('enable_seqscan', v_enable_seqscan, true);
-    PERFORM set_config('jit', v_jit, true);
-END;
-$$;
-COMMENT ON FUNCTION siwa.apply_claimed_batch(siwa.notifications[]) IS
-    'The worker''s set-based pass, the only implementation of its effects: applies a claimed batch (rows the caller holds FOR UPDATE, in claim order, subs resolved through siwa.sub_aliases) with one statement per effect — skips (unknown type, duplicate jti), account locks (busy users put off), account state with last writer wins by event_time, revocation, erasure, the hooks once per known event in order, one UPDATE marking every state — and returns one result per notification in claim order and the changes it wrote, with ids, for siwa.number_changes to insert. Raises on any failure; siwa.process_claimed_notifications then runs it on batches of one.';
-
--- Applies claimed notifications (rows the caller holds with FOR UPDATE, in claim order; their raw_token
--- NULL: the pass never reads it, and a batch of 64 tokens would be copied with every unnest) and
--- returns one siwa.processing_result per notification, in claim order; the worker's two entry points below claim
--- and call it. All in the caller's transaction: the claim disappears with a crashed worker's connection,
--- and effects commit together with the state change that marks them applied. The user's siwa.accounts
--- row lock (tried, never waited for) keeps two events of one user from being applied concurrently by
--- two workers; such rows are reported busy and put off briefly.
---
--- A sub that a team transfer replaced is applied to the account it became (siwa.current_sub): resolved
--- here, once, for the pass and its fallback. An email event for a replaced sub carries the old team's
--- relay address, which no longer forwards: its status is applied, its address is not (the pass, the
--- change row and the hook get no email; the history keeps what Apple sent).
---
--- First the set-based pass (siwa.apply_claimed_batch) on the whole batch, in one subtransaction. If it
--- raises (an event whose hook raises, a lock wait past lock_timeout, anything), it is rolled back and the
--- fallback runs the same pass on each notification alone, a batch of one, in its own subtransaction (as
--- River's inline completer turns one job into a batch of one): a failure affects only its own
--- notification, recorded by siwa.record_failure (retry with backoff, or dead). A batch of one goes to
--- that form at once. Before the pass, the fallback creates a missing account itself
--- (siwa.create_accounts), so that a wait for a concurrent insert of the same sub (55P03 after 1 ms, or
--- a deadlock) tells that the user is busy, while a lock wait in the effects (e.g. an app transaction
--- holding a session row, past the caller's lock_timeout) is a failure like any other.
---
--- Last, siwa.number_changes inserts the changes the passes wrote, numbered (under the
--- siwa.changes_counter row lock, held until the caller commits: call this in a transaction of its own,
--- as the worker does, and commit right away).
---
--- Errors no EXCEPTION block catches (query_canceled from statement_timeout, assert_failure) abort the
--- caller's transaction; the worker then handles the batch's notifications one per transaction
--- (siwa.process_notification) and records a failure with siwa.record_failure in a transaction of its
--- own.
---
--- At most 64 notifications per call (the entry points claim no more). In the fallback each
--- notification's subtransaction writes (it locks its user's account row, at least), so it gets a
--- subtransaction XID, and these stay with the transaction until it ends (only a rolled-back one gives
--- its XID back, as the failed pass on the whole batch does). PostgreSQL keeps 64 of them per
--- transaction in shared memory (PGPROC_MAX_CACHED_SUBXIDS); beyond that the transaction's cache
--- overflows, and every snapshot any session takes while it is open must look subtransactions up in
--- pg_subtrans, which slows the whole server down. The pass on the whole batch uses one. A hook
--- (siwa.on_event) with BEGIN … EXCEPTION blocks of its own that write uses one more per block entered:
--- the worker's --batch-size must then be lower (docs/operations.md).
-CREATE OR REPLACE FUNCTION siwa.process_claimed_notifications(
-    p_batch siwa.notifications[], p_max_attempts integer, p_retry_base_delay interval)
-RETURNS SETOF siwa.processing_result
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
-AS $$
-DECLARE
-    n             siwa.notifications;
-    v_batch       siwa.notifications[];
-    v_results     siwa.processing_result[];
-    v_changes     siwa.changes[];
-    v_one         siwa.processing_result[];
-    v_one_changes siwa.changes[];
-    r             siwa.processing_result;
-    v_locking     boolean;
-    v_now         timestamptz;
-BEGIN
-    IF coalesce(cardinality(p_batch), 0) = 0 THEN
-        RETURN;
-    END IF;
-    -- Aliases exist only once a team transfer ran: without any, every sub is its own current sub and
-    -- the batch is applied as claimed (one probe of an empty table instead of one siwa.current_sub per
-    -- row). Either way the answer is as of this statement's snapshot, as the resolution itself would be:
-    -- a transfer that commits after it is caught by the account lock (siwa.refuse_replaced_sub, 40001:
-    -- the attempt is retried and its next claim resolves the alias), as it always was.
-    IF EXISTS (SELECT 1 FROM siwa.sub_aliases) THEN
-        v_batch := ARRAY(
-            SELECT ROW(b.id, b.jti, b.event_type, c.sub, b.audience,
-                       CASE WHEN c.sub = b.sub THEN b.email END, CASE WHEN c.sub = b.sub THEN b.is_private_email END,
-                       b.event_time, b.issued_at, b.expires_at, b.raw_token,
-                       b.received_at, b.state, b.attempts, b.next_attempt_at, b.applied_at, b.last_error,
-                       b.personal_data_erased_at, b.busy_since)::siwa.notifications
-              FROM unnest(p_batch) WITH ORDINALITY AS b,
-                   -- OFFSET 0: resolved once per row (pulled up, the call would be made for each use of c.sub).
-                   LATERAL (SELECT siwa.current_sub(b.sub) AS sub OFFSET 0) AS c
-             ORDER BY b.ordinality);
-    ELSE
-        v_batch := p_batch;
-    END IF;
-    IF cardinality(v_batch) > 1 THEN
-        BEGIN
-            SELECT p.results, p.changes INTO v_results, v_changes FROM siwa.apply_claimed_batch(v_batch) AS p;
-        EXCEPTION WHEN OTHERS THEN
-            v_results := NULL;  -- rolled back to the block's start: nothing of the pass is kept
-        END;
-    END IF;
-    IF v_results IS NULL THEN
-        v_results := '{}';
-        v_changes := '{}';
-        FOREACH n IN ARRAY v_batch LOOP
-            v_locking := true;
-            BEGIN
-                IF NOT EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = n.sub) THEN
-                    PERFORM siwa.create_accounts(ARRAY[n.sub]);
-                END IF;
-                v_locking := false;
-                SELECT p.results, p.changes INTO v_one, v_one_changes FROM siwa.apply_claimed_batch(ARRAY[n]) AS p;
-                v_results := v_results || v_one;
-                v_changes := v_changes || v_one_changes;
-            EXCEPTION WHEN OTHERS THEN
-                -- Rolled back, the account row it created included.
-                r := ROW(n.id, n.jti, n.event_type, NULL, NULL, n.attempts + 1, NULL, NULL)::siwa.processing_result;
-                IF v_locking AND SQLSTATE IN ('55P03', '40P01') THEN
-                    v_now := clock_timestamp();
-                    PERFORM siwa.put_off_busy(ARRAY[n.id], v_now);
-                    r.outcome := 'busy';
-                    r.attempt := n.attempts;
-                    r.busy_seconds := extract(epoch FROM v_now - coalesce(n.busy_since, v_now))::double precision;
-                ELSE
-                    r.error := left(siwa.redact_error(left(SQLSTATE || ': ' || SQLERRM, 10000)), 2000);
-                    r.outcome := siwa.record_failure(n.id, r.error, p_max_attempts, p_retry_base_delay);
-                END IF;
-                r.latency := extract(epoch FROM clock_timestamp() - n.received_at);
-                v_results := v_results || r;
-            END;
-        END LOOP;
-    END IF;
-    RETURN QUERY SELECT * FROM unnest(v_results);
-    PERFORM siwa.number_changes(v_changes);  -- last: see siwa.changes
-END;
-$$;
-COMMENT ON FUNCTION siwa.process_claimed_notifications(siwa.notifications[], integer, interval) IS
-    'Applies notifications the caller has claimed (FOR UPDATE, in claim order; subs resolved through siwa.sub_aliases) with the set-based pass (siwa.apply_claimed_batch) in one subtransaction; if that fails, runs the pass on each alone in its own subtransaction and records the failure of one that fails (siwa.record_failure), or reports it busy. Inserts the changes numbered last (siwa.number_changes). One row per notification.';
-
--- Worker entry point: claims up to p_limit (at most 64) due notifications, oldest first, and applies
--- them (siwa.process_claimed_notifications).
-CREATE OR REPLACE FUNCTION siwa.process_due_notifications(
-    p_limit integer, p_max_attempts integer, p_retry_base_delay interval)
-RETURNS SETOF siwa.processing_result
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
-AS $$
-DECLARE
-    v_batch siwa.notifications[];
-BEGIN
-    -- The claim locks queue rows (in id order: oldest first; the queue's only index), never log rows.
-    v_batch := ARRAY(
-        SELECT ROW(l.id, l.jti, l.event_type, l.sub, l.audience, l.email, l.is_private_email, l.event_time,
-                   l.issued_at, l.expires_at, NULL, l.received_at, l.state, q.attempts,
-                   q.next_attempt_at, l.applied_at, q.last_error, l.personal_data_erased_at,
-                   q.busy_since)::siwa.notifications
-          FROM siwa.notification_queue q
-          JOIN siwa.notification_log l ON l.jti = q.jti AND l.issued_at = q.issued_at
-         WHERE q.next_attempt_at <= clock_timestamp()
-         ORDER BY q.id
-         LIMIT least(p_limit, 64)
-         FOR UPDATE OF q SKIP LOCKED);
-    RETURN QUERY SELECT * FROM siwa.process_claimed_notifications(v_batch, p_max_attempts, p_retry_base_delay);
-END;
-$$;
-COMMENT ON FUNCTION siwa.process_due_notifications(integer, integer, interval) IS
-    'Worker entry point: claims up to p_limit (at most 64) due notifications (FOR UPDATE SKIP LOCKED) and applies them with one statement per effect (siwa.apply_claimed_batch); if that fails, rolls it back and applies each alone in its own subtransaction (one each, and PostgreSQL caches 64 per transaction). Marks each applied, skipped, retried with backoff, or dead. One row per notification handled (busy: its user''s account row is held elsewhere; put off briefly, no attempt counted).';
-
--- The worker's fallback when a whole batch failed with an error no subtransaction can catch: handles
--- exactly one notification, a batch of one, so that the culprit can be identified and recorded
--- separately.
-CREATE OR REPLACE FUNCTION siwa.process_notification(
-    p_id bigint, p_max_attempts integer, p_retry_base_delay interval)
-RETURNS SETOF siwa.processing_result
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
-AS $$
-DECLARE
-    v_batch siwa.notifications[];
-BEGIN
-    v_batch := ARRAY(
-        SELECT ROW(l.id, l.jti, l.event_type, l.sub, l.audience, l.email, l.is_private_email, l.event_time,
-                   l.issued_at, l.expires_at, NULL, l.received_at, l.state, q.attempts,
-                   q.next_attempt_at, l.applied_at, q.last_error, l.personal_data_erased_at,
-                   q.busy_since)::siwa.notifications
-          FROM siwa.notification_queue q
-          JOIN siwa.notification_log l ON l.jti = q.jti AND l.issued_at = q.issued_at
-         WHERE q.id = p_id AND q.next_attempt_at <= clock_timestamp()
-           FOR UPDATE OF q SKIP LOCKED);
-    RETURN QUERY SELECT * FROM siwa.process_claimed_notifications(v_batch, p_max_attempts, p_retry_base_delay);
-END;
-$$;
-COMMENT ON FUNCTION siwa.process_notification(bigint, integer, interval) IS
-    'Like siwa.process_due_notifications for the one notification p_id, if it is still pending, due and not locked elsewhere. Returns no row otherwise.';
-
--- The worker's verified path ----------------------------------------------------------------------
---
--- siwa-worker applies only what Apple signed. In one transaction it claims due notifications
--- (siwa.claim_notifications, which hands it each row's stored token and the columns the token must
--- match), verifies each token in Swift (RS256 against Apple's keys by kid, the claims against the
--- columns: docs/security.md), and hands the outcome to siwa.apply_verified_notifications, which applies
--- the verified rows with the set-based pass (siwa.process_claimed_notifications, the only
--- implementation of the effects), marks the rejected ones (state rejected: nothing applied) and puts off
--- those whose key could not be had without a network call (no transaction is held across one).
--- siwa.process_due_notifications and siwa.process_notification above apply without verifying: the
--- owner's repairs and the tests of the effects use them, siwa-worker never does.
-
--- Claims up to p_limit (at most 64) due notifications, oldest first (or only p_id), FOR UPDATE OF the
--- queue row SKIP LOCKED, and returns what the worker verifies: the stored token, the origin and the
--- columns its claims must match (times as seconds since the epoch). A queue row whose log row is
--- missing or not pending (already applied, skipped, dead or rejected: a queue row the receiver's role
--- inserted for a finished notification) is refused: deleted, returned with refused = true and nothing
--- else, so a finished notification is never applied (nor its hook run) a second time. Notifications of
--- the subs p_skip_subs are left alone: the users a lane found busy earlier in the same drain, whose
--- put-off rows may be due again already (a pass can take longer than the shortest put-off) and, being
--- older, would otherwise fill every batch ahead of other users' work.
---
--- Its generic plan (one per session) is made with sequential scans disabled: one made while the queue
--- was empty (a worker started on an idle system) scanned the queue and the log's partition whole, for
--- every batch, once a backlog arrived, until autovacuum analysed the queue.
+-- p_skip_subs: a busy user's put-off rows may be due again within the same drain and, being older,
+-- would otherwise fill every batch ahead of other users' work. Sequential scans off: a generic plan made
+-- while the queue was empty would scan the queue and the log's partition whole for every batch.
 CREATE OR REPLACE FUNCTION siwa.claim_notifications(p_limit integer, p_id bigint DEFAULT NULL,
                                                     p_skip_subs text[] DEFAULT NULL)
 RETURNS TABLE (id bigint, refused boolean, origin text, raw_token text, jti text, event_type text,
@@ -2122,13 +1354,8 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.claim_notifications(integer, bigint, text[]) IS
-    'siwa-worker''s claim: up to p_limit (at most 64) due notifications (or only p_id), none of the subs p_skip_subs (users this drain found busy), FOR UPDATE SKIP LOCKED, with the stored token, origin and the columns the token''s claims must match, for the worker to verify before siwa.apply_verified_notifications; a queue row whose notification is missing or finished is deleted and returned with refused = true. Call both in one transaction.';
+    'siwa-worker''s claim: up to p_limit (at most 64) due notifications, oldest first (or only p_id), none of the subs p_skip_subs (users this drain found busy), FOR UPDATE OF the queue row SKIP LOCKED, with the stored token, origin and the columns the token''s claims must match (times as epoch seconds), for the worker to verify before siwa.apply_verified_notifications; a queue row whose notification is missing or finished is deleted and returned with refused = true and nothing else, so a finished notification is never applied (nor its hook run) twice. Call both in one transaction.';
 
--- Applies what the worker verified, in the transaction of its siwa.claim_notifications: p_verified (in
--- claim order) with the set-based pass; p_rejected (with p_reasons) marked rejected, out of the queue,
--- one attempt, nothing else changed; p_deferred (a key that could not be had without a network call)
--- put off by 5 s, no attempt counted. One siwa.processing_result per notification (outcome applied,
--- skipped, retry, dead, busy, rejected or deferred).
 CREATE OR REPLACE FUNCTION siwa.apply_verified_notifications(
     p_verified bigint[], p_rejected bigint[], p_reasons text[], p_deferred bigint[],
     p_max_attempts integer, p_retry_base_delay interval)
@@ -2142,9 +1369,8 @@ DECLARE
     v_enable_seqscan text := current_setting('enable_seqscan');
     v_jit   text := current_setting('jit');
 BEGIN
-    -- Its own statements read the queue and the log by their keys, with generic plans (one per
-    -- session): sequential scans are disabled for them (see siwa.claim_notifications), and the
-    -- session's settings are back before the set-based pass, which runs the hooks with them.
+    -- Sequential scans off for its own statements (see siwa.claim_notifications), the session's settings
+    -- back before the set-based pass, which runs the hooks with them.
     PERFORM set_config('enable_seqscan', 'off', true);
     PERFORM set_config('jit', 'off', true);
     IF coalesce(cardinality(p_rejected), 0) > 0 THEN
@@ -2155,11 +1381,8 @@ BEGIN
         gone AS (
             DELETE FROM siwa.notification_queue q USING r WHERE q.id = r.id
             RETURNING q.id, q.jti, q.issued_at, q.attempts, q.received_at, r.reason),
-        -- A row without a token of an account already erased (the receiver stores a late email event of
-        -- an erased account so, and erasure clears its token) is skipped, not rejected: nothing of it
-        -- can be verified, and nothing of it would change a deleted, erased account. Whether the account
-        -- is erased comes from siwa.accounts, which the receiver's role cannot write. A rejected row of
-        -- an erased account keeps no token or email either.
+        -- A tokenless row of an erased account (siwa.accounts, which the receiver cannot write) is skipped,
+        -- not rejected: nothing of it can be verified or would change. Neither keeps a token or email.
         erased AS (
             SELECT l.id, l.raw_token IS NULL AND l.origin = 'apple' AS tokenless FROM gone g
               JOIN siwa.notification_log l ON l.jti = g.jti AND l.issued_at = g.issued_at AND l.id = g.id
@@ -2217,9 +1440,646 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.apply_verified_notifications(bigint[], bigint[], text[], bigint[], integer, interval) IS
-    'siwa-worker''s apply, after siwa.claim_notifications in the same transaction: the notifications whose tokens it verified go through the set-based pass (siwa.process_claimed_notifications); the rejected ones are marked rejected with their reason (nothing applied, out of the queue); the deferred ones (key not at hand) are put off 5 s without an attempt. One result per notification.';
+    'siwa-worker''s apply, after siwa.claim_notifications in the same transaction: p_verified (in claim order) go through the set-based pass (siwa.process_claimed_notifications); p_rejected are marked rejected with p_reasons (one attempt, out of the queue, nothing applied); p_deferred (key not at hand without a network call) are put off 5 s without an attempt. One siwa.processing_result per notification.';
 
--- Records a failed attempt: back off exponentially with jitter, or give up (dead) after p_max_attempts.
+CREATE OR REPLACE FUNCTION siwa.process_due_notifications(
+    p_limit integer, p_max_attempts integer, p_retry_base_delay interval)
+RETURNS SETOF siwa.processing_result
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_batch siwa.notifications[];
+BEGIN
+    -- The claim locks queue rows (in id order: oldest first; the queue's only index), never log rows.
+    v_batch := ARRAY(
+        SELECT ROW(l.id, l.jti, l.event_type, l.sub, l.audience, l.email, l.is_private_email, l.event_time,
+                   l.issued_at, l.expires_at, NULL, l.received_at, l.state, q.attempts,
+                   q.next_attempt_at, l.applied_at, q.last_error, l.personal_data_erased_at,
+                   q.busy_since)::siwa.notifications
+          FROM siwa.notification_queue q
+          JOIN siwa.notification_log l ON l.jti = q.jti AND l.issued_at = q.issued_at
+         WHERE q.next_attempt_at <= clock_timestamp()
+         ORDER BY q.id
+         LIMIT least(p_limit, 64)
+         FOR UPDATE OF q SKIP LOCKED);
+    RETURN QUERY SELECT * FROM siwa.process_claimed_notifications(v_batch, p_max_attempts, p_retry_base_delay);
+END;
+$$;
+COMMENT ON FUNCTION siwa.process_due_notifications(integer, integer, interval) IS
+    'Unverified entry point (the owner''s repairs, the effects'' tests): claims up to p_limit (at most 64) due notifications, oldest first (FOR UPDATE SKIP LOCKED), and applies them (siwa.process_claimed_notifications). One row per notification handled.';
+
+CREATE OR REPLACE FUNCTION siwa.process_notification(
+    p_id bigint, p_max_attempts integer, p_retry_base_delay interval)
+RETURNS SETOF siwa.processing_result
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_batch siwa.notifications[];
+BEGIN
+    v_batch := ARRAY(
+        SELECT ROW(l.id, l.jti, l.event_type, l.sub, l.audience, l.email, l.is_private_email, l.event_time,
+                   l.issued_at, l.expires_at, NULL, l.received_at, l.state, q.attempts,
+                   q.next_attempt_at, l.applied_at, q.last_error, l.personal_data_erased_at,
+                   q.busy_since)::siwa.notifications
+          FROM siwa.notification_queue q
+          JOIN siwa.notification_log l ON l.jti = q.jti AND l.issued_at = q.issued_at
+         WHERE q.id = p_id AND q.next_attempt_at <= clock_timestamp()
+           FOR UPDATE OF q SKIP LOCKED);
+    RETURN QUERY SELECT * FROM siwa.process_claimed_notifications(v_batch, p_max_attempts, p_retry_base_delay);
+END;
+$$;
+COMMENT ON FUNCTION siwa.process_notification(bigint, integer, interval) IS
+    'Like siwa.process_due_notifications for the one notification p_id (a batch of one: the culprit of a batch that failed uncatchably is found and recorded alone), if it is still pending, due and not locked elsewhere. Returns no row otherwise.';
+
+-- ===================================================================================================
+-- schema/36-apply.sql: The set-based pass siwa.apply_claimed_batch, the only implementation of the worker's effects
+-- ===================================================================================================
+
+-- Work on one user (sub) is serialised by the lock on its siwa.accounts row (FOR UPDATE SKIP LOCKED):
+-- only roles that may UPDATE siwa.accounts can hold it, never one that merely connects.
+
+-- The fallback calls it before the pass, so that a wait for a concurrent insert (that user is busy) is
+-- told apart from a lock wait of the effects (a failure).
+CREATE OR REPLACE FUNCTION siwa.create_accounts(p_subs text[]) RETURNS text[]
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET lock_timeout = '1ms' AS $$
+DECLARE
+    v_created text[];
+BEGIN
+    WITH created AS (
+        INSERT INTO siwa.accounts (sub) SELECT m.sub FROM unnest(p_subs) AS m(sub) ORDER BY m.sub
+        ON CONFLICT (sub) DO NOTHING RETURNING sub)
+    SELECT coalesce(array_agg(created.sub), '{}') INTO v_created FROM created;
+    RETURN v_created;
+END;
+$$;
+COMMENT ON FUNCTION siwa.create_accounts(text[]) IS
+    'Creates the siwa.accounts rows of p_subs that do not exist (ON CONFLICT DO NOTHING), waiting 1 ms at most for a concurrent uncommitted insert of the same sub (55P03: that user is busy), and returns the subs it created, which this transaction then holds.';
+
+CREATE OR REPLACE FUNCTION siwa.put_off_busy(p_ids bigint[], p_now timestamptz) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    UPDATE siwa.notification_queue AS t
+       SET busy_since      = coalesce(t.busy_since, p_now),
+           next_attempt_at = p_now + least(greatest((p_now - coalesce(t.busy_since, p_now)) / 2,
+                                                    interval '100 milliseconds'),
+                                           interval '5 seconds') * (0.5 + random() / 2)
+     WHERE t.id = ANY (p_ids)
+$$;
+COMMENT ON FUNCTION siwa.put_off_busy(bigint[], timestamptz) IS
+    'Puts off the pending notifications p_ids of busy users (their siwa.accounts row held elsewhere), counting no attempt: busy_since set (p_now if it was not), next attempt after half the time busy, between 0.1 s and 5 s, times a jitter in [0.5, 1).';
+
+-- The set-based pass -------------------------------------------------------------------------------
+--
+-- One statement per effect for the whole batch, so that what a call costs (SET search_path, the hook's
+-- path, the account lock, a subtransaction) is paid once per batch; its contract is its COMMENT ON.
+
+-- One claimed notification as the set-based pass sees it.
+DO $$
+BEGIN
+    IF to_regtype('siwa.batch_event') IS NULL THEN
+        CREATE TYPE siwa.batch_event AS (
+            ord              integer,
+            id               bigint,
+            jti              text,
+            event_type       text,
+            sub              text,
+            email            text,
+            is_private_email boolean,
+            event_time       timestamptz,
+            received_at      timestamptz,
+            attempts         integer,
+            busy_since       timestamptz,
+            locked           boolean,
+            known            boolean,
+            first_delete     integer,
+            erased_before    boolean,
+            erased_after     boolean
+        );
+    END IF;
+END;
+$$;
+COMMENT ON TYPE siwa.batch_event IS
+    'One notification of a batch in siwa.apply_claimed_batch: ord is its claim order; locked: its user''s siwa.accounts row is held by this transaction (else it is busy); known: it is applied (its event type is one the worker applies, and it is no duplicate of an earlier stored jti); first_delete: ord of the first account-delete of its user in the batch; erased_before: its user''s personal data is erased when its turn comes (before the batch, or by an earlier account-delete of the batch); erased_after: erased once the batch is applied.';
+
+-- One locked account of a batch as it was before the batch.
+DO $$
+BEGIN
+    IF to_regtype('siwa.batch_account') IS NULL THEN
+        CREATE TYPE siwa.batch_account AS (
+            sub                text,
+            email_status_at    timestamptz,
+            consent_revoked_at timestamptz,
+            deleted_at         timestamptz
+        );
+    END IF;
+END;
+$$;
+COMMENT ON TYPE siwa.batch_account IS
+    'One account siwa.apply_claimed_batch locked, with the columns of siwa.accounts its rules compare events with, as they were before the batch (NULL for an account the batch created).';
+
+CREATE OR REPLACE FUNCTION siwa.apply_claimed_batch(
+    p_batch siwa.notifications[], OUT results siwa.processing_result[], OUT changes siwa.changes[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now              timestamptz := clock_timestamp();
+    v_plan_cache_mode  text;
+    v_enable_seqscan   text;
+    v_jit              text;
+    -- 1. lock
+    v_subs             text[];
+    v_locked           text[];
+    v_accounts         siwa.batch_account[];
+    v_erased           text[];
+    v_deleted_before   text[];
+    v_missing          text[];
+    v_inserted         text[];
+    -- 2. events
+    v_duplicates       bigint[];
+    v_erase_now        boolean;
+    v_events           siwa.batch_event[];
+    v_revoke_subs      text[];
+    v_revoke_upto      timestamptz[];
+    v_revoke_all       boolean[];
+    -- 4. revoke
+    v_rs_ord           integer[] := '{}';
+    v_rt_ord           integer[] := '{}';
+    -- 5. changes
+    v_list             siwa.changes[];
+    v_list_ord         integer[];
+    v_list_superseded  boolean[];
+    v_change           siwa.changes;
+    v_seq              regclass;
+    -- 6. erase
+    v_deleted          text[];
+    -- 7. hooks
+    v_hooks            siwa.batch_event[];
+    v_hook             siwa.batch_event;
+    v_hook_path        text;
+    v_on_change        boolean;
+    v_calls_change     boolean[] := '{}';
+    v_calls_event      siwa.batch_event[] := '{}';
+    v_calls_record     siwa.changes[] := '{}';
+    v_calls_superseded boolean[] := '{}';
+    v_ncalls           integer := 0;
+    v_p                integer;
+    -- 8. mark
+    v_mark_ids         bigint[];
+    v_mark_jtis        text[];
+    v_mark_issued_at   timestamptz[];
+    v_mark_known       boolean[];
+    v_mark_attempts    integer[];
+    v_mark_errors      text[];
+    v_mark_erase       boolean[];
+    v_done             bigint;
+    v_marked           bigint;
+    i                  integer;
+BEGIN
+    -- One generic plan per statement and session, read through the indexes whatever a table's size was
+    -- when it was planned (sequential scans and JIT off); the hooks run with the session's own settings.
+    v_plan_cache_mode := current_setting('plan_cache_mode');
+    v_enable_seqscan := current_setting('enable_seqscan');
+    v_jit := current_setting('jit');
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+    PERFORM set_config('enable_seqscan', 'off', true);
+    PERFORM set_config('jit', 'off', true);
+
+    -- 1. lock: every user's account row (FOR UPDATE SKIP LOCKED, one lookup per sub, in sub order as in
+    --    every lane), the missing ones created; a user whose row is held elsewhere is busy.
+    v_subs := ARRAY(SELECT DISTINCT b.sub FROM unnest(p_batch) AS b ORDER BY 1);
+    SELECT coalesce(array_agg(l.sub ORDER BY l.sub), '{}'),
+           coalesce(array_agg(ROW(l.sub, l.email_status_at, l.consent_revoked_at, l.deleted_at)::siwa.batch_account
+                              ORDER BY l.sub), '{}'),
+           coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}'),
+           coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}')
+      INTO v_locked, v_accounts, v_erased, v_deleted_before
+      FROM unnest(v_subs) AS s(sub),
+           LATERAL (SELECT a.sub, a.email_status_at, a.personal_data_erased_at, a.deleted_at, a.consent_revoked_at
+                      FROM siwa.accounts a WHERE a.sub = s.sub FOR UPDATE SKIP LOCKED) AS l;
+    IF cardinality(v_locked) < cardinality(v_subs) THEN
+        v_missing := ARRAY(SELECT s.sub FROM unnest(v_subs) AS s(sub)
+                            WHERE s.sub <> ALL (v_locked)
+                              AND (SELECT true FROM siwa.accounts a WHERE a.sub = s.sub) IS NULL);
+        IF cardinality(v_missing) > 0 THEN
+            v_inserted := siwa.create_accounts(v_missing);
+            v_locked := v_locked || v_inserted;
+            v_accounts := v_accounts || ARRAY(SELECT ROW(n.sub, NULL, NULL, NULL)::siwa.batch_account
+                                                FROM unnest(v_inserted) AS n(sub));
+            IF cardinality(v_inserted) < cardinality(v_missing) THEN
+                -- Created by another transaction that committed meanwhile: lock it like the others.
+                SELECT v_locked || coalesce(array_agg(l.sub ORDER BY l.sub), '{}'),
+                       v_accounts || coalesce(array_agg(ROW(l.sub, l.email_status_at, l.consent_revoked_at,
+                                                            l.deleted_at)::siwa.batch_account ORDER BY l.sub), '{}'),
+                       v_erased || coalesce(array_agg(l.sub) FILTER (WHERE l.personal_data_erased_at IS NOT NULL), '{}'),
+                       v_deleted_before || coalesce(array_agg(l.sub) FILTER (WHERE l.deleted_at IS NOT NULL), '{}')
+                  INTO v_locked, v_accounts, v_erased, v_deleted_before
+                  FROM unnest(v_missing) AS s(sub),
+                       LATERAL (SELECT a.sub, a.email_status_at, a.personal_data_erased_at, a.deleted_at,
+                                       a.consent_revoked_at
+                                  FROM siwa.accounts a
+                                 WHERE a.sub = s.sub AND a.sub <> ALL (v_inserted) FOR UPDATE SKIP LOCKED) AS l;
+            END IF;
+        END IF;
+    END IF;
+
+    -- 2. events: what each notification needs, worked out once (siwa.batch_event). A jti stored twice
+    --    (possible only past the dedupe window): the later row is skipped, found by the log's primary key.
+    v_duplicates := ARRAY(SELECT b.id FROM unnest(p_batch) AS b
+                           WHERE EXISTS (SELECT 1 FROM siwa.notification_log d
+                                          WHERE d.jti = b.jti AND d.issued_at <> b.issued_at AND d.id < b.id));
+    v_erase_now := (SELECT s.erase_personal_data_after = interval '0' FROM siwa.settings s);
+    v_events := ARRAY(
+        SELECT ROW(e.ord, e.id, e.jti, e.event_type, e.sub, e.email, e.is_private_email, e.event_time,
+                   e.received_at, e.attempts, e.busy_since, e.locked, e.known, e.first_delete,
+                   e.locked AND (e.sub = ANY (v_erased) OR coalesce(v_erase_now AND e.first_delete <= e.ord, false)),
+                   e.locked AND (e.sub = ANY (v_erased) OR (v_erase_now AND e.first_delete IS NOT NULL))
+                  )::siwa.batch_event
+          FROM (SELECT b.*, b.ordinality::integer AS ord, b.sub = ANY (v_locked) AS locked,
+                       b.event_type IN ('email-disabled', 'email-enabled', 'consent-revoked', 'account-delete')
+                           AND b.id <> ALL (v_duplicates) AS known,
+                       (min(b.ordinality) FILTER (WHERE b.event_type = 'account-delete' AND b.id <> ALL (v_duplicates))
+                            OVER (PARTITION BY b.sub))::integer AS first_delete
+                  FROM unnest(p_batch) WITH ORDINALITY AS b) AS e
+         ORDER BY e.ord);
+    --    What stage 4 revokes per user: up to the latest consent-revoked before the user's first
+    --    account-delete of the batch, everything for an account-delete.
+    SELECT coalesce(array_agg(r.sub), '{}'), coalesce(array_agg(r.upto), '{}'), coalesce(array_agg(r.everything), '{}')
+      INTO v_revoke_subs, v_revoke_upto, v_revoke_all
+      FROM (SELECT x.sub,
+                   max(x.event_time) FILTER (WHERE x.event_type = 'consent-revoked'
+                                               AND (x.first_delete IS NULL OR x.ord < x.first_delete)) AS upto,
+                   bool_or(x.event_type = 'account-delete') AS everything
+              FROM unnest(v_events) AS x
+             WHERE x.locked AND x.known AND x.event_type IN ('consent-revoked', 'account-delete')
+             GROUP BY x.sub) AS r;
+
+    -- 3. accounts, one UPDATE: an email event counts before the user's first account-delete (never for an
+    --    account deleted before the batch) when its event_time is at least the account's and every earlier
+    --    one's of the batch (last writer wins); consent_revoked_at and deleted_at.
+    WITH e AS (
+        SELECT x.* FROM unnest(v_events) AS x WHERE x.locked AND x.known),
+    m AS (
+        SELECT e.sub, e.ord, e.event_type, e.event_time, e.email, e.is_private_email,
+               max(e.event_time) OVER (PARTITION BY e.sub ORDER BY e.ord
+                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS earlier
+          FROM e
+         WHERE e.event_type IN ('email-disabled', 'email-enabled')
+           AND (e.first_delete IS NULL OR e.ord < e.first_delete)),
+    mail AS (
+        SELECT m.sub,
+               (array_agg(m.event_type ORDER BY m.ord DESC))[1] AS event_type,
+               (array_agg(m.event_time ORDER BY m.ord DESC))[1] AS event_time,
+               (array_agg(m.email ORDER BY m.ord DESC) FILTER (WHERE m.email IS NOT NULL))[1] AS email,
+               (array_agg(m.is_private_email ORDER BY m.ord DESC)
+                    FILTER (WHERE m.is_private_email IS NOT NULL))[1] AS is_private_email
+          FROM m JOIN unnest(v_accounts) AS a ON a.sub = m.sub
+         WHERE m.sub <> ALL (v_deleted_before)
+           AND (a.email_status_at IS NULL OR a.email_status_at <= m.event_time)
+           AND (m.earlier IS NULL OR m.earlier <= m.event_time)
+         GROUP BY m.sub),
+    u AS (
+        SELECT e.sub,
+               max(e.event_time) FILTER (WHERE e.event_type = 'consent-revoked') AS consent_revoked_at,
+               min(e.event_time) FILTER (WHERE e.event_type = 'account-delete') AS deleted_at
+          FROM e GROUP BY e.sub)
+    UPDATE siwa.accounts AS a
+       SET email            = CASE WHEN mail.sub IS NULL THEN a.email
+                                   WHEN a.personal_data_erased_at IS NULL THEN coalesce(mail.email, a.email) END,
+           is_private_email = CASE WHEN mail.sub IS NULL THEN a.is_private_email
+                                   WHEN a.personal_data_erased_at IS NULL
+                                   THEN coalesce(mail.is_private_email, a.is_private_email) END,
+           email_status     = CASE WHEN mail.sub IS NULL THEN a.email_status
+                                   WHEN mail.event_type = 'email-enabled' THEN 'enabled' ELSE 'disabled' END,
+           email_status_at  = coalesce(mail.event_time, a.email_status_at),
+           consent_revoked_at = greatest(a.consent_revoked_at, u.consent_revoked_at),
+           deleted_at       = least(a.deleted_at, u.deleted_at),
+           updated_at       = clock_timestamp()
+      FROM u LEFT JOIN mail ON mail.sub = u.sub
+     WHERE a.sub = u.sub
+       AND (mail.sub IS NOT NULL OR u.consent_revoked_at IS NOT NULL OR u.deleted_at IS NOT NULL);
+
+    -- 4. revoke, one statement for sessions and refresh tokens; each revoked row is counted for the
+    --    user's first event, in claim order up to the first account-delete, that covers it.
+    IF cardinality(v_revoke_subs) > 0 THEN
+        WITH revoke AS (
+            SELECT * FROM unnest(v_revoke_subs, v_revoke_upto, v_revoke_all) AS r(sub, upto, everything)),
+        sessions AS (
+            UPDATE siwa.sessions AS t
+               SET revoked_at = clock_timestamp(),
+                   revoke_reason = CASE WHEN t.created_at <= r.upto THEN 'consent-revoked' ELSE 'account-delete' END
+              FROM revoke AS r
+             WHERE t.sub = ANY (v_revoke_subs) AND t.sub = r.sub AND t.revoked_at IS NULL
+               AND (r.everything OR t.created_at <= r.upto)
+            RETURNING true AS is_session, t.sub, t.created_at),
+        tokens AS (
+            UPDATE siwa.refresh_tokens AS t
+               SET revoked_at = clock_timestamp(),
+                   revoke_reason = CASE WHEN t.created_at <= r.upto THEN 'consent-revoked' ELSE 'account-delete' END
+              FROM revoke AS r
+             WHERE t.sub = ANY (v_revoke_subs) AND t.sub = r.sub AND t.revoked_at IS NULL
+               AND (r.everything OR t.created_at <= r.upto)
+            RETURNING false AS is_session, t.sub, t.created_at),
+        revoked AS (
+            SELECT v.is_session,
+                   (SELECT min(x.ord) FROM unnest(v_events) AS x
+                     WHERE x.locked AND x.known AND x.sub = v.sub
+                       AND (x.first_delete IS NULL OR x.ord <= x.first_delete)
+                       AND (x.event_type = 'account-delete'
+                            OR (x.event_type = 'consent-revoked' AND v.created_at <= x.event_time))) AS ord
+              FROM (SELECT * FROM sessions UNION ALL SELECT * FROM tokens) AS v)
+        SELECT coalesce(array_agg(revoked.ord) FILTER (WHERE revoked.is_session), '{}'),
+               coalesce(array_agg(revoked.ord) FILTER (WHERE NOT revoked.is_session), '{}')
+          INTO v_rs_ord, v_rt_ord FROM revoked;
+    END IF;
+
+    -- 5. changes: the rows and order one-at-a-time application writes (siwa.changes says which are
+    --    superseded), with the emails erasure clears later; ids taken now for the hooks, inserted by the caller.
+    SELECT coalesce(array_agg(c.change ORDER BY c.ord, c.kind), '{}'),
+           coalesce(array_agg(c.ord ORDER BY c.ord, c.kind), '{}'),
+           coalesce(array_agg(c.superseded ORDER BY c.ord, c.kind), '{}')
+      INTO v_list, v_list_ord, v_list_superseded
+      FROM (
+        WITH e AS (
+            SELECT x.*, n.audience,
+                   (SELECT count(*) FROM unnest(v_rs_ord) AS o(ord) WHERE o.ord = x.ord)::integer AS sessions,
+                   (SELECT count(*) FROM unnest(v_rt_ord) AS o(ord) WHERE o.ord = x.ord)::integer AS tokens
+              FROM unnest(v_events) AS x JOIN unnest(p_batch) AS n ON n.id = x.id
+             WHERE x.locked AND x.known),
+        w AS (
+            SELECT e.*, a.email_status_at AS status_at, a.consent_revoked_at AS consent_at, a.deleted_at,
+                   max(e.event_time) FILTER (WHERE e.event_type IN ('email-disabled', 'email-enabled'))
+                       OVER (PARTITION BY e.sub ORDER BY e.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                       AS earlier_email,
+                   max(e.event_time) FILTER (WHERE e.event_type = 'consent-revoked')
+                       OVER (PARTITION BY e.sub ORDER BY e.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                       AS earlier_consent,
+                   min(e.event_time) FILTER (WHERE e.event_type = 'account-delete')
+                       OVER (PARTITION BY e.sub ORDER BY e.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                       AS earlier_delete
+              FROM e JOIN unnest(v_accounts) AS a ON a.sub = e.sub),
+        s AS (
+            SELECT w.*,
+                   CASE w.event_type
+                       WHEN 'consent-revoked' THEN
+                           coalesce(greatest(w.consent_at, w.earlier_consent) >= w.event_time, false)
+                           AND w.sessions = 0 AND w.tokens = 0
+                       WHEN 'account-delete' THEN
+                           coalesce(least(w.deleted_at, w.earlier_delete) <= w.event_time, false)
+                           AND w.sessions = 0 AND w.tokens = 0
+                       ELSE NOT ((w.first_delete IS NULL OR w.ord < w.first_delete)
+                                 AND w.sub <> ALL (v_deleted_before)
+                                 AND (w.status_at IS NULL OR w.status_at <= w.event_time)
+                                 AND (w.earlier_email IS NULL OR w.earlier_email <= w.event_time))
+                   END AS superseded
+              FROM w),
+        t AS MATERIALIZED (  -- siwa.change_type once per event type of the batch
+            SELECT d.event_type, siwa.change_type(d.event_type) AS type FROM (SELECT DISTINCT e.event_type FROM e) AS d)
+        SELECT s.ord, 0 AS kind, s.superseded,
+               -- a row of siwa.changes, its columns in table order, built without JSON
+               ROW(NULL, NULL, t.type, s.sub, s.event_time, clock_timestamp(), s.jti, s.audience, s.sessions,
+                   s.tokens,
+                   CASE WHEN s.event_type IN ('email-disabled', 'email-enabled') AND NOT s.erased_before
+                        THEN s.email END,
+                   CASE WHEN s.event_type IN ('email-disabled', 'email-enabled') AND NOT s.erased_before
+                        THEN s.is_private_email END,
+                   NULL)::siwa.changes AS change
+          FROM s JOIN t ON t.event_type = s.event_type
+        UNION ALL
+        SELECT s.ord, 1, false,
+               ROW(NULL, NULL, 'siwa.personal_data_erased', s.sub, s.event_time, clock_timestamp(), s.jti,
+                   s.audience, 0, 0, NULL, NULL, NULL)::siwa.changes
+          FROM s
+         WHERE s.event_type = 'account-delete' AND s.ord = s.first_delete AND v_erase_now
+           AND s.sub <> ALL (v_erased)) AS c;
+    changes := '{}';
+    IF false = ANY (v_list_superseded) THEN
+        v_seq := pg_catalog.pg_get_serial_sequence('siwa.changes', 'id')::regclass;
+        FOR i IN 1 .. cardinality(v_list) LOOP
+            IF NOT v_list_superseded[i] THEN
+                v_change := v_list[i];
+                v_change.id := pg_catalog.nextval(v_seq);
+                v_list[i] := v_change;
+                changes := changes || v_change;
+            END IF;
+        END LOOP;
+    END IF;
+
+    -- 6. erase every user deleted in the batch, at once (siwa.settings.erase_personal_data_after = 0);
+    --    the batch's own log rows are left to stage 8 (erased_after), so each is written once.
+    IF v_erase_now THEN
+        v_deleted := ARRAY(SELECT DISTINCT x.sub FROM unnest(v_events) AS x
+                            WHERE x.locked AND x.known AND x.event_type = 'account-delete');
+        IF cardinality(v_deleted) > 0 THEN
+            PERFORM siwa.erase_personal_data_of(
+                v_deleted, ARRAY(SELECT x.id FROM unnest(v_events) AS x WHERE x.locked));
+        END IF;
+    END IF;
+
+    -- 7. hooks, as docs/sql.md "Exactly when the hooks are called" says: the calls are listed under this
+    --    function's path, then made under siwa.hook_path(), switched once, evaluating nothing of our own.
+    v_hooks := ARRAY(
+        SELECT ROW(x.ord, x.id, x.jti, x.event_type, x.sub, CASE WHEN x.erased_before THEN NULL ELSE x.email END,
+                   x.is_private_email, x.event_time, x.received_at, x.attempts, x.busy_since, x.locked, x.known,
+                   x.first_delete, x.erased_before, x.erased_after)::siwa.batch_event
+          FROM unnest(v_events) AS x WHERE x.locked AND x.known ORDER BY x.ord);
+    IF cardinality(v_hooks) > 0 THEN
+        v_hook_path := siwa.hook_path();
+        v_on_change := pg_catalog.to_regprocedure('siwa.on_change(siwa.changes, boolean)') IS NOT NULL;
+        v_p := 1;
+        FOREACH v_hook IN ARRAY v_hooks LOOP
+            v_ncalls := v_ncalls + 1;
+            v_calls_change[v_ncalls] := false;
+            v_calls_event[v_ncalls] := v_hook;
+            WHILE v_on_change AND v_p <= cardinality(v_list) AND v_list_ord[v_p] = v_hook.ord LOOP
+                v_ncalls := v_ncalls + 1;
+                v_calls_change[v_ncalls] := true;
+                v_calls_record[v_ncalls] := v_list[v_p];
+                v_calls_superseded[v_ncalls] := v_list_superseded[v_p];
+                v_p := v_p + 1;
+            END LOOP;
+        END LOOP;
+        PERFORM set_config('plan_cache_mode', v_plan_cache_mode, true);
+        PERFORM set_config('enable_seqscan', v_enable_seqscan, true);
+        PERFORM set_config('jit', v_jit, true);
+        PERFORM pg_catalog.set_config('search_path', v_hook_path, true);
+        FOR i IN 1 .. v_ncalls LOOP
+            IF v_calls_change[i] THEN
+                PERFORM siwa.on_change(v_calls_record[i], v_calls_superseded[i]);
+            ELSE
+                v_hook := v_calls_event[i];
+                PERFORM siwa.on_event(v_hook.event_type, v_hook.sub, v_hook.event_time, v_hook.email, v_hook.jti);
+            END IF;
+        END LOOP;
+        PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+        PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+        PERFORM set_config('enable_seqscan', 'off', true);
+        PERFORM set_config('jit', 'off', true);
+    END IF;
+
+    -- 8. mark: the results, and one narrow array per column of the finished rows (the marking UPDATE then
+    --    reads one unnest of scalars, no join); finished rows leave the queue, their outcome goes to the log.
+    SELECT coalesce(array_agg(ROW(x.id, x.jti, x.event_type,
+                                  CASE WHEN NOT x.locked THEN 'busy' WHEN x.known THEN 'applied' ELSE 'skipped' END,
+                                  x.error,
+                                  x.attempts + CASE WHEN x.locked THEN 1 ELSE 0 END,
+                                  extract(epoch FROM clock_timestamp() - x.received_at)::double precision,
+                                  CASE WHEN NOT x.locked
+                                       THEN extract(epoch FROM v_now - coalesce(x.busy_since, v_now))::double precision END
+                                 )::siwa.processing_result ORDER BY x.ord), '{}'),
+           coalesce(array_agg(x.id ORDER BY x.ord) FILTER (WHERE x.locked), '{}'),
+           coalesce(array_agg(x.jti ORDER BY x.ord) FILTER (WHERE x.locked), '{}'),
+           coalesce(array_agg((p_batch[array_lower(p_batch, 1) + x.ord - 1]).issued_at ORDER BY x.ord)
+                        FILTER (WHERE x.locked), '{}'),
+           coalesce(array_agg(x.known ORDER BY x.ord) FILTER (WHERE x.locked), '{}'),
+           coalesce(array_agg(x.attempts + 1 ORDER BY x.ord) FILTER (WHERE x.locked), '{}'),
+           coalesce(array_agg(x.error ORDER BY x.ord) FILTER (WHERE x.locked), '{}'),
+           coalesce(array_agg(x.erased_after ORDER BY x.ord) FILTER (WHERE x.locked), '{}')
+      INTO results, v_mark_ids, v_mark_jtis, v_mark_issued_at, v_mark_known, v_mark_attempts, v_mark_errors,
+           v_mark_erase
+      FROM (SELECT y.*,
+                   CASE WHEN y.locked THEN CASE WHEN y.known THEN NULL
+                                            WHEN y.event_type IN ('email-disabled', 'email-enabled', 'consent-revoked', 'account-delete')
+                                            THEN 'duplicate jti (an earlier notification has the same jti)'
+                                            ELSE 'unknown event type ' || quote_literal(left(y.event_type, 100)) END END
+                       AS error
+              FROM unnest(v_events) AS y) AS x;
+    WITH gone AS (
+        DELETE FROM siwa.notification_queue AS q WHERE q.id = ANY (v_mark_ids) RETURNING 1),
+    marked AS (
+        UPDATE siwa.notification_log AS t
+           SET state      = CASE WHEN m.known THEN 'applied' ELSE 'skipped' END,
+               attempts   = m.attempts,
+               applied_at = clock_timestamp(),
+               last_error = m.error,
+               email      = CASE WHEN m.erase THEN NULL ELSE t.email END,
+               raw_token  = CASE WHEN m.erase THEN NULL ELSE t.raw_token END,
+               personal_data_erased_at =
+                   CASE WHEN m.erase AND (t.email IS NOT NULL OR t.raw_token IS NOT NULL)
+                        THEN clock_timestamp() ELSE t.personal_data_erased_at END
+          FROM unnest(v_mark_jtis, v_mark_issued_at, v_mark_known, v_mark_attempts, v_mark_errors, v_mark_erase)
+               AS m(jti, issued_at, known, attempts, error, erase)
+         WHERE t.jti = m.jti AND t.issued_at = m.issued_at
+        RETURNING 1)
+    SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM marked) INTO v_done, v_marked;
+    IF v_marked <> v_done OR v_done <> cardinality(v_mark_ids) THEN
+        RAISE EXCEPTION 'siwa.apply_claimed_batch finished % queue rows and % log rows of % applied',
+                        v_done, v_marked, cardinality(v_mark_ids);
+    END IF;
+    --    Busy ones are put off from now, when they are let go (a slow pass would hand them back due).
+    IF false = ANY (ARRAY(SELECT x.locked FROM unnest(v_events) AS x)) THEN
+        PERFORM siwa.put_off_busy(ARRAY(SELECT x.id FROM unnest(v_events) AS x WHERE NOT x.locked),
+                                  clock_timestamp());
+    END IF;
+    PERFORM set_config('plan_cache_mode', v_plan_cache_mode, true);
+    PERFORM set_config('enable_seqscan', v_enable_seqscan, true);
+    PERFORM set_config('jit', v_jit, true);
+END;
+$$;
+COMMENT ON FUNCTION siwa.apply_claimed_batch(siwa.notifications[]) IS
+    'The worker''s set-based pass, the only implementation of its effects: applies a claimed batch (rows the caller holds FOR UPDATE, in claim order, subs resolved through siwa.sub_aliases) with one statement per effect, in stages: lock the users'' account rows (busy users put off, missing accounts created), work out each event (skips: unknown type, duplicate jti), account state (last writer wins by event_time), revocation, the changes, erasure, the hooks once per known event in order, one UPDATE marking every state. Leaves exactly what applying the notifications one at a time in claim order leaves. Returns one result per notification in claim order and the changes it wrote, with ids, for siwa.number_changes to insert last. Raises on any failure; siwa.process_claimed_notifications then runs it on batches of one.';
+
+-- ===================================================================================================
+-- schema/37-fallback.sql: The fallback on batches of one (siwa.process_claimed_notifications), failures and the retry schedule (siwa.retry_delay)
+-- ===================================================================================================
+
+-- Why one subtransaction per batch, batches of one after a failure, at most 64 per call: docs/architecture.md,
+-- "One statement per effect, one subtransaction per batch". p_batch's raw_token is NULL: never read.
+CREATE OR REPLACE FUNCTION siwa.process_claimed_notifications(
+    p_batch siwa.notifications[], p_max_attempts integer, p_retry_base_delay interval)
+RETURNS SETOF siwa.processing_result
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    n             siwa.notifications;
+    v_batch       siwa.notifications[];
+    v_results     siwa.processing_result[];
+    v_changes     siwa.changes[];
+    v_one         siwa.processing_result[];
+    v_one_changes siwa.changes[];
+    r             siwa.processing_result;
+    v_locking     boolean;
+    v_now         timestamptz;
+BEGIN
+    IF coalesce(cardinality(p_batch), 0) = 0 THEN
+        RETURN;
+    END IF;
+    -- Without aliases (no team transfer ran) every sub is its own; a transfer committing after this
+    -- probe is caught by the account lock (siwa.refuse_replaced_sub, 40001, retried), as always.
+    IF EXISTS (SELECT 1 FROM siwa.sub_aliases) THEN
+        v_batch := ARRAY(
+            SELECT ROW(b.id, b.jti, b.event_type, c.sub, b.audience,
+                       CASE WHEN c.sub = b.sub THEN b.email END, CASE WHEN c.sub = b.sub THEN b.is_private_email END,
+                       b.event_time, b.issued_at, b.expires_at, b.raw_token,
+                       b.received_at, b.state, b.attempts, b.next_attempt_at, b.applied_at, b.last_error,
+                       b.personal_data_erased_at, b.busy_since)::siwa.notifications
+              FROM unnest(p_batch) WITH ORDINALITY AS b,
+                   -- OFFSET 0: resolved once per row (pulled up, the call would be made for each use of c.sub).
+                   LATERAL (SELECT siwa.current_sub(b.sub) AS sub OFFSET 0) AS c
+             ORDER BY b.ordinality);
+    ELSE
+        v_batch := p_batch;
+    END IF;
+    IF cardinality(v_batch) > 1 THEN
+        BEGIN
+            SELECT p.results, p.changes INTO v_results, v_changes FROM siwa.apply_claimed_batch(v_batch) AS p;
+        EXCEPTION WHEN OTHERS THEN
+            v_results := NULL;  -- rolled back to the block's start: nothing of the pass is kept
+        END;
+    END IF;
+    IF v_results IS NULL THEN
+        v_results := '{}';
+        v_changes := '{}';
+        FOREACH n IN ARRAY v_batch LOOP
+            v_locking := true;
+            BEGIN
+                IF NOT EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = n.sub) THEN
+                    PERFORM siwa.create_accounts(ARRAY[n.sub]);
+                END IF;
+                v_locking := false;
+                SELECT p.results, p.changes INTO v_one, v_one_changes FROM siwa.apply_claimed_batch(ARRAY[n]) AS p;
+                v_results := v_results || v_one;
+                v_changes := v_changes || v_one_changes;
+            EXCEPTION WHEN OTHERS THEN
+                -- Rolled back, the account row it created included.
+                r := ROW(n.id, n.jti, n.event_type, NULL, NULL, n.attempts + 1, NULL, NULL)::siwa.processing_result;
+                IF v_locking AND SQLSTATE IN ('55P03', '40P01') THEN
+                    v_now := clock_timestamp();
+                    PERFORM siwa.put_off_busy(ARRAY[n.id], v_now);
+                    r.outcome := 'busy';
+                    r.attempt := n.attempts;
+                    r.busy_seconds := extract(epoch FROM v_now - coalesce(n.busy_since, v_now))::double precision;
+                ELSE
+                    r.error := left(siwa.redact_error(left(SQLSTATE || ': ' || SQLERRM, 10000)), 2000);
+                    r.outcome := siwa.record_failure(n.id, r.error, p_max_attempts, p_retry_base_delay);
+                END IF;
+                r.latency := extract(epoch FROM clock_timestamp() - n.received_at);
+                v_results := v_results || r;
+            END;
+        END LOOP;
+    END IF;
+    RETURN QUERY SELECT * FROM unnest(v_results);
+    PERFORM siwa.number_changes(v_changes);  -- last: see siwa.changes
+END;
+$$;
+COMMENT ON FUNCTION siwa.process_claimed_notifications(siwa.notifications[], integer, interval) IS
+    'Applies notifications the caller has claimed (FOR UPDATE, in claim order), in the caller''s transaction: a replaced sub is applied to the account it became (siwa.current_sub; an email event of a replaced sub without its old team''s address), then the set-based pass (siwa.apply_claimed_batch) in one subtransaction; if that fails, the pass on each alone in its own subtransaction, after creating its account (so that a wait for a concurrent insert reads as busy), recording the failure of one that fails (siwa.record_failure). Inserts the changes numbered last (siwa.number_changes, whose counter lock is held to commit: commit at once). Errors no EXCEPTION block catches abort the caller''s transaction. One siwa.processing_result per notification, in claim order.';
+
+CREATE OR REPLACE FUNCTION siwa.retry_delay(p_attempt integer, p_base interval, p_cap interval)
+RETURNS interval
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT make_interval(secs => least(date_part('epoch', p_cap),
+                                       date_part('epoch', p_base) * 2 ^ least(greatest(p_attempt, 1) - 1, 80))
+                                 * (0.5 + random() / 2))
+$$;
+COMMENT ON FUNCTION siwa.retry_delay(integer, interval, interval) IS
+    'The one retry schedule: base doubled per attempt, at most cap, times a jitter in [1/2, 1). Exactly, in seconds (date_part(''epoch'', …) of base and cap): least(cap, base × 2^(least(greatest(attempt, 1) − 1, 80))) × (0.5 + random() / 2), as an interval (make_interval(secs => …)); the exponent stops at 80 (any cap is reached by then), so no attempt overflows. Used by siwa.record_failure (cap 1 hour) and siwa.record_webhook_attempt (an endpoint''s backoff); Swift''s RetrySchedule computes the same.';
+
 CREATE OR REPLACE FUNCTION siwa.record_failure(
     p_id bigint, p_error text, p_max_attempts integer, p_retry_base_delay interval)
 RETURNS text
@@ -2245,10 +2105,8 @@ BEGIN
     END IF;
     v_sub := siwa.current_sub(
         (SELECT l.sub FROM siwa.notification_log l WHERE l.jti = v_jti AND l.issued_at = v_issued_at));
-    -- A late event of an account whose personal data is already erased (its current sub's: a sub a team
-    -- transfer replaced is the account it became): its attempt (which would have erased this row's data)
-    -- was rolled back, so erase it here, outside that attempt, whatever follows. A consent-revoked or
-    -- account-delete without an address that is retried keeps its token: the next attempt verifies it.
+    -- The rolled-back attempt of a late event of an erased account would have erased this row: erase it
+    -- here; a retried consent-revoked or account-delete without an address keeps its token to verify.
     IF EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.sub = v_sub AND a.personal_data_erased_at IS NOT NULL) THEN
         v_error := siwa.erased_error(v_error, 'pending');
         UPDATE siwa.notification_queue SET last_error = v_error WHERE id = p_id;
@@ -2270,18 +2128,15 @@ BEGIN
          WHERE jti = v_jti AND issued_at = v_issued_at;
         RETURN 'dead';
     ELSE
-        -- base × 2^(attempts−1), capped at one hour, times a random factor in [0.5, 1).
         UPDATE siwa.notification_queue
-           SET next_attempt_at = clock_timestamp()
-                                 + least(p_retry_base_delay * power(2, least(v_attempts - 1, 30)),
-                                         interval '1 hour') * (0.5 + random() / 2)
+           SET next_attempt_at = clock_timestamp() + siwa.retry_delay(v_attempts, p_retry_base_delay, interval '1 hour')
          WHERE id = p_id;
         RETURN 'retry';
     END IF;
 END;
 $$;
 COMMENT ON FUNCTION siwa.record_failure(bigint, text, integer, interval) IS
-    'Records a failed attempt at one pending notification: stores the error redacted (siwa.redact_error), clears busy_since, erases the row''s personal data if its account''s is erased, and schedules a retry with exponential backoff (base × 2^(attempt−1), at most 1 hour) and jitter, or marks it dead after p_max_attempts. Returns retry, dead, or gone (not pending).';
+    'Records a failed attempt at one pending notification: stores the error redacted (siwa.redact_error), clears busy_since, erases the row''s personal data if its account''s is erased, and schedules a retry (siwa.retry_delay: base p_retry_base_delay, cap 1 hour), or marks it dead after p_max_attempts. Returns retry, dead, or gone (not pending).';
 
 -- ===================================================================================================
 -- schema/40-erasure.sql: Erasure of a user's personal data: at the deletion and delayed (siwa.settings.erase_personal_data_after)
@@ -4195,8 +4050,8 @@ COMMENT ON FUNCTION siwa.history_of(text) IS
 -- the endpoint's live leases, and takes a delivery only while the endpoint has fewer than
 --  - max_in_flight across every worker, or 1 while it is failing (its last attempt failed: one probe at
 --    a time), and
---  - max(1, min(lanes - 1, ceil(lanes / E))) of the claiming process's own lanes, E the endpoints with
---    due work: an endpoint that hangs leaves at least one lane to the others.
+--  - its share of the claiming process's own lanes (the rule: docs/webhooks.md, "Isolation"; computed
+--    once, in siwa.claim_webhook_delivery): an endpoint that hangs leaves at least one lane to the others.
 -- After 3 consecutive failed attempts an endpoint is backed off as a whole (backoff_until, growing with
 -- each further failure, at most the worker's longest retry delay): its deliveries are not claimed
 -- before then, and the first after it probes the endpoint for every user; a 2xx ends the run. Claims
@@ -4623,21 +4478,8 @@ COMMENT ON COLUMN siwa.webhook_delivery_status.last_error IS 'The last failure, 
 
 -- Leases for the webhook lanes: see the comment above siwa.claim_revocation (schema/55-sign-in.sql).
 
--- The webhook lanes' claim. Of the enabled endpoints with due work (a due queue head: `ready`, due by
--- p_due_by — a drain passes its start: it never retries what it just tried —, not leased or with an
--- expired lease) and not backed off (backoff_until), least recently claimed first (rotation), it takes
--- the first endpoint that is under its caps (see the head of this file: max_in_flight, or 1 while it is
--- failing; and this process's share of its p_lanes lanes) and leases that endpoint's first due head
--- with no earlier pending delivery of its sub (per-user order). The endpoint's row is locked (FOR NO
--- KEY UPDATE) while its leases are counted, to this short transaction's end, so two claims cannot both
--- take the last place; endpoints being claimed by another lane are tried after the others.
--- p_owner is `<process>:<lane>`: leases whose owner shares the part up to its last colon are the
--- process's (an owner without a colon is a process of one lane). p_skip: endpoints not to claim from.
--- 'claimed': the attempt is counted (attempts, first and last attempt times) and the lease written
--- (p_lease long: the attempt's deadline plus the margin) and the row carries everything the POST needs (URL,
--- live secrets newest first, the change's columns the body is built from: an erased email is gone).
--- 'saturated': there is due work, but every endpoint with some is at its cap; nothing is written. No
--- row: nothing is claimable.
+-- The endpoint's row is locked (FOR NO KEY UPDATE) while its leases are counted, so two claims cannot
+-- both take the last place; endpoints another lane is claiming are tried after the others.
 CREATE OR REPLACE FUNCTION siwa.claim_webhook_delivery(p_owner text, p_lease interval,
                                                        p_skip bigint[] DEFAULT '{}',
                                                        p_due_by timestamptz DEFAULT NULL,
@@ -4666,15 +4508,16 @@ BEGIN
     IF p_owner IS NULL OR p_lease IS NULL OR p_lease <= interval '0' OR p_lanes IS NULL OR p_lanes < 1 THEN
         RAISE EXCEPTION 'a claim needs an owner, a positive lease and at least one lane' USING ERRCODE = '22023';
     END IF;
-    -- The endpoints with due work (E), and of them those under their caps as read without a lock,
-    -- least recently claimed first. A process's share of its lanes: never all of them (one is left
-    -- to the others), and with E endpoints due about 1/E each.
-    SELECT pg_catalog.count(*)::integer,
+    -- The endpoints with due work (E), the process's share of its lanes (the one place it is computed:
+    -- never all of them, about 1/E each), and the endpoints under their caps as read without a lock,
+    -- least recently claimed first.
+    SELECT pg_catalog.count(*)::integer, pg_catalog.min(c.share),
            pg_catalog.array_agg(c.id ORDER BY c.last_claimed_at NULLS FIRST, c.id)
-               FILTER (WHERE c.in_flight < c.cap
-                         AND c.mine < greatest(1, least(p_lanes - 1, ceil(p_lanes::numeric / c.due)::integer)))
-      INTO v_endpoints, v_candidates
-      FROM (SELECT e.id, e.last_claimed_at, l.in_flight, l.mine, pg_catalog.count(*) OVER () AS due,
+               FILTER (WHERE c.in_flight < c.cap AND c.mine < c.share)
+      INTO v_endpoints, v_share, v_candidates
+      FROM (SELECT e.id, e.last_claimed_at, l.in_flight, l.mine,
+                   greatest(1, least(p_lanes - 1, ceil(p_lanes::numeric / pg_catalog.count(*) OVER ())::integer))
+                       AS share,
                    -- a failing endpoint gets one attempt at a time (a probe), across every worker
                    CASE WHEN e.consecutive_failures > 0 THEN 1 ELSE e.max_in_flight END AS cap
               FROM siwa.webhook_endpoints e
@@ -4699,7 +4542,6 @@ BEGIN
     IF v_endpoints = 0 THEN
         RETURN;
     END IF;
-    v_share := greatest(1, least(p_lanes - 1, ceil(p_lanes::numeric / v_endpoints)::integer));
     -- Each candidate's row is locked (FOR NO KEY UPDATE) and its leases counted again under the lock.
     -- First pass: rows no other claim holds (SKIP LOCKED); second pass: one of those, waited for, and
     -- only while this claim holds no other endpoint's row (two claims never wait for each other).
@@ -4792,18 +4634,10 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timestamptz, integer) IS
-    'The webhook lanes'' claim: leases a due queue head of the least recently claimed endpoint under its caps (max_in_flight, 1 while failing, the process''s share of its lanes; not while backed off) and returns what the POST needs, the change''s columns included; ''saturated'' when every endpoint with due work is at its cap. Executable by siwa_worker.';
+    'The webhook lanes'' claim. Of the enabled endpoints with a due queue head (ready, due by p_due_by — a drain passes its start, so it never retries what it just tried —, not leased or its lease expired), not backed off and not in p_skip, least recently claimed first, it takes the first under its caps (max_in_flight, 1 while failing, the process''s share of its p_lanes lanes: docs/webhooks.md, "Isolation") and leases its first due head with no earlier pending delivery of its sub. p_owner is <process>:<lane> (leases whose owner shares the part up to its last colon are the process''s). ''claimed'': the attempt counted, the lease written (p_lease), and the row carries what the POST needs (URL, live secrets newest first, the change''s columns; an erased email is gone). ''saturated'': due work, every endpoint with some at its cap, nothing written. No row: nothing claimable. Executable by siwa_worker.';
 
--- Records one attempt of a delivery the caller leased (counted by its claim): the attempt row, numbered
--- as the claim counted it (an attempt whose lane died leaves no row: its number is skipped), the delivery's new state
--- (p_outcome: delivered, retry after p_retry_in seconds, or dead), the lease released, the endpoint's
--- run of failures (a 2xx ends it; from the 3rd consecutive failure on, the endpoint is backed off as a
--- whole for p_backoff_base × 2^(failures − 3) seconds, at most p_backoff_max, times a jitter in [0.5, 1])
--- and — when the delivery ended — `ready` passed on to the next pending delivery of its endpoint and
--- sub. False, with nothing written, when the lease is no longer the caller's (it expired and another
--- lane took the delivery over). Locks the delivery, then the next head: the order in which the fan-out
--- share-locks them (siwa.webhook_fan_out), so the two never deadlock and `ready` is never left stale.
--- The healthy path (a 2xx to an endpoint not failing) writes nothing to the endpoint's row.
+-- Locks the delivery, then the next head: the fan-out's order (siwa.webhook_fan_out), so the two never
+-- deadlock and `ready` is never left stale.
 CREATE OR REPLACE FUNCTION siwa.record_webhook_attempt(p_delivery bigint, p_owner text, p_started timestamptz,
                                                        p_latency_ms integer, p_status integer, p_outcome text,
                                                        p_retry_in double precision, p_error text,
@@ -4849,11 +4683,10 @@ BEGIN
                failing_since = coalesce(e.failing_since, p_started),
                last_failure_at = greatest(e.last_failure_at, p_started),
                backoff_until = CASE WHEN e.consecutive_failures + 1 >= 3
-                                    THEN pg_catalog.clock_timestamp() + pg_catalog.make_interval(
-                                        secs => least(coalesce(p_backoff_max, 3600),
-                                                      coalesce(p_backoff_base, 5)
-                                                      * 2 ^ least(e.consecutive_failures + 1 - 3, 40))
-                                                 * (0.5 + pg_catalog.random() / 2))
+                                    THEN pg_catalog.clock_timestamp() + siwa.retry_delay(
+                                        e.consecutive_failures + 1 - 2,
+                                        pg_catalog.make_interval(secs => coalesce(p_backoff_base, 5)),
+                                        pg_catalog.make_interval(secs => coalesce(p_backoff_max, 3600)))
                                     ELSE e.backoff_until END
          WHERE e.id = v_delivery.endpoint_id;
         -- ==== auto-disable ====
@@ -4887,7 +4720,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.record_webhook_attempt(bigint, text, timestamptz, integer, integer, text, double precision, text, double precision, double precision) IS
-    'Records a leased webhook attempt (delivered, retry or dead), releases the lease, keeps the endpoint''s run of failures and backoff, and passes `ready` on; false when the lease is no longer the caller''s. Executable by siwa_worker.';
+    'Records one attempt of a delivery the caller leased: the attempt row, numbered as its claim counted it (a lane that died leaves a gap); the delivery''s new state (p_outcome delivered, retry after p_retry_in seconds, or dead); the lease released; the endpoint''s run of failures (a 2xx ends it; from the 3rd consecutive failure the endpoint is backed off as a whole for siwa.retry_delay(failures − 2, p_backoff_base s, p_backoff_max s); auto-disable on 410 or after siwa.settings.webhook_auto_disable_after); and, once the delivery ended, `ready` passed on to the next pending delivery of its endpoint and sub. A 2xx to an endpoint not failing writes nothing to the endpoint''s row. False, with nothing written, when the lease is no longer the caller''s. Executable by siwa_worker.';
 
 -- Marks ready every pending delivery with no pending delivery of its endpoint and sub ahead of it, and
 -- not ready one with such a delivery ahead; returns how many it changed. Every transition keeps `ready`
@@ -5528,6 +5361,7 @@ BEGIN
              WHERE p.pronamespace = 'siwa'::regnamespace
                AND p.proname IN ('process_due_notifications', 'process_notification',
                                  'process_claimed_notifications', 'create_accounts', 'put_off_busy', 'record_failure',
+                                 'retry_delay',
                                  'prune', 'erase_due_personal_data', 'erase_personal_data', 'on_event',
                                  'redact_error', 'erased_error', 'create_log_partitions',
                                  'drop_log_partitions', 'apply_claimed_batch', 'erase_personal_data_of',

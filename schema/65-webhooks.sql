@@ -33,8 +33,8 @@
 -- the endpoint's live leases, and takes a delivery only while the endpoint has fewer than
 --  - max_in_flight across every worker, or 1 while it is failing (its last attempt failed: one probe at
 --    a time), and
---  - max(1, min(lanes - 1, ceil(lanes / E))) of the claiming process's own lanes, E the endpoints with
---    due work: an endpoint that hangs leaves at least one lane to the others.
+--  - its share of the claiming process's own lanes (the rule: docs/webhooks.md, "Isolation"; computed
+--    once, in siwa.claim_webhook_delivery): an endpoint that hangs leaves at least one lane to the others.
 -- After 3 consecutive failed attempts an endpoint is backed off as a whole (backoff_until, growing with
 -- each further failure, at most the worker's longest retry delay): its deliveries are not claimed
 -- before then, and the first after it probes the endpoint for every user; a 2xx ends the run. Claims
@@ -461,21 +461,8 @@ COMMENT ON COLUMN siwa.webhook_delivery_status.last_error IS 'The last failure, 
 
 -- Leases for the webhook lanes: see the comment above siwa.claim_revocation (schema/55-sign-in.sql).
 
--- The webhook lanes' claim. Of the enabled endpoints with due work (a due queue head: `ready`, due by
--- p_due_by — a drain passes its start: it never retries what it just tried —, not leased or with an
--- expired lease) and not backed off (backoff_until), least recently claimed first (rotation), it takes
--- the first endpoint that is under its caps (see the head of this file: max_in_flight, or 1 while it is
--- failing; and this process's share of its p_lanes lanes) and leases that endpoint's first due head
--- with no earlier pending delivery of its sub (per-user order). The endpoint's row is locked (FOR NO
--- KEY UPDATE) while its leases are counted, to this short transaction's end, so two claims cannot both
--- take the last place; endpoints being claimed by another lane are tried after the others.
--- p_owner is `<process>:<lane>`: leases whose owner shares the part up to its last colon are the
--- process's (an owner without a colon is a process of one lane). p_skip: endpoints not to claim from.
--- 'claimed': the attempt is counted (attempts, first and last attempt times) and the lease written
--- (p_lease long: the attempt's deadline plus the margin) and the row carries everything the POST needs (URL,
--- live secrets newest first, the change's columns the body is built from: an erased email is gone).
--- 'saturated': there is due work, but every endpoint with some is at its cap; nothing is written. No
--- row: nothing is claimable.
+-- The endpoint's row is locked (FOR NO KEY UPDATE) while its leases are counted, so two claims cannot
+-- both take the last place; endpoints another lane is claiming are tried after the others.
 CREATE OR REPLACE FUNCTION siwa.claim_webhook_delivery(p_owner text, p_lease interval,
                                                        p_skip bigint[] DEFAULT '{}',
                                                        p_due_by timestamptz DEFAULT NULL,
@@ -504,15 +491,16 @@ BEGIN
     IF p_owner IS NULL OR p_lease IS NULL OR p_lease <= interval '0' OR p_lanes IS NULL OR p_lanes < 1 THEN
         RAISE EXCEPTION 'a claim needs an owner, a positive lease and at least one lane' USING ERRCODE = '22023';
     END IF;
-    -- The endpoints with due work (E), and of them those under their caps as read without a lock,
-    -- least recently claimed first. A process's share of its lanes: never all of them (one is left
-    -- to the others), and with E endpoints due about 1/E each.
-    SELECT pg_catalog.count(*)::integer,
+    -- The endpoints with due work (E), the process's share of its lanes (the one place it is computed:
+    -- never all of them, about 1/E each), and the endpoints under their caps as read without a lock,
+    -- least recently claimed first.
+    SELECT pg_catalog.count(*)::integer, pg_catalog.min(c.share),
            pg_catalog.array_agg(c.id ORDER BY c.last_claimed_at NULLS FIRST, c.id)
-               FILTER (WHERE c.in_flight < c.cap
-                         AND c.mine < greatest(1, least(p_lanes - 1, ceil(p_lanes::numeric / c.due)::integer)))
-      INTO v_endpoints, v_candidates
-      FROM (SELECT e.id, e.last_claimed_at, l.in_flight, l.mine, pg_catalog.count(*) OVER () AS due,
+               FILTER (WHERE c.in_flight < c.cap AND c.mine < c.share)
+      INTO v_endpoints, v_share, v_candidates
+      FROM (SELECT e.id, e.last_claimed_at, l.in_flight, l.mine,
+                   greatest(1, least(p_lanes - 1, ceil(p_lanes::numeric / pg_catalog.count(*) OVER ())::integer))
+                       AS share,
                    -- a failing endpoint gets one attempt at a time (a probe), across every worker
                    CASE WHEN e.consecutive_failures > 0 THEN 1 ELSE e.max_in_flight END AS cap
               FROM siwa.webhook_endpoints e
@@ -537,7 +525,6 @@ BEGIN
     IF v_endpoints = 0 THEN
         RETURN;
     END IF;
-    v_share := greatest(1, least(p_lanes - 1, ceil(p_lanes::numeric / v_endpoints)::integer));
     -- Each candidate's row is locked (FOR NO KEY UPDATE) and its leases counted again under the lock.
     -- First pass: rows no other claim holds (SKIP LOCKED); second pass: one of those, waited for, and
     -- only while this claim holds no other endpoint's row (two claims never wait for each other).
@@ -630,18 +617,10 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timestamptz, integer) IS
-    'The webhook lanes'' claim: leases a due queue head of the least recently claimed endpoint under its caps (max_in_flight, 1 while failing, the process''s share of its lanes; not while backed off) and returns what the POST needs, the change''s columns included; ''saturated'' when every endpoint with due work is at its cap. Executable by siwa_worker.';
+    'The webhook lanes'' claim. Of the enabled endpoints with a due queue head (ready, due by p_due_by — a drain passes its start, so it never retries what it just tried —, not leased or its lease expired), not backed off and not in p_skip, least recently claimed first, it takes the first under its caps (max_in_flight, 1 while failing, the process''s share of its p_lanes lanes: docs/webhooks.md, "Isolation") and leases its first due head with no earlier pending delivery of its sub. p_owner is <process>:<lane> (leases whose owner shares the part up to its last colon are the process''s). ''claimed'': the attempt counted, the lease written (p_lease), and the row carries what the POST needs (URL, live secrets newest first, the change''s columns; an erased email is gone). ''saturated'': due work, every endpoint with some at its cap, nothing written. No row: nothing claimable. Executable by siwa_worker.';
 
--- Records one attempt of a delivery the caller leased (counted by its claim): the attempt row, numbered
--- as the claim counted it (an attempt whose lane died leaves no row: its number is skipped), the delivery's new state
--- (p_outcome: delivered, retry after p_retry_in seconds, or dead), the lease released, the endpoint's
--- run of failures (a 2xx ends it; from the 3rd consecutive failure on, the endpoint is backed off as a
--- whole for p_backoff_base × 2^(failures − 3) seconds, at most p_backoff_max, times a jitter in [0.5, 1])
--- and — when the delivery ended — `ready` passed on to the next pending delivery of its endpoint and
--- sub. False, with nothing written, when the lease is no longer the caller's (it expired and another
--- lane took the delivery over). Locks the delivery, then the next head: the order in which the fan-out
--- share-locks them (siwa.webhook_fan_out), so the two never deadlock and `ready` is never left stale.
--- The healthy path (a 2xx to an endpoint not failing) writes nothing to the endpoint's row.
+-- Locks the delivery, then the next head: the fan-out's order (siwa.webhook_fan_out), so the two never
+-- deadlock and `ready` is never left stale.
 CREATE OR REPLACE FUNCTION siwa.record_webhook_attempt(p_delivery bigint, p_owner text, p_started timestamptz,
                                                        p_latency_ms integer, p_status integer, p_outcome text,
                                                        p_retry_in double precision, p_error text,
@@ -687,11 +666,10 @@ BEGIN
                failing_since = coalesce(e.failing_since, p_started),
                last_failure_at = greatest(e.last_failure_at, p_started),
                backoff_until = CASE WHEN e.consecutive_failures + 1 >= 3
-                                    THEN pg_catalog.clock_timestamp() + pg_catalog.make_interval(
-                                        secs => least(coalesce(p_backoff_max, 3600),
-                                                      coalesce(p_backoff_base, 5)
-                                                      * 2 ^ least(e.consecutive_failures + 1 - 3, 40))
-                                                 * (0.5 + pg_catalog.random() / 2))
+                                    THEN pg_catalog.clock_timestamp() + siwa.retry_delay(
+                                        e.consecutive_failures + 1 - 2,
+                                        pg_catalog.make_interval(secs => coalesce(p_backoff_base, 5)),
+                                        pg_catalog.make_interval(secs => coalesce(p_backoff_max, 3600)))
                                     ELSE e.backoff_until END
          WHERE e.id = v_delivery.endpoint_id;
         -- ==== auto-disable ====
@@ -725,7 +703,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.record_webhook_attempt(bigint, text, timestamptz, integer, integer, text, double precision, text, double precision, double precision) IS
-    'Records a leased webhook attempt (delivered, retry or dead), releases the lease, keeps the endpoint''s run of failures and backoff, and passes `ready` on; false when the lease is no longer the caller''s. Executable by siwa_worker.';
+    'Records one attempt of a delivery the caller leased: the attempt row, numbered as its claim counted it (a lane that died leaves a gap); the delivery''s new state (p_outcome delivered, retry after p_retry_in seconds, or dead); the lease released; the endpoint''s run of failures (a 2xx ends it; from the 3rd consecutive failure the endpoint is backed off as a whole for siwa.retry_delay(failures − 2, p_backoff_base s, p_backoff_max s); auto-disable on 410 or after siwa.settings.webhook_auto_disable_after); and, once the delivery ended, `ready` passed on to the next pending delivery of its endpoint and sub. A 2xx to an endpoint not failing writes nothing to the endpoint''s row. False, with nothing written, when the lease is no longer the caller''s. Executable by siwa_worker.';
 
 -- Marks ready every pending delivery with no pending delivery of its endpoint and sub ahead of it, and
 -- not ready one with such a delivery ahead; returns how many it changed. Every transition keeps `ready`

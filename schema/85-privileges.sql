@@ -131,6 +131,7 @@ BEGIN
              WHERE p.pronamespace = 'siwa'::regnamespace
                AND p.proname IN ('process_due_notifications', 'process_notification',
                                  'process_claimed_notifications', 'create_accounts', 'put_off_busy', 'record_failure',
+                                 'retry_delay',
                                  'prune', 'erase_due_personal_data', 'erase_personal_data', 'on_event',
                                  'redact_error', 'erased_error', 'create_log_partitions',
                                  'drop_log_partitions', 'apply_claimed_batch', 'erase_personal_data_of',
