@@ -56,11 +56,14 @@ let package = Package(
         .target(
             name: "Receiver",
             dependencies: ["AppleNotifications", "HTTPClient", "Postgres", "HTTPServer", "ServiceSupport"]),
+        // The core every queue consumer shares: the listening loop, the lease rule (`CallLease`), one
+        // `RetrySchedule`, and periodic tasks run between drains.
+        .target(name: "QueueConsumer", dependencies: ["Postgres", "ServiceSupport"]),
         .target(
             name: "Worker",
             dependencies: [
-                "AppleNotifications", "Postgres", "ServiceSupport", "AppleID", "TokenVault", "HTTPClient",
-                "Webhooks",
+                "AppleNotifications", "Postgres", "QueueConsumer", "ServiceSupport", "AppleID", "TokenVault",
+                "HTTPClient", "Webhooks",
             ]),
         // Standard Webhooks: whsec_ secrets, v1 signatures (OpenSSL's HMAC), whsk_/whpk_ keys and v1a
         // signatures (OpenSSL's ed25519), endpoint URL policy.
@@ -124,9 +127,11 @@ let package = Package(
         .testTarget(
             name: "WebhookTests",
             dependencies: [
-                "Webhooks", "Worker", "Postgres", "HTTPServer", "HTTPClient", "ServiceSupport", "TestSupport",
+                "Webhooks", "Worker", "QueueConsumer", "Postgres", "HTTPServer", "HTTPClient",
+                "ServiceSupport", "TestSupport",
             ]),
         .testTarget(name: "ServiceSupportTests", dependencies: ["ServiceSupport"]),
+        .testTarget(name: "QueueConsumerTests", dependencies: ["QueueConsumer"]),
         .testTarget(name: "AdminSQLTests", dependencies: ["Postgres", "Receiver", "TestSupport"]),
         .testTarget(
             name: "SiwactlTests", dependencies: ["SiwaSchema", "TestSupport", "TeamTransfer", "AppleID"]),
@@ -134,7 +139,8 @@ let package = Package(
         .testTarget(
             name: "SignInTests",
             dependencies: [
-                "SignIn", "Worker", "TokenVault", "AppleID", "AppleNotifications", "Postgres", "TestSupport",
+                "SignIn", "Worker", "QueueConsumer", "TokenVault", "AppleID", "AppleNotifications",
+                "Postgres", "TestSupport",
             ]),
         // The executables as child processes (refusals, signals, restarts, start → traffic → SIGTERM cycles,
         // end to end, every siwactl suite that runs the binary): slow, so apart from the unit targets;
@@ -142,8 +148,8 @@ let package = Package(
         .testTarget(
             name: "ProcessTests",
             dependencies: [
-                "AppleID", "AppleNotifications", "HTTPClient", "Postgres", "ServiceSupport", "SiwaSchema",
-                "TestSupport", "Webhooks", "Worker",
+                "AppleID", "AppleNotifications", "HTTPClient", "Postgres", "QueueConsumer", "ServiceSupport",
+                "SiwaSchema", "TestSupport", "Webhooks", "Worker",
             ]),
     ]
 )

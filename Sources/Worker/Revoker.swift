@@ -1,6 +1,7 @@
 import AppleID
 import Foundation
 import Postgres
+import QueueConsumer
 import ServiceSupport
 import Synchronization
 import TokenVault
@@ -38,6 +39,10 @@ public final class Revoker: Sendable {
         public var retryBaseDelay: Duration
         /// The longest retry delay.
         public var maxRetryDelay: Duration
+        /// The retries' delays: ``retryBaseDelay`` doubling to ``maxRetryDelay``, with jitter.
+        public var retrySchedule: RetrySchedule {
+            RetrySchedule(base: retryBaseDelay, maximum: maxRetryDelay)
+        }
         /// Attempts before a request whose failures were all retryable ends as `failed`.
         public var maxAttempts: Int
         /// When set, each stored refresh token is refreshed at Apple at most once per this interval,
@@ -395,7 +400,8 @@ public final class Revoker: Sendable {
                 [
                     .int(Int64(id)), .text(owner), .array(revoked.map { .int(Int64($0.id)) }),
                     .array(revoked.map { .bytes($0.ciphertext) }), .text(state), answer.map { .text($0) },
-                    error.map { .text(String($0.prefix(500))) }, .double(backoff(attempt: attempts)),
+                    error.map { .text(String($0.prefix(500))) },
+                    .double(configuration.retrySchedule.delay(afterAttempt: attempts).inSeconds),
                     .text(Self.json(notRevoked)),
                 ])[0][0, as: String.self]
         } catch {
@@ -454,14 +460,6 @@ public final class Revoker: Sendable {
         let data =
             (try? JSONSerialization.data(withJSONObject: objects, options: [.sortedKeys])) ?? Data("[]".utf8)
         return String(decoding: data, as: UTF8.self)
-    }
-
-    /// The delay before attempt `attempt + 1`: base × 2^(attempt-1), at most the maximum, times a random
-    /// factor in [0.5, 1] so that many failures do not retry in step.
-    func backoff(attempt: Int) -> Double {
-        let base = configuration.retryBaseDelay.inSeconds
-        let delay = min(base * pow(2, Double(min(attempt - 1, 30))), configuration.maxRetryDelay.inSeconds)
-        return delay * Double.random(in: 0.5...1.0)
     }
 
     private func record(_ outcome: Outcome) -> Outcome {

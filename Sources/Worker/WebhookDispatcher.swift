@@ -1,6 +1,7 @@
 import Foundation
 import HTTPClient
 import Postgres
+import QueueConsumer
 import ServiceSupport
 import Synchronization
 import Webhooks
@@ -44,6 +45,10 @@ public final class WebhookDispatcher: Sendable {
         public var retryBaseDelay: Duration
         /// The longest retry delay.
         public var maxRetryDelay: Duration
+        /// The retries' delays: ``retryBaseDelay`` doubling to ``maxRetryDelay``, with jitter.
+        public var retrySchedule: RetrySchedule {
+            RetrySchedule(base: retryBaseDelay, maximum: maxRetryDelay)
+        }
         /// A delivery failing for this long since its first attempt is `dead` (default 26 h: the schedule
         /// spans more than a day).
         public var giveUpAfter: Duration
@@ -315,7 +320,7 @@ public final class WebhookDispatcher: Sendable {
             outcome = "dead"
         } else {
             outcome = "retry"
-            delay = backoff(attempt: attempt)
+            delay = configuration.retrySchedule.delay(afterAttempt: attempt).inSeconds
         }
         // The endpoint's backoff as a whole (from its 3rd consecutive failure) follows the same schedule.
         let recorded = try connection.query(
@@ -346,13 +351,5 @@ public final class WebhookDispatcher: Sendable {
                 ])
         }
         return .attempted(Outcome(delivery: delivery, state: outcome, status: status))
-    }
-
-    /// The delay before attempt `attempt + 1`: base × 2^(attempt-1), at most the maximum, times a random
-    /// factor in [0.5, 1] so that an endpoint's failures do not all retry in step.
-    func backoff(attempt: Int) -> Double {
-        let base = configuration.retryBaseDelay.inSeconds
-        let delay = min(base * pow(2, Double(min(attempt - 1, 40))), configuration.maxRetryDelay.inSeconds)
-        return delay * Double.random(in: 0.5...1.0)
     }
 }

@@ -2,6 +2,7 @@ import AppleID
 import Dispatch
 import Foundation
 import Postgres
+import QueueConsumer
 import ServiceSupport
 import Synchronization
 import TestSupport
