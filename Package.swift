@@ -53,9 +53,12 @@ let package = Package(
         .target(
             name: "Doctor",
             dependencies: ["AppleNotifications", "HTTPClient", "Postgres", "ServiceSupport", "SiwaSchema"]),
+        // Apple's signing keys: `KeyStore` (cached by kid, refetched with a cooldown), `JWKSSource` (the
+        // fetch under the outbound policy) and `KeySetOptions`, the one declaration of their settings.
+        .target(name: "AppleKeys", dependencies: ["AppleNotifications", "HTTPClient", "ServiceSupport"]),
         .target(
             name: "Receiver",
-            dependencies: ["AppleNotifications", "HTTPClient", "Postgres", "HTTPServer", "ServiceSupport"]),
+            dependencies: ["AppleKeys", "AppleNotifications", "Postgres", "HTTPServer", "ServiceSupport"]),
         // The core every queue consumer shares: the listening loop, the lease rule (`CallLease`), one
         // `RetrySchedule`, and periodic tasks run between drains.
         .target(name: "QueueConsumer", dependencies: ["Postgres", "ServiceSupport"]),
@@ -90,7 +93,7 @@ let package = Package(
         .executableTarget(
             name: "siwa-receiver",
             dependencies: [
-                "Receiver", "Postgres", "HTTPServer", "ServiceSupport", "SignIn", "AppleID",
+                "Receiver", "AppleKeys", "Postgres", "HTTPServer", "ServiceSupport", "SignIn", "AppleID",
                 "AppleNotifications",
                 "TokenVault", "ServiceHealth", "SiwaSchema",
             ]),
@@ -98,13 +101,13 @@ let package = Package(
             name: "siwa-worker",
             dependencies: [
                 "Worker", "Postgres", "HTTPServer", "ServiceSupport", "AppleID", "AppleNotifications",
-                "TokenVault", "Webhooks", "ServiceHealth", "SiwaSchema", "Receiver",
+                "TokenVault", "Webhooks", "ServiceHealth", "SiwaSchema", "AppleKeys",
             ]),
         .executableTarget(
             name: "siwactl",
             dependencies: [
                 "AppleNotifications", "AppleID", "HTTPClient", "Postgres", "ServiceSupport", "HTTPServer",
-                "SiwaSchema", "Receiver", "Webhooks", "TeamTransfer", "FakeApple", "Doctor",
+                "SiwaSchema", "AppleKeys", "Webhooks", "TeamTransfer", "FakeApple", "Doctor",
             ]),
         .executableTarget(name: "siwa-bench", dependencies: ["AppleNotifications"]),
 
@@ -113,7 +116,8 @@ let package = Package(
         .target(
             name: "TestSupport",
             dependencies: [
-                "AppleID", "AppleNotifications", "FakeApple", "Postgres", "HTTPServer", "Receiver",
+                "AppleID", "AppleKeys", "AppleNotifications", "FakeApple", "Postgres", "HTTPServer",
+                "Receiver",
                 "ServiceSupport", "SignIn", "SiwaSchema", "Webhooks", "Worker",
             ]),
 
@@ -121,6 +125,8 @@ let package = Package(
         .testTarget(name: "PostgresTests", dependencies: ["Postgres", "TestSupport"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport"]),
         .testTarget(name: "HTTPClientTests", dependencies: ["HTTPClient", "HTTPServer", "TestSupport"]),
+        .testTarget(
+            name: "AppleKeysTests", dependencies: ["AppleKeys", "AppleNotifications", "TestSupport"]),
         .testTarget(name: "ReceiverTests", dependencies: ["Receiver", "TestSupport"]),
         .testTarget(
             name: "WorkerTests", dependencies: ["Worker", "Receiver", "AppleNotifications", "TestSupport"]),

@@ -1,8 +1,8 @@
+import AppleKeys
 import Dispatch
 import Foundation
 import HTTPServer
 import Postgres
-import Receiver
 import ServiceSupport
 import SiwaSchema
 import Worker
@@ -65,7 +65,7 @@ let spec = CommandSpec(
             "metrics-listen", valueName: "HOST:PORT", help: "Serve Prometheus metrics at /metrics here.",
             environmentVariable: "SIWA_WORKER_METRICS_LISTEN"),
         .listenAddressFile(environmentVariable: "SIWA_WORKER_LISTEN_ADDRESS_FILE", names: "metrics"),
-    ] + keyOptions + revokerOptions + webhookOptions,
+    ] + KeySetOptions.all + revokerOptions + webhookOptions,
     flags: [
         CommandFlag(
             "once", help: "Drain everything that is due, run maintenance once, then exit.",
