@@ -62,12 +62,21 @@ let package = Package(
         // The core every queue consumer shares: the listening loop, the lease rule (`CallLease`), one
         // `RetrySchedule`, and periodic tasks run between drains.
         .target(name: "QueueConsumer", dependencies: ["Postgres", "ServiceSupport"]),
+        // The notification lanes (claim, verify each stored token again, apply in one transaction) and
+        // the notification maintenance (partitions, erasure, retention) as periodic tasks.
         .target(
             name: "Worker",
-            dependencies: [
-                "AppleNotifications", "Postgres", "QueueConsumer", "ServiceSupport", "AppleID", "TokenVault",
-                "HTTPClient", "Webhooks",
-            ]),
+            dependencies: ["AppleNotifications", "Postgres", "QueueConsumer", "ServiceSupport"]),
+        // The revocation outbox's consumer and the refresh checks, at Apple through AppleID, with the
+        // refresh tokens decrypted by TokenVault; sign-in code pruning as its periodic task.
+        .target(
+            name: "Revoker",
+            dependencies: ["AppleID", "Postgres", "QueueConsumer", "ServiceSupport", "TokenVault"]),
+        // Webhook delivery: the dispatcher's lanes (signed by Webhooks, sent by HTTPClient), the endpoint
+        // gauges, and lane 0's maintenance (`ready` repair, expired endpoints) as periodic tasks.
+        .target(
+            name: "WebhookDelivery",
+            dependencies: ["HTTPClient", "Postgres", "QueueConsumer", "ServiceSupport", "Webhooks"]),
         // Standard Webhooks: whsec_ secrets, v1 signatures (OpenSSL's HMAC), whsk_/whpk_ keys and v1a
         // signatures (OpenSSL's ed25519), endpoint URL policy.
         .target(name: "Webhooks", dependencies: ["COpenSSL"]),
@@ -100,8 +109,9 @@ let package = Package(
         .executableTarget(
             name: "siwa-worker",
             dependencies: [
-                "Worker", "Postgres", "HTTPServer", "ServiceSupport", "AppleID", "AppleNotifications",
-                "TokenVault", "Webhooks", "ServiceHealth", "SiwaSchema", "AppleKeys",
+                "Worker", "Revoker", "WebhookDelivery", "AppleKeys", "Postgres", "HTTPServer",
+                "ServiceSupport",
+                "AppleID", "AppleNotifications", "TokenVault", "ServiceHealth", "SiwaSchema",
             ]),
         .executableTarget(
             name: "siwactl",
@@ -118,7 +128,7 @@ let package = Package(
             dependencies: [
                 "AppleID", "AppleKeys", "AppleNotifications", "FakeApple", "Postgres", "HTTPServer",
                 "Receiver",
-                "ServiceSupport", "SignIn", "SiwaSchema", "Webhooks", "Worker",
+                "ServiceSupport", "SignIn", "SiwaSchema", "TokenVault", "WebhookDelivery", "Webhooks",
             ]),
 
         .testTarget(name: "AppleNotificationsTests", dependencies: ["AppleNotifications", "TestSupport"]),
@@ -131,11 +141,19 @@ let package = Package(
         .testTarget(
             name: "WorkerTests", dependencies: ["Worker", "Receiver", "AppleNotifications", "TestSupport"]),
         .testTarget(
-            name: "WebhookTests",
+            name: "RevokerTests",
             dependencies: [
-                "Webhooks", "Worker", "QueueConsumer", "Postgres", "HTTPServer", "HTTPClient",
+                "Revoker", "QueueConsumer", "SignIn", "TokenVault", "AppleID", "Postgres", "ServiceSupport",
+                "TestSupport",
+            ]),
+        .testTarget(
+            name: "WebhookDeliveryTests",
+            dependencies: [
+                "WebhookDelivery", "Webhooks", "QueueConsumer", "Postgres", "HTTPServer", "HTTPClient",
                 "ServiceSupport", "TestSupport",
             ]),
+        // The Webhooks signing library.
+        .testTarget(name: "WebhookTests", dependencies: ["Webhooks", "TestSupport"]),
         .testTarget(name: "ServiceSupportTests", dependencies: ["ServiceSupport"]),
         .testTarget(name: "QueueConsumerTests", dependencies: ["QueueConsumer"]),
         .testTarget(name: "AdminSQLTests", dependencies: ["Postgres", "Receiver", "TestSupport"]),
@@ -145,8 +163,7 @@ let package = Package(
         .testTarget(
             name: "SignInTests",
             dependencies: [
-                "SignIn", "Worker", "QueueConsumer", "TokenVault", "AppleID", "AppleNotifications",
-                "Postgres", "TestSupport",
+                "SignIn", "TokenVault", "AppleID", "AppleNotifications", "Postgres", "TestSupport",
             ]),
         // The executables as child processes (refusals, signals, restarts, start → traffic → SIGTERM cycles,
         // end to end, every siwactl suite that runs the binary): slow, so apart from the unit targets;
@@ -155,7 +172,7 @@ let package = Package(
             name: "ProcessTests",
             dependencies: [
                 "AppleID", "AppleNotifications", "HTTPClient", "Postgres", "QueueConsumer", "ServiceSupport",
-                "SiwaSchema", "TestSupport", "Webhooks", "Worker",
+                "SiwaSchema", "TestSupport", "WebhookDelivery", "Webhooks",
             ]),
     ]
 )

@@ -4,7 +4,6 @@ import QueueConsumer
 import Synchronization
 import TestSupport
 import Testing
-import Worker
 
 /// How many deliveries an endpoint was sent, from any of its threads.
 private final class CallCount: Sendable {

@@ -6,8 +6,8 @@ import ServiceSupport
 import Synchronization
 import TestSupport
 import Testing
+import WebhookDelivery
 import Webhooks
-import Worker
 
 /// An endpoint that reads a request and answers nothing until released (then 204).
 private final class HangingEndpoint: Sendable {
