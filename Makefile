@@ -43,6 +43,7 @@ release:
 
 lint: schema-check
 	$(SWIFT) format lint --strict -r Sources Tests Plugins Fuzz Package.swift
+	python3 scripts/check-imports
 
 # schema.sql is generated from the part files in schema/ (docs/architecture.md, "The SQL layout"): edit
 # the parts, then `make schema`. The build (the EmbedSchema plugin) and `make lint` fail while it is stale.
@@ -72,7 +73,7 @@ test-dates: test-deps
 # the image's base; REBUILD=1 makes it again, e.g. for a point release), whose tools the test clusters
 # run inside it (POSTGRES_CLUSTER_CHROOT: unshare -m, chroot as postgres). As root.
 # The test targets that start PostgreSQL clusters (a regular expression for swift test --filter).
-POSTGRES17_SUITES = ^(AdminSQLTests|PostgresTests|ProcessTests|ReceiverTests|SignInTests|SiwactlTests|WebhookTests|WorkerTests)\.
+POSTGRES17_SUITES = ^(AdminSQLTests|PostgresTests|ProcessTests|ReceiverTests|RevokerTests|SignInTests|SiwactlTests|WebhookDeliveryTests|WebhookTests|WorkerTests)\.
 .PHONY: test-postgres17
 test-postgres17: test-deps container-deps webhooks-venv
 	$(SWIFT) build --build-tests

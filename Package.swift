@@ -56,13 +56,31 @@ let package = Package(
         // `siwactl migrate`: the embedded schema applied one migration at a time, with the search_path
         // pinned; returns a report (versions, notices, warnings, role gaps). Never prints or reads the environment.
         .target(name: "Migrator", dependencies: ["Postgres", "SiwaSchema"]),
+        // Apple's signing keys: `KeyStore` (cached by kid, refetched with a cooldown), `JWKSSource` (the
+        // fetch under the outbound policy) and `KeySetOptions`, the one declaration of their settings.
+        .target(name: "AppleKeys", dependencies: ["AppleNotifications", "HTTPClient", "ServiceSupport"]),
         .target(
             name: "Receiver",
-            dependencies: ["AppleNotifications", "HTTPClient", "Postgres", "HTTPServer", "ServiceSupport"]),
+            dependencies: ["AppleKeys", "AppleNotifications", "Postgres", "HTTPServer", "ServiceSupport"]),
+        // The core every queue consumer shares: the listening loop, the lease rule (`CallLease`), one
+        // `RetrySchedule`, and periodic tasks run between drains.
+        .target(name: "QueueConsumer", dependencies: ["Postgres", "ServiceSupport"]),
+        // The notification lanes (claim, verify each stored token again, apply in one transaction) and
+        // the notification maintenance (partitions, erasure, retention) as periodic tasks.
         .target(
             name: "Worker",
+            dependencies: ["AppleNotifications", "Postgres", "QueueConsumer", "ServiceSupport"]),
+        // The revocation outbox's consumer and the refresh checks, at Apple through AppleID, with the
+        // refresh tokens decrypted by TokenVault; sign-in code pruning as its periodic task.
+        .target(
+            name: "Revoker",
+            dependencies: ["AppleID", "Postgres", "QueueConsumer", "ServiceSupport", "TokenVault"]),
+        // Webhook delivery: the dispatcher's lanes (signed by Webhooks, sent by HTTPClient), the endpoint
+        // gauges, and lane 0's maintenance (`ready` repair, expired endpoints) as periodic tasks.
+        .target(
+            name: "WebhookDelivery",
             dependencies: [
-                "AppleNotifications", "Postgres", "ServiceSupport", "AppleID", "TokenVault", "HTTPClient",
+                "HTTPClient", "Postgres", "QueueConsumer", "ServiceSupport", "WebhookAdministration",
                 "Webhooks",
             ]),
         // Standard Webhooks: whsec_ secrets, v1 signatures (OpenSSL's HMAC), whsk_/whpk_ keys and v1a
@@ -73,7 +91,7 @@ let package = Package(
         .target(name: "WebhookAdministration", dependencies: ["Postgres"]),
         // Heartbeats in siwa.service_heartbeats and the database's health gauges on /metrics.
         .target(
-            name: "ServiceHealth", dependencies: ["Postgres", "ServiceSupport", "WebhookAdministration"]),
+            name: "ServiceHealth", dependencies: ["Postgres", "ServiceSupport"]),
         // Refresh tokens encrypted at rest (AES-256-GCM, rotating keys), for the sign-in API and the revoker.
         .target(name: "TokenVault", dependencies: ["COpenSSL", "ServiceSupport"]),
         // The internal sign-in API hosted by siwa-receiver: code exchange, id_token checks, revocation requests.
@@ -94,21 +112,22 @@ let package = Package(
         .executableTarget(
             name: "siwa-receiver",
             dependencies: [
-                "Receiver", "Postgres", "HTTPServer", "ServiceSupport", "SignIn", "AppleID",
+                "Receiver", "AppleKeys", "Postgres", "HTTPServer", "ServiceSupport", "SignIn", "AppleID",
                 "AppleNotifications",
                 "TokenVault", "ServiceHealth", "SiwaSchema",
             ]),
         .executableTarget(
             name: "siwa-worker",
             dependencies: [
-                "Worker", "Postgres", "HTTPServer", "ServiceSupport", "AppleID", "AppleNotifications",
-                "TokenVault", "Webhooks", "ServiceHealth", "SiwaSchema", "Receiver",
+                "Worker", "Revoker", "WebhookDelivery", "AppleKeys", "Postgres", "HTTPServer",
+                "ServiceSupport",
+                "AppleID", "AppleNotifications", "TokenVault", "ServiceHealth", "SiwaSchema",
             ]),
         .executableTarget(
             name: "siwactl",
             dependencies: [
                 "AppleNotifications", "AppleID", "HTTPClient", "Postgres", "ServiceSupport", "HTTPServer",
-                "SiwaSchema", "Receiver", "Webhooks", "TeamTransfer", "FakeApple", "Doctor", "Migrator",
+                "SiwaSchema", "AppleKeys", "Webhooks", "TeamTransfer", "FakeApple", "Doctor", "Migrator",
                 "WebhookAdministration", "ServiceHealth",
             ]),
         .executableTarget(name: "siwa-bench", dependencies: ["AppleNotifications"]),
@@ -118,23 +137,36 @@ let package = Package(
         .target(
             name: "TestSupport",
             dependencies: [
-                "AppleID", "AppleNotifications", "FakeApple", "Postgres", "HTTPServer", "Receiver",
-                "ServiceSupport", "SignIn", "SiwaSchema", "Webhooks", "Worker",
+                "AppleID", "AppleKeys", "AppleNotifications", "FakeApple", "Postgres", "HTTPServer",
+                "Receiver",
+                "ServiceSupport", "SignIn", "SiwaSchema", "TokenVault", "WebhookDelivery", "Webhooks",
             ]),
 
         .testTarget(name: "AppleNotificationsTests", dependencies: ["AppleNotifications", "TestSupport"]),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres", "TestSupport"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport"]),
         .testTarget(name: "HTTPClientTests", dependencies: ["HTTPClient", "HTTPServer", "TestSupport"]),
+        .testTarget(
+            name: "AppleKeysTests", dependencies: ["AppleKeys", "AppleNotifications", "TestSupport"]),
         .testTarget(name: "ReceiverTests", dependencies: ["Receiver", "TestSupport"]),
         .testTarget(
             name: "WorkerTests", dependencies: ["Worker", "Receiver", "AppleNotifications", "TestSupport"]),
         .testTarget(
-            name: "WebhookTests",
+            name: "RevokerTests",
             dependencies: [
-                "Webhooks", "Worker", "Postgres", "HTTPServer", "HTTPClient", "ServiceSupport", "TestSupport",
+                "Revoker", "QueueConsumer", "SignIn", "TokenVault", "AppleID", "Postgres", "ServiceSupport",
+                "TestSupport",
             ]),
+        .testTarget(
+            name: "WebhookDeliveryTests",
+            dependencies: [
+                "WebhookDelivery", "Webhooks", "QueueConsumer", "Postgres", "HTTPServer", "HTTPClient",
+                "ServiceSupport", "TestSupport",
+            ]),
+        // The Webhooks signing library.
+        .testTarget(name: "WebhookTests", dependencies: ["Webhooks", "TestSupport"]),
         .testTarget(name: "ServiceSupportTests", dependencies: ["ServiceSupport"]),
+        .testTarget(name: "QueueConsumerTests", dependencies: ["QueueConsumer"]),
         .testTarget(
             name: "AdminSQLTests",
             dependencies: [
@@ -153,7 +185,7 @@ let package = Package(
         .testTarget(
             name: "SignInTests",
             dependencies: [
-                "SignIn", "Worker", "TokenVault", "AppleID", "AppleNotifications", "Postgres", "TestSupport",
+                "SignIn", "TokenVault", "AppleID", "AppleNotifications", "Postgres", "TestSupport",
             ]),
         // The executables as child processes (refusals, signals, restarts, start → traffic → SIGTERM cycles,
         // end to end, every siwactl suite that runs the binary): slow, so apart from the unit targets;
@@ -161,8 +193,8 @@ let package = Package(
         .testTarget(
             name: "ProcessTests",
             dependencies: [
-                "AppleID", "AppleNotifications", "HTTPClient", "Postgres", "ServiceSupport", "SiwaSchema",
-                "TestSupport", "Webhooks", "Worker",
+                "AppleID", "AppleNotifications", "HTTPClient", "Postgres", "QueueConsumer", "ServiceSupport",
+                "SiwaSchema", "TestSupport", "WebhookDelivery", "Webhooks",
             ]),
     ]
 )

@@ -1,3 +1,4 @@
+import AppleKeys
 import AppleNotifications
 import Foundation
 import HTTPServer

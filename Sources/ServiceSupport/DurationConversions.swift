@@ -7,6 +7,12 @@ extension Duration {
         return Double(whole) + Double(attoseconds) / 1e18
     }
 
+    /// The duration as a number of seconds for a command line: `93600`, or `0.5` when fractional.
+    public var secondsText: String {
+        let seconds = inSeconds
+        return seconds == seconds.rounded() && abs(seconds) < 1e15 ? String(Int64(seconds)) : String(seconds)
+    }
+
     /// The duration in whole milliseconds, rounded up (e.g. for PostgreSQL's `statement_timeout`).
     public var wholeMilliseconds: Int64 {
         let (whole, attoseconds) = components

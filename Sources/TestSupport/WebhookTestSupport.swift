@@ -3,8 +3,8 @@ import HTTPServer
 import Postgres
 import ServiceSupport
 import Synchronization
+import WebhookDelivery
 import Webhooks
-import Worker
 
 /// The webhook tests' name for TestSupport's `TestDatabase` (schema.sql, connected as the owner).
 public typealias WebhookDatabase = TestDatabase

@@ -39,6 +39,13 @@ extension Worker {
         public static let maxBatchSize = 64
         /// The batch size when none is configured.
         public static let defaultBatchSize = 64
+        /// The defaults of the other settings (the executable's flags show and use these).
+        public static let defaultConcurrency = 1
+        public static let defaultMaxAttempts = 20
+        public static let defaultRetryBaseDelay: Duration = .seconds(1)
+        public static let defaultPollInterval: Duration = .seconds(1)
+        public static let defaultStatementTimeout: Duration = .seconds(30)
+        public static let defaultLockTimeout: Duration = .seconds(5)
 
         /// Where the notifications live.
         public var database: PostgresConfiguration
@@ -80,13 +87,13 @@ extension Worker {
         public init(
             database: PostgresConfiguration,
             verification: StoredTokenVerification,
-            concurrency: Int = 1,
+            concurrency: Int = Configuration.defaultConcurrency,
             batchSize: Int = Configuration.defaultBatchSize,
-            maxAttempts: Int = 20,
-            retryBaseDelay: Duration = .seconds(1),
-            pollInterval: Duration = .seconds(1),
-            statementTimeout: Duration? = .seconds(30),
-            lockTimeout: Duration? = .seconds(5),
+            maxAttempts: Int = Configuration.defaultMaxAttempts,
+            retryBaseDelay: Duration = Configuration.defaultRetryBaseDelay,
+            pollInterval: Duration = Configuration.defaultPollInterval,
+            statementTimeout: Duration? = Configuration.defaultStatementTimeout,
+            lockTimeout: Duration? = Configuration.defaultLockTimeout,
             retainTokens: Duration? = nil,
             retainEvents: Duration? = nil,
             maintenanceInterval: Duration = .seconds(60),

@@ -1,4 +1,5 @@
 import AppleID
+import AppleKeys
 import Foundation
 import HTTPServer
 import Postgres
@@ -20,16 +21,7 @@ let receiverCommand = CommandSpec(
             defaultValue: "127.0.0.1:8080"),
         .databaseURL,
         AppleCredentialOptions.audiences(required: true),
-        CommandOption(
-            "jwks-url", valueName: "URL", help: "Apple's key set (https; http only for loopback).",
-            environmentVariable: "SIWA_JWKS_URL", defaultValue: appleKeySetURL),
-        CommandOption(
-            "jwks-cooldown", valueName: "SECONDS",
-            help: "Least time between refetches caused by unknown kids.",
-            environmentVariable: "SIWA_JWKS_COOLDOWN", defaultValue: "30"),
-        CommandOption(
-            "jwks-refresh", valueName: "SECONDS", help: "Periodic key-set refresh interval.",
-            environmentVariable: "SIWA_JWKS_REFRESH", defaultValue: "3600"),
+        KeySetOptions.url, KeySetOptions.cooldown, KeySetOptions.refresh,
         CommandOption(
             "max-token-age", valueName: "SECONDS",
             help: "Oldest accepted token without exp, from its iat (plus 60 s); keep events longer.",
@@ -91,10 +83,13 @@ func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
     }
     // A key set other than Apple's accepts tokens nobody but its holder signed: for tests and staging
     // only, and said loudly at every start.
-    if let url = parsed.value("jwks-url"), url != appleKeySetURL {
+    if !KeySetOptions.isApple(configuration.jwks) {
         logger.warning(
             "the key set is not Apple's: notifications signed by whoever holds its keys are accepted; use this for tests and staging only, never in production",
-            ["url": .string(configuration.jwks.description), "apple": .string(appleKeySetURL)])
+            [
+                "url": .string(configuration.jwks.description),
+                "apple": .string(JWKSSource.appleURL.absoluteString),
+            ])
     }
     // One service: the receiver starts its parts in order and stops them in reverse, joining every
     // thread it started (HTTP daemon and handlers, committers, key refresher) before shutdown returns.
@@ -171,9 +166,6 @@ private func makeConfiguration(_ parsed: ParsedCommand, environment: [String: St
     guard let listen = try parsed.listenAddress("listen") else {
         throw ConfigurationError("--listen must be HOST:PORT")
     }
-    guard let jwksURL = URL(string: parsed.value("jwks-url") ?? "") else {
-        throw ConfigurationError("--jwks-url is not a URL")
-    }
     var http = HTTPServer.Configuration(host: listen.host, port: listen.port)
     http.maxBodyBytes = try parsed.integer("max-body-bytes", in: 256...(16 << 20)) ?? http.maxBodyBytes
     http.connectionLimit = try parsed.integer("max-connections", in: 1...1_000_000) ?? http.connectionLimit
@@ -185,9 +177,7 @@ private func makeConfiguration(_ parsed: ParsedCommand, environment: [String: St
     // so a larger pool costs every request, and memory per idle keep-alive connection.
     http.connectionMemoryLimit = 16 * 1024
     let audiences = AppleCredentialOptions.audiences(parsed)
-    let keys = KeyStore.Configuration(
-        refreshInterval: try parsed.seconds("jwks-refresh", positive: true) ?? .seconds(3600),
-        cooldown: try parsed.seconds("jwks-cooldown", positive: true) ?? .seconds(30))
+    let keys = try KeySetOptions.storeConfiguration(parsed)
     let database: PostgresConfiguration
     do {
         database = try PostgresConfiguration(
@@ -197,7 +187,8 @@ private func makeConfiguration(_ parsed: ParsedCommand, environment: [String: St
     }
     var configuration = try ReceiverConfiguration(
         database: database,
-        audiences: Set(audiences), jwks: try JWKSSource(url: jwksURL, environment: environment), keys: keys,
+        audiences: Set(audiences), jwks: try KeySetOptions.source(parsed, environment: environment),
+        keys: keys,
         poolSize: try parsed.integer("pool-size", in: 1...1000) ?? 16, http: http)
     configuration.maxTokenAge =
         try parsed.seconds("max-token-age", positive: true) ?? configuration.maxTokenAge
@@ -210,9 +201,6 @@ private func makeConfiguration(_ parsed: ParsedCommand, environment: [String: St
     }
     return (configuration, logger)
 }
-
-/// Apple's published key set, the only one production may use.
-let appleKeySetURL = "https://appleid.apple.com/auth/keys"
 
 /// The largest `--max-token-age`: below the database's 7-day dedupe window, with a day to spare.
 let maximumTokenAge: Duration = .seconds(6 * 86_400)

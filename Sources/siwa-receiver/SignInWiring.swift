@@ -1,4 +1,5 @@
 import AppleID
+import AppleKeys
 import AppleNotifications
 import Foundation
 import HTTPServer

@@ -1,43 +1,23 @@
 import AppleID
+import AppleKeys
 import AppleNotifications
 import Foundation
-import Receiver
 import ServiceSupport
 import Worker
 
 /// The worker verifies every stored token before applying it, with Apple's keys from the same options
-/// (and the same fetch policy: `JWKSSource`, `KeyStore`) as the receiver, in a cache of its own.
-let appleKeySetURL = JWKSSource.appleURL.absoluteString
-
-let keyOptions: [CommandOption] = [
-    CommandOption(
-        "jwks-url", valueName: "URL",
-        help: "Apple's key set (https; http only for loopback): every stored token is verified against it.",
-        environmentVariable: "SIWA_JWKS_URL", defaultValue: appleKeySetURL),
-    CommandOption(
-        "jwks-cooldown", valueName: "SECONDS", help: "Least time between refetches caused by unknown kids.",
-        environmentVariable: "SIWA_JWKS_COOLDOWN", defaultValue: "30"),
-    CommandOption(
-        "jwks-refresh", valueName: "SECONDS", help: "Periodic key-set refresh interval.",
-        environmentVariable: "SIWA_JWKS_REFRESH", defaultValue: "3600"),
-]
-
-/// The worker's key cache and the verification that uses it.
+/// (``KeySetOptions``) and the same fetch policy (`JWKSSource`, `KeyStore`) as the receiver, in a cache
+/// of its own: the worker's key cache and the verification that uses it.
 func makeVerification(
     _ parsed: ParsedCommand, environment: [String: String], logger: Logger, metrics: MetricsRegistry
 ) throws -> (KeyStore, StoredTokenVerification) {
-    guard let url = URL(string: parsed.value("jwks-url") ?? appleKeySetURL) else {
-        throw ConfigurationError("--jwks-url is not a URL")
-    }
-    let source = try JWKSSource(url: url, environment: environment)
-    if url.absoluteString != appleKeySetURL {
+    let source = try KeySetOptions.source(parsed, environment: environment)
+    if !KeySetOptions.isApple(source) {
         logger.warning(
             "the key set is not Apple's: notifications signed by whoever holds its keys are applied; use this for tests and staging only, never in production",
-            ["url": .string(source.description), "apple": .string(appleKeySetURL)])
+            ["url": .string(source.description), "apple": .string(JWKSSource.appleURL.absoluteString)])
     }
-    let configuration = KeyStore.Configuration(
-        refreshInterval: try parsed.seconds("jwks-refresh", positive: true) ?? .seconds(3600),
-        cooldown: try parsed.seconds("jwks-cooldown", positive: true) ?? .seconds(30))
+    let configuration = try KeySetOptions.storeConfiguration(parsed)
     let success = metrics.counter(
         "siwa_worker_jwks_fetches_total", help: "Fetches of Apple's key set by the worker, by outcome.",
         labels: [("outcome", "success")])

@@ -2,9 +2,9 @@ import AppleID
 import AppleNotifications
 import Foundation
 import Postgres
+import Revoker
 import ServiceSupport
 import TokenVault
-import Worker
 
 /// The revoker's settings: on when --apple-key-file is given, and then the rest are required.
 /// The Apple settings are the shared declaration (``AppleCredentialOptions``): --apple-key-file turns the
@@ -19,12 +19,14 @@ let revokerOptions: [CommandOption] =
         CommandOption(
             "revocation-poll-interval", valueName: "SECONDS",
             help: "Look for due revocation requests at least this often.",
-            environmentVariable: "SIWA_REVOCATION_POLL_INTERVAL", defaultValue: "5"),
+            environmentVariable: "SIWA_REVOCATION_POLL_INTERVAL",
+            defaultValue: Revoker.Configuration.defaultPollInterval.secondsText),
         CommandOption(
             "revocation-retry-base-delay", valueName: "SECONDS",
             help:
                 "First retry delay after a retryable failure at Apple; doubles per attempt, with jitter, at most 1 h.",
-            environmentVariable: "SIWA_REVOCATION_RETRY_BASE_DELAY", defaultValue: "5"),
+            environmentVariable: "SIWA_REVOCATION_RETRY_BASE_DELAY",
+            defaultValue: Revoker.Configuration.defaultRetryBaseDelay.secondsText),
         CommandOption(
             "refresh-check-interval", valueName: "SECONDS",
             help: """
@@ -71,8 +73,10 @@ func makeRevoker(
     return Revoker(
         configuration: try Revoker.Configuration(
             database: revokerDatabase, clients: apple.clients, cipher: cipher,
-            pollInterval: try parsed.seconds("revocation-poll-interval", positive: true) ?? .seconds(5),
-            retryBaseDelay: try parsed.seconds("revocation-retry-base-delay", positive: true) ?? .seconds(5),
+            pollInterval: try parsed.seconds("revocation-poll-interval", positive: true)
+                ?? Revoker.Configuration.defaultPollInterval,
+            retryBaseDelay: try parsed.seconds("revocation-retry-base-delay", positive: true)
+                ?? Revoker.Configuration.defaultRetryBaseDelay,
             refreshCheckInterval: try parsed.seconds("refresh-check-interval", positive: true)),
         logger: logger, metrics: metrics)
 }

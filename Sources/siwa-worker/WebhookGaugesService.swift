@@ -1,6 +1,6 @@
 import Postgres
-import ServiceHealth
 import ServiceSupport
+import WebhookDelivery
 
 /// The webhook endpoints' gauges from the database on the worker's /metrics (read by a thread of their
 /// own every few seconds; a scrape never waits for the database), as a service of the group.

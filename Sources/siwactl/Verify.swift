@@ -1,7 +1,7 @@
 import AppleID
+import AppleKeys
 import AppleNotifications
 import Foundation
-import Receiver
 import ServiceSupport
 
 /// `siwactl verify`: verify one notification token and print what it says.

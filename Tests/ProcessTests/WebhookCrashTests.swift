@@ -1,9 +1,9 @@
 import Foundation
 import Postgres
+import QueueConsumer
 import Synchronization
 import TestSupport
 import Testing
-import Worker
 
 /// How many deliveries an endpoint was sent, from any of its threads.
 private final class CallCount: Sendable {

@@ -2,8 +2,8 @@ import Foundation
 import Postgres
 import TestSupport
 import Testing
+import WebhookDelivery
 import Webhooks
-import Worker
 
 // ==== operations through siwactl (retry, replay by state, remove) ====
 @Suite("siwactl webhooks operations", .serialized)

@@ -4,8 +4,8 @@ import Postgres
 import Synchronization
 import TestSupport
 import Testing
+import WebhookDelivery
 import Webhooks
-import Worker
 
 /// Reads a file that a child process appends to.
 private func contents(_ path: String) -> String {

@@ -5,23 +5,22 @@ import HTTPServer
 import Postgres
 import ServiceSupport
 import SignIn
-import TestSupport
 import TokenVault
 
-// The sign-in API's own fixture (LocalApple, the local Apple, is TestSupport's).
+// The sign-in API's fixture, shared by SignInTests and RevokerTests.
 
 /// fake-apple, a receiver storing what fake-apple notifies (same database), and the sign-in API in process.
-final class SignInFixture {
-    static let bearer = SignInCredentials.bearer
-    let apple: LocalApple
-    let receiver: ReceiverHarness
-    let service: SignInService
-    let cipher: TokenCipher
-    let keyFile: String
-    let logs = LogCapture()
+public final class SignInFixture {
+    public static let bearer = SignInCredentials.bearer
+    public let apple: LocalApple
+    public let receiver: ReceiverHarness
+    public let service: SignInService
+    public let cipher: TokenCipher
+    public let keyFile: String
+    public let logs = LogCapture()
 
     /// `notify: false` leaves fake-apple without --notify-url (Apple's consent-revoked lost).
-    init(clientIDs: [String] = [LocalApple.clientID], notify: Bool = true) throws {
+    public init(clientIDs: [String] = [LocalApple.clientID], notify: Bool = true) throws {
         // The receiver starts first (Apple notifies it) with no keys; it is served Apple's once they exist.
         receiver = try ReceiverHarness(
             keys: .served(Data(#"{"keys":[]}"#.utf8)), audience: LocalApple.clientID,
@@ -56,12 +55,16 @@ final class SignInFixture {
     /// The services under test connect as login roles of their group roles (TestSupport's
     /// `PostgresCluster.loginRole`): the sign-in API as a member of siwa_signin, the revoker of
     /// siwa_worker, so that the tests prove the grants suffice.
-    static let groups = ["signin_test_login": "siwa_signin", "worker_test_login": "siwa_worker"]
+    public static let groups = ["signin_test_login": "siwa_signin", "worker_test_login": "siwa_worker"]
 
     /// The fixture's database as the login role `login` (a key of ``groups``) stands for.
-    func login(_ login: String) throws -> PostgresConfiguration { try Self.login(login, receiver.database) }
+    public func login(_ login: String) throws -> PostgresConfiguration {
+        try Self.login(login, receiver.database)
+    }
 
-    static func login(_ login: String, _ database: PostgresConfiguration) throws -> PostgresConfiguration {
+    public static func login(_ login: String, _ database: PostgresConfiguration) throws
+        -> PostgresConfiguration
+    {
         let cluster = try PostgresCluster.shared
         guard let group = groups[login] else { throw ExecutableError("no group role for \(login)") }
         return try PostgresConfiguration(
@@ -69,10 +72,10 @@ final class SignInFixture {
                 + "user=\(cluster.loginRole(memberOf: group))")
     }
 
-    var url: String { "http://127.0.0.1:\(service.port ?? 0)" }
+    public var url: String { "http://127.0.0.1:\(service.port ?? 0)" }
 
     /// POSTs `object` as JSON to `path` with the bearer token (or `authorization`).
-    func post(
+    public func post(
         _ path: String, _ object: [String: Any], authorization: String? = "Bearer \(SignInFixture.bearer)"
     )
         throws -> (status: Int, json: [String: Any], text: String)
@@ -86,7 +89,7 @@ final class SignInFixture {
     }
 
     /// A fresh sign-in's request body for `sub`.
-    func signInBody(
+    public func signInBody(
         sub: String, email: String? = "u@privaterelay.appleid.com", nonce: Nonce = Nonce(),
         clientID: String = LocalApple.clientID, sentNonce: String? = nil
     ) throws -> [String: Any] {
@@ -98,11 +101,11 @@ final class SignInFixture {
         ]
     }
 
-    func query(_ sql: String, _ parameters: [PostgresData?] = []) throws -> PostgresRows {
+    public func query(_ sql: String, _ parameters: [PostgresData?] = []) throws -> PostgresRows {
         try receiver.query(sql, parameters)
     }
 
-    func count(_ sql: String, _ parameters: [PostgresData?] = []) throws -> Int {
+    public func count(_ sql: String, _ parameters: [PostgresData?] = []) throws -> Int {
         try query(sql, parameters)[0][0, as: Int.self]
     }
 }

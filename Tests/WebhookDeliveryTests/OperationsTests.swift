@@ -2,8 +2,8 @@ import Foundation
 import Postgres
 import TestSupport
 import Testing
+import WebhookDelivery
 import Webhooks
-import Worker
 
 // ==== operations (retry, replay by state, remove, auto-disable, siwa_webhook_admin) ====
 /// The SQLSTATE `body` failed with; nil when it succeeded.

@@ -1,6 +1,7 @@
 import AppleID
 import Foundation
 import Postgres
+import QueueConsumer
 import ServiceSupport
 import Synchronization
 import TokenVault
@@ -38,6 +39,10 @@ public final class Revoker: Sendable {
         public var retryBaseDelay: Duration
         /// The longest retry delay.
         public var maxRetryDelay: Duration
+        /// The retries' delays: ``retryBaseDelay`` doubling to ``maxRetryDelay``, with jitter.
+        public var retrySchedule: RetrySchedule {
+            RetrySchedule(base: retryBaseDelay, maximum: maxRetryDelay)
+        }
         /// Attempts before a request whose failures were all retryable ends as `failed`.
         public var maxAttempts: Int
         /// When set, each stored refresh token is refreshed at Apple at most once per this interval,
@@ -55,11 +60,19 @@ public final class Revoker: Sendable {
             CallLease.covering(clients.values.map(\.configuration.timeout).max() ?? .seconds(10))
         }
 
+        /// The defaults of the settings (siwa-worker's flags show and use these).
+        public static let defaultPollInterval: Duration = .seconds(5)
+        public static let defaultRetryBaseDelay: Duration = .seconds(5)
+        public static let defaultMaxRetryDelay: Duration = .seconds(3600)
+        public static let defaultMaxAttempts = 20
+
         /// Settings; `clients` must not be empty.
         public init(
             database: PostgresConfiguration, clients: [String: AppleIDClient], cipher: TokenCipher,
-            pollInterval: Duration = .seconds(5), retryBaseDelay: Duration = .seconds(5),
-            maxRetryDelay: Duration = .seconds(3600), maxAttempts: Int = 20,
+            pollInterval: Duration = Configuration.defaultPollInterval,
+            retryBaseDelay: Duration = Configuration.defaultRetryBaseDelay,
+            maxRetryDelay: Duration = Configuration.defaultMaxRetryDelay,
+            maxAttempts: Int = Configuration.defaultMaxAttempts,
             refreshCheckInterval: Duration? = nil
         ) throws {
             if let refreshCheckInterval, refreshCheckInterval <= .zero {
@@ -103,8 +116,8 @@ public final class Revoker: Sendable {
 
     /// The settings.
     public let configuration: Configuration
-    private let logger: Logger
-    private let stopSignal = StopSignal()
+    let logger: Logger
+    let stopSignal = StopSignal()
     private let outcomes: MetricsRegistry?
     /// This revoker's lease owner: host, process and a random part.
     private let owner =
@@ -146,28 +159,19 @@ public final class Revoker: Sendable {
                     "interval_seconds": .double(Self.minimumRefreshCheckInterval.inSeconds),
                 ])
         }
-        var prune = Every(.seconds(3600))
-        // Refresh checks: each token at most once per interval (a day or more), in passes at most once a
-        // minute, each checking the tokens due, 100 at most, between revocation requests.
+        // Its periodic tasks: sign-in code pruning, and the refresh checks when on (each token at most
+        // once per interval, a day or more, in passes at most once a minute, between revocations).
         let refreshInterval = configuration.refreshCheckInterval.map(Self.pacedRefreshCheckInterval)
-        var check = refreshInterval.map { _ in Every(Self.refreshCheckPassInterval) }
+        var tasks = PeriodicTasks<PostgresConnection>(
+            [signInCodePruning] + (refreshInterval.map { [refreshCheckPass(interval: $0)] } ?? []))
         var loop = ConsumerLoop.listening(
             on: Self.channel, database: configuration.database,
             state: ConsumerLoopState(pollInterval: min(configuration.pollInterval, .seconds(1))),
             stop: stopSignal, logger: logger, failure: "revoker: database failure; reconnecting"
         ) { [self] connection in
             _ = try drain(on: connection)
-            if prune.take(now: .now) { _ = try pruneSignInCodes(on: connection) }
-            if let interval = refreshInterval, check?.take(now: .now) == true {
-                var checked = 0
-                while checked < Self.refreshCheckPassSize, !stopSignal.isStopped,
-                    try checkOne(on: connection, interval: interval) != nil
-                {
-                    checked += 1
-                    _ = try drain(on: connection)  // revocations first
-                }
-            }
-            return [prune.remaining(now: .now), check?.remaining(now: .now)].compactMap { $0 }.min()
+            _ = try tasks.runDue(on: connection)
+            return tasks.untilNextDue()
         }
         try? loop.run()
         logger.info("revoker stopped")
@@ -185,104 +189,13 @@ public final class Revoker: Sendable {
     }
 
     /// One drain: the requests due by its start, one claim after another.
-    private func drain(on connection: PostgresConnection) throws -> [Outcome] {
+    func drain(on connection: PostgresConnection) throws -> [Outcome] {
         let start = try connection.query("SELECT now()")[0][0, as: Date.self]
         var handled: [Outcome] = []
         while !stopSignal.isStopped, let outcome = try handleOne(on: connection, dueBy: start) {
             handled.append(outcome)
         }
         return handled
-    }
-
-    /// Forgets sign-in codes claimed over a day ago (done, or left `exchanging` by a process that died):
-    /// Apple's codes expire after five minutes, so none of them can be exchanged again. Returns how many.
-    @discardableResult
-    public func pruneSignInCodes(olderThan age: Duration = .seconds(86400)) throws -> Int {
-        let connection = try PostgresConnection(configuration: configuration.database)
-        defer { connection.close() }
-        return try pruneSignInCodes(on: connection, olderThan: age)
-    }
-
-    func pruneSignInCodes(on connection: PostgresConnection, olderThan age: Duration = .seconds(86400)) throws
-        -> Int
-    {
-        try connection.query(
-            "SELECT siwa.prune_sign_in_codes($1::float8 * interval '1 second')", [.double(age.inSeconds)]
-        )[0][0, as: Int.self]
-    }
-
-    /// What one refresh check found.
-    public struct CheckOutcome: Sendable, Equatable {
-        /// The token's row (`siwa.refresh_tokens.id`).
-        public var tokenID: Int
-        /// `valid`, `invalid_grant` (consent gone: a consent-revoked of our own was recorded), or the
-        /// failure kind (checked again after the interval).
-        public var outcome: String
-        /// An outcome.
-        public init(tokenID: Int, outcome: String) {
-            self.tokenID = tokenID
-            self.outcome = outcome
-        }
-    }
-
-    /// Checks every stored refresh token due for a check (not checked within `interval`, at least
-    /// ``minimumRefreshCheckInterval``), one transaction each; returns what each check found.
-    public func checkRefreshTokensOnce(interval: Duration) throws -> [CheckOutcome] {
-        let connection = try PostgresConnection(configuration: configuration.database)
-        defer { connection.close() }
-        var checked: [CheckOutcome] = []
-        let interval = Self.pacedRefreshCheckInterval(interval)
-        while let outcome = try checkOne(on: connection, interval: interval) { checked.append(outcome) }
-        return checked
-    }
-
-    /// Refreshes one due token at Apple (claimed and committed first: no lock is held during the call);
-    /// nil when none is due.
-    func checkOne(on connection: PostgresConnection, interval: Duration) throws -> CheckOutcome? {
-        guard
-            let row = try connection.query(
-                """
-                SELECT token_id, sub, client_id, token_ciphertext, token_sha256,
-                       pg_catalog.array_to_json(former_subs)::text
-                  FROM siwa.claim_refresh_check($1::float8 * interval '1 second', $2::float8 * interval '1 second')
-                """, [.double(interval.inSeconds), .double(configuration.lease.inSeconds)]
-            ).first
-        else { return nil }
-        let tokenID = try row[0, as: Int.self]
-        let sub = try row[1, as: String.self]
-        let storedClient = try row[2, as: String?.self]
-        let ciphertext = try row[3, as: Data.self]
-        let hash = try row[4, as: Data?.self]
-        let formerSubs = Self.subs(try row[5, as: String?.self])
-        var outcome = "valid"
-        if let clientID = storedClient
-            ?? (configuration.clients.count == 1 ? configuration.clients.keys.first : nil),
-            let client = configuration.clients[clientID]
-        {
-            do {
-                let token = try configuration.cipher.decrypt(
-                    [UInt8](ciphertext),
-                    for: TokenCipher.Row(
-                        clientID: clientID, tokenSHA256: hash.map { [UInt8]($0) }, subs: [sub] + formerSubs))
-                _ = try client.refresh(token: token)
-            } catch let error as AppleIDError {
-                outcome = error.code.rawValue
-            } catch {
-                outcome = "undecryptable"
-            }
-        } else {
-            outcome = "no_client"
-        }
-        // invalid_grant: consent is gone; the token is destroyed and a consent-revoked recorded.
-        if let jti = try connection.query(
-            "SELECT siwa.record_refresh_check($1, $2, $3)",
-            [.int(Int64(tokenID)), .bytes(ciphertext), .text(outcome)]
-        )[0][0, as: String?.self] {
-            logger.warning(
-                "refresh check: Apple says consent is gone; recorded consent-revoked",
-                ["token": .int(tokenID), "jti": .string(jti)])
-        }
-        return CheckOutcome(tokenID: tokenID, outcome: outcome)
     }
 
     /// What one claimed token became in an attempt, when it was not revoked.
@@ -395,7 +308,8 @@ public final class Revoker: Sendable {
                 [
                     .int(Int64(id)), .text(owner), .array(revoked.map { .int(Int64($0.id)) }),
                     .array(revoked.map { .bytes($0.ciphertext) }), .text(state), answer.map { .text($0) },
-                    error.map { .text(String($0.prefix(500))) }, .double(backoff(attempt: attempts)),
+                    error.map { .text(String($0.prefix(500))) },
+                    .double(configuration.retrySchedule.delay(afterAttempt: attempts).inSeconds),
                     .text(Self.json(notRevoked)),
                 ])[0][0, as: String.self]
         } catch {
@@ -454,14 +368,6 @@ public final class Revoker: Sendable {
         let data =
             (try? JSONSerialization.data(withJSONObject: objects, options: [.sortedKeys])) ?? Data("[]".utf8)
         return String(decoding: data, as: UTF8.self)
-    }
-
-    /// The delay before attempt `attempt + 1`: base × 2^(attempt-1), at most the maximum, times a random
-    /// factor in [0.5, 1] so that many failures do not retry in step.
-    func backoff(attempt: Int) -> Double {
-        let base = configuration.retryBaseDelay.inSeconds
-        let delay = min(base * pow(2, Double(min(attempt - 1, 30))), configuration.maxRetryDelay.inSeconds)
-        return delay * Double.random(in: 0.5...1.0)
     }
 
     private func record(_ outcome: Outcome) -> Outcome {

@@ -4,8 +4,8 @@ import Postgres
 import Synchronization
 import TestSupport
 import Testing
+import WebhookDelivery
 import Webhooks
-import Worker
 
 /// An endpoint that accepts each connection, reads the request and never answers until released (then
 /// every request is answered 204 at once).

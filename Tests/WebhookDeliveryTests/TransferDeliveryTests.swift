@@ -3,8 +3,8 @@ import Postgres
 import Synchronization
 import TestSupport
 import Testing
+import WebhookDelivery
 import Webhooks
-import Worker
 
 @Suite("Webhooks across a team transfer")
 struct TransferDeliveryTests {

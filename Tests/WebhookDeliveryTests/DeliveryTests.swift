@@ -3,8 +3,8 @@ import HTTPClient
 import Postgres
 import TestSupport
 import Testing
+import WebhookDelivery
 import Webhooks
-import Worker
 
 @Suite("Webhook deliveries", .serialized)
 struct DeliveryTests {

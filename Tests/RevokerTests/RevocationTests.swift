@@ -1,11 +1,11 @@
 import AppleID
 import Foundation
 import Postgres
+import Revoker
 import SignIn
 import TestSupport
 import Testing
 import TokenVault
-import Worker
 
 @Suite("Revocation as a transactional outbox")
 struct RevocationTests {

@@ -2,8 +2,8 @@ import Foundation
 import ServiceSupport
 import TestSupport
 import Testing
+import WebhookDelivery
 import Webhooks
-import Worker
 
 /// The lanes keep their connections to an endpoint between attempts, counted at a real keep-alive
 /// server (``KeepAliveHTTPServer``), and cope with an endpoint that closes them.

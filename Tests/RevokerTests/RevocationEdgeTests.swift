@@ -1,12 +1,12 @@
 import AppleID
 import Foundation
 import Postgres
+import Revoker
 import ServiceSupport
 import Synchronization
 import TestSupport
 import Testing
 import TokenVault
-import Worker
 
 @Suite("Revocation where features meet: team transfers, Apple's echo, later sign-ins, rows it cannot read")
 struct RevocationEdgeTests {

@@ -2,11 +2,12 @@ import AppleID
 import Dispatch
 import Foundation
 import Postgres
+import QueueConsumer
+import Revoker
 import ServiceSupport
 import Synchronization
 import TestSupport
 import Testing
-import Worker
 
 @Suite(
     "Revocation leases sized to the call: a revoker killed mid-call is taken over within seconds", .serialized

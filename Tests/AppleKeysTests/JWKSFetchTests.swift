@@ -1,6 +1,6 @@
+import AppleKeys
 import AppleNotifications
 import Foundation
-import Receiver
 import TestSupport
 import Testing
 

@@ -2,8 +2,8 @@ import Foundation
 import Postgres
 import TestSupport
 import Testing
+import WebhookDelivery
 import Webhooks
-import Worker
 
 /// `database` as a login role that is a member of the group role `role`.
 private func configuration(_ database: WebhookDatabase, as role: String) throws -> PostgresConfiguration {

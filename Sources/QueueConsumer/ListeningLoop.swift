@@ -6,7 +6,7 @@ extension ConsumerLoop where Connection == PostgresConnection {
     /// LISTENs on `channel`, a wait for its NOTIFYs that the stop signal ends at once, and each database
     /// failure logged as the warning `message` with the SQLSTATE (or the library's code), the reason a
     /// connection was refused, the delay before the next try, and `fields`.
-    static func listening(
+    public static func listening(
         on channel: String, database: PostgresConfiguration, state: ConsumerLoopState, stop: StopSignal,
         logger: Logger, failure message: String, fields: [String: Logger.Value] = [:],
         drain: @escaping (PostgresConnection) throws -> Duration?

@@ -1,12 +1,13 @@
 import Dispatch
 import Foundation
 import Postgres
+import QueueConsumer
 import ServiceSupport
 import Synchronization
 import TestSupport
 import Testing
+import WebhookDelivery
 import Webhooks
-import Worker
 
 /// An endpoint that reads a request and answers nothing until released (then 204).
 private final class HangingEndpoint: Sendable {

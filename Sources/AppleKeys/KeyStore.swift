@@ -20,7 +20,15 @@ public final class KeyStore: @unchecked Sendable {
         /// The least time between two fetches caused by unknown kids (and between retries after a failure).
         public var cooldown: Duration
 
-        public init(refreshInterval: Duration = .seconds(3600), cooldown: Duration = .seconds(30)) {
+        /// The refresh interval when none is configured: an hour.
+        public static let defaultRefreshInterval: Duration = .seconds(3600)
+        /// The cooldown when none is configured: 30 seconds.
+        public static let defaultCooldown: Duration = .seconds(30)
+
+        public init(
+            refreshInterval: Duration = Configuration.defaultRefreshInterval,
+            cooldown: Duration = Configuration.defaultCooldown
+        ) {
             self.refreshInterval = refreshInterval
             self.cooldown = cooldown
         }

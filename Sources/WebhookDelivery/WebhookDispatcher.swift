@@ -1,6 +1,7 @@
 import Foundation
 import HTTPClient
 import Postgres
+import QueueConsumer
 import ServiceSupport
 import Synchronization
 import Webhooks
@@ -44,6 +45,10 @@ public final class WebhookDispatcher: Sendable {
         public var retryBaseDelay: Duration
         /// The longest retry delay.
         public var maxRetryDelay: Duration
+        /// The retries' delays: ``retryBaseDelay`` doubling to ``maxRetryDelay``, with jitter.
+        public var retrySchedule: RetrySchedule {
+            RetrySchedule(base: retryBaseDelay, maximum: maxRetryDelay)
+        }
         /// A delivery failing for this long since its first attempt is `dead` (default 26 h: the schedule
         /// spans more than a day).
         public var giveUpAfter: Duration
@@ -57,11 +62,21 @@ public final class WebhookDispatcher: Sendable {
         /// ``CallLease/margin`` (``CallLease``). A lease still held after that is taken over by another lane.
         public var lease: Duration { CallLease.covering(timeout) }
 
+        /// The defaults of the settings (siwa-worker's flags show and use these, but for its lanes).
+        public static let defaultTimeout: Duration = .seconds(10)
+        public static let defaultRetryBaseDelay: Duration = .seconds(5)
+        public static let defaultMaxRetryDelay: Duration = .seconds(3600)
+        public static let defaultGiveUpAfter: Duration = .seconds(26 * 3600)
+        public static let defaultPollInterval: Duration = .seconds(1)
+
         /// Settings; every duration must be positive and `concurrency` at least 1.
         public init(
-            database: PostgresConfiguration, concurrency: Int = 4, timeout: Duration = .seconds(10),
-            retryBaseDelay: Duration = .seconds(5), maxRetryDelay: Duration = .seconds(3600),
-            giveUpAfter: Duration = .seconds(26 * 3600), pollInterval: Duration = .seconds(1),
+            database: PostgresConfiguration, concurrency: Int = 4,
+            timeout: Duration = Configuration.defaultTimeout,
+            retryBaseDelay: Duration = Configuration.defaultRetryBaseDelay,
+            maxRetryDelay: Duration = Configuration.defaultMaxRetryDelay,
+            giveUpAfter: Duration = Configuration.defaultGiveUpAfter,
+            pollInterval: Duration = Configuration.defaultPollInterval,
             maxResponseBodyBytes: Int = 64 << 10, environment: [String: String] = [:]
         ) throws {
             guard concurrency >= 1, timeout > .zero, retryBaseDelay > .zero, maxRetryDelay >= retryBaseDelay,
@@ -94,8 +109,7 @@ public final class WebhookDispatcher: Sendable {
 
     /// The channel the fan-out trigger and replays notify.
     public static let channel = "siwa_webhooks"
-    /// How often lane 0 repairs `ready` hints (`siwa.repair_webhook_ready`; every transition keeps them)
-    /// and removes the temporary endpoints past their expiry (`siwa.remove_expired_webhook_endpoints`).
+    /// How often lane 0 runs the webhook maintenance (``maintenance``).
     static let repairInterval: Duration = .seconds(60)
     /// How soon a lane looks again when every endpoint with due work is at its cap (the lanes holding
     /// them claim their next delivery themselves; this one serves an endpoint whose share grew).
@@ -103,7 +117,7 @@ public final class WebhookDispatcher: Sendable {
 
     /// The settings.
     public let configuration: Configuration
-    private let logger: Logger
+    let logger: Logger
     private let stopSignal = StopSignal()
     /// One per lane: each keeps its connections to the endpoints open between attempts.
     private let sessions: [OutboundHTTP.Session]
@@ -137,6 +151,9 @@ public final class WebhookDispatcher: Sendable {
             "siwa_webhook_attempt_seconds", help: "Seconds per webhook attempt (the HTTP exchange).")
     }
 
+    /// The webhook maintenance that lane 0 runs between its drains (and ``drainOnce()`` once, first).
+    var maintenance: [PeriodicTask<PostgresConnection>] { [readyRepair, expiredEndpointRemoval] }
+
     /// Runs every lane until ``stop()``; each finishes the attempt in hand (recorded, or left to its
     /// lease).
     public func run() {
@@ -159,21 +176,21 @@ public final class WebhookDispatcher: Sendable {
     public func drainOnce() throws -> [Outcome] {
         let connection = try PostgresConnection(configuration: configuration.database)
         defer { connection.close() }
-        try repair(on: connection)
+        _ = try PeriodicTasks(maintenance).runAll(on: connection)
         var outcomes: [Outcome] = []
         _ = try drain(on: connection, lane: 0, lanes: 1, into: &outcomes)
         return outcomes
     }
 
     private func runLane(_ index: Int) {
-        var repair = Every(Self.repairInterval)
+        var tasks = PeriodicTasks(index == 0 ? maintenance : [])
         var loop = ConsumerLoop.listening(
             on: Self.channel, database: configuration.database,
             state: ConsumerLoopState(pollInterval: min(configuration.pollInterval, .milliseconds(500))),
             stop: stopSignal, logger: logger, failure: "webhooks: database failure; connecting again",
             fields: ["lane": .int(index)]
         ) { [self] connection in
-            if index == 0, repair.take(now: .now) { try self.repair(on: connection) }
+            _ = try tasks.runDue(on: connection)
             var outcomes: [Outcome] = []
             return try drain(on: connection, lane: index, lanes: configuration.concurrency, into: &outcomes)
         }
@@ -209,20 +226,6 @@ public final class WebhookDispatcher: Sendable {
              WHERE e.enabled
             """)[0][0, as: Double?.self]
         return due.map { .milliseconds(max(0, Int64(($0 * 1000).rounded(.up)))) }
-    }
-
-    /// Repairs the `ready` hints the transitions could not keep (see `siwa.repair_webhook_ready`) and
-    /// removes the temporary endpoints past their expiry (`siwa.remove_expired_webhook_endpoints`: a
-    /// listener that crashed leaves its endpoint behind). Returns how many hints it repaired.
-    @discardableResult
-    func repair(on connection: PostgresConnection) throws -> Int {
-        let row = try connection.query(
-            "SELECT siwa.repair_webhook_ready(), siwa.remove_expired_webhook_endpoints()")[0]
-        let removed = try row[1, as: Int.self]
-        if removed > 0 {
-            logger.info("webhooks: removed expired temporary endpoints", ["count": .int(removed)])
-        }
-        return try row[0, as: Int.self]
     }
 
     /// What one claim led to.
@@ -315,7 +318,7 @@ public final class WebhookDispatcher: Sendable {
             outcome = "dead"
         } else {
             outcome = "retry"
-            delay = backoff(attempt: attempt)
+            delay = configuration.retrySchedule.delay(afterAttempt: attempt).inSeconds
         }
         // The endpoint's backoff as a whole (from its 3rd consecutive failure) follows the same schedule.
         let recorded = try connection.query(
@@ -346,13 +349,5 @@ public final class WebhookDispatcher: Sendable {
                 ])
         }
         return .attempted(Outcome(delivery: delivery, state: outcome, status: status))
-    }
-
-    /// The delay before attempt `attempt + 1`: base × 2^(attempt-1), at most the maximum, times a random
-    /// factor in [0.5, 1] so that an endpoint's failures do not all retry in step.
-    func backoff(attempt: Int) -> Double {
-        let base = configuration.retryBaseDelay.inSeconds
-        let delay = min(base * pow(2, Double(min(attempt - 1, 40))), configuration.maxRetryDelay.inSeconds)
-        return delay * Double.random(in: 0.5...1.0)
     }
 }

@@ -2,12 +2,13 @@ import AppleID
 import Dispatch
 import Foundation
 import Postgres
+import QueueConsumer
+import Revoker
 import ServiceSupport
 import Synchronization
 import TestSupport
 import Testing
 import TokenVault
-import Worker
 
 @Suite("Revocation leases: no lock held across Apple's call, a held token row never stalls the revoker")
 struct RevocationLeaseTests {

@@ -1,11 +1,11 @@
 import AppleID
 import Foundation
 import Postgres
+import Revoker
 import ServiceSupport
 import TestSupport
 import Testing
 import TokenVault
-import Worker
 
 /// Apple: "You may verify the refresh token up to once a day … Apple's servers may throttle your call if
 /// you attempt to verify a user's Apple ID more than once a day." The refresh check's interval therefore

@@ -1,0 +1,97 @@
+import AppleID
+import Foundation
+import Postgres
+import QueueConsumer
+import ServiceSupport
+import TokenVault
+
+extension Revoker {
+    /// The revoker's periodic refresh-check pass: the tokens due, ``refreshCheckPassSize`` at most, with
+    /// the revocations due handled between two checks (revocations first).
+    func refreshCheckPass(interval: Duration) -> PeriodicTask<PostgresConnection> {
+        PeriodicTask("refresh check", every: Self.refreshCheckPassInterval) { [self] connection in
+            var checked = 0
+            while checked < Self.refreshCheckPassSize, !stopSignal.isStopped,
+                try checkOne(on: connection, interval: interval) != nil
+            {
+                checked += 1
+                _ = try drain(on: connection)
+            }
+            return ["refresh_checks": checked]
+        }
+    }
+
+    /// What one refresh check found.
+    public struct CheckOutcome: Sendable, Equatable {
+        /// The token's row (`siwa.refresh_tokens.id`).
+        public var tokenID: Int
+        /// `valid`, `invalid_grant` (consent gone: a consent-revoked of our own was recorded), or the
+        /// failure kind (checked again after the interval).
+        public var outcome: String
+        /// An outcome.
+        public init(tokenID: Int, outcome: String) {
+            self.tokenID = tokenID
+            self.outcome = outcome
+        }
+    }
+
+    /// Checks every stored refresh token due for a check (not checked within `interval`, at least
+    /// ``minimumRefreshCheckInterval``), one transaction each; returns what each check found.
+    public func checkRefreshTokensOnce(interval: Duration) throws -> [CheckOutcome] {
+        let connection = try PostgresConnection(configuration: configuration.database)
+        defer { connection.close() }
+        var checked: [CheckOutcome] = []
+        let interval = Self.pacedRefreshCheckInterval(interval)
+        while let outcome = try checkOne(on: connection, interval: interval) { checked.append(outcome) }
+        return checked
+    }
+
+    /// Refreshes one due token at Apple (claimed and committed first: no lock is held during the call);
+    /// nil when none is due.
+    func checkOne(on connection: PostgresConnection, interval: Duration) throws -> CheckOutcome? {
+        guard
+            let row = try connection.query(
+                """
+                SELECT token_id, sub, client_id, token_ciphertext, token_sha256,
+                       pg_catalog.array_to_json(former_subs)::text
+                  FROM siwa.claim_refresh_check($1::float8 * interval '1 second', $2::float8 * interval '1 second')
+                """, [.double(interval.inSeconds), .double(configuration.lease.inSeconds)]
+            ).first
+        else { return nil }
+        let tokenID = try row[0, as: Int.self]
+        let sub = try row[1, as: String.self]
+        let storedClient = try row[2, as: String?.self]
+        let ciphertext = try row[3, as: Data.self]
+        let hash = try row[4, as: Data?.self]
+        let formerSubs = Self.subs(try row[5, as: String?.self])
+        var outcome = "valid"
+        if let clientID = storedClient
+            ?? (configuration.clients.count == 1 ? configuration.clients.keys.first : nil),
+            let client = configuration.clients[clientID]
+        {
+            do {
+                let token = try configuration.cipher.decrypt(
+                    [UInt8](ciphertext),
+                    for: TokenCipher.Row(
+                        clientID: clientID, tokenSHA256: hash.map { [UInt8]($0) }, subs: [sub] + formerSubs))
+                _ = try client.refresh(token: token)
+            } catch let error as AppleIDError {
+                outcome = error.code.rawValue
+            } catch {
+                outcome = "undecryptable"
+            }
+        } else {
+            outcome = "no_client"
+        }
+        // invalid_grant: consent is gone; the token is destroyed and a consent-revoked recorded.
+        if let jti = try connection.query(
+            "SELECT siwa.record_refresh_check($1, $2, $3)",
+            [.int(Int64(tokenID)), .bytes(ciphertext), .text(outcome)]
+        )[0][0, as: String?.self] {
+            logger.warning(
+                "refresh check: Apple says consent is gone; recorded consent-revoked",
+                ["token": .int(tokenID), "jti": .string(jti)])
+        }
+        return CheckOutcome(tokenID: tokenID, outcome: outcome)
+    }
+}
