@@ -170,9 +170,8 @@ let package = Package(
         .testTarget(
             name: "AdminSQLTests",
             dependencies: [
-                "Doctor", "Postgres", "Receiver", "ServiceHealth", "SignIn", "TestSupport",
-                "WebhookAdministration",
-                "Worker",
+                "Doctor", "Postgres", "QueueConsumer", "Receiver", "ServiceHealth", "SignIn", "TestSupport",
+                "WebhookAdministration", "Worker",
             ]),
         .testTarget(
             name: "SiwactlTests", dependencies: ["SiwaSchema", "TestSupport", "TeamTransfer", "AppleID"]),

@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import QueueConsumer
 import TestSupport
 import Testing
 
@@ -83,6 +84,30 @@ struct RetryDelayTests {
                 "SELECT date_part('epoch', siwa.retry_delay($1::integer, '2 seconds', '1 hour'))",
                 [.text(String(attempt))])[0][0, as: Double.self]
             #expect(delay >= 1 && delay <= 2, "attempt \(attempt)")
+        }
+    }
+
+    @Test(
+        "Swift's RetrySchedule and siwa.retry_delay are one schedule: every draw of the SQL lies under Swift's ceiling"
+    )
+    func swiftAgrees() throws {
+        let database = try TestDatabase()
+        for (base, cap) in [
+            (Duration.seconds(1), Duration.seconds(3600)), (.milliseconds(250), .seconds(600)),
+        ] {
+            let schedule = RetrySchedule(base: base, maximum: cap)
+            let rows = try spread(
+                database.connection, attempts: 1...70, base: "\(base.inSeconds) seconds",
+                cap: "\(cap.inSeconds) seconds", samples: 200)
+            for row in rows {
+                let ceiling = schedule.ceiling(afterAttempt: row.attempt).inSeconds
+                #expect(
+                    abs(row.bound - ceiling) <= ceiling * 1e-9,
+                    "attempt \(row.attempt): \(row.bound) vs \(ceiling)")
+                #expect(row.min >= ceiling / 2 && row.max <= ceiling, "attempt \(row.attempt)")
+                let swift = (0..<200).map { _ in schedule.delay(afterAttempt: row.attempt).inSeconds }
+                #expect(swift.allSatisfy { $0 >= ceiling / 2 && $0 <= ceiling }, "attempt \(row.attempt)")
+            }
         }
     }
 }
