@@ -170,8 +170,9 @@ let package = Package(
         .testTarget(
             name: "AdminSQLTests",
             dependencies: [
-                "Doctor", "Postgres", "QueueConsumer", "Receiver", "ServiceHealth", "SignIn", "TestSupport",
-                "WebhookAdministration", "Worker",
+                "Doctor", "Postgres", "QueueConsumer", "Receiver", "Revoker", "ServiceHealth", "SignIn",
+                "TestSupport",
+                "WebhookAdministration", "WebhookDelivery", "Worker",
             ]),
         .testTarget(
             name: "SiwactlTests", dependencies: ["SiwaSchema", "TestSupport", "TeamTransfer", "AppleID"]),

@@ -50,31 +50,17 @@ extension Revoker {
     /// nil when none is due.
     func checkOne(on connection: PostgresConnection, interval: Duration) throws -> CheckOutcome? {
         guard
-            let row = try connection.query(
-                """
-                SELECT token_id, sub, client_id, token_ciphertext, token_sha256,
-                       pg_catalog.array_to_json(former_subs)::text
-                  FROM siwa.claim_refresh_check($1::float8 * interval '1 second', $2::float8 * interval '1 second')
-                """, [.double(interval.inSeconds), .double(configuration.lease.inSeconds)]
-            ).first
+            let token = try connection.rows(
+                RefreshCheckClaim.self, [.double(interval.inSeconds), .double(configuration.lease.inSeconds)]
+            ).first?.token
         else { return nil }
-        let tokenID = try row[0, as: Int.self]
-        let sub = try row[1, as: String.self]
-        let storedClient = try row[2, as: String?.self]
-        let ciphertext = try row[3, as: Data.self]
-        let hash = try row[4, as: Data?.self]
-        let formerSubs = Self.subs(try row[5, as: String?.self])
         var outcome = "valid"
-        if let clientID = storedClient
-            ?? (configuration.clients.count == 1 ? configuration.clients.keys.first : nil),
+        if let clientID = token.resolvedClientID(among: configuration.clients),
             let client = configuration.clients[clientID]
         {
             do {
-                let token = try configuration.cipher.decrypt(
-                    [UInt8](ciphertext),
-                    for: TokenCipher.Row(
-                        clientID: clientID, tokenSHA256: hash.map { [UInt8]($0) }, subs: [sub] + formerSubs))
-                _ = try client.refresh(token: token)
+                _ = try client.refresh(
+                    token: try token.decrypt(with: configuration.cipher, clientID: clientID))
             } catch let error as AppleIDError {
                 outcome = error.code.rawValue
             } catch {
@@ -84,14 +70,14 @@ extension Revoker {
             outcome = "no_client"
         }
         // invalid_grant: consent is gone; the token is destroyed and a consent-revoked recorded.
-        if let jti = try connection.query(
+        if let jti = try connection.value(
             "SELECT siwa.record_refresh_check($1, $2, $3)",
-            [.int(Int64(tokenID)), .bytes(ciphertext), .text(outcome)]
-        )[0][0, as: String?.self] {
+            [.int(Int64(token.id)), .bytes(token.ciphertext), .text(outcome)], as: String?.self)
+        {
             logger.warning(
                 "refresh check: Apple says consent is gone; recorded consent-revoked",
-                ["token": .int(tokenID), "jti": .string(jti)])
+                ["token": .int(token.id), "jti": .string(jti)])
         }
-        return CheckOutcome(tokenID: tokenID, outcome: outcome)
+        return CheckOutcome(tokenID: token.id, outcome: outcome)
     }
 }

@@ -190,7 +190,7 @@ public final class Revoker: Sendable {
 
     /// One drain: the requests due by its start, one claim after another.
     func drain(on connection: PostgresConnection) throws -> [Outcome] {
-        let start = try connection.query("SELECT now()")[0][0, as: Date.self]
+        let start = try connection.value("SELECT now()", as: Date.self)
         var handled: [Outcome] = []
         while !stopSignal.isStopped, let outcome = try handleOne(on: connection, dueBy: start) {
             handled.append(outcome)
@@ -211,59 +211,43 @@ public final class Revoker: Sendable {
     /// revoke (no client, undecryptable, refused by Apple) is recorded as such and the others are still
     /// revoked; a retryable failure at Apple stops the attempt (Apple is unavailable), to be retried.
     func handleOne(on connection: PostgresConnection, dueBy: Date) throws -> Outcome? {
-        let rows = try connection.query(
-            """
-            SELECT outcome, request_id, sub, attempt, token_id, client_id, token_ciphertext, token_sha256,
-                   service_format, pg_catalog.array_to_json(former_subs)::text
-              FROM siwa.claim_revocation($1, $2::float8 * interval '1 second', $3)
-            """, [.text(owner), .double(configuration.lease.inSeconds), .date(dueBy)])
+        let rows = try connection.rows(
+            RevocationClaim.self, [.text(owner), .double(configuration.lease.inSeconds), .date(dueBy)])
         guard let request = rows.first else { return nil }
-        let id = try request[1, as: Int.self]
-        let claimed = try request[0, as: String.self]
-        guard claimed == "claimed" else { return record(Outcome(id: id, state: claimed)) }
-        let sub = try request[2, as: String.self]
-        let attempts = try request[3, as: Int.self]
-        let formerSubs = Self.subs(try request[9, as: String?.self])
+        let id = request.requestID
+        guard request.outcome == "claimed" else { return record(Outcome(id: id, state: request.outcome)) }
+        let attempts = request.attempt
         var revoked: [(id: Int, ciphertext: Data)] = []
         var notRevoked: [NotRevoked] = []
         var unhandled: [Int] = []
         var refusal: String?
         var unavailable: (answer: String, error: String)?
-        for token in rows {
-            let tokenID = try token[4, as: Int.self]
+        for claimed in rows {
+            guard let token = claimed.token else { continue }
             if unavailable != nil {
-                unhandled.append(tokenID)
+                unhandled.append(token.id)
                 continue
             }
-            let storedClient = try token[5, as: String?.self]
-            let ciphertext = try token[6, as: Data.self]
-            let hash = try token[7, as: Data?.self]
-            let serviceFormat = try token[8, as: Bool.self]
-            guard
-                let clientID = storedClient
-                    ?? (configuration.clients.count == 1 ? configuration.clients.keys.first : nil),
+            guard let clientID = token.resolvedClientID(among: configuration.clients),
                 let client = configuration.clients[clientID]
             else {
                 notRevoked.append(
                     NotRevoked(
-                        id: tokenID, outcome: "no_client",
+                        id: token.id, outcome: "no_client",
                         detail: "no Apple client is configured for the token's client ID"))
                 continue
             }
             let plain: String
             do {
-                plain = try configuration.cipher.decrypt(
-                    [UInt8](ciphertext),
-                    for: TokenCipher.Row(
-                        clientID: clientID, tokenSHA256: hash.map { [UInt8]($0) }, subs: [sub] + formerSubs))
+                plain = try token.decrypt(with: configuration.cipher, clientID: clientID)
             } catch {
                 notRevoked.append(
-                    serviceFormat
+                    claimed.serviceFormat
                         ? NotRevoked(
-                            id: tokenID, outcome: "undecryptable",
+                            id: token.id, outcome: "undecryptable",
                             detail: "cannot decrypt the stored token: \(error.description)")
                         : NotRevoked(
-                            id: tokenID, outcome: "not_service_format",
+                            id: token.id, outcome: "not_service_format",
                             detail:
                                 "the row is not in the service's format (the app stored it) and does not decrypt: "
                                 + error.description))
@@ -275,14 +259,14 @@ public final class Revoker: Sendable {
                 let answer = error.status.map { "\(error.code) (HTTP \($0))" } ?? error.code.rawValue
                 if error.isRetryable {
                     unavailable = (answer, error.description)
-                    unhandled.append(tokenID)
+                    unhandled.append(token.id)
                 } else {
                     refusal = answer
-                    notRevoked.append(NotRevoked(id: tokenID, outcome: "refused", detail: error.description))
+                    notRevoked.append(NotRevoked(id: token.id, outcome: "refused", detail: error.description))
                 }
                 continue
             }
-            revoked.append((tokenID, ciphertext))
+            revoked.append((token.id, token.ciphertext))
         }
         // The verdict: retry while Apple is unavailable and attempts remain; otherwise final, and
         // siwa.record_revocation ends the request revoked, partially_revoked or failed from the outcomes.
@@ -301,7 +285,7 @@ public final class Revoker: Sendable {
             }
         let recorded: String
         do {
-            recorded = try connection.query(
+            recorded = try connection.value(
                 """
                 SELECT siwa.record_revocation($1, $2, $3::bigint[], $4::bytea[], $5, $6, $7, $8::float8, $9::jsonb)
                 """,
@@ -311,7 +295,7 @@ public final class Revoker: Sendable {
                     error.map { .text(String($0.prefix(500))) },
                     .double(configuration.retrySchedule.delay(afterAttempt: attempts).inSeconds),
                     .text(Self.json(notRevoked)),
-                ])[0][0, as: String.self]
+                ], as: String.self)
         } catch {
             // Not recorded, but this process lives on: give the request back rather than wait for the
             // lease (the revoke at Apple is repeated, harmlessly).
@@ -349,15 +333,6 @@ public final class Revoker: Sendable {
                 ])
         }
         return record(Outcome(id: id, state: recorded))
-    }
-
-    /// The subs of a JSON array (a claim's `former_subs`); none for NULL.
-    static func subs(_ json: String?) -> [String] {
-        guard let json, let subs = try? JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String]
-        else {
-            return []
-        }
-        return subs
     }
 
     /// The tokens not revoked as `siwa.record_revocation` takes them: [{id, outcome, detail}].

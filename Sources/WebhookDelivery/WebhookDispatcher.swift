@@ -100,11 +100,23 @@ public final class WebhookDispatcher: Sendable {
     public struct Outcome: Sendable, Equatable {
         /// The delivery's id.
         public var delivery: Int
-        /// `delivered`, `retry`, `dead`, or `lost` (the lease expired and another lane took the delivery
-        /// over before this attempt was recorded: nothing of it was written).
-        public var state: String
+        /// What became of the delivery.
+        public var state: State
         /// The HTTP status answered, nil when none.
         public var status: Int?
+
+        /// What one attempt left the delivery as.
+        public enum State: String, Sendable, CaseIterable {
+            /// A 2xx: the delivery is done.
+            case delivered
+            /// It failed and is scheduled again.
+            case retry
+            /// It failed past the give-up time: no further attempt.
+            case dead
+            /// The lease expired and another lane took the delivery over before this attempt was
+            /// recorded: nothing of it was written.
+            case lost
+        }
     }
 
     /// The channel the fan-out trigger and replays notify.
@@ -122,7 +134,7 @@ public final class WebhookDispatcher: Sendable {
     /// One per lane: each keeps its connections to the endpoints open between attempts.
     private let sessions: [OutboundHTTP.Session]
     private let connectionsOpened: Counter?
-    private let attempts: [String: Counter]
+    private let attempts: [Outcome.State: Counter]
     private let latency: Histogram?
     /// This dispatcher's lease owner prefix: host, process and a random part (a lane adds its index).
     private let owner = "\(ProcessInfo.processInfo.hostName):\(getpid()):\(UUID().uuidString.prefix(8))"
@@ -140,11 +152,11 @@ public final class WebhookDispatcher: Sendable {
         connectionsOpened = metrics?.counter(
             "siwa_webhook_connections_opened_total",
             help: "Connections the webhook lanes opened (each lane keeps its own open between attempts).")
-        var attempts: [String: Counter] = [:]
-        for outcome in ["delivered", "retry", "dead"] {
+        var attempts: [Outcome.State: Counter] = [:]
+        for outcome in [Outcome.State.delivered, .retry, .dead] {
             attempts[outcome] = metrics?.counter(
                 "siwa_webhook_attempts_total", help: "Webhook attempts, by outcome.",
-                labels: [("outcome", outcome)])
+                labels: [("outcome", outcome.rawValue)])
         }
         self.attempts = attempts
         latency = metrics?.histogram(
@@ -206,7 +218,7 @@ public final class WebhookDispatcher: Sendable {
     )
         throws -> Duration?
     {
-        let start = try connection.query("SELECT now()")[0][0, as: Date.self]
+        let start = try connection.value("SELECT now()", as: Date.self)
         var step: Step = .nothing
         while !isStopping {
             step = try attemptOne(on: connection, lane: lane, lanes: lanes, dueBy: start)
@@ -214,7 +226,7 @@ public final class WebhookDispatcher: Sendable {
             outcomes.append(outcome)
         }
         if case .saturated = step { return Self.saturatedWait }
-        let due = try connection.query(
+        let due = try connection.value(
             """
             SELECT extract(epoch FROM min(greatest(h.due, e.backoff_until)) - clock_timestamp())::float8
               FROM siwa.webhook_endpoints e
@@ -224,7 +236,7 @@ public final class WebhookDispatcher: Sendable {
                      FROM siwa.webhook_deliveries d
                     WHERE d.endpoint_id = e.id AND d.state = 'pending' AND d.ready) h
              WHERE e.enabled
-            """)[0][0, as: Double?.self]
+            """, as: Double?.self)
         return due.map { .milliseconds(max(0, Int64(($0 * 1000).rounded(.up)))) }
     }
 
@@ -243,52 +255,29 @@ public final class WebhookDispatcher: Sendable {
     func attemptOne(on connection: PostgresConnection, lane: Int, lanes: Int, dueBy: Date) throws -> Step {
         let owner = "\(owner):\(lane)"
         guard
-            let row = try connection.query(
-                """
-                SELECT outcome, delivery_id, change_id, endpoint_id, attempt, first_attempt_at, url, secrets,
-                       type, sub, event_time, applied_at, jti, audience, sessions_revoked,
-                       refresh_tokens_revoked, email, is_private_email, old_sub
-                  FROM siwa.claim_webhook_delivery($1, $2::float8 * interval '1 second', '{}', $3, $4::integer)
-                """,
+            let claim = try connection.rows(
+                ClaimedDelivery.self,
                 [.text(owner), .double(configuration.lease.inSeconds), .date(dueBy), .int(Int64(lanes))]
             ).first
         else { return .nothing }
-        guard try row[0, as: String.self] == "claimed" else { return .saturated }
-        let delivery = try row[1, as: Int.self]
-        let change = try row[2, as: Int.self]
-        let endpoint = try row[3, as: Int.self]
-        let attempt = try row[4, as: Int.self]
-        let firstAttempt = try row[5, as: Date?.self]
-        let url = try row[6, as: String.self]
-        // A text[] of whsec_ secrets and whsk_ ed25519 keys ({a,b}): their alphabet has no comma, quote or
-        // brace to escape. Each signs with its own scheme (v1, v1a).
-        let secrets = try row[7, as: String.self].trimmingCharacters(in: CharacterSet(charactersIn: "{}"))
-            .split(separator: ",").compactMap { try? StandardWebhooks.SigningKey(String($0)) }
-        // The body from the change row as the claim read it (an erased email is gone): the one body
-        // builder (Sources/Webhooks), shared with siwactl webhooks send.
-        let body = WebhookChange(
-            type: try row[8, as: String.self], changeID: change, sub: try row[9, as: String.self],
-            eventTime: try row[10, as: Date.self], appliedAt: try row[11, as: Date.self],
-            jti: try row[12, as: String.self], audience: try row[13, as: String?.self],
-            sessionsRevoked: try row[14, as: Int.self], refreshTokensRevoked: try row[15, as: Int.self],
-            email: try row[16, as: String?.self], isPrivateEmail: try row[17, as: Bool?.self],
-            oldSub: try row[18, as: String?.self]
-        ).body
+        guard let delivery = claim.delivery else { return .saturated }
+        let body = delivery.change.body
+        let secrets = delivery.secrets.compactMap { try? StandardWebhooks.SigningKey($0) }
 
         // No transaction is open from here to the record: the delivery is held by its lease only.
         let started = Date()
         let clock = ContinuousClock.now
         var status: Int?
         var failure: String?
-        let webhookID = "msg_\(change)_\(endpoint)"
-        if let problem = StandardWebhooks.endpointProblem(url) {
+        let webhookID = "msg_\(delivery.change.changeID)_\(delivery.endpoint)"
+        if let problem = StandardWebhooks.endpointProblem(delivery.url) {
             failure = "policy: \(problem)"
         } else if secrets.isEmpty {
             failure = "no live secret: rotate one in (siwactl webhooks rotate-secret)"
         } else {
             let timestamp = Int(started.timeIntervalSince1970)
             let request = OutboundHTTP.Request(
-                method: "POST", url: url,
+                method: "POST", url: delivery.url,
                 headers: [
                     .init("Content-Type", "application/json"), .init("webhook-id", webhookID),
                     .init("webhook-timestamp", String(timestamp)),
@@ -310,44 +299,108 @@ public final class WebhookDispatcher: Sendable {
         }
         let elapsed = ContinuousClock.now - clock
         latency?.observe(elapsed.inSeconds)
-        let outcome: String
+        let outcome: Outcome.State
         var delay: Double?
         if failure == nil {
-            outcome = "delivered"
-        } else if Date().timeIntervalSince(firstAttempt ?? started) >= configuration.giveUpAfter.inSeconds {
-            outcome = "dead"
+            outcome = .delivered
+        } else if Date().timeIntervalSince(delivery.firstAttemptAt ?? started)
+            >= configuration.giveUpAfter.inSeconds
+        {
+            outcome = .dead
         } else {
-            outcome = "retry"
-            delay = configuration.retrySchedule.delay(afterAttempt: attempt).inSeconds
+            outcome = .retry
+            delay = configuration.retrySchedule.delay(afterAttempt: delivery.attempt).inSeconds
         }
         // The endpoint's backoff as a whole (from its 3rd consecutive failure) follows the same schedule.
-        let recorded = try connection.query(
+        let recorded = try connection.value(
             """
             SELECT siwa.record_webhook_attempt($1, $2, $3, $4::integer, $5::integer, $6, $7::float8, $8,
                                                $9::float8, $10::float8)
             """,
             [
-                .int(Int64(delivery)), .text(owner), .date(started), .int(Int64(elapsed.wholeMilliseconds)),
-                status.map { .int(Int64($0)) }, .text(outcome), delay.map { .double($0) },
+                .int(Int64(delivery.id)), .text(owner), .date(started),
+                .int(Int64(elapsed.wholeMilliseconds)), status.map { .int(Int64($0)) },
+                .text(outcome.rawValue),
+                delay.map { .double($0) },
                 failure.map { .text(String($0.prefix(300))) },
                 .double(configuration.retryBaseDelay.inSeconds),
                 .double(configuration.maxRetryDelay.inSeconds),
-            ])[0][0, as: Bool.self]
+            ], as: Bool.self)
         guard recorded else {
             logger.warning(
                 "webhook attempt not recorded: its lease expired and another lane took the delivery over",
-                ["delivery": .int(delivery), "endpoint": .int(endpoint), "attempt": .int(attempt)])
-            return .attempted(Outcome(delivery: delivery, state: "lost", status: status))
+                [
+                    "delivery": .int(delivery.id), "endpoint": .int(delivery.endpoint),
+                    "attempt": .int(delivery.attempt),
+                ])
+            return .attempted(Outcome(delivery: delivery.id, state: .lost, status: status))
         }
         attempts[outcome]?.increment()
-        if outcome != "delivered" {
+        if outcome != .delivered {
             logger.warning(
-                outcome == "dead" ? "webhook delivery dead" : "webhook attempt failed; will retry",
+                outcome == .dead ? "webhook delivery dead" : "webhook attempt failed; will retry",
                 [
-                    "delivery": .int(delivery), "endpoint": .int(endpoint), "attempt": .int(attempt),
+                    "delivery": .int(delivery.id), "endpoint": .int(delivery.endpoint),
+                    "attempt": .int(delivery.attempt),
                     "status": status.map { .int($0) } ?? .string("none"),
                 ])
         }
-        return .attempted(Outcome(delivery: delivery, state: outcome, status: status))
+        return .attempted(Outcome(delivery: delivery.id, state: outcome, status: status))
+    }
+}
+
+/// The answer of `siwa.claim_webhook_delivery`: a delivery claimed under a lease, or none to claim now
+/// because every endpoint with due work is at its cap.
+struct ClaimedDelivery: PostgresRowDecodable {
+    /// The claimed delivery; nil when the answer is `saturated`.
+    var delivery: Delivery?
+
+    /// A delivery this lane now holds: where to POST, with which keys, and the change it carries.
+    struct Delivery {
+        var id: Int
+        var endpoint: Int
+        /// This attempt's number (1 for the first).
+        var attempt: Int
+        var firstAttemptAt: Date?
+        var url: String
+        /// The endpoint's live whsec_ secrets and whsk_ ed25519 keys; each signs with its own scheme.
+        var secrets: [String]
+        /// The change row as the claim read it (an erased email is gone).
+        var change: WebhookChange
+    }
+
+    static let statement = """
+        SELECT outcome, delivery_id, change_id, endpoint_id, attempt, first_attempt_at, url, secrets,
+               type, sub, event_time, applied_at, jti, audience, sessions_revoked,
+               refresh_tokens_revoked, email, is_private_email, old_sub
+          FROM siwa.claim_webhook_delivery($1, $2::float8 * interval '1 second', '{}', $3, $4::integer)
+        """
+    static let columns: PostgresColumns = """
+        outcome text, delivery_id bigint, change_id bigint, endpoint_id bigint, attempt integer, \
+        first_attempt_at timestamp with time zone, url text, secrets text[], type text, sub text, \
+        event_time timestamp with time zone, applied_at timestamp with time zone, jti text, audience text, \
+        sessions_revoked integer, refresh_tokens_revoked integer, email text, is_private_email boolean, \
+        old_sub text
+        """
+
+    init(row: PostgresRow) throws(PostgresError) {
+        guard try row[0, as: String.self] == "claimed" else {
+            delivery = nil
+            return
+        }
+        // A text[] of whsec_/whsk_ keys ({a,b}): their alphabet has no comma, quote or brace to escape.
+        let secrets = try row[7, as: String.self].trimmingCharacters(in: CharacterSet(charactersIn: "{}"))
+            .split(separator: ",").map(String.init)
+        delivery = Delivery(
+            id: try row[1, as: Int.self], endpoint: try row[3, as: Int.self],
+            attempt: try row[4, as: Int.self],
+            firstAttemptAt: try row[5, as: Date?.self], url: try row[6, as: String.self], secrets: secrets,
+            change: WebhookChange(
+                type: try row[8, as: String.self], changeID: try row[2, as: Int.self],
+                sub: try row[9, as: String.self], eventTime: try row[10, as: Date.self],
+                appliedAt: try row[11, as: Date.self], jti: try row[12, as: String.self],
+                audience: try row[13, as: String?.self], sessionsRevoked: try row[14, as: Int.self],
+                refreshTokensRevoked: try row[15, as: Int.self], email: try row[16, as: String?.self],
+                isPrivateEmail: try row[17, as: Bool?.self], oldSub: try row[18, as: String?.self]))
     }
 }

@@ -4,9 +4,11 @@ import TestSupport
 import Testing
 
 @testable import Doctor
+@testable import Revoker
 @testable import ServiceHealth
 @testable import SignIn
 @testable import WebhookAdministration
+@testable import WebhookDelivery
 @testable import Worker
 
 /// Every typed row the modules read, each checked against the schema here.
@@ -17,6 +19,7 @@ private let rowTypes: [any PostgresRowDecodable.Type] = [
     WebhookAdministration.DeliveryTotals.self, WebhookAdministration.EndpointStats.self,
     SignInAnswer.self,
     ClaimedNotification.self, ProcessedNotification.self, DueNotification.self, BusyUsers.self,
+    ClaimedDelivery.self, RevocationClaim.self, RefreshCheckClaim.self,
 ]
 
 @Suite("Typed rows: every statement's columns, as schema.sql gives them, are those its row type reads")

@@ -24,7 +24,7 @@ struct WebhookOperationsProcessTests {
         try database.insertChange(sub: "a")
         try database.insertChange(sub: "b")
         let dispatcher = try database.dispatcher(retryBaseDelay: .seconds(600), maxRetryDelay: .seconds(600))
-        #expect(try dispatcher.drainOnce().map(\.state) == ["retry", "retry"])
+        #expect(try dispatcher.drainOnce().map(\.state) == [.retry, .retry])
         let first = try database.value("SELECT min(id)::int FROM siwa.webhook_deliveries") as Int
 
         let one = try run(["retry", "--database-url", database.url, "--delivery", String(first)])
@@ -40,7 +40,7 @@ struct WebhookOperationsProcessTests {
         let all = try run(["retry", "--database-url", database.url, "--endpoint", String(endpoint)])
         #expect(all.status == 0, "\(all.standardError)")
         #expect(all.standardOutput == "due now: 1 delivery\n")
-        #expect(try dispatcher.drainOnce().map(\.state) == ["delivered"])
+        #expect(try dispatcher.drainOnce().map(\.state) == [.delivered])
 
         let unknown = try run(["retry", "--database-url", database.url, "--endpoint", "99"])
         #expect(unknown.status == 1)
@@ -58,7 +58,7 @@ struct WebhookOperationsProcessTests {
         }
         try database.addEndpoint(url: receiver.url, secret: .generate())
         try database.insertChange(sub: "d")
-        #expect(try database.dispatcher(giveUpAfter: .nanoseconds(1)).drainOnce().map(\.state) == ["dead"])
+        #expect(try database.dispatcher(giveUpAfter: .nanoseconds(1)).drainOnce().map(\.state) == [.dead])
         let retrying = try database.insertChange(sub: "r")
         try database.insertChange(sub: "ok")
         let dispatcher = try database.dispatcher(retryBaseDelay: .seconds(600), maxRetryDelay: .seconds(600))
@@ -68,7 +68,7 @@ struct WebhookOperationsProcessTests {
         let dead = try run(["replay", "--database-url", url, "--since", "1h"])
         #expect(dead.status == 0, "\(dead.standardError)")
         #expect(dead.standardOutput == "queued 1 delivery\n")
-        #expect(try dispatcher.drainOnce().map(\.state) == ["delivered"])
+        #expect(try dispatcher.drainOnce().map(\.state) == [.delivered])
 
         let backoff =
             try database.value(
@@ -84,7 +84,7 @@ struct WebhookOperationsProcessTests {
 
         let failed = try run(["replay", "--database-url", url, "--since", "1h", "--state", "failed"])
         #expect(failed.standardOutput == "queued 1 delivery\n", "\(failed.standardError)")
-        #expect(try dispatcher.drainOnce().map(\.state) == ["delivered"])
+        #expect(try dispatcher.drainOnce().map(\.state) == [.delivered])
         let all = try run(["replay", "--database-url", url, "--since", "1h", "--state", "all"])
         #expect(all.standardOutput == "queued 3 deliveries\n", "\(all.standardError)")
 

@@ -104,7 +104,7 @@ struct WebhookProcessTests {
         try database.addEndpoint(url: "http://127.0.0.1:\(port)/", secret: secret)
         let change = try database.insertChange(type: "siwa.account_deleted", sub: "001.dev")
         let outcomes = try database.dispatcher().drainOnce()
-        #expect(outcomes.map(\.state) == ["delivered"])
+        #expect(outcomes.map(\.state) == [.delivered])
         #expect(outcomes.first?.status == 204)
         let line = try #require(contents(output).split(separator: "\n").first)
         let printed = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])

@@ -18,7 +18,7 @@ struct DeliveryTests {
             type: "siwa.email_disabled", sub: "001.alice", email: "a@privaterelay.appleid.com")
 
         let outcomes = try database.dispatcher().drainOnce()
-        #expect(outcomes.map(\.state) == ["delivered"])
+        #expect(outcomes.map(\.state) == [.delivered])
         let delivery = try #require(receiver.deliveries.first)
         #expect(delivery.id == "msg_\(change)_\(endpoint)")
         let timestamp = try #require(delivery.timestamp.flatMap { Int($0) })
@@ -307,7 +307,7 @@ struct DeliveryTests {
         try database.addEndpoint(url: "http://127.0.0.1:\(redirect.port)/hooks", secret: .generate())
         try database.insertChange(sub: "x")
         let outcomes = try database.dispatcher().drainOnce()
-        #expect(outcomes.map(\.state) == ["retry"] && outcomes.first?.status == 307)
+        #expect(outcomes.map(\.state) == [.retry] && outcomes.first?.status == 307)
         #expect(target.deliveries.isEmpty)
         #expect(try database.value("SELECT error FROM siwa.webhook_attempt_history") as String == "HTTP 307")
 
@@ -321,7 +321,7 @@ struct DeliveryTests {
             "UPDATE siwa.webhook_endpoints SET url = $1", [.text("http://127.0.0.1:\(huge.port)/hooks")])
         try database.connection.execute("UPDATE siwa.webhook_deliveries SET next_attempt_at = now()")
         let second = try database.dispatcher().drainOnce()
-        #expect(second.map(\.state) == ["retry"])
+        #expect(second.map(\.state) == [.retry])
         let error =
             try database.value(
                 "SELECT error FROM siwa.webhook_attempt_history ORDER BY attempt DESC LIMIT 1") as String

@@ -25,7 +25,7 @@ struct Ed25519DeliveryTests {
         try database.insertChange(sub: "ed1")
         try database.insertChange(type: "siwa.account_deleted", sub: "ed2")
         let outcomes = try database.dispatcher().drainOnce()
-        #expect(outcomes.map(\.state) == ["delivered", "delivered"])
+        #expect(outcomes.map(\.state) == [.delivered, .delivered])
         let accepted = receiver.accepted
         #expect(accepted.count == 2)
         for delivery in accepted {

@@ -81,7 +81,7 @@ struct IsolationTests {
         _ = try database.insertChanges(subs: (1...8).map { "user\($0)" }, count: 1)
         let dispatcher = try database.dispatcher(retryBaseDelay: .seconds(600), maxRetryDelay: .seconds(3600))
         // Three users' deliveries are refused; the endpoint is then backed off and nobody else is tried.
-        #expect(try dispatcher.drainOnce().map(\.state) == ["retry", "retry", "retry"])
+        #expect(try dispatcher.drainOnce().map(\.state) == [.retry, .retry, .retry])
         #expect(receiver.deliveries.count == 3)
         let row = try database.connection.query(
             """
@@ -106,7 +106,7 @@ struct IsolationTests {
             try database.value(
                 "SELECT siwa.retry_webhook_deliveries(p_endpoint => $1)", [.int(Int64(endpoint))]) == 8)
         #expect(try database.value("SELECT backoff_until IS NULL FROM siwa.webhook_endpoints") as Bool)
-        #expect(try dispatcher.drainOnce().map(\.state) == Array(repeating: "delivered", count: 8))
+        #expect(try dispatcher.drainOnce().map(\.state) == Array(repeating: .delivered, count: 8))
         #expect(
             try database.value(
                 "SELECT consecutive_failures = 0 AND failing_since IS NULL AND backoff_until IS NULL FROM siwa.webhook_endpoints"
@@ -156,7 +156,7 @@ struct IsolationTests {
         for index in 0..<10 { try database.insertChange(type: "siwa.consent_revoked", sub: "a\(index)") }
         for index in 0..<10 { try database.insertChange(type: "siwa.account_deleted", sub: "b\(index)") }
         let outcomes = try database.dispatcher().drainOnce()
-        #expect(outcomes.count == 20 && outcomes.allSatisfy { $0.state == "delivered" })
+        #expect(outcomes.count == 20 && outcomes.allSatisfy { $0.state == .delivered })
         // In arrival order the two endpoints alternate.
         let arrivals = (first.deliveries.map { ($0.at, 1) } + second.deliveries.map { ($0.at, 2) })
             .sorted { $0.0 < $1.0 }.map(\.1)

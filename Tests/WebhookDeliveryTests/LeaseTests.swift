@@ -120,7 +120,7 @@ struct WebhookLeaseTests {
             }
         }
         for thread in threads { thread.join() }
-        #expect(outcomes.withLock { $0 }.map(\.state) == ["delivered"])
+        #expect(outcomes.withLock { $0 }.map(\.state) == [.delivered])
         #expect(receiver.accepted.map(\.changeID) == [change])
         // The dead worker's attempt counts (from its claim) but left no row: the history numbers it out.
         #expect(try database.value("SELECT count(*)::int FROM siwa.webhook_attempts") == 1)

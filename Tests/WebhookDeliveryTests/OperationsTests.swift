@@ -30,7 +30,7 @@ struct OperationsTests {
         try database.insertChange(sub: "a")
         try database.insertChange(sub: "b")
         let dispatcher = try database.dispatcher(retryBaseDelay: .seconds(600), maxRetryDelay: .seconds(600))
-        #expect(try dispatcher.drainOnce().map(\.state) == ["retry", "retry"])
+        #expect(try dispatcher.drainOnce().map(\.state) == [.retry, .retry])
         // In backoff (at least 300 s): another drain attempts nothing.
         #expect(try dispatcher.drainOnce().isEmpty)
         let first = try database.value("SELECT min(id)::int FROM siwa.webhook_deliveries") as Int
@@ -52,7 +52,7 @@ struct OperationsTests {
             try database.value(
                 "SELECT siwa.retry_webhook_deliveries(p_endpoint => $1)", [.int(Int64(endpoint))])
                 as Int == 1)
-        #expect(try dispatcher.drainOnce().map(\.state) == ["delivered"])
+        #expect(try dispatcher.drainOnce().map(\.state) == [.delivered])
         #expect(try database.count("delivered") == 2)
         #expect(
             try database.value("SELECT siwa.retry_webhook_deliveries(p_delivery => $1)", [.int(Int64(first))])
@@ -84,11 +84,11 @@ struct OperationsTests {
         try database.addEndpoint(url: receiver.url, secret: .generate())
         let dead = try database.insertChange(sub: "d")
         let giveUpAtOnce = try database.dispatcher(giveUpAfter: .nanoseconds(1))
-        #expect(try giveUpAtOnce.drainOnce().map(\.state) == ["dead"])
+        #expect(try giveUpAtOnce.drainOnce().map(\.state) == [.dead])
         let retrying = try database.insertChange(sub: "r")
         try database.insertChange(sub: "ok")
         let dispatcher = try database.dispatcher(retryBaseDelay: .seconds(600), maxRetryDelay: .seconds(600))
-        #expect(try dispatcher.drainOnce().map(\.state).sorted() == ["delivered", "retry"])
+        #expect(try dispatcher.drainOnce().map(\.state.rawValue).sorted() == ["delivered", "retry"])
         func replay(_ arguments: String) throws -> Int {
             try database.value("SELECT siwa.replay_webhook_deliveries(\(arguments))")
         }
@@ -102,7 +102,7 @@ struct OperationsTests {
         #expect(try replay("p_since => now() - interval '1 hour', p_state => 'dead'") == 1)
         #expect(try state(dead) == "pending:true")
         #expect(try state(retrying) == "pending:false")
-        #expect(try dispatcher.drainOnce().map(\.state) == ["delivered"])
+        #expect(try dispatcher.drainOnce().map(\.state) == [.delivered])
         #expect(receiver.accepted.map(\.changeID).sorted() == [dead, retrying + 1].sorted())
 
         // failed: dead ones and those in backoff; here the one in backoff, due now with a fresh schedule.
@@ -112,16 +112,16 @@ struct OperationsTests {
             try database.value(
                 "SELECT attempts FROM siwa.webhook_deliveries WHERE change_id = $1", [.int(Int64(retrying))])
                 as Int == 0)
-        #expect(try dispatcher.drainOnce().map(\.state) == ["delivered"])
+        #expect(try dispatcher.drainOnce().map(\.state) == [.delivered])
 
         // all: delivered ones too; a window in the future chooses nothing.
         #expect(try replay("p_since => now() + interval '1 minute', p_state => 'all'") == 0)
         #expect(try replay("p_since => now() - interval '1 hour', p_state => 'all'") == 3)
-        #expect(try dispatcher.drainOnce().map(\.state) == ["delivered", "delivered", "delivered"])
+        #expect(try dispatcher.drainOnce().map(\.state) == [.delivered, .delivered, .delivered])
 
         // By delivery (every state): a pending one in backoff is due now.
         let later = try database.insertChange(sub: "r2")
-        #expect(try dispatcher.drainOnce().map(\.state) == ["retry"])
+        #expect(try dispatcher.drainOnce().map(\.state) == [.retry])
         let id =
             try database.value(
                 "SELECT id::int FROM siwa.webhook_deliveries WHERE change_id = $1", [.int(Int64(later))])
@@ -235,10 +235,10 @@ struct OperationsTests {
             retryBaseDelay: .milliseconds(50), maxRetryDelay: .milliseconds(100))
         // A run of failures that ends with a 2xx: failing_since set, then cleared; still enabled.
         try database.insertChange(sub: "heals")
-        #expect(try dispatcher.drainOnce().map(\.state) == ["retry"])
+        #expect(try dispatcher.drainOnce().map(\.state) == [.retry])
         #expect(try database.value("SELECT failing_since IS NOT NULL FROM siwa.webhook_endpoints") as Bool)
         #expect(
-            waitUntil(timeout: .seconds(10)) { (try? dispatcher.drainOnce().map(\.state)) == ["delivered"] })
+            waitUntil(timeout: .seconds(10)) { (try? dispatcher.drainOnce().map(\.state)) == [.delivered] })
         #expect(
             try database.value("SELECT enabled AND failing_since IS NULL FROM siwa.webhook_endpoints") as Bool
         )
@@ -282,12 +282,12 @@ struct OperationsTests {
                 [.int(Int64(endpoint)), .text(StandardWebhooks.Secret.generate().text)])[0][0, as: Bool.self])
         try database.insertChange(sub: "a", email: "a@privaterelay.appleid.com")
         let dispatcher = try database.dispatcher(retryBaseDelay: .seconds(600), maxRetryDelay: .seconds(600))
-        #expect(try dispatcher.drainOnce().map(\.state) == ["retry"])
+        #expect(try dispatcher.drainOnce().map(\.state) == [.retry])
         #expect(
             try admin.query(
                 "SELECT siwa.retry_webhook_deliveries(p_endpoint => $1)", [.int(Int64(endpoint))])[0][
                     0, as: Int.self] == 1)
-        #expect(try dispatcher.drainOnce().map(\.state) == ["delivered"])
+        #expect(try dispatcher.drainOnce().map(\.state) == [.delivered])
         #expect(
             try admin.query(
                 "SELECT siwa.replay_webhook_deliveries(p_endpoint => $1, p_since => now() - interval '1 hour')",

@@ -71,7 +71,7 @@ struct PrivilegeTests {
         )
         let outcomes = try database.dispatcher(configuration: configuration(database, as: "siwa_worker"))
             .drainOnce()
-        #expect(outcomes.map(\.state) == ["delivered"])
+        #expect(outcomes.map(\.state) == [.delivered])
         #expect(receiver.accepted.count == 1)
         #expect(
             sqlState {

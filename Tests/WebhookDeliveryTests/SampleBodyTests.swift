@@ -38,7 +38,7 @@ struct SampleBodyTests {
         }
         let outcomes = try database.dispatcher().drainOnce()
         #expect(
-            outcomes.count == WebhookChange.types.count && outcomes.allSatisfy { $0.state == "delivered" })
+            outcomes.count == WebhookChange.types.count && outcomes.allSatisfy { $0.state == .delivered })
         #expect(receiver.accepted.count == WebhookChange.types.count)
         for delivery in receiver.accepted {
             let sample = try #require(samples[delivery.changeID])

@@ -32,7 +32,7 @@ struct TransferDeliveryTests {
         // Its retry is due in 1.5 to 3 s.
         let first = try database.dispatcher(retryBaseDelay: .seconds(3), maxRetryDelay: .seconds(3))
             .drainOnce()
-        #expect(first.map(\.state) == ["retry", "delivered"])
+        #expect(first.map(\.state) == [.retry, .delivered])
 
         let outcome: String = try database.connection.query(
             "SELECT outcome FROM siwa.apply_sub_transfer('t1', '{old.t}', '{new.t}', NULL, NULL)")[0][0]
