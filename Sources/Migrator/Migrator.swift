@@ -167,11 +167,11 @@ public enum Migrator {
         }
         if try !schemaExists() {
             let key = "pg_catalog.hashtextextended('siwa.migrate', 0)"
-            let taken = try connection.query("SELECT pg_catalog.pg_try_advisory_xact_lock(\(key))")[0][
-                0, as: Bool.self]
+            let taken = try connection.value(
+                "SELECT pg_catalog.pg_try_advisory_xact_lock(\(key))", as: Bool.self)
             if !taken {
                 let holders =
-                    try connection.query(
+                    try connection.value(
                         """
                         SELECT pg_catalog.string_agg(pg_catalog.format('pid %s (role %s, application %L, since %s)',
                                    a.pid, pg_catalog.quote_ident(a.usename),
@@ -182,7 +182,7 @@ public enum Migrator {
                          WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
                            AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
                            AND ((l.classid::pg_catalog.int8 << 32) | l.objid::pg_catalog.int8) = \(key)
-                        """)[0][0, as: String?.self] ?? "a session that has ended"
+                        """, as: String?.self) ?? "a session that has ended"
                 progress(.waitingForLock(holders: holders, timeout: timeout))
                 let previous = try connection.query("SELECT pg_catalog.current_setting('lock_timeout')")[0][
                     0, as: String.self]

@@ -25,8 +25,8 @@ extension Revoker {
     func pruneSignInCodes(on connection: PostgresConnection, olderThan age: Duration = .seconds(86400)) throws
         -> Int
     {
-        try connection.query(
-            "SELECT siwa.prune_sign_in_codes($1::float8 * interval '1 second')", [.double(age.inSeconds)]
-        )[0][0, as: Int.self]
+        try connection.value(
+            "SELECT siwa.prune_sign_in_codes($1::float8 * interval '1 second')", [.double(age.inSeconds)],
+            as: Int.self)
     }
 }

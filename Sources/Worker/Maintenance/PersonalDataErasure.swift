@@ -10,9 +10,7 @@ extension Maintenance {
             // subtransaction cache's size, see Worker.Configuration.maxBatchSize).
             var erased = 0
             for _ in 0..<100 where !worker.isStopping {
-                let count =
-                    try connection.query("SELECT siwa.erase_due_personal_data(64)").first?[0, as: Int.self]
-                    ?? 0
+                let count = try connection.value("SELECT siwa.erase_due_personal_data(64)", as: Int.self)
                 erased += count
                 if count < 64 { break }
             }
