@@ -1,4 +1,5 @@
-import ServiceSupport
+import Foundation
+public import ServiceSupport
 
 /// The Apple settings every executable shares, declared once with one name each: siwa-receiver (the
 /// sign-in API), siwa-worker (the revoker), siwactl (transfer, client-secret, fake-apple, verify).

@@ -1,6 +1,6 @@
-import AppleNotifications
-import Foundation
-import ServiceSupport
+public import AppleNotifications
+public import Foundation
+public import ServiceSupport
 import Synchronization
 
 /// The `client_secret` sent with every call to Apple: minted from the `.p8` key and renewed well

@@ -1,6 +1,6 @@
 import AppleNotifications
 import Foundation
-import ServiceSupport
+public import ServiceSupport
 
 /// The Apple ID clients a service builds from its settings: one per client ID, each with client secrets
 /// minted from the team's `.p8` (shared by the receiver's sign-in API and the worker's revoker).

@@ -1,5 +1,5 @@
-import Foundation
-import HTTPClient
+public import Foundation
+public import HTTPClient
 import ServiceSupport
 
 /// Where Apple's signing keys come from: an HTTPS URL (Apple's, by default), and how they are fetched.

@@ -1,5 +1,5 @@
 import Foundation
-import ServiceSupport
+public import ServiceSupport
 
 /// The key-set settings of every executable that verifies Apple's tokens (siwa-receiver, siwa-worker):
 /// one declaration, its defaults taken from ``JWKSSource`` and ``KeyStore/Configuration``.

@@ -1,5 +1,5 @@
-import AppleNotifications
-import Foundation
+public import AppleNotifications
+public import Foundation
 import ServiceSupport
 
 /// Apple's signing keys, cached in memory.

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// Strict, unpadded base64url (RFC 4648 §5) as JWS compact serialisation requires (RFC 7515 §2).
 ///

@@ -1,5 +1,5 @@
 import COpenSSL
-import Foundation
+public import Foundation
 
 /// A `client_secret` could not be made, read or checked; `description` never contains key material
 /// or a whole token.

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// A JWS in compact serialisation (`header.payload.signature`), split and decoded but not verified.
 ///

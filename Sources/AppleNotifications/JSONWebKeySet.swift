@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// A JSON Web Key Set (RFC 7517) reduced to the keys usable for RS256 verification.
 ///

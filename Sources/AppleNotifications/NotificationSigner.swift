@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// Signs notifications the way Apple does, for tests and operator tooling (`siwactl sign`).
 ///

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// Verifies Sign in with Apple server-to-server notification tokens.
 ///

@@ -1,5 +1,5 @@
 import COpenSSL
-import Foundation
+public import Foundation
 
 /// An RSA public key used to check RS256 signatures.
 ///

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// SHA-256 for other modules (OpenSSL's one-shot digest; nothing hand-rolled).
 public enum SHA256Digest {

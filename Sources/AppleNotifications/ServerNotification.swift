@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// The `type` of a Sign in with Apple server-to-server event.
 ///

@@ -1,7 +1,7 @@
 import AppleNotifications
 import Foundation
 import HTTPClient
-import ServiceSupport
+public import ServiceSupport
 
 #if canImport(Glibc)
     import Glibc

@@ -1,7 +1,7 @@
-import AppleNotifications
-import Foundation
+public import AppleNotifications
+public import Foundation
 import HTTPClient
-import HTTPServer
+public import HTTPServer
 import ServiceSupport
 import Synchronization
 

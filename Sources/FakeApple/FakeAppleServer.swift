@@ -1,6 +1,6 @@
 import AppleNotifications
-import Foundation
-import HTTPServer
+public import Foundation
+public import HTTPServer
 import Synchronization
 
 /// Why the local Apple cannot start: one line naming the file or address.

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// A complete HTTP request, delivered to the handler once the whole body has arrived.
 public struct HTTPRequest: Sendable {

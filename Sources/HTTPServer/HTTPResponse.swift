@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// An HTTP response produced by a handler.
 public struct HTTPResponse: Sendable {

@@ -1,5 +1,5 @@
 import Foundation
-import Postgres
+public import Postgres
 import SiwaSchema
 
 /// Brings a database to the schema embedded in this build (`siwactl migrate`): one migration at a time,

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// A statement parameter, sent with an explicit type where that helps the server infer the right one.
 /// Use `nil` (in a `[PostgresData?]`) for SQL NULL.

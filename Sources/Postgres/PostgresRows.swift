@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// The rows of one statement's result, copied out of libpq (text format) so they outlive the
 /// connection and can be passed between threads.

@@ -1,5 +1,5 @@
-import Postgres
-import ServiceSupport
+public import Postgres
+public import ServiceSupport
 
 extension ConsumerLoop where Connection == PostgresConnection {
     /// The loop of a consumer that calls out (the revoker, a webhook lane): a connection of its own that

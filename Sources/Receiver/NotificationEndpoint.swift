@@ -1,9 +1,9 @@
-import AppleKeys
-import AppleNotifications
+public import AppleKeys
+public import AppleNotifications
 import Foundation
-import HTTPServer
+public import HTTPServer
 import Postgres
-import ServiceSupport
+public import ServiceSupport
 import Synchronization
 
 /// The receiver's HTTP routes: Apple's notification endpoint, health, readiness and metrics.

@@ -1,9 +1,9 @@
-import AppleKeys
+public import AppleKeys
 import AppleNotifications
 import Foundation
-import HTTPServer
-import Postgres
-import ServiceSupport
+public import HTTPServer
+public import Postgres
+public import ServiceSupport
 
 /// Everything the receiver needs to run, validated at construction.
 public struct ReceiverConfiguration: Sendable {

@@ -1,7 +1,7 @@
-import AppleNotifications
+public import AppleNotifications
 import Dispatch
 import Foundation
-import Postgres
+public import Postgres
 import ServiceSupport
 import Synchronization
 

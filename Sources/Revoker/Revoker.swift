@@ -1,10 +1,10 @@
-import AppleID
+public import AppleID
 import Foundation
-import Postgres
-import QueueConsumer
-import ServiceSupport
+public import Postgres
+public import QueueConsumer
+public import ServiceSupport
 import Synchronization
-import TokenVault
+public import TokenVault
 
 /// The revocation outbox's consumer: claims due requests made by `siwa.request_revocation`
 /// (`siwa.claim_revocation`: a committed lease, so several workers share the work and none holds a

@@ -1,4 +1,4 @@
-import Postgres
+public import Postgres
 
 /// The notification queue's health at a glance: one row of the view `siwa.queue_health`.
 public struct QueueHealth: PostgresRowDecodable, Equatable {

@@ -1,6 +1,6 @@
 import Foundation
-import Postgres
-import ServiceSupport
+public import Postgres
+public import ServiceSupport
 import Synchronization
 
 /// What a running siwa-receiver or siwa-worker tells the database about itself, and the database's

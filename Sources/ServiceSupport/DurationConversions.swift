@@ -1,4 +1,4 @@
-import Dispatch
+public import Dispatch
 
 extension Duration {
     /// The duration in (fractional) seconds, e.g. for metrics and `TimeInterval`s.

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// The one rule for a file that holds a secret (the `.p8` Apple key client secrets are minted from,
 /// the refresh-token key file, the sign-in API's bearer-token file): a regular file that neither its

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// `2026-01-31 12:00:05Z`: second precision, for tables and one-line reports.
 public func formatShort(_ date: Date) -> String {

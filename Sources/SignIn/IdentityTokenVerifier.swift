@@ -1,6 +1,6 @@
-import AppleNotifications
+public import AppleNotifications
 import COpenSSL
-import Foundation
+public import Foundation
 
 /// What a verified Sign in with Apple `id_token` says about the user.
 public struct IdentityClaims: Sendable, Equatable {

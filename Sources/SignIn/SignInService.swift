@@ -1,10 +1,10 @@
-import AppleID
-import AppleNotifications
+public import AppleID
+public import AppleNotifications
 import Foundation
-import HTTPServer
-import Postgres
-import ServiceSupport
-import TokenVault
+public import HTTPServer
+public import Postgres
+public import ServiceSupport
+public import TokenVault
 
 /// The sign-in API's settings, built once by the executable.
 public struct SignInConfiguration: Sendable {

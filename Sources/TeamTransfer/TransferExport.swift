@@ -1,6 +1,6 @@
-import AppleID
+public import AppleID
 import Foundation
-import Postgres
+public import Postgres
 
 /// The old team's side of an app transfer: for every known sub (siwa.accounts, deleted ones excepted)
 /// asks Apple for its transfer identifier to the target team and records it, or Apple's exact error, in

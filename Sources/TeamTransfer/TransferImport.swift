@@ -1,6 +1,6 @@
-import AppleID
+public import AppleID
 import Foundation
-import Postgres
+public import Postgres
 
 /// The new team's side of an app transfer: verifies the old team's list against the digest both teams
 /// compared (``TransferList``) and loads it, asks Apple for each user's sub in this team, checks the

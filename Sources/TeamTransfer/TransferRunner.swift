@@ -1,5 +1,5 @@
 import AppleID
-import Foundation
+public import Foundation
 import ServiceSupport
 import Synchronization
 

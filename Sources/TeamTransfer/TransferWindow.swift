@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 import ServiceSupport
 
 /// Apple's window: transfer identifiers are exchanged up to 60 days after the transfer (TN3159).

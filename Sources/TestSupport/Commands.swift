@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// Runs the built `siwactl` with a clean environment (no SIWA_* variables from the caller) plus `extra`.
 public func siwactl(

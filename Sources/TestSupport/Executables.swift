@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// Finds and runs the package's built executables from tests.
 ///

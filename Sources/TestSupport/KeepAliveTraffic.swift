@@ -1,4 +1,5 @@
 import Foundation
+import HTTPServer
 import Synchronization
 
 /// Clients that keep sending requests on keep-alive connections until stopped, reconnecting whenever the

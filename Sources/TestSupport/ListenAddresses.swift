@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 import ServiceSupport
 
 /// A fresh path for a process's `--listen-address-file`, and the wait for what the process writes there.

@@ -1,7 +1,7 @@
-import AppleID
+public import AppleID
 import AppleNotifications
-import FakeApple
-import Foundation
+public import FakeApple
+public import Foundation
 import HTTPServer
 import Synchronization
 

@@ -1,6 +1,6 @@
-import AppleNotifications
-import Foundation
-import Postgres
+public import AppleNotifications
+public import Foundation
+public import Postgres
 import Receiver
 
 /// The claims of one notification to seed a test database with: what a verified token from Apple

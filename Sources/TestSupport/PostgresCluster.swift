@@ -1,5 +1,5 @@
-import Foundation
-import Postgres
+public import Foundation
+public import Postgres
 import Synchronization
 
 #if canImport(Glibc)

@@ -1,4 +1,5 @@
-import Postgres
+import Foundation
+public import Postgres
 
 /// What tests do on a connection that the services never do, built on `PostgresConnection`'s public
 /// statements (so the library carries no test-only API).

@@ -1,10 +1,10 @@
 import AppleKeys
-import AppleNotifications
-import Foundation
+public import AppleNotifications
+public import Foundation
 import HTTPServer
-import Postgres
-import Receiver
-import ServiceSupport
+public import Postgres
+public import Receiver
+public import ServiceSupport
 import Synchronization
 
 /// A receiver running in this test process against its own fresh database (holding ``TestSchema``),

@@ -1,5 +1,6 @@
-import Postgres
+public import Postgres
 import SiwaSchema
+import Synchronization
 
 /// The schema every test database holds: schema.sql as embedded at build time (`SiwaSchema`), the
 /// same text `siwactl migrate` applies. Tests load it only through here, so none can quietly run

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// A `siwa-receiver` or `siwa-worker` process of the tests, connected as a login role of its group role;
 /// its standard error goes to a log file. Killed (SIGKILL) on deinit if still running.

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 import SignIn
 
 /// What the sign-in API's tests configure it with, shared by the in-process fixture and the tests that run

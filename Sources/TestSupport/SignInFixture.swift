@@ -2,10 +2,10 @@ import AppleID
 import AppleNotifications
 import Foundation
 import HTTPServer
-import Postgres
+public import Postgres
 import ServiceSupport
-import SignIn
-import TokenVault
+public import SignIn
+public import TokenVault
 
 // The sign-in API's fixture, shared by SignInTests and RevokerTests.
 

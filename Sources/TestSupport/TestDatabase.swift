@@ -1,4 +1,4 @@
-import Postgres
+public import Postgres
 
 /// A fresh database of a test cluster, and the owner's connection to it: the one database type of the
 /// tests, with several setups (as HummingbirdTesting has one harness with a `.router` and a `.live`

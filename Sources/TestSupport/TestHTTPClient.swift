@@ -1,5 +1,5 @@
-import Foundation
-import HTTPServer
+public import Foundation
+public import HTTPServer
 
 /// A failure of the test HTTP client (connect, send, receive, parse or timeout).
 public struct TestHTTPError: Error, CustomStringConvertible, Sendable {

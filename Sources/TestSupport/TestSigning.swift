@@ -1,5 +1,5 @@
-import AppleNotifications
-import Foundation
+public import AppleNotifications
+public import Foundation
 
 /// Signers and key sets shared by test suites, generated once per process (RSA generation is slow).
 ///

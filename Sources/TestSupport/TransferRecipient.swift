@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// The recipient team of the tests: a second team the local Apple knows.
 public struct TransferRecipient {

@@ -1,10 +1,10 @@
 import Foundation
 import HTTPServer
-import Postgres
+public import Postgres
 import ServiceSupport
 import Synchronization
-import WebhookDelivery
-import Webhooks
+public import WebhookDelivery
+public import Webhooks
 
 /// The webhook tests' name for TestSupport's `TestDatabase` (schema.sql, connected as the owner).
 public typealias WebhookDatabase = TestDatabase

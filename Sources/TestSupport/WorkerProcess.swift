@@ -1,4 +1,5 @@
-import Foundation
+import AppleNotifications
+public import Foundation
 
 /// A running `siwa-worker` process; killed (SIGKILL) on deinit if still running.
 public final class WorkerProcess: Sendable {

@@ -1,5 +1,5 @@
-import Foundation
-import Postgres
+public import Foundation
+public import Postgres
 
 /// The operator's calls on webhook endpoints and deliveries (`siwactl webhooks`), each a `siwa.*`
 /// function or an admin view, with typed rows. Never prints or reads the environment.

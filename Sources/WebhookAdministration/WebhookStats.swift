@@ -1,5 +1,5 @@
-import Foundation
-import Postgres
+public import Foundation
+public import Postgres
 
 extension WebhookAdministration {
     /// The deliveries pending and dead over every endpoint, and the endpoints enabled.

@@ -1,5 +1,6 @@
 import Postgres
 import QueueConsumer
+import ServiceSupport
 
 extension WebhookDispatcher {
     /// Lane 0's periodic task that removes the temporary endpoints past their expiry

@@ -1,8 +1,8 @@
 import Foundation
 import HTTPClient
-import Postgres
-import QueueConsumer
-import ServiceSupport
+public import Postgres
+public import QueueConsumer
+public import ServiceSupport
 import Synchronization
 import Webhooks
 

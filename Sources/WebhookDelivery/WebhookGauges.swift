@@ -1,8 +1,8 @@
 import Foundation
-import Postgres
-import ServiceSupport
+public import Postgres
+public import ServiceSupport
 import Synchronization
-import WebhookAdministration
+public import WebhookAdministration
 
 /// The webhook endpoints' gauges on siwa-worker's `/metrics`, read from the database
 /// (`siwa.webhook_endpoint_gauges()`).

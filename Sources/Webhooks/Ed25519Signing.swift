@@ -1,5 +1,5 @@
 import COpenSSL
-import Foundation
+public import Foundation
 
 /// Standard Webhooks' asymmetric scheme: ed25519 key pairs written `whsk_…` (the private key) and
 /// `whpk_…` (the public key), and `v1a,` signatures over the same signed content as `v1`

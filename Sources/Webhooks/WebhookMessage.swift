@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 // MARK: - The delivery body (the worker's and `siwactl webhooks send`'s one builder)
 

@@ -1,6 +1,8 @@
+import AppleNotifications
 import Foundation
 import Postgres
 import ServiceSupport
+import Synchronization
 
 /// One notification handled by a database call: a row of `siwa.apply_verified_notifications`.
 struct ProcessedNotification: PostgresRowDecodable {

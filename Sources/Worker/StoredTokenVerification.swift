@@ -1,5 +1,5 @@
-import AppleNotifications
-import Foundation
+public import AppleNotifications
+public import Foundation
 
 /// How the worker checks each claimed notification's stored token before anything of it is applied:
 /// the receiver's database role may store junk, so the worker applies only what Apple signed.

@@ -1,7 +1,7 @@
 import Dispatch
 import Foundation
 import Postgres
-import ServiceSupport
+public import ServiceSupport
 import Synchronization
 
 /// Applies stored notifications exactly once: claims due ones in batches, applies each with its effects

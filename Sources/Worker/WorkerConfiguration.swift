@@ -1,5 +1,5 @@
-import Postgres
-import ServiceSupport
+public import Postgres
+public import ServiceSupport
 
 /// Why the worker could not start or finish.
 public struct WorkerError: Error, Sendable, CustomStringConvertible {

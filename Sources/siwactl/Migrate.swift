@@ -1,5 +1,6 @@
 import Foundation
 import Migrator
+import Postgres
 import ServiceSupport
 import SiwaSchema
 

@@ -1,4 +1,5 @@
 import Foundation
+import Postgres
 import ServiceHealth
 import ServiceSupport
 import WebhookAdministration

@@ -1,5 +1,6 @@
 import Foundation
 import HTTPServer
+import Postgres
 import ServiceSupport
 import WebhookAdministration
 import Webhooks

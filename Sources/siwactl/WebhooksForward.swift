@@ -1,6 +1,7 @@
 import Foundation
 import HTTPClient
 import HTTPServer
+import Postgres
 import ServiceSupport
 import WebhookAdministration
 import Webhooks

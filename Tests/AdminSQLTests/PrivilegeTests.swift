@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import Receiver
 import TestSupport
 import Testing
 

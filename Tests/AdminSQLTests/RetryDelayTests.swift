@@ -1,6 +1,8 @@
 import Foundation
 import Postgres
 import QueueConsumer
+import Receiver
+import ServiceSupport
 import TestSupport
 import Testing
 

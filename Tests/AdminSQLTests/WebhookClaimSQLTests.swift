@@ -2,6 +2,7 @@ import Foundation
 import Postgres
 import TestSupport
 import Testing
+import Webhooks
 
 /// `siwa.claim_webhook_delivery` and `siwa.record_webhook_attempt` as siwa_worker: each endpoint's caps,
 /// its backoff as a whole, and the rotation between endpoints.

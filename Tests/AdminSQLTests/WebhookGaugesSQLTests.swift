@@ -2,6 +2,7 @@ import Foundation
 import Postgres
 import TestSupport
 import Testing
+import Webhooks
 
 /// `siwa.webhook_endpoint_gauges()` and the run of failures siwa.record_webhook_attempt keeps on the
 /// endpoint's row, as the roles in question.

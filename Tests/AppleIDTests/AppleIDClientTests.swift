@@ -1,6 +1,7 @@
 import AppleID
 import AppleNotifications
 import Foundation
+import Postgres
 import ServiceSupport
 import TestSupport
 import Testing

@@ -1,5 +1,6 @@
 import AppleNotifications
 import Foundation
+import HTTPServer
 import TestSupport
 import Testing
 

@@ -1,4 +1,6 @@
+import AppleNotifications
 import Foundation
+import Postgres
 import TestSupport
 import Testing
 

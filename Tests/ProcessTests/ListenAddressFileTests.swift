@@ -1,3 +1,4 @@
+import AppleNotifications
 import Foundation
 import TestSupport
 import Testing

@@ -4,6 +4,7 @@ import QueueConsumer
 import Synchronization
 import TestSupport
 import Testing
+import Webhooks
 
 /// How many deliveries an endpoint was sent, from any of its threads.
 private final class CallCount: Sendable {

@@ -3,6 +3,8 @@ import Postgres
 import Synchronization
 import TestSupport
 import Testing
+import WebhookDelivery
+import Webhooks
 
 /// The value of `name{endpoint="id",…}` in a scrape (nil when absent).
 private func endpointValue(_ name: String, _ endpoint: Int, in text: String) -> Double? {

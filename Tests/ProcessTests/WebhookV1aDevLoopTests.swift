@@ -1,6 +1,7 @@
 import Foundation
 import TestSupport
 import Testing
+import WebhookDelivery
 import Webhooks
 
 /// The executables' environment: this process's, without any SIWA_* setting of the caller.

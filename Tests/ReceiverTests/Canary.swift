@@ -1,4 +1,6 @@
 import Foundation
+import HTTPServer
+import Postgres
 import TestSupport
 import Testing
 

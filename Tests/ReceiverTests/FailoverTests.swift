@@ -1,5 +1,6 @@
 import AppleNotifications
 import Foundation
+import HTTPServer
 import Postgres
 import Receiver
 import TestSupport

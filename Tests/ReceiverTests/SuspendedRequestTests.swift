@@ -1,6 +1,9 @@
+import AppleNotifications
 import Foundation
+import HTTPServer
 import Postgres
 import Receiver
+import ServiceSupport
 import TestSupport
 import Testing
 

@@ -2,6 +2,7 @@ import Foundation
 import Postgres
 import TestSupport
 import Testing
+import WebhookDelivery
 import Webhooks
 
 // MARK: - The developer loop: samples are what the worker sends
