@@ -89,6 +89,9 @@ let package = Package(
         // The operator's calls on webhook endpoints and deliveries (siwactl webhooks, stats), with typed rows.
         // Never prints or reads the environment.
         .target(name: "WebhookAdministration", dependencies: ["Postgres"]),
+        // The relay-mail gate's calls (siwa.relay_mail_decision(s)) with typed rows, and the address lists
+        // siwactl mail check reads. Never prints or reads the environment.
+        .target(name: "RelayMail", dependencies: ["Postgres"]),
         // Heartbeats in siwa.service_heartbeats and the database's health gauges on /metrics.
         .target(
             name: "ServiceHealth", dependencies: ["Postgres", "ServiceSupport"]),
@@ -128,7 +131,7 @@ let package = Package(
             dependencies: [
                 "AppleNotifications", "AppleID", "HTTPClient", "Postgres", "ServiceSupport", "HTTPServer",
                 "SiwaSchema", "AppleKeys", "Webhooks", "TeamTransfer", "FakeApple", "Doctor", "Migrator",
-                "WebhookAdministration", "ServiceHealth",
+                "WebhookAdministration", "ServiceHealth", "RelayMail",
             ]),
         .executableTarget(name: "siwa-bench", dependencies: ["AppleNotifications"]),
 
@@ -170,12 +173,12 @@ let package = Package(
         .testTarget(
             name: "AdminSQLTests",
             dependencies: [
-                "Doctor", "Postgres", "QueueConsumer", "Receiver", "Revoker", "ServiceHealth", "SignIn",
-                "TestSupport",
-                "WebhookAdministration", "WebhookDelivery", "Worker",
+                "Doctor", "Postgres", "QueueConsumer", "Receiver", "RelayMail", "Revoker", "ServiceHealth",
+                "SignIn", "TestSupport", "WebhookAdministration", "WebhookDelivery", "Worker",
             ]),
         .testTarget(
-            name: "SiwactlTests", dependencies: ["SiwaSchema", "TestSupport", "TeamTransfer", "AppleID"]),
+            name: "SiwactlTests",
+            dependencies: ["SiwaSchema", "TestSupport", "TeamTransfer", "AppleID", "RelayMail"]),
         .testTarget(
             name: "MigratorTests", dependencies: ["Migrator", "Postgres", "SiwaSchema", "TestSupport"]),
         .testTarget(

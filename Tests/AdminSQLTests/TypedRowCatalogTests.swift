@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import RelayMail
 import TestSupport
 import Testing
 
@@ -20,6 +21,7 @@ private let rowTypes: [any PostgresRowDecodable.Type] = [
     SignInAnswer.self,
     ClaimedNotification.self, ProcessedNotification.self, DueNotification.self, BusyUsers.self,
     ClaimedDelivery.self, RevocationClaim.self, RefreshCheckClaim.self,
+    RelayMailDecision.self, RelayMailSingleDecision.self,
 ]
 
 @Suite("Typed rows: every statement's columns, as schema.sql gives them, are those its row type reads")
