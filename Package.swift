@@ -13,6 +13,7 @@ let package = Package(
         .executable(name: "siwa-receiver", targets: ["siwa-receiver"]),
         .executable(name: "siwa-worker", targets: ["siwa-worker"]),
         .executable(name: "siwactl", targets: ["siwactl"]),
+        .executable(name: "siwa-mailgate", targets: ["siwa-mailgate"]),
         .library(name: "AppleNotifications", targets: ["AppleNotifications"]),
     ],
     targets: [
@@ -101,6 +102,10 @@ let package = Package(
                 "AppleID", "AppleNotifications", "COpenSSL", "HTTPServer", "Postgres", "ServiceSupport",
                 "TokenVault",
             ]),
+        // The relay-mail gate: the Postfix policy service (`PolicyServer`, `PolicyReader`), the HTTP check
+        // (`DecisionAPI`), and the lookups behind both (`VerdictResolver`, `VerdictCache`) on siwa_mail's
+        // functions. Never prints or reads the environment.
+        .target(name: "MailGate", dependencies: ["HTTPServer", "Postgres", "ServiceSupport"]),
 
         // schema.sql embedded as a Swift constant at build time (the only file embedded and applied). It is
         // generated from schema/ by `make schema`; the plugin fails the build while it is stale.
@@ -130,6 +135,9 @@ let package = Package(
                 "SiwaSchema", "AppleKeys", "Webhooks", "TeamTransfer", "FakeApple", "Doctor", "Migrator",
                 "WebhookAdministration", "ServiceHealth",
             ]),
+        .executableTarget(
+            name: "siwa-mailgate",
+            dependencies: ["MailGate", "HTTPServer", "Postgres", "ServiceSupport", "SiwaSchema"]),
         .executableTarget(name: "siwa-bench", dependencies: ["AppleNotifications"]),
 
         // Shared test fixtures: a throwaway PostgreSQL cluster, the schema, a local JWKS server, a signer,
