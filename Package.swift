@@ -191,6 +191,8 @@ let package = Package(
             dependencies: ["WebhookAdministration", "Postgres", "ServiceHealth", "TestSupport", "Webhooks"]),
         .testTarget(name: "AppleIDTests", dependencies: ["AppleID", "ServiceSupport", "TestSupport"]),
         .testTarget(
+            name: "MailGateTests", dependencies: ["MailGate", "Postgres", "ServiceSupport", "TestSupport"]),
+        .testTarget(
             name: "SignInTests",
             dependencies: [
                 "SignIn", "TokenVault", "AppleID", "AppleNotifications", "Postgres", "TestSupport",
