@@ -21,9 +21,10 @@
 --   schema/55-sign-in.sql            Sign-in exchange and the revocation outbox (siwa.request_revocation, siwa.revocation_ledger)
 --   schema/60-transfer.sql           Moving users when the app changes teams: the rewrite list, progress, aliases, siwa.history_of
 --   schema/65-webhooks.sql           Signed outbound webhooks: endpoints, secrets, deliveries, attempts, and their views
+--   schema/68-relay-mail.sql         The relay-mail gate: may this address be mailed now (siwa.relay_mail_decision(s), role siwa_mail), erased addresses as keyed hashes
 --   schema/70-health.sql             Health: service heartbeats and the gauges behind /metrics
 --   schema/75-data-moves.sql         Data moves: change 3's rows into the log and queue, and the month partitions ahead
---   schema/80-roles.sql              The group roles: siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app (created when missing, one block)
+--   schema/80-roles.sql              The group roles: siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app, siwa_webhook_admin, siwa_mail (created when missing, one block)
 --   schema/85-privileges.sql         Privileges: nothing for PUBLIC, then what each role is granted, one block per role
 --   schema/99-postamble.sql          The applying session's own search_path restored
 
@@ -67,16 +68,19 @@
 --                          old→new mapping siwa.sub_aliases (old_sub, new_sub) and siwa.current_sub(sub),
 --                          the one rule for which sub a user is now (a team transfer replaces subs:
 --                          the change siwa.sub_transferred tells of each).
+--   The mail gate          siwa.relay_mail_decision(address) and siwa.relay_mail_decisions(addresses):
+--   (siwa_mail):           whether an address may be mailed now (decision, reason, since); nothing else.
 --   Hooks (the owner):     siwa.on_event(event_type, sub, event_time, email, jti), replaced by the
 --                          admins and never undone by this file; the optional
 --                          siwa.on_change(change siwa.changes, superseded boolean).
 --   Settings and tools     siwa.settings (erase_personal_data_after, hook_search_path,
---   (the owner):           changes_retention, webhook_auto_disable_after); siwa.requeue, siwa.prune,
+--   (the owner):           changes_retention, webhook_auto_disable_after, relay_mail_after_consent_revoked);
+--                          siwa.requeue, siwa.prune,
 --                          siwa.erase_personal_data, siwa.add_webhook_endpoint, siwa.rotate_webhook_secret,
 --                          siwa.replay_webhook_deliveries, siwa.retry_webhook_deliveries,
 --                          siwa.remove_webhook_endpoint, siwa.apply_sub_transfer (through siwactl);
---                          the roles siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app and
---                          siwa_webhook_admin
+--                          the roles siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app,
+--                          siwa_webhook_admin and siwa_mail
 --                          and what each is granted (schema/85-privileges.sql).
 -- Everything else is internal and may change in any version: the log, queue and dedupe tables behind
 -- the views (siwa.notification_log, siwa.notification_queue, siwa.notification_jtis, the compatibility
@@ -483,6 +487,11 @@ BEGIN
             ALTER TABLE siwa.settings
                 ADD COLUMN webhook_auto_disable_after interval NOT NULL DEFAULT interval '3 days'
                     CONSTRAINT settings_webhook_auto_disable_after_check CHECK (webhook_auto_disable_after > interval '0');
+            -- The relay-mail gate's answer after consent-revoked.
+            ALTER TABLE siwa.settings
+                ADD COLUMN relay_mail_after_consent_revoked text NOT NULL DEFAULT 'allow'
+                    CONSTRAINT settings_relay_mail_after_consent_revoked_check
+                        CHECK (relay_mail_after_consent_revoked IN ('allow', 'block'));
         END IF;
         -- The developer loop: temporary endpoints of siwactl webhooks listen --forward-to (expires_at).
         IF pg_catalog.to_regclass('siwa.webhook_endpoints') IS NOT NULL THEN
@@ -521,7 +530,11 @@ CREATE TABLE IF NOT EXISTS siwa.settings (
         CONSTRAINT settings_changes_retention_check CHECK (changes_retention >= interval '0'),
     -- auto-disable (numbered change 5 adds it to an existing table)
     webhook_auto_disable_after    interval NOT NULL DEFAULT interval '3 days'
-        CONSTRAINT settings_webhook_auto_disable_after_check CHECK (webhook_auto_disable_after > interval '0')
+        CONSTRAINT settings_webhook_auto_disable_after_check CHECK (webhook_auto_disable_after > interval '0'),
+    -- the relay-mail gate (numbered change 5 adds it to an existing table)
+    relay_mail_after_consent_revoked text NOT NULL DEFAULT 'allow'
+        CONSTRAINT settings_relay_mail_after_consent_revoked_check
+            CHECK (relay_mail_after_consent_revoked IN ('allow', 'block'))
 );
 COMMENT ON TABLE siwa.settings IS
     'Settings read by the database functions; exactly one row. Change with UPDATE siwa.settings SET ….';
@@ -534,6 +547,8 @@ COMMENT ON COLUMN siwa.settings.changes_retention IS
     'How long a numbered change (siwa.changes) is kept after it was applied before siwa.prune deletes it: the longest a changefeed reader may stay away and still catch up. 7 days by default.';
 COMMENT ON COLUMN siwa.settings.webhook_auto_disable_after IS
     'How long a webhook endpoint may fail continuously (no 2xx to any attempt) before siwa-worker disables it (siwa.webhook_endpoints.disabled_reason). 3 days by default; a 410 Gone disables it at once.';
+COMMENT ON COLUMN siwa.settings.relay_mail_after_consent_revoked IS
+    'What the relay-mail gate answers for an address whose user revoked consent (consent-revoked) and has neither turned forwarding on nor signed in since: allow (default: Apple keeps the relay address forwarding until the user turns it off, which Apple tells with email-disabled) or block (reason consent_revoked, for teams that stop mailing users who left). docs/sql.md.';
 INSERT INTO siwa.settings DEFAULT VALUES ON CONFLICT DO NOTHING;
 
 -- ===================================================================================================
@@ -2163,14 +2178,33 @@ DECLARE
     v_ids bigint[];
     v_all text[];
 BEGIN
+    -- The history of a user whose sub a team transfer replaced is stored under the old sub too.
+    v_all := p_subs || ARRAY(SELECT a.old_sub FROM siwa.sub_aliases a WHERE a.new_sub = ANY (p_subs));
+    -- Every address about to be erased (the account's, its notifications' and changes', p_leave's rows
+    -- included) is remembered as a keyed hash first, so that the relay-mail gate still blocks it.
+    PERFORM siwa.remember_erased_mail_addresses(pg_catalog.array_agg(x.email), pg_catalog.array_agg(x.deleted_at))
+       FROM (SELECT a.email, a.deleted_at FROM siwa.accounts a WHERE a.sub = ANY (p_subs) AND a.email IS NOT NULL
+             UNION
+             SELECT l.email, a.deleted_at
+               FROM siwa.accounts a
+               JOIN LATERAL (SELECT a.sub AS s UNION ALL
+                             SELECT o.old_sub FROM siwa.sub_aliases o WHERE o.new_sub = a.sub) AS who ON true
+               JOIN siwa.notification_log l ON l.sub = who.s
+              WHERE a.sub = ANY (p_subs) AND l.email IS NOT NULL
+             UNION
+             SELECT c.email, a.deleted_at
+               FROM siwa.accounts a
+               JOIN LATERAL (SELECT a.sub AS s UNION ALL
+                             SELECT o.old_sub FROM siwa.sub_aliases o WHERE o.new_sub = a.sub) AS who ON true
+               JOIN siwa.changes c ON c.sub = who.s
+              WHERE a.sub = ANY (p_subs) AND c.email IS NOT NULL) AS x
+     HAVING pg_catalog.count(*) > 0;
     -- An account erased before (a second account-delete) keeps the time of its first erasure.
     UPDATE siwa.accounts
        SET email = NULL, is_private_email = NULL,
            personal_data_erased_at = coalesce(personal_data_erased_at, clock_timestamp()),
            updated_at = clock_timestamp()
      WHERE sub = ANY (p_subs);
-    -- The history of a user whose sub a team transfer replaced is stored under the old sub too.
-    v_all := p_subs || ARRAY(SELECT a.old_sub FROM siwa.sub_aliases a WHERE a.new_sub = ANY (p_subs));
     -- Every state: applied, skipped, dead (a failed late event) and pending alike, in the log (found by
     -- its sub index in every partition). The worker's claims lock queue rows, never log rows, so this
     -- waits for no other worker's batch. A pending consent-revoked or account-delete without an address
@@ -2221,6 +2255,13 @@ BEGIN
     -- the new sub's account may be deleted and erased before the rewrite). The table is created further
     -- down this file: absent while an older file's version is being upgraded.
     IF pg_catalog.to_regclass('siwa.transfer_imports') IS NOT NULL THEN
+        PERFORM siwa.remember_erased_mail_addresses(pg_catalog.array_agg(t.email), pg_catalog.array_agg(a.deleted_at))
+           FROM siwa.accounts a
+           JOIN LATERAL (SELECT a.sub AS s UNION ALL
+                         SELECT o.old_sub FROM siwa.sub_aliases o WHERE o.new_sub = a.sub) AS who ON true
+           JOIN siwa.transfer_imports t ON t.old_sub = who.s OR t.new_sub = who.s
+          WHERE a.sub = ANY (p_subs) AND t.email IS NOT NULL
+         HAVING pg_catalog.count(*) > 0;
         UPDATE siwa.transfer_imports SET email = NULL
          WHERE (old_sub = ANY (v_all) OR new_sub = ANY (v_all)) AND email IS NOT NULL;
     END IF;
@@ -4888,6 +4929,206 @@ COMMENT ON FUNCTION siwa.remove_temporary_webhook_endpoint(bigint) IS
 -- ===== end of the developer loop =====
 
 -- ===================================================================================================
+-- schema/68-relay-mail.sql: The relay-mail gate: may this address be mailed now (siwa.relay_mail_decision(s), role siwa_mail), erased addresses as keyed hashes
+-- ===================================================================================================
+
+-- What Apple's notifications say about mail, answered per address: allow (forwarding on, or never
+-- turned off), block (forwarding off, account deleted or erased, and consent revoked when
+-- siwa.settings.relay_mail_after_consent_revoked = 'block'), unknown (not an address Apple gave this
+-- app). The gate's callers (siwa-mailgate in Postfix, its HTTP check, siwactl mail check) are members of
+-- siwa_mail, which may execute the two decision functions and nothing else (schema/85-privileges.sql).
+-- docs/sql.md, "The relay-mail gate", says how to read the answers and why consent-revoked allows.
+
+-- Apple's relay domains: the one list, for the looks_like_relay answer only (never to tell whether an
+-- address is a relay address: is_private_email says that, and only for the addresses Apple gave us).
+CREATE OR REPLACE FUNCTION siwa.apple_relay_domains() RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT ARRAY['privaterelay.appleid.com', 'private.icloud.com', 'icloud.com']::text[];
+$$;
+COMMENT ON FUNCTION siwa.apple_relay_domains() IS
+    'Apple''s private relay domains (privaterelay.appleid.com; private.icloud.com, new addresses from 2026; icloud.com, as Apple''s page lists it), lower case: what makes an address the gate does not know answer looks_like_relay rather than not_ours.';
+
+-- The form an address is matched in: the local part exact, the domain lower-cased (DNS names compare
+-- case-insensitively, local parts need not); NULL for what is not one address (no or several @, an empty
+-- side, white space or control characters, over 320 bytes). Collation "C": ASCII case only, the same in
+-- every database whatever its locale, as an index expression must be.
+CREATE OR REPLACE FUNCTION siwa.mail_address_key(p_address text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN pg_catalog.octet_length(p_address) <= 320
+                     AND (p_address COLLATE "C") ~ '^[^@[:space:][:cntrl:]]+@[^@[:space:][:cntrl:]]+$'
+                THEN pg_catalog.split_part(p_address, '@', 1) || '@'
+                     || pg_catalog.lower(pg_catalog.split_part(p_address, '@', 2) COLLATE "C") END;
+$$;
+COMMENT ON FUNCTION siwa.mail_address_key(text) IS
+    'An address as the relay-mail gate matches it: the local part exact, the domain lower-cased (ASCII); NULL when the text is not one address (malformed). siwa.accounts is indexed on it.';
+
+-- The gate's lookups: one index probe per address on the stored address in its matching form. Every
+-- role that writes siwa.accounts computes it, so needs EXECUTE on siwa.mail_address_key (siwa_worker).
+CREATE INDEX IF NOT EXISTS accounts_mail_address_key_idx ON siwa.accounts (siwa.mail_address_key(email));
+
+-- HMAC-SHA-256 (RFC 2104) with pg_catalog.sha256 alone (no extension): the key padded to SHA-256's
+-- 64-byte block (hashed first when longer) and XORed with the pad byte (0x36 inner, 0x5c outer).
+CREATE OR REPLACE FUNCTION siwa.hmac_sha256_pad(p_key bytea, p_pad integer) RETURNS bytea
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pg_catalog.decode(pg_catalog.string_agg(
+               pg_catalog.lpad(pg_catalog.to_hex(
+                   CASE WHEN i < pg_catalog.octet_length(k.key) THEN pg_catalog.get_byte(k.key, i) ELSE 0 END
+                   # p_pad), 2, '0'), '' ORDER BY i), 'hex')
+      FROM (SELECT CASE WHEN pg_catalog.octet_length(p_key) > 64 THEN pg_catalog.sha256(p_key) ELSE p_key END) AS k(key),
+           pg_catalog.generate_series(0, 63) AS i;
+$$;
+COMMENT ON FUNCTION siwa.hmac_sha256_pad(bytea, integer) IS
+    'HMAC-SHA-256''s padded key: p_key (hashed when over 64 bytes) zero-filled to 64 bytes, each byte XORed with p_pad (54 inner, 92 outer).';
+
+-- HMAC-SHA-256 of p_message under the padded keys (siwa.hmac_sha256_pad), computed once per key.
+CREATE OR REPLACE FUNCTION siwa.hmac_sha256_padded(p_inner bytea, p_outer bytea, p_message bytea) RETURNS bytea
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pg_catalog.sha256(p_outer || pg_catalog.sha256(p_inner || p_message));
+$$;
+COMMENT ON FUNCTION siwa.hmac_sha256_padded(bytea, bytea, bytea) IS
+    'HMAC-SHA-256 of p_message given the padded inner and outer keys (siwa.hmac_sha256_pad of the key with 54 and 92).';
+
+CREATE OR REPLACE FUNCTION siwa.hmac_sha256(p_key bytea, p_message bytea) RETURNS bytea
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT siwa.hmac_sha256_padded(siwa.hmac_sha256_pad(p_key, 54), siwa.hmac_sha256_pad(p_key, 92), p_message);
+$$;
+COMMENT ON FUNCTION siwa.hmac_sha256(bytea, bytea) IS 'HMAC-SHA-256 (RFC 2104, RFC 4231) of p_message under p_key.';
+
+-- The key erased addresses are remembered under: 64 random bytes made once per database (four
+-- gen_random_uuid(), 488 random bits from the server's strong random source), kept only as its two
+-- padded forms. The owner's alone: no role is granted anything on it. A database copied with CREATE
+-- DATABASE … TEMPLATE shares its template's key.
+CREATE TABLE IF NOT EXISTS siwa.mail_address_hash_key (
+    singleton  boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
+    inner_pad  bytea       NOT NULL CHECK (octet_length(inner_pad) = 64),
+    outer_pad  bytea       NOT NULL CHECK (octet_length(outer_pad) = 64),
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE siwa.mail_address_hash_key IS
+    'The per-database HMAC-SHA-256 key of siwa.erased_mail_addresses, as its padded inner and outer keys; made once, never readable by any role but the owner.';
+COMMENT ON COLUMN siwa.mail_address_hash_key.singleton IS 'Always true: keeps this table to a single row.';
+COMMENT ON COLUMN siwa.mail_address_hash_key.inner_pad IS 'The key XOR 0x36 (siwa.hmac_sha256_pad).';
+COMMENT ON COLUMN siwa.mail_address_hash_key.outer_pad IS 'The key XOR 0x5c (siwa.hmac_sha256_pad).';
+COMMENT ON COLUMN siwa.mail_address_hash_key.created_at IS 'When the key was made.';
+INSERT INTO siwa.mail_address_hash_key (inner_pad, outer_pad)
+SELECT siwa.hmac_sha256_pad(k.key, 54), siwa.hmac_sha256_pad(k.key, 92)
+  FROM (SELECT pg_catalog.decode(pg_catalog.string_agg(
+                   pg_catalog.replace(pg_catalog.gen_random_uuid()::text, '-', ''), ''), 'hex')
+          FROM pg_catalog.generate_series(1, 4)) AS k(key)
+ON CONFLICT (singleton) DO NOTHING;
+
+-- The addresses of erased accounts, as HMAC-SHA-256 of their matching form (siwa.mail_address_key)
+-- under the key above: the gate still answers block for them, and nothing readable keeps the address.
+-- Keyed, because an unkeyed hash of an address is the address to anyone holding a list of candidates.
+CREATE TABLE IF NOT EXISTS siwa.erased_mail_addresses (
+    address_hmac bytea       PRIMARY KEY CHECK (octet_length(address_hmac) = 32),
+    deleted_at   timestamptz NOT NULL,
+    erased_at    timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE siwa.erased_mail_addresses IS
+    'Every address an erasure removed (an account''s, its notifications'' and changes'', an import''s), as HMAC-SHA-256 under siwa.mail_address_hash_key: the relay-mail gate answers block/account_deleted for it. The owner''s alone.';
+COMMENT ON COLUMN siwa.erased_mail_addresses.address_hmac IS 'HMAC-SHA-256 of siwa.mail_address_key(address).';
+COMMENT ON COLUMN siwa.erased_mail_addresses.deleted_at IS 'The account''s deletion (its first, when the address was erased again): the gate''s since.';
+COMMENT ON COLUMN siwa.erased_mail_addresses.erased_at IS 'When the address was first remembered.';
+
+-- Remembers p_addresses (each with the deletion p_deleted_at at the same position) as erased. Called
+-- by the erasure (siwa.erase_personal_data_of) as the worker or the owner: SECURITY DEFINER, so that the
+-- caller writes hashes without reading the key or the table. A malformed text is not an address: skipped.
+CREATE OR REPLACE FUNCTION siwa.remember_erased_mail_addresses(p_addresses text[], p_deleted_at timestamptz[])
+RETURNS void LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    INSERT INTO siwa.erased_mail_addresses (address_hmac, deleted_at)
+    SELECT siwa.hmac_sha256_padded(h.inner_pad, h.outer_pad, pg_catalog.convert_to(x.key, 'UTF8')),
+           pg_catalog.min(x.deleted_at)
+      FROM (SELECT siwa.mail_address_key(a.address) AS key,
+                   coalesce(a.deleted_at, pg_catalog.clock_timestamp()) AS deleted_at
+              FROM ROWS FROM (pg_catalog.unnest(p_addresses), pg_catalog.unnest(p_deleted_at)) AS a(address, deleted_at)) AS x,
+           siwa.mail_address_hash_key h
+     WHERE x.key IS NOT NULL
+     GROUP BY 1
+    ON CONFLICT (address_hmac) DO NOTHING;
+$$;
+COMMENT ON FUNCTION siwa.remember_erased_mail_addresses(text[], timestamptz[]) IS
+    'Records the addresses an erasure removes (with the account''s deletion time) in siwa.erased_mail_addresses as keyed hashes. SECURITY DEFINER; executable by siwa_worker (the erasure runs as it).';
+
+-- The decision for each element of p_addresses, in order (ord, 1-based), NULLs and duplicates kept.
+-- An address matches the account whose current email has the same siwa.mail_address_key (one index
+-- probe); when several do (a shared, non-relay address), a live account before a deleted one, and a
+-- forwarding-off one first. An address no account holds is looked up among the erased (one hash, one
+-- primary-key probe). SECURITY DEFINER: siwa_mail reads no table itself. Without JIT: compiling the
+-- plan cost more than running it for 10,000 addresses (measured: 300 of 480 ms).
+CREATE OR REPLACE FUNCTION siwa.relay_mail_decisions(p_addresses text[])
+RETURNS TABLE (ord integer, address text, decision text, reason text, since timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    WITH input AS MATERIALIZED (
+        SELECT i.ord::integer AS ord, i.address, siwa.mail_address_key(i.address) AS key
+          FROM pg_catalog.unnest(p_addresses) WITH ORDINALITY AS i(address, ord)
+    )
+    SELECT i.ord, i.address, v.decision, v.reason, v.since
+      FROM input i
+      CROSS JOIN siwa.settings s
+      LEFT JOIN LATERAL (
+          SELECT a.sub, a.email_status, a.email_status_at, a.consent_revoked_at,
+                 coalesce(a.deleted_at, a.personal_data_erased_at) AS deleted_at
+            FROM siwa.accounts a
+           WHERE siwa.mail_address_key(a.email) = i.key
+           ORDER BY (a.deleted_at IS NOT NULL OR a.personal_data_erased_at IS NOT NULL),
+                    a.email_status = 'disabled' DESC NULLS LAST, a.updated_at DESC, a.sub
+           LIMIT 1) AS m ON true
+      -- OFFSET 0 keeps each lateral a subquery computed once per address: flattened, its expressions
+      -- would be copied into every use (and the erased lookup run for addresses an account matched).
+      CROSS JOIN LATERAL (
+          SELECT CASE WHEN m.sub IS NULL AND i.key IS NOT NULL THEN
+                     (SELECT e.deleted_at
+                        FROM siwa.erased_mail_addresses e, siwa.mail_address_hash_key h
+                       WHERE e.address_hmac = siwa.hmac_sha256_padded(h.inner_pad, h.outer_pad,
+                                                                      pg_catalog.convert_to(i.key, 'UTF8')))
+                 END AS deleted_at
+          OFFSET 0) AS erased
+      CROSS JOIN LATERAL (
+          SELECT CASE
+                     WHEN m.sub IS NULL THEN
+                         CASE WHEN i.key IS NULL THEN 'malformed'
+                              WHEN erased.deleted_at IS NOT NULL THEN 'account_deleted'
+                              WHEN pg_catalog.split_part(i.key, '@', 2) = ANY (siwa.apple_relay_domains())
+                                  THEN 'looks_like_relay'
+                              ELSE 'not_ours' END
+                     WHEN m.deleted_at IS NOT NULL THEN 'account_deleted'
+                     WHEN m.email_status = 'disabled' THEN 'forwarding_off'
+                     -- Consent revoked, and neither an email-enabled nor a sign-in (the user came back) since.
+                     WHEN s.relay_mail_after_consent_revoked = 'block' AND m.consent_revoked_at IS NOT NULL
+                          AND (m.email_status_at IS NULL OR m.email_status_at <= m.consent_revoked_at)
+                          AND NOT EXISTS (SELECT 1 FROM siwa.sign_ins g
+                                           WHERE g.sub = m.sub AND g.last_signed_in_at > m.consent_revoked_at)
+                         THEN 'consent_revoked'
+                     WHEN m.email_status = 'enabled' THEN 'forwarding_on'
+                     ELSE 'never_turned_off' END AS reason
+          OFFSET 0) AS r
+      CROSS JOIN LATERAL (
+          SELECT CASE WHEN r.reason IN ('forwarding_on', 'never_turned_off') THEN 'allow'
+                      WHEN r.reason IN ('forwarding_off', 'account_deleted', 'consent_revoked') THEN 'block'
+                      ELSE 'unknown' END AS decision,
+                 r.reason,
+                 CASE r.reason WHEN 'account_deleted' THEN coalesce(m.deleted_at, erased.deleted_at)
+                               WHEN 'consent_revoked' THEN m.consent_revoked_at
+                               WHEN 'forwarding_off' THEN m.email_status_at
+                               WHEN 'forwarding_on' THEN m.email_status_at
+                               WHEN 'never_turned_off' THEN m.email_status_at END AS since
+          ) AS v
+     ORDER BY i.ord;
+$$;
+COMMENT ON FUNCTION siwa.relay_mail_decisions(text[]) IS
+    'The relay-mail gate for a list: one row per element of p_addresses in order (ord from 1; NULLs and duplicates kept): decision allow (reason forwarding_on, never_turned_off), block (forwarding_off, account_deleted, consent_revoked when siwa.settings.relay_mail_after_consent_revoked = block) or unknown (not_ours, looks_like_relay, malformed), and since (the event_time the answer rests on, or NULL). Matches an account''s current address, the domain case-insensitively. SECURITY DEFINER; executable by siwa_mail (docs/sql.md).';
+
+-- The decision for one address: siwa.relay_mail_decisions of a list of one.
+CREATE OR REPLACE FUNCTION siwa.relay_mail_decision(p_address text)
+RETURNS TABLE (decision text, reason text, since timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT d.decision, d.reason, d.since FROM siwa.relay_mail_decisions(ARRAY[p_address]) AS d;
+$$;
+COMMENT ON FUNCTION siwa.relay_mail_decision(text) IS
+    'The relay-mail gate for one address: exactly one row (decision, reason, since), as siwa.relay_mail_decisions answers it. SECURITY DEFINER; executable by siwa_mail (docs/sql.md).';
+
+-- ===================================================================================================
 -- schema/70-health.sql: Health: service heartbeats and the gauges behind /metrics
 -- ===================================================================================================
 
@@ -5161,7 +5402,7 @@ END;
 $$;
 
 -- ===================================================================================================
--- schema/80-roles.sql: The group roles: siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app (created when missing, one block)
+-- schema/80-roles.sql: The group roles: siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app, siwa_webhook_admin, siwa_mail (created when missing, one block)
 -- ===================================================================================================
 
 --
@@ -5188,14 +5429,15 @@ $$;
 -- siwa-receiver: grant it to a login of its own, the API's --signin-database-url, never to the
 -- receiver's login) and siwa_app (the app's
 -- account deletion, its sessions and refresh tokens, the changefeed). What each role may do is granted
--- in schema/85-privileges.sql, one block per role.
+-- in schema/85-privileges.sql, one block per role. siwa_mail is the relay-mail gate's (siwa-mailgate,
+-- siwactl mail check): it may ask siwa.relay_mail_decision(s), nothing else.
 DO $$
 DECLARE
     v_role     text;
     v_can_create boolean := (SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user);
 BEGIN
     FOREACH v_role IN ARRAY ARRAY['siwa_admin', 'siwa_receiver', 'siwa_worker', 'siwa_signin', 'siwa_app',
-                                  'siwa_webhook_admin'] LOOP
+                                  'siwa_webhook_admin', 'siwa_mail'] LOOP
         CONTINUE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role);
         IF NOT v_can_create THEN
             RAISE WARNING 'role % does not exist and % may not create it: create it (NOLOGIN) and apply schema.sql again',
@@ -5214,6 +5456,8 @@ BEGIN
                 -- siwa_webhook_admin
                 WHEN 'siwa_webhook_admin' THEN
                     'Sign in with Apple: manage webhook endpoints through the siwa functions (siwactl webhooks add, rotate-secret, enable, disable, retry, replay, remove) without being the owner; never reads a secret back. Grant to people or a deploy tool.'
+                WHEN 'siwa_mail' THEN
+                    'Sign in with Apple: ask the relay-mail gate (siwa.relay_mail_decision, siwa.relay_mail_decisions) whether an address may be mailed now; nothing else (no table, no other function). Grant to siwa-mailgate''s login and to what runs siwactl mail check.'
                 WHEN 'siwa_signin' THEN
                     'Sign in with Apple: what the sign-in API (siwa-receiver --signin-listen) needs: record sign-ins and encrypted refresh tokens through its functions, request revocations. Grant to the API''s own login role (--signin-database-url), never the receiver''s.'
                 ELSE
@@ -5246,6 +5490,9 @@ REVOKE ALL ON FUNCTION siwa.begin_sign_in(bytea, text, text), siwa.abandon_sign_
 REVOKE ALL ON FUNCTION siwa.add_temporary_webhook_endpoint(text, text, text[], interval),
     siwa.renew_temporary_webhook_endpoint(bigint, interval), siwa.remove_temporary_webhook_endpoint(bigint),
     siwa.remove_expired_webhook_endpoints() FROM PUBLIC;
+-- The relay-mail gate's SECURITY DEFINER functions (schema/68-relay-mail.sql): never PUBLIC's either.
+REVOKE ALL ON FUNCTION siwa.relay_mail_decision(text), siwa.relay_mail_decisions(text[]),
+    siwa.remember_erased_mail_addresses(text[], timestamptz[]) FROM PUBLIC;
 
 -- Each block grants one role what its job needs, and only when the role exists (see
 -- schema/80-roles.sql). Functions run with the caller's rights: a role is granted the tables its
@@ -5335,7 +5582,9 @@ $$;
 -- SHARE needs UPDATE), claims and updates them, records attempts, reads endpoints and secrets, and
 -- locks an endpoint's row while it counts its leases (FOR NO KEY UPDATE needs UPDATE). The
 -- transitions of its queues (leases, records, repair, heartbeats) are functions run with its rights:
--- EXECUTE on exactly those. Its heartbeats (of its own kind) and the health gauges.
+-- EXECUTE on exactly those. Its heartbeats (of its own kind) and the health gauges. The erasure
+-- remembers erased addresses (SECURITY DEFINER), and every write of siwa.accounts computes the gate's
+-- index expression siwa.mail_address_key.
 DO $$
 DECLARE
     v_function regprocedure;
@@ -5366,7 +5615,8 @@ BEGIN
                                  'redact_error', 'erased_error', 'create_log_partitions',
                                  'drop_log_partitions', 'apply_claimed_batch', 'erase_personal_data_of',
                                  'number_changes', 'change_type', 'hook_path', 'on_change', 'current_sub',
-                                 'claim_notifications', 'apply_verified_notifications')
+                                 'claim_notifications', 'apply_verified_notifications',
+                                 'remember_erased_mail_addresses', 'mail_address_key')
         LOOP
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO siwa_worker', v_function);
         END LOOP;
@@ -5511,6 +5761,18 @@ BEGIN
 END;
 $$;
 -- ==== end of webhook visibility ====
+
+-- siwa_mail: the relay-mail gate's two SECURITY DEFINER functions, and nothing else: USAGE on the schema
+-- (to name them), no table, view, sequence or other function, no CREATE. Both read with the owner's
+-- rights and pin their search_path, so nothing on the caller's path changes an answer.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_mail') THEN
+        GRANT USAGE ON SCHEMA siwa TO siwa_mail;
+        GRANT EXECUTE ON FUNCTION siwa.relay_mail_decision(text), siwa.relay_mail_decisions(text[]) TO siwa_mail;
+    END IF;
+END;
+$$;
 
 -- ===================================================================================================
 -- schema/99-postamble.sql: The applying session's own search_path restored

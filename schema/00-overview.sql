@@ -36,16 +36,19 @@
 --                          old→new mapping siwa.sub_aliases (old_sub, new_sub) and siwa.current_sub(sub),
 --                          the one rule for which sub a user is now (a team transfer replaces subs:
 --                          the change siwa.sub_transferred tells of each).
+--   The mail gate          siwa.relay_mail_decision(address) and siwa.relay_mail_decisions(addresses):
+--   (siwa_mail):           whether an address may be mailed now (decision, reason, since); nothing else.
 --   Hooks (the owner):     siwa.on_event(event_type, sub, event_time, email, jti), replaced by the
 --                          admins and never undone by this file; the optional
 --                          siwa.on_change(change siwa.changes, superseded boolean).
 --   Settings and tools     siwa.settings (erase_personal_data_after, hook_search_path,
---   (the owner):           changes_retention, webhook_auto_disable_after); siwa.requeue, siwa.prune,
+--   (the owner):           changes_retention, webhook_auto_disable_after, relay_mail_after_consent_revoked);
+--                          siwa.requeue, siwa.prune,
 --                          siwa.erase_personal_data, siwa.add_webhook_endpoint, siwa.rotate_webhook_secret,
 --                          siwa.replay_webhook_deliveries, siwa.retry_webhook_deliveries,
 --                          siwa.remove_webhook_endpoint, siwa.apply_sub_transfer (through siwactl);
---                          the roles siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app and
---                          siwa_webhook_admin
+--                          the roles siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app,
+--                          siwa_webhook_admin and siwa_mail
 --                          and what each is granted (schema/85-privileges.sql).
 -- Everything else is internal and may change in any version: the log, queue and dedupe tables behind
 -- the views (siwa.notification_log, siwa.notification_queue, siwa.notification_jtis, the compatibility

@@ -301,6 +301,11 @@ BEGIN
             ALTER TABLE siwa.settings
                 ADD COLUMN webhook_auto_disable_after interval NOT NULL DEFAULT interval '3 days'
                     CONSTRAINT settings_webhook_auto_disable_after_check CHECK (webhook_auto_disable_after > interval '0');
+            -- The relay-mail gate's answer after consent-revoked.
+            ALTER TABLE siwa.settings
+                ADD COLUMN relay_mail_after_consent_revoked text NOT NULL DEFAULT 'allow'
+                    CONSTRAINT settings_relay_mail_after_consent_revoked_check
+                        CHECK (relay_mail_after_consent_revoked IN ('allow', 'block'));
         END IF;
         -- The developer loop: temporary endpoints of siwactl webhooks listen --forward-to (expires_at).
         IF pg_catalog.to_regclass('siwa.webhook_endpoints') IS NOT NULL THEN

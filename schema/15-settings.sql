@@ -8,7 +8,11 @@ CREATE TABLE IF NOT EXISTS siwa.settings (
         CONSTRAINT settings_changes_retention_check CHECK (changes_retention >= interval '0'),
     -- auto-disable (numbered change 5 adds it to an existing table)
     webhook_auto_disable_after    interval NOT NULL DEFAULT interval '3 days'
-        CONSTRAINT settings_webhook_auto_disable_after_check CHECK (webhook_auto_disable_after > interval '0')
+        CONSTRAINT settings_webhook_auto_disable_after_check CHECK (webhook_auto_disable_after > interval '0'),
+    -- the relay-mail gate (numbered change 5 adds it to an existing table)
+    relay_mail_after_consent_revoked text NOT NULL DEFAULT 'allow'
+        CONSTRAINT settings_relay_mail_after_consent_revoked_check
+            CHECK (relay_mail_after_consent_revoked IN ('allow', 'block'))
 );
 COMMENT ON TABLE siwa.settings IS
     'Settings read by the database functions; exactly one row. Change with UPDATE siwa.settings SET ….';
@@ -21,4 +25,6 @@ COMMENT ON COLUMN siwa.settings.changes_retention IS
     'How long a numbered change (siwa.changes) is kept after it was applied before siwa.prune deletes it: the longest a changefeed reader may stay away and still catch up. 7 days by default.';
 COMMENT ON COLUMN siwa.settings.webhook_auto_disable_after IS
     'How long a webhook endpoint may fail continuously (no 2xx to any attempt) before siwa-worker disables it (siwa.webhook_endpoints.disabled_reason). 3 days by default; a 410 Gone disables it at once.';
+COMMENT ON COLUMN siwa.settings.relay_mail_after_consent_revoked IS
+    'What the relay-mail gate answers for an address whose user revoked consent (consent-revoked) and has neither turned forwarding on nor signed in since: allow (default: Apple keeps the relay address forwarding until the user turns it off, which Apple tells with email-disabled) or block (reason consent_revoked, for teams that stop mailing users who left). docs/sql.md.';
 INSERT INTO siwa.settings DEFAULT VALUES ON CONFLICT DO NOTHING;

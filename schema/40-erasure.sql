@@ -21,14 +21,33 @@ DECLARE
     v_ids bigint[];
     v_all text[];
 BEGIN
+    -- The history of a user whose sub a team transfer replaced is stored under the old sub too.
+    v_all := p_subs || ARRAY(SELECT a.old_sub FROM siwa.sub_aliases a WHERE a.new_sub = ANY (p_subs));
+    -- Every address about to be erased (the account's, its notifications' and changes', p_leave's rows
+    -- included) is remembered as a keyed hash first, so that the relay-mail gate still blocks it.
+    PERFORM siwa.remember_erased_mail_addresses(pg_catalog.array_agg(x.email), pg_catalog.array_agg(x.deleted_at))
+       FROM (SELECT a.email, a.deleted_at FROM siwa.accounts a WHERE a.sub = ANY (p_subs) AND a.email IS NOT NULL
+             UNION
+             SELECT l.email, a.deleted_at
+               FROM siwa.accounts a
+               JOIN LATERAL (SELECT a.sub AS s UNION ALL
+                             SELECT o.old_sub FROM siwa.sub_aliases o WHERE o.new_sub = a.sub) AS who ON true
+               JOIN siwa.notification_log l ON l.sub = who.s
+              WHERE a.sub = ANY (p_subs) AND l.email IS NOT NULL
+             UNION
+             SELECT c.email, a.deleted_at
+               FROM siwa.accounts a
+               JOIN LATERAL (SELECT a.sub AS s UNION ALL
+                             SELECT o.old_sub FROM siwa.sub_aliases o WHERE o.new_sub = a.sub) AS who ON true
+               JOIN siwa.changes c ON c.sub = who.s
+              WHERE a.sub = ANY (p_subs) AND c.email IS NOT NULL) AS x
+     HAVING pg_catalog.count(*) > 0;
     -- An account erased before (a second account-delete) keeps the time of its first erasure.
     UPDATE siwa.accounts
        SET email = NULL, is_private_email = NULL,
            personal_data_erased_at = coalesce(personal_data_erased_at, clock_timestamp()),
            updated_at = clock_timestamp()
      WHERE sub = ANY (p_subs);
-    -- The history of a user whose sub a team transfer replaced is stored under the old sub too.
-    v_all := p_subs || ARRAY(SELECT a.old_sub FROM siwa.sub_aliases a WHERE a.new_sub = ANY (p_subs));
     -- Every state: applied, skipped, dead (a failed late event) and pending alike, in the log (found by
     -- its sub index in every partition). The worker's claims lock queue rows, never log rows, so this
     -- waits for no other worker's batch. A pending consent-revoked or account-delete without an address
@@ -79,6 +98,13 @@ BEGIN
     -- the new sub's account may be deleted and erased before the rewrite). The table is created further
     -- down this file: absent while an older file's version is being upgraded.
     IF pg_catalog.to_regclass('siwa.transfer_imports') IS NOT NULL THEN
+        PERFORM siwa.remember_erased_mail_addresses(pg_catalog.array_agg(t.email), pg_catalog.array_agg(a.deleted_at))
+           FROM siwa.accounts a
+           JOIN LATERAL (SELECT a.sub AS s UNION ALL
+                         SELECT o.old_sub FROM siwa.sub_aliases o WHERE o.new_sub = a.sub) AS who ON true
+           JOIN siwa.transfer_imports t ON t.old_sub = who.s OR t.new_sub = who.s
+          WHERE a.sub = ANY (p_subs) AND t.email IS NOT NULL
+         HAVING pg_catalog.count(*) > 0;
         UPDATE siwa.transfer_imports SET email = NULL
          WHERE (old_sub = ANY (v_all) OR new_sub = ANY (v_all)) AND email IS NOT NULL;
     END IF;

@@ -16,6 +16,9 @@ REVOKE ALL ON FUNCTION siwa.begin_sign_in(bytea, text, text), siwa.abandon_sign_
 REVOKE ALL ON FUNCTION siwa.add_temporary_webhook_endpoint(text, text, text[], interval),
     siwa.renew_temporary_webhook_endpoint(bigint, interval), siwa.remove_temporary_webhook_endpoint(bigint),
     siwa.remove_expired_webhook_endpoints() FROM PUBLIC;
+-- The relay-mail gate's SECURITY DEFINER functions (schema/68-relay-mail.sql): never PUBLIC's either.
+REVOKE ALL ON FUNCTION siwa.relay_mail_decision(text), siwa.relay_mail_decisions(text[]),
+    siwa.remember_erased_mail_addresses(text[], timestamptz[]) FROM PUBLIC;
 
 -- Each block grants one role what its job needs, and only when the role exists (see
 -- schema/80-roles.sql). Functions run with the caller's rights: a role is granted the tables its
@@ -105,7 +108,9 @@ $$;
 -- SHARE needs UPDATE), claims and updates them, records attempts, reads endpoints and secrets, and
 -- locks an endpoint's row while it counts its leases (FOR NO KEY UPDATE needs UPDATE). The
 -- transitions of its queues (leases, records, repair, heartbeats) are functions run with its rights:
--- EXECUTE on exactly those. Its heartbeats (of its own kind) and the health gauges.
+-- EXECUTE on exactly those. Its heartbeats (of its own kind) and the health gauges. The erasure
+-- remembers erased addresses (SECURITY DEFINER), and every write of siwa.accounts computes the gate's
+-- index expression siwa.mail_address_key.
 DO $$
 DECLARE
     v_function regprocedure;
@@ -136,7 +141,8 @@ BEGIN
                                  'redact_error', 'erased_error', 'create_log_partitions',
                                  'drop_log_partitions', 'apply_claimed_batch', 'erase_personal_data_of',
                                  'number_changes', 'change_type', 'hook_path', 'on_change', 'current_sub',
-                                 'claim_notifications', 'apply_verified_notifications')
+                                 'claim_notifications', 'apply_verified_notifications',
+                                 'remember_erased_mail_addresses', 'mail_address_key')
         LOOP
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO siwa_worker', v_function);
         END LOOP;
@@ -281,3 +287,15 @@ BEGIN
 END;
 $$;
 -- ==== end of webhook visibility ====
+
+-- siwa_mail: the relay-mail gate's two SECURITY DEFINER functions, and nothing else: USAGE on the schema
+-- (to name them), no table, view, sequence or other function, no CREATE. Both read with the owner's
+-- rights and pin their search_path, so nothing on the caller's path changes an answer.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_mail') THEN
+        GRANT USAGE ON SCHEMA siwa TO siwa_mail;
+        GRANT EXECUTE ON FUNCTION siwa.relay_mail_decision(text), siwa.relay_mail_decisions(text[]) TO siwa_mail;
+    END IF;
+END;
+$$;

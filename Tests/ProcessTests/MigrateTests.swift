@@ -357,6 +357,8 @@ struct MigrateUpgradeTests {
                 "busy_since", "hook_search_path", "changes_retention", "next_attempt_at", "service_format",
                 // auto-disable's columns, new in version 5
                 "webhook_auto_disable_after", "failing_since", "disabled_reason",
+                // the relay-mail gate's setting, new in version 5
+                "relay_mail_after_consent_revoked",
             ]
                 + personal)
         let personalBefore = try personalData(connection)
@@ -380,6 +382,8 @@ struct MigrateUpgradeTests {
                     "service_format",
                     // auto-disable's columns, new in version 5
                     "webhook_auto_disable_after", "failing_since", "disabled_reason",
+                    // the relay-mail gate's setting, new in version 5
+                    "relay_mail_after_consent_revoked",
                 ] + personal
             )
                 == before)
