@@ -192,9 +192,10 @@ public final class PolicyServer: Sendable {
                 case .success(let request):
                     let started = ContinuousClock.now
                     let action = answer(request)
-                    guard send(fd, "action=\(action)\n\n") else { return }
+                    // Counted before it is sent: whoever has the answer sees it counted.
                     metrics.policySeconds.observe((ContinuousClock.now - started).inSeconds)
                     metrics.policyAnswered(state: request.protocolState, action: action)
+                    guard send(fd, "action=\(action)\n\n") else { return }
                 case .failure(let refusal):
                     metrics.policyRefused(refusal.rawValue)
                     logger.warning(
