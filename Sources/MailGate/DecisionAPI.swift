@@ -161,10 +161,23 @@ public final class DecisionAPI: Sendable {
         body += "}"
     }
 
-    /// RFC 3339 in UTC with milliseconds.
-    static func timestamp(_ date: Date) -> String {
-        date.formatted(
-            Date.ISO8601FormatStyle(includingFractionalSeconds: true, timeZone: TimeZone(identifier: "UTC")!))
+    /// RFC 3339 in UTC with milliseconds (`2026-05-01T09:30:00.000Z`), without a formatter: a list of
+    /// 10,000 answers spent most of its time in Foundation's.
+    public static func timestamp(_ date: Date) -> String {
+        let milliseconds = Int64((date.timeIntervalSince1970 * 1000).rounded(.down))
+        var seconds = time_t(milliseconds >= 0 ? milliseconds / 1000 : (milliseconds - 999) / 1000)
+        var parts = tm()
+        gmtime_r(&seconds, &parts)
+        func digits(_ value: Int32, _ width: Int) -> String {
+            let text = String(value)
+            return String(repeating: "0", count: max(0, width - text.count)) + text
+        }
+        let fraction = Int32(milliseconds - Int64(seconds) * 1000)
+        return digits(parts.tm_year + 1900, 4) + "-" + digits(parts.tm_mon + 1, 2) + "-"
+            + digits(parts.tm_mday, 2)
+            + "T" + digits(parts.tm_hour, 2) + ":" + digits(parts.tm_min, 2) + ":" + digits(parts.tm_sec, 2)
+            + "."
+            + digits(fraction, 3) + "Z"
     }
 
     private static func errorWord(of response: HTTPResponse) -> String {

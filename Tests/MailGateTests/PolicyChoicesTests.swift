@@ -1,3 +1,4 @@
+import Foundation
 import MailGate
 import Testing
 
@@ -47,5 +48,18 @@ struct PolicyChoicesTests {
         #expect(action(.timedOut, deferring).hasPrefix("DEFER_IF_PERMIT 4.3.0 "))
         #expect(action(.unavailable, deferring).hasPrefix("DEFER_IF_PERMIT 4.3.0 "))
         #expect(action(verdict(.allow, "forwarding_on"), deferring) == "DUNNO")
+    }
+}
+
+@Suite("The HTTP check's timestamps")
+struct TimestampTests {
+    @Test("since is RFC 3339 in UTC with milliseconds, as Foundation's ISO 8601 style writes it")
+    func rfc3339() {
+        let style = Date.ISO8601FormatStyle(
+            includingFractionalSeconds: true, timeZone: TimeZone(identifier: "UTC")!)
+        for seconds in [0, 1_780_000_000.125, 951_782_400.75, 1_704_067_199.5, -1.25] {
+            let date = Date(timeIntervalSince1970: seconds)
+            #expect(DecisionAPI.timestamp(date) == date.formatted(style), "\(seconds)")
+        }
     }
 }
