@@ -90,6 +90,9 @@ let package = Package(
         // The operator's calls on webhook endpoints and deliveries (siwactl webhooks, stats), with typed rows.
         // Never prints or reads the environment.
         .target(name: "WebhookAdministration", dependencies: ["Postgres"]),
+        // The relay-mail gate's calls (siwa.relay_mail_decision(s)) with typed rows, and the address lists
+        // siwactl mail check reads. Never prints or reads the environment.
+        .target(name: "RelayMail", dependencies: ["Postgres"]),
         // Heartbeats in siwa.service_heartbeats and the database's health gauges on /metrics.
         .target(
             name: "ServiceHealth", dependencies: ["Postgres", "ServiceSupport"]),
@@ -103,9 +106,9 @@ let package = Package(
                 "TokenVault",
             ]),
         // The relay-mail gate: the Postfix policy service (`PolicyServer`, `PolicyReader`), the HTTP check
-        // (`DecisionAPI`), and the lookups behind both (`VerdictResolver`, `VerdictCache`) on siwa_mail's
-        // functions. Never prints or reads the environment.
-        .target(name: "MailGate", dependencies: ["HTTPServer", "Postgres", "ServiceSupport"]),
+        // (`DecisionAPI`), and the lookups behind both (`VerdictResolver`, `VerdictCache`) through RelayMail's typed
+        // rows. Never prints or reads the environment.
+        .target(name: "MailGate", dependencies: ["HTTPServer", "Postgres", "RelayMail", "ServiceSupport"]),
 
         // schema.sql embedded as a Swift constant at build time (the only file embedded and applied). It is
         // generated from schema/ by `make schema`; the plugin fails the build while it is stale.
@@ -133,7 +136,7 @@ let package = Package(
             dependencies: [
                 "AppleNotifications", "AppleID", "HTTPClient", "Postgres", "ServiceSupport", "HTTPServer",
                 "SiwaSchema", "AppleKeys", "Webhooks", "TeamTransfer", "FakeApple", "Doctor", "Migrator",
-                "WebhookAdministration", "ServiceHealth",
+                "WebhookAdministration", "ServiceHealth", "RelayMail",
             ]),
         .executableTarget(
             name: "siwa-mailgate",
@@ -178,12 +181,13 @@ let package = Package(
         .testTarget(
             name: "AdminSQLTests",
             dependencies: [
-                "Doctor", "Postgres", "Receiver", "ServiceHealth", "SignIn", "TestSupport",
+                "Doctor", "Postgres", "Receiver", "RelayMail", "ServiceHealth", "SignIn", "TestSupport",
                 "WebhookAdministration",
                 "Worker",
             ]),
         .testTarget(
-            name: "SiwactlTests", dependencies: ["SiwaSchema", "TestSupport", "TeamTransfer", "AppleID"]),
+            name: "SiwactlTests",
+            dependencies: ["SiwaSchema", "TestSupport", "TeamTransfer", "AppleID", "RelayMail"]),
         .testTarget(
             name: "MigratorTests", dependencies: ["Migrator", "Postgres", "SiwaSchema", "TestSupport"]),
         .testTarget(
@@ -191,7 +195,8 @@ let package = Package(
             dependencies: ["WebhookAdministration", "Postgres", "ServiceHealth", "TestSupport", "Webhooks"]),
         .testTarget(name: "AppleIDTests", dependencies: ["AppleID", "ServiceSupport", "TestSupport"]),
         .testTarget(
-            name: "MailGateTests", dependencies: ["MailGate", "Postgres", "ServiceSupport", "TestSupport"]),
+            name: "MailGateTests",
+            dependencies: ["MailGate", "Postgres", "RelayMail", "ServiceSupport", "TestSupport"]),
         .testTarget(
             name: "SignInTests",
             dependencies: [

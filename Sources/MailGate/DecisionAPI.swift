@@ -1,5 +1,6 @@
 import Foundation
 import HTTPServer
+import RelayMail
 import ServiceSupport
 
 /// The HTTP check: `GET /v1/relay-mail/decision?address=…` and `POST /v1/relay-mail/decisions`
@@ -15,7 +16,7 @@ public final class DecisionAPI: Sendable {
 
     private let bearerToken: String
     private let resolver: VerdictResolver
-    private let bulk: @Sendable ([String?]) throws -> [Verdict]
+    private let bulk: @Sendable ([String?]) throws -> [RelayMailAnswer]
     private let lookupTimeout: Duration
     private let metrics: MailGateMetrics
     private let logger: Logger
@@ -26,7 +27,7 @@ public final class DecisionAPI: Sendable {
     ///   - lookupTimeout: how long a single lookup may wait for the database before 503.
     public init(
         bearerToken: String, resolver: VerdictResolver,
-        bulk: @escaping @Sendable ([String?]) throws -> [Verdict],
+        bulk: @escaping @Sendable ([String?]) throws -> [RelayMailAnswer],
         lookupTimeout: Duration = .seconds(5), metrics: MailGateMetrics, logger: Logger
     ) {
         self.bearerToken = bearerToken
@@ -88,7 +89,7 @@ public final class DecisionAPI: Sendable {
         }
         let lookup =
             address.utf8.contains(0)
-            ? .decided(Verdict(decision: .unknown, reason: "malformed"))
+            ? .decided(RelayMailAnswer(decision: .unknown, reason: .malformed, since: nil))
             : resolver.lookup(address, deadline: .now + lookupTimeout)
         metrics.decided(lookup, source: "http")
         switch lookup {
@@ -122,7 +123,7 @@ public final class DecisionAPI: Sendable {
                 return .error(status: 400, "address_is_not_a_string")
             }
         }
-        let verdicts: [Verdict]
+        let verdicts: [RelayMailAnswer]
         do {
             // Over-long elements are asked as NULL: the contract answers them unknown/malformed.
             verdicts = try bulk(
@@ -149,13 +150,13 @@ public final class DecisionAPI: Sendable {
     }
 
     /// `{"address":…,"decision":…,"reason":…,"since":…|null}`.
-    static func append(_ address: String?, _ verdict: Verdict, to body: inout String) {
+    static func append(_ address: String?, _ verdict: RelayMailAnswer, to body: inout String) {
         body += #"{"address":"#
         body += address.map(JSONText.quoted) ?? "null"
         body += #","decision":""#
         body += verdict.decision.rawValue
         body += #"","reason":"#
-        body += JSONText.quoted(verdict.reason)
+        body += JSONText.quoted(verdict.reason.rawValue)
         body += #","since":"#
         body += verdict.since.map { JSONText.quoted(timestamp($0)) } ?? "null"
         body += "}"

@@ -55,7 +55,7 @@ public final class MailGateMetrics: Sendable {
     public func decided(_ lookup: Lookup, source: String) {
         let (decision, reason) =
             switch lookup {
-            case .decided(let verdict): (verdict.decision.rawValue, verdict.reason)
+            case .decided(let verdict): (verdict.decision.rawValue, verdict.reason.rawValue)
             case .timedOut: ("none", "timeout")
             case .unavailable: ("none", "database_error")
             }

@@ -1,30 +1,10 @@
 import Foundation
-
-/// What `siwa.relay_mail_decision` answers for one address: may mail go to it now, and why.
-public struct Verdict: Sendable, Equatable {
-    /// The three answers of the SQL contract.
-    public enum Decision: String, Sendable, Equatable, CaseIterable {
-        case allow, block, unknown
-    }
-
-    /// allow, block or unknown.
-    public var decision: Decision
-    /// The reason word (`forwarding_off`, `account_deleted`, `not_ours`, …); an open set.
-    public var reason: String
-    /// Since when this holds, when known.
-    public var since: Date?
-
-    public init(decision: Decision, reason: String, since: Date? = nil) {
-        self.decision = decision
-        self.reason = reason
-        self.since = since
-    }
-}
+import RelayMail
 
 /// The outcome of asking for one address's verdict within a deadline.
 public enum Lookup: Sendable, Equatable {
     /// The database answered (now, or within the cache's age bound).
-    case decided(Verdict)
+    case decided(RelayMailAnswer)
     /// The database did not answer within the deadline.
     case timedOut
     /// The database could not be asked (connection refused, lost, an error).
@@ -71,17 +51,17 @@ public struct PolicyChoices: Sendable, Equatable {
             case .allow: return "DUNNO"
             case .block:
                 switch verdict.reason {
-                case "forwarding_off":
+                case .forwardingOff:
                     return "550 5.2.1 \(address): recipient turned off Apple relay forwarding"
-                case "account_deleted":
+                case .accountDeleted:
                     return "550 5.1.1 \(address): the Apple account behind this relay address is deleted"
-                case "consent_revoked":
+                case .consentRevoked:
                     return "550 5.2.1 \(address): recipient stopped using Sign in with Apple with this app"
                 default:
                     return "550 5.2.1 \(address): mail to this Apple relay address is turned off"
                 }
             case .unknown:
-                guard verdict.reason == "looks_like_relay", unknownRelay == .reject else { return "DUNNO" }
+                guard verdict.reason == .looksLikeRelay, unknownRelay == .reject else { return "DUNNO" }
                 return "550 5.1.1 \(address): not a relay address Apple gave this sender"
             }
         }

@@ -1,3 +1,4 @@
+import RelayMail
 import Synchronization
 
 /// Recent verdicts by address, each served only while younger than the age bound, at most `capacity` of
@@ -13,7 +14,7 @@ public final class VerdictCache: Sendable {
     private let now: @Sendable () -> ContinuousClock.Instant
 
     private struct Entry {
-        let verdict: Verdict
+        let verdict: RelayMailAnswer
         let askedAt: ContinuousClock.Instant
     }
 
@@ -38,7 +39,7 @@ public final class VerdictCache: Sendable {
     }
 
     /// The verdict for `address` if one younger than ``ttl`` is held.
-    public func verdict(for address: String) -> Verdict? {
+    public func verdict(for address: String) -> RelayMailAnswer? {
         guard ttl > .zero else { return nil }
         let now = now()
         return state.withLock { state in
@@ -52,7 +53,7 @@ public final class VerdictCache: Sendable {
     }
 
     /// Stores `verdict` for `address`, asked of the database at `askedAt`.
-    public func store(_ verdict: Verdict, for address: String, askedAt: ContinuousClock.Instant) {
+    public func store(_ verdict: RelayMailAnswer, for address: String, askedAt: ContinuousClock.Instant) {
         guard ttl > .zero else { return }
         let now = now()
         guard now - askedAt < ttl else { return }

@@ -1,4 +1,5 @@
 import Dispatch
+import RelayMail
 import ServiceSupport
 import Synchronization
 
@@ -26,7 +27,7 @@ public final class VerdictResolver: Sendable {
     }
 
     /// Asks the database for the verdicts of `addresses`, one per address in order; throws when it cannot.
-    public typealias Fetch = @Sendable (_ addresses: [String]) throws -> [Verdict]
+    public typealias Fetch = @Sendable (_ addresses: [String]) throws -> [RelayMailAnswer]
 
     public let configuration: Configuration
     public let cache: VerdictCache

@@ -14,9 +14,10 @@ enum MigrateVerb {
             Runs with search_path pinned to pg_catalog, and warns when a role other than this one (and
             not a superuser) may create objects in a schema on the session's search_path. Prints every
             NOTICE and WARNING the server sends (stderr), and fails (exit 1) when a group role the
-            schema grants to (siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app) is missing
-            because this role may not create it, saying how to fix it. One migration at a time: it waits
-            for another siwactl migrate by a lock only the schema's owner can take (siwa.schema_version);
+            schema grants to (siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app,
+            siwa_webhook_admin, siwa_mail) is missing because this role may not create it, saying how to
+            fix it. One migration at a time: it waits for another siwactl migrate by a lock only the
+            schema's owner can take (siwa.schema_version);
             on a database without the schema, whose lock any login could hold, it waits at most
             --lock-timeout seconds and then names who holds it.
             """,

@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import RelayMail
 import TestSupport
 import Testing
 
@@ -17,6 +18,7 @@ private let rowTypes: [any PostgresRowDecodable.Type] = [
     WebhookAdministration.DeliveryTotals.self, WebhookAdministration.EndpointStats.self,
     SignInAnswer.self,
     ClaimedNotification.self, ProcessedNotification.self, DueNotification.self, BusyUsers.self,
+    RelayMailDecision.self, RelayMailSingleDecision.self,
 ]
 
 @Suite("Typed rows: every statement's columns, as schema.sql gives them, are those its row type reads")

@@ -1,5 +1,6 @@
 import Foundation
 import MailGate
+import RelayMail
 import Testing
 
 @Suite("The action line for each decision")
@@ -10,8 +11,10 @@ struct PolicyChoicesTests {
         choices.action(for: lookup, recipient: address)
     }
 
-    func verdict(_ decision: Verdict.Decision, _ reason: String) -> Lookup {
-        .decided(Verdict(decision: decision, reason: reason))
+    func verdict(_ decision: RelayMailAnswer.Decision, _ reason: String) -> Lookup {
+        .decided(
+            RelayMailAnswer(decision: decision, reason: RelayMailAnswer.Reason(rawValue: reason)!, since: nil)
+        )
     }
 
     @Test("block answers 550 with a text per reason, naming the recipient")
@@ -23,7 +26,6 @@ struct PolicyChoicesTests {
             action(verdict(.block, "account_deleted"))
                 == "550 5.1.1 <\(address)>: the Apple account behind this relay address is deleted")
         #expect(action(verdict(.block, "consent_revoked")).hasPrefix("550 5.2.1 <\(address)>: "))
-        #expect(action(verdict(.block, "a_reason_of_later")).hasPrefix("550 5.2.1 <\(address)>: "))
     }
 
     @Test("allow and unknown answer DUNNO; looks_like_relay is refused only with --unknown-relay reject")

@@ -1,4 +1,5 @@
 import MailGate
+import RelayMail
 import Synchronization
 import Testing
 
@@ -12,8 +13,8 @@ final class ManualClock: Sendable {
 
 @Suite("VerdictCache: the age bound holds exactly, and the size bound")
 struct VerdictCacheTests {
-    let block = Verdict(decision: .block, reason: "forwarding_off")
-    let allow = Verdict(decision: .allow, reason: "forwarding_on")
+    let block = RelayMailAnswer(decision: .block, reason: .forwardingOff, since: nil)
+    let allow = RelayMailAnswer(decision: .allow, reason: .forwardingOn, since: nil)
 
     @Test("a verdict is served until its age, counted from its query, reaches the ttl, and never after")
     func ageBound() {
