@@ -143,8 +143,8 @@ public final class PolicyServer: Sendable {
                 return state.nextID
             }
             guard let id = admitted else {
+                metrics.policyRefused("connection_limit")  // counted before the peer can see the close
                 close(client)
-                metrics.policyRefused("connection_limit")
                 logger.warning(
                     "policy connection refused: at the connection limit",
                     ["remote": .string(remote), "limit": .int(configuration.maximumConnections)])

@@ -61,6 +61,13 @@ struct GateConcurrencyTests {
         print(
             "mailgate policy, 200 connections, cache ttl \(cacheTTL): \(Int(Double(sorted.count) / elapsed)) decisions/s, p50 \(String(format: "%.2f", p50)) ms, p99 \(String(format: "%.2f", p99)) ms"
         )
-        #expect(fixture.metrics.contains("siwa_mailgate_policy_connections_total 200"))
+        let metrics = fixture.metrics
+        #expect(metrics.contains("siwa_mailgate_policy_connections_total 200"))
+        // Requests arriving together share a database call (one per address in flight, many addresses a call).
+        let calls = ServiceProcess.value(of: "siwa_mailgate_database_batch_addresses_count", in: metrics) ?? 0
+        let asked = ServiceProcess.value(of: "siwa_mailgate_database_batch_addresses_sum", in: metrics) ?? 0
+        let misses = ServiceProcess.value(of: "siwa_mailgate_cache_misses_total", in: metrics) ?? 0
+        #expect(calls > 0 && misses / calls > 1.5, "\(misses) lookups in \(calls) calls")
+        print("  \(Int(misses)) lookups, \(Int(asked)) addresses asked in \(Int(calls)) database calls")
     }
 }

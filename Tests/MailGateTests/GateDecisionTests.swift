@@ -72,6 +72,21 @@ struct GateDecisionTests {
         #expect(!fixture.metrics.contains("siwa_mailgate_database_errors_total 0"))
     }
 
+    @Test("connections the server ends are replaced: the next lookups reconnect")
+    func reconnects() throws {
+        let fixture = try GateFixture()
+        let client = try PolicyClient(fixture.policyAddress)
+        #expect(try client.ask(recipient: Mailbox.off)?.hasPrefix("550 5.2.1 ") == true)
+        let login = try fixture.database.loginRole(memberOf: "siwa_mail")
+        let ended = try fixture.database.value(
+            "SELECT count(pg_terminate_backend(pid))::int FROM pg_stat_activity WHERE usename = $1 AND datname = $2",
+            [.text(login), .text(fixture.database.name)], as: Int.self)
+        #expect(ended >= 1)
+        // A lookup on a connection found dead may answer without the database once; then it reconnects.
+        #expect(try waitUntil { try client.ask(recipient: Mailbox.off)?.hasPrefix("550 5.2.1 ") == true })
+        #expect(try client.ask(recipient: Mailbox.gone)?.hasPrefix("550 5.1.1 ") == true)
+    }
+
     @Test("a database slower than --decision-timeout: DUNNO within the deadline; its late answer then serves")
     func slowDatabase() throws {
         let fixture = try GateFixture(decisionTimeout: .milliseconds(300), cacheTTL: .seconds(30))

@@ -35,14 +35,18 @@ struct PolicyServerTests {
         #expect(try client.answer() == "DUNNO DATA b@x")
     }
 
+    /// The refused inputs, by name (the name, not the text, is the test's argument: it is printed).
+    static let refused: [String: (reason: String, text: String)] = [
+        "a line without =": ("malformed", "protocol_state=RCPT\nthis line has no equals sign\n\n"),
+        "70,000 bytes": ("oversized", "recipient=" + String(repeating: "a", count: 70_000) + "\n\n"),
+        "250 attributes": ("oversized", (0..<250).map { "n\($0)=v\n" }.joined() + "\n"),
+    ]
+
     @Test(
         "a malformed or oversized request is not answered: the connection is closed, the refusal counted",
-        arguments: [
-            ("malformed", "protocol_state=RCPT\nthis line has no equals sign\n\n"),
-            ("oversized", "recipient=" + String(repeating: "a", count: 70_000) + "\n\n"),
-            ("oversized", (0..<250).map { "n\($0)=v\n" }.joined() + "\n"),
-        ])
-    func refusals(reason: String, text: String) throws {
+        arguments: ["a line without =", "70,000 bytes", "250 attributes"])
+    func refusals(input: String) throws {
+        let (reason, text) = try #require(Self.refused[input])
         let metrics = MailGateMetrics()
         let server = try server(metrics: metrics)
         defer { server.shutdown() }
