@@ -24,7 +24,7 @@ public enum AddressList {
 
     /// One address per line, white space around it dropped; empty lines are skipped.
     public static func lines(_ text: String) -> [String] {
-        text.split(omittingEmptySubsequences: false, whereSeparator: \.isNewline)
+        withoutByteOrderMark(text).split(omittingEmptySubsequences: false, whereSeparator: \.isNewline)
             .map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
     }
 
@@ -32,7 +32,7 @@ public enum AddressList {
     /// CRLF or LF) after its header line; white space around a value dropped, empty records skipped. A
     /// record without that column gives nil (the gate answers malformed).
     public static func csv(_ text: String, column: Column) throws(ListError) -> [String?] {
-        var records = try parseCSV(text)
+        var records = try parseCSV(withoutByteOrderMark(text))
         guard !records.isEmpty else { return [] }
         let header = records.removeFirst().map { $0.trimmingCharacters(in: .whitespaces) }
         let index: Int
@@ -52,8 +52,13 @@ public enum AddressList {
             .map { $0.indices.contains(index) ? $0[index].trimmingCharacters(in: .whitespaces) : nil }
     }
 
+    /// `text` without the byte order mark spreadsheets put before a UTF-8 export.
+    static func withoutByteOrderMark(_ text: String) -> Substring {
+        text.first == "\u{FEFF}" ? text.dropFirst() : text[...]
+    }
+
     /// Records of fields; a quote left open is an error (it would swallow the rest of the file).
-    static func parseCSV(_ text: String) throws(ListError) -> [[String]] {
+    static func parseCSV(_ text: Substring) throws(ListError) -> [[String]] {
         var records: [[String]] = []
         var record: [String] = []
         var field = ""

@@ -24,6 +24,8 @@ struct AddressListTests {
         #expect(throws: AddressList.ListError.self) { try AddressList.csv(text, column: .position(4)) }
         #expect(throws: AddressList.ListError.self) { try AddressList.csv(text, column: .name("mail")) }
         #expect(throws: AddressList.ListError.self) { try AddressList.csv("a\n\"open", column: .position(1)) }
+        #expect(try AddressList.csv("\u{FEFF}email\na@b.c", column: .name("email")) == ["a@b.c"])
+        #expect(AddressList.lines("\u{FEFF}a@b.c") == ["a@b.c"])
         #expect(try AddressList.csv("", column: .position(1)) == [])
         #expect(try AddressList.csv("email", column: .name("email")) == [])
     }
