@@ -131,7 +131,12 @@ public final class PolicyServer: Sendable {
             if ready < 0 && errno == EINTR { continue }
             if fds[1].revents != 0 || ready < 0 { return }
             let client = accept(listener, nil, nil)
-            guard client >= 0 else { continue }
+            guard client >= 0 else {
+                // Out of descriptors (EMFILE, ENFILE): the listener stays readable, so wait a little
+                // (woken at once by shutdown) instead of spinning.
+                if errno == EMFILE || errno == ENFILE { _ = poll(&fds[1], 1, 100) }
+                continue
+            }
             _ = fcntl(client, F_SETFD, FD_CLOEXEC)
             var on: Int32 = 1
             _ = setsockopt(client, Int32(IPPROTO_TCP), TCP_NODELAY, &on, socklen_t(4))
