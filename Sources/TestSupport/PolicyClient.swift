@@ -16,24 +16,28 @@ public final class PolicyClient {
         guard let colon = address.lastIndex(of: ":"),
             let port = UInt16(address[address.index(after: colon)...])
         else { throw ExecutableError("not HOST:PORT: \(address)") }
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw ExecutableError("socket() failed") }
+        // The descriptor becomes the object's only once connected: a failed init must not leave deinit a
+        // descriptor it already closed (closing it twice could close another test's socket).
+        let socketFD = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard socketFD >= 0 else { throw ExecutableError("socket() failed") }
         let (seconds, attoseconds) = timeout.components
         var interval = timeval(tv_sec: Int(seconds), tv_usec: Int(attoseconds / 1_000_000_000_000))
-        _ = setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &interval, socklen_t(MemoryLayout<timeval>.size))
+        _ = setsockopt(socketFD, SOL_SOCKET, SO_RCVTIMEO, &interval, socklen_t(MemoryLayout<timeval>.size))
         var target = sockaddr_in()
         target.sin_family = sa_family_t(AF_INET)
         target.sin_port = port.bigEndian
         target.sin_addr.s_addr = inet_addr(String(address[..<colon]))
         let connected = withUnsafePointer(to: &target) { pointer in
             pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0
+                connect(socketFD, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0
             }
         }
         guard connected else {
-            close(fd)
-            throw ExecutableError("connect to \(address): \(String(cString: strerror(errno)))")
+            let reason = String(cString: strerror(errno))
+            close(socketFD)
+            throw ExecutableError("connect to \(address): \(reason)")
         }
+        fd = socketFD
     }
 
     deinit { close(fd) }
