@@ -13,6 +13,7 @@ let package = Package(
         .executable(name: "siwa-receiver", targets: ["siwa-receiver"]),
         .executable(name: "siwa-worker", targets: ["siwa-worker"]),
         .executable(name: "siwactl", targets: ["siwactl"]),
+        .executable(name: "siwa-mailgate", targets: ["siwa-mailgate"]),
         .library(name: "AppleNotifications", targets: ["AppleNotifications"]),
     ],
     targets: [
@@ -104,6 +105,10 @@ let package = Package(
                 "AppleID", "AppleNotifications", "COpenSSL", "HTTPServer", "Postgres", "ServiceSupport",
                 "TokenVault",
             ]),
+        // The relay-mail gate: the Postfix policy service (`PolicyServer`, `PolicyReader`), the HTTP check
+        // (`DecisionAPI`), and the lookups behind both (`VerdictResolver`, `VerdictCache`) through RelayMail's typed
+        // rows. Never prints or reads the environment.
+        .target(name: "MailGate", dependencies: ["HTTPServer", "Postgres", "RelayMail", "ServiceSupport"]),
 
         // schema.sql embedded as a Swift constant at build time (the only file embedded and applied). It is
         // generated from schema/ by `make schema`; the plugin fails the build while it is stale.
@@ -133,6 +138,9 @@ let package = Package(
                 "SiwaSchema", "AppleKeys", "Webhooks", "TeamTransfer", "FakeApple", "Doctor", "Migrator",
                 "WebhookAdministration", "ServiceHealth", "RelayMail",
             ]),
+        .executableTarget(
+            name: "siwa-mailgate",
+            dependencies: ["MailGate", "HTTPServer", "Postgres", "ServiceSupport", "SiwaSchema"]),
         .executableTarget(name: "siwa-bench", dependencies: ["AppleNotifications"]),
 
         // Shared test fixtures: a throwaway PostgreSQL cluster, the schema, a local JWKS server, a signer,
@@ -185,6 +193,9 @@ let package = Package(
             name: "WebhookAdministrationTests",
             dependencies: ["WebhookAdministration", "Postgres", "ServiceHealth", "TestSupport", "Webhooks"]),
         .testTarget(name: "AppleIDTests", dependencies: ["AppleID", "ServiceSupport", "TestSupport"]),
+        .testTarget(
+            name: "MailGateTests",
+            dependencies: ["MailGate", "Postgres", "RelayMail", "ServiceSupport", "TestSupport"]),
         .testTarget(
             name: "SignInTests",
             dependencies: [

@@ -11,6 +11,9 @@
   - idle end-to-end latency, receive → applied;
   - signed webhooks: deliveries per second to a fast local endpoint (`siwactl webhooks listen`), and idle
     lag change → webhook acknowledged (and Apple's POST → webhook once the worker writes the changefeed);
+  - the relay-mail gate (siwa-mailgate): policy decisions per second and p99 at 200 concurrent Postfix-style
+    connections, and the HTTP bulk check's addresses per second (10,000 per call), each beside a plain
+    indexed lookup of the same addresses in one query;
 
 and prints tables with the CPU each process spent per notification, read from /proc (utime + stime of the
 receiver, of every process of this benchmark's PostgreSQL cluster, of the load generator and of the worker,
@@ -42,7 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AUDIENCE = "com.example.bench"
 
 
-BINARIES = ("siwa-receiver", "siwa-worker", "siwactl", "siwa-bench")
+BINARIES = ("siwa-receiver", "siwa-worker", "siwactl", "siwa-bench", "siwa-mailgate")
 
 
 def log(message, tag="bench", stream=None):
@@ -908,7 +911,7 @@ def main():
                              "e.g. 10000000 for the 10-million-row measurement")
     parser.add_argument("--quick", action="store_true", help="only the 64-connection runs (no sweep, no prefill)")
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--only", choices=["ingest", "drain", "webhooks", "idle", "prefilled"],
+    parser.add_argument("--only", choices=["ingest", "drain", "webhooks", "idle", "prefilled", "mailgate"],
                         help="run only this part (ingest: at 64 connections, with its references; idle: the "
                         "idle receive → applied latency; prefilled: the receiver at 64 connections on an empty "
                         "database, on one with --prefill-rows stored, and on an empty one again)")
@@ -926,7 +929,7 @@ def main():
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     binaries = binaries_in(args.bin_path)
-    for tool in ("wrk", "pgbench", "psql"):
+    for tool in ("psql",) if args.only == "mailgate" else ("wrk", "pgbench", "psql"):
         if not shutil.which(tool):
             sys.exit(f"missing {tool}: apt-get install wrk postgresql-client")
 
@@ -936,6 +939,11 @@ def main():
     fake_apple = None
     results = {"machine": {"cores": os.cpu_count()}, "ingest": {}, "drain": {}, "idle": {}, "webhooks": {}}
     try:
+        if args.only == "mailgate":  # needs no keys, tokens or Apple
+            log("relay-mail gate: policy at 200 connections, HTTP bulk")
+            results["mailgate"] = mailgate(cluster, binaries, workdir)
+            finish(results, args.json, lambda: print_mailgate(results["mailgate"]))
+            return
         keys = os.path.join(workdir, "keys")
         kid = keygen(binaries["siwactl"], keys)
         fake_apple, jwks_url = start_fake_apple(binaries["siwactl"], keys)
@@ -1003,6 +1011,8 @@ def main():
         results["idle"] = idle_latency(cluster, binaries, jwks_url, bodies)
         log("webhooks: throughput and lag")
         results["webhooks"] = webhooks(cluster, binaries, jwks_url, bodies)
+        log("relay-mail gate: policy at 200 connections, HTTP bulk")
+        results["mailgate"] = mailgate(cluster, binaries, workdir)
     finally:
         if fake_apple:
             fake_apple.terminate()
@@ -1105,6 +1115,11 @@ def targets(results):
         found.append({"measure": name, "value": value, "comparison": comparison, "target": target, "unit": unit,
                       "met": met, "basis": basis})
 
+    gate = results.get("mailgate")
+    if gate:
+        add("HTTP bulk check, 10,000 addresses per call", gate["bulk_addresses_per_second"], "≥", 50_000,
+            " addresses/s", f"÷ plain indexed lookup {gate['plain_addresses_per_second']:,.0f} addresses/s = "
+            f"{gate['bulk_ratio']:.2f}×")
     rsa = results.get("rsa_verify_us")
     r64 = results["ingest"].get("64")
     if r64 and rsa:
@@ -1176,7 +1191,147 @@ def print_table(results):
     print()
     print_webhooks(results["webhooks"])
     print()
+    print_mailgate(results.get("mailgate"))
+    print()
     print_targets(results["targets"])
+
+
+GATE_ACCOUNTS = 100_000
+GATE_TOKEN = "bench-token-0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def mailgate(cluster, binaries, workdir, connections=200, seconds=5, bulk_calls=20):
+    """siwa-mailgate on a database of GATE_ACCOUNTS relay addresses (a quarter forwarding off): policy
+    decisions/s and latency at `connections` concurrent connections (cache off, then the default 5 s), the
+    HTTP bulk check's addresses/s at 10,000 per call, and the plain reference: the same 10,000 addresses
+    looked up in one query on the same index (siwa.mail_address_key), no decision made."""
+    import random
+    import threading
+    db = "mailgate"
+    cluster.create_database(db)
+    cluster.psql(db, f"""
+        INSERT INTO siwa.accounts (sub, email, is_private_email, email_status, email_status_at)
+        SELECT 'bench.' || g, 'u' || g || '@privaterelay.appleid.com', true,
+               CASE WHEN g % 4 = 0 THEN 'disabled' ELSE 'enabled' END, now() - interval '1 day'
+          FROM generate_series(1, {GATE_ACCOUNTS}) g;
+        DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'bench_mail') THEN
+            CREATE ROLE bench_mail LOGIN IN ROLE siwa_mail; END IF; END $$;""")
+    cluster.psql(db, "VACUUM ANALYZE siwa.accounts")
+    rng = random.Random(33)
+    pool = [f"u{rng.randint(1, GATE_ACCOUNTS * 5 // 4)}@privaterelay.appleid.com" for _ in range(10_000)]
+    token_file = os.path.join(workdir, "mailgate-token")
+    with open(token_file, "w") as handle:
+        handle.write(GATE_TOKEN)
+    os.chmod(token_file, 0o600)
+    # The reference: one query looking the 10,000 addresses up on the index the gate's function uses.
+    literal = "'{" + ",".join(pool) + "}'::text[]"  # one array value, as the gate sends its parameter
+    plain = (f"SELECT count(a.email_status) FROM unnest({literal}) WITH ORDINALITY AS u(address, ord) "
+             "LEFT JOIN LATERAL (SELECT email_status FROM siwa.accounts WHERE siwa.mail_address_key(email) = "
+             "siwa.mail_address_key(u.address) LIMIT 1) a ON true;\n")
+    script = os.path.join(workdir, "plain.sql")
+    with open(script, "w") as handle:
+        # Without JIT, as the gate's function runs: compiling costs more than the lookup itself.
+        handle.write("SET jit = off;\n" + plain * (bulk_calls + 1))
+    started = time.monotonic()
+    subprocess.run(cluster.psql_command(db) + ["-f", script], check=True, stdout=subprocess.DEVNULL)
+    plain_rate = 10_000 * (bulk_calls + 1) / (time.monotonic() - started)
+    # The decision function alone, in psql (what of the gate's time is the database's).
+    with open(script, "w") as handle:
+        handle.write(f"SELECT count(decision) FROM siwa.relay_mail_decisions({literal});\n" * (bulk_calls + 1))
+    started = time.monotonic()
+    subprocess.run(cluster.psql_command(db) + ["-f", script], check=True, stdout=subprocess.DEVNULL)
+    function_rate = 10_000 * (bulk_calls + 1) / (time.monotonic() - started)
+
+    results = {"accounts": GATE_ACCOUNTS, "connections": connections, "plain_addresses_per_second": plain_rate,
+               "function_addresses_per_second": function_rate}
+    for ttl in ("0", "5"):
+        addresses_file = os.path.join(workdir, f"mailgate-{ttl}.addresses")
+        process = subprocess.Popen(
+            [binaries["siwa-mailgate"], "--policy-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
+             "--http-token-file", token_file, "--cache-ttl", ttl, "--log-level", "warning",
+             "--listen-address-file", addresses_file],
+            env=dict(os.environ, SIWA_MAILGATE_DATABASE_URL=cluster.url(db, "bench_mail")),
+            stderr=subprocess.DEVNULL)
+        try:
+            wait_until(lambda: os.path.exists(addresses_file), "siwa-mailgate's listen address file")
+            with open(addresses_file) as handle:
+                listeners = dict(line.split() for line in handle if line.strip())
+            host, port = listeners["policy"].rsplit(":", 1)
+            latencies, errors, lock = [], [0], threading.Lock()
+            barrier = threading.Barrier(connections + 1)
+            deadline = [0.0]
+
+            def client(index):
+                mine = []
+                sock = socket.create_connection((host, int(port)))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                reader = sock.makefile("rb")
+                barrier.wait()
+                n = index
+                while time.monotonic() < deadline[0]:
+                    address = pool[n % len(pool)]
+                    n += 7
+                    began = time.monotonic()
+                    sock.sendall(f"request=smtpd_access_policy\nprotocol_state=RCPT\nrecipient={address}\n\n"
+                                 .encode())
+                    line = reader.readline()
+                    reader.readline()
+                    mine.append(time.monotonic() - began)
+                    if not line.startswith(b"action="):
+                        with lock:
+                            errors[0] += 1
+                sock.close()
+                with lock:
+                    latencies.extend(mine)
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(connections)]
+            for thread in threads:
+                thread.start()
+            deadline[0] = time.monotonic() + seconds
+            began = time.monotonic()
+            barrier.wait()
+            for thread in threads:
+                thread.join()
+            elapsed = time.monotonic() - began
+            latencies.sort()
+            results[f"policy_ttl_{ttl}"] = {
+                "decisions_per_second": len(latencies) / elapsed, "p50_ms": percentile(latencies, 50) * 1000,
+                "p99_ms": percentile(latencies, 99) * 1000, "errors": errors[0]}
+            if ttl == "0":
+                body = json.dumps({"addresses": pool}).encode()
+                url = f"http://{listeners['http']}/v1/relay-mail/decisions"
+                headers = {"Authorization": f"Bearer {GATE_TOKEN}", "Content-Type": "application/json"}
+
+                def call():
+                    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+                    with urllib.request.urlopen(request, timeout=30) as answer:
+                        rows = json.loads(answer.read())["decisions"]
+                    assert len(rows) == 10_000 and rows[0]["address"] == pool[0]
+                call()
+                started = time.monotonic()
+                for _ in range(bulk_calls):
+                    call()
+                results["bulk_addresses_per_second"] = 10_000 * bulk_calls / (time.monotonic() - started)
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+    results["bulk_ratio"] = results["bulk_addresses_per_second"] / plain_rate
+    results["policy_ratio"] = results["policy_ttl_0"]["decisions_per_second"] / plain_rate
+    return results
+
+
+def print_mailgate(gate):
+    if not gate:
+        return
+    print(f"Relay-mail gate ({gate['accounts']:,} relay addresses, a quarter forwarding off; Python clients)")
+    for ttl in ("0", "5"):
+        p = gate[f"policy_ttl_{ttl}"]
+        print(f"  policy, {gate['connections']} connections, --cache-ttl {ttl}: {p['decisions_per_second']:,.0f} "
+              f"decisions/s, p50 {p['p50_ms']:.2f} ms, p99 {p['p99_ms']:.2f} ms, {p['errors']} errors")
+    print(f"  HTTP bulk, 10,000 per call: {gate['bulk_addresses_per_second']:,.0f} addresses/s = "
+          f"{gate['bulk_ratio']:.2f}× the plain indexed lookup ({gate['plain_addresses_per_second']:,.0f} addresses/s "
+          f"in one query); policy without cache = {gate['policy_ratio']:.2f}× it")
+    print(f"  siwa.relay_mail_decisions alone, in psql: {gate['function_addresses_per_second']:,.0f} addresses/s")
 
 
 def print_idle(idle):

@@ -1,3 +1,5 @@
+import Foundation
+
 /// A `HOST:PORT` listen address, as given to `--listen` and `--metrics-listen`.
 public struct ListenAddress: Sendable, Equatable, CustomStringConvertible {
     /// The host: an IPv4 or IPv6 literal (without brackets) or a name such as `localhost`.
@@ -33,6 +35,18 @@ public struct ListenAddress: Sendable, Equatable, CustomStringConvertible {
     }
 
     public var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
+
+    /// Whether the host names this machine's loopback interface only: `localhost`, 127.0.0.0/8 or `::1`.
+    public var isLoopback: Bool {
+        if host == "localhost" || host == "::1" { return true }
+        var address = in_addr()
+        guard inet_pton(AF_INET, host, &address) == 1 else {
+            var address6 = in6_addr()
+            guard inet_pton(AF_INET6, host, &address6) == 1 else { return false }
+            return withUnsafeBytes(of: &address6) { $0.elementsEqual([UInt8](repeating: 0, count: 15) + [1]) }
+        }
+        return UInt32(bigEndian: address.s_addr) >> 24 == 127
+    }
 }
 
 /// Parses a number of seconds (fractional allowed) into a `Duration`; nil unless finite and ≥ 0.

@@ -353,16 +353,7 @@ private func errorWord(of response: HTTPResponse) -> String {
 }
 
 /// Whether `host` names this machine's loopback interface only: `localhost`, 127.0.0.0/8 or `::1`.
-func isLoopback(host: String) -> Bool {
-    if host == "localhost" || host == "::1" { return true }
-    var address = in_addr()
-    guard inet_pton(AF_INET, host, &address) == 1 else {
-        var address6 = in6_addr()
-        guard inet_pton(AF_INET6, host, &address6) == 1 else { return false }
-        return withUnsafeBytes(of: &address6) { $0.elementsEqual([UInt8](repeating: 0, count: 15) + [1]) }
-    }
-    return UInt32(bigEndian: address.s_addr) >> 24 == 127
-}
+func isLoopback(host: String) -> Bool { ListenAddress(host: host, port: 0).isLoopback }
 
 /// What `siwa.sign_in_answer` says of a recorded sign-in: the identity and whether it still stands.
 struct SignInAnswer: PostgresRowDecodable {
