@@ -75,7 +75,7 @@ public final class MailGateService: Sendable {
             guard request.protocolState == "RCPT", !request.recipient.isEmpty else { return "DUNNO" }
             let lookup = resolver.lookup(request.recipient, deadline: .now + timeout)
             metrics.decided(lookup, source: "policy")
-            return choices.action(for: lookup, recipient: request.recipient)
+            return choices.action(for: lookup)
         }
         if let (http, token) = configuration.http {
             let api = DecisionAPI(

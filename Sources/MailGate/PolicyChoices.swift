@@ -37,8 +37,9 @@ public struct PolicyChoices: Sendable, Equatable {
         self.unknownRelay = unknownRelay
     }
 
-    /// The `action=` value for `lookup` of `recipient`.
-    public func action(for lookup: Lookup, recipient: String) -> String {
+    /// The `action=` value for a recipient's `lookup`. Postfix replies `CODE DSN <recipient>: Recipient
+    /// address rejected: TEXT`, so the text does not name the address again.
+    public func action(for lookup: Lookup) -> String {
         switch lookup {
         case .timedOut, .unavailable:
             switch onDatabaseError {
@@ -46,23 +47,22 @@ public struct PolicyChoices: Sendable, Equatable {
             case .defer: return "DEFER_IF_PERMIT 4.3.0 relay address check unavailable, try again later"
             }
         case .decided(let verdict):
-            let address = "<\(recipient)>"
             switch verdict.decision {
             case .allow: return "DUNNO"
             case .block:
                 switch verdict.reason {
                 case .forwardingOff:
-                    return "550 5.2.1 \(address): recipient turned off Apple relay forwarding"
+                    return "550 5.2.1 recipient turned off Apple relay forwarding"
                 case .accountDeleted:
-                    return "550 5.1.1 \(address): the Apple account behind this relay address is deleted"
+                    return "550 5.1.1 the Apple account behind this relay address is deleted"
                 case .consentRevoked:
-                    return "550 5.2.1 \(address): recipient stopped using Sign in with Apple with this app"
+                    return "550 5.2.1 recipient stopped using Sign in with Apple with this app"
                 default:
-                    return "550 5.2.1 \(address): mail to this Apple relay address is turned off"
+                    return "550 5.2.1 mail to this Apple relay address is turned off"
                 }
             case .unknown:
                 guard verdict.reason == .looksLikeRelay, unknownRelay == .reject else { return "DUNNO" }
-                return "550 5.1.1 \(address): not a relay address Apple gave this sender"
+                return "550 5.1.1 not a relay address Apple gave this sender"
             }
         }
     }

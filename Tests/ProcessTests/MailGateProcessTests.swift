@@ -108,7 +108,7 @@ struct MailGateProcessTests {
         let metrics = try ListenAddresses.address("metrics", in: listeners)
 
         let client = try PolicyClient(policy)
-        #expect(try client.ask(recipient: Self.off)?.hasPrefix("550 5.2.1 <\(Self.off)>") == true)
+        #expect(try client.ask(recipient: Self.off)?.hasPrefix("550 5.2.1 recipient turned off") == true)
         let check = try TestHTTPClient.get(
             "http://\(http)/v1/relay-mail/decision?address=\(Self.off)",
             headers: [("Authorization", "Bearer \(Self.token)")])
