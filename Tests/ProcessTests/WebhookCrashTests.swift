@@ -11,6 +11,8 @@ private final class CallCount: Sendable {
     private let value = Atomic<Int>(0)
     /// Counts a call; returns how many came before it.
     func next() -> Int { value.add(1, ordering: .sequentiallyConsistent).oldValue }
+    /// The calls so far.
+    var count: Int { value.load(ordering: .sequentiallyConsistent) }
 }
 
 @Suite("Webhook leases sized to the attempt: a worker killed mid-delivery is taken over within seconds")
@@ -21,17 +23,21 @@ struct WebhookCrashTests {
     func killedDuringTheDelivery() throws {
         let database = try WebhookDatabase()
         let calls = CallCount()
-        // The first POST is held far past the worker's deadline; the next is answered at once.
-        let receiver = try WebhookReceiver { _, _ in calls.next() == 0 ? (204, .seconds(30)) : (204, .zero) }
+        // The first POST is held past the worker's 5 s deadline (until the worker is killed); the next is
+        // answered at once.
+        let receiver = try WebhookReceiver { _, _ in calls.next() == 0 ? (204, .seconds(12)) : (204, .zero) }
         try database.addEndpoint(url: receiver.url, secret: .generate())
         let change = try database.insertChange(sub: "killed")
         let arguments = ["--webhook-timeout", "5", "--webhook-poll-interval", "0.1", "--log-level", "info"]
         let first = try WorkerProcess(arguments, databaseURL: database.url)
+        // Killed once the endpoint holds the POST: a kill between the claim's commit and the POST would
+        // let the second worker's attempt be the one held.
         #expect(
             waitUntil(timeout: .seconds(20)) {
-                (try? database.value(
-                    "SELECT count(*)::int FROM siwa.webhook_deliveries WHERE lease_owner IS NOT NULL AND attempts = 1"
-                ) as Int) == 1
+                calls.count == 1
+                    && (try? database.value(
+                        "SELECT count(*)::int FROM siwa.webhook_deliveries WHERE lease_owner IS NOT NULL AND attempts = 1"
+                    ) as Int) == 1
             }, "\(first.log)")
         first.send(SIGKILL)
         #expect(first.waitForExit(timeout: .seconds(10)) == 128 + SIGKILL)
