@@ -19,9 +19,10 @@ DIST_SCRATCH ?= .build/dist
 # standardwebhooks, cryptography and psycopg in .build/webhooks-venv).
 BUILD_PACKAGES = pkg-config libpq-dev libssl-dev libmicrohttpd-dev libcurl4-openssl-dev
 DEMO_PACKAGES  = $(BUILD_PACKAGES) postgresql curl python3 openssl
-TEST_PACKAGES  = $(DEMO_PACKAGES) ca-certificates nginx systemd python3-yaml python3-venv prometheus faketime
+TEST_PACKAGES  = $(DEMO_PACKAGES) ca-certificates nginx systemd python3-yaml python3-venv prometheus faketime \
+                 iproute2 util-linux
 
-.PHONY: all deps demo-deps test-deps build release test lint format demo run coverage bench clean \
+.PHONY: all deps demo-deps test-deps build release test mail-test lint format demo run coverage bench clean \
         validate-deploy webhooks-venv schema schema-check dist dist-test image image-test container-deps
 
 all: build
@@ -34,6 +35,7 @@ demo-deps:
 
 test-deps:
 	@./scripts/ensure-debian-packages $(TEST_PACKAGES)
+	@./scripts/ensure-postfix
 
 build: deps
 	$(SWIFT) build $(BUILD_FLAGS)
@@ -60,10 +62,16 @@ test: test-deps lint validate-deploy webhooks-venv
 	$(SWIFT) build --build-tests
 	./scripts/test-schema "$$($(SWIFT) build --show-bin-path)"
 	$(SWIFT) test --skip-build
+	./scripts/mail-test "$$($(SWIFT) build --show-bin-path)"
 
 # The date-sensitive suites with the clock moved by libfaketime to a month's last and first second, New
 # Year and 29 February (scripts/test-dates; not part of `make test`: a few minutes per instant).
 .PHONY: test-dates
+# The relay-mail gate inside Debian's Postfix, end to end in a network namespace (also run by `make test`).
+mail-test: test-deps
+	$(SWIFT) build
+	./scripts/mail-test "$$($(SWIFT) build --show-bin-path)"
+
 test-dates: test-deps
 	$(SWIFT) build --build-tests
 	./scripts/test-dates "$$($(SWIFT) build --show-bin-path)"
