@@ -48,13 +48,8 @@ public final class DecisionAPI: Sendable {
             }
         var response = answer(request, endpoint: endpoint)
         response.headers.replaceOrAdd(name: "Cache-Control", value: "no-store")
-        let error = response.status >= 400 ? Self.errorWord(of: response) : "none"
-        metrics.httpAnswered(endpoint: endpoint, status: response.status, error: error)
-        var fields: [String: Logger.Value] = [
-            "endpoint": .string(endpoint), "method": .string(request.method), "status": .int(response.status),
-            "request_id": .string(request.id), "remote": .string(request.remoteAddress),
-        ]
-        if response.status >= 400 { fields["error"] = .string(error) }
+        metrics.httpAnswered(endpoint: endpoint, status: response.status, error: response.errorWord)
+        let fields = request.callLogFields(endpoint: endpoint, response: response)
         if (400..<500).contains(response.status) {
             logger.warning("relay-mail check refused a call", fields)
         } else if response.status >= 500 {
@@ -67,11 +62,7 @@ public final class DecisionAPI: Sendable {
 
     private func answer(_ request: HTTPRequest, endpoint: String) -> HTTPResponse {
         guard endpoint != "other" else { return .error(status: 404, "not_found") }
-        guard authorized(request) else {
-            var response = HTTPResponse.error(status: 401, "unauthorized")
-            response.headers.replaceOrAdd(name: "WWW-Authenticate", value: "Bearer")
-            return response
-        }
+        guard request.carriesBearer(bearerToken) else { return .bearerRequired }
         switch (endpoint, request.method) {
         case ("decision", "GET"): return single(request)
         case ("decisions", "POST"): return list(request)
@@ -144,11 +135,6 @@ public final class DecisionAPI: Sendable {
         return .json(Data(body.utf8))
     }
 
-    private func authorized(_ request: HTTPRequest) -> Bool {
-        guard let header = request.headers["Authorization"], header.hasPrefix("Bearer ") else { return false }
-        return constantTimeEqual(Array(header.utf8.dropFirst("Bearer ".utf8.count)), Array(bearerToken.utf8))
-    }
-
     /// `{"address":…,"decision":…,"reason":…,"since":…|null}`.
     static func append(_ address: String?, _ verdict: RelayMailAnswer, to body: inout String) {
         body += #"{"address":"#
@@ -181,17 +167,4 @@ public final class DecisionAPI: Sendable {
             + digits(fraction, 3) + "Z"
     }
 
-    private static func errorWord(of response: HTTPResponse) -> String {
-        let object = try? JSONSerialization.jsonObject(with: response.data) as? [String: Any]
-        return object?["error"] as? String ?? "other"
-    }
-}
-
-/// Whether `a` and `b` are equal, in time that depends only on their lengths.
-func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {
-    var difference = UInt8(truncatingIfNeeded: a.count ^ b.count)
-    for index in 0..<max(a.count, b.count) {
-        difference |= (index < a.count ? a[index] : 0) ^ (index < b.count ? b[index] : 1)
-    }
-    return difference == 0 && a.count == b.count
 }

@@ -1,6 +1,7 @@
 public import AppleNotifications
 import COpenSSL
 public import Foundation
+import ServiceSupport
 
 /// What a verified Sign in with Apple `id_token` says about the user.
 public struct IdentityClaims: Sendable, Equatable {
@@ -130,19 +131,6 @@ private func flag(_ value: Any?) -> Bool? {
     case let number as NSNumber: return number.boolValue
     default: return nil
     }
-}
-
-/// Compares two strings in time independent of where they differ (SHA-256 of each, then CRYPTO_memcmp).
-func constantTimeEqual(_ a: String, _ b: String) -> Bool {
-    func digest(_ text: String) -> [UInt8] {
-        var out = [UInt8](repeating: 0, count: 32)
-        let bytes = Array(text.utf8)
-        _ = EVP_Digest(bytes, bytes.count, &out, nil, EVP_sha256(), nil)
-        return out
-    }
-    let x = digest(a)
-    let y = digest(b)
-    return CRYPTO_memcmp(x, y, 32) == 0
 }
 
 /// SHA-256 of text, raw bytes.

@@ -122,18 +122,15 @@ public final class SignInService: Sendable {
             default: "other"
             }
         let response = answer(request, endpoint: endpoint)
-        let error = response.status >= 400 ? errorWord(of: response) : "none"
         metrics.counter(
             "siwa_signin_responses_total",
             help:
                 "Answers of the sign-in API by endpoint (sign-ins, revocations, other), HTTP status and error word (none: success).",
-            labels: [("endpoint", endpoint), ("status", String(response.status)), ("error", error)]
+            labels: [
+                ("endpoint", endpoint), ("status", String(response.status)), ("error", response.errorWord),
+            ]
         ).increment()
-        var fields: [String: Logger.Value] = [
-            "endpoint": .string(endpoint), "method": .string(request.method), "status": .int(response.status),
-            "request_id": .string(request.id), "remote": .string(request.remoteAddress),
-        ]
-        if response.status >= 400 { fields["error"] = .string(error) }
+        let fields = request.callLogFields(endpoint: endpoint, response: response)
         if (400..<500).contains(response.status) {
             logger.warning("sign-in API refused a call", fields)
         } else {
@@ -144,11 +141,7 @@ public final class SignInService: Sendable {
 
     private func answer(_ request: HTTPRequest, endpoint: String) -> HTTPResponse {
         guard endpoint != "other" else { return .error(status: 404, "not_found") }
-        guard authorized(request) else {
-            var response = HTTPResponse.error(status: 401, "unauthorized")
-            response.headers.replaceOrAdd(name: "WWW-Authenticate", value: "Bearer")
-            return response
-        }
+        guard request.carriesBearer(configuration.bearerToken) else { return .bearerRequired }
         guard request.method == "POST" else { return .error(status: 405, "method_not_allowed") }
         guard let object = try? JSONSerialization.jsonObject(with: request.data) as? [String: Any] else {
             return .error(status: 400, "body_is_not_a_json_object")
@@ -168,11 +161,6 @@ public final class SignInService: Sendable {
         "sign-ins": ["authorization_code", "id_token", "nonce", "client_id", "redirect_uri"],
         "revocations": ["sub", "reason"],
     ]
-
-    private func authorized(_ request: HTTPRequest) -> Bool {
-        guard let header = request.headers["Authorization"], header.hasPrefix("Bearer ") else { return false }
-        return constantTimeEqual(String(header.dropFirst("Bearer ".count)), configuration.bearerToken)
-    }
 
     private func signIn(_ object: [String: Any]) -> HTTPResponse {
         guard let code = object["authorization_code"] as? String, (1...1024).contains(code.utf8.count) else {
@@ -342,14 +330,6 @@ private func databaseErrorCode(_ error: any Error) -> String {
 /// A C0 or C1 control character, or DEL.
 private func isControl(_ scalar: Unicode.Scalar) -> Bool {
     scalar.value < 0x20 || (0x7F...0x9F).contains(scalar.value)
-}
-
-/// The error word of one of the API's own error answers (`{"error": "<word>"}`), or "unknown".
-private func errorWord(of response: HTTPResponse) -> String {
-    guard let object = try? JSONSerialization.jsonObject(with: response.data) as? [String: Any],
-        let word = object["error"] as? String
-    else { return "unknown" }
-    return word
 }
 
 /// Whether `host` names this machine's loopback interface only: `localhost`, 127.0.0.0/8 or `::1`.
