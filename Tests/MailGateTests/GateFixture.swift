@@ -77,7 +77,9 @@ final class GateFixture: Sendable {
         var headers: [(String, String)] = []
         if let authorization { headers.append(("Authorization", authorization)) }
         if body != nil { headers.append(("Content-Type", "application/json")) }
-        return try TestHTTPClient.request(method: method, url: httpURL + path, headers: headers, body: body)
+        // A generous bound: 10,000 addresses in a debug build on a loaded 2-core machine took over 10 s.
+        return try TestHTTPClient.request(
+            method: method, url: httpURL + path, headers: headers, body: body, timeout: .seconds(60))
     }
 }
 

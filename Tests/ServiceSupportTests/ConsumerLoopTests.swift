@@ -120,12 +120,13 @@ struct ConsumerLoopTests {
         signal.stop()
         sleeper.join()
         let latency = try #require(woke.withLock { $0 }) - stopped
-        #expect(latency < .milliseconds(20), "woke \(latency) after stop")
+        // "At once" against the 30 s it would sleep; 20 ms was missed under load (23.7 ms in a CI run).
+        #expect(latency < .seconds(1), "woke \(latency) after stop")
         #expect(signal.isStopped)
         // Later sleeps return at once.
         let again = ContinuousClock.now
         #expect(!signal.sleep(.seconds(30)))
-        #expect(ContinuousClock.now - again < .milliseconds(5))
+        #expect(ContinuousClock.now - again < .seconds(1))
     }
 
     @Test("the loop: reconnects after failures with growing delays, and stop ends a wait at once")
