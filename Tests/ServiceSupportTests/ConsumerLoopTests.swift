@@ -166,7 +166,7 @@ struct ConsumerLoopTests {
         let stopped = ContinuousClock.now
         signal.stop()
         thread.join()
-        #expect(ContinuousClock.now - stopped < .milliseconds(50), "a 30 s wait ended by stop")
+        #expect(ContinuousClock.now - stopped < .seconds(1), "a 30 s wait ended by stop")
         let recorded = delays.withLock { $0 }
         #expect(recorded.count == 3)
         #expect(recorded[0] < recorded[1] && recorded[1] < recorded[2])
