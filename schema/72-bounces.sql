@@ -41,11 +41,11 @@ ON CONFLICT (table_name, column_name) DO UPDATE SET on_transfer = EXCLUDED.on_tr
 
 -- Records one recipient of a report when it is a relay address (its domain one of Apple's, or an address
 -- the gate knows): the hash, the account matched as the gate matches it, the gate's reason. Returns one
--- row: recorded false (and no id) for a foreign or malformed address. SECURITY DEFINER: siwa_mail writes
+-- row, never the sub: recorded false (and no id) for a foreign or malformed address. SECURITY DEFINER: siwa_mail writes
 -- no table and reads no key itself. Never raises for an address; the class is checked by the table.
 CREATE OR REPLACE FUNCTION siwa.record_relay_bounce(
     p_class text, p_recipient text, p_sending_domain text, p_status text, p_action text, p_remote_mta text)
-RETURNS TABLE (recorded boolean, id bigint, gate_reason text, sub text)
+RETURNS TABLE (recorded boolean, id bigint, gate_reason text, account_matched boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_key    text := siwa.mail_address_key(p_recipient);
@@ -55,7 +55,7 @@ DECLARE
 BEGIN
     SELECT d.reason INTO v_reason FROM siwa.relay_mail_decision(p_recipient) AS d;
     IF v_key IS NULL OR v_reason IN ('not_ours', 'malformed') THEN
-        RETURN QUERY SELECT false, NULL::bigint, v_reason, NULL::text;
+        RETURN QUERY SELECT false, NULL::bigint, v_reason, false;
         RETURN;
     END IF;
     SELECT a.sub INTO v_sub
@@ -71,11 +71,11 @@ BEGIN
            pg_catalog.lower(p_action), nullif(p_remote_mta, '')
       FROM siwa.mail_address_hash_key h
     RETURNING b.id INTO v_id;
-    RETURN QUERY SELECT true, v_id, v_reason, v_sub;
+    RETURN QUERY SELECT true, v_id, v_reason, v_sub IS NOT NULL;
 END;
 $$;
 COMMENT ON FUNCTION siwa.record_relay_bounce(text, text, text, text, text, text) IS
-    'Records one bounced recipient (class, address, sending domain, status, action, remote MTA) in siwa.relay_bounces when it is a relay address (Apple''s domain or one the gate knows), the address as its keyed hash; one row: recorded, id, the gate''s reason, the account''s sub. SECURITY DEFINER; executable by siwa_mail (siwactl mail bounce).';
+    'Records one bounced recipient (class, address, sending domain, status, action, remote MTA) in siwa.relay_bounces when it is a relay address (Apple''s domain or one the gate knows), the address as its keyed hash; one row: recorded, id, the gate''s reason, whether an account held the address (never its sub). SECURITY DEFINER; executable by siwa_mail (siwactl mail bounce).';
 
 -- The admins' view of the bounces, newest first by id: the class, what the gate said then and what the
 -- account says now, and whether the two agree (a relay_address_dead for an account Apple still says

@@ -101,7 +101,7 @@ enum MailBounceVerb {
                 try report.recipients.map { recipient in
                     let bounceClass = BounceClassifier.classify(recipient)
                     let row = try connection.query(
-                        "SELECT recorded, gate_reason, sub IS NOT NULL FROM siwa.record_relay_bounce($1, $2, $3, $4, $5, $6)",
+                        "SELECT recorded, gate_reason, account_matched FROM siwa.record_relay_bounce($1, $2, $3, $4, $5, $6)",
                         [
                             .text(bounceClass.rawValue), .text(recipient.finalRecipient),
                             sendingDomain.map { .text($0) },

@@ -29,16 +29,16 @@ private func bounceDatabase() throws -> AdminDatabase {
     return database
 }
 
-/// Records one bounced recipient as siwa_bounce: (recorded, gate_reason, sub).
+/// Records one bounced recipient as siwa_bounce: (recorded, gate_reason, account_matched).
 private func record(
     _ connection: PostgresConnection, _ bounceClass: String, _ recipient: String,
     domain: String? = "Mail.Sender.Example",
     status: String = "5.1.1"
-) throws -> (Bool, String?, String?) {
+) throws -> (Bool, String?, Bool) {
     let row = try connection.query(
-        "SELECT recorded, gate_reason, sub FROM siwa.record_relay_bounce($1, $2, $3, $4, 'failed', 'mx.privaterelay.appleid.com')",
+        "SELECT recorded, gate_reason, account_matched FROM siwa.record_relay_bounce($1, $2, $3, $4, 'failed', 'mx.privaterelay.appleid.com')",
         [.text(bounceClass), .text(recipient), domain.map(PostgresData.text), .text(status)])[0]
-    return (try row[0, as: Bool.self], try row[1, as: String?.self], try row[2, as: String?.self])
+    return (try row[0, as: Bool.self], try row[1, as: String?.self], try row[2, as: Bool.self])
 }
 
 @Suite("siwa.relay_bounces: relay bounces recorded by siwa_bounce as keyed hashes, read by admins")
@@ -60,8 +60,8 @@ struct RelayBounceTests {
             try record(bounce, "sender_unauthorized", "new@privaterelay.appleid.com") == (
                 true, "looks_like_relay", nil
             ))
-        #expect(try record(bounce, "other", "someone@example.com") == (false, "not_ours", nil))
-        #expect(try record(bounce, "other", "not an address") == (false, "malformed", nil))
+        #expect(try record(bounce, "other", "someone@example.com") == (false, "not_ours", false))
+        #expect(try record(bounce, "other", "not an address") == (false, "malformed", false))
 
         let admin = try database.connect(as: .admin)
         defer { admin.close() }
