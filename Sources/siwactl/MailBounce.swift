@@ -69,10 +69,14 @@ enum MailBounceVerb {
             }
             data = contents
         } else {
-            // One byte past the bound is enough to refuse a report that is too large.
-            data =
-                (try? FileHandle.standardInput.read(upToCount: DeliveryStatusReport.maximumSize + 1))
-                ?? Data()
+            // Read until end of input, or one byte past the bound (enough to refuse a report too large).
+            var input = Data()
+            while input.count <= DeliveryStatusReport.maximumSize {
+                let chunk = FileHandle.standardInput.availableData
+                if chunk.isEmpty { break }
+                input.append(chunk)
+            }
+            data = input
         }
         do {
             return try DeliveryStatusReport(parsing: data)

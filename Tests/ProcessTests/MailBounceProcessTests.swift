@@ -117,6 +117,18 @@ struct MailBounceProcessTests {
             fromFile.standardOutput.hasPrefix("class=forwarding_off recorded=true gate_reason=forwarding_off")
         )
 
+        // Postfix returns up to 50,000 bytes of the message, more with a raised bounce_size_limit:
+        // standard input is read to its end, past a pipe's buffer.
+        var large = report(recipient: "off@privaterelay.appleid.com", diagnostic: "550 5.1.1 user not found")
+        let boundaryEnd = large.range(of: Data("--A1B2.1/mx.sender.example--".utf8))!.lowerBound
+        large.insert(
+            contentsOf: Data(
+                ("--A1B2.1/mx.sender.example\nContent-Type: message/rfc822\n\nSubject: big\n\n"
+                    + String(repeating: "x", count: 300_000) + "\n\n").utf8), at: boundaryEnd)
+        let fromPipe = try siwactl(["mail", "bounce", "--database-url", url], input: large)
+        #expect(fromPipe.status == 0, "\(fromPipe.standardError)")
+        #expect(fromPipe.standardOutput.hasPrefix("class=relay_address_dead recorded=true"))
+
         let malformed = try siwactl(
             ["mail", "bounce", "--database-url", url],
             input: Data("Subject: hi off@privaterelay.appleid.com\n\nhello\n".utf8))
