@@ -5440,6 +5440,16 @@ SELECT b.id, b.received_at, b.class, b.sending_domain, b.sub, b.gate_reason,
   LEFT JOIN siwa.accounts a ON a.sub = b.sub;
 COMMENT ON VIEW siwa.relay_bounce_history IS
     'Every recorded relay bounce (siwa.relay_bounces) with the account''s state now; never an address. For siwa_admin.';
+COMMENT ON COLUMN siwa.relay_bounce_history.id IS 'The bounce''s number (siwa.relay_bounces.id), in the order recorded.';
+COMMENT ON COLUMN siwa.relay_bounce_history.received_at IS 'When the report was recorded.';
+COMMENT ON COLUMN siwa.relay_bounce_history.class IS
+    'sender_unauthorized, relay_address_dead, forwarding_off, auth_failure, transient or other (docs/operations.md, "Bounces").';
+COMMENT ON COLUMN siwa.relay_bounce_history.sending_domain IS 'The envelope sender''s domain, when the report carried it.';
+COMMENT ON COLUMN siwa.relay_bounce_history.sub IS 'The account whose current address was bounced, when one was.';
+COMMENT ON COLUMN siwa.relay_bounce_history.gate_reason IS 'The relay-mail gate''s reason for the address when the bounce was recorded.';
+COMMENT ON COLUMN siwa.relay_bounce_history.status IS 'The enhanced status code (RFC 3463).';
+COMMENT ON COLUMN siwa.relay_bounce_history.action IS 'The report''s Action (failed, delayed, …).';
+COMMENT ON COLUMN siwa.relay_bounce_history.remote_mta IS 'The server that answered, when given.';
 COMMENT ON COLUMN siwa.relay_bounce_history.account_state IS 'The account now: forwarding_on, forwarding_off, deleted; NULL when no account was matched.';
 COMMENT ON COLUMN siwa.relay_bounce_history.matches_apple_events IS
     'For relay_address_dead and forwarding_off: whether Apple''s events had already said so (the gate blocked the address); NULL for the other classes.';
@@ -5458,6 +5468,11 @@ SELECT c.class,
  ORDER BY c.ord;
 COMMENT ON VIEW siwa.relay_bounce_counts IS
     'Relay bounces by class (every class, zero included): total, in the last 24 hours, the last one, and the number of sending domains. For siwa_admin.';
+COMMENT ON COLUMN siwa.relay_bounce_counts.class IS 'The class; every class has a row, in the order of docs/operations.md, "Bounces".';
+COMMENT ON COLUMN siwa.relay_bounce_counts.total IS 'Bounces of this class ever recorded.';
+COMMENT ON COLUMN siwa.relay_bounce_counts.last_24h IS 'Bounces of this class recorded in the last 24 hours.';
+COMMENT ON COLUMN siwa.relay_bounce_counts.last_received_at IS 'When the last one was recorded (NULL: never).';
+COMMENT ON COLUMN siwa.relay_bounce_counts.sending_domains IS 'How many sending domains its bounces named.';
 
 -- ===================================================================================================
 -- schema/75-data-moves.sql: Data moves: change 3's rows into the log and queue, and the month partitions ahead
