@@ -93,6 +93,9 @@ let package = Package(
         // The relay-mail gate's calls (siwa.relay_mail_decision(s)) with typed rows, and the address lists
         // siwactl mail check reads. Never prints or reads the environment.
         .target(name: "RelayMail", dependencies: ["Postgres"]),
+        // Bounces from Apple's relay: the RFC 3464 report parser and the classifier. Foundation only;
+        // never prints, reads the environment or touches the database.
+        .target(name: "Bounces"),
         // Heartbeats in siwa.service_heartbeats and the database's health gauges on /metrics.
         .target(
             name: "ServiceHealth", dependencies: ["Postgres", "ServiceSupport"]),
@@ -136,7 +139,7 @@ let package = Package(
             dependencies: [
                 "AppleNotifications", "AppleID", "HTTPClient", "Postgres", "ServiceSupport", "HTTPServer",
                 "SiwaSchema", "AppleKeys", "Webhooks", "TeamTransfer", "FakeApple", "Doctor", "Migrator",
-                "WebhookAdministration", "ServiceHealth", "RelayMail",
+                "WebhookAdministration", "ServiceHealth", "RelayMail", "Bounces",
             ]),
         .executableTarget(
             name: "siwa-mailgate",
@@ -193,6 +196,7 @@ let package = Package(
             name: "WebhookAdministrationTests",
             dependencies: ["WebhookAdministration", "Postgres", "ServiceHealth", "TestSupport", "Webhooks"]),
         .testTarget(name: "AppleIDTests", dependencies: ["AppleID", "ServiceSupport", "TestSupport"]),
+        .testTarget(name: "BouncesTests", dependencies: ["Bounces"]),
         .testTarget(
             name: "MailGateTests",
             dependencies: ["MailGate", "Postgres", "RelayMail", "ServiceSupport", "TestSupport"]),

@@ -23,8 +23,9 @@
 --   schema/65-webhooks.sql           Signed outbound webhooks: endpoints, secrets, deliveries, attempts, and their views
 --   schema/68-relay-mail.sql         The relay-mail gate: may this address be mailed now (siwa.relay_mail_decision(s), role siwa_mail), erased addresses as keyed hashes
 --   schema/70-health.sql             Health: service heartbeats and the gauges behind /metrics
+--   schema/72-bounces.sql            Bounces from Apple's relay: siwa.relay_bounces (keyed hashes, never an address), siwa.record_relay_bounce (role siwa_mail), the admin views
 --   schema/75-data-moves.sql         Data moves: change 3's rows into the log and queue, and the month partitions ahead
---   schema/80-roles.sql              The group roles: siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app, siwa_webhook_admin, siwa_mail (created when missing, one block)
+--   schema/80-roles.sql              The group roles: siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app, siwa_webhook_admin, siwa_mail, siwa_bounce (created when missing, one block)
 --   schema/85-privileges.sql         Privileges: nothing for PUBLIC, then what each role is granted, one block per role
 --   schema/99-postamble.sql          The applying session's own search_path restored
 
@@ -70,6 +71,8 @@
 --                          the change siwa.sub_transferred tells of each).
 --   The mail gate          siwa.relay_mail_decision(address) and siwa.relay_mail_decisions(addresses):
 --   (siwa_mail):           whether an address may be mailed now (decision, reason, since); nothing else.
+--   Bounces (siwa_bounce): siwa.record_relay_bounce(class, recipient, sending domain, status, action,
+--                          remote MTA); admins read siwa.relay_bounce_history and siwa.relay_bounce_counts.
 --   Hooks (the owner):     siwa.on_event(event_type, sub, event_time, email, jti), replaced by the
 --                          admins and never undone by this file; the optional
 --                          siwa.on_change(change siwa.changes, superseded boolean).
@@ -80,7 +83,7 @@
 --                          siwa.replay_webhook_deliveries, siwa.retry_webhook_deliveries,
 --                          siwa.remove_webhook_endpoint, siwa.apply_sub_transfer (through siwactl);
 --                          the roles siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app,
---                          siwa_webhook_admin and siwa_mail
+--                          siwa_webhook_admin, siwa_mail and siwa_bounce
 --                          and what each is granted (schema/85-privileges.sql).
 -- Everything else is internal and may change in any version: the log, queue and dedupe tables behind
 -- the views (siwa.notification_log, siwa.notification_queue, siwa.notification_jtis, the compatibility
@@ -5339,6 +5342,139 @@ COMMENT ON FUNCTION siwa.webhook_endpoint_gauges() IS
 -- ==== end of webhook visibility ====
 
 -- ===================================================================================================
+-- schema/72-bounces.sql: Bounces from Apple's relay: siwa.relay_bounces (keyed hashes, never an address), siwa.record_relay_bounce (role siwa_mail), the admin views
+-- ===================================================================================================
+
+-- One row per recipient of a bounce report (siwactl mail bounce) for a relay address: its class (the
+-- Bounces module's BounceClassifier), the sending domain, and what the gate knew of the address then.
+-- The address itself is kept only as the gate's keyed hash (the key of siwa.erased_mail_addresses),
+-- so a row names an account through its sub alone, and an erasure leaves nothing readable.
+CREATE TABLE IF NOT EXISTS siwa.relay_bounces (
+    id             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    received_at    timestamptz NOT NULL DEFAULT now(),
+    class          text        NOT NULL,
+    recipient_hmac bytea       NOT NULL CHECK (octet_length(recipient_hmac) = 32),
+    sending_domain text        CHECK (octet_length(sending_domain) <= 253),
+    sub            text,
+    gate_reason    text        NOT NULL,
+    status         text        NOT NULL CHECK (status ~ '^[245]\.[0-9]{1,3}\.[0-9]{1,3}$'),
+    action         text        NOT NULL,
+    remote_mta     text        CHECK (octet_length(remote_mta) <= 255),
+    CONSTRAINT relay_bounces_class_check CHECK (class IN ('sender_unauthorized', 'relay_address_dead',
+        'forwarding_off', 'auth_failure', 'transient', 'other')),
+    CONSTRAINT relay_bounces_action_check CHECK (action IN ('failed', 'delayed', 'delivered', 'relayed', 'expanded'))
+);
+COMMENT ON TABLE siwa.relay_bounces IS
+    'One row per relay-address recipient of a bounce report (siwactl mail bounce): its class, the sending domain, the account''s sub and what the gate answered then; the address only as HMAC-SHA-256 under siwa.mail_address_hash_key. Written by siwa.record_relay_bounce; read through siwa.relay_bounce_history and siwa.relay_bounce_counts.';
+COMMENT ON COLUMN siwa.relay_bounces.received_at IS 'When the report was recorded.';
+COMMENT ON COLUMN siwa.relay_bounces.class IS
+    'sender_unauthorized (the sender is not registered with Apple: never suppress the recipient), relay_address_dead (user not found), forwarding_off, auth_failure (SPF, DKIM, DMARC, 5.7.x), transient (4.x.x, delayed) or other.';
+COMMENT ON COLUMN siwa.relay_bounces.recipient_hmac IS 'HMAC-SHA-256 of siwa.mail_address_key(recipient), as siwa.erased_mail_addresses keys it.';
+COMMENT ON COLUMN siwa.relay_bounces.sending_domain IS 'The returned message''s envelope sender''s domain (lower case), when the report carries it.';
+COMMENT ON COLUMN siwa.relay_bounces.sub IS 'The account whose current address the recipient was, when one was (rewritten by a team transfer).';
+COMMENT ON COLUMN siwa.relay_bounces.gate_reason IS 'The relay-mail gate''s reason for the recipient when recorded (forwarding_on, forwarding_off, account_deleted, looks_like_relay, …).';
+COMMENT ON COLUMN siwa.relay_bounces.status IS 'The report''s enhanced status code (RFC 3463), e.g. 5.1.1.';
+COMMENT ON COLUMN siwa.relay_bounces.action IS 'The report''s Action: failed or delayed (delivered, relayed, expanded are accepted and rare).';
+COMMENT ON COLUMN siwa.relay_bounces.remote_mta IS 'The server that answered (Remote-MTA), when given.';
+CREATE INDEX IF NOT EXISTS relay_bounces_class_received_idx ON siwa.relay_bounces (class, received_at);
+CREATE INDEX IF NOT EXISTS relay_bounces_sub_idx ON siwa.relay_bounces (sub) WHERE sub IS NOT NULL;
+
+-- A team transfer rewrites the sub, as it does the account's.
+INSERT INTO siwa.sub_columns (table_name, column_name, on_transfer, why) VALUES
+    ('relay_bounces', 'sub', 'rewrite', 'the account a relay bounce was for')
+ON CONFLICT (table_name, column_name) DO UPDATE SET on_transfer = EXCLUDED.on_transfer, why = EXCLUDED.why;
+
+-- Records one recipient of a report when it is a relay address (its domain one of Apple's, or an address
+-- the gate knows): the hash, the account matched as the gate matches it, the gate's reason. Returns one
+-- row, never the sub: recorded false (and no id) for a foreign or malformed address. SECURITY DEFINER: siwa_mail writes
+-- no table and reads no key itself. Never raises for an address; the class is checked by the table.
+CREATE OR REPLACE FUNCTION siwa.record_relay_bounce(
+    p_class text, p_recipient text, p_sending_domain text, p_status text, p_action text, p_remote_mta text)
+RETURNS TABLE (recorded boolean, id bigint, gate_reason text, account_matched boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_key    text := siwa.mail_address_key(p_recipient);
+    v_reason text;
+    v_sub    text;
+    v_id     bigint;
+BEGIN
+    SELECT d.reason INTO v_reason FROM siwa.relay_mail_decision(p_recipient) AS d;
+    IF v_key IS NULL OR v_reason IN ('not_ours', 'malformed') THEN
+        RETURN QUERY SELECT false, NULL::bigint, v_reason, false;
+        RETURN;
+    END IF;
+    SELECT a.sub INTO v_sub
+      FROM siwa.accounts a
+     WHERE siwa.mail_address_key(a.email) = v_key
+     ORDER BY (a.deleted_at IS NOT NULL OR a.personal_data_erased_at IS NOT NULL),
+              a.email_status = 'disabled' DESC NULLS LAST, a.updated_at DESC, a.sub
+     LIMIT 1;
+    INSERT INTO siwa.relay_bounces AS b (class, recipient_hmac, sending_domain, sub, gate_reason, status, action,
+                                         remote_mta)
+    SELECT p_class, siwa.hmac_sha256_padded(h.inner_pad, h.outer_pad, pg_catalog.convert_to(v_key, 'UTF8')),
+           pg_catalog.lower(nullif(p_sending_domain, '') COLLATE "C"), v_sub, v_reason, p_status,
+           pg_catalog.lower(p_action), nullif(p_remote_mta, '')
+      FROM siwa.mail_address_hash_key h
+    RETURNING b.id INTO v_id;
+    RETURN QUERY SELECT true, v_id, v_reason, v_sub IS NOT NULL;
+END;
+$$;
+COMMENT ON FUNCTION siwa.record_relay_bounce(text, text, text, text, text, text) IS
+    'Records one bounced recipient (class, address, sending domain, status, action, remote MTA) in siwa.relay_bounces when it is a relay address (Apple''s domain or one the gate knows), the address as its keyed hash; one row: recorded, id, the gate''s reason, whether an account held the address (never its sub). SECURITY DEFINER; executable by siwa_mail (siwactl mail bounce).';
+
+-- The admins' view of the bounces, newest first by id: the class, what the gate said then and what the
+-- account says now, and whether the two agree (a relay_address_dead for an account Apple still says
+-- forwards is worth a look: docs/operations.md, "Bounces").
+CREATE OR REPLACE VIEW siwa.relay_bounce_history AS
+SELECT b.id, b.received_at, b.class, b.sending_domain, b.sub, b.gate_reason,
+       CASE WHEN a.sub IS NULL THEN NULL
+            WHEN a.deleted_at IS NOT NULL OR a.personal_data_erased_at IS NOT NULL THEN 'deleted'
+            WHEN a.email_status = 'disabled' THEN 'forwarding_off'
+            ELSE 'forwarding_on' END AS account_state,
+       CASE b.class
+           WHEN 'relay_address_dead' THEN b.gate_reason IN ('forwarding_off', 'account_deleted', 'consent_revoked')
+           WHEN 'forwarding_off' THEN b.gate_reason IN ('forwarding_off', 'account_deleted')
+       END AS matches_apple_events,
+       b.status, b.action, b.remote_mta
+  FROM siwa.relay_bounces b
+  LEFT JOIN siwa.accounts a ON a.sub = b.sub;
+COMMENT ON VIEW siwa.relay_bounce_history IS
+    'Every recorded relay bounce (siwa.relay_bounces) with the account''s state now; never an address. For siwa_admin.';
+COMMENT ON COLUMN siwa.relay_bounce_history.id IS 'The bounce''s number (siwa.relay_bounces.id), in the order recorded.';
+COMMENT ON COLUMN siwa.relay_bounce_history.received_at IS 'When the report was recorded.';
+COMMENT ON COLUMN siwa.relay_bounce_history.class IS
+    'sender_unauthorized, relay_address_dead, forwarding_off, auth_failure, transient or other (docs/operations.md, "Bounces").';
+COMMENT ON COLUMN siwa.relay_bounce_history.sending_domain IS 'The envelope sender''s domain, when the report carried it.';
+COMMENT ON COLUMN siwa.relay_bounce_history.sub IS 'The account whose current address was bounced, when one was.';
+COMMENT ON COLUMN siwa.relay_bounce_history.gate_reason IS 'The relay-mail gate''s reason for the address when the bounce was recorded.';
+COMMENT ON COLUMN siwa.relay_bounce_history.status IS 'The enhanced status code (RFC 3463).';
+COMMENT ON COLUMN siwa.relay_bounce_history.action IS 'The report''s Action (failed, delayed, …).';
+COMMENT ON COLUMN siwa.relay_bounce_history.remote_mta IS 'The server that answered, when given.';
+COMMENT ON COLUMN siwa.relay_bounce_history.account_state IS 'The account now: forwarding_on, forwarding_off, deleted; NULL when no account was matched.';
+COMMENT ON COLUMN siwa.relay_bounce_history.matches_apple_events IS
+    'For relay_address_dead and forwarding_off: whether Apple''s events had already said so (the gate blocked the address); NULL for the other classes.';
+
+-- Counts by class: all, the last 24 hours, the last one, and the sending domains seen.
+CREATE OR REPLACE VIEW siwa.relay_bounce_counts AS
+SELECT c.class,
+       pg_catalog.count(b.id) AS total,
+       pg_catalog.count(b.id) FILTER (WHERE b.received_at > pg_catalog.now() - interval '24 hours') AS last_24h,
+       pg_catalog.max(b.received_at) AS last_received_at,
+       pg_catalog.count(DISTINCT b.sending_domain) AS sending_domains
+  FROM pg_catalog.unnest(ARRAY['sender_unauthorized', 'relay_address_dead', 'forwarding_off', 'auth_failure',
+                               'transient', 'other']) WITH ORDINALITY AS c(class, ord)
+  LEFT JOIN siwa.relay_bounces b ON b.class = c.class
+ GROUP BY c.class, c.ord
+ ORDER BY c.ord;
+COMMENT ON VIEW siwa.relay_bounce_counts IS
+    'Relay bounces by class (every class, zero included): total, in the last 24 hours, the last one, and the number of sending domains. For siwa_admin.';
+COMMENT ON COLUMN siwa.relay_bounce_counts.class IS 'The class; every class has a row, in the order of docs/operations.md, "Bounces".';
+COMMENT ON COLUMN siwa.relay_bounce_counts.total IS 'Bounces of this class ever recorded.';
+COMMENT ON COLUMN siwa.relay_bounce_counts.last_24h IS 'Bounces of this class recorded in the last 24 hours.';
+COMMENT ON COLUMN siwa.relay_bounce_counts.last_received_at IS 'When the last one was recorded (NULL: never).';
+COMMENT ON COLUMN siwa.relay_bounce_counts.sending_domains IS 'How many sending domains its bounces named.';
+
+-- ===================================================================================================
 -- schema/75-data-moves.sql: Data moves: change 3's rows into the log and queue, and the month partitions ahead
 -- ===================================================================================================
 
@@ -5402,7 +5538,7 @@ END;
 $$;
 
 -- ===================================================================================================
--- schema/80-roles.sql: The group roles: siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app, siwa_webhook_admin, siwa_mail (created when missing, one block)
+-- schema/80-roles.sql: The group roles: siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app, siwa_webhook_admin, siwa_mail, siwa_bounce (created when missing, one block)
 -- ===================================================================================================
 
 --
@@ -5430,14 +5566,15 @@ $$;
 -- receiver's login) and siwa_app (the app's
 -- account deletion, its sessions and refresh tokens, the changefeed). What each role may do is granted
 -- in schema/85-privileges.sql, one block per role. siwa_mail is the relay-mail gate's (siwa-mailgate,
--- siwactl mail check): it may ask siwa.relay_mail_decision(s), nothing else.
+-- siwactl mail check): it may ask siwa.relay_mail_decision(s), nothing else. siwa_bounce is siwactl mail
+-- bounce's: it may record a relay bounce (siwa.record_relay_bounce), nothing else.
 DO $$
 DECLARE
     v_role     text;
     v_can_create boolean := (SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user);
 BEGIN
     FOREACH v_role IN ARRAY ARRAY['siwa_admin', 'siwa_receiver', 'siwa_worker', 'siwa_signin', 'siwa_app',
-                                  'siwa_webhook_admin', 'siwa_mail'] LOOP
+                                  'siwa_webhook_admin', 'siwa_mail', 'siwa_bounce'] LOOP
         CONTINUE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role);
         IF NOT v_can_create THEN
             RAISE WARNING 'role % does not exist and % may not create it: create it (NOLOGIN) and apply schema.sql again',
@@ -5458,6 +5595,8 @@ BEGIN
                     'Sign in with Apple: manage webhook endpoints through the siwa functions (siwactl webhooks add, rotate-secret, enable, disable, retry, replay, remove) without being the owner; never reads a secret back. Grant to people or a deploy tool.'
                 WHEN 'siwa_mail' THEN
                     'Sign in with Apple: ask the relay-mail gate (siwa.relay_mail_decision, siwa.relay_mail_decisions) whether an address may be mailed now; nothing else (no table, no other function). Grant to siwa-mailgate''s login and to what runs siwactl mail check.'
+                WHEN 'siwa_bounce' THEN
+                    'Sign in with Apple: record bounces from Apple''s relay (siwa.record_relay_bounce, siwactl mail bounce); nothing else. Grant to the login of the Postfix pipe transport that runs siwactl mail bounce.'
                 WHEN 'siwa_signin' THEN
                     'Sign in with Apple: what the sign-in API (siwa-receiver --signin-listen) needs: record sign-ins and encrypted refresh tokens through its functions, request revocations. Grant to the API''s own login role (--signin-database-url), never the receiver''s.'
                 ELSE
@@ -5493,6 +5632,8 @@ REVOKE ALL ON FUNCTION siwa.add_temporary_webhook_endpoint(text, text, text[], i
 -- The relay-mail gate's SECURITY DEFINER functions (schema/68-relay-mail.sql): never PUBLIC's either.
 REVOKE ALL ON FUNCTION siwa.relay_mail_decision(text), siwa.relay_mail_decisions(text[]),
     siwa.remember_erased_mail_addresses(text[], timestamptz[]) FROM PUBLIC;
+-- The relay bounces' recording function (schema/72-bounces.sql): never PUBLIC's either.
+REVOKE ALL ON FUNCTION siwa.record_relay_bounce(text, text, text, text, text, text) FROM PUBLIC;
 
 -- Each block grants one role what its job needs, and only when the role exists (see
 -- schema/80-roles.sql). Functions run with the caller's rights: a role is granted the tables its
@@ -5517,6 +5658,7 @@ BEGIN
             TO siwa_admin;
         GRANT SELECT ON siwa.webhook_signing_keys TO siwa_admin;  -- ed25519: public keys, never a secret
         GRANT SELECT ON siwa.service_heartbeats TO siwa_admin;
+        GRANT SELECT ON siwa.relay_bounce_history, siwa.relay_bounce_counts TO siwa_admin;
         GRANT EXECUTE ON FUNCTION siwa.health_gauges(timestamptz) TO siwa_admin;
         GRANT EXECUTE ON FUNCTION siwa.client_ids_in_use(timestamptz) TO siwa_admin;
         -- The developer loop: temporary endpoints only (siwactl webhooks listen --forward-to).
@@ -5770,6 +5912,17 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_mail') THEN
         GRANT USAGE ON SCHEMA siwa TO siwa_mail;
         GRANT EXECUTE ON FUNCTION siwa.relay_mail_decision(text), siwa.relay_mail_decisions(text[]) TO siwa_mail;
+    END IF;
+END;
+$$;
+
+-- siwa_bounce: record relay bounces through their SECURITY DEFINER function (siwactl mail bounce as
+-- Postfix's pipe transport), and nothing else: it reads no table, no key and no answer of the gate.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_bounce') THEN
+        GRANT USAGE ON SCHEMA siwa TO siwa_bounce;
+        GRANT EXECUTE ON FUNCTION siwa.record_relay_bounce(text, text, text, text, text, text) TO siwa_bounce;
     END IF;
 END;
 $$;

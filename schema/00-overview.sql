@@ -38,6 +38,8 @@
 --                          the change siwa.sub_transferred tells of each).
 --   The mail gate          siwa.relay_mail_decision(address) and siwa.relay_mail_decisions(addresses):
 --   (siwa_mail):           whether an address may be mailed now (decision, reason, since); nothing else.
+--   Bounces (siwa_bounce): siwa.record_relay_bounce(class, recipient, sending domain, status, action,
+--                          remote MTA); admins read siwa.relay_bounce_history and siwa.relay_bounce_counts.
 --   Hooks (the owner):     siwa.on_event(event_type, sub, event_time, email, jti), replaced by the
 --                          admins and never undone by this file; the optional
 --                          siwa.on_change(change siwa.changes, superseded boolean).
@@ -48,7 +50,7 @@
 --                          siwa.replay_webhook_deliveries, siwa.retry_webhook_deliveries,
 --                          siwa.remove_webhook_endpoint, siwa.apply_sub_transfer (through siwactl);
 --                          the roles siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app,
---                          siwa_webhook_admin and siwa_mail
+--                          siwa_webhook_admin, siwa_mail and siwa_bounce
 --                          and what each is granted (schema/85-privileges.sql).
 -- Everything else is internal and may change in any version: the log, queue and dedupe tables behind
 -- the views (siwa.notification_log, siwa.notification_queue, siwa.notification_jtis, the compatibility

@@ -19,6 +19,8 @@ REVOKE ALL ON FUNCTION siwa.add_temporary_webhook_endpoint(text, text, text[], i
 -- The relay-mail gate's SECURITY DEFINER functions (schema/68-relay-mail.sql): never PUBLIC's either.
 REVOKE ALL ON FUNCTION siwa.relay_mail_decision(text), siwa.relay_mail_decisions(text[]),
     siwa.remember_erased_mail_addresses(text[], timestamptz[]) FROM PUBLIC;
+-- The relay bounces' recording function (schema/72-bounces.sql): never PUBLIC's either.
+REVOKE ALL ON FUNCTION siwa.record_relay_bounce(text, text, text, text, text, text) FROM PUBLIC;
 
 -- Each block grants one role what its job needs, and only when the role exists (see
 -- schema/80-roles.sql). Functions run with the caller's rights: a role is granted the tables its
@@ -43,6 +45,7 @@ BEGIN
             TO siwa_admin;
         GRANT SELECT ON siwa.webhook_signing_keys TO siwa_admin;  -- ed25519: public keys, never a secret
         GRANT SELECT ON siwa.service_heartbeats TO siwa_admin;
+        GRANT SELECT ON siwa.relay_bounce_history, siwa.relay_bounce_counts TO siwa_admin;
         GRANT EXECUTE ON FUNCTION siwa.health_gauges(timestamptz) TO siwa_admin;
         GRANT EXECUTE ON FUNCTION siwa.client_ids_in_use(timestamptz) TO siwa_admin;
         -- The developer loop: temporary endpoints only (siwactl webhooks listen --forward-to).
@@ -296,6 +299,17 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_mail') THEN
         GRANT USAGE ON SCHEMA siwa TO siwa_mail;
         GRANT EXECUTE ON FUNCTION siwa.relay_mail_decision(text), siwa.relay_mail_decisions(text[]) TO siwa_mail;
+    END IF;
+END;
+$$;
+
+-- siwa_bounce: record relay bounces through their SECURITY DEFINER function (siwactl mail bounce as
+-- Postfix's pipe transport), and nothing else: it reads no table, no key and no answer of the gate.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_bounce') THEN
+        GRANT USAGE ON SCHEMA siwa TO siwa_bounce;
+        GRANT EXECUTE ON FUNCTION siwa.record_relay_bounce(text, text, text, text, text, text) TO siwa_bounce;
     END IF;
 END;
 $$;

@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """The two SMTP ends of `make mail-test` (scripts/mail-test), both on loopback in its network namespace.
 
-  mail-smtp.py relay PORT DIR     a fake Apple relay: accepts every message and writes it to DIR
+  mail-smtp.py relay PORT DIR     a fake Apple relay: accepts every message and writes it to DIR, but
+                                  answers RCPT TO as Apple's relay does an unregistered sender for a
+                                  local part starting `unauth.` (`550 5.1.1 <sender>: unauthorized
+                                  sender`) and a dead relay address for one starting `dead.` (`550 5.1.1
+                                  user not found`)
   mail-smtp.py send PORT ADDRESS  sends one message to ADDRESS through Postfix with smtplib and prints
                                   the RCPT answer: `250` when accepted (the message is then sent), else
                                   `CODE TEXT` (the refusal Postfix gave at RCPT TO)
@@ -22,16 +26,24 @@ class Relay(socketserver.StreamRequestHandler):
     def handle(self):
         self.reply("220 relay.siwa.invalid ESMTP fake Apple relay")
         recipients = []
+        sender = ""
         while line := self.rfile.readline():
             verb = line.decode("latin-1").strip().split(" ", 1)[0].upper()
             if verb in ("EHLO", "HELO"):
                 self.reply("250 relay.siwa.invalid")
             elif verb == "MAIL":
                 recipients = []
+                sender = line.decode("latin-1").strip().split(":", 1)[1].split()[0].strip("<>")
                 self.reply("250 2.1.0 ok")
             elif verb == "RCPT":
-                recipients.append(line.decode("latin-1").strip().split(":", 1)[1].strip(" <>"))
-                self.reply("250 2.1.5 ok")
+                recipient = line.decode("latin-1").strip().split(":", 1)[1].split()[0].strip("<>")
+                if recipient.startswith("unauth."):
+                    self.reply(f"550 5.1.1 <{sender}>: unauthorized sender")
+                elif recipient.startswith("dead."):
+                    self.reply("550 5.1.1 user not found")
+                else:
+                    recipients.append(recipient)
+                    self.reply("250 2.1.5 ok")
             elif verb == "DATA":
                 self.reply("354 go on")
                 body = []

@@ -35,8 +35,9 @@ enum MailVerb {
         ])
 
     static let verb = Verb(
-        name: "mail", abstract: "The relay-mail gate: check a list of addresses before mailing it.",
-        subverbs: [.parsing("check", checkSpec) { parsed, _ in try check(parsed) }])
+        name: "mail",
+        abstract: "The relay-mail gate: check a list of addresses before mailing it; record bounces.",
+        subverbs: [.parsing("check", checkSpec) { parsed, _ in try check(parsed) }, MailBounceVerb.verb])
 
     static func check(_ parsed: ParsedCommand) throws {
         let addresses = try readList(parsed)
