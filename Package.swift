@@ -87,6 +87,9 @@ let package = Package(
         // Standard Webhooks: whsec_ secrets, v1 signatures (OpenSSL's HMAC), whsk_/whpk_ keys and v1a
         // signatures (OpenSSL's ed25519), endpoint URL policy.
         .target(name: "Webhooks", dependencies: ["COpenSSL"]),
+        // Shared Signals: Security Event Tokens (RFC 8417, SSF/CAEP/RISC 1.0) signed RS256 with the
+        // transmitter's own key, and its JWKS. Never sends anything or touches the database.
+        .target(name: "SharedSignals", dependencies: ["AppleNotifications"]),
         // The operator's calls on webhook endpoints and deliveries (siwactl webhooks, stats), with typed rows.
         // Never prints or reads the environment.
         .target(name: "WebhookAdministration", dependencies: ["Postgres"]),
@@ -136,7 +139,7 @@ let package = Package(
             dependencies: [
                 "AppleNotifications", "AppleID", "HTTPClient", "Postgres", "ServiceSupport", "HTTPServer",
                 "SiwaSchema", "AppleKeys", "Webhooks", "TeamTransfer", "FakeApple", "Doctor", "Migrator",
-                "WebhookAdministration", "ServiceHealth", "RelayMail",
+                "WebhookAdministration", "ServiceHealth", "RelayMail", "SharedSignals",
             ]),
         .executableTarget(
             name: "siwa-mailgate",
@@ -176,6 +179,8 @@ let package = Package(
             ]),
         // The Webhooks signing library.
         .testTarget(name: "WebhookTests", dependencies: ["Webhooks", "TestSupport"]),
+        .testTarget(
+            name: "SharedSignalsTests", dependencies: ["SharedSignals", "AppleNotifications", "TestSupport"]),
         .testTarget(name: "ServiceSupportTests", dependencies: ["ServiceSupport"]),
         .testTarget(name: "QueueConsumerTests", dependencies: ["QueueConsumer"]),
         .testTarget(
