@@ -90,6 +90,11 @@ let package = Package(
         // Shared Signals: Security Event Tokens (RFC 8417, SSF/CAEP/RISC 1.0) signed RS256 with the
         // transmitter's own key, and its JWKS. Never sends anything or touches the database.
         .target(name: "SharedSignals", dependencies: ["AppleNotifications"]),
+        // The SSF push lanes of siwa-worker (RFC 8935): siwa.ssf_events claimed under a lease, signed by
+        // SharedSignals, POSTed by HTTPClient. Never holds a transaction across a POST.
+        .target(
+            name: "SignalDelivery",
+            dependencies: ["HTTPClient", "Postgres", "QueueConsumer", "ServiceSupport", "SharedSignals"]),
         // The operator's calls on webhook endpoints and deliveries (siwactl webhooks, stats), with typed rows.
         // Never prints or reads the environment.
         .target(name: "WebhookAdministration", dependencies: ["Postgres"]),
@@ -132,7 +137,8 @@ let package = Package(
             dependencies: [
                 "Worker", "Revoker", "WebhookDelivery", "AppleKeys", "Postgres", "HTTPServer",
                 "ServiceSupport",
-                "AppleID", "AppleNotifications", "TokenVault", "ServiceHealth", "SiwaSchema",
+                "AppleID", "AppleNotifications", "TokenVault", "ServiceHealth", "SiwaSchema", "SharedSignals",
+                "SignalDelivery",
             ]),
         .executableTarget(
             name: "siwactl",
@@ -181,13 +187,19 @@ let package = Package(
         .testTarget(name: "WebhookTests", dependencies: ["Webhooks", "TestSupport"]),
         .testTarget(
             name: "SharedSignalsTests", dependencies: ["SharedSignals", "AppleNotifications", "TestSupport"]),
+        .testTarget(
+            name: "SignalDeliveryTests",
+            dependencies: [
+                "SignalDelivery", "SharedSignals", "AppleNotifications", "Postgres", "TestSupport",
+            ]),
         .testTarget(name: "ServiceSupportTests", dependencies: ["ServiceSupport"]),
         .testTarget(name: "QueueConsumerTests", dependencies: ["QueueConsumer"]),
         .testTarget(
             name: "AdminSQLTests",
             dependencies: [
                 "Doctor", "Postgres", "QueueConsumer", "Receiver", "RelayMail", "Revoker", "ServiceHealth",
-                "SignIn", "TestSupport", "WebhookAdministration", "WebhookDelivery", "Worker",
+                "SignIn", "SignalDelivery", "TestSupport", "WebhookAdministration", "WebhookDelivery",
+                "Worker",
             ]),
         .testTarget(
             name: "SiwactlTests",

@@ -9,6 +9,7 @@ enum SharedSignalsVerb {
         subverbs: [
             .parsing("keygen", keygenSpec) { parsed, _ in try keygen(parsed) },
             .parsing("jwks", jwksSpec) { parsed, _ in try jwks(parsed) },
+            streamsVerb,
         ])
 
     static let keygenSpec = CommandSpec(
