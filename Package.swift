@@ -225,7 +225,7 @@ let package = Package(
             name: "ProcessTests",
             dependencies: [
                 "AppleID", "AppleNotifications", "HTTPClient", "Postgres", "QueueConsumer", "ServiceSupport",
-                "SiwaSchema", "TestSupport", "WebhookDelivery", "Webhooks",
+                "SharedSignals", "SiwaSchema", "TestSupport", "WebhookDelivery", "Webhooks",
             ]),
     ]
 )
