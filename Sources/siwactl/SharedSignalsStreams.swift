@@ -2,6 +2,7 @@ import Foundation
 import Postgres
 import ServiceSupport
 import SharedSignals
+import Webhooks
 
 /// `siwactl ssf streams`: push streams to Shared Signals receivers, until the SSF management API exists.
 extension SharedSignalsVerb {
@@ -60,8 +61,8 @@ extension SharedSignalsVerb {
 
     static func add(_ parsed: ParsedCommand) throws {
         let url = parsed.value("url") ?? ""
-        guard url.hasPrefix("https://") || url.hasPrefix("http://127.0.0.1") || url.hasPrefix("http://[::1]")
-        else { throw UsageError("--url: https, or http to a loopback IP literal") }
+        // The webhooks' rule: https, or http to a loopback IP literal.
+        if let problem = StandardWebhooks.endpointProblem(url) { throw UsageError("--url: \(problem)") }
         var reference: String?
         if let file = parsed.value("authorization-file") {
             guard file.hasPrefix("/") else { throw UsageError("--authorization-file: an absolute path") }
