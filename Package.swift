@@ -87,6 +87,14 @@ let package = Package(
         // Standard Webhooks: whsec_ secrets, v1 signatures (OpenSSL's HMAC), whsk_/whpk_ keys and v1a
         // signatures (OpenSSL's ed25519), endpoint URL policy.
         .target(name: "Webhooks", dependencies: ["COpenSSL"]),
+        // Shared Signals: Security Event Tokens (RFC 8417, SSF/CAEP/RISC 1.0) signed RS256 with the
+        // transmitter's own key, and its JWKS. Never sends anything or touches the database.
+        .target(name: "SharedSignals", dependencies: ["AppleNotifications"]),
+        // The SSF push lanes of siwa-worker (RFC 8935): siwa.ssf_events claimed under a lease, signed by
+        // SharedSignals, POSTed by HTTPClient. Never holds a transaction across a POST.
+        .target(
+            name: "SignalDelivery",
+            dependencies: ["HTTPClient", "Postgres", "QueueConsumer", "ServiceSupport", "SharedSignals"]),
         // The operator's calls on webhook endpoints and deliveries (siwactl webhooks, stats), with typed rows.
         // Never prints or reads the environment.
         .target(name: "WebhookAdministration", dependencies: ["Postgres"]),
@@ -132,14 +140,15 @@ let package = Package(
             dependencies: [
                 "Worker", "Revoker", "WebhookDelivery", "AppleKeys", "Postgres", "HTTPServer",
                 "ServiceSupport",
-                "AppleID", "AppleNotifications", "TokenVault", "ServiceHealth", "SiwaSchema",
+                "AppleID", "AppleNotifications", "TokenVault", "ServiceHealth", "SiwaSchema", "SharedSignals",
+                "SignalDelivery",
             ]),
         .executableTarget(
             name: "siwactl",
             dependencies: [
                 "AppleNotifications", "AppleID", "HTTPClient", "Postgres", "ServiceSupport", "HTTPServer",
                 "SiwaSchema", "AppleKeys", "Webhooks", "TeamTransfer", "FakeApple", "Doctor", "Migrator",
-                "WebhookAdministration", "ServiceHealth", "RelayMail", "Bounces",
+                "WebhookAdministration", "ServiceHealth", "RelayMail", "Bounces", "SharedSignals",
             ]),
         .executableTarget(
             name: "siwa-mailgate",
@@ -179,13 +188,21 @@ let package = Package(
             ]),
         // The Webhooks signing library.
         .testTarget(name: "WebhookTests", dependencies: ["Webhooks", "TestSupport"]),
+        .testTarget(
+            name: "SharedSignalsTests", dependencies: ["SharedSignals", "AppleNotifications", "TestSupport"]),
+        .testTarget(
+            name: "SignalDeliveryTests",
+            dependencies: [
+                "SignalDelivery", "SharedSignals", "AppleNotifications", "Postgres", "TestSupport",
+            ]),
         .testTarget(name: "ServiceSupportTests", dependencies: ["ServiceSupport"]),
         .testTarget(name: "QueueConsumerTests", dependencies: ["QueueConsumer"]),
         .testTarget(
             name: "AdminSQLTests",
             dependencies: [
                 "Doctor", "Postgres", "QueueConsumer", "Receiver", "RelayMail", "Revoker", "ServiceHealth",
-                "SignIn", "TestSupport", "WebhookAdministration", "WebhookDelivery", "Worker",
+                "SignIn", "SignalDelivery", "TestSupport", "WebhookAdministration", "WebhookDelivery",
+                "Worker",
             ]),
         .testTarget(
             name: "SiwactlTests",
@@ -212,7 +229,7 @@ let package = Package(
             name: "ProcessTests",
             dependencies: [
                 "AppleID", "AppleNotifications", "HTTPClient", "Postgres", "QueueConsumer", "ServiceSupport",
-                "SiwaSchema", "TestSupport", "WebhookDelivery", "Webhooks",
+                "SharedSignals", "SiwaSchema", "TestSupport", "WebhookDelivery", "Webhooks",
             ]),
     ]
 )

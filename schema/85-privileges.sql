@@ -313,3 +313,21 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- Shared Signals (schema/74-shared-signals.sql): the worker's SSF lane claims and records; admins read
+-- the overview.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_worker') THEN
+        GRANT SELECT ON siwa.ssf_streams TO siwa_worker;
+        GRANT UPDATE (last_claimed_at) ON siwa.ssf_streams TO siwa_worker;
+        GRANT SELECT, INSERT, UPDATE ON siwa.ssf_events TO siwa_worker;
+        GRANT EXECUTE ON FUNCTION siwa.ssf_fan_out(), siwa.ssf_event_type(text),
+            siwa.claim_ssf_events(text, interval, integer),
+            siwa.record_ssf_attempt(bigint, text, text, integer, text, integer, interval, interval) TO siwa_worker;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_admin') THEN
+        GRANT SELECT ON siwa.ssf_stream_overview TO siwa_admin;
+    END IF;
+END;
+$$;

@@ -5,6 +5,7 @@ import HTTPServer
 import Postgres
 import Revoker
 import ServiceSupport
+import SignalDelivery
 import SiwaSchema
 import WebhookDelivery
 import Worker
@@ -70,7 +71,7 @@ let workerCommand = CommandSpec(
             "metrics-listen", valueName: "HOST:PORT", help: "Serve Prometheus metrics at /metrics here.",
             environmentVariable: "SIWA_WORKER_METRICS_LISTEN"),
         .listenAddressFile(environmentVariable: "SIWA_WORKER_LISTEN_ADDRESS_FILE", names: "metrics"),
-    ] + KeySetOptions.all + revokerOptions + webhookOptions,
+    ] + KeySetOptions.all + revokerOptions + webhookOptions + sharedSignalsOptions,
     flags: [
         CommandFlag(
             "once", help: "Drain everything that is due, run maintenance once, then exit.",
@@ -113,6 +114,7 @@ func runWorker(arguments: [String], environment: [String: String]) -> Int32 {
     let metricsAddress: ListenAddress?
     let revoker: Revoker?
     let webhooks: WebhookDispatcher?
+    let sharedSignals: SignalDispatcher?
     let keys: KeyStore
     do {
         metricsAddress = try parsed.listenAddress("metrics-listen")
@@ -151,6 +153,8 @@ func runWorker(arguments: [String], environment: [String: String]) -> Int32 {
             retainEvents: try parsed.number("retain-events-days").map { .seconds($0 * 86_400) })
         webhooks = try makeWebhookDispatcher(
             parsed, database: database, environment: environment, logger: logger, metrics: metrics)
+        sharedSignals = try makeSignalDispatcher(
+            parsed, database: database, environment: environment, logger: logger)
         revoker = try makeRevoker(
             parsed, database: database, environment: environment, logger: logger, metrics: metrics)
     } catch let error as CommandLineError {
@@ -228,6 +232,11 @@ func runWorker(arguments: [String], environment: [String: String]) -> Int32 {
         // Signed outbound webhooks: their own lanes and connections, unless --webhook-concurrency 0.
         if let webhooks {
             services.append(.task("webhooks", run: { webhooks.run() }, stop: { webhooks.stop() }))
+        }
+        // Shared Signals push lanes, when --ssf-key-file is given.
+        if let sharedSignals {
+            services.append(
+                .task("shared signals", run: { sharedSignals.run() }, stop: { sharedSignals.stop() }))
         }
     }
     return ServiceGroup(services, signals: signals, logger: logger).run().exitStatus

@@ -45,7 +45,7 @@ enum KeygenVerb {
     }
 
     /// Creates the file exclusively with mode 0600 so the key is never readable by others.
-    private static func writeSecret(_ text: String, to path: String) throws {
+    static func writeSecret(_ text: String, to path: String) throws {
         let descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else {
             throw ToolFailure(

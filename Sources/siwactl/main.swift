@@ -9,7 +9,7 @@ enum Siwactl {
     static let verbs: [Verb] = [
         KeygenVerb.verb, SignVerb.verb, VerifyVerb.verb, ClientSecretVerb.verb, MigrateVerb.verb,
         EventsVerb.verb, ReplayVerb.verb, StatsVerb.verb, FakeAppleVerb.verb, SimulateVerb.verb,
-        DoctorVerb.verb, TransferVerb.verb, WebhooksVerb.verb, MailVerb.verb,
+        DoctorVerb.verb, TransferVerb.verb, WebhooksVerb.verb, MailVerb.verb, SharedSignalsVerb.verb,
     ]
 
     /// `siwactl` itself: its verbs, and `--version`, `--help` and unknown verbs.

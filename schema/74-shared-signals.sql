@@ -1,0 +1,266 @@
+-- Shared Signals: streams to SSF receivers and the outbox of Security Event Tokens pushed to them (RFC 8935)
+
+-- Every change in siwa.changes that Shared Signals carry (docs/shared-signals.md) becomes one SET per
+-- stream whose requested event types include its type, pushed by siwa-worker's SSF lane.
+--  - siwa.ssf_streams: one receiver's stream: its audience (the SETs' aud), the push URL, the reference
+--    of its Authorization header (file:PATH, read by the worker at send time; the header itself is never
+--    stored, logged or shown), the event types requested (NULL: all), and its status: enabled (pushed),
+--    paused (kept, in order, pushed after resume) or disabled (no new events; pending ones wait).
+--  - siwa.ssf_events: the outbox, one row per change and stream, written by the AFTER INSERT trigger on
+--    siwa.changes in the change's transaction. It copies what a SET says (type, sub, old sub, event time,
+--    Apple's jti): no email, nothing an erasure clears, so a pending SET of an erased account stays
+--    deliverable and is unchanged. Its jti and iat are fixed at fan-out: every attempt sends the same SET.
+--    pending → delivered (202) or failed (a permanent 400 of RFC 8935 § 2.3) or dead (retries ran out).
+-- Order: per stream and sub, an event is not claimed while an earlier one of that stream and sub is
+-- pending (in flight or waiting for its retry). Isolation: a claim takes at most max_in_flight leased
+-- events of one stream; streams are taken least recently claimed first. No lock is held across a POST.
+CREATE TABLE IF NOT EXISTS siwa.ssf_streams (
+    id                   bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    receiver             text        NOT NULL CHECK (receiver <> ''),
+    audience             text        NOT NULL CHECK (audience <> ''),
+    delivery_method      text        NOT NULL DEFAULT 'urn:ietf:rfc:8935'
+                                     CHECK (delivery_method = 'urn:ietf:rfc:8935'),
+    endpoint_url         text        NOT NULL CHECK (endpoint_url ~ '^https?://'),
+    authorization_ref    text        CHECK (authorization_ref ~ '^file:/'),
+    events_requested     text[],
+    status               text        NOT NULL DEFAULT 'enabled' CHECK (status IN ('enabled', 'paused', 'disabled')),
+    status_reason        text        CHECK (length(status_reason) <= 300),
+    max_in_flight        integer     NOT NULL DEFAULT 4 CHECK (max_in_flight BETWEEN 1 AND 64),
+    created_at           timestamptz NOT NULL DEFAULT now(),
+    updated_at           timestamptz NOT NULL DEFAULT now(),
+    last_claimed_at      timestamptz
+);
+COMMENT ON TABLE siwa.ssf_streams IS
+    'Shared Signals push streams (siwactl ssf streams): receiver, aud, push URL, the Authorization header''s file reference (never the header), events requested, status.';
+COMMENT ON COLUMN siwa.ssf_streams.authorization_ref IS
+    'file:PATH of a file holding the Authorization header value the worker sends (e.g. Bearer …); NULL: none. The value is never stored here.';
+COMMENT ON COLUMN siwa.ssf_streams.events_requested IS 'Event type URIs the receiver asked for; NULL: every type supported.';
+COMMENT ON COLUMN siwa.ssf_streams.status IS
+    'enabled: pushed; paused: new events kept and pushed in order after resume; disabled: no new events, pending ones wait.';
+
+CREATE TABLE IF NOT EXISTS siwa.ssf_events (
+    id               bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    change_id        bigint      NOT NULL,
+    stream_id        bigint      NOT NULL REFERENCES siwa.ssf_streams (id) ON DELETE CASCADE,
+    jti              text        NOT NULL DEFAULT pg_catalog.gen_random_uuid()::text UNIQUE,
+    issued_at        timestamptz NOT NULL DEFAULT now(),
+    change_type      text        NOT NULL,
+    sub              text        NOT NULL,
+    old_sub          text,
+    event_time       timestamptz NOT NULL,
+    txn              text        NOT NULL,
+    state            text        NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'delivered', 'failed', 'dead')),
+    attempts         integer     NOT NULL DEFAULT 0,
+    next_attempt_at  timestamptz NOT NULL DEFAULT now(),
+    delivered_at     timestamptz,
+    last_status      integer,
+    last_error       text        CHECK (length(last_error) <= 300),
+    lease_owner      text,
+    lease_expires_at timestamptz,
+    CONSTRAINT ssf_events_lease_check CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL)),
+    UNIQUE (change_id, stream_id)
+);
+COMMENT ON TABLE siwa.ssf_events IS
+    'The SET outbox: one row per change and stream; what the SET says, copied at fan-out (no personal data), with its fixed jti and iat; pending, delivered, failed (permanent 400) or dead.';
+COMMENT ON COLUMN siwa.ssf_events.jti IS 'The SET''s jti, the same for every attempt.';
+COMMENT ON COLUMN siwa.ssf_events.txn IS 'The Apple notification''s jti (the SET''s txn; empty: none).';
+COMMENT ON COLUMN siwa.ssf_events.last_error IS 'Our own bounded words, or the receiver''s err code; never a header or a body.';
+CREATE INDEX IF NOT EXISTS ssf_events_order_idx ON siwa.ssf_events (stream_id, sub, id) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS ssf_events_due_idx ON siwa.ssf_events (stream_id, id) WHERE state = 'pending';
+
+-- The event type URI a change is sent as (SharedSignals.SecurityEventToken.EventType); NULL: not carried.
+CREATE OR REPLACE FUNCTION siwa.ssf_event_type(p_change_type text) RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE p_change_type
+        WHEN 'siwa.consent_revoked' THEN 'https://schemas.openid.net/secevent/caep/event-type/session-revoked'
+        WHEN 'siwa.account_deleted' THEN 'https://schemas.openid.net/secevent/risc/event-type/account-purged'
+        WHEN 'siwa.sub_transferred' THEN 'urn:siwa:secevent:event-type:subject-transferred'
+        WHEN 'siwa.email_disabled' THEN 'urn:siwa:secevent:event-type:email-forwarding-disabled'
+        WHEN 'siwa.email_enabled' THEN 'urn:siwa:secevent:event-type:email-forwarding-enabled'
+    END
+$$;
+COMMENT ON FUNCTION siwa.ssf_event_type(text) IS
+    'The Shared Signals event type URI of a siwa.changes type; NULL for a type not sent (siwa.personal_data_erased).';
+
+-- The fan-out: once per INSERT statement on siwa.changes, one SET per new change and enabled or paused
+-- stream that requested its type; one NOTIFY siwa_ssf (at commit) when there is any.
+CREATE OR REPLACE FUNCTION siwa.ssf_fan_out() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM siwa.ssf_streams s WHERE s.status <> 'disabled') THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO siwa.ssf_events (change_id, stream_id, change_type, sub, old_sub, event_time, txn)
+    SELECT c.id, s.id, c.type, c.sub, c.old_sub, c.event_time, c.jti
+      FROM new_changes c
+      JOIN siwa.ssf_streams s ON s.status <> 'disabled'
+       AND siwa.ssf_event_type(c.type) IS NOT NULL
+       AND (s.events_requested IS NULL OR siwa.ssf_event_type(c.type) = ANY (s.events_requested))
+     ORDER BY c.id, s.id;
+    IF FOUND THEN
+        PERFORM pg_catalog.pg_notify('siwa_ssf', '');
+    END IF;
+    RETURN NULL;
+END;
+$$;
+COMMENT ON FUNCTION siwa.ssf_fan_out() IS
+    'Statement trigger after INSERT on siwa.changes: one SET per new change and matching stream that is not disabled.';
+DROP TRIGGER IF EXISTS changes_ssf_fan_out ON siwa.changes;
+CREATE TRIGGER changes_ssf_fan_out
+    AFTER INSERT ON siwa.changes REFERENCING NEW TABLE AS new_changes
+    FOR EACH STATEMENT EXECUTE FUNCTION siwa.ssf_fan_out();
+
+-- Leases up to p_limit due events for p_owner for p_lease: per stream (enabled only, least recently
+-- claimed first, its row locked while its leases are counted) at most max_in_flight leased, and per
+-- stream and sub only the earliest pending one.
+CREATE OR REPLACE FUNCTION siwa.claim_ssf_events(p_owner text, p_lease interval, p_limit integer)
+RETURNS TABLE (id bigint, stream_id bigint, jti text, issued_at timestamptz, change_type text, sub text,
+               old_sub text, event_time timestamptz, txn text, attempts integer, audience text,
+               endpoint_url text, authorization_ref text)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_stream record;
+    v_room   integer;
+    v_left   integer := p_limit;
+BEGIN
+    FOR v_stream IN
+        SELECT s.id, s.max_in_flight FROM siwa.ssf_streams s
+         WHERE s.status = 'enabled'
+           AND EXISTS (SELECT 1 FROM siwa.ssf_events e WHERE e.stream_id = s.id AND e.state = 'pending'
+                          AND e.next_attempt_at <= now())
+         ORDER BY s.last_claimed_at NULLS FIRST, s.id
+           FOR NO KEY UPDATE SKIP LOCKED
+    LOOP
+        EXIT WHEN v_left <= 0;
+        SELECT v_stream.max_in_flight - count(*) INTO v_room FROM siwa.ssf_events e
+         WHERE e.stream_id = v_stream.id AND e.state = 'pending' AND e.lease_expires_at > clock_timestamp();
+        CONTINUE WHEN v_room <= 0;
+        RETURN QUERY
+        WITH heads AS (
+            SELECT e.id FROM siwa.ssf_events e
+             WHERE e.stream_id = v_stream.id AND e.state = 'pending' AND e.next_attempt_at <= now()
+               AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= clock_timestamp())
+               AND NOT EXISTS (SELECT 1 FROM siwa.ssf_events p
+                                WHERE p.stream_id = e.stream_id AND p.sub = e.sub AND p.state = 'pending'
+                                  AND p.id < e.id)
+             ORDER BY e.id
+             LIMIT least(v_room, v_left)
+               FOR UPDATE SKIP LOCKED),
+        leased AS (
+            UPDATE siwa.ssf_events e
+               SET lease_owner = p_owner, lease_expires_at = clock_timestamp() + p_lease, attempts = e.attempts + 1
+              FROM heads h WHERE e.id = h.id
+            RETURNING e.*)
+        SELECT l.id, l.stream_id, l.jti, l.issued_at, l.change_type, l.sub, l.old_sub, l.event_time, l.txn,
+               l.attempts, s.audience, s.endpoint_url, s.authorization_ref
+          FROM leased l JOIN siwa.ssf_streams s ON s.id = l.stream_id
+         ORDER BY l.id;
+        GET DIAGNOSTICS v_room = ROW_COUNT;
+        v_left := v_left - v_room;
+        IF v_room > 0 THEN
+            UPDATE siwa.ssf_streams s SET last_claimed_at = now() WHERE s.id = v_stream.id;
+        END IF;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION siwa.claim_ssf_events(text, interval, integer) IS
+    'Leases due SETs of enabled streams: per stream at most max_in_flight in flight, per stream and sub the earliest pending only. Executable by siwa_worker.';
+
+-- Records one attempt of a leased event: p_outcome delivered (202), failed (a permanent 400), or retry
+-- (after siwa.retry_delay(attempts, p_retry_base, p_retry_max); dead once p_max_attempts is reached).
+-- False, with nothing written, when the lease is no longer the caller's.
+CREATE OR REPLACE FUNCTION siwa.record_ssf_attempt(p_id bigint, p_owner text, p_outcome text, p_status integer,
+                                                   p_error text, p_max_attempts integer,
+                                                   p_retry_base interval, p_retry_max interval)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF p_outcome IS NULL OR p_outcome NOT IN ('delivered', 'failed', 'retry') THEN
+        RAISE EXCEPTION 'the outcome is delivered, failed or retry' USING ERRCODE = '22023';
+    END IF;
+    UPDATE siwa.ssf_events e
+       SET state = CASE WHEN p_outcome = 'delivered' THEN 'delivered'
+                        WHEN p_outcome = 'failed' THEN 'failed'
+                        WHEN e.attempts >= p_max_attempts THEN 'dead'
+                        ELSE 'pending' END,
+           delivered_at = CASE WHEN p_outcome = 'delivered' THEN now() END,
+           next_attempt_at = CASE WHEN p_outcome = 'retry'
+                                  THEN clock_timestamp() + siwa.retry_delay(e.attempts, p_retry_base, p_retry_max)
+                                  ELSE e.next_attempt_at END,
+           last_status = p_status, last_error = left(p_error, 300),
+           lease_owner = NULL, lease_expires_at = NULL
+     WHERE e.id = p_id AND e.lease_owner = p_owner AND e.state = 'pending';
+    RETURN FOUND;
+END;
+$$;
+COMMENT ON FUNCTION siwa.record_ssf_attempt(bigint, text, text, integer, text, integer, interval, interval) IS
+    'Records a push attempt of a leased SET: delivered, failed (permanent) or retry (dead after p_max_attempts). False when the lease is not the caller''s. Executable by siwa_worker.';
+
+-- The operator's calls (siwactl ssf streams): add, set the status, remove. Setting enabled wakes the lanes.
+CREATE OR REPLACE FUNCTION siwa.add_ssf_stream(p_receiver text, p_audience text, p_endpoint_url text,
+                                               p_authorization_ref text DEFAULT NULL,
+                                               p_events_requested text[] DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    IF EXISTS (SELECT 1 FROM unnest(p_events_requested) t WHERE t NOT IN (
+        SELECT siwa.ssf_event_type(x) FROM unnest(ARRAY['siwa.consent_revoked', 'siwa.account_deleted',
+            'siwa.sub_transferred', 'siwa.email_disabled', 'siwa.email_enabled']) x)) THEN
+        RAISE EXCEPTION 'an event type requested is not supported' USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO siwa.ssf_streams AS s (receiver, audience, endpoint_url, authorization_ref, events_requested)
+    VALUES (p_receiver, p_audience, p_endpoint_url, p_authorization_ref, p_events_requested) RETURNING s.id INTO v_id;
+    RETURN v_id;
+END;
+$$;
+COMMENT ON FUNCTION siwa.add_ssf_stream(text, text, text, text, text[]) IS
+    'Adds a push stream (siwactl ssf streams add); returns its id.';
+
+CREATE OR REPLACE FUNCTION siwa.set_ssf_stream_status(p_stream bigint, p_status text, p_reason text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE siwa.ssf_streams s SET status = p_status, status_reason = left(p_reason, 300), updated_at = now()
+     WHERE s.id = p_stream;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF p_status = 'enabled' THEN
+        PERFORM pg_catalog.pg_notify('siwa_ssf', '');
+    END IF;
+    RETURN true;
+END;
+$$;
+COMMENT ON FUNCTION siwa.set_ssf_stream_status(bigint, text, text) IS
+    'Sets a stream enabled, paused or disabled (siwactl ssf streams resume/pause); enabling wakes the SSF lanes. False for an unknown stream.';
+
+CREATE OR REPLACE VIEW siwa.ssf_stream_overview AS
+SELECT s.id, s.receiver, s.audience, s.delivery_method, s.endpoint_url, s.authorization_ref IS NOT NULL AS has_authorization,
+       s.events_requested, s.status, s.status_reason, s.max_in_flight, s.created_at, s.updated_at,
+       (SELECT count(*) FROM siwa.ssf_events e WHERE e.stream_id = s.id AND e.state = 'pending') AS pending,
+       (SELECT count(*) FROM siwa.ssf_events e WHERE e.stream_id = s.id AND e.state = 'delivered') AS delivered,
+       (SELECT count(*) FROM siwa.ssf_events e WHERE e.stream_id = s.id AND e.state IN ('failed', 'dead')) AS failed
+  FROM siwa.ssf_streams s;
+COMMENT ON VIEW siwa.ssf_stream_overview IS 'Shared Signals streams with their event counts; never an Authorization header.';
+COMMENT ON COLUMN siwa.ssf_stream_overview.id IS 'The stream''s id (siwactl ssf streams --stream ID).';
+COMMENT ON COLUMN siwa.ssf_stream_overview.receiver IS 'The receiver''s name, the operator''s label.';
+COMMENT ON COLUMN siwa.ssf_stream_overview.audience IS 'The SETs'' aud.';
+COMMENT ON COLUMN siwa.ssf_stream_overview.delivery_method IS 'urn:ietf:rfc:8935 (push).';
+COMMENT ON COLUMN siwa.ssf_stream_overview.endpoint_url IS 'Where SETs are POSTed.';
+COMMENT ON COLUMN siwa.ssf_stream_overview.has_authorization IS 'Whether an Authorization header is sent (its value is never shown).';
+COMMENT ON COLUMN siwa.ssf_stream_overview.events_requested IS 'Event type URIs requested; NULL: all.';
+COMMENT ON COLUMN siwa.ssf_stream_overview.status IS 'enabled, paused or disabled.';
+COMMENT ON COLUMN siwa.ssf_stream_overview.status_reason IS 'Why it was last paused or disabled.';
+COMMENT ON COLUMN siwa.ssf_stream_overview.max_in_flight IS 'Pushes in flight at once, across every worker.';
+COMMENT ON COLUMN siwa.ssf_stream_overview.created_at IS 'When it was added.';
+COMMENT ON COLUMN siwa.ssf_stream_overview.updated_at IS 'When its status last changed.';
+COMMENT ON COLUMN siwa.ssf_stream_overview.pending IS 'SETs waiting or in flight.';
+COMMENT ON COLUMN siwa.ssf_stream_overview.delivered IS 'SETs answered 202.';
+COMMENT ON COLUMN siwa.ssf_stream_overview.failed IS 'SETs refused for good (a 400 of RFC 8935) or dead.';
+
+-- A SET once issued names the subject as it was: a team transfer keeps it (its own SET announces the new sub).
+INSERT INTO siwa.sub_columns (table_name, column_name, on_transfer, why) VALUES
+    ('ssf_events', 'sub', 'keep', 'a SET once issued (fixed jti) names the sub as it was; the transfer''s own SET names the new one')
+ON CONFLICT (table_name, column_name) DO UPDATE SET on_transfer = EXCLUDED.on_transfer, why = EXCLUDED.why;
