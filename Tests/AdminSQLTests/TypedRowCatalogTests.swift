@@ -8,6 +8,7 @@ import Testing
 @testable import Revoker
 @testable import ServiceHealth
 @testable import SignIn
+@testable import Suppressions
 @testable import WebhookAdministration
 @testable import WebhookDelivery
 @testable import Worker
@@ -21,7 +22,7 @@ private let rowTypes: [any PostgresRowDecodable.Type] = [
     SignInAnswer.self,
     ClaimedNotification.self, ProcessedNotification.self, DueNotification.self, BusyUsers.self,
     ClaimedDelivery.self, RevocationClaim.self, RefreshCheckClaim.self,
-    RelayMailDecision.self, RelayMailSingleDecision.self,
+    RelayMailDecision.self, RelayMailSingleDecision.self, ClaimedSuppression.self,
 ]
 
 @Suite("Typed rows: every statement's columns, as schema.sql gives them, are those its row type reads")
