@@ -6,6 +6,7 @@ import Postgres
 import Revoker
 import ServiceSupport
 import SiwaSchema
+import Suppressions
 import WebhookDelivery
 import Worker
 
@@ -70,7 +71,7 @@ let workerCommand = CommandSpec(
             "metrics-listen", valueName: "HOST:PORT", help: "Serve Prometheus metrics at /metrics here.",
             environmentVariable: "SIWA_WORKER_METRICS_LISTEN"),
         .listenAddressFile(environmentVariable: "SIWA_WORKER_LISTEN_ADDRESS_FILE", names: "metrics"),
-    ] + KeySetOptions.all + revokerOptions + webhookOptions,
+    ] + KeySetOptions.all + revokerOptions + webhookOptions + suppressionOptions,
     flags: [
         CommandFlag(
             "once", help: "Drain everything that is due, run maintenance once, then exit.",
@@ -113,6 +114,7 @@ func runWorker(arguments: [String], environment: [String: String]) -> Int32 {
     let metricsAddress: ListenAddress?
     let revoker: Revoker?
     let webhooks: WebhookDispatcher?
+    let suppressions: SuppressionDispatcher?
     let keys: KeyStore
     do {
         metricsAddress = try parsed.listenAddress("metrics-listen")
@@ -150,6 +152,8 @@ func runWorker(arguments: [String], environment: [String: String]) -> Int32 {
             retainTokens: try parsed.number("retain-tokens-days").map { .seconds($0 * 86_400) },
             retainEvents: try parsed.number("retain-events-days").map { .seconds($0 * 86_400) })
         webhooks = try makeWebhookDispatcher(
+            parsed, database: database, environment: environment, logger: logger, metrics: metrics)
+        suppressions = try makeSuppressionDispatcher(
             parsed, database: database, environment: environment, logger: logger, metrics: metrics)
         revoker = try makeRevoker(
             parsed, database: database, environment: environment, logger: logger, metrics: metrics)
@@ -228,6 +232,10 @@ func runWorker(arguments: [String], environment: [String: String]) -> Int32 {
         // Signed outbound webhooks: their own lanes and connections, unless --webhook-concurrency 0.
         if let webhooks {
             services.append(.task("webhooks", run: { webhooks.run() }, stop: { webhooks.stop() }))
+        }
+        // ESP suppression lists: a lane per provider, when --suppressions names any.
+        if let suppressions {
+            services.append(.task("suppressions", run: { suppressions.run() }, stop: { suppressions.stop() }))
         }
     }
     return ServiceGroup(services, signals: signals, logger: logger).run().exitStatus
