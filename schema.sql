@@ -5224,6 +5224,11 @@ CREATE INDEX IF NOT EXISTS suppression_outbox_queue_idx
 CREATE INDEX IF NOT EXISTS suppression_outbox_due_idx
     ON siwa.suppression_outbox (next_attempt_at, id) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS suppression_outbox_sub_idx ON siwa.suppression_outbox (sub);
+-- What each claim looks at first, kept small: the erased accounts' pending rows and the pending removes.
+CREATE INDEX IF NOT EXISTS suppression_outbox_erase_idx
+    ON siwa.suppression_outbox (erase_by) WHERE state = 'pending' AND erase_by IS NOT NULL;
+CREATE INDEX IF NOT EXISTS suppression_outbox_remove_idx
+    ON siwa.suppression_outbox (provider, id) WHERE state = 'pending' AND action = 'remove';
 
 -- What this service added to each provider's list (and the provider did not hold already): only these
 -- are removed on email-enabled.

@@ -91,7 +91,8 @@ public final class SuppressionDispatcher: Sendable {
     public let configuration: Configuration
     let logger: Logger
     private let stopSignal = StopSignal()
-    private let client: OutboundHTTP.Client
+    /// One per provider: each lane keeps its connection to its provider open between calls.
+    private let sessions: [String: OutboundHTTP.Session]
     private let attempts: [String: Counter]
     /// This dispatcher's lease owner prefix: host, process and a random part (a lane adds its provider).
     private let owner = "\(ProcessInfo.processInfo.hostName):\(getpid()):\(UUID().uuidString.prefix(8))"
@@ -100,12 +101,13 @@ public final class SuppressionDispatcher: Sendable {
     public init(configuration: Configuration, logger: Logger, metrics: MetricsRegistry? = nil) {
         self.configuration = configuration
         self.logger = logger
-        client = OutboundHTTP.Client(
+        let client = OutboundHTTP.Client(
             policy: OutboundHTTP.Policy(
                 timeout: configuration.timeout, maxResponseBodyBytes: 64 << 10,
                 allowsPlainHTTPToLoopback: true,
                 userAgent: "siwa-notifications-suppressions"),
             environment: configuration.environment)
+        sessions = configuration.providers.mapValues { _ in OutboundHTTP.Session(client: client) }
         var attempts: [String: Counter] = [:]
         for outcome in ["done", "already_there", "not_there", "retry", "permanent"] {
             attempts[outcome] = metrics?.counter(
@@ -154,8 +156,8 @@ public final class SuppressionDispatcher: Sendable {
         try? loop.run()
     }
 
-    /// Claims and attempts the provider's due rows one after another; returns how soon its next row is
-    /// due (a retry's time, or a lease's end).
+    /// Claims and attempts the provider's due rows one after another; returns how soon its next queue
+    /// head is due (a retry's time, a lease's end, an erasure's wait).
     private func drain(
         on connection: PostgresConnection, provider name: String, into outcomes: inout [Outcome]
     )
@@ -164,19 +166,26 @@ public final class SuppressionDispatcher: Sendable {
         while !stopSignal.isStopped, let outcome = try attemptOne(on: connection, provider: name) {
             outcomes.append(outcome)
         }
+        // Queue heads only (a row behind another of its address waits for it), of an enabled provider;
+        // an erased account's pending row is due at its erase_by too.
         let due = try connection.value(
             """
-            SELECT extract(epoch FROM min(CASE WHEN r.lease_expires_at > clock_timestamp() THEN r.lease_expires_at
-                                               ELSE greatest(r.next_attempt_at, r.erase_by) END)
-                                      - clock_timestamp())::float8
-              FROM siwa.suppression_outbox r WHERE r.state = 'pending' AND r.provider = $1
+            SELECT extract(epoch FROM min(least(CASE WHEN r.lease_expires_at > clock_timestamp()
+                                                     THEN r.lease_expires_at ELSE r.next_attempt_at END,
+                                                r.erase_by)) - clock_timestamp())::float8
+              FROM siwa.suppression_outbox r
+              JOIN siwa.suppression_providers p ON p.name = r.provider AND p.enabled
+             WHERE r.state = 'pending' AND r.provider = $1
+               AND NOT EXISTS (SELECT 1 FROM siwa.suppression_outbox q
+                                WHERE q.provider = r.provider AND q.address_key = r.address_key
+                                  AND q.state = 'pending' AND q.id < r.id)
             """, [.text(name)], as: Double?.self)
         return due.map { .milliseconds(max(0, Int64(($0 * 1000).rounded(.up)))) }
     }
 
     /// One attempt: claim (committed), call with no transaction open, record. Nil when nothing is due.
     func attemptOne(on connection: PostgresConnection, provider name: String) throws -> Outcome? {
-        guard let provider = configuration.providers[name] else { return nil }
+        guard let provider = configuration.providers[name], let client = sessions[name] else { return nil }
         let owner = "\(owner):\(name)"
         guard
             let claim = try connection.rows(

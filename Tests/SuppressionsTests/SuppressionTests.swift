@@ -298,6 +298,32 @@ struct SuppressionTests {
         #expect(try fixture.rows() == ["sendgrid add dead gave_up"])
     }
 
+    @Test(
+        "a lane that died mid-call: its lease runs out, another takes the row over; the late record is refused"
+    )
+    func leaseTakenOver() throws {
+        let fixture = try Fixture([.sendgrid])
+        try fixture.apply([("email-disabled", "s1", alice)])
+        let worker = try fixture.database.connect(asMemberOf: "siwa_worker")
+        defer { worker.close() }
+        let id = try worker.value(
+            "SELECT id FROM siwa.claim_suppressions('dead-lane', interval '1 hour', 1, 'sendgrid')",
+            as: Int.self)
+        // Leased: nothing to claim while the lease lives.
+        #expect(try fixture.dispatcher().drainOnce().isEmpty)
+        try fixture.database.connection.execute(
+            "UPDATE siwa.suppression_outbox SET lease_expires_at = now() - interval '1 s' WHERE id = $1",
+            [.int(Int64(id))])
+        #expect(try fixture.dispatcher().drainOnce().map(\.outcome) == ["done"])
+        #expect(
+            try worker.value(
+                "SELECT siwa.record_suppression_attempt($1, 'dead-lane', 'done', 201, NULL)",
+                [.int(Int64(id))],
+                as: Bool.self) == false)
+        #expect(try fixture.rows() == ["sendgrid add done done"])
+        #expect(try fixture.database.value("SELECT attempts FROM siwa.suppression_outbox") as Int == 2)
+    }
+
     @Test("Retry-After as an HTTP date, and the bounds")
     func retryAfterForms() {
         let now = Date(timeIntervalSince1970: 1_800_000_000)
