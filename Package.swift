@@ -84,6 +84,11 @@ let package = Package(
                 "HTTPClient", "Postgres", "QueueConsumer", "ServiceSupport", "WebhookAdministration",
                 "Webhooks",
             ]),
+        // ESP suppression lists in step with the relay events: the provider adapters (SendGrid, Postmark,
+        // Mailgun) and the dispatcher's lanes, one per provider, over siwa.suppression_outbox.
+        .target(
+            name: "Suppressions",
+            dependencies: ["HTTPClient", "Postgres", "QueueConsumer", "ServiceSupport"]),
         // Standard Webhooks: whsec_ secrets, v1 signatures (OpenSSL's HMAC), whsk_/whpk_ keys and v1a
         // signatures (OpenSSL's ed25519), endpoint URL policy.
         .target(name: "Webhooks", dependencies: ["COpenSSL"]),
@@ -138,7 +143,7 @@ let package = Package(
         .executableTarget(
             name: "siwa-worker",
             dependencies: [
-                "Worker", "Revoker", "WebhookDelivery", "AppleKeys", "Postgres", "HTTPServer",
+                "Worker", "Revoker", "WebhookDelivery", "Suppressions", "AppleKeys", "Postgres", "HTTPServer",
                 "ServiceSupport",
                 "AppleID", "AppleNotifications", "TokenVault", "ServiceHealth", "SiwaSchema", "SharedSignals",
                 "SignalDelivery",
@@ -186,6 +191,11 @@ let package = Package(
                 "WebhookDelivery", "Webhooks", "QueueConsumer", "Postgres", "HTTPServer", "HTTPClient",
                 "ServiceSupport", "TestSupport",
             ]),
+        .testTarget(
+            name: "SuppressionsTests",
+            dependencies: [
+                "Suppressions", "TestSupport", "Postgres", "HTTPClient", "HTTPServer", "ServiceSupport",
+            ]),
         // The Webhooks signing library.
         .testTarget(name: "WebhookTests", dependencies: ["Webhooks", "TestSupport"]),
         .testTarget(
@@ -201,7 +211,8 @@ let package = Package(
             name: "AdminSQLTests",
             dependencies: [
                 "Doctor", "Postgres", "QueueConsumer", "Receiver", "RelayMail", "Revoker", "ServiceHealth",
-                "SignIn", "SignalDelivery", "TestSupport", "WebhookAdministration", "WebhookDelivery",
+                "SignIn", "SignalDelivery", "Suppressions", "TestSupport", "WebhookAdministration",
+                "WebhookDelivery",
                 "Worker",
             ]),
         .testTarget(

@@ -179,6 +179,15 @@ BEGIN
             siwa.record_refresh_check(bigint, bytea, text), siwa.prune_sign_in_codes(interval),
             siwa.record_heartbeat(text, text, integer, integer, text, text, text[], timestamptz, interval),
             siwa.remove_heartbeat(text, text, integer) TO siwa_worker;
+        -- Suppression lists (schema/69-suppressions.sql): the fan-out trigger on siwa.accounts runs as
+        -- the worker; its consumer claims, records and keeps what it added.
+        GRANT SELECT ON siwa.suppression_providers TO siwa_worker;
+        GRANT SELECT, INSERT, UPDATE ON siwa.suppression_outbox TO siwa_worker;
+        GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.suppressions_we_added TO siwa_worker;
+        GRANT EXECUTE ON FUNCTION siwa.suppression_fan_out(), siwa.expire_suppression_erasures(),
+            siwa.finish_suppression(bigint, text, text), siwa.claim_suppressions(text, interval, integer, text),
+            siwa.record_suppression_attempt(bigint, text, text, integer, text, double precision, integer, interval,
+                                            interval) TO siwa_worker;
         GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.service_heartbeats TO siwa_worker;
         GRANT EXECUTE ON FUNCTION siwa.health_gauges(timestamptz) TO siwa_worker;
         DROP POLICY IF EXISTS service_heartbeats_worker ON siwa.service_heartbeats;

@@ -7,6 +7,7 @@ import Revoker
 import ServiceSupport
 import SignalDelivery
 import SiwaSchema
+import Suppressions
 import WebhookDelivery
 import Worker
 
@@ -71,7 +72,7 @@ let workerCommand = CommandSpec(
             "metrics-listen", valueName: "HOST:PORT", help: "Serve Prometheus metrics at /metrics here.",
             environmentVariable: "SIWA_WORKER_METRICS_LISTEN"),
         .listenAddressFile(environmentVariable: "SIWA_WORKER_LISTEN_ADDRESS_FILE", names: "metrics"),
-    ] + KeySetOptions.all + revokerOptions + webhookOptions + sharedSignalsOptions,
+    ] + KeySetOptions.all + revokerOptions + webhookOptions + sharedSignalsOptions + suppressionOptions,
     flags: [
         CommandFlag(
             "once", help: "Drain everything that is due, run maintenance once, then exit.",
@@ -115,6 +116,7 @@ func runWorker(arguments: [String], environment: [String: String]) -> Int32 {
     let revoker: Revoker?
     let webhooks: WebhookDispatcher?
     let sharedSignals: SignalDispatcher?
+    let suppressions: SuppressionDispatcher?
     let keys: KeyStore
     do {
         metricsAddress = try parsed.listenAddress("metrics-listen")
@@ -155,6 +157,8 @@ func runWorker(arguments: [String], environment: [String: String]) -> Int32 {
             parsed, database: database, environment: environment, logger: logger, metrics: metrics)
         sharedSignals = try makeSignalDispatcher(
             parsed, database: database, environment: environment, logger: logger)
+        suppressions = try makeSuppressionDispatcher(
+            parsed, database: database, environment: environment, logger: logger, metrics: metrics)
         revoker = try makeRevoker(
             parsed, database: database, environment: environment, logger: logger, metrics: metrics)
     } catch let error as CommandLineError {
@@ -237,6 +241,10 @@ func runWorker(arguments: [String], environment: [String: String]) -> Int32 {
         if let sharedSignals {
             services.append(
                 .task("shared signals", run: { sharedSignals.run() }, stop: { sharedSignals.stop() }))
+        }
+        // ESP suppression lists: a lane per provider, when --suppressions names any.
+        if let suppressions {
+            services.append(.task("suppressions", run: { suppressions.run() }, stop: { suppressions.stop() }))
         }
     }
     return ServiceGroup(services, signals: signals, logger: logger).run().exitStatus

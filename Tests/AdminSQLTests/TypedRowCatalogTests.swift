@@ -9,6 +9,7 @@ import Testing
 @testable import ServiceHealth
 @testable import SignIn
 @testable import SignalDelivery
+@testable import Suppressions
 @testable import WebhookAdministration
 @testable import WebhookDelivery
 @testable import Worker
@@ -22,7 +23,7 @@ private let rowTypes: [any PostgresRowDecodable.Type] = [
     SignInAnswer.self,
     ClaimedNotification.self, ProcessedNotification.self, DueNotification.self, BusyUsers.self,
     ClaimedDelivery.self, RevocationClaim.self, RefreshCheckClaim.self,
-    RelayMailDecision.self, RelayMailSingleDecision.self, ClaimedSET.self,
+    RelayMailDecision.self, RelayMailSingleDecision.self, ClaimedSET.self, ClaimedSuppression.self,
 ]
 
 @Suite("Typed rows: every statement's columns, as schema.sql gives them, are those its row type reads")

@@ -1,0 +1,300 @@
+import Foundation
+public import HTTPClient
+public import Postgres
+public import QueueConsumer
+public import ServiceSupport
+
+/// Keeps the configured providers' suppression lists in step with `siwa.suppression_outbox`, in order
+/// per provider and address, at least once.
+///
+/// One lane per provider (a ``ConsumerLoop`` on a thread and connection of its own, listening on
+/// `siwa_suppressions`), so a provider that hangs or is down holds up no other. One attempt holds no lock
+/// and no transaction across the network: `siwa.claim_suppressions` commits a lease on a due queue head
+/// (``CallLease``: the call's deadline plus a margin), the lane calls the provider with no transaction
+/// open, then `siwa.record_suppression_attempt` records the outcome if the lease is still its own. 429
+/// and 5xx, timeouts and transport failures are retried after `siwa.retry_delay`, never before the
+/// provider's retry-after; the row is dead after ``Configuration/maxAttempts``.
+public final class SuppressionDispatcher: Sendable {
+    /// The dispatcher's settings.
+    public struct Configuration: Sendable {
+        /// The database (the role needs `siwa_worker`).
+        public var database: PostgresConfiguration
+        /// The providers this process delivers for, by `siwa.suppression_providers.name`.
+        public var providers: [String: any SuppressionProvider]
+        /// The deadline of one call.
+        public var timeout: Duration
+        /// First retry delay; doubles per attempt, with jitter, at most ``maxRetryDelay``.
+        public var retryBaseDelay: Duration
+        /// The longest retry delay.
+        public var maxRetryDelay: Duration
+        /// A row still failing after this many attempts is dead (`gave_up`).
+        public var maxAttempts: Int
+        /// Look for due rows at least this often (NOTIFY wakes the lanes sooner).
+        public var pollInterval: Duration
+        /// Where `SSL_CERT_FILE` and `https_proxy`/`no_proxy` are read (the executable's environment).
+        public var environment: [String: String]
+        /// How long a claimed row stays leased: an add's two calls (the lookup, the add), each up to
+        /// ``timeout``, plus ``CallLease/margin``.
+        public var lease: Duration { CallLease.covering(timeout * 2) }
+
+        public static let defaultTimeout: Duration = .seconds(10)
+        public static let defaultRetryBaseDelay: Duration = .seconds(5)
+        public static let defaultMaxRetryDelay: Duration = .seconds(3600)
+        public static let defaultMaxAttempts = 30
+        public static let defaultPollInterval: Duration = .seconds(1)
+
+        /// Settings; every duration must be positive and `maxAttempts` at least 1.
+        public init(
+            database: PostgresConfiguration, providers: [String: any SuppressionProvider],
+            timeout: Duration = Configuration.defaultTimeout,
+            retryBaseDelay: Duration = Configuration.defaultRetryBaseDelay,
+            maxRetryDelay: Duration = Configuration.defaultMaxRetryDelay,
+            maxAttempts: Int = Configuration.defaultMaxAttempts,
+            pollInterval: Duration = Configuration.defaultPollInterval, environment: [String: String] = [:]
+        ) throws {
+            guard timeout > .zero, retryBaseDelay > .zero, maxRetryDelay >= retryBaseDelay, maxAttempts >= 1,
+                pollInterval > .zero
+            else {
+                throw ConfigurationError("the suppression settings must be positive (max delay ≥ base delay)")
+            }
+            self.database = database
+            self.providers = providers
+            self.timeout = timeout
+            self.retryBaseDelay = retryBaseDelay
+            self.maxRetryDelay = maxRetryDelay
+            self.maxAttempts = maxAttempts
+            self.pollInterval = pollInterval
+            self.environment = environment
+        }
+    }
+
+    /// What one attempt ended as.
+    public struct Outcome: Sendable, Equatable {
+        /// The row's id.
+        public var id: Int
+        /// The provider's name.
+        public var provider: String
+        /// What was asked.
+        public var action: SuppressionAction
+        /// What the provider's answer came to (`retry` also when it ran out of attempts: see ``recorded``).
+        public var outcome: String
+        /// The HTTP status answered, nil when none.
+        public var status: Int?
+        /// Whether the record found the lease still this lane's.
+        public var recorded: Bool
+    }
+
+    /// The channel the fan-out trigger and retries notify.
+    public static let channel = "siwa_suppressions"
+
+    /// The settings.
+    public let configuration: Configuration
+    let logger: Logger
+    private let stopSignal = StopSignal()
+    /// One per provider: each lane keeps its connection to its provider open between calls.
+    private let sessions: [String: OutboundHTTP.Session]
+    private let attempts: [String: Counter]
+    /// This dispatcher's lease owner prefix: host, process and a random part (a lane adds its provider).
+    private let owner = "\(ProcessInfo.processInfo.hostName):\(getpid()):\(UUID().uuidString.prefix(8))"
+
+    /// A dispatcher; `metrics`, when given, gets `siwa_suppression_attempts_total{outcome}`.
+    public init(configuration: Configuration, logger: Logger, metrics: MetricsRegistry? = nil) {
+        self.configuration = configuration
+        self.logger = logger
+        let client = OutboundHTTP.Client(
+            policy: OutboundHTTP.Policy(
+                timeout: configuration.timeout, maxResponseBodyBytes: 64 << 10,
+                allowsPlainHTTPToLoopback: true,
+                userAgent: "siwa-notifications-suppressions"),
+            environment: configuration.environment)
+        sessions = configuration.providers.mapValues { _ in OutboundHTTP.Session(client: client) }
+        var attempts: [String: Counter] = [:]
+        for outcome in ["done", "already_there", "not_there", "retry", "permanent"] {
+            attempts[outcome] = metrics?.counter(
+                "siwa_suppression_attempts_total", help: "Calls to the ESPs' suppression APIs, by outcome.",
+                labels: [("outcome", outcome)])
+        }
+        self.attempts = attempts
+    }
+
+    /// Runs one lane per provider until ``stop()``; each finishes the call in hand.
+    public func run() {
+        let names = configuration.providers.keys.sorted()
+        logger.info("suppressions started", ["providers": .string(names.joined(separator: ","))])
+        let lanes = names.map { name in
+            JoinableThread(name: "siwa-suppressions-\(name)") { [self] in runLane(name) }
+        }
+        for lane in lanes { lane.join() }
+        logger.info("suppressions stopped")
+    }
+
+    /// Asks ``run()`` to return once the calls in hand are recorded. Safe from any thread.
+    public func stop() { stopSignal.stop() }
+
+    /// Attempts every row due now, provider after provider, on one connection; returns the outcomes.
+    /// Retries it schedules are not waited for.
+    public func drainOnce() throws -> [Outcome] {
+        let connection = try PostgresConnection(configuration: configuration.database)
+        defer { connection.close() }
+        var outcomes: [Outcome] = []
+        for name in configuration.providers.keys.sorted() {
+            _ = try drain(on: connection, provider: name, into: &outcomes)
+        }
+        return outcomes
+    }
+
+    private func runLane(_ name: String) {
+        var loop = ConsumerLoop.listening(
+            on: Self.channel, database: configuration.database,
+            state: ConsumerLoopState(pollInterval: min(configuration.pollInterval, .milliseconds(500))),
+            stop: stopSignal, logger: logger, failure: "suppressions: database failure; connecting again",
+            fields: ["provider": .string(name)]
+        ) { [self] connection in
+            var outcomes: [Outcome] = []
+            return try drain(on: connection, provider: name, into: &outcomes)
+        }
+        try? loop.run()
+    }
+
+    /// Claims and attempts the provider's due rows one after another; returns how soon its next queue
+    /// head is due (a retry's time, a lease's end, an erasure's wait).
+    private func drain(
+        on connection: PostgresConnection, provider name: String, into outcomes: inout [Outcome]
+    )
+        throws -> Duration?
+    {
+        while !stopSignal.isStopped, let outcome = try attemptOne(on: connection, provider: name) {
+            outcomes.append(outcome)
+        }
+        // Queue heads only (a row behind another of its address waits for it), of an enabled provider;
+        // an erased account's pending row is due at its erase_by too.
+        let due = try connection.value(
+            """
+            SELECT extract(epoch FROM min(least(CASE WHEN r.lease_expires_at > clock_timestamp()
+                                                     THEN r.lease_expires_at ELSE r.next_attempt_at END,
+                                                r.erase_by)) - clock_timestamp())::float8
+              FROM siwa.suppression_outbox r
+              JOIN siwa.suppression_providers p ON p.name = r.provider AND p.enabled
+             WHERE r.state = 'pending' AND r.provider = $1
+               AND NOT EXISTS (SELECT 1 FROM siwa.suppression_outbox q
+                                WHERE q.provider = r.provider AND q.address_key = r.address_key
+                                  AND q.state = 'pending' AND q.id < r.id)
+            """, [.text(name)], as: Double?.self)
+        return due.map { .milliseconds(max(0, Int64(($0 * 1000).rounded(.up)))) }
+    }
+
+    /// One attempt: claim (committed), call with no transaction open, record. Nil when nothing is due.
+    func attemptOne(on connection: PostgresConnection, provider name: String) throws -> Outcome? {
+        guard let provider = configuration.providers[name], let client = sessions[name] else { return nil }
+        let owner = "\(owner):\(name)"
+        guard
+            let claim = try connection.rows(
+                ClaimedSuppression.self, [.text(owner), .double(configuration.lease.inSeconds), .text(name)]
+            ).first
+        else { return nil }
+
+        // No transaction is open from here to the record: the row is held by its lease only.
+        var status: Int?
+        let outcome: SuppressionOutcome
+        do {
+            // An add reads first: an address the list holds already is not ours (never removed later).
+            var listed = false
+            if claim.action == .add {
+                let answer = try client.perform(provider.lookup(address: claim.address))
+                status = answer.status
+                listed = provider.listed(answer) ?? false
+                if provider.listed(answer) == nil {
+                    throw LookupFailure(
+                        outcome: SuppressionAnswer.failure(answer)
+                            ?? .retryable(
+                                after: nil, reason: "HTTP \(answer.status): a lookup answer that says nothing"
+                            ))
+                }
+            }
+            if listed {
+                outcome = .alreadyThere
+            } else {
+                let response = try client.perform(provider.request(claim.action, address: claim.address))
+                status = response.status
+                outcome = provider.outcome(of: claim.action, response: response)
+            }
+        } catch let failure as LookupFailure {
+            outcome = failure.outcome
+        } catch let error as OutboundHTTP.Error {
+            outcome = .retryable(after: nil, reason: "\(error.code)")
+        } catch {
+            outcome = .retryable(after: nil, reason: "transport")
+        }
+        var retryAfter: Double?
+        var error: String?
+        switch outcome {
+        case .retryable(let after, let reason):
+            retryAfter = after?.inSeconds
+            error = reason
+        case .permanent(let reason): error = reason
+        default: break
+        }
+        let recorded = try connection.value(
+            """
+            SELECT siwa.record_suppression_attempt($1, $2, $3, $4::integer, $5, $6::float8, $7::integer,
+                                                   $8::float8 * interval '1 second', $9::float8 * interval '1 second')
+            """,
+            [
+                .int(Int64(claim.id)), .text(owner), .text(outcome.recordedName),
+                status.map { .int(Int64($0)) },
+                error.map { .text(String($0.prefix(300))) }, retryAfter.map { .double($0) },
+                .int(Int64(configuration.maxAttempts)), .double(configuration.retryBaseDelay.inSeconds),
+                .double(configuration.maxRetryDelay.inSeconds),
+            ], as: Bool.self)
+        if recorded { attempts[outcome.recordedName]?.increment() }
+        if !recorded {
+            logger.warning(
+                "suppression attempt not recorded: its lease expired and another lane took the row over",
+                ["row": .int(claim.id), "provider": .string(name)])
+        } else if error != nil {
+            logger.warning(
+                "suppression call failed",
+                [
+                    "row": .int(claim.id), "provider": .string(name),
+                    "action": .string(claim.action.rawValue),
+                    "attempt": .int(claim.attempt), "outcome": .string(outcome.recordedName),
+                    "status": status.map { .int($0) } ?? .string("none"),
+                ])
+        }
+        return Outcome(
+            id: claim.id, provider: name, action: claim.action, outcome: outcome.recordedName, status: status,
+            recorded: recorded)
+    }
+}
+
+/// A lookup whose answer decided the attempt's outcome (a 429, a 5xx, a refusal).
+private struct LookupFailure: Error {
+    var outcome: SuppressionOutcome
+}
+
+/// A row `siwa.claim_suppressions` leased to a lane: what to ask of which provider.
+struct ClaimedSuppression: PostgresRowDecodable {
+    var id: Int
+    var provider: String
+    var kind: String
+    var action: SuppressionAction
+    var address: String
+    /// This attempt's number (1 for the first).
+    var attempt: Int
+
+    static let statement = """
+        SELECT id, provider, kind, action, address, attempts
+          FROM siwa.claim_suppressions($1, $2::float8 * interval '1 second', 1, $3)
+        """
+    static let columns: PostgresColumns =
+        "id bigint, provider text, kind text, action text, address text, attempts integer"
+
+    init(row: PostgresRow) throws(PostgresError) {
+        id = try row[0, as: Int.self]
+        provider = try row[1, as: String.self]
+        kind = try row[2, as: String.self]
+        action = try row[3, as: String.self] == "remove" ? .remove : .add
+        address = try row[4, as: String.self]
+        attempt = try row[5, as: Int.self]
+    }
+}

@@ -1,0 +1,104 @@
+public import Foundation
+public import HTTPClient
+
+/// What a suppression row asks of a provider: put the address on its suppression list, or take it off.
+public enum SuppressionAction: String, Sendable, CaseIterable {
+    /// Add the address to the provider's suppression list.
+    case add
+    /// Remove it (only ever sent for an address this service added: `siwa.suppressions_we_added`).
+    case remove
+}
+
+/// What one call to a provider came to, as `siwa.record_suppression_attempt` records it.
+public enum SuppressionOutcome: Sendable, Equatable {
+    /// The provider did what was asked.
+    case done
+    /// An add of an address the list held already (not remembered as ours).
+    case alreadyThere
+    /// A remove of an address the list did not hold.
+    case notThere
+    /// Try again, not before `after` when the provider said so (429's headers).
+    case retryable(after: Duration?, reason: String)
+    /// The provider refused: trying again would not help (a 4xx other than 429).
+    case permanent(reason: String)
+
+    /// The outcome's name in `siwa.record_suppression_attempt`.
+    public var recordedName: String {
+        switch self {
+        case .done: "done"
+        case .alreadyThere: "already_there"
+        case .notThere: "not_there"
+        case .retryable: "retry"
+        case .permanent: "permanent"
+        }
+    }
+}
+
+/// One ESP's suppression API: the request for an action, and what its answer means. The call itself is
+/// the consumer's (``SuppressionDispatcher``), under the outbound policy, with no transaction open.
+public protocol SuppressionProvider: Sendable {
+    /// Its kind, as `siwa.suppression_providers.kind` names it.
+    var kind: String { get }
+    /// The request that performs `action` for `address`.
+    func request(_ action: SuppressionAction, address: String) -> OutboundHTTP.Request
+    /// What the provider's answer to that request means.
+    func outcome(of action: SuppressionAction, response: OutboundHTTP.Response) -> SuppressionOutcome
+    /// The read made before an add: does the list hold `address` already (the ESP's own suppression,
+    /// a user's unsubscribe, a bounce)? Then the add is not made and the address is not ours to remove.
+    func lookup(address: String) -> OutboundHTTP.Request
+    /// Whether the lookup's answer says the list holds the address; nil when it does not say.
+    func listed(_ response: OutboundHTTP.Response) -> Bool?
+}
+
+/// The answers every provider shares: 429 and 5xx are retried (429 after the time its headers give),
+/// any other status outside 2xx is permanent.
+public enum SuppressionAnswer {
+    /// The outcome of a status no adapter treats itself; nil for a 2xx (the adapter's to read).
+    public static func failure(_ response: OutboundHTTP.Response, now: Date = Date()) -> SuppressionOutcome? {
+        switch response.status {
+        case 200...299: nil
+        case 429: .retryable(after: retryAfter(response, now: now), reason: "HTTP 429")
+        case 500...599: .retryable(after: retryAfter(response, now: now), reason: "HTTP \(response.status)")
+        default: .permanent(reason: "HTTP \(response.status)")
+        }
+    }
+
+    /// How long the provider asks us to wait: `Retry-After` (seconds or an HTTP date), else
+    /// `ratelimit-reset` (seconds, the IETF draft's), else `X-RateLimit-Reset` (a Unix time, or seconds
+    /// when too small to be one); nil when none parses. Never negative, at most a day.
+    public static func retryAfter(_ response: OutboundHTTP.Response, now: Date = Date()) -> Duration? {
+        func bounded(_ seconds: Double) -> Duration { .seconds(min(max(seconds, 0), 86_400)) }
+        if let value = response.value(of: "Retry-After")?.trimmingCharacters(in: .whitespaces) {
+            if let seconds = Double(value) { return bounded(seconds) }
+            let format = DateFormatter()
+            format.locale = Locale(identifier: "en_US_POSIX")
+            format.timeZone = TimeZone(identifier: "GMT")
+            format.dateFormat = "EEE, dd MMM yyyy HH:mm:ss zzz"
+            if let date = format.date(from: value) { return bounded(date.timeIntervalSince(now)) }
+        }
+        if let value = response.value(of: "ratelimit-reset"),
+            let seconds = Double(value.trimmingCharacters(in: .whitespaces))
+        {
+            return bounded(seconds)
+        }
+        if let value = response.value(of: "X-RateLimit-Reset"),
+            let number = Double(value.trimmingCharacters(in: .whitespaces))
+        {
+            // A Unix time is past 10^9 (2001); a smaller number is a count of seconds.
+            return bounded(number > 1_000_000_000 ? number - now.timeIntervalSince1970 : number)
+        }
+        return nil
+    }
+
+    /// `address` as one path segment (everything but unreserved characters percent-encoded, `@` too).
+    static func pathSegment(_ address: String) -> String {
+        var allowed = CharacterSet.alphanumerics
+        allowed.insert(charactersIn: "-._~")
+        return address.addingPercentEncoding(withAllowedCharacters: allowed) ?? address
+    }
+
+    /// JSON of `object` (dictionaries and arrays of strings only).
+    static func json(_ object: Any) -> [UInt8] {
+        Array((try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data())
+    }
+}

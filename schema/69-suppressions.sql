@@ -1,0 +1,344 @@
+-- ESP suppression lists in step with Apple's events: providers, the suppression outbox, what we added
+
+-- Most apps send through an email service provider (ESP) whose suppression list decides what is sent.
+-- siwa-worker keeps each configured provider's list in step with the relay events (docs/operations.md,
+-- "Suppression lists"):
+--  - siwa.suppression_providers: one row per provider (name, kind sendgrid|mailgun|ses|postmark,
+--    enabled, how long an erasure waits for its rows). No credentials: the worker reads those from
+--    secret files or its environment.
+--  - siwa.suppression_outbox: one row per enabled provider and address, written by a statement trigger
+--    on siwa.accounts in the transaction that applies the event: email-disabled and account-delete add
+--    the address to the provider's list, email-enabled removes it. A remove of an address this service
+--    did not add (siwa.suppressions_we_added) finishes as not_ours without a call: a user's own
+--    unsubscribe or a real hard bounce is never undone. pending → done (outcome done, already_there,
+--    not_there, not_ours) or dead (permanent, gave_up, erased).
+-- Order: per provider and address, a row is not claimed while an earlier one (lower id) is pending.
+-- Leases as the webhook claim: the claim takes a row for a while (lease_owner, lease_expires_at), no
+-- lock or transaction is held across the provider's call, and a lease that runs out is taken over.
+-- Retries: siwa.retry_delay from the row's attempts, never sooner than the provider's retry-after; dead
+-- after the caller's bound of attempts.
+-- Team transfer: sub is rewritten with the account's (siwa.sub_columns); the address stays the one the
+-- provider holds. Erasure: rows no longer pending lose their address at once; a pending row keeps it
+-- for the provider's erasure_wait at most, then is dead (outcome erased) without it; what we added is
+-- forgotten. Every object here is new: created only when missing, functions replaced.
+
+CREATE TABLE IF NOT EXISTS siwa.suppression_providers (
+    name         text        PRIMARY KEY,
+    kind         text        NOT NULL,
+    enabled      boolean     NOT NULL DEFAULT true,
+    erasure_wait interval    NOT NULL DEFAULT interval '1 hour',
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT suppression_providers_name_check CHECK (name ~ '^[a-z0-9][a-z0-9_-]{0,62}$'),
+    CONSTRAINT suppression_providers_kind_check CHECK (kind IN ('sendgrid', 'mailgun', 'ses', 'postmark')),
+    CONSTRAINT suppression_providers_erasure_wait_check
+        CHECK (erasure_wait BETWEEN interval '0' AND interval '7 days')
+);
+COMMENT ON TABLE siwa.suppression_providers IS
+    'ESPs whose suppression list siwa-worker keeps in step with the relay events (siwa.suppression_outbox). No credentials: the worker reads them from secret files or its environment.';
+COMMENT ON COLUMN siwa.suppression_providers.name IS 'The provider''s name, as the worker''s configuration names it (lower case, digits, - and _).';
+COMMENT ON COLUMN siwa.suppression_providers.kind IS 'Its API: sendgrid, mailgun, ses or postmark.';
+COMMENT ON COLUMN siwa.suppression_providers.enabled IS 'Whether new events write rows for it and its pending rows are claimed.';
+COMMENT ON COLUMN siwa.suppression_providers.erasure_wait IS
+    'How long an erased account''s pending rows keep their address for delivery (0 to 7 days; 1 hour by default); then they are dead, outcome erased, without it.';
+
+CREATE TABLE IF NOT EXISTS siwa.suppression_outbox (
+    id               bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    provider         text        NOT NULL REFERENCES siwa.suppression_providers (name)
+                                 ON UPDATE CASCADE ON DELETE CASCADE,
+    sub              text        NOT NULL,
+    event            text        NOT NULL,
+    action           text        NOT NULL,
+    address          text,
+    address_key      text,
+    state            text        NOT NULL DEFAULT 'pending',
+    outcome          text,
+    attempts         integer     NOT NULL DEFAULT 0,
+    next_attempt_at  timestamptz NOT NULL DEFAULT now(),
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    last_attempt_at  timestamptz,
+    finished_at      timestamptz,
+    last_status      integer,
+    last_error       text,
+    erase_by         timestamptz,
+    lease_owner      text,
+    lease_expires_at timestamptz,
+    CONSTRAINT suppression_outbox_event_check CHECK (event IN ('email-disabled', 'email-enabled', 'account-delete')),
+    CONSTRAINT suppression_outbox_action_check CHECK (action IN ('add', 'remove')),
+    CONSTRAINT suppression_outbox_state_check CHECK (state IN ('pending', 'done', 'dead')),
+    CONSTRAINT suppression_outbox_outcome_check CHECK (
+        (state = 'pending' AND outcome IS NULL)
+        OR (state = 'done' AND outcome IN ('done', 'already_there', 'not_there', 'not_ours'))
+        OR (state = 'dead' AND outcome IN ('permanent', 'gave_up', 'erased'))),
+    CONSTRAINT suppression_outbox_address_check CHECK (
+        (address IS NULL) = (address_key IS NULL) AND (state <> 'pending' OR address_key IS NOT NULL)),
+    CONSTRAINT suppression_outbox_lease_check CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL)),
+    CONSTRAINT suppression_outbox_error_check CHECK (length(last_error) <= 300)
+);
+COMMENT ON TABLE siwa.suppression_outbox IS
+    'One row per enabled ESP and address an email-disabled, email-enabled or account-delete changed, written in the transaction that applied it; delivered by siwa-worker in order per provider and address (siwa.claim_suppressions, siwa.record_suppression_attempt).';
+COMMENT ON COLUMN siwa.suppression_outbox.sub IS 'The user''s sub; a team transfer rewrites it (siwa.sub_columns).';
+COMMENT ON COLUMN siwa.suppression_outbox.event IS 'The event whose effect this is: email-disabled, email-enabled or account-delete.';
+COMMENT ON COLUMN siwa.suppression_outbox.action IS 'add (to the provider''s suppression list) or remove (only if siwa.suppressions_we_added holds it).';
+COMMENT ON COLUMN siwa.suppression_outbox.address IS 'The address as the provider is sent it; NULL once the account is erased and the row is no longer pending.';
+COMMENT ON COLUMN siwa.suppression_outbox.address_key IS 'siwa.mail_address_key(address): the order is per provider and key.';
+COMMENT ON COLUMN siwa.suppression_outbox.state IS 'pending, done (outcome done, already_there, not_there, not_ours) or dead (permanent, gave_up, erased).';
+COMMENT ON COLUMN siwa.suppression_outbox.outcome IS
+    'Once finished: done, already_there (an add the list held), not_there (a remove the list did not hold), not_ours (a remove of an address we did not add: no call), permanent (the provider refused), gave_up (the attempts ran out), erased (the account was erased and the provider''s erasure_wait passed).';
+COMMENT ON COLUMN siwa.suppression_outbox.last_error IS 'Our own words about the last failure (never a credential, an address or the answer''s body).';
+COMMENT ON COLUMN siwa.suppression_outbox.erase_by IS 'Set when the account is erased while this row is pending: the row keeps its address until then at most.';
+CREATE INDEX IF NOT EXISTS suppression_outbox_queue_idx
+    ON siwa.suppression_outbox (provider, address_key, id) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS suppression_outbox_due_idx
+    ON siwa.suppression_outbox (next_attempt_at, id) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS suppression_outbox_sub_idx ON siwa.suppression_outbox (sub);
+-- What each claim looks at first, kept small: the erased accounts' pending rows and the pending removes.
+CREATE INDEX IF NOT EXISTS suppression_outbox_erase_idx
+    ON siwa.suppression_outbox (erase_by) WHERE state = 'pending' AND erase_by IS NOT NULL;
+CREATE INDEX IF NOT EXISTS suppression_outbox_remove_idx
+    ON siwa.suppression_outbox (provider, id) WHERE state = 'pending' AND action = 'remove';
+
+-- What this service added to each provider's list (and the provider did not hold already): only these
+-- are removed on email-enabled.
+CREATE TABLE IF NOT EXISTS siwa.suppressions_we_added (
+    provider    text        NOT NULL REFERENCES siwa.suppression_providers (name)
+                            ON UPDATE CASCADE ON DELETE CASCADE,
+    address_key text        NOT NULL,
+    sub         text        NOT NULL,
+    added_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (provider, address_key)
+);
+COMMENT ON TABLE siwa.suppressions_we_added IS
+    'The addresses siwa-worker added to a provider''s suppression list itself (the provider answered done, not already_there): the only ones an email-enabled removes. Forgotten when the address is removed or the account erased.';
+COMMENT ON COLUMN siwa.suppressions_we_added.address_key IS 'siwa.mail_address_key of the address added.';
+COMMENT ON COLUMN siwa.suppressions_we_added.sub IS 'Whose address it is; a team transfer rewrites it, an erasure deletes the row.';
+CREATE INDEX IF NOT EXISTS suppressions_we_added_sub_idx ON siwa.suppressions_we_added (sub);
+
+INSERT INTO siwa.sub_columns (table_name, column_name, on_transfer, why) VALUES
+    ('suppression_outbox', 'sub', 'rewrite', 'the rows follow the user''s current sub'),
+    ('suppressions_we_added', 'sub', 'rewrite', 'what we added follows the user''s current sub, for its erasure')
+ON CONFLICT (table_name, column_name) DO UPDATE SET on_transfer = EXCLUDED.on_transfer, why = EXCLUDED.why;
+
+-- The fan-out and the erasure, once per UPDATE statement on siwa.accounts (the set-based pass updates a
+-- batch's accounts in one): with no provider at all (most deployments) one probe and nothing else.
+-- An account newly deleted adds its address (an email event of the same statement is then moot); else a
+-- new email status adds (disabled) or removes (enabled) it. An account newly erased: its finished rows
+-- lose their address, its pending ones get erase_by, what we added for it is forgotten. SECURITY
+-- INVOKER: the updating role (the worker, the owner) needs the grants of schema/85-privileges.sql.
+CREATE OR REPLACE FUNCTION siwa.suppression_fan_out() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM siwa.suppression_providers) THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO siwa.suppression_outbox (provider, sub, event, action, address, address_key)
+    SELECT p.name, n.sub, x.event, x.action, x.address, siwa.mail_address_key(x.address)
+      FROM new_accounts n
+      JOIN old_accounts o ON o.sub = n.sub
+      CROSS JOIN LATERAL (
+          SELECT 'account-delete' AS event, 'add' AS action, coalesce(o.email, n.email) AS address
+           WHERE o.deleted_at IS NULL AND n.deleted_at IS NOT NULL
+          UNION ALL
+          SELECT 'email-' || n.email_status, CASE n.email_status WHEN 'disabled' THEN 'add' ELSE 'remove' END,
+                 coalesce(n.email, o.email)
+           WHERE n.email_status IS DISTINCT FROM o.email_status AND n.email_status IS NOT NULL
+             AND n.deleted_at IS NULL) AS x
+      JOIN siwa.suppression_providers p ON p.enabled
+     WHERE siwa.mail_address_key(x.address) IS NOT NULL
+     ORDER BY n.sub, p.name;
+    IF FOUND THEN
+        PERFORM pg_catalog.pg_notify('siwa_suppressions', '');
+    END IF;
+    IF EXISTS (SELECT 1 FROM new_accounts n JOIN old_accounts o ON o.sub = n.sub
+                WHERE o.personal_data_erased_at IS NULL AND n.personal_data_erased_at IS NOT NULL) THEN
+        UPDATE siwa.suppression_outbox AS r
+           SET address = CASE WHEN r.state = 'pending' THEN r.address END,
+               address_key = CASE WHEN r.state = 'pending' THEN r.address_key END,
+               erase_by = CASE WHEN r.state = 'pending'
+                               THEN coalesce(r.erase_by, pg_catalog.clock_timestamp() + p.erasure_wait) END
+          FROM new_accounts n JOIN old_accounts o ON o.sub = n.sub, siwa.suppression_providers p
+         WHERE o.personal_data_erased_at IS NULL AND n.personal_data_erased_at IS NOT NULL
+           AND r.sub = n.sub AND p.name = r.provider AND (r.address IS NOT NULL OR r.state = 'pending');
+        DELETE FROM siwa.suppressions_we_added AS w
+         USING new_accounts n JOIN old_accounts o ON o.sub = n.sub
+         WHERE o.personal_data_erased_at IS NULL AND n.personal_data_erased_at IS NOT NULL AND w.sub = n.sub;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+COMMENT ON FUNCTION siwa.suppression_fan_out() IS
+    'Statement trigger after UPDATE on siwa.accounts: one siwa.suppression_outbox row per enabled provider and address whose suppression the statement changed (deleted or email-disabled: add; email-enabled: remove); for accounts newly erased, the erasure of their rows'' addresses (pending ones after the provider''s erasure_wait) and of what we added.';
+DROP TRIGGER IF EXISTS accounts_suppression_fan_out ON siwa.accounts;
+CREATE TRIGGER accounts_suppression_fan_out
+    AFTER UPDATE ON siwa.accounts REFERENCING OLD TABLE AS old_accounts NEW TABLE AS new_accounts
+    FOR EACH STATEMENT EXECUTE FUNCTION siwa.suppression_fan_out();
+
+-- Pending rows of erased accounts past their erase_by: dead (outcome erased), their address gone, even
+-- one in flight (its record then finds it finished). Returns how many. The claim calls it first.
+CREATE OR REPLACE FUNCTION siwa.expire_suppression_erasures() RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH gone AS (
+        UPDATE siwa.suppression_outbox AS r
+           SET state = 'dead', outcome = 'erased', address = NULL, address_key = NULL,
+               finished_at = pg_catalog.clock_timestamp(), lease_owner = NULL, lease_expires_at = NULL,
+               last_error = 'the account''s personal data was erased and the provider''s erasure_wait passed'
+         WHERE r.state = 'pending' AND r.erase_by <= pg_catalog.clock_timestamp()
+        RETURNING 1)
+    SELECT pg_catalog.count(*)::integer FROM gone
+$$;
+COMMENT ON FUNCTION siwa.expire_suppression_erasures() IS
+    'Makes dead (outcome erased, address NULL) the pending suppression rows of erased accounts past their erase_by; returns how many. Executable by siwa_worker.';
+
+-- A row ends (done or dead): the next pending one of its provider and address may be claimed. An
+-- erased account's row loses its address as it ends.
+CREATE OR REPLACE FUNCTION siwa.finish_suppression(p_id bigint, p_state text, p_outcome text) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    UPDATE siwa.suppression_outbox AS r
+       SET state = p_state, outcome = p_outcome, finished_at = pg_catalog.clock_timestamp(),
+           lease_owner = NULL, lease_expires_at = NULL,
+           address = CASE WHEN r.erase_by IS NULL THEN r.address END,
+           address_key = CASE WHEN r.erase_by IS NULL THEN r.address_key END
+     WHERE r.id = p_id AND r.state = 'pending';
+$$;
+COMMENT ON FUNCTION siwa.finish_suppression(bigint, text, text) IS
+    'Ends one pending suppression row with p_state and p_outcome, its lease released (and its address dropped when its account is erased). Executable by siwa_worker.';
+
+-- One claim: up to p_limit due rows of p_provider (NULL: any) at the heads of their provider-and-address
+-- queues, leased to p_owner for p_lease (a lane per provider: one that hangs holds up no other). Expired erasures end first; a remove at a head whose address we did not add ends
+-- as not_ours (no call), and the queue behind it moves up. Returns the rows with their provider's kind.
+CREATE OR REPLACE FUNCTION siwa.claim_suppressions(p_owner text, p_lease interval, p_limit integer DEFAULT 1,
+                                                   p_provider text DEFAULT NULL)
+RETURNS TABLE (id bigint, provider text, kind text, action text, address text, attempts integer)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_unowned bigint[];
+BEGIN
+    PERFORM siwa.expire_suppression_erasures();
+    FOR i IN 1 .. 8 LOOP
+        v_unowned := ARRAY(
+            SELECT r.id FROM siwa.suppression_outbox r
+             WHERE r.state = 'pending' AND r.action = 'remove' AND (p_provider IS NULL OR r.provider = p_provider)
+               AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= pg_catalog.clock_timestamp())
+               AND NOT EXISTS (SELECT 1 FROM siwa.suppression_outbox q
+                                WHERE q.provider = r.provider AND q.address_key = r.address_key
+                                  AND q.state = 'pending' AND q.id < r.id)
+               AND NOT EXISTS (SELECT 1 FROM siwa.suppressions_we_added w
+                                WHERE w.provider = r.provider AND w.address_key = r.address_key)
+             ORDER BY r.id
+               FOR UPDATE OF r SKIP LOCKED);
+        EXIT WHEN pg_catalog.cardinality(v_unowned) = 0;
+        UPDATE siwa.suppression_outbox AS r
+           SET state = 'done', outcome = 'not_ours', finished_at = pg_catalog.clock_timestamp(),
+               address = CASE WHEN r.erase_by IS NULL THEN r.address END,
+               address_key = CASE WHEN r.erase_by IS NULL THEN r.address_key END
+         WHERE r.id = ANY (v_unowned);
+    END LOOP;
+    RETURN QUERY
+    WITH due AS (
+        SELECT r.id FROM siwa.suppression_outbox r
+          JOIN siwa.suppression_providers p ON p.name = r.provider AND p.enabled
+         WHERE r.state = 'pending' AND (p_provider IS NULL OR r.provider = p_provider)
+           AND r.next_attempt_at <= pg_catalog.clock_timestamp()
+           AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= pg_catalog.clock_timestamp())
+           AND NOT EXISTS (SELECT 1 FROM siwa.suppression_outbox q
+                            WHERE q.provider = r.provider AND q.address_key = r.address_key
+                              AND q.state = 'pending' AND q.id < r.id)
+         ORDER BY r.next_attempt_at, r.id
+         LIMIT greatest(p_limit, 1)
+           FOR UPDATE OF r SKIP LOCKED),
+    leased AS (
+        UPDATE siwa.suppression_outbox AS r
+           SET lease_owner = p_owner, lease_expires_at = pg_catalog.clock_timestamp() + p_lease,
+               attempts = r.attempts + 1, last_attempt_at = pg_catalog.clock_timestamp()
+          FROM due WHERE r.id = due.id
+        RETURNING r.id, r.provider, r.action, r.address, r.attempts)
+    SELECT l.id, l.provider, p.kind, l.action, l.address, l.attempts
+      FROM leased l JOIN siwa.suppression_providers p ON p.name = l.provider
+     ORDER BY l.id;
+END;
+$$;
+COMMENT ON FUNCTION siwa.claim_suppressions(text, interval, integer, text) IS
+    'Leases up to p_limit due suppression rows (of p_provider, or any) at the heads of their provider-and-address queues to p_owner for p_lease, each attempt counted; first ends expired erasures and removes of addresses we did not add (not_ours). Executable by siwa_worker.';
+
+-- Records the attempt of a row the caller leased: p_outcome done, already_there, not_there (finished),
+-- permanent (dead), or retry: again after siwa.retry_delay(attempts, p_retry_base, p_retry_cap), never
+-- before p_retry_after seconds (the provider's own), dead (gave_up) once attempts reach p_max_attempts.
+-- An add done is remembered as ours; a remove done or not_there forgets it. False, nothing written,
+-- when the lease is no longer the caller's.
+CREATE OR REPLACE FUNCTION siwa.record_suppression_attempt(
+    p_id bigint, p_owner text, p_outcome text, p_status integer, p_error text,
+    p_retry_after double precision DEFAULT NULL, p_max_attempts integer DEFAULT 12,
+    p_retry_base interval DEFAULT interval '5 seconds', p_retry_cap interval DEFAULT interval '1 hour')
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_row siwa.suppression_outbox;
+BEGIN
+    IF p_outcome IS NULL OR p_outcome NOT IN ('done', 'already_there', 'not_there', 'permanent', 'retry') THEN
+        RAISE EXCEPTION 'unknown suppression outcome %', p_outcome USING ERRCODE = '22023';
+    END IF;
+    UPDATE siwa.suppression_outbox AS r
+       SET last_status = p_status, last_error = pg_catalog.left(p_error, 300)
+     WHERE r.id = p_id AND r.state = 'pending' AND r.lease_owner = p_owner
+    RETURNING r.* INTO v_row;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF p_outcome = 'retry' AND v_row.attempts < p_max_attempts THEN
+        UPDATE siwa.suppression_outbox AS r
+           SET lease_owner = NULL, lease_expires_at = NULL,
+               next_attempt_at = pg_catalog.clock_timestamp()
+                   + greatest(siwa.retry_delay(v_row.attempts, p_retry_base, p_retry_cap),
+                              pg_catalog.make_interval(secs => coalesce(p_retry_after, 0)))
+         WHERE r.id = p_id;
+        RETURN true;
+    END IF;
+    IF v_row.action = 'add' AND p_outcome = 'done' AND v_row.erase_by IS NULL THEN
+        INSERT INTO siwa.suppressions_we_added AS w (provider, address_key, sub)
+        VALUES (v_row.provider, v_row.address_key, v_row.sub)
+        ON CONFLICT (provider, address_key) DO UPDATE SET sub = EXCLUDED.sub, added_at = pg_catalog.now();
+    ELSIF v_row.action = 'remove' AND p_outcome IN ('done', 'not_there') THEN
+        DELETE FROM siwa.suppressions_we_added w
+         WHERE w.provider = v_row.provider AND w.address_key = v_row.address_key;
+    END IF;
+    PERFORM siwa.finish_suppression(
+        p_id, CASE WHEN p_outcome IN ('done', 'already_there', 'not_there') THEN 'done' ELSE 'dead' END,
+        CASE WHEN p_outcome = 'retry' THEN 'gave_up' ELSE p_outcome END);
+    RETURN true;
+END;
+$$;
+COMMENT ON FUNCTION siwa.record_suppression_attempt(bigint, text, text, integer, text, double precision, integer, interval, interval) IS
+    'Records the attempt of a suppression row p_owner leased: done, already_there, not_there (done), permanent (dead), or retry after siwa.retry_delay and at least p_retry_after seconds (dead, gave_up, at p_max_attempts); keeps siwa.suppressions_we_added. False when the lease is no longer the caller''s. Executable by siwa_worker.';
+
+-- siwactl mail suppressions retry: pending rows due now (one row, or every row of a provider); a
+-- replay: a finished row with its address again pending as a new row at the end of its queue.
+CREATE OR REPLACE FUNCTION siwa.retry_suppressions(p_id bigint DEFAULT NULL, p_provider text DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    IF num_nonnulls(p_id, p_provider) <> 1 THEN
+        RAISE EXCEPTION 'give exactly one of a row or a provider' USING ERRCODE = '22023';
+    END IF;
+    UPDATE siwa.suppression_outbox AS r SET next_attempt_at = pg_catalog.now(), attempts = 0
+     WHERE r.state = 'pending' AND (r.id = p_id OR r.provider = p_provider)
+       AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= pg_catalog.clock_timestamp());
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count > 0 THEN
+        PERFORM pg_catalog.pg_notify('siwa_suppressions', '');
+    END IF;
+    RETURN v_count;
+END;
+$$;
+COMMENT ON FUNCTION siwa.retry_suppressions(bigint, text) IS
+    'Makes pending suppression rows due now with their attempts reset: one row or a provider''s. Returns how many. The owner''s.';
+
+CREATE OR REPLACE FUNCTION siwa.replay_suppression(p_id bigint) RETURNS bigint
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    INSERT INTO siwa.suppression_outbox (provider, sub, event, action, address, address_key)
+    SELECT r.provider, r.sub, r.event, r.action, r.address, r.address_key
+      FROM siwa.suppression_outbox r WHERE r.id = p_id AND r.state <> 'pending' AND r.address IS NOT NULL
+    RETURNING id
+$$;
+COMMENT ON FUNCTION siwa.replay_suppression(bigint) IS
+    'Writes a finished suppression row again as a new pending row (same provider, address, action); returns its id, NULL when the row is pending, unknown or erased. The owner''s.';
