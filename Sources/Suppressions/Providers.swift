@@ -32,11 +32,6 @@ public struct SendGridProvider: SuppressionProvider {
         }
     }
 
-    public func outcome(of action: SuppressionAction, response: OutboundHTTP.Response) -> SuppressionOutcome {
-        if action == .remove, response.status == 404 { return .notThere }
-        return SuppressionAnswer.failure(response) ?? .done
-    }
-
     /// `GET /v3/asm/suppressions/global/{email}`: the address back when listed, `{}` when not.
     public func lookup(address: String) -> OutboundHTTP.Request {
         OutboundHTTP.Request(
@@ -153,11 +148,6 @@ public struct MailgunProvider: SuppressionProvider {
                 method: "DELETE", url: baseURL + path + "/" + SuppressionAnswer.pathSegment(address),
                 headers: headers)
         }
-    }
-
-    public func outcome(of action: SuppressionAction, response: OutboundHTTP.Response) -> SuppressionOutcome {
-        if action == .remove, response.status == 404 { return .notThere }
-        return SuppressionAnswer.failure(response) ?? .done
     }
 
     /// `GET /v3/{domain}/unsubscribes/{address}`: 200 when listed, 404 when not.

@@ -50,6 +50,15 @@ public protocol SuppressionProvider: Sendable {
     func listed(_ response: OutboundHTTP.Response) -> Bool?
 }
 
+extension SuppressionProvider {
+    /// The REST answer most providers give (SendGrid, Mailgun): a 2xx done, 404 to a remove not there,
+    /// else ``SuppressionAnswer/failure(_:now:)``.
+    public func outcome(of action: SuppressionAction, response: OutboundHTTP.Response) -> SuppressionOutcome {
+        if action == .remove, response.status == 404 { return .notThere }
+        return SuppressionAnswer.failure(response) ?? .done
+    }
+}
+
 /// The answers every provider shares: 429 and 5xx are retried (429 after the time its headers give),
 /// any other status outside 2xx is permanent.
 public enum SuppressionAnswer {
