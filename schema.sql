@@ -2098,7 +2098,7 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
                                  * (0.5 + random() / 2))
 $$;
 COMMENT ON FUNCTION siwa.retry_delay(integer, interval, interval) IS
-    'The one retry schedule: base doubled per attempt, at most cap, times a jitter in [1/2, 1). Exactly, in seconds (date_part(''epoch'', …) of base and cap): least(cap, base × 2^(least(greatest(attempt, 1) − 1, 80))) × (0.5 + random() / 2), as an interval (make_interval(secs => …)); the exponent stops at 80 (any cap is reached by then), so no attempt overflows. Used by siwa.record_failure (cap 1 hour) and siwa.record_webhook_attempt (an endpoint''s backoff); Swift''s RetrySchedule computes the same.';
+    'The one retry schedule: base doubled per attempt, at most cap, times a jitter in [1/2, 1). Exactly, in seconds (date_part(''epoch'', …) of base and cap): least(cap, base × 2^(least(greatest(attempt, 1) − 1, 80))) × (0.5 + random() / 2), as an interval (make_interval(secs => …)); the exponent stops at 80 (any cap is reached by then), so no attempt overflows. Used by siwa.record_failure (cap 1 hour) and siwa.record_webhook_attempts (an endpoint''s backoff); Swift''s RetrySchedule computes the same.';
 
 CREATE OR REPLACE FUNCTION siwa.record_failure(
     p_id bigint, p_error text, p_max_attempts integer, p_retry_base_delay interval)
@@ -4524,12 +4524,14 @@ COMMENT ON COLUMN siwa.webhook_delivery_status.last_error IS 'The last failure, 
 
 -- Leases for the webhook lanes: see the comment above siwa.claim_revocation (schema/55-sign-in.sql).
 
--- The endpoint's row is locked (FOR NO KEY UPDATE) while its leases are counted, so two claims cannot
--- both take the last place; endpoints another lane is claiming are tried after the others.
-CREATE OR REPLACE FUNCTION siwa.claim_webhook_delivery(p_owner text, p_lease interval,
-                                                       p_skip bigint[] DEFAULT '{}',
-                                                       p_due_by timestamptz DEFAULT NULL,
-                                                       p_lanes integer DEFAULT 1)
+-- The endpoint's row is locked (FOR NO KEY UPDATE) while its lanes in flight are counted, so two claims
+-- cannot both take the last place; endpoints another lane is claiming are tried after the others.
+-- A lane may lease several deliveries at once (p_limit) and send them one after another: an endpoint's
+-- attempts in flight are its distinct lease owners, and the k-th lease of a claim runs k × p_lease.
+CREATE OR REPLACE FUNCTION siwa.claim_webhook_deliveries(p_owner text, p_lease interval, p_limit integer,
+                                                         p_due_by timestamptz DEFAULT NULL,
+                                                         p_lanes integer DEFAULT 1,
+                                                         p_skip bigint[] DEFAULT '{}')
 RETURNS TABLE (outcome text, delivery_id bigint, change_id bigint, endpoint_id bigint, attempt integer,
                first_attempt_at timestamptz, url text, secrets text[], type text, sub text,
                event_time timestamptz, applied_at timestamptz, jti text, audience text,
@@ -4551,8 +4553,10 @@ DECLARE
     v_share      integer;
     v_cap        integer;
 BEGIN
-    IF p_owner IS NULL OR p_lease IS NULL OR p_lease <= interval '0' OR p_lanes IS NULL OR p_lanes < 1 THEN
-        RAISE EXCEPTION 'a claim needs an owner, a positive lease and at least one lane' USING ERRCODE = '22023';
+    IF p_owner IS NULL OR p_lease IS NULL OR p_lease <= interval '0' OR p_lanes IS NULL OR p_lanes < 1
+       OR p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'a claim needs an owner, a positive lease, at least one lane and a limit of 1 to 1000'
+            USING ERRCODE = '22023';
     END IF;
     -- The endpoints with due work (E), the process's share of its lanes (the one place it is computed:
     -- never all of them, about 1/E each), and the endpoints under their caps as read without a lock,
@@ -4568,9 +4572,10 @@ BEGIN
                    CASE WHEN e.consecutive_failures > 0 THEN 1 ELSE e.max_in_flight END AS cap
               FROM siwa.webhook_endpoints e
              CROSS JOIN LATERAL (
-                   SELECT pg_catalog.count(*) AS in_flight,
-                          pg_catalog.count(*) FILTER (WHERE d.lease_owner = p_owner
-                                                        OR pg_catalog.starts_with(d.lease_owner, v_process)) AS mine
+                   SELECT pg_catalog.count(DISTINCT d.lease_owner) AS in_flight,
+                          pg_catalog.count(DISTINCT d.lease_owner)
+                              FILTER (WHERE d.lease_owner = p_owner
+                                         OR pg_catalog.starts_with(d.lease_owner, v_process)) AS mine
                      FROM siwa.webhook_deliveries d
                     WHERE d.endpoint_id = e.id AND d.state = 'pending'
                       AND d.lease_expires_at IS NOT NULL AND d.lease_expires_at > pg_catalog.clock_timestamp()) l
@@ -4606,21 +4611,22 @@ BEGIN
             END IF;
             IF FOUND AND v_endpoint.enabled
                AND (v_endpoint.backoff_until IS NULL OR v_endpoint.backoff_until <= pg_catalog.clock_timestamp()) THEN
-                SELECT pg_catalog.count(*),
-                       pg_catalog.count(*) FILTER (WHERE d.lease_owner = p_owner
-                                                     OR pg_catalog.starts_with(d.lease_owner, v_process))
+                SELECT pg_catalog.count(DISTINCT d.lease_owner),
+                       pg_catalog.count(DISTINCT d.lease_owner)
+                           FILTER (WHERE d.lease_owner = p_owner OR pg_catalog.starts_with(d.lease_owner, v_process))
                   INTO v_in_flight, v_mine
                   FROM siwa.webhook_deliveries d
                  WHERE d.endpoint_id = v_id AND d.state = 'pending'
                    AND d.lease_expires_at IS NOT NULL AND d.lease_expires_at > pg_catalog.clock_timestamp();
                 v_cap := CASE WHEN v_endpoint.consecutive_failures > 0 THEN 1 ELSE v_endpoint.max_in_flight END;
                 IF v_in_flight < v_cap AND v_mine < v_share THEN
-                    -- The endpoint's first due head that is still first in its sub's queue (per-user
-                    -- order: the hint `ready` is re-checked), leased, and returned with what the POST
-                    -- needs, in one statement.
+                    -- The endpoint's first due heads that are still first in their sub's queue (per-user
+                    -- order: the hint `ready` is re-checked; a sub has one head, so one delivery each),
+                    -- up to p_limit (one while it is failing), leased, and returned with what the POSTs
+                    -- need, in one statement.
                     RETURN QUERY
                     WITH picked AS (
-                        SELECT d.id FROM siwa.webhook_deliveries d
+                        SELECT d.id, d.next_attempt_at FROM siwa.webhook_deliveries d
                          WHERE d.endpoint_id = v_id AND d.state = 'pending' AND d.ready AND d.next_attempt_at <= v_due
                            AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= pg_catalog.clock_timestamp())
                            -- The order check as a scalar subquery: a probe of the order index per candidate.
@@ -4631,16 +4637,19 @@ BEGIN
                                                  AND p.state = 'pending'
                                                ORDER BY p.change_id LIMIT 1)
                          ORDER BY d.next_attempt_at, d.id
-                         LIMIT 1
+                         LIMIT CASE WHEN v_endpoint.consecutive_failures > 0 THEN 1 ELSE p_limit END
                            FOR UPDATE OF d SKIP LOCKED),
+                    numbered AS (
+                        SELECT p.id, pg_catalog.row_number() OVER (ORDER BY p.next_attempt_at, p.id) AS n FROM picked p),
                     leased AS (
                         UPDATE siwa.webhook_deliveries d
                            SET attempts = d.attempts + 1,
                                first_attempt_at = coalesce(d.first_attempt_at, pg_catalog.clock_timestamp()),
                                last_attempt_at = pg_catalog.clock_timestamp(),
-                               lease_owner = p_owner, lease_expires_at = pg_catalog.clock_timestamp() + p_lease
-                          FROM picked WHERE d.id = picked.id
-                        RETURNING d.id, d.change_id, d.endpoint_id, d.attempts, d.first_attempt_at)
+                               lease_owner = p_owner,
+                               lease_expires_at = pg_catalog.clock_timestamp() + p_lease * numbered.n
+                          FROM numbered WHERE d.id = numbered.id
+                        RETURNING d.id, d.change_id, d.endpoint_id, d.attempts, d.first_attempt_at, numbered.n)
                     SELECT 'claimed'::text, l.id, l.change_id, l.endpoint_id, l.attempts, l.first_attempt_at,
                            v_endpoint.url,
                            ARRAY(SELECT s.secret FROM siwa.webhook_secrets s
@@ -4649,7 +4658,8 @@ BEGIN
                                   ORDER BY s.id DESC),
                            c.type, c.sub, c.event_time, c.applied_at, c.jti, c.audience, c.sessions_revoked,
                            c.refresh_tokens_revoked, c.email, c.is_private_email, c.old_sub
-                      FROM leased l JOIN siwa.changes c ON c.id = l.change_id;
+                      FROM leased l JOIN siwa.changes c ON c.id = l.change_id
+                     ORDER BY l.n;
                     IF FOUND THEN
                         -- Rotation needs the time only while another endpoint has due work too (the
                         -- healthy path of a single endpoint writes nothing here).
@@ -4679,94 +4689,175 @@ BEGIN
                         NULL::integer, NULL::text, NULL::boolean, NULL::text;
 END;
 $$;
-COMMENT ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timestamptz, integer) IS
-    'The webhook lanes'' claim. Of the enabled endpoints with a due queue head (ready, due by p_due_by — a drain passes its start, so it never retries what it just tried —, not leased or its lease expired), not backed off and not in p_skip, least recently claimed first, it takes the first under its caps (max_in_flight, 1 while failing, the process''s share of its p_lanes lanes: docs/webhooks.md, "Isolation") and leases its first due head with no earlier pending delivery of its sub. p_owner is <process>:<lane> (leases whose owner shares the part up to its last colon are the process''s). ''claimed'': the attempt counted, the lease written (p_lease), and the row carries what the POST needs (URL, live secrets newest first, the change''s columns; an erased email is gone). ''saturated'': due work, every endpoint with some at its cap, nothing written. No row: nothing claimable. Executable by siwa_worker.';
+COMMENT ON FUNCTION siwa.claim_webhook_deliveries(text, interval, integer, timestamptz, integer, bigint[]) IS
+    'The webhook lanes'' claim. Of the enabled endpoints with a due queue head (ready, due by p_due_by — a drain passes its start, so it never retries what it just tried —, not leased or its lease expired), not backed off and not in p_skip, least recently claimed first, it takes the first under its caps (max_in_flight lanes in flight, 1 while failing, the process''s share of its p_lanes lanes: docs/webhooks.md, "Isolation") and leases up to p_limit of its due heads (1 while it is failing), each with no earlier pending delivery of its sub, in due order, the k-th for k × p_lease: the lane sends them one after another. p_owner is <process>:<lane> (leases whose owner shares the part up to its last colon are the process''s; an endpoint''s lanes in flight are its distinct live lease owners). ''claimed'' rows, in the order to send: the attempt counted, the lease written, and what the POST needs (URL, live secrets newest first, the change''s columns; an erased email is gone). One ''saturated'' row: due work, every endpoint with some at its cap, nothing written. No row: nothing claimable. Executable by siwa_worker.';
 
--- Locks the delivery, then the next head: the fan-out's order (siwa.webhook_fan_out), so the two never
--- deadlock and `ready` is never left stale.
-CREATE OR REPLACE FUNCTION siwa.record_webhook_attempt(p_delivery bigint, p_owner text, p_started timestamptz,
-                                                       p_latency_ms integer, p_status integer, p_outcome text,
-                                                       p_retry_in double precision, p_error text,
-                                                       p_backoff_base double precision DEFAULT 5,
-                                                       p_backoff_max double precision DEFAULT 3600)
-RETURNS boolean
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
+-- One delivery at a time (workers before the batched claim).
+CREATE OR REPLACE FUNCTION siwa.claim_webhook_delivery(p_owner text, p_lease interval,
+                                                       p_skip bigint[] DEFAULT '{}',
+                                                       p_due_by timestamptz DEFAULT NULL,
+                                                       p_lanes integer DEFAULT 1)
+RETURNS TABLE (outcome text, delivery_id bigint, change_id bigint, endpoint_id bigint, attempt integer,
+               first_attempt_at timestamptz, url text, secrets text[], type text, sub text,
+               event_time timestamptz, applied_at timestamptz, jti text, audience text,
+               sessions_revoked integer, refresh_tokens_revoked integer, email text, is_private_email boolean,
+               old_sub text)
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    SELECT * FROM siwa.claim_webhook_deliveries(p_owner, p_lease, 1, p_due_by, p_lanes, p_skip);
+$$;
+COMMENT ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timestamptz, integer) IS
+    'siwa.claim_webhook_deliveries with a limit of 1: one delivery claimed, leased for p_lease. Executable by siwa_worker.';
+
+-- Locks the deliveries in change order, then the next heads: the fan-out's order (siwa.webhook_fan_out),
+-- so the two never deadlock and `ready` is never left stale.
+CREATE OR REPLACE FUNCTION siwa.record_webhook_attempts(p_owner text, p_deliveries bigint[],
+                                                        p_started timestamptz[], p_latency_ms integer[],
+                                                        p_status integer[], p_outcome text[],
+                                                        p_retry_in double precision[], p_error text[],
+                                                        p_backoff_base double precision DEFAULT 5,
+                                                        p_backoff_max double precision DEFAULT 3600)
+RETURNS bigint[]
+-- Generic plans, made once per session: every statement is a probe by key, whatever the statistics
+-- (enable_seqscan off: the deliveries by `id = ANY (…)` through the primary key even on a table the
+-- planner thinks empty).
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off AS $$
 DECLARE
-    v_delivery record;
-    v_next     timestamptz;
+    v_count     integer := coalesce(pg_catalog.cardinality(p_deliveries), 0);
+    v_ids       bigint[];
+    v_endpoints bigint[];
+    v_subs      text[];
+    v_outcomes  text[];
+    v_started   timestamptz[];
+    v_status    integer[];
 BEGIN
-    IF p_outcome IS NULL OR p_outcome NOT IN ('delivered', 'retry', 'dead') THEN
-        RAISE EXCEPTION 'an attempt ends delivered, retry or dead' USING ERRCODE = '22023';
+    IF p_owner IS NULL
+       OR v_count <> coalesce(pg_catalog.cardinality(p_started), 0)
+       OR v_count <> coalesce(pg_catalog.cardinality(p_latency_ms), 0)
+       OR v_count <> coalesce(pg_catalog.cardinality(p_status), 0)
+       OR v_count <> coalesce(pg_catalog.cardinality(p_outcome), 0)
+       OR v_count <> coalesce(pg_catalog.cardinality(p_retry_in), 0)
+       OR v_count <> coalesce(pg_catalog.cardinality(p_error), 0)
+       OR EXISTS (SELECT 1 FROM unnest(p_outcome, p_started) AS a(outcome, started)
+                   WHERE a.outcome IS NULL OR a.outcome NOT IN ('delivered', 'retry', 'dead', 'released')
+                      OR (a.started IS NULL AND a.outcome <> 'released'))
+       OR (SELECT pg_catalog.count(DISTINCT a.id) FROM unnest(p_deliveries) AS a(id)) <> v_count THEN
+        RAISE EXCEPTION 'attempts are recorded with an owner, one element per distinct delivery in every array, '
+            'and each ends delivered, retry or dead (with its start) or released' USING ERRCODE = '22023';
     END IF;
-    v_next := CASE WHEN p_outcome = 'retry'
-                   THEN pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => coalesce(p_retry_in, 0)) END;
-    -- The delivery's new state, if the lease is still the caller's: one statement locks, checks and
-    -- writes it (`attempts` counts this attempt since its claim).
-    UPDATE siwa.webhook_deliveries d
-       SET state = CASE WHEN p_outcome = 'retry' THEN 'pending' ELSE p_outcome END,
-           first_attempt_at = coalesce(d.first_attempt_at, p_started), last_attempt_at = p_started,
-           next_attempt_at = coalesce(v_next, d.next_attempt_at),
-           delivered_at = CASE WHEN p_outcome = 'delivered' THEN pg_catalog.clock_timestamp() END,
-           last_status = p_status, last_error = pg_catalog.left(p_error, 300),
-           lease_owner = NULL, lease_expires_at = NULL
-     WHERE d.id = p_delivery AND d.state = 'pending' AND d.lease_owner = p_owner
-    RETURNING d.attempts, d.endpoint_id, d.sub INTO v_delivery;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    INSERT INTO siwa.webhook_attempts
-        (delivery_id, attempt, started_at, latency_ms, status, outcome, next_attempt_at, error)
-    VALUES (p_delivery, v_delivery.attempts, p_started, p_latency_ms, p_status, p_outcome, v_next,
-            pg_catalog.left(p_error, 300));
-    -- The endpoint's run of failures: a 2xx ends it (and its backoff); a failure extends it, backs the
+    -- No predicate here or in the UPDATE below names the state, which would let a generic plan read a
+    -- partial index of every pending delivery: a lease is only ever on a pending delivery (the claim
+    -- leases pending ones, every end clears it).
+    PERFORM 1 FROM siwa.webhook_deliveries d WHERE d.id = ANY (p_deliveries) ORDER BY d.change_id FOR UPDATE;
+    -- Each delivery's new state, if its lease is still the caller's (`attempts` counts the attempt since
+    -- its claim; a released one was never attempted: uncounted), and its attempt row.
+    WITH a AS (
+        SELECT * FROM unnest(p_deliveries, p_started, p_latency_ms, p_status, p_outcome, p_retry_in, p_error)
+                      WITH ORDINALITY AS a(id, started, latency_ms, status, outcome, retry_in, error, n)),
+    written AS (
+        UPDATE siwa.webhook_deliveries d
+           SET state = CASE WHEN a.outcome IN ('retry', 'released') THEN 'pending' ELSE a.outcome END,
+               attempts = d.attempts - (a.outcome = 'released')::integer,
+               first_attempt_at = CASE WHEN a.outcome <> 'released' THEN coalesce(d.first_attempt_at, a.started)
+                                       WHEN d.attempts > 1 THEN d.first_attempt_at END,
+               last_attempt_at = CASE WHEN a.outcome <> 'released' THEN a.started
+                                      WHEN d.attempts > 1 THEN d.last_attempt_at END,
+               next_attempt_at = CASE WHEN a.outcome = 'retry'
+                                      THEN pg_catalog.clock_timestamp()
+                                           + pg_catalog.make_interval(secs => coalesce(a.retry_in, 0))
+                                      ELSE d.next_attempt_at END,
+               delivered_at = CASE WHEN a.outcome = 'delivered' THEN pg_catalog.clock_timestamp() END,
+               last_status = CASE WHEN a.outcome = 'released' THEN d.last_status ELSE a.status END,
+               last_error = CASE WHEN a.outcome = 'released' THEN d.last_error ELSE pg_catalog.left(a.error, 300) END,
+               lease_owner = NULL, lease_expires_at = NULL
+          FROM a
+         WHERE d.id = a.id AND d.id = ANY (p_deliveries) AND d.lease_owner = p_owner
+        RETURNING d.id, d.attempts, d.endpoint_id, d.sub, d.next_attempt_at, a.outcome, a.started,
+                  a.latency_ms, a.status, a.error, a.n),
+    logged AS (
+        INSERT INTO siwa.webhook_attempts
+            (delivery_id, attempt, started_at, latency_ms, status, outcome, next_attempt_at, error)
+        SELECT w.id, w.attempts, w.started, w.latency_ms, w.status, w.outcome,
+               CASE WHEN w.outcome = 'retry' THEN w.next_attempt_at END, pg_catalog.left(w.error, 300)
+          FROM written w WHERE w.outcome <> 'released' ORDER BY w.n)
+    SELECT pg_catalog.array_agg(w.id ORDER BY w.n), pg_catalog.array_agg(w.endpoint_id ORDER BY w.n),
+           pg_catalog.array_agg(w.sub ORDER BY w.n), pg_catalog.array_agg(w.outcome ORDER BY w.n),
+           pg_catalog.array_agg(w.started ORDER BY w.n), pg_catalog.array_agg(w.status ORDER BY w.n)
+      INTO v_ids, v_endpoints, v_subs, v_outcomes, v_started, v_status
+      FROM written w;
+    -- The endpoints' runs of failures, attempt by attempt: a 2xx ends it (and its backoff; one statement
+    -- per run of 2xx, writing nothing to an endpoint not failing); a failure extends it, backs the
     -- endpoint off from the 3rd on, and may disable it (auto-disable).
-    IF p_outcome = 'delivered' THEN
-        UPDATE siwa.webhook_endpoints e SET consecutive_failures = 0, failing_since = NULL, backoff_until = NULL
-         WHERE e.id = v_delivery.endpoint_id AND (e.consecutive_failures > 0 OR e.backoff_until IS NOT NULL);
-    ELSE
+    FOR i IN 1 .. coalesce(pg_catalog.cardinality(v_ids), 0) LOOP
+        CONTINUE WHEN v_outcomes[i] = 'released';
+        IF v_outcomes[i] = 'delivered' THEN
+            CONTINUE WHEN i > 1 AND v_outcomes[i - 1] = 'delivered' AND v_endpoints[i - 1] = v_endpoints[i];
+            UPDATE siwa.webhook_endpoints e SET consecutive_failures = 0, failing_since = NULL, backoff_until = NULL
+             WHERE e.id = v_endpoints[i] AND (e.consecutive_failures > 0 OR e.backoff_until IS NOT NULL);
+            CONTINUE;
+        END IF;
         UPDATE siwa.webhook_endpoints e
            SET consecutive_failures = e.consecutive_failures + 1,
-               failing_since = coalesce(e.failing_since, p_started),
-               last_failure_at = greatest(e.last_failure_at, p_started),
+               failing_since = coalesce(e.failing_since, v_started[i]),
+               last_failure_at = greatest(e.last_failure_at, v_started[i]),
                backoff_until = CASE WHEN e.consecutive_failures + 1 >= 3
                                     THEN pg_catalog.clock_timestamp() + siwa.retry_delay(
                                         e.consecutive_failures + 1 - 2,
                                         pg_catalog.make_interval(secs => coalesce(p_backoff_base, 5)),
                                         pg_catalog.make_interval(secs => coalesce(p_backoff_max, 3600)))
                                     ELSE e.backoff_until END
-         WHERE e.id = v_delivery.endpoint_id;
+         WHERE e.id = v_endpoints[i];
         -- ==== auto-disable ====
         -- A 410 Gone, or a run longer than siwa.settings.webhook_auto_disable_after, disables the
         -- endpoint (its pending deliveries wait; its new changes do not fan out), recorded in
         -- disabled_at and disabled_reason.
         UPDATE siwa.webhook_endpoints e
            SET enabled = false, disabled_at = pg_catalog.clock_timestamp(),
-               disabled_reason = CASE WHEN p_status = 410 THEN 'auto: the endpoint answered 410 Gone'
+               disabled_reason = CASE WHEN v_status[i] = 410 THEN 'auto: the endpoint answered 410 Gone'
                                       ELSE 'auto: failing continuously since '
                                            || pg_catalog.to_char(e.failing_since AT TIME ZONE 'UTC',
                                                                  'YYYY-MM-DD"T"HH24:MI:SS"Z"')
                                            || ' (siwa.settings.webhook_auto_disable_after: '
                                            || s.webhook_auto_disable_after::text || ')' END
           FROM siwa.settings s
-         WHERE e.id = v_delivery.endpoint_id AND e.enabled
-           AND (p_status = 410
+         WHERE e.id = v_endpoints[i] AND e.enabled
+           AND (v_status[i] = 410
                 OR e.failing_since <= pg_catalog.clock_timestamp() - s.webhook_auto_disable_after);
         -- ==== end auto-disable ====
+    END LOOP;
+    -- The next change of each ended delivery's sub to its endpoint heads the queue now.
+    UPDATE siwa.webhook_deliveries d SET ready = true
+      FROM (SELECT DISTINCT x.endpoint_id, x.sub FROM unnest(v_endpoints, v_subs, v_outcomes) AS x(endpoint_id, sub, outcome)
+             WHERE x.outcome IN ('delivered', 'dead')) x
+     CROSS JOIN LATERAL (SELECT q.id FROM siwa.webhook_deliveries q
+                          WHERE q.endpoint_id = x.endpoint_id AND q.sub = x.sub AND q.state = 'pending'
+                          ORDER BY q.change_id LIMIT 1) h
+     WHERE d.id = h.id AND NOT d.ready;
+    RETURN coalesce(v_ids, '{}');
+END;
+$$;
+COMMENT ON FUNCTION siwa.record_webhook_attempts(text, bigint[], timestamptz[], integer[], integer[], text[], double precision[], text[], double precision, double precision) IS
+    'Records the attempts of deliveries the caller (p_owner) leased, element by element of the arrays, in the order they were made: the attempt row, numbered as its claim counted it (a lane that died leaves a gap); the delivery''s new state (delivered, retry after p_retry_in seconds, or dead; released: never attempted, its claim uncounted, pending as before); the lease released; each endpoint''s run of failures (a 2xx ends it; from the 3rd consecutive failure the endpoint is backed off as a whole for siwa.retry_delay(failures − 2, p_backoff_base s, p_backoff_max s); auto-disable on 410 or after siwa.settings.webhook_auto_disable_after); and, once a delivery ended, `ready` passed on to the next pending delivery of its endpoint and sub. A 2xx to an endpoint not failing writes nothing to the endpoint''s row. Returns the deliveries recorded: one whose lease is no longer the caller''s is left out, nothing of it written. Executable by siwa_worker.';
+
+-- One attempt (workers before the batched record).
+CREATE OR REPLACE FUNCTION siwa.record_webhook_attempt(p_delivery bigint, p_owner text, p_started timestamptz,
+                                                       p_latency_ms integer, p_status integer, p_outcome text,
+                                                       p_retry_in double precision, p_error text,
+                                                       p_backoff_base double precision DEFAULT 5,
+                                                       p_backoff_max double precision DEFAULT 3600)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF p_outcome IS NULL OR p_outcome NOT IN ('delivered', 'retry', 'dead') THEN
+        RAISE EXCEPTION 'an attempt ends delivered, retry or dead' USING ERRCODE = '22023';
     END IF;
-    IF p_outcome <> 'retry' THEN
-        -- The next change of this sub to this endpoint heads the queue now.
-        UPDATE siwa.webhook_deliveries d SET ready = true
-         WHERE d.id = (SELECT q.id FROM siwa.webhook_deliveries q
-                        WHERE q.endpoint_id = v_delivery.endpoint_id AND q.sub = v_delivery.sub
-                          AND q.state = 'pending'
-                        ORDER BY q.change_id LIMIT 1)
-           AND NOT d.ready;
-    END IF;
-    RETURN true;
+    RETURN coalesce(p_delivery = ANY (siwa.record_webhook_attempts(
+        p_owner, ARRAY[p_delivery], ARRAY[p_started], ARRAY[p_latency_ms], ARRAY[p_status], ARRAY[p_outcome],
+        ARRAY[p_retry_in], ARRAY[p_error], p_backoff_base, p_backoff_max)), false);
 END;
 $$;
 COMMENT ON FUNCTION siwa.record_webhook_attempt(bigint, text, timestamptz, integer, integer, text, double precision, text, double precision, double precision) IS
-    'Records one attempt of a delivery the caller leased: the attempt row, numbered as its claim counted it (a lane that died leaves a gap); the delivery''s new state (p_outcome delivered, retry after p_retry_in seconds, or dead); the lease released; the endpoint''s run of failures (a 2xx ends it; from the 3rd consecutive failure the endpoint is backed off as a whole for siwa.retry_delay(failures − 2, p_backoff_base s, p_backoff_max s); auto-disable on 410 or after siwa.settings.webhook_auto_disable_after); and, once the delivery ended, `ready` passed on to the next pending delivery of its endpoint and sub. A 2xx to an endpoint not failing writes nothing to the endpoint''s row. False, with nothing written, when the lease is no longer the caller''s. Executable by siwa_worker.';
+    'siwa.record_webhook_attempts for one attempt: true when recorded, false (nothing written) when the lease is no longer the caller''s. Executable by siwa_worker.';
 
 -- Marks ready every pending delivery with no pending delivery of its endpoint and sub ahead of it, and
 -- not ready one with such a delivery ahead; returns how many it changed. Every transition keeps `ready`
@@ -5651,7 +5742,7 @@ COMMENT ON FUNCTION siwa.remove_heartbeat(text, text, integer) IS
 
 -- ==== Webhook visibility: per-endpoint gauges (siwa-worker's /metrics, siwactl stats) ====
 -- Each endpoint's current run of failed attempts (consecutive_failures, failing_since: the first failure
--- of the run) lives on its row in siwa.webhook_endpoints, kept by siwa.record_webhook_attempt (the one
+-- of the run) lives on its row in siwa.webhook_endpoints, kept by siwa.record_webhook_attempts (the one
 -- home: auto-disable and the lanes' isolation read it too); a delivered attempt ends the run, and so
 -- does enabling the endpoint. The healthy path writes nothing there.
 
@@ -6392,7 +6483,7 @@ BEGIN
         -- Erasure drops the email an import holds for either sub (siwa.erase_personal_data_of).
         GRANT SELECT (old_sub, new_sub, email), UPDATE (email) ON siwa.transfer_imports TO siwa_worker;
         GRANT SELECT ON siwa.webhook_endpoints, siwa.webhook_secrets TO siwa_worker;
-        -- auto-disable and isolation (siwa.record_webhook_attempt keeps the run of failures and the
+        -- auto-disable and isolation (siwa.record_webhook_attempts keeps the run of failures and the
         -- backoff, and disables; a claim locks the endpoint's row and notes when it was claimed)
         GRANT UPDATE (enabled, disabled_at, failing_since, disabled_reason, consecutive_failures, last_failure_at,
                       backoff_until, last_claimed_at) ON siwa.webhook_endpoints TO siwa_worker;
@@ -6404,6 +6495,9 @@ BEGIN
         GRANT EXECUTE ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timestamptz, integer),
             siwa.record_webhook_attempt(bigint, text, timestamptz, integer, integer, text, double precision, text,
                                         double precision, double precision),
+            siwa.claim_webhook_deliveries(text, interval, integer, timestamptz, integer, bigint[]),
+            siwa.record_webhook_attempts(text, bigint[], timestamptz[], integer[], integer[], text[],
+                                         double precision[], text[], double precision, double precision),
             siwa.repair_webhook_ready(), siwa.claim_revocation(text, interval, timestamptz),
             siwa.record_revocation(bigint, text, bigint[], bytea[], text, text, text, double precision, jsonb),
             siwa.release_revocation(bigint, text), siwa.claim_refresh_check(interval, interval),

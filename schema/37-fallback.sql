@@ -92,7 +92,7 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
                                  * (0.5 + random() / 2))
 $$;
 COMMENT ON FUNCTION siwa.retry_delay(integer, interval, interval) IS
-    'The one retry schedule: base doubled per attempt, at most cap, times a jitter in [1/2, 1). Exactly, in seconds (date_part(''epoch'', …) of base and cap): least(cap, base × 2^(least(greatest(attempt, 1) − 1, 80))) × (0.5 + random() / 2), as an interval (make_interval(secs => …)); the exponent stops at 80 (any cap is reached by then), so no attempt overflows. Used by siwa.record_failure (cap 1 hour) and siwa.record_webhook_attempt (an endpoint''s backoff); Swift''s RetrySchedule computes the same.';
+    'The one retry schedule: base doubled per attempt, at most cap, times a jitter in [1/2, 1). Exactly, in seconds (date_part(''epoch'', …) of base and cap): least(cap, base × 2^(least(greatest(attempt, 1) − 1, 80))) × (0.5 + random() / 2), as an interval (make_interval(secs => …)); the exponent stops at 80 (any cap is reached by then), so no attempt overflows. Used by siwa.record_failure (cap 1 hour) and siwa.record_webhook_attempts (an endpoint''s backoff); Swift''s RetrySchedule computes the same.';
 
 CREATE OR REPLACE FUNCTION siwa.record_failure(
     p_id bigint, p_error text, p_max_attempts integer, p_retry_base_delay interval)

@@ -167,7 +167,7 @@ COMMENT ON FUNCTION siwa.remove_heartbeat(text, text, integer) IS
 
 -- ==== Webhook visibility: per-endpoint gauges (siwa-worker's /metrics, siwactl stats) ====
 -- Each endpoint's current run of failed attempts (consecutive_failures, failing_since: the first failure
--- of the run) lives on its row in siwa.webhook_endpoints, kept by siwa.record_webhook_attempt (the one
+-- of the run) lives on its row in siwa.webhook_endpoints, kept by siwa.record_webhook_attempts (the one
 -- home: auto-disable and the lanes' isolation read it too); a delivered attempt ends the run, and so
 -- does enabling the endpoint. The healthy path writes nothing there.
 

@@ -161,7 +161,7 @@ BEGIN
         -- Erasure drops the email an import holds for either sub (siwa.erase_personal_data_of).
         GRANT SELECT (old_sub, new_sub, email), UPDATE (email) ON siwa.transfer_imports TO siwa_worker;
         GRANT SELECT ON siwa.webhook_endpoints, siwa.webhook_secrets TO siwa_worker;
-        -- auto-disable and isolation (siwa.record_webhook_attempt keeps the run of failures and the
+        -- auto-disable and isolation (siwa.record_webhook_attempts keeps the run of failures and the
         -- backoff, and disables; a claim locks the endpoint's row and notes when it was claimed)
         GRANT UPDATE (enabled, disabled_at, failing_since, disabled_reason, consecutive_failures, last_failure_at,
                       backoff_until, last_claimed_at) ON siwa.webhook_endpoints TO siwa_worker;
@@ -173,6 +173,9 @@ BEGIN
         GRANT EXECUTE ON FUNCTION siwa.claim_webhook_delivery(text, interval, bigint[], timestamptz, integer),
             siwa.record_webhook_attempt(bigint, text, timestamptz, integer, integer, text, double precision, text,
                                         double precision, double precision),
+            siwa.claim_webhook_deliveries(text, interval, integer, timestamptz, integer, bigint[]),
+            siwa.record_webhook_attempts(text, bigint[], timestamptz[], integer[], integer[], text[],
+                                         double precision[], text[], double precision, double precision),
             siwa.repair_webhook_ready(), siwa.claim_revocation(text, interval, timestamptz),
             siwa.record_revocation(bigint, text, bigint[], bytea[], text, text, text, double precision, jsonb),
             siwa.release_revocation(bigint, text), siwa.claim_refresh_check(interval, interval),

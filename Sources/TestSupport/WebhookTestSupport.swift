@@ -75,13 +75,15 @@ extension TestDatabase {
 
     /// A dispatcher with a test-short schedule.
     public func dispatcher(
-        concurrency: Int = 4, timeout: Duration = .seconds(5), retryBaseDelay: Duration = .milliseconds(50),
+        concurrency: Int = 4, batchSize: Int = 16, timeout: Duration = .seconds(5),
+        retryBaseDelay: Duration = .milliseconds(50),
         maxRetryDelay: Duration = .milliseconds(200), giveUpAfter: Duration = .seconds(60),
         configuration: PostgresConfiguration? = nil
     ) throws -> WebhookDispatcher {
         WebhookDispatcher(
             configuration: try WebhookDispatcher.Configuration(
-                database: configuration ?? self.configuration, concurrency: concurrency, timeout: timeout,
+                database: configuration ?? self.configuration, concurrency: concurrency, batchSize: batchSize,
+                timeout: timeout,
                 retryBaseDelay: retryBaseDelay, maxRetryDelay: maxRetryDelay, giveUpAfter: giveUpAfter,
                 pollInterval: .milliseconds(100)),
             logger: quietLogger)

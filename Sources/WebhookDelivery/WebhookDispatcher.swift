@@ -11,23 +11,24 @@ import Webhooks
 /// and endpoint.
 ///
 /// Each of `configuration.concurrency` lanes is a ``ConsumerLoop`` on a thread of its own with its own
-/// connection, listening on `siwa_webhooks` (the fan-out trigger and replays notify it). One attempt
-/// holds no lock and no transaction across the network: `siwa.claim_webhook_delivery` commits a lease on
-/// a due queue head and returns the change row with it, the lane builds the body from that row, signs it
-/// with every live key (`v1` for a whsec_ secret, `v1a` for a whsk_ ed25519 key) and POSTs it under the
-/// outbound policy (one deadline, no redirects, https or http to a loopback literal, the answer's body
-/// capped) with no transaction open — on the lane's own keep-alive connection to the endpoint when it
-/// has one (an ``OutboundHTTP/Session`` per lane: N lanes keep at most N connections to one endpoint) —,
-/// then `siwa.record_webhook_attempt` records the attempt and the delivery's new state if the lease is
-/// still its own. A 2xx is `delivered`; anything else is retried with
-/// exponential backoff and jitter until `giveUpAfter` has passed since the first attempt, then `dead`.
-/// The claim counts the attempt and leases the delivery for the attempt's deadline plus a margin
-/// (``CallLease``). A process killed mid-attempt leaves its lease to expire within seconds of that
-/// deadline; the next claim after that takes the delivery over (exactly one claimer does) and sends it
-/// again with the same `webhook-id`: receivers dedupe on it.
+/// connection, listening on `siwa_webhooks` (the fan-out trigger and replays notify it). No lock and no
+/// transaction is held across the network: `siwa.claim_webhook_deliveries` commits leases on up to
+/// `batchSize` due queue heads of one endpoint (distinct users) and returns their change rows, the lane
+/// builds each body from its row, signs it with every live key (`v1` for a whsec_ secret, `v1a` for a
+/// whsk_ ed25519 key) and POSTs them one after another under the outbound policy (one deadline, no
+/// redirects, https or http to a loopback literal, the answer's body capped) with no transaction open —
+/// on the lane's own keep-alive connection to the endpoint when it has one (an ``OutboundHTTP/Session``
+/// per lane: N lanes keep at most N connections to one endpoint) —, then `siwa.record_webhook_attempts`
+/// records the attempts and the deliveries' new states, each if its lease is still the lane's. After a
+/// failed attempt the rest of the batch is released unattempted. A 2xx is `delivered`; anything else is
+/// retried with exponential backoff and jitter until `giveUpAfter` has passed since the first attempt,
+/// then `dead`. The claim counts each attempt and leases the k-th delivery of a batch for k times the
+/// attempt's deadline plus a margin (``CallLease``). A process killed mid-batch leaves its leases to
+/// expire; the next claim after that takes a delivery over (exactly one claimer does) and sends it again
+/// with the same `webhook-id`: receivers dedupe on it.
 ///
 /// Isolation: the claim rotates between the endpoints with due work (the least recently claimed first)
-/// and never gives one endpoint more than `max_in_flight` attempts across every worker, one while it is
+/// and never gives one endpoint more than `max_in_flight` lanes across every worker, one while it is
 /// failing, nor more than its share of this process's lanes (at most `concurrency − 1`, about
 /// `concurrency / E` with E endpoints due), so an endpoint that hangs never holds every lane. After 3
 /// consecutive failures the endpoint is backed off as a whole (on the same schedule as a delivery's
@@ -39,6 +40,9 @@ public final class WebhookDispatcher: Sendable {
         public var database: PostgresConfiguration
         /// Lanes: attempts in flight at once from this process, over all endpoints.
         public var concurrency: Int
+        /// Deliveries of one endpoint a lane claims at once and sends one after another on its
+        /// connection (one while the endpoint is failing).
+        public var batchSize: Int
         /// The deadline of one attempt, from name resolution to the last byte of the answer.
         public var timeout: Duration
         /// First retry delay; doubles per attempt, with jitter (×0.5 to 1), at most ``maxRetryDelay``.
@@ -71,7 +75,7 @@ public final class WebhookDispatcher: Sendable {
 
         /// Settings; every duration must be positive and `concurrency` at least 1.
         public init(
-            database: PostgresConfiguration, concurrency: Int = 4,
+            database: PostgresConfiguration, concurrency: Int = 4, batchSize: Int = 16,
             timeout: Duration = Configuration.defaultTimeout,
             retryBaseDelay: Duration = Configuration.defaultRetryBaseDelay,
             maxRetryDelay: Duration = Configuration.defaultMaxRetryDelay,
@@ -79,13 +83,16 @@ public final class WebhookDispatcher: Sendable {
             pollInterval: Duration = Configuration.defaultPollInterval,
             maxResponseBodyBytes: Int = 64 << 10, environment: [String: String] = [:]
         ) throws {
-            guard concurrency >= 1, timeout > .zero, retryBaseDelay > .zero, maxRetryDelay >= retryBaseDelay,
+            guard concurrency >= 1, (1...1000).contains(batchSize), timeout > .zero, retryBaseDelay > .zero,
+                maxRetryDelay >= retryBaseDelay,
                 giveUpAfter > .zero, pollInterval > .zero, maxResponseBodyBytes > 0
             else {
-                throw ConfigurationError("the webhook settings must be positive (max delay ≥ base delay)")
+                throw ConfigurationError(
+                    "the webhook settings must be positive (max delay ≥ base delay, a batch of 1 to 1,000)")
             }
             self.database = database
             self.concurrency = concurrency
+            self.batchSize = batchSize
             self.timeout = timeout
             self.retryBaseDelay = retryBaseDelay
             self.maxRetryDelay = maxRetryDelay
@@ -209,9 +216,9 @@ public final class WebhookDispatcher: Sendable {
         try? loop.run()
     }
 
-    /// One drain: every delivery due by its start, claimed and attempted one after another (what it
-    /// schedules for later is not retried in it). Returns how soon the next delivery is due: of the
-    /// enabled endpoints, the earliest due queue head not in flight, or a lease's end, but not before
+    /// One drain: every delivery due by its start, claimed in batches and attempted one after another
+    /// (what it schedules for later is not retried in it). Returns how soon the next delivery is due: of
+    /// the enabled endpoints, the earliest due queue head not in flight, or a lease's end, but not before
     /// the endpoint's backoff.
     private func drain(
         on connection: PostgresConnection, lane: Int, lanes: Int, into outcomes: inout [Outcome]
@@ -221,9 +228,9 @@ public final class WebhookDispatcher: Sendable {
         let start = try connection.value("SELECT now()", as: Date.self)
         var step: Step = .nothing
         while !isStopping {
-            step = try attemptOne(on: connection, lane: lane, lanes: lanes, dueBy: start)
-            guard case .attempted(let outcome) = step else { break }
-            outcomes.append(outcome)
+            step = try attemptBatch(on: connection, lane: lane, lanes: lanes, dueBy: start)
+            guard case .attempted(let batch) = step else { break }
+            outcomes += batch
         }
         if case .saturated = step { return Self.saturatedWait }
         let due = try connection.value(
@@ -246,25 +253,85 @@ public final class WebhookDispatcher: Sendable {
         case nothing
         /// There is due work, but every endpoint with some is at its cap.
         case saturated
-        /// A delivery was claimed and attempted.
-        case attempted(Outcome)
+        /// Deliveries were claimed and attempted (those released unattempted are not among them).
+        case attempted([Outcome])
     }
 
-    /// One attempt: claim (committed), POST with no transaction open, record. Only deliveries due by
-    /// `dueBy` are claimed; `lanes` is this process's lane count (an endpoint's share of them).
-    func attemptOne(on connection: PostgresConnection, lane: Int, lanes: Int, dueBy: Date) throws -> Step {
+    /// What one attempt came to, as `siwa.record_webhook_attempts` takes it.
+    private struct Attempt {
+        var delivery: ClaimedDelivery.Delivery
+        var started: Date
+        var elapsed: Duration
+        var status: Int?
+        var failure: String?
+        var state: Outcome.State
+        var retryIn: Double?
+    }
+
+    /// One batch: up to ``Configuration/batchSize`` deliveries of one endpoint claimed (committed), POSTed
+    /// one after another with no transaction open, and recorded in one statement. After a failed attempt,
+    /// or once the dispatcher is stopping, the rest are released unattempted: a failing endpoint gets
+    /// one attempt at a time. Only deliveries due by `dueBy` are claimed; `lanes` is this process's lane
+    /// count (an endpoint's share of them).
+    func attemptBatch(on connection: PostgresConnection, lane: Int, lanes: Int, dueBy: Date) throws -> Step {
         let owner = "\(owner):\(lane)"
-        guard
-            let claim = try connection.rows(
-                ClaimedDelivery.self,
-                [.text(owner), .double(configuration.lease.inSeconds), .date(dueBy), .int(Int64(lanes))]
-            ).first
-        else { return .nothing }
-        guard let delivery = claim.delivery else { return .saturated }
+        let claims = try connection.rows(
+            ClaimedDelivery.self,
+            [
+                .text(owner), .double(configuration.lease.inSeconds), .int(Int64(configuration.batchSize)),
+                .date(dueBy), .int(Int64(lanes)),
+            ])
+        guard let first = claims.first else { return .nothing }
+        guard first.delivery != nil else { return .saturated }
+
+        // No transaction is open from here to the record: the deliveries are held by their leases only
+        // (the k-th for k leases: each attempt ends within one).
+        var made: [Attempt] = []
+        var released: [Int] = []
+        for delivery in claims.compactMap(\.delivery) {
+            if isStopping || made.contains(where: { $0.failure != nil }) {
+                released.append(delivery.id)
+            } else {
+                made.append(attempt(delivery, lane: lane))
+            }
+        }
+        var parameters: [[PostgresData?]] = Array(repeating: [], count: 7)
+        for attempt in made {
+            parameters[0].append(.int(Int64(attempt.delivery.id)))
+            parameters[1].append(.date(attempt.started))
+            parameters[2].append(.int(Int64(attempt.elapsed.wholeMilliseconds)))
+            parameters[3].append(attempt.status.map { .int(Int64($0)) })
+            parameters[4].append(.text(attempt.state.rawValue))
+            parameters[5].append(attempt.retryIn.map { .double($0) })
+            parameters[6].append(attempt.failure.map { .text(String($0.prefix(300))) })
+        }
+        for id in released {
+            parameters[0].append(.int(Int64(id)))
+            for column in 1..<7 { parameters[column].append(column == 4 ? .text("released") : nil) }
+        }
+        // The endpoint's backoff as a whole (from its 3rd consecutive failure) follows the same schedule.
+        let recorded = Set(
+            try connection.query(
+                """
+                SELECT unnest(siwa.record_webhook_attempts($1, $2::bigint[], $3::timestamptz[], $4::integer[],
+                                                           $5::integer[], $6::text[], $7::float8[], $8::text[],
+                                                           $9::float8, $10::float8))
+                """,
+                [.text(owner)] + parameters.map { .array($0) } + [
+                    .double(configuration.retryBaseDelay.inSeconds),
+                    .double(configuration.maxRetryDelay.inSeconds),
+                ]
+            ).map { row throws(PostgresError) in try row[0, as: Int.self] })
+        return .attempted(
+            made.map { attempt in
+                report(attempt, recorded: recorded.contains(attempt.delivery.id))
+            })
+    }
+
+    /// Signs and POSTs one claimed delivery; what came of it, and when to try again.
+    private func attempt(_ delivery: ClaimedDelivery.Delivery, lane: Int) -> Attempt {
         let body = delivery.change.body
         let secrets = delivery.secrets.compactMap { try? StandardWebhooks.SigningKey($0) }
-
-        // No transaction is open from here to the record: the delivery is held by its lease only.
         let started = Date()
         let clock = ContinuousClock.now
         var status: Int?
@@ -299,58 +366,47 @@ public final class WebhookDispatcher: Sendable {
         }
         let elapsed = ContinuousClock.now - clock
         latency?.observe(elapsed.inSeconds)
-        let outcome: Outcome.State
-        var delay: Double?
+        var attempt = Attempt(
+            delivery: delivery, started: started, elapsed: elapsed, status: status, failure: failure,
+            state: .delivered)
         if failure == nil {
-            outcome = .delivered
+            return attempt
         } else if Date().timeIntervalSince(delivery.firstAttemptAt ?? started)
             >= configuration.giveUpAfter.inSeconds
         {
-            outcome = .dead
+            attempt.state = .dead
         } else {
-            outcome = .retry
-            delay = configuration.retrySchedule.delay(afterAttempt: delivery.attempt).inSeconds
+            attempt.state = .retry
+            attempt.retryIn = configuration.retrySchedule.delay(afterAttempt: delivery.attempt).inSeconds
         }
-        // The endpoint's backoff as a whole (from its 3rd consecutive failure) follows the same schedule.
-        let recorded = try connection.value(
-            """
-            SELECT siwa.record_webhook_attempt($1, $2, $3, $4::integer, $5::integer, $6, $7::float8, $8,
-                                               $9::float8, $10::float8)
-            """,
-            [
-                .int(Int64(delivery.id)), .text(owner), .date(started),
-                .int(Int64(elapsed.wholeMilliseconds)), status.map { .int(Int64($0)) },
-                .text(outcome.rawValue),
-                delay.map { .double($0) },
-                failure.map { .text(String($0.prefix(300))) },
-                .double(configuration.retryBaseDelay.inSeconds),
-                .double(configuration.maxRetryDelay.inSeconds),
-            ], as: Bool.self)
+        return attempt
+    }
+
+    /// Counts and logs one recorded attempt (or one whose lease was lost); its outcome.
+    private func report(_ attempt: Attempt, recorded: Bool) -> Outcome {
+        let delivery = attempt.delivery
+        let fields: [String: Logger.Value] = [
+            "delivery": .int(delivery.id), "endpoint": .int(delivery.endpoint),
+            "attempt": .int(delivery.attempt),
+        ]
         guard recorded else {
             logger.warning(
                 "webhook attempt not recorded: its lease expired and another lane took the delivery over",
-                [
-                    "delivery": .int(delivery.id), "endpoint": .int(delivery.endpoint),
-                    "attempt": .int(delivery.attempt),
-                ])
-            return .attempted(Outcome(delivery: delivery.id, state: .lost, status: status))
+                fields)
+            return Outcome(delivery: delivery.id, state: .lost, status: attempt.status)
         }
-        attempts[outcome]?.increment()
-        if outcome != .delivered {
+        attempts[attempt.state]?.increment()
+        if attempt.state != .delivered {
             logger.warning(
-                outcome == .dead ? "webhook delivery dead" : "webhook attempt failed; will retry",
-                [
-                    "delivery": .int(delivery.id), "endpoint": .int(delivery.endpoint),
-                    "attempt": .int(delivery.attempt),
-                    "status": status.map { .int($0) } ?? .string("none"),
-                ])
+                attempt.state == .dead ? "webhook delivery dead" : "webhook attempt failed; will retry",
+                fields.merging(["status": attempt.status.map { .int($0) } ?? .string("none")]) { $1 })
         }
-        return .attempted(Outcome(delivery: delivery.id, state: outcome, status: status))
+        return Outcome(delivery: delivery.id, state: attempt.state, status: attempt.status)
     }
 }
 
-/// The answer of `siwa.claim_webhook_delivery`: a delivery claimed under a lease, or none to claim now
-/// because every endpoint with due work is at its cap.
+/// A row of `siwa.claim_webhook_deliveries`' answer: a delivery claimed under a lease, or (a single row)
+/// none to claim now because every endpoint with due work is at its cap.
 struct ClaimedDelivery: PostgresRowDecodable {
     /// The claimed delivery; nil when the answer is `saturated`.
     var delivery: Delivery?
@@ -373,7 +429,7 @@ struct ClaimedDelivery: PostgresRowDecodable {
         SELECT outcome, delivery_id, change_id, endpoint_id, attempt, first_attempt_at, url, secrets,
                type, sub, event_time, applied_at, jti, audience, sessions_revoked,
                refresh_tokens_revoked, email, is_private_email, old_sub
-          FROM siwa.claim_webhook_delivery($1, $2::float8 * interval '1 second', '{}', $3, $4::integer)
+          FROM siwa.claim_webhook_deliveries($1, $2::float8 * interval '1 second', $3::integer, $4, $5::integer)
         """
     static let columns: PostgresColumns = """
         outcome text, delivery_id bigint, change_id bigint, endpoint_id bigint, attempt integer, \

@@ -4,8 +4,8 @@ import TestSupport
 import Testing
 import Webhooks
 
-/// `siwa.claim_webhook_delivery` and `siwa.record_webhook_attempt` as siwa_worker: each endpoint's caps,
-/// its backoff as a whole, and the rotation between endpoints.
+/// `siwa.claim_webhook_deliveries` and `siwa.record_webhook_attempts` (and their one-delivery forms) as
+/// siwa_worker: each endpoint's caps, batches, its backoff as a whole, and the rotation between endpoints.
 @Suite("Webhook claims in SQL: caps, backoff, rotation")
 struct WebhookClaimSQLTests {
     /// One claim: `claimed` with its delivery and endpoint, `saturated`, or nil (nothing claimable).
@@ -32,6 +32,94 @@ struct WebhookClaimSQLTests {
                 SELECT siwa.record_webhook_attempt($1, $2, now(), 5, $3::integer, $4, 600, 'HTTP', 600, 3600)
                 """, [.int(Int64(delivery ?? -1)), .text(owner), .int(Int64(status)), .text(outcome)])[0][
                     0, as: Bool.self])
+    }
+
+    @Test(
+        "a batch: a lane leases up to its limit of heads, one per user, the k-th for k leases, and counts as one in flight; one while failing; released ones are uncounted; a lost lease is left out"
+    )
+    func batches() throws {
+        let database = try AdminDatabase.make()
+        let endpoint = try database.addEndpoint(url: "https://first.example.com/hooks", secret: .generate())
+        _ = try database.connection.query(
+            "UPDATE siwa.webhook_endpoints SET max_in_flight = 1 WHERE id = $1", [.int(Int64(endpoint))])
+        // 6 users with 2 changes each: 6 queue heads.
+        _ = try database.insertChanges(subs: (1...6).map { "001.u\($0)" }, count: 2)
+        let worker = try database.connect(as: .worker)
+        defer { worker.close() }
+        func claim(_ owner: String, limit: Int) throws -> [(id: Int, sub: String, lease: Double)] {
+            let claimed = try worker.query(
+                "SELECT delivery_id, sub FROM siwa.claim_webhook_deliveries($1, interval '1 minute', $2::integer, NULL, 4) WHERE outcome = 'claimed'",
+                [.text(owner), .int(Int64(limit))]
+            ).map { (try $0[0, as: Int.self], try $0[1, as: String.self]) }
+            return try claimed.map { id, sub in
+                let lease = try worker.value(
+                    "SELECT extract(epoch FROM lease_expires_at - clock_timestamp())::float8 FROM siwa.webhook_deliveries WHERE id = $1",
+                    [.int(Int64(id))], as: Double.self)
+                return (id, sub, lease)
+            }
+        }
+        func record(_ owner: String, _ ids: [Int], _ outcomes: [String]) throws -> [Int] {
+            try worker.query(
+                """
+                SELECT unnest(siwa.record_webhook_attempts($1, $2::bigint[],
+                    array_fill(now(), ARRAY[cardinality($2::bigint[])]), array_fill(5, ARRAY[cardinality($2::bigint[])]),
+                    array_fill(NULL::integer, ARRAY[cardinality($2::bigint[])]), $3::text[],
+                    array_fill(600::float8, ARRAY[cardinality($2::bigint[])]),
+                    array_fill('HTTP'::text, ARRAY[cardinality($2::bigint[])]), 600, 3600))
+                """, [.text(owner), .array(ids.map { .int(Int64($0)) }), .array(outcomes.map { .text($0) })]
+            ).map { try $0[0, as: Int.self] }
+        }
+
+        let batch = try claim("host:1:aa:0", limit: 4)
+        #expect(batch.count == 4 && Set(batch.map(\.sub)).count == 4, "\(batch)")
+        for (k, claimed) in batch.enumerated() {
+            #expect(abs(claimed.lease - 60 * Double(k + 1)) < 5, "lease \(k + 1): \(claimed.lease) s")
+        }
+        // max_in_flight 1: the lane holding 4 leases is the one attempt in flight.
+        #expect(try claim("host:1:aa:1", limit: 4).isEmpty)
+        #expect(
+            try worker.query(
+                "SELECT outcome FROM siwa.claim_webhook_deliveries('host:1:aa:1', interval '1 minute', 4, NULL, 4)"
+            ).map { try $0[0, as: String.self] } == ["saturated"])
+
+        // Delivered, failed, then two released unattempted; another lane holds the last one's lease now.
+        _ = try database.connection.query(
+            "UPDATE siwa.webhook_deliveries SET lease_owner = 'host:2:bb:0' WHERE id = $1",
+            [.int(Int64(batch[3].id))])
+        let recorded = try record(
+            "host:1:aa:0", batch.map(\.id), ["delivered", "retry", "released", "released"])
+        #expect(recorded == batch.prefix(3).map(\.id))
+        let rows = try database.connection.query(
+            """
+            SELECT state, attempts, first_attempt_at IS NULL, lease_owner,
+                   (SELECT count(*)::int FROM siwa.webhook_attempts a WHERE a.delivery_id = d.id)
+              FROM siwa.webhook_deliveries d WHERE id = ANY ($1::bigint[]) ORDER BY array_position($1::bigint[], id)
+            """, [.array(batch.map { .int(Int64($0.id)) })]
+        ).map {
+            "\(try $0[0, as: String.self]) \(try $0[1, as: Int.self]) \(try $0[2, as: Bool.self]) "
+                + "\(try $0[3, as: String?.self] ?? "-") \(try $0[4, as: Int.self])"
+        }
+        #expect(
+            rows == [
+                "delivered 1 false - 1", "pending 1 false - 1", "pending 0 true - 0",
+                "pending 1 false host:2:bb:0 0",
+            ], "\(rows)")
+        // The delivered user's next change heads its queue; the endpoint is failing now: one at a time.
+        #expect(
+            try database.value(
+                "SELECT ready FROM siwa.webhook_deliveries WHERE sub = $1 AND state = 'pending'",
+                [.text(batch[0].sub)]) as Bool)
+        _ = try database.connection.query(
+            "UPDATE siwa.webhook_deliveries SET lease_owner = NULL, lease_expires_at = NULL")
+        #expect(try claim("host:1:aa:0", limit: 4).count == 1)
+
+        // Bad input changes nothing: arrays of different lengths, an unknown outcome, a repeated delivery.
+        for (ids, outcomes) in [
+            ([batch[2].id], ["delivered", "dead"]), ([batch[2].id], ["lost"]),
+            ([batch[2].id, batch[2].id], ["dead", "dead"]),
+        ] {
+            #expect(throws: PostgresError.self) { _ = try record("host:1:aa:0", ids, outcomes) }
+        }
     }
 
     @Test(
@@ -235,7 +323,8 @@ struct WebhookClaimSQLTests {
         let recordRead = try Self.deliveryRowsRead(worker) {
             try Self.record(worker, next.delivery, owner: owner, outcome: "delivered", status: 204)
         }
-        #expect(recordRead.sequential == 0 && recordRead.indexed < 20, "\(recordRead)")
+        // The record reads the delivery by key twice (its lock, its update), its foreign key and the next head.
+        #expect(recordRead.sequential == 0 && recordRead.indexed < 30, "\(recordRead)")
         #expect(
             try database.value(
                 "SELECT reltuples <= 0 FROM pg_class WHERE oid = 'siwa.webhook_deliveries'::regclass") as Bool

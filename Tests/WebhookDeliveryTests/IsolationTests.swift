@@ -60,6 +60,7 @@ struct IsolationTests {
         let beside = try #require(
             try Self.timeToAccept(8, subs: "beside-", receiver: healthy, database: database))
         // The hanging endpoint holds one lane (its share of 2): one attempt in flight, not both lanes.
+        #expect(waitUntil { hanging.server.requestHeads.count >= 1 })
         #expect(hanging.server.requestHeads.count == 1)
         #expect(
             beside < timeout / 2,
@@ -145,8 +146,10 @@ struct IsolationTests {
         #expect(broken.deliveries.count == attempts)
     }
 
-    @Test("rotation: an endpoint with an older backlog does not starve another's; both progress together")
-    func rotation() throws {
+    @Test(
+        "rotation: an endpoint with an older backlog does not starve another's; both progress together, a batch each in turn",
+        arguments: [1, 4])
+    func rotation(batchSize: Int) throws {
         let database = try WebhookDatabase()
         let first = try WebhookReceiver()
         let second = try WebhookReceiver()
@@ -155,12 +158,42 @@ struct IsolationTests {
         // The first endpoint's 10 deliveries are all older than the second's.
         for index in 0..<10 { try database.insertChange(type: "siwa.consent_revoked", sub: "a\(index)") }
         for index in 0..<10 { try database.insertChange(type: "siwa.account_deleted", sub: "b\(index)") }
-        let outcomes = try database.dispatcher().drainOnce()
+        let outcomes = try database.dispatcher(batchSize: batchSize).drainOnce()
         #expect(outcomes.count == 20 && outcomes.allSatisfy { $0.state == .delivered })
-        // In arrival order the two endpoints alternate.
+        // In arrival order the two endpoints alternate, a batch (the last one shorter) at a time.
         let arrivals = (first.deliveries.map { ($0.at, 1) } + second.deliveries.map { ($0.at, 2) })
             .sorted { $0.0 < $1.0 }.map(\.1)
-        #expect(arrivals == Array([1, 2].repeated(10)), "\(arrivals)")
+        let batches = stride(from: 0, to: 10, by: batchSize).flatMap { start in
+            [1, 2].flatMap { Array(repeating: $0, count: min(batchSize, 10 - start)) }
+        }
+        #expect(arrivals == batches, "\(arrivals)")
+    }
+
+    @Test(
+        "a lane's batch stops at its first failed attempt: the rest are released unattempted (their attempt uncounted) and go out after it"
+    )
+    func batchStopsAtFirstFailure() throws {
+        let database = try WebhookDatabase()
+        // The third user's delivery fails; every other one is accepted.
+        let receiver = try WebhookReceiver { delivery, _ in (delivery.sub == "u2" ? 503 : 204, .zero) }
+        try database.addEndpoint(url: receiver.url, secret: .generate())
+        for index in 0..<8 { try database.insertChange(type: "siwa.consent_revoked", sub: "u\(index)") }
+        let outcomes = try database.dispatcher(
+            concurrency: 1, batchSize: 8, retryBaseDelay: .seconds(600), maxRetryDelay: .seconds(600)
+        )
+        .drainOnce()
+        #expect(
+            outcomes.map(\.state) == [.delivered, .delivered, .retry] + Array(repeating: .delivered, count: 5)
+        )
+        #expect(receiver.deliveries.map(\.sub) == (0..<8).map { "u\($0)" })
+        // Each delivery was attempted once, and counted once: none of the released ones kept its claim's count.
+        #expect(
+            try database.value(
+                """
+                SELECT count(*) FILTER (WHERE d.attempts = 1 AND (SELECT count(*) FROM siwa.webhook_attempts a
+                                                                    WHERE a.delivery_id = d.id) = 1)::int
+                  FROM siwa.webhook_deliveries d
+                """) == 8)
     }
 
     @Test("the worker removes temporary endpoints past their expiry (a listener that crashed left them)")
