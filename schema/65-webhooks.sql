@@ -463,8 +463,9 @@ COMMENT ON COLUMN siwa.webhook_delivery_status.last_error IS 'The last failure, 
 
 -- The endpoint's row is locked (FOR NO KEY UPDATE) while its lanes in flight are counted, so two claims
 -- cannot both take the last place; endpoints another lane is claiming are tried after the others.
--- A lane may lease several deliveries at once (p_limit) and send them one after another: an endpoint's
--- attempts in flight are its distinct lease owners, and the k-th lease of a claim runs k × p_lease.
+-- A lane may lease several deliveries at once and send them one after another: an endpoint's attempts
+-- in flight are its distinct lease owners. A batch is the lane's part of the due heads (their count
+-- read up to p_limit per lane), so a short queue still spreads over the endpoint's lanes.
 CREATE OR REPLACE FUNCTION siwa.claim_webhook_deliveries(p_owner text, p_lease interval, p_limit integer,
                                                          p_due_by timestamptz DEFAULT NULL,
                                                          p_lanes integer DEFAULT 1,
@@ -489,6 +490,7 @@ DECLARE
     v_mine       integer;
     v_share      integer;
     v_cap        integer;
+    v_take       integer;
 BEGIN
     IF p_owner IS NULL OR p_lease IS NULL OR p_lease <= interval '0' OR p_lanes IS NULL OR p_lanes < 1
        OR p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 1000 THEN
@@ -557,6 +559,14 @@ BEGIN
                    AND d.lease_expires_at IS NOT NULL AND d.lease_expires_at > pg_catalog.clock_timestamp();
                 v_cap := CASE WHEN v_endpoint.consecutive_failures > 0 THEN 1 ELSE v_endpoint.max_in_flight END;
                 IF v_in_flight < v_cap AND v_mine < v_share THEN
+                    SELECT CASE WHEN v_endpoint.consecutive_failures > 0 THEN 1
+                                ELSE least(p_limit, ceil(pg_catalog.count(*) / least(v_cap, v_share)::numeric))::integer
+                           END
+                      INTO v_take
+                      FROM (SELECT 1 FROM siwa.webhook_deliveries d
+                             WHERE d.endpoint_id = v_id AND d.state = 'pending' AND d.ready AND d.next_attempt_at <= v_due
+                               AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= pg_catalog.clock_timestamp())
+                             LIMIT p_limit * least(v_cap, v_share)) due;
                     -- The endpoint's first due heads that are still first in their sub's queue (per-user
                     -- order: the hint `ready` is re-checked; a sub has one head, so one delivery each),
                     -- up to p_limit (one while it is failing), leased, and returned with what the POSTs
@@ -574,7 +584,7 @@ BEGIN
                                                  AND p.state = 'pending'
                                                ORDER BY p.change_id LIMIT 1)
                          ORDER BY d.next_attempt_at, d.id
-                         LIMIT CASE WHEN v_endpoint.consecutive_failures > 0 THEN 1 ELSE p_limit END
+                         LIMIT v_take
                            FOR UPDATE OF d SKIP LOCKED),
                     numbered AS (
                         SELECT p.id, pg_catalog.row_number() OVER (ORDER BY p.next_attempt_at, p.id) AS n FROM picked p),
@@ -584,7 +594,7 @@ BEGIN
                                first_attempt_at = coalesce(d.first_attempt_at, pg_catalog.clock_timestamp()),
                                last_attempt_at = pg_catalog.clock_timestamp(),
                                lease_owner = p_owner,
-                               lease_expires_at = pg_catalog.clock_timestamp() + p_lease * numbered.n
+                               lease_expires_at = pg_catalog.clock_timestamp() + p_lease
                           FROM numbered WHERE d.id = numbered.id
                         RETURNING d.id, d.change_id, d.endpoint_id, d.attempts, d.first_attempt_at, numbered.n)
                     SELECT 'claimed'::text, l.id, l.change_id, l.endpoint_id, l.attempts, l.first_attempt_at,
@@ -627,7 +637,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.claim_webhook_deliveries(text, interval, integer, timestamptz, integer, bigint[]) IS
-    'The webhook lanes'' claim. Of the enabled endpoints with a due queue head (ready, due by p_due_by — a drain passes its start, so it never retries what it just tried —, not leased or its lease expired), not backed off and not in p_skip, least recently claimed first, it takes the first under its caps (max_in_flight lanes in flight, 1 while failing, the process''s share of its p_lanes lanes: docs/webhooks.md, "Isolation") and leases up to p_limit of its due heads (1 while it is failing), each with no earlier pending delivery of its sub, in due order, the k-th for k × p_lease: the lane sends them one after another. p_owner is <process>:<lane> (leases whose owner shares the part up to its last colon are the process''s; an endpoint''s lanes in flight are its distinct live lease owners). ''claimed'' rows, in the order to send: the attempt counted, the lease written, and what the POST needs (URL, live secrets newest first, the change''s columns; an erased email is gone). One ''saturated'' row: due work, every endpoint with some at its cap, nothing written. No row: nothing claimable. Executable by siwa_worker.';
+    'The webhook lanes'' claim. Of the enabled endpoints with a due queue head (ready, due by p_due_by — a drain passes its start, so it never retries what it just tried —, not leased or its lease expired), not backed off and not in p_skip, least recently claimed first, it takes the first under its caps (max_in_flight lanes in flight, 1 while failing, the process''s share of its p_lanes lanes: docs/webhooks.md, "Isolation") and leases its part of the endpoint''s due heads — their count (read up to p_limit per lane) over its lanes under the caps, at most p_limit, 1 while it is failing —, each with no earlier pending delivery of its sub, in due order, each for p_lease: the lane sends them one after another, starting none that could outlast its lease. p_owner is <process>:<lane> (leases whose owner shares the part up to its last colon are the process''s; an endpoint''s lanes in flight are its distinct live lease owners). ''claimed'' rows, in the order to send: the attempt counted, the lease written, and what the POST needs (URL, live secrets newest first, the change''s columns; an erased email is gone). One ''saturated'' row: due work, every endpoint with some at its cap, nothing written. No row: nothing claimable. Executable by siwa_worker.';
 
 -- One delivery at a time (workers before the batched claim).
 CREATE OR REPLACE FUNCTION siwa.claim_webhook_delivery(p_owner text, p_lease interval,

@@ -1138,6 +1138,17 @@ def targets(results):
         add(f"worker drain, real effects, 2 lanes ÷ PgQueuer no-op drain, 2 processes, batches of {BATCH}",
             rate / pgq["events_per_second"], "≥", 3, "×",
             f"{rate:,.0f} events/s (one siwa-worker, --concurrency 2) ÷ {pgq['events_per_second']:,.0f} jobs/s")
+    hooks = results.get("webhooks")
+    if hooks and pgq:
+        add("PostgreSQL CPU per webhook delivery ÷ PgQueuer's per no-op job", hooks["postgres_us"]
+            / pgq["postgres_us_per_event"], "≤", 3, "×",
+            f"{hooks['postgres_us']:.0f} µs ÷ {pgq['postgres_us_per_event']:.1f} µs")
+        per_process = pgq["events_per_second"] / pgq["processes"]
+        add("webhook deliveries/s (8 lanes) ÷ PgQueuer's no-op jobs/s per process", hooks["per_second"] / per_process,
+            "≥", 2, "×", f"{hooks['per_second']:,.0f} deliveries/s ÷ {per_process:,.0f} jobs/s")
+    if hooks:
+        add("webhook deliveries/s to one fast keep-alive endpoint, 8 lanes", hooks["per_second"], "≥", 3000,
+            " deliveries/s", f"{hooks['delivered']:,} in {hooks['seconds']:.1f} s")
     if r64:
         add("p99 at 64 connections", r64["p99_ms"], "≤", 15, " ms", "wrk --latency")
         add("receiver peak RSS at 64 connections", r64["peak_rss_mib"], "≤", 32, " MiB", "VmHWM")

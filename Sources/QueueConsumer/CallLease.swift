@@ -9,6 +9,13 @@ public enum CallLease {
     /// after it.
     public static let margin: Duration = .seconds(5)
 
+    /// How long after its claim a consumer may still start a call of a batch it claimed at once.
+    public static let batchWindow: Duration = .seconds(2)
+
     /// The lease for a call with this deadline.
     public static func covering(_ deadline: Duration) -> Duration { deadline + margin }
+
+    /// The lease for each row of a batch whose calls have this deadline, each started within
+    /// ``batchWindow`` of the claim.
+    public static func covering(batchOf deadline: Duration) -> Duration { deadline + batchWindow + margin }
 }

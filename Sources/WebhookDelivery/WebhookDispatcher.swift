@@ -22,8 +22,8 @@ import Webhooks
 /// records the attempts and the deliveries' new states, each if its lease is still the lane's. After a
 /// failed attempt the rest of the batch is released unattempted. A 2xx is `delivered`; anything else is
 /// retried with exponential backoff and jitter until `giveUpAfter` has passed since the first attempt,
-/// then `dead`. The claim counts each attempt and leases the k-th delivery of a batch for k times the
-/// attempt's deadline plus a margin (``CallLease``). A process killed mid-batch leaves its leases to
+/// then `dead`. The claim counts each attempt and leases each delivery for the attempt's deadline, the
+/// batch window and a margin (``CallLease``). A process killed mid-batch leaves its leases to
 /// expire; the next claim after that takes a delivery over (exactly one claimer does) and sends it again
 /// with the same `webhook-id`: receivers dedupe on it.
 ///
@@ -63,8 +63,11 @@ public final class WebhookDispatcher: Sendable {
         /// Where `SSL_CERT_FILE` and `https_proxy`/`no_proxy` are read (the executable's environment).
         public var environment: [String: String]
         /// How long a claimed delivery stays leased to its lane: the attempt's ``timeout`` plus
-        /// ``CallLease/margin`` (``CallLease``). A lease still held after that is taken over by another lane.
-        public var lease: Duration { CallLease.covering(timeout) }
+        /// ``CallLease/margin``, and ``CallLease/batchWindow`` when a lane claims batches (``CallLease``).
+        /// A lease still held after that is taken over by another lane.
+        public var lease: Duration {
+            batchSize > 1 ? CallLease.covering(batchOf: timeout) : CallLease.covering(timeout)
+        }
 
         /// The defaults of the settings (siwa-worker's flags show and use these, but for its lanes).
         public static let defaultTimeout: Duration = .seconds(10)
@@ -270,11 +273,12 @@ public final class WebhookDispatcher: Sendable {
 
     /// One batch: up to ``Configuration/batchSize`` deliveries of one endpoint claimed (committed), POSTed
     /// one after another with no transaction open, and recorded in one statement. After a failed attempt,
-    /// or once the dispatcher is stopping, the rest are released unattempted: a failing endpoint gets
-    /// one attempt at a time. Only deliveries due by `dueBy` are claimed; `lanes` is this process's lane
+    /// past ``CallLease/batchWindow`` or once the dispatcher is stopping, the rest are released
+    /// unattempted: a failing endpoint gets one attempt at a time. Only deliveries due by `dueBy` are claimed; `lanes` is this process's lane
     /// count (an endpoint's share of them).
     func attemptBatch(on connection: PostgresConnection, lane: Int, lanes: Int, dueBy: Date) throws -> Step {
         let owner = "\(owner):\(lane)"
+        let claimed = ContinuousClock.now
         let claims = try connection.rows(
             ClaimedDelivery.self,
             [
@@ -284,12 +288,14 @@ public final class WebhookDispatcher: Sendable {
         guard let first = claims.first else { return .nothing }
         guard first.delivery != nil else { return .saturated }
 
-        // No transaction is open from here to the record: the deliveries are held by their leases only
-        // (the k-th for k leases: each attempt ends within one).
+        // No transaction is open from here to the record: the deliveries are held by their leases only,
+        // and no attempt starts later than the batch window after the claim (each ends within its lease).
         var made: [Attempt] = []
         var released: [Int] = []
         for delivery in claims.compactMap(\.delivery) {
-            if isStopping || made.contains(where: { $0.failure != nil }) {
+            if isStopping || made.contains(where: { $0.failure != nil })
+                || (!made.isEmpty && claimed.duration(to: .now) > CallLease.batchWindow)
+            {
                 released.append(delivery.id)
             } else {
                 made.append(attempt(delivery, lane: lane))

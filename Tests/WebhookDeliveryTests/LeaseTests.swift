@@ -134,7 +134,7 @@ struct WebhookLeaseTests {
     }
 
     @Test(
-        "a lane's lease covers its attempt: the timeout plus the margin, the attempt counted from the claim, so a lane that died is taken over within seconds of its deadline"
+        "a lane's lease covers its attempt: the timeout, the batch window and the margin, the attempt counted from the claim, so a lane that died is taken over within seconds of its deadline"
     )
     func leaseSizedToTheAttempt() throws {
         let database = try WebhookDatabase()
@@ -153,6 +153,6 @@ struct WebhookLeaseTests {
         #expect(row.count == 1)
         #expect(try row.first?[0, as: Int.self] == 1)  // counted while the POST is out
         let lease = try row.first?[1, as: Double?.self] ?? -1
-        #expect(abs(lease - CallLease.covering(.seconds(2)).inSeconds) < 0.5, "lease \(lease) s")
+        #expect(abs(lease - CallLease.covering(batchOf: .seconds(2)).inSeconds) < 0.5, "lease \(lease) s")
     }
 }
