@@ -42,14 +42,13 @@ let espEventsOptions: [CommandOption] = [
     ).secret(),
     CommandOption(
         "ses-topic-arn", valueName: "ARN",
-        help: "An SNS topic whose SES bounce notifications are taken (repeatable): serves /v1/esp/ses.",
+        help: "An SNS topic whose SES bounce notifications are taken: serves /v1/esp/ses.",
         isRepeatable: true, environmentVariable: "SIWA_MAILGATE_SES_TOPIC_ARNS"),
     CommandOption(
         "sns-certificate-hosts", valueName: "REGEX",
         help:
-            "Hosts (a whole-host regular expression) an SNS SigningCertURL or SubscribeURL may name over https.",
-        environmentVariable: "SIWA_MAILGATE_SNS_CERTIFICATE_HOSTS",
-        defaultValue: SNSVerifier.Configuration.amazonHostPattern),
+            "Hosts (a whole-host regular expression) an SNS SigningCertURL or SubscribeURL may name over https; unset: sns.<region>.amazonaws.com (and .com.cn).",
+        environmentVariable: "SIWA_MAILGATE_SNS_CERTIFICATE_HOSTS"),
 ]
 
 let espEventsFlags: [CommandFlag] = [
