@@ -168,6 +168,7 @@ public struct ESPEventsAPI: Sendable {
                 }
             }
         } catch {
+            configuration.mailgun?.forget(batch.replayToken)
             metrics.request(provider, "unavailable")
             logger.error("recording esp bounces failed", ["provider": .string(provider.rawValue)])
             var response = HTTPResponse.error(status: 503, "unavailable")
@@ -243,12 +244,12 @@ public struct ESPEventsAPI: Sendable {
             try connection.transaction { connection in
                 try bounces.map { bounce in
                     let rows = try connection.query(
-                        "SELECT recorded FROM siwa.record_relay_bounce($1, $2, $3, $4, $5, $6)",
+                        "SELECT recorded FROM siwa.record_relay_bounce($1, $2, $3, $4, $5, $6, $7)",
                         [
                             .text(bounce.bounceClass.rawValue), .text(bounce.recipient),
                             bounce.sendingDomain.map { .text($0) }, .text(bounce.status),
                             .text(bounce.action),
-                            bounce.remoteMTA.map { .text($0) },
+                            bounce.remoteMTA.map { .text($0) }, .text(bounce.provider.rawValue),
                         ])
                     return try rows[0][0, as: Bool.self]
                 }

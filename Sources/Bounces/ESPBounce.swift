@@ -91,6 +91,9 @@ public struct ESPEventError: Error, Equatable, CustomStringConvertible {
 public struct ESPEventBatch: Sendable, Equatable {
     public var bounces: [ESPBounce]
     public var otherEvents: Int
+    /// The token a replay cache took from the request (Mailgun's): handed back by
+    /// ``MailgunWebhook/forget(_:)`` when the request could not be recorded, so the ESP's retry is taken.
+    public var replayToken: String?
 
     public init(bounces: [ESPBounce] = [], otherEvents: Int = 0) {
         self.bounces = bounces

@@ -66,7 +66,16 @@ public final class MailgunWebhook: Sendable {
         guard let event = object["event-data"] as? [String: Any] else {
             throw .malformed("no event-data object")
         }
-        return try Self.batch(event)
+        var batch = try Self.batch(event)
+        batch.replayToken = token
+        return batch
+    }
+
+    /// Forgets a token taken by ``events(body:now:)`` whose request was then not recorded (the database
+    /// down): Mailgun's retry of it is taken.
+    public func forget(_ token: String?) {
+        guard let token else { return }
+        _ = seen.withLock { $0.tokens.remove(token) }
     }
 
     /// A `failed` event is a bounce: severity permanent or temporary, the reply in delivery-status.

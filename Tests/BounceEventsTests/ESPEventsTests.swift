@@ -28,9 +28,12 @@ struct ESPEventsTests {
             try listener.recorded() == [
                 [
                     "sender_unauthorized", "001000.on", "forwarding_on", "5.1.1", "failed",
-                    "mail.sender.example",
+                    "mail.sender.example", "mailgun",
                 ],
-                ["transient", "001000.off", "forwarding_off", "4.2.1", "delayed", "mail.sender.example"],
+                [
+                    "transient", "001000.off", "forwarding_off", "4.2.1", "delayed", "mail.sender.example",
+                    "mailgun",
+                ],
             ])
         #expect(
             listener.metric(
@@ -158,9 +161,12 @@ struct ESPEventsTests {
             try listener.recorded() == [
                 [
                     "relay_address_dead", "001000.on", "forwarding_on", "5.1.1", "failed",
-                    "mail.sender.example",
+                    "mail.sender.example", "ses",
                 ],
-                ["transient", "001000.off", "forwarding_off", "4.2.2", "delayed", "mail.sender.example"],
+                [
+                    "transient", "001000.off", "forwarding_off", "4.2.2", "delayed", "mail.sender.example",
+                    "ses",
+                ],
             ])
         #expect(
             listener.metric("siwa_mailgate_esp_requests_total", #"provider="ses",result="accepted""#) == 2)
@@ -224,6 +230,26 @@ struct ESPEventsTests {
                                                  b.action, b.remote_mta)) > 0
             """)[0][0, as: Int64.self]
         #expect(readable == 0)
+    }
+
+    @Test("the database refusing is 503 and forgets the Mailgun token: the ESP's retry is recorded once")
+    func unavailable() throws {
+        let listener = try Listener(signers: signers.get())
+        let owner = try listener.database.connect()
+        defer { owner.close() }
+        let function = "siwa.record_relay_bounce(text, text, text, text, text, text, text)"
+        try owner.execute("REVOKE EXECUTE ON FUNCTION \(function) FROM siwa_bounce")
+        let body = try listener.mailgunBody(recipient: Relay.on, message: "550 5.1.1 user not found")
+        let refused = try listener.post("mailgun", body)
+        #expect(refused.status == 503)
+        #expect(refused.value(of: "Retry-After") == "30")
+        try owner.execute("GRANT EXECUTE ON FUNCTION \(function) TO siwa_bounce")
+        #expect(try listener.post("mailgun", body).status == 200)
+        #expect(try listener.post("mailgun", body).status == 401)
+        #expect(try listener.recorded().count == 1)
+        #expect(
+            listener.metric("siwa_mailgate_esp_requests_total", #"provider="mailgun",result="unavailable""#)
+                == 1)
     }
 
     @Test("bad JSON is 400, another method 405, an unknown provider 404")

@@ -86,13 +86,13 @@ final class Listener: Sendable {
                 headers: [.init("Content-Type", "application/json")] + headers, body: body))
     }
 
-    /// The recorded bounces, in order: class, sub, gate reason, status, action, sending domain.
+    /// The recorded bounces, in order: class, sub, gate reason, status, action, sending domain, source.
     func recorded() throws -> [[String?]] {
         let owner = try database.connect()
         defer { owner.close() }
         return try owner.query(
-            "SELECT class, sub, gate_reason, status, action, sending_domain FROM siwa.relay_bounces ORDER BY id"
-        ).map { row in try (0..<6).map { try row[$0, as: String?.self] } }
+            "SELECT class, sub, gate_reason, status, action, sending_domain, source FROM siwa.relay_bounces ORDER BY id"
+        ).map { row in try (0..<7).map { try row[$0, as: String?.self] } }
     }
 
     /// A series' value on /metrics, 0 when absent.
