@@ -211,6 +211,27 @@ struct ESPEventsTests {
         #expect(try listener.recorded().isEmpty)
     }
 
+    @Test("an SNS SubscriptionConfirmation on an allowed host is confirmed by a GET of its SubscribeURL")
+    func subscriptionConfirmed() throws {
+        let signers = try signers.get()
+        let listener = try Listener(signers: signers)
+        try signers.withHTTPSServer { certificatePort in
+            try signers.withConfirmationServer { port, requests in
+                let body = try listener.sns(
+                    message: ["note": "confirm"],
+                    certificateURL: "https://localhost:\(certificatePort)/sns-cert.pem",
+                    type: "SubscriptionConfirmation",
+                    subscribeURL: "https://localhost:\(port)/?Action=ConfirmSubscription&Token=abc")
+                #expect(try listener.post("ses", body).status == 200)
+                #expect(
+                    waitUntil {
+                        (try? String(contentsOf: requests, encoding: .utf8))
+                            == "/?Action=ConfirmSubscription&Token=abc\n"
+                    })
+            }
+        }
+    }
+
     @Test("a bounce for an erased account is recorded with nothing readable: the keyed hash only")
     func erasedAccount() throws {
         let listener = try Listener(signers: signers.get())

@@ -54,6 +54,40 @@ final class Signers: Sendable {
         try #require(result.status == 0, "\(result.standardError)")
     }
 
+    /// Runs `body` with the port of a Python HTTPS server for localhost that answers every GET 200 and
+    /// appends its path to `requests` (SNS's SubscribeURL, as the listener confirms a subscription).
+    func withConfirmationServer(_ body: (_ port: Int, _ requests: URL) throws -> Void) throws {
+        let script = """
+            import http.server, ssl, sys
+            class Handler(http.server.BaseHTTPRequestHandler):
+                def do_GET(self):
+                    with open(sys.argv[1], "a") as log:
+                        log.write(self.path + "\\n")
+                    self.send_response(200)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                def log_message(self, *args):
+                    pass
+            server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain("tls.pem", "tls.key")
+            server.socket = context.wrap_socket(server.socket, server_side=True)
+            print("ACCEPT 127.0.0.1:%d" % server.server_address[1], flush=True)
+            server.serve_forever()
+            """
+        let requests = directory.appendingPathComponent("requests-\(UUID())")
+        let output = directory.appendingPathComponent("confirm-\(UUID()).out")
+        let server = try Subprocess(
+            "/usr/bin/python3", ["-c", script, requests.path], standardOutput: output.path,
+            workingDirectory: directory.path)
+        defer {
+            server.send(SIGKILL)
+            _ = server.wait(timeout: .seconds(5))
+        }
+        let port = try ListenAddresses.printedPort("ACCEPT", in: output, of: server)
+        try body(port, requests)
+    }
+
     /// Runs `body` with the port of `openssl s_server -WWW` serving this directory over TLS for localhost.
     func withHTTPSServer(_ body: (_ port: Int) throws -> Void) throws {
         let output = directory.appendingPathComponent("s_server-\(UUID()).out")
