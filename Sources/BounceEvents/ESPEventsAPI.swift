@@ -170,7 +170,10 @@ public struct ESPEventsAPI: Sendable {
         } catch {
             configuration.mailgun?.forget(batch.replayToken)
             metrics.request(provider, "unavailable")
-            logger.error("recording esp bounces failed", ["provider": .string(provider.rawValue)])
+            // PostgresError's description never carries the server's text (nor so an address).
+            logger.error(
+                "recording esp bounces failed",
+                ["provider": .string(provider.rawValue), "error": .string("\(error)")])
             var response = HTTPResponse.error(status: 503, "unavailable")
             response.headers.replaceOrAdd(name: "Retry-After", value: "30")
             return response
