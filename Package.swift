@@ -106,9 +106,15 @@ let package = Package(
         // The relay-mail gate's calls (siwa.relay_mail_decision(s)) with typed rows, and the address lists
         // siwactl mail check reads. Never prints or reads the environment.
         .target(name: "RelayMail", dependencies: ["Postgres"]),
-        // Bounces from Apple's relay: the RFC 3464 report parser and the classifier. Foundation only;
-        // never prints, reads the environment or touches the database.
-        .target(name: "Bounces"),
+        // Bounces from Apple's relay: the RFC 3464 report parser, the ESPs' bounce events and their
+        // authentication (OpenSSL), and the classifier. Never prints, reads the environment, touches the
+        // database or the network.
+        .target(name: "Bounces", dependencies: ["COpenSSL", "ServiceSupport"]),
+        // The ESPs' bounce events over HTTP (siwa-mailgate --esp-events-listen): routes, authentication by
+        // Bounces, siwa.record_relay_bounce as siwa_bounce, metrics.
+        .target(
+            name: "BounceEvents",
+            dependencies: ["Bounces", "HTTPClient", "HTTPServer", "Postgres", "ServiceSupport"]),
         // Heartbeats in siwa.service_heartbeats and the database's health gauges on /metrics.
         .target(
             name: "ServiceHealth", dependencies: ["Postgres", "ServiceSupport"]),
@@ -157,7 +163,11 @@ let package = Package(
             ]),
         .executableTarget(
             name: "siwa-mailgate",
-            dependencies: ["MailGate", "HTTPServer", "Postgres", "ServiceSupport", "SiwaSchema"]),
+            dependencies: [
+                "BounceEvents", "Bounces", "HTTPClient", "MailGate", "HTTPServer", "Postgres",
+                "ServiceSupport",
+                "SiwaSchema",
+            ]),
         .executableTarget(name: "siwa-bench", dependencies: ["AppleNotifications"]),
 
         // Shared test fixtures: a throwaway PostgreSQL cluster, the schema, a local JWKS server, a signer,
@@ -225,6 +235,11 @@ let package = Package(
             dependencies: ["WebhookAdministration", "Postgres", "ServiceHealth", "TestSupport", "Webhooks"]),
         .testTarget(name: "AppleIDTests", dependencies: ["AppleID", "ServiceSupport", "TestSupport"]),
         .testTarget(name: "BouncesTests", dependencies: ["Bounces"]),
+        .testTarget(
+            name: "BounceEventsTests",
+            dependencies: [
+                "BounceEvents", "Bounces", "HTTPClient", "Postgres", "ServiceSupport", "TestSupport",
+            ]),
         .testTarget(
             name: "MailGateTests",
             dependencies: ["MailGate", "Postgres", "RelayMail", "ServiceSupport", "TestSupport"]),

@@ -24,7 +24,7 @@
 --   schema/68-relay-mail.sql         The relay-mail gate: may this address be mailed now (siwa.relay_mail_decision(s), role siwa_mail), erased addresses as keyed hashes
 --   schema/69-suppressions.sql       ESP suppression lists in step with Apple's events: providers, the suppression outbox, what we added
 --   schema/70-health.sql             Health: service heartbeats and the gauges behind /metrics
---   schema/72-bounces.sql            Bounces from Apple's relay: siwa.relay_bounces (keyed hashes, never an address), siwa.record_relay_bounce (role siwa_mail), the admin views
+--   schema/72-bounces.sql            Bounces from Apple's relay: siwa.relay_bounces (keyed hashes, never an address), siwa.record_relay_bounce (role siwa_bounce), the admin views
 --   schema/74-shared-signals.sql     Shared Signals: streams to SSF receivers and the outbox of Security Event Tokens pushed to them (RFC 8935)
 --   schema/75-data-moves.sql         Data moves: change 3's rows into the log and queue, and the month partitions ahead
 --   schema/80-roles.sql              The group roles: siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app, siwa_webhook_admin, siwa_mail, siwa_bounce (created when missing, one block)
@@ -74,7 +74,7 @@
 --   The mail gate          siwa.relay_mail_decision(address) and siwa.relay_mail_decisions(addresses):
 --   (siwa_mail):           whether an address may be mailed now (decision, reason, since); nothing else.
 --   Bounces (siwa_bounce): siwa.record_relay_bounce(class, recipient, sending domain, status, action,
---                          remote MTA); admins read siwa.relay_bounce_history and siwa.relay_bounce_counts.
+--                          remote MTA, source); admins read siwa.relay_bounce_history and siwa.relay_bounce_counts.
 --   Hooks (the owner):     siwa.on_event(event_type, sub, event_time, email, jti), replaced by the
 --                          admins and never undone by this file; the optional
 --                          siwa.on_change(change siwa.changes, superseded boolean).
@@ -5792,7 +5792,7 @@ COMMENT ON FUNCTION siwa.webhook_endpoint_gauges() IS
 -- ==== end of webhook visibility ====
 
 -- ===================================================================================================
--- schema/72-bounces.sql: Bounces from Apple's relay: siwa.relay_bounces (keyed hashes, never an address), siwa.record_relay_bounce (role siwa_mail), the admin views
+-- schema/72-bounces.sql: Bounces from Apple's relay: siwa.relay_bounces (keyed hashes, never an address), siwa.record_relay_bounce (role siwa_bounce), the admin views
 -- ===================================================================================================
 
 -- One row per recipient of a bounce report (siwactl mail bounce) for a relay address: its class (the
@@ -5810,12 +5810,19 @@ CREATE TABLE IF NOT EXISTS siwa.relay_bounces (
     status         text        NOT NULL CHECK (status ~ '^[245]\.[0-9]{1,3}\.[0-9]{1,3}$'),
     action         text        NOT NULL,
     remote_mta     text        CHECK (octet_length(remote_mta) <= 255),
+    source         text        NOT NULL DEFAULT 'dsn',
+    CONSTRAINT relay_bounces_source_check CHECK (source IN ('dsn', 'mailgun', 'sendgrid', 'postmark', 'ses')),
     CONSTRAINT relay_bounces_class_check CHECK (class IN ('sender_unauthorized', 'relay_address_dead',
         'forwarding_off', 'auth_failure', 'transient', 'other')),
     CONSTRAINT relay_bounces_action_check CHECK (action IN ('failed', 'delayed', 'delivered', 'relayed', 'expanded'))
 );
 COMMENT ON TABLE siwa.relay_bounces IS
     'One row per relay-address recipient of a bounce report (siwactl mail bounce): its class, the sending domain, the account''s sub and what the gate answered then; the address only as HMAC-SHA-256 under siwa.mail_address_hash_key. Written by siwa.record_relay_bounce; read through siwa.relay_bounce_history and siwa.relay_bounce_counts.';
+-- A database made before the column was added gains it (the constraint with it).
+ALTER TABLE siwa.relay_bounces ADD COLUMN IF NOT EXISTS source text NOT NULL DEFAULT 'dsn'
+    CONSTRAINT relay_bounces_source_check CHECK (source IN ('dsn', 'mailgun', 'sendgrid', 'postmark', 'ses'));
+COMMENT ON COLUMN siwa.relay_bounces.source IS
+    'Where the bounce came from: dsn (a delivery status notification, siwactl mail bounce) or the ESP whose webhook reported it (mailgun, sendgrid, postmark, ses; siwa-mailgate --esp-events-listen).';
 COMMENT ON COLUMN siwa.relay_bounces.received_at IS 'When the report was recorded.';
 COMMENT ON COLUMN siwa.relay_bounces.class IS
     'sender_unauthorized (the sender is not registered with Apple: never suppress the recipient), relay_address_dead (user not found), forwarding_off, auth_failure (SPF, DKIM, DMARC, 5.7.x), transient (4.x.x, delayed) or other.';
@@ -5836,10 +5843,13 @@ ON CONFLICT (table_name, column_name) DO UPDATE SET on_transfer = EXCLUDED.on_tr
 
 -- Records one recipient of a report when it is a relay address (its domain one of Apple's, or an address
 -- the gate knows): the hash, the account matched as the gate matches it, the gate's reason. Returns one
--- row, never the sub: recorded false (and no id) for a foreign or malformed address. SECURITY DEFINER: siwa_mail writes
--- no table and reads no key itself. Never raises for an address; the class is checked by the table.
+-- row, never the sub: recorded false (and no id) for a foreign or malformed address. SECURITY DEFINER: siwa_bounce writes
+-- no table and reads no key itself. Never raises for an address; the class and source are checked by the table.
+-- The six-argument form (before p_source) is replaced by this one, whose p_source defaults to dsn.
+DROP FUNCTION IF EXISTS siwa.record_relay_bounce(text, text, text, text, text, text);
 CREATE OR REPLACE FUNCTION siwa.record_relay_bounce(
-    p_class text, p_recipient text, p_sending_domain text, p_status text, p_action text, p_remote_mta text)
+    p_class text, p_recipient text, p_sending_domain text, p_status text, p_action text, p_remote_mta text,
+    p_source text DEFAULT 'dsn')
 RETURNS TABLE (recorded boolean, id bigint, gate_reason text, account_matched boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -5860,17 +5870,17 @@ BEGIN
               a.email_status = 'disabled' DESC NULLS LAST, a.updated_at DESC, a.sub
      LIMIT 1;
     INSERT INTO siwa.relay_bounces AS b (class, recipient_hmac, sending_domain, sub, gate_reason, status, action,
-                                         remote_mta)
+                                         remote_mta, source)
     SELECT p_class, siwa.hmac_sha256_padded(h.inner_pad, h.outer_pad, pg_catalog.convert_to(v_key, 'UTF8')),
            pg_catalog.lower(nullif(p_sending_domain, '') COLLATE "C"), v_sub, v_reason, p_status,
-           pg_catalog.lower(p_action), nullif(p_remote_mta, '')
+           pg_catalog.lower(p_action), nullif(p_remote_mta, ''), p_source
       FROM siwa.mail_address_hash_key h
     RETURNING b.id INTO v_id;
     RETURN QUERY SELECT true, v_id, v_reason, v_sub IS NOT NULL;
 END;
 $$;
-COMMENT ON FUNCTION siwa.record_relay_bounce(text, text, text, text, text, text) IS
-    'Records one bounced recipient (class, address, sending domain, status, action, remote MTA) in siwa.relay_bounces when it is a relay address (Apple''s domain or one the gate knows), the address as its keyed hash; one row: recorded, id, the gate''s reason, whether an account held the address (never its sub). SECURITY DEFINER; executable by siwa_mail (siwactl mail bounce).';
+COMMENT ON FUNCTION siwa.record_relay_bounce(text, text, text, text, text, text, text) IS
+    'Records one bounced recipient (class, address, sending domain, status, action, remote MTA, source: dsn or the ESP) in siwa.relay_bounces when it is a relay address (Apple''s domain or one the gate knows), the address as its keyed hash; one row: recorded, id, the gate''s reason, whether an account held the address (never its sub). SECURITY DEFINER; executable by siwa_bounce (siwactl mail bounce, siwa-mailgate''s ESP bounce listener).';
 
 -- The admins' view of the bounces, newest first by id: the class, what the gate said then and what the
 -- account says now, and whether the two agree (a relay_address_dead for an account Apple still says
@@ -5885,7 +5895,7 @@ SELECT b.id, b.received_at, b.class, b.sending_domain, b.sub, b.gate_reason,
            WHEN 'relay_address_dead' THEN b.gate_reason IN ('forwarding_off', 'account_deleted', 'consent_revoked')
            WHEN 'forwarding_off' THEN b.gate_reason IN ('forwarding_off', 'account_deleted')
        END AS matches_apple_events,
-       b.status, b.action, b.remote_mta
+       b.status, b.action, b.remote_mta, b.source
   FROM siwa.relay_bounces b
   LEFT JOIN siwa.accounts a ON a.sub = b.sub;
 COMMENT ON VIEW siwa.relay_bounce_history IS
@@ -5900,6 +5910,7 @@ COMMENT ON COLUMN siwa.relay_bounce_history.gate_reason IS 'The relay-mail gate'
 COMMENT ON COLUMN siwa.relay_bounce_history.status IS 'The enhanced status code (RFC 3463).';
 COMMENT ON COLUMN siwa.relay_bounce_history.action IS 'The report''s Action (failed, delayed, …).';
 COMMENT ON COLUMN siwa.relay_bounce_history.remote_mta IS 'The server that answered, when given.';
+COMMENT ON COLUMN siwa.relay_bounce_history.source IS 'dsn (siwactl mail bounce) or the ESP that reported it (mailgun, sendgrid, postmark, ses).';
 COMMENT ON COLUMN siwa.relay_bounce_history.account_state IS 'The account now: forwarding_on, forwarding_off, deleted; NULL when no account was matched.';
 COMMENT ON COLUMN siwa.relay_bounce_history.matches_apple_events IS
     'For relay_address_dead and forwarding_off: whether Apple''s events had already said so (the gate blocked the address); NULL for the other classes.';
@@ -6352,7 +6363,7 @@ REVOKE ALL ON FUNCTION siwa.add_temporary_webhook_endpoint(text, text, text[], i
 REVOKE ALL ON FUNCTION siwa.relay_mail_decision(text), siwa.relay_mail_decisions(text[]),
     siwa.remember_erased_mail_addresses(text[], timestamptz[]) FROM PUBLIC;
 -- The relay bounces' recording function (schema/72-bounces.sql): never PUBLIC's either.
-REVOKE ALL ON FUNCTION siwa.record_relay_bounce(text, text, text, text, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION siwa.record_relay_bounce(text, text, text, text, text, text, text) FROM PUBLIC;
 
 -- Each block grants one role what its job needs, and only when the role exists (see
 -- schema/80-roles.sql). Functions run with the caller's rights: a role is granted the tables its
@@ -6648,12 +6659,12 @@ END;
 $$;
 
 -- siwa_bounce: record relay bounces through their SECURITY DEFINER function (siwactl mail bounce as
--- Postfix's pipe transport), and nothing else: it reads no table, no key and no answer of the gate.
+-- Postfix's pipe transport, siwa-mailgate's ESP bounce listener), and nothing else: it reads no table, no key and no answer of the gate.
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_bounce') THEN
         GRANT USAGE ON SCHEMA siwa TO siwa_bounce;
-        GRANT EXECUTE ON FUNCTION siwa.record_relay_bounce(text, text, text, text, text, text) TO siwa_bounce;
+        GRANT EXECUTE ON FUNCTION siwa.record_relay_bounce(text, text, text, text, text, text, text) TO siwa_bounce;
     END IF;
 END;
 $$;

@@ -39,7 +39,7 @@
 --   The mail gate          siwa.relay_mail_decision(address) and siwa.relay_mail_decisions(addresses):
 --   (siwa_mail):           whether an address may be mailed now (decision, reason, since); nothing else.
 --   Bounces (siwa_bounce): siwa.record_relay_bounce(class, recipient, sending domain, status, action,
---                          remote MTA); admins read siwa.relay_bounce_history and siwa.relay_bounce_counts.
+--                          remote MTA, source); admins read siwa.relay_bounce_history and siwa.relay_bounce_counts.
 --   Hooks (the owner):     siwa.on_event(event_type, sub, event_time, email, jti), replaced by the
 --                          admins and never undone by this file; the optional
 --                          siwa.on_change(change siwa.changes, superseded boolean).

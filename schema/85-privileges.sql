@@ -20,7 +20,7 @@ REVOKE ALL ON FUNCTION siwa.add_temporary_webhook_endpoint(text, text, text[], i
 REVOKE ALL ON FUNCTION siwa.relay_mail_decision(text), siwa.relay_mail_decisions(text[]),
     siwa.remember_erased_mail_addresses(text[], timestamptz[]) FROM PUBLIC;
 -- The relay bounces' recording function (schema/72-bounces.sql): never PUBLIC's either.
-REVOKE ALL ON FUNCTION siwa.record_relay_bounce(text, text, text, text, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION siwa.record_relay_bounce(text, text, text, text, text, text, text) FROM PUBLIC;
 
 -- Each block grants one role what its job needs, and only when the role exists (see
 -- schema/80-roles.sql). Functions run with the caller's rights: a role is granted the tables its
@@ -316,12 +316,12 @@ END;
 $$;
 
 -- siwa_bounce: record relay bounces through their SECURITY DEFINER function (siwactl mail bounce as
--- Postfix's pipe transport), and nothing else: it reads no table, no key and no answer of the gate.
+-- Postfix's pipe transport, siwa-mailgate's ESP bounce listener), and nothing else: it reads no table, no key and no answer of the gate.
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_bounce') THEN
         GRANT USAGE ON SCHEMA siwa TO siwa_bounce;
-        GRANT EXECUTE ON FUNCTION siwa.record_relay_bounce(text, text, text, text, text, text) TO siwa_bounce;
+        GRANT EXECUTE ON FUNCTION siwa.record_relay_bounce(text, text, text, text, text, text, text) TO siwa_bounce;
     END IF;
 END;
 $$;

@@ -1,3 +1,4 @@
+import BounceEvents
 import Foundation
 import HTTPServer
 import MailGate
@@ -73,15 +74,17 @@ let mailGateCommand = CommandSpec(
             environmentVariable: "SIWA_MAILGATE_LOG_LEVEL", defaultValue: "info"),
         .listenAddressFile(
             environmentVariable: "SIWA_MAILGATE_LISTEN_ADDRESS_FILE",
-            names: "policy; http with --http-listen; metrics with --metrics-listen"),
-    ],
+            names:
+                "policy; http with --http-listen; esp_events with --esp-events-listen; metrics with --metrics-listen"
+        ),
+    ] + espEventsOptions,
     flags: [
         CommandFlag(
             "http-tls-terminated-in-front",
             help:
                 "TLS for the HTTP check terminates in front of it (a proxy or sidecar): allows a non-loopback --http-listen.",
             environmentVariable: "SIWA_MAILGATE_HTTP_TLS_TERMINATED_IN_FRONT")
-    ], offersVersion: true)
+    ] + espEventsFlags, offersVersion: true)
 
 /// Parses the configuration, runs until SIGTERM/SIGINT and returns the exit status: 0 stopped by a
 /// signal, 1 failure (e.g. the port is taken), 2 usage or configuration error.
@@ -104,11 +107,13 @@ func runMailGate(arguments: [String], environment: [String: String]) -> Int32 {
     }
     for warning in mailGateCommand.warnings(for: parsed) { writeErrorLine("siwa-mailgate", warning) }
     let configuration: MailGateConfiguration
+    let espEvents: ESPEventsConfiguration?
     let logger: Logger
     let addressFile = parsed.value("listen-address-file").map(ListenAddressFile.init(path:))
     do {
         logger = try parsed.logger(label: "siwa-mailgate")
         configuration = try makeConfiguration(parsed)
+        espEvents = try makeESPEventsConfiguration(parsed, environment: environment)
         try addressFile?.removeStale()
     } catch {
         writeErrorLine("siwa-mailgate", "\(error)")
@@ -120,8 +125,21 @@ func runMailGate(arguments: [String], environment: [String: String]) -> Int32 {
     var services: [Service] = [
         .background("siwa-mailgate", start: { try gate.start() }, stop: { gate.shutdown() })
     ]
+    let bounceListener = espEvents.map {
+        ESPEventsService(
+            configuration: $0, metrics: ESPEventsMetrics(registry: metrics.registry), logger: logger)
+    }
+    if let bounceListener {
+        services.append(
+            .background(
+                "esp bounce events", start: { try bounceListener.start() },
+                stop: { bounceListener.shutdown() }))
+    }
     if let addressFile {
-        services.append(.listenAddressFile(addressFile, listeners: { gate.addresses }))
+        services.append(
+            .listenAddressFile(addressFile) {
+                gate.addresses + (bounceListener?.address.map { [("esp_events", $0)] } ?? [])
+            })
     }
     return ServiceGroup(services, signals: signals, logger: logger).run().exitStatus
 }
