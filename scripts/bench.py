@@ -890,6 +890,92 @@ def webhooks(cluster, binaries, jwks_url, bodies, changes=20_000, subs=2_000, id
             "end_to_end_p99_ms": percentile(end_to_end, 99) if end_to_end else None}
 
 
+def outbox(cluster, binaries, workdir, events=20_000, subs=2_000, suppressions=2_000):
+    """Each outbox consumer of siwa-worker alone against the same fast keep-alive endpoint
+    (scripts/bench-endpoint.py): webhook lanes and Shared Signals push (8 lanes each, `events` changes of
+    `subs` users), the SendGrid suppression outbox (its one lane per provider, `suppressions` addresses);
+    the time from the worker's start to the last row finished."""
+    db = "outbox"
+    cluster.create_database(db)
+    endpoint = subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "bench-endpoint.py")],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    base = f"http://127.0.0.1:{endpoint.stdout.readline().strip()}"
+    ssf_key = os.path.join(workdir, "ssf-key.pem")
+    subprocess.run([binaries["siwactl"], "ssf", "keygen", "--out", ssf_key], check=True, stdout=subprocess.DEVNULL)
+    sendgrid_key = os.path.join(workdir, "sendgrid-key")
+    with open(os.open(sendgrid_key, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        f.write("SG.bench")
+    secret = "whsec_" + base64.b64encode(os.urandom(32)).decode()
+    changes = f"""
+        INSERT INTO siwa.changes (type, sub, event_time, applied_at, jti, audience, sessions_revoked)
+        SELECT 'siwa.consent_revoked', 'ob-sub-' || (g % {subs}), now(), now(), 'ob-' || g || '-TAG', '{AUDIENCE}', 1
+          FROM generate_series(1, {events}) g"""
+    consumers = [
+        ("webhooks", events, ["--webhook-concurrency", "8"],
+         f"SELECT siwa.add_webhook_endpoint('{base}/hooks', '{secret}', NULL, 16)",
+         changes.replace("TAG", "w"), "SELECT count(*) FROM siwa.webhook_deliveries WHERE state = 'pending'",
+         "SELECT siwa.set_webhook_endpoint_enabled(1, false)"),
+        ("Shared Signals push", events, ["--ssf-key-file", ssf_key, "--ssf-issuer", "https://bench.example",
+                                 "--ssf-concurrency", "8"],
+         f"SELECT siwa.add_ssf_stream('bench', 'https://rp.example', '{base}/ssf'); "
+         "UPDATE siwa.ssf_streams SET max_in_flight = 16",
+         changes.replace("TAG", "s"), "SELECT count(*) FROM siwa.ssf_events WHERE state = 'pending'",
+         "SELECT siwa.set_ssf_stream_status(1, 'disabled')"),
+        ("suppression outbox (SendGrid)", suppressions, ["--suppressions", "sendgrid", "--sendgrid-key-file", sendgrid_key,
+                                           "--sendgrid-api-url", base],
+         "INSERT INTO siwa.suppression_providers (name, kind) VALUES ('sendgrid', 'sendgrid')",
+         f"""INSERT INTO siwa.suppression_outbox (provider, sub, event, action, address, address_key)
+             SELECT 'sendgrid', 'ob-sup-' || g, 'email-disabled', 'add', a, siwa.mail_address_key(a)
+               FROM generate_series(1, {suppressions}) g, LATERAL (SELECT 'ob' || g || '@privaterelay.appleid.com' AS a) x""",
+         "SELECT count(*) FROM siwa.suppression_outbox WHERE state = 'pending'", None),
+    ]
+    found = {}
+    try:
+        for name, rows, flags, setup, seed, pending, teardown in consumers:
+            cluster.psql(db, setup)
+            cluster.psql(db, seed)
+            cluster.psql(db, "VACUUM ANALYZE")
+            idle_children = cluster.child_count()
+            pg_before = cluster.cpu_seconds(settle_to=idle_children)
+            endpoint_before = process_cpu_seconds(endpoint.pid)
+            started = time.monotonic()
+            worker = subprocess.Popen(
+                [binaries["siwa-worker"], "--database-url", cluster.url(db), "--log-level", "error"] + flags,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                wait_until(lambda: cluster.psql(db, pending) == "0", f"{name}: every row finished", timeout=900,
+                           interval=0.1)
+                elapsed = time.monotonic() - started
+                worker_cpu = process_cpu_seconds(worker.pid)
+            finally:
+                worker.send_signal(signal.SIGTERM)
+                worker.wait(timeout=30)
+            pg_cpu = cluster.cpu_seconds(settle_to=idle_children) - pg_before
+            found[name] = {"rows": rows, "seconds": elapsed, "per_second": rows / elapsed,
+                           "worker_us": per_row_us(worker_cpu, rows), "postgres_us": per_row_us(pg_cpu, rows),
+                           "endpoint_us": per_row_us(process_cpu_seconds(endpoint.pid) - endpoint_before, rows)}
+            if teardown:
+                cluster.psql(db, teardown)
+    finally:
+        endpoint.terminate()
+        endpoint.wait()
+    return found
+
+
+def print_outbox(found, pgq):
+    if not found:
+        return
+    print("Outboxes (each consumer of one siwa-worker alone against the same fast keep-alive endpoint: webhooks "
+          "and Shared Signals 8 lanes, suppressions one lane per provider; CPU µs per row from /proc)")
+    for name, r in found.items():
+        ratio = f" = {r['postgres_us'] / pgq['postgres_us_per_event']:.1f}× PgQueuer's per job" if pgq else ""
+        print(f"  {name:<30} {r['per_second']:>7.0f} rows/s ({r['rows']:,} in {r['seconds']:.1f} s); worker "
+              f"{r['worker_us']:.0f} µs, PostgreSQL {r['postgres_us']:.0f} µs{ratio}, endpoint {r['endpoint_us']:.0f} µs")
+    if pgq:
+        print(f"  PgQueuer (reference): {pgq['events_per_second']:.0f} no-op jobs/s, {pgq['processes']} processes, "
+              f"PostgreSQL {pgq['postgres_us_per_event']:.1f} µs/job")
+
+
 def webhook_connections_opened(metrics_port):
     """The worker's siwa_webhook_connections_opened_total (None from a worker without it)."""
     try:
@@ -911,7 +997,7 @@ def main():
                              "e.g. 10000000 for the 10-million-row measurement")
     parser.add_argument("--quick", action="store_true", help="only the 64-connection runs (no sweep, no prefill)")
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--only", choices=["ingest", "drain", "webhooks", "idle", "prefilled", "mailgate"],
+    parser.add_argument("--only", choices=["ingest", "drain", "webhooks", "idle", "prefilled", "mailgate", "outbox"],
                         help="run only this part (ingest: at 64 connections, with its references; idle: the "
                         "idle receive → applied latency; prefilled: the receiver at 64 connections on an empty "
                         "database, on one with --prefill-rows stored, and on an empty one again)")
@@ -975,6 +1061,13 @@ def main():
             log("webhooks: throughput and lag")
             results["webhooks"] = webhooks(cluster, binaries, jwks_url, bodies)
             print_webhooks(results["webhooks"])
+            return
+        if args.only == "outbox":
+            log("outboxes: each consumer against the same fast endpoint")
+            results["outbox"] = outbox(cluster, binaries, workdir)
+            if not args.no_pgqueuer:
+                results["pgqueuer"] = run_pgqueuer(cluster, args)
+            finish(results, args.json, lambda: print_outbox(results["outbox"], results.get("pgqueuer")))
             return
         if args.only == "idle":
             log("idle end-to-end latency")
