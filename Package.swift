@@ -213,8 +213,8 @@ let package = Package(
         .testTarget(
             name: "SignalTransmitterTests",
             dependencies: [
-                "SignalTransmitter", "SharedSignals", "AppleNotifications", "HTTPServer", "Postgres",
-                "ServiceSupport", "TestSupport",
+                "SignalTransmitter", "SignalDelivery", "SharedSignals", "AppleNotifications", "HTTPServer",
+                "Postgres", "ServiceSupport", "TestSupport",
             ]),
         .testTarget(name: "ServiceSupportTests", dependencies: ["ServiceSupport"]),
         .testTarget(name: "QueueConsumerTests", dependencies: ["QueueConsumer"]),
