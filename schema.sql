@@ -5975,7 +5975,8 @@ COMMENT ON FUNCTION siwa.ssf_event_type(text) IS
     'The Shared Signals event type URI of a siwa.changes type; NULL for a type not sent (siwa.personal_data_erased).';
 
 -- The fan-out: once per INSERT statement on siwa.changes, one SET per new change and enabled or paused
--- stream that requested its type and whose subjects include its sub; one NOTIFY siwa_ssf (at commit) when there is any.
+-- stream that requested its type and whose subjects include its sub (a transfer's SET: its old sub
+-- too, so a receiver that added the old one hears of the new); one NOTIFY siwa_ssf (at commit) when there is any.
 CREATE OR REPLACE FUNCTION siwa.ssf_fan_out() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -5991,9 +5992,11 @@ BEGIN
        AND (s.events_requested IS NULL OR siwa.ssf_event_type(c.type) = ANY (s.events_requested))
        AND CASE s.default_subjects
                WHEN 'NONE' THEN EXISTS (SELECT 1 FROM siwa.ssf_stream_subjects x
-                                         WHERE x.stream_id = s.id AND x.sub = c.sub AND x.included)
+                                         WHERE x.stream_id = s.id AND x.included
+                                           AND (x.sub = c.sub OR x.sub = c.old_sub))
                ELSE NOT EXISTS (SELECT 1 FROM siwa.ssf_stream_subjects x
-                                 WHERE x.stream_id = s.id AND x.sub = c.sub AND NOT x.included)
+                                 WHERE x.stream_id = s.id AND NOT x.included
+                                   AND (x.sub = c.sub OR x.sub = c.old_sub))
            END
      ORDER BY c.id, s.id;
     IF FOUND THEN
@@ -6291,9 +6294,11 @@ COMMENT ON COLUMN siwa.ssf_stream_overview.pending IS 'SETs waiting or in flight
 COMMENT ON COLUMN siwa.ssf_stream_overview.delivered IS 'SETs answered 202.';
 COMMENT ON COLUMN siwa.ssf_stream_overview.failed IS 'SETs refused for good (a 400 of RFC 8935) or dead.';
 
--- A SET once issued names the subject as it was: a team transfer keeps it (its own SET announces the new sub).
+-- A SET once issued names the subject as it was: a team transfer keeps it (its own SET announces the new sub);
+-- a stream's subject list keeps the identifier the receiver gave.
 INSERT INTO siwa.sub_columns (table_name, column_name, on_transfer, why) VALUES
-    ('ssf_events', 'sub', 'keep', 'a SET once issued (fixed jti) names the sub as it was; the transfer''s own SET names the new one')
+    ('ssf_events', 'sub', 'keep', 'a SET once issued (fixed jti) names the sub as it was; the transfer''s own SET names the new one'),
+    ('ssf_stream_subjects', 'sub', 'keep', 'the receiver added or removed that identifier; the transfer''s SET (matched on the old sub too) tells it the new one to add')
 ON CONFLICT (table_name, column_name) DO UPDATE SET on_transfer = EXCLUDED.on_transfer, why = EXCLUDED.why;
 
 -- ===================================================================================================

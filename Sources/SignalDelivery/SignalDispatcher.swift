@@ -139,7 +139,8 @@ public final class SignalDispatcher: Sendable {
         try? loop.run()
     }
 
-    /// Pushes until nothing is claimable; returns how soon the next event of an enabled stream is due.
+    /// Pushes until nothing is claimable; returns how soon the next event of an enabled push stream is due
+    /// (a poll stream's pending SETs are the API's, never a reason to wake).
     private func drain(on connection: PostgresConnection, lane: Int, into outcomes: inout [Outcome]) throws
         -> Duration?
     {
@@ -151,6 +152,7 @@ public final class SignalDispatcher: Sendable {
             SELECT extract(epoch FROM min(CASE WHEN e.lease_expires_at > clock_timestamp() THEN e.lease_expires_at
                                                ELSE e.next_attempt_at END) - clock_timestamp())::float8
               FROM siwa.ssf_events e JOIN siwa.ssf_streams s ON s.id = e.stream_id AND s.status = 'enabled'
+                   AND s.delivery_method = 'urn:ietf:rfc:8935'
              WHERE e.state = 'pending'
             """, as: Double?.self)
         return due.map { .milliseconds(max(0, Int64(($0 * 1000).rounded(.up)))) }

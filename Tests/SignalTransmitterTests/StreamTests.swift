@@ -284,6 +284,16 @@ struct StreamTests {
         let served = try fixture.verified(
             try Self.drain(fixture, stream, token: token), audience: stream["aud"] as? String ?? "")
         #expect(served.map(subject) == ["001.alice"])
+        // A team transfer of an added subject reaches the stream under the new sub, naming the old one.
+        try fixture.database.connection.execute(
+            """
+            INSERT INTO siwa.changes (type, sub, old_sub, event_time, applied_at, jti)
+            VALUES ('siwa.sub_transferred', '001.alice2', '001.alice', now(), now(), '')
+            """)
+        let moved = try fixture.verified(
+            try Self.drain(fixture, stream, token: token), audience: stream["aud"] as? String ?? "")
+        #expect(moved.map(subject) == ["001.alice2"])
+        #expect(moved.map(eventType) == [EventType.subjectTransferred])
         #expect(
             try fixture.call(
                 "POST", "/ssf/subjects:remove", token: token, json: ["stream_id": id, "subject": alice]
