@@ -118,7 +118,8 @@ public final class SignalTransmitter: Sendable {
             return .jsonObject(200, metadata())
         case "jwks":
             guard request.method == "GET" else { return .methodNotAllowed }
-            return .json(status: 200, configuration.key.jwksJSON())
+            return .json(
+                status: 200, SETSigningKey.jwksJSON([configuration.key] + configuration.publishedKeys))
         case "token":
             guard request.method == "POST" else { return .methodNotAllowed }
             return try issueToken(request)

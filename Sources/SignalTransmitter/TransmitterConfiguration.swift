@@ -24,6 +24,9 @@ public struct TransmitterConfiguration: Sendable {
     public let issuer: String
     /// The key that signs polled SETs (the one siwa-worker pushes with) and whose JWKS is published.
     public let key: SETSigningKey
+    /// Keys published in the JWKS beside ``key`` that sign nothing here: for a rotation, the next key
+    /// (published before it signs) and the previous one (kept while its SETs may still be verified).
+    public var publishedKeys: [SETSigningKey]
     /// How long an access token of `POST /ssf/token` is valid.
     public var tokenLifetime: Duration
     /// `default_subjects` of the metadata and of every new stream.
@@ -45,7 +48,7 @@ public struct TransmitterConfiguration: Sendable {
         poolSize: Int = 8, tokenLifetime: Duration = .seconds(3600), defaultSubjects: DefaultSubjects = .all,
         minVerificationInterval: Int = 30, longPollLimit: Duration = .seconds(30),
         pollLease: Duration = .seconds(60), authorizationDirectory: String? = nil,
-        tlsTerminatedInFront: Bool = false
+        publishedKeys: [SETSigningKey] = [], tlsTerminatedInFront: Bool = false
     ) throws {
         let trimmed = issuer.hasSuffix("/") ? String(issuer.dropLast()) : issuer
         guard let url = URL(string: trimmed), let host = url.host, url.query == nil, url.fragment == nil,
@@ -79,5 +82,6 @@ public struct TransmitterConfiguration: Sendable {
         self.longPollLimit = longPollLimit
         self.pollLease = pollLease
         self.authorizationDirectory = authorizationDirectory
+        self.publishedKeys = publishedKeys
     }
 }

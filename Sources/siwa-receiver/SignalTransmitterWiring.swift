@@ -29,6 +29,11 @@ let signalTransmitterOptions: [CommandOption] = [
         help: "The SETs' iss and the base URL of the API's endpoints. Required with --ssf-listen.",
         environmentVariable: "SIWA_SSF_ISSUER"),
     CommandOption(
+        "ssf-published-key-files", valueName: "FILE,…",
+        help:
+            "More SET keys published in the JWKS, signing nothing: for a rotation, the next key before it signs and the previous one afterwards.",
+        environmentVariable: "SIWA_SSF_PUBLISHED_KEY_FILES"),
+    CommandOption(
         "ssf-authorization-dir", valueName: "DIR",
         help:
             "Where a push stream's authorization_header is written (a file per stream, mode 0600) for siwa-worker; without it such streams are refused.",
@@ -87,10 +92,16 @@ struct SignalTransmitterSetup: Sendable {
         } catch {
             throw ConfigurationError("invalid --ssf-database-url: \(error.message)")
         }
-        let keyFile = try required("ssf-key-file")
-        guard let pem = try? String(contentsOfFile: keyFile, encoding: .utf8),
-            let key = try? SETSigningKey(privateKeyPEM: pem)
-        else { throw ConfigurationError("--ssf-key-file: \(keyFile) holds no usable RSA private key") }
+        func load(_ file: String, _ setting: String) throws -> SETSigningKey {
+            guard let pem = try? String(contentsOfFile: file, encoding: .utf8),
+                let key = try? SETSigningKey(privateKeyPEM: pem)
+            else { throw ConfigurationError("--\(setting): \(file) holds no usable RSA private key") }
+            return key
+        }
+        let key = try load(try required("ssf-key-file"), "ssf-key-file")
+        let published = try (parsed.value("ssf-published-key-files") ?? "").split(separator: ",").map {
+            try load(String($0), "ssf-published-key-files")
+        }
         guard
             let subjects = TransmitterConfiguration.DefaultSubjects(
                 rawValue: (parsed.value("ssf-default-subjects") ?? "ALL").uppercased())
@@ -105,7 +116,7 @@ struct SignalTransmitterSetup: Sendable {
                 ?? 30,
             longPollLimit: try parsed.seconds("ssf-long-poll", positive: true) ?? .seconds(30),
             pollLease: try parsed.seconds("ssf-poll-lease", positive: true) ?? .seconds(60),
-            authorizationDirectory: parsed.value("ssf-authorization-dir"),
+            authorizationDirectory: parsed.value("ssf-authorization-dir"), publishedKeys: published,
             tlsTerminatedInFront: parsed.flag("ssf-tls-terminated-in-front"))
     }
 

@@ -37,6 +37,27 @@ struct MetadataAndOAuthTests {
     }
 
     @Test(
+        "a rotation: the next key is published beside the signing key, and SETs it signs verify against the JWKS"
+    )
+    func publishedKeys() throws {
+        let next = try SETSigningKey.generate()
+        let fixture = try TransmitterFixture(publishedKeys: [next])
+        let jwks = try fixture.call("GET", "/ssf/jwks", token: nil)
+        let keys = try #require((jwks.body as? [String: Any])?["keys"] as? [[String: Any]])
+        #expect(keys.map { $0["kid"] as? String } == [fixture.key.keyID, next.keyID])
+        let signal = AccountSignal(
+            kind: .accountDeleted, subject: "001.rot", eventTime: Date(), notificationJTI: "apple-1")
+        let tokens = try [fixture.key, next].map {
+            try SecurityEventToken.sign(
+                signal, with: $0, issuer: TransmitterFixture.issuer, audience: "aud", jti: UUID().uuidString,
+                issuedAt: Date())
+        }
+        let outcomes = try fixture.verified(tokens, audience: "aud")
+        #expect(outcomes.map { $0.failure == nil } == [true, true])
+        #expect(outcomes.map { $0.header["kid"] as? String } == [fixture.key.keyID, next.keyID])
+    }
+
+    @Test(
         "client_secret_post and client_secret_basic both get a short-lived bearer token; only hashes are stored"
     )
     func clientCredentials() throws {

@@ -19,7 +19,7 @@ final class TransmitterFixture: Sendable {
 
     init(
         defaultSubjects: TransmitterConfiguration.DefaultSubjects = .all, minVerificationInterval: Int = 30,
-        longPollLimit: Duration = .seconds(10)
+        longPollLimit: Duration = .seconds(10), publishedKeys: [SETSigningKey] = []
     ) throws {
         database = try TestDatabase()
         key = try SETSigningKey.generate()
@@ -33,7 +33,8 @@ final class TransmitterFixture: Sendable {
                 http: HTTPServer.Configuration(host: "127.0.0.1", port: 0, threadCount: 8),
                 database: try database.configuration(asMemberOf: "siwa_ssf"), issuer: Self.issuer, key: key,
                 defaultSubjects: defaultSubjects, minVerificationInterval: minVerificationInterval,
-                longPollLimit: longPollLimit, authorizationDirectory: authorizationDirectory),
+                longPollLimit: longPollLimit, authorizationDirectory: authorizationDirectory,
+                publishedKeys: publishedKeys),
             logger: quietLogger)
         try transmitter.start()
         base = "http://" + (transmitter.address ?? "")
