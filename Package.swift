@@ -100,6 +100,11 @@ let package = Package(
         .target(
             name: "SignalDelivery",
             dependencies: ["HTTPClient", "Postgres", "QueueConsumer", "ServiceSupport", "SharedSignals"]),
+        // The Shared Signals transmitter's HTTP API hosted by siwa-receiver (SSF 1.0): metadata, OAuth client
+        // credentials, stream management, status, subjects, verification, poll (RFC 8936).
+        .target(
+            name: "SignalTransmitter",
+            dependencies: ["HTTPServer", "Postgres", "ServiceSupport", "SharedSignals"]),
         // The operator's calls on webhook endpoints and deliveries (siwactl webhooks, stats), with typed rows.
         // Never prints or reads the environment.
         .target(name: "WebhookAdministration", dependencies: ["Postgres"]),
@@ -144,7 +149,7 @@ let package = Package(
             dependencies: [
                 "Receiver", "AppleKeys", "Postgres", "HTTPServer", "ServiceSupport", "SignIn", "AppleID",
                 "AppleNotifications",
-                "TokenVault", "ServiceHealth", "SiwaSchema",
+                "TokenVault", "ServiceHealth", "SiwaSchema", "SharedSignals", "SignalTransmitter",
             ]),
         .executableTarget(
             name: "siwa-worker",
@@ -214,6 +219,12 @@ let package = Package(
             name: "SignalDeliveryTests",
             dependencies: [
                 "SignalDelivery", "SharedSignals", "AppleNotifications", "Postgres", "TestSupport",
+            ]),
+        .testTarget(
+            name: "SignalTransmitterTests",
+            dependencies: [
+                "SignalTransmitter", "SignalDelivery", "SharedSignals", "AppleNotifications", "HTTPServer",
+                "Postgres", "ServiceSupport", "TestSupport",
             ]),
         .testTarget(name: "ServiceSupportTests", dependencies: ["ServiceSupport"]),
         .testTarget(name: "QueueConsumerTests", dependencies: ["QueueConsumer"]),

@@ -27,7 +27,7 @@
 --   schema/72-bounces.sql            Bounces from Apple's relay: siwa.relay_bounces (keyed hashes, never an address), siwa.record_relay_bounce (role siwa_bounce), the admin views
 --   schema/74-shared-signals.sql     Shared Signals: streams to SSF receivers and the outbox of Security Event Tokens pushed to them (RFC 8935)
 --   schema/75-data-moves.sql         Data moves: change 3's rows into the log and queue, and the month partitions ahead
---   schema/80-roles.sql              The group roles: siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app, siwa_webhook_admin, siwa_mail, siwa_bounce (created when missing, one block)
+--   schema/80-roles.sql              The group roles: siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app, siwa_webhook_admin, siwa_mail, siwa_bounce, siwa_ssf (created when missing, one block)
 --   schema/85-privileges.sql         Privileges: nothing for PUBLIC, then what each role is granted, one block per role
 --   schema/99-postamble.sql          The applying session's own search_path restored
 
@@ -5953,12 +5953,37 @@ COMMENT ON COLUMN siwa.relay_bounce_counts.sending_domains IS 'How many sending 
 -- Order: per stream and sub, an event is not claimed while an earlier one of that stream and sub is
 -- pending (in flight or waiting for its retry). Isolation: a claim takes at most max_in_flight leased
 -- events of one stream; streams are taken least recently claimed first. No lock is held across a POST.
+-- Receivers registered for the transmitter's API (siwactl ssf receivers add): OAuth 2.0 clients of the
+-- client credentials grant. The secret is never stored: only a random salt and SHA-256(salt || secret).
+-- Access tokens are opaque and short-lived, stored as SHA-256(token) with their scopes and expiry.
+CREATE TABLE IF NOT EXISTS siwa.ssf_receivers (
+    id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name        text        NOT NULL UNIQUE CHECK (name ~ '^[A-Za-z0-9._-]{1,64}$'),
+    client_id   text        NOT NULL UNIQUE CHECK (client_id <> ''),
+    salt        bytea       NOT NULL CHECK (length(salt) >= 16),
+    secret_hash bytea       NOT NULL CHECK (length(secret_hash) = 32),
+    scopes      text[]      NOT NULL CHECK (scopes <@ ARRAY['ssf.manage', 'ssf.read'] AND cardinality(scopes) > 0),
+    audience    text        NOT NULL CHECK (audience <> ''),
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE siwa.ssf_receivers IS
+    'Shared Signals receivers (OAuth clients of the SSF API): name, client_id, salted SHA-256 of the secret (never the secret), scopes, the aud of their streams'' SETs.';
+
+CREATE TABLE IF NOT EXISTS siwa.ssf_access_tokens (
+    token_hash  bytea       PRIMARY KEY CHECK (length(token_hash) = 32),
+    receiver_id bigint      NOT NULL REFERENCES siwa.ssf_receivers (id) ON DELETE CASCADE,
+    scopes      text[]      NOT NULL,
+    expires_at  timestamptz NOT NULL
+);
+COMMENT ON TABLE siwa.ssf_access_tokens IS
+    'Bearer tokens issued by POST /ssf/token: SHA-256 of the token (never the token), its receiver, scopes and expiry; expired ones pruned at issue.';
+CREATE INDEX IF NOT EXISTS ssf_access_tokens_expiry_idx ON siwa.ssf_access_tokens (expires_at);
+
 CREATE TABLE IF NOT EXISTS siwa.ssf_streams (
     id                   bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     receiver             text        NOT NULL CHECK (receiver <> ''),
     audience             text        NOT NULL CHECK (audience <> ''),
-    delivery_method      text        NOT NULL DEFAULT 'urn:ietf:rfc:8935'
-                                     CHECK (delivery_method = 'urn:ietf:rfc:8935'),
+    delivery_method      text        NOT NULL DEFAULT 'urn:ietf:rfc:8935',
     endpoint_url         text        NOT NULL CHECK (endpoint_url ~ '^https?://'),
     authorization_ref    text        CHECK (authorization_ref ~ '^file:/'),
     events_requested     text[],
@@ -5969,6 +5994,39 @@ CREATE TABLE IF NOT EXISTS siwa.ssf_streams (
     updated_at           timestamptz NOT NULL DEFAULT now(),
     last_claimed_at      timestamptz
 );
+-- The SSF API's columns (added to streams made before it): the public stream_id, the owning receiver
+-- (NULL: an operator's stream of siwactl), default subjects, and the verification rate limit.
+ALTER TABLE siwa.ssf_streams
+    ADD COLUMN IF NOT EXISTS stream_uid text NOT NULL DEFAULT pg_catalog.gen_random_uuid()::text,
+    ADD COLUMN IF NOT EXISTS receiver_id bigint REFERENCES siwa.ssf_receivers (id) ON DELETE CASCADE,
+    ADD COLUMN IF NOT EXISTS default_subjects text NOT NULL DEFAULT 'ALL',
+    ADD COLUMN IF NOT EXISTS min_verification_interval integer NOT NULL DEFAULT 30,
+    ADD COLUMN IF NOT EXISTS last_verification_at timestamptz,
+    ADD COLUMN IF NOT EXISTS description text;
+ALTER TABLE siwa.ssf_streams DROP CONSTRAINT IF EXISTS ssf_streams_delivery_method_check;
+ALTER TABLE siwa.ssf_streams ADD CONSTRAINT ssf_streams_delivery_method_check
+    CHECK (delivery_method IN ('urn:ietf:rfc:8935', 'urn:ietf:rfc:8936'));
+ALTER TABLE siwa.ssf_streams DROP CONSTRAINT IF EXISTS ssf_streams_default_subjects_check;
+ALTER TABLE siwa.ssf_streams ADD CONSTRAINT ssf_streams_default_subjects_check
+    CHECK (default_subjects IN ('ALL', 'NONE'));
+ALTER TABLE siwa.ssf_streams DROP CONSTRAINT IF EXISTS ssf_streams_description_check;
+ALTER TABLE siwa.ssf_streams ADD CONSTRAINT ssf_streams_description_check CHECK (length(description) <= 300);
+CREATE UNIQUE INDEX IF NOT EXISTS ssf_streams_uid_idx ON siwa.ssf_streams (stream_uid);
+CREATE INDEX IF NOT EXISTS ssf_streams_receiver_idx ON siwa.ssf_streams (receiver_id);
+COMMENT ON COLUMN siwa.ssf_streams.stream_uid IS 'The SSF API''s stream_id (random, not guessable).';
+COMMENT ON COLUMN siwa.ssf_streams.receiver_id IS 'The SSF API receiver that owns it; NULL: added by siwactl.';
+COMMENT ON COLUMN siwa.ssf_streams.default_subjects IS
+    'ALL: every subject but those removed; NONE: only the subjects added (siwa.ssf_stream_subjects).';
+
+-- Subjects added to (included) or removed from (excluded) a stream through the SSF API.
+CREATE TABLE IF NOT EXISTS siwa.ssf_stream_subjects (
+    stream_id bigint  NOT NULL REFERENCES siwa.ssf_streams (id) ON DELETE CASCADE,
+    sub       text    NOT NULL CHECK (sub <> ''),
+    included  boolean NOT NULL,
+    PRIMARY KEY (stream_id, sub)
+);
+COMMENT ON TABLE siwa.ssf_stream_subjects IS
+    'Per stream, iss_sub subjects added (included) or removed (excluded); the fan-out filters by them.';
 COMMENT ON TABLE siwa.ssf_streams IS
     'Shared Signals push streams (siwactl ssf streams): receiver, aud, push URL, the Authorization header''s file reference (never the header), events requested, status.';
 COMMENT ON COLUMN siwa.ssf_streams.authorization_ref IS
@@ -5979,7 +6037,7 @@ COMMENT ON COLUMN siwa.ssf_streams.status IS
 
 CREATE TABLE IF NOT EXISTS siwa.ssf_events (
     id               bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    change_id        bigint      NOT NULL,
+    change_id        bigint,
     stream_id        bigint      NOT NULL REFERENCES siwa.ssf_streams (id) ON DELETE CASCADE,
     jti              text        NOT NULL DEFAULT pg_catalog.gen_random_uuid()::text UNIQUE,
     issued_at        timestamptz NOT NULL DEFAULT now(),
@@ -5996,9 +6054,14 @@ CREATE TABLE IF NOT EXISTS siwa.ssf_events (
     last_error       text        CHECK (length(last_error) <= 300),
     lease_owner      text,
     lease_expires_at timestamptz,
+    detail           jsonb,
     CONSTRAINT ssf_events_lease_check CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL)),
     UNIQUE (change_id, stream_id)
 );
+-- The stream's own SSF events (verification, stream-updated) have no change: change_id NULL, sub the
+-- stream_uid (their sub_id is opaque), detail the event's members.
+ALTER TABLE siwa.ssf_events ALTER COLUMN change_id DROP NOT NULL;
+ALTER TABLE siwa.ssf_events ADD COLUMN IF NOT EXISTS detail jsonb;
 COMMENT ON TABLE siwa.ssf_events IS
     'The SET outbox: one row per change and stream; what the SET says, copied at fan-out (no personal data), with its fixed jti and iat; pending, delivered, failed (permanent 400) or dead.';
 COMMENT ON COLUMN siwa.ssf_events.jti IS 'The SET''s jti, the same for every attempt.';
@@ -6016,13 +6079,16 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
         WHEN 'siwa.sub_transferred' THEN 'urn:siwa:secevent:event-type:subject-transferred'
         WHEN 'siwa.email_disabled' THEN 'urn:siwa:secevent:event-type:email-forwarding-disabled'
         WHEN 'siwa.email_enabled' THEN 'urn:siwa:secevent:event-type:email-forwarding-enabled'
+        WHEN 'ssf.verification' THEN 'https://schemas.openid.net/secevent/ssf/event-type/verification'
+        WHEN 'ssf.stream_updated' THEN 'https://schemas.openid.net/secevent/ssf/event-type/stream-updated'
     END
 $$;
 COMMENT ON FUNCTION siwa.ssf_event_type(text) IS
     'The Shared Signals event type URI of a siwa.changes type; NULL for a type not sent (siwa.personal_data_erased).';
 
 -- The fan-out: once per INSERT statement on siwa.changes, one SET per new change and enabled or paused
--- stream that requested its type; one NOTIFY siwa_ssf (at commit) when there is any.
+-- stream that requested its type and whose subjects include its sub (a transfer's SET: its old sub
+-- too, so a receiver that added the old one hears of the new); one NOTIFY siwa_ssf (at commit) when there is any.
 CREATE OR REPLACE FUNCTION siwa.ssf_fan_out() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -6034,7 +6100,16 @@ BEGIN
       FROM new_changes c
       JOIN siwa.ssf_streams s ON s.status <> 'disabled'
        AND siwa.ssf_event_type(c.type) IS NOT NULL
+       AND c.type NOT LIKE 'ssf.%'
        AND (s.events_requested IS NULL OR siwa.ssf_event_type(c.type) = ANY (s.events_requested))
+       AND CASE s.default_subjects
+               WHEN 'NONE' THEN EXISTS (SELECT 1 FROM siwa.ssf_stream_subjects x
+                                         WHERE x.stream_id = s.id AND x.included
+                                           AND (x.sub = c.sub OR x.sub = c.old_sub))
+               ELSE NOT EXISTS (SELECT 1 FROM siwa.ssf_stream_subjects x
+                                 WHERE x.stream_id = s.id AND NOT x.included
+                                   AND (x.sub = c.sub OR x.sub = c.old_sub))
+           END
      ORDER BY c.id, s.id;
     IF FOUND THEN
         PERFORM pg_catalog.pg_notify('siwa_ssf', '');
@@ -6052,10 +6127,12 @@ CREATE TRIGGER changes_ssf_fan_out
 -- Leases up to p_limit due events for p_owner for p_lease: per stream (enabled only, least recently
 -- claimed first, its row locked while its leases are counted) at most max_in_flight leased, and per
 -- stream and sub only the earliest pending one.
-CREATE OR REPLACE FUNCTION siwa.claim_ssf_events(p_owner text, p_lease interval, p_limit integer)
+-- Poll streams (urn:ietf:rfc:8936) are served by siwa.poll_ssf_events, never claimed here.
+DROP FUNCTION IF EXISTS siwa.claim_ssf_events(text, interval, integer);
+CREATE FUNCTION siwa.claim_ssf_events(p_owner text, p_lease interval, p_limit integer)
 RETURNS TABLE (id bigint, stream_id bigint, jti text, issued_at timestamptz, change_type text, sub text,
                old_sub text, event_time timestamptz, txn text, attempts integer, audience text,
-               endpoint_url text, authorization_ref text)
+               endpoint_url text, authorization_ref text, detail jsonb)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_stream record;
@@ -6064,7 +6141,7 @@ DECLARE
 BEGIN
     FOR v_stream IN
         SELECT s.id, s.max_in_flight FROM siwa.ssf_streams s
-         WHERE s.status = 'enabled'
+         WHERE s.status = 'enabled' AND s.delivery_method = 'urn:ietf:rfc:8935'
            AND EXISTS (SELECT 1 FROM siwa.ssf_events e WHERE e.stream_id = s.id AND e.state = 'pending'
                           AND e.next_attempt_at <= now())
          ORDER BY s.last_claimed_at NULLS FIRST, s.id
@@ -6091,7 +6168,7 @@ BEGIN
               FROM heads h WHERE e.id = h.id
             RETURNING e.*)
         SELECT l.id, l.stream_id, l.jti, l.issued_at, l.change_type, l.sub, l.old_sub, l.event_time, l.txn,
-               l.attempts, s.audience, s.endpoint_url, s.authorization_ref
+               l.attempts, s.audience, s.endpoint_url, s.authorization_ref, l.detail
           FROM leased l JOIN siwa.ssf_streams s ON s.id = l.stream_id
          ORDER BY l.id;
         GET DIAGNOSTICS v_room = ROW_COUNT;
@@ -6175,6 +6252,136 @@ $$;
 COMMENT ON FUNCTION siwa.set_ssf_stream_status(bigint, text, text) IS
     'Sets a stream enabled, paused or disabled (siwactl ssf streams resume/pause); enabling wakes the SSF lanes. False for an unknown stream.';
 
+-- The SSF API's calls (SignalTransmitter, as siwa_ssf). A stream's own event (verification,
+-- stream-updated): one SET to the stream, ordered with its other stream events (sub = stream_uid).
+CREATE OR REPLACE FUNCTION siwa.enqueue_ssf_stream_event(p_stream bigint, p_type text, p_detail jsonb)
+RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_jti text;
+BEGIN
+    IF p_type NOT IN ('ssf.verification', 'ssf.stream_updated') THEN
+        RAISE EXCEPTION 'a stream event is ssf.verification or ssf.stream_updated' USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO siwa.ssf_events AS e (change_id, stream_id, change_type, sub, event_time, txn, detail)
+    SELECT NULL, s.id, p_type, s.stream_uid, now(), '', p_detail FROM siwa.ssf_streams s WHERE s.id = p_stream
+    RETURNING e.jti INTO v_jti;
+    IF v_jti IS NOT NULL THEN
+        PERFORM pg_catalog.pg_notify('siwa_ssf', '');
+    END IF;
+    RETURN v_jti;
+END;
+$$;
+COMMENT ON FUNCTION siwa.enqueue_ssf_stream_event(bigint, text, jsonb) IS
+    'Enqueues a stream''s own SSF event (verification or stream-updated) as one SET; returns its jti (NULL: no stream).';
+
+-- Sets a stream's status as the SSF API does: a changed status enqueues a stream-updated SET.
+CREATE OR REPLACE FUNCTION siwa.update_ssf_stream_status(p_stream bigint, p_status text, p_reason text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_old text;
+BEGIN
+    SELECT s.status INTO v_old FROM siwa.ssf_streams s WHERE s.id = p_stream FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF v_old IS DISTINCT FROM p_status THEN
+        UPDATE siwa.ssf_streams s SET status = p_status, status_reason = left(p_reason, 300), updated_at = now()
+         WHERE s.id = p_stream;
+        PERFORM siwa.enqueue_ssf_stream_event(p_stream, 'ssf.stream_updated',
+            pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object('status', p_status, 'reason', left(p_reason, 300))));
+    END IF;
+    RETURN true;
+END;
+$$;
+COMMENT ON FUNCTION siwa.update_ssf_stream_status(bigint, text, text) IS
+    'Sets a stream enabled, paused or disabled from the SSF API; a change enqueues a stream-updated SET. False for an unknown stream.';
+
+-- A verification event unless the last one was sooner than min_verification_interval ago: returns the
+-- seconds to wait (0: enqueued).
+CREATE OR REPLACE FUNCTION siwa.request_ssf_verification(p_stream bigint, p_state text)
+RETURNS double precision
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_stream record;
+    v_wait   double precision;
+BEGIN
+    SELECT s.last_verification_at, s.min_verification_interval INTO v_stream
+      FROM siwa.ssf_streams s WHERE s.id = p_stream FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    v_wait := extract(epoch FROM v_stream.last_verification_at
+                      + v_stream.min_verification_interval * interval '1 second' - clock_timestamp());
+    IF v_wait > 0 THEN
+        RETURN v_wait;
+    END IF;
+    UPDATE siwa.ssf_streams s SET last_verification_at = clock_timestamp() WHERE s.id = p_stream;
+    PERFORM siwa.enqueue_ssf_stream_event(p_stream, 'ssf.verification',
+        CASE WHEN p_state IS NULL THEN '{}'::jsonb ELSE pg_catalog.jsonb_build_object('state', p_state) END);
+    RETURN 0;
+END;
+$$;
+COMMENT ON FUNCTION siwa.request_ssf_verification(bigint, text) IS
+    'Enqueues a verification SET (with state) unless sooner than min_verification_interval: returns the seconds to wait, 0 when enqueued, NULL for no stream.';
+
+-- Poll (RFC 8936) in one transaction: acknowledge p_acks (delivered), record p_errs ({jti: {err, …}}:
+-- failed, the err code kept), then lease up to p_max SETs of the enabled stream for p_lease: per sub only
+-- the earliest pending one (a sub's next SET is served once this one is acknowledged or failed), an
+-- unacknowledged one served again when its lease has expired.
+CREATE OR REPLACE FUNCTION siwa.poll_ssf_events(p_stream bigint, p_acks text[], p_errs jsonb, p_max integer,
+                                                p_lease interval)
+RETURNS TABLE (jti text, issued_at timestamptz, change_type text, sub text, old_sub text,
+               event_time timestamptz, txn text, detail jsonb)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE siwa.ssf_events e SET state = 'delivered', delivered_at = now(), lease_owner = NULL, lease_expires_at = NULL
+     WHERE e.stream_id = p_stream AND e.state = 'pending' AND e.jti = ANY (coalesce(p_acks, '{}'));
+    UPDATE siwa.ssf_events e SET state = 'failed', lease_owner = NULL, lease_expires_at = NULL,
+           last_error = left('setErr err=' || coalesce(
+               CASE WHEN (x.value ->> 'err') ~ '^[A-Za-z0-9_]{1,64}$' THEN x.value ->> 'err' END, 'unknown'), 300)
+      FROM pg_catalog.jsonb_each(coalesce(p_errs, '{}'::jsonb)) x
+     WHERE e.stream_id = p_stream AND e.state = 'pending' AND e.jti = x.key;
+    IF p_max <= 0 OR NOT EXISTS (SELECT 1 FROM siwa.ssf_streams s WHERE s.id = p_stream AND s.status = 'enabled') THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH heads AS (
+        SELECT e.id FROM siwa.ssf_events e
+         WHERE e.stream_id = p_stream AND e.state = 'pending'
+           AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= clock_timestamp())
+           AND NOT EXISTS (SELECT 1 FROM siwa.ssf_events p
+                            WHERE p.stream_id = e.stream_id AND p.sub = e.sub AND p.state = 'pending'
+                              AND p.id < e.id)
+         ORDER BY e.id
+         LIMIT p_max
+           FOR UPDATE SKIP LOCKED),
+    leased AS (
+        UPDATE siwa.ssf_events e
+           SET lease_owner = 'poll', lease_expires_at = clock_timestamp() + p_lease, attempts = e.attempts + 1
+          FROM heads h WHERE e.id = h.id
+        RETURNING e.*)
+    SELECT l.jti, l.issued_at, l.change_type, l.sub, l.old_sub, l.event_time, l.txn, l.detail
+      FROM leased l ORDER BY l.id;
+END;
+$$;
+COMMENT ON FUNCTION siwa.poll_ssf_events(bigint, text[], jsonb, integer, interval) IS
+    'RFC 8936 poll of one stream in one transaction: acks, setErrs, then leases up to p_max SETs (per sub the earliest pending). Executable by siwa_ssf.';
+
+-- Whether a poll would find more now (moreAvailable): a servable SET of the enabled stream.
+CREATE OR REPLACE FUNCTION siwa.ssf_poll_has_more(p_stream bigint) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM siwa.ssf_events e JOIN siwa.ssf_streams s ON s.id = e.stream_id AND s.status = 'enabled'
+         WHERE e.stream_id = p_stream AND e.state = 'pending'
+           AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= clock_timestamp())
+           AND NOT EXISTS (SELECT 1 FROM siwa.ssf_events p
+                            WHERE p.stream_id = e.stream_id AND p.sub = e.sub AND p.state = 'pending'
+                              AND p.id < e.id))
+$$;
+COMMENT ON FUNCTION siwa.ssf_poll_has_more(bigint) IS 'Whether a poll of the stream would serve a SET now (RFC 8936 moreAvailable).';
+
 CREATE OR REPLACE VIEW siwa.ssf_stream_overview AS
 SELECT s.id, s.receiver, s.audience, s.delivery_method, s.endpoint_url, s.authorization_ref IS NOT NULL AS has_authorization,
        s.events_requested, s.status, s.status_reason, s.max_in_flight, s.created_at, s.updated_at,
@@ -6199,9 +6406,11 @@ COMMENT ON COLUMN siwa.ssf_stream_overview.pending IS 'SETs waiting or in flight
 COMMENT ON COLUMN siwa.ssf_stream_overview.delivered IS 'SETs answered 202.';
 COMMENT ON COLUMN siwa.ssf_stream_overview.failed IS 'SETs refused for good (a 400 of RFC 8935) or dead.';
 
--- A SET once issued names the subject as it was: a team transfer keeps it (its own SET announces the new sub).
+-- A SET once issued names the subject as it was: a team transfer keeps it (its own SET announces the new sub);
+-- a stream's subject list keeps the identifier the receiver gave.
 INSERT INTO siwa.sub_columns (table_name, column_name, on_transfer, why) VALUES
-    ('ssf_events', 'sub', 'keep', 'a SET once issued (fixed jti) names the sub as it was; the transfer''s own SET names the new one')
+    ('ssf_events', 'sub', 'keep', 'a SET once issued (fixed jti) names the sub as it was; the transfer''s own SET names the new one'),
+    ('ssf_stream_subjects', 'sub', 'keep', 'the receiver added or removed that identifier; the transfer''s SET (matched on the old sub too) tells it the new one to add')
 ON CONFLICT (table_name, column_name) DO UPDATE SET on_transfer = EXCLUDED.on_transfer, why = EXCLUDED.why;
 
 -- ===================================================================================================
@@ -6268,7 +6477,7 @@ END;
 $$;
 
 -- ===================================================================================================
--- schema/80-roles.sql: The group roles: siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app, siwa_webhook_admin, siwa_mail, siwa_bounce (created when missing, one block)
+-- schema/80-roles.sql: The group roles: siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app, siwa_webhook_admin, siwa_mail, siwa_bounce, siwa_ssf (created when missing, one block)
 -- ===================================================================================================
 
 --
@@ -6297,14 +6506,16 @@ $$;
 -- account deletion, its sessions and refresh tokens, the changefeed). What each role may do is granted
 -- in schema/85-privileges.sql, one block per role. siwa_mail is the relay-mail gate's (siwa-mailgate,
 -- siwactl mail check): it may ask siwa.relay_mail_decision(s), nothing else. siwa_bounce is siwactl mail
--- bounce's: it may record a relay bounce (siwa.record_relay_bounce), nothing else.
+-- bounce's: it may record a relay bounce (siwa.record_relay_bounce), nothing else. siwa_ssf is the Shared
+-- Signals transmitter API's (siwa-receiver --ssf-listen, its own --ssf-database-url login): receivers'
+-- tokens, their streams and subjects, the streams' own events and poll.
 DO $$
 DECLARE
     v_role     text;
     v_can_create boolean := (SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user);
 BEGIN
     FOREACH v_role IN ARRAY ARRAY['siwa_admin', 'siwa_receiver', 'siwa_worker', 'siwa_signin', 'siwa_app',
-                                  'siwa_webhook_admin', 'siwa_mail', 'siwa_bounce'] LOOP
+                                  'siwa_webhook_admin', 'siwa_mail', 'siwa_bounce', 'siwa_ssf'] LOOP
         CONTINUE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role);
         IF NOT v_can_create THEN
             RAISE WARNING 'role % does not exist and % may not create it: create it (NOLOGIN) and apply schema.sql again',
@@ -6327,6 +6538,8 @@ BEGIN
                     'Sign in with Apple: ask the relay-mail gate (siwa.relay_mail_decision, siwa.relay_mail_decisions) whether an address may be mailed now; nothing else (no table, no other function). Grant to siwa-mailgate''s login and to what runs siwactl mail check.'
                 WHEN 'siwa_bounce' THEN
                     'Sign in with Apple: record bounces from Apple''s relay (siwa.record_relay_bounce, siwactl mail bounce); nothing else. Grant to the login of the Postfix pipe transport that runs siwactl mail bounce.'
+                WHEN 'siwa_ssf' THEN
+                    'Sign in with Apple: what the Shared Signals transmitter API (siwa-receiver --ssf-listen) needs: check receivers'' secrets, issue tokens, manage their streams and subjects, poll. Grant to the API''s own login role (--ssf-database-url), never the receiver''s.'
                 WHEN 'siwa_signin' THEN
                     'Sign in with Apple: what the sign-in API (siwa-receiver --signin-listen) needs: record sign-ins and encrypted refresh tokens through its functions, request revocations. Grant to the API''s own login role (--signin-database-url), never the receiver''s.'
                 ELSE
@@ -6683,6 +6896,33 @@ BEGIN
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_admin') THEN
         GRANT SELECT ON siwa.ssf_stream_overview TO siwa_admin;
+    END IF;
+END;
+$$;
+
+-- siwa_ssf: the transmitter API's own credential (siwa-receiver --ssf-database-url). It reads receivers
+-- (the salted hash, never a secret), issues and prunes token hashes, manages the streams and subjects
+-- (the API keeps every call to the caller's own), enqueues the streams' own events and polls. It reads
+-- no account, change or other table; deleting a stream cascades with the owner's rights.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_ssf') THEN
+        GRANT USAGE ON SCHEMA siwa TO siwa_ssf;
+        GRANT SELECT (id, name, client_id, salt, secret_hash, scopes, audience) ON siwa.ssf_receivers TO siwa_ssf;
+        GRANT SELECT, INSERT, DELETE ON siwa.ssf_access_tokens TO siwa_ssf;
+        GRANT SELECT, DELETE, INSERT (stream_uid, receiver_id, receiver, audience, delivery_method, endpoint_url,
+            authorization_ref, events_requested, default_subjects, min_verification_interval, description)
+            ON siwa.ssf_streams TO siwa_ssf;
+        GRANT UPDATE (audience, endpoint_url, authorization_ref, events_requested, description, status,
+            status_reason, updated_at, last_verification_at) ON siwa.ssf_streams TO siwa_ssf;
+        GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.ssf_stream_subjects TO siwa_ssf;
+        GRANT SELECT, INSERT (change_id, stream_id, change_type, sub, event_time, txn, detail),
+            UPDATE (state, delivered_at, lease_owner, lease_expires_at, attempts, last_error)
+            ON siwa.ssf_events TO siwa_ssf;
+        GRANT EXECUTE ON FUNCTION siwa.ssf_event_type(text), siwa.enqueue_ssf_stream_event(bigint, text, jsonb),
+            siwa.update_ssf_stream_status(bigint, text, text), siwa.request_ssf_verification(bigint, text),
+            siwa.poll_ssf_events(bigint, text[], jsonb, integer, interval), siwa.ssf_poll_has_more(bigint)
+            TO siwa_ssf;
     END IF;
 END;
 $$;

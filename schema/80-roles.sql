@@ -1,4 +1,4 @@
--- The group roles: siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app, siwa_webhook_admin, siwa_mail, siwa_bounce (created when missing, one block)
+-- The group roles: siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app, siwa_webhook_admin, siwa_mail, siwa_bounce, siwa_ssf (created when missing, one block)
 
 --
 -- Three views are what people read (siwa.event_history above, siwa.account_overview, siwa.queue_health);
@@ -26,14 +26,16 @@
 -- account deletion, its sessions and refresh tokens, the changefeed). What each role may do is granted
 -- in schema/85-privileges.sql, one block per role. siwa_mail is the relay-mail gate's (siwa-mailgate,
 -- siwactl mail check): it may ask siwa.relay_mail_decision(s), nothing else. siwa_bounce is siwactl mail
--- bounce's: it may record a relay bounce (siwa.record_relay_bounce), nothing else.
+-- bounce's: it may record a relay bounce (siwa.record_relay_bounce), nothing else. siwa_ssf is the Shared
+-- Signals transmitter API's (siwa-receiver --ssf-listen, its own --ssf-database-url login): receivers'
+-- tokens, their streams and subjects, the streams' own events and poll.
 DO $$
 DECLARE
     v_role     text;
     v_can_create boolean := (SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user);
 BEGIN
     FOREACH v_role IN ARRAY ARRAY['siwa_admin', 'siwa_receiver', 'siwa_worker', 'siwa_signin', 'siwa_app',
-                                  'siwa_webhook_admin', 'siwa_mail', 'siwa_bounce'] LOOP
+                                  'siwa_webhook_admin', 'siwa_mail', 'siwa_bounce', 'siwa_ssf'] LOOP
         CONTINUE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role);
         IF NOT v_can_create THEN
             RAISE WARNING 'role % does not exist and % may not create it: create it (NOLOGIN) and apply schema.sql again',
@@ -56,6 +58,8 @@ BEGIN
                     'Sign in with Apple: ask the relay-mail gate (siwa.relay_mail_decision, siwa.relay_mail_decisions) whether an address may be mailed now; nothing else (no table, no other function). Grant to siwa-mailgate''s login and to what runs siwactl mail check.'
                 WHEN 'siwa_bounce' THEN
                     'Sign in with Apple: record bounces from Apple''s relay (siwa.record_relay_bounce, siwactl mail bounce); nothing else. Grant to the login of the Postfix pipe transport that runs siwactl mail bounce.'
+                WHEN 'siwa_ssf' THEN
+                    'Sign in with Apple: what the Shared Signals transmitter API (siwa-receiver --ssf-listen) needs: check receivers'' secrets, issue tokens, manage their streams and subjects, poll. Grant to the API''s own login role (--ssf-database-url), never the receiver''s.'
                 WHEN 'siwa_signin' THEN
                     'Sign in with Apple: what the sign-in API (siwa-receiver --signin-listen) needs: record sign-ins and encrypted refresh tokens through its functions, request revocations. Grant to the API''s own login role (--signin-database-url), never the receiver''s.'
                 ELSE

@@ -343,3 +343,30 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- siwa_ssf: the transmitter API's own credential (siwa-receiver --ssf-database-url). It reads receivers
+-- (the salted hash, never a secret), issues and prunes token hashes, manages the streams and subjects
+-- (the API keeps every call to the caller's own), enqueues the streams' own events and polls. It reads
+-- no account, change or other table; deleting a stream cascades with the owner's rights.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_ssf') THEN
+        GRANT USAGE ON SCHEMA siwa TO siwa_ssf;
+        GRANT SELECT (id, name, client_id, salt, secret_hash, scopes, audience) ON siwa.ssf_receivers TO siwa_ssf;
+        GRANT SELECT, INSERT, DELETE ON siwa.ssf_access_tokens TO siwa_ssf;
+        GRANT SELECT, DELETE, INSERT (stream_uid, receiver_id, receiver, audience, delivery_method, endpoint_url,
+            authorization_ref, events_requested, default_subjects, min_verification_interval, description)
+            ON siwa.ssf_streams TO siwa_ssf;
+        GRANT UPDATE (audience, endpoint_url, authorization_ref, events_requested, description, status,
+            status_reason, updated_at, last_verification_at) ON siwa.ssf_streams TO siwa_ssf;
+        GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.ssf_stream_subjects TO siwa_ssf;
+        GRANT SELECT, INSERT (change_id, stream_id, change_type, sub, event_time, txn, detail),
+            UPDATE (state, delivered_at, lease_owner, lease_expires_at, attempts, last_error)
+            ON siwa.ssf_events TO siwa_ssf;
+        GRANT EXECUTE ON FUNCTION siwa.ssf_event_type(text), siwa.enqueue_ssf_stream_event(bigint, text, jsonb),
+            siwa.update_ssf_stream_status(bigint, text, text), siwa.request_ssf_verification(bigint, text),
+            siwa.poll_ssf_events(bigint, text[], jsonb, integer, interval), siwa.ssf_poll_has_more(bigint)
+            TO siwa_ssf;
+    END IF;
+END;
+$$;

@@ -78,7 +78,7 @@ public enum Migrator {
     /// The group roles schema.sql creates (when missing) and grants to.
     public static let groupRoles = [
         "siwa_admin", "siwa_receiver", "siwa_worker", "siwa_signin", "siwa_app", "siwa_webhook_admin",
-        "siwa_mail", "siwa_bounce",
+        "siwa_mail", "siwa_bounce", "siwa_ssf",
     ]
 
     /// Applies ``SiwaSchema/sql`` on `connection` in one transaction and reports what it found; the

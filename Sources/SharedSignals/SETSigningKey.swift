@@ -28,6 +28,20 @@ public struct SETSigningKey: Sendable {
     /// The JWKS document publishing the public key: `{"keys":[{"kty":"RSA","kid":…,"alg":"RS256","use":"sig",…}]}`.
     public func jwksJSON() -> Data { signer.jwksJSON() }
 
+    /// One JWKS publishing several keys' public halves (the signing key first, then those published for a
+    /// rotation: the next key before it signs, the previous one while receivers may still verify its SETs);
+    /// a `kid` listed twice is published once.
+    public static func jwksJSON(_ keys: [SETSigningKey]) -> Data {
+        var seen = Set<String>()
+        var published: [Any] = []
+        for key in keys where seen.insert(key.keyID).inserted {
+            let document = try? JSONSerialization.jsonObject(with: key.jwksJSON()) as? [String: Any]
+            published += document?["keys"] as? [Any] ?? []
+        }
+        return (try? JSONSerialization.data(withJSONObject: ["keys": published], options: jsonWritingOptions))
+            ?? Data()
+    }
+
     /// The public half as a key set, for verification in process.
     public func keySet() -> JSONWebKeySet { signer.keySet() }
 

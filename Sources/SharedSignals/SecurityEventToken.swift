@@ -26,7 +26,12 @@ public enum SecurityEventToken {
         /// Ours: the user turned mail forwarding back on; no address is sent.
         public static let emailForwardingEnabled = "urn:siwa:secevent:event-type:email-forwarding-enabled"
 
-        /// Every type, for `events_supported`.
+        /// SSF 1.0 § 8.1.4: the verification event a receiver asks for; its `state` echoed.
+        public static let verification = "https://schemas.openid.net/secevent/ssf/event-type/verification"
+        /// SSF 1.0 § 8.1.5: the stream's status changed.
+        public static let streamUpdated = "https://schemas.openid.net/secevent/ssf/event-type/stream-updated"
+
+        /// Every account type, for `events_supported` (the stream events are always delivered).
         public static let all = [
             sessionRevoked, accountPurged, subjectTransferred, emailForwardingDisabled,
             emailForwardingEnabled,
@@ -70,6 +75,20 @@ public enum SecurityEventToken {
         try key.sign(
             claimsJSON: claimsJSON(
                 for: signal, issuer: issuer, audience: audience, jti: jti, issuedAt: issuedAt))
+    }
+
+    /// A stream's own event (verification, stream-updated): `sub_id` is `{"format":"opaque","id":stream_id}`
+    /// (SSF 1.0 § 8.1.4.1), the event's members are `members`; no `txn`.
+    public static func signStreamEvent(
+        type: String, members: [String: String], streamID: String, with key: SETSigningKey, issuer: String,
+        audience: String, jti: String, issuedAt: Date
+    ) throws -> String {
+        let claims: [String: Any] = [
+            "iss": issuer, "aud": audience, "iat": Int64(issuedAt.timeIntervalSince1970.rounded(.down)),
+            "jti": jti, "sub_id": ["format": "opaque", "id": streamID], "events": [type: members],
+        ]
+        return try key.sign(
+            claimsJSON: JSONSerialization.data(withJSONObject: claims, options: jsonWritingOptions))
     }
 
     /// SSF 1.0's `iss_sub` subject identifier for an Apple `sub`.

@@ -139,7 +139,8 @@ public final class SignalDispatcher: Sendable {
         try? loop.run()
     }
 
-    /// Pushes until nothing is claimable; returns how soon the next event of an enabled stream is due.
+    /// Pushes until nothing is claimable; returns how soon the next event of an enabled push stream is due
+    /// (a poll stream's pending SETs are the API's, never a reason to wake).
     private func drain(on connection: PostgresConnection, lane: Int, into outcomes: inout [Outcome]) throws
         -> Duration?
     {
@@ -151,6 +152,7 @@ public final class SignalDispatcher: Sendable {
             SELECT extract(epoch FROM min(CASE WHEN e.lease_expires_at > clock_timestamp() THEN e.lease_expires_at
                                                ELSE e.next_attempt_at END) - clock_timestamp())::float8
               FROM siwa.ssf_events e JOIN siwa.ssf_streams s ON s.id = e.stream_id AND s.status = 'enabled'
+                   AND s.delivery_method = 'urn:ietf:rfc:8935'
              WHERE e.state = 'pending'
             """, as: Double?.self)
         return due.map { .milliseconds(max(0, Int64(($0 * 1000).rounded(.up)))) }
@@ -168,9 +170,8 @@ public final class SignalDispatcher: Sendable {
         var failure: String?
         var permanent = false
         do {
-            let token = try SecurityEventToken.sign(
-                event.signal, with: configuration.key, issuer: configuration.issuer, audience: event.audience,
-                jti: event.jti, issuedAt: event.issuedAt)
+            let token = try event.event.sign(
+                with: configuration.key, issuer: configuration.issuer, audience: event.audience)
             var headers: [OutboundHTTP.Header] = [
                 .init("Content-Type", SecurityEventToken.mediaType), .init("Accept", "application/json"),
             ]
@@ -250,9 +251,7 @@ public final class SignalDispatcher: Sendable {
 struct ClaimedSET: PostgresRowDecodable {
     var id: Int
     var stream: Int
-    var jti: String
-    var issuedAt: Date
-    var signal: AccountSignal
+    var event: StoredEvent
     var attempt: Int
     var audience: String
     var endpointURL: String
@@ -260,25 +259,25 @@ struct ClaimedSET: PostgresRowDecodable {
 
     static let statement = """
         SELECT id, stream_id, jti, issued_at, change_type, sub, old_sub, event_time, txn, attempts, audience,
-               endpoint_url, authorization_ref
+               endpoint_url, authorization_ref, detail::text AS detail
           FROM siwa.claim_ssf_events($1, $2::float8 * interval '1 second', 1)
         """
     static let columns: PostgresColumns = """
         id bigint, stream_id bigint, jti text, issued_at timestamp with time zone, change_type text, sub text, \
         old_sub text, event_time timestamp with time zone, txn text, attempts integer, audience text, \
-        endpoint_url text, authorization_ref text
+        endpoint_url text, authorization_ref text, detail text
         """
 
     init(row: PostgresRow) throws(PostgresError) {
         id = try row[0, as: Int.self]
         stream = try row[1, as: Int.self]
-        jti = try row[2, as: String.self]
-        issuedAt = try row[3, as: Date.self]
-        let type = try row[4, as: String.self]
-        let kind = AccountSignal.Kind(rawValue: type) ?? .accountDeleted
-        signal = AccountSignal(
-            kind: kind, subject: try row[5, as: String.self], previousSubject: try row[6, as: String?.self],
-            eventTime: try row[7, as: Date.self], notificationJTI: try row[8, as: String.self])
+        event = StoredEvent(
+            changeType: try row[4, as: String.self], subject: try row[5, as: String.self],
+            previousSubject: try row[6, as: String?.self], eventTime: try row[7, as: Date.self],
+            notificationJTI: try row[8, as: String.self],
+            detail: StoredEvent.detail(fromJSON: try row[13, as: String?.self]),
+            jti: try row[2, as: String.self],
+            issuedAt: try row[3, as: Date.self])
         attempt = try row[9, as: Int.self]
         audience = try row[10, as: String.self]
         endpointURL = try row[11, as: String.self]

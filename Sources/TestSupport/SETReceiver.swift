@@ -7,7 +7,7 @@ import Synchronization
 public struct ReceivedSET: Sendable {
     /// The compact JWS as POSTed.
     public var token: String
-    /// The `jti`, `sub_id.sub` and the one event type, read from the claims (empty when unreadable).
+    /// The `jti`, `sub_id.sub` (an opaque `sub_id`'s `id`: the stream's) and the one event type, read from the claims (empty when unreadable).
     public var jti: String
     public var sub: String
     public var eventType: String
@@ -91,7 +91,8 @@ public final class SETReceiver: Sendable {
             header["typ"] as? String == "secevent+jwt", jws.algorithm == "RS256"
         else { return (400, "invalid_request") }
         received.jti = claims["jti"] as? String ?? ""
-        received.sub = (claims["sub_id"] as? [String: Any])?["sub"] as? String ?? ""
+        let subject = claims["sub_id"] as? [String: Any]
+        received.sub = subject?["sub"] as? String ?? subject?["id"] as? String ?? ""
         received.eventType = (claims["events"] as? [String: Any])?.keys.first ?? ""
         guard let kid = jws.keyID, let key = keys.key(id: kid),
             key.verifyRS256(signature: jws.signature, signedData: jws.signingInput)

@@ -48,8 +48,9 @@ let receiverCommand = CommandSpec(
         .logLevel,
         .listenAddressFile(
             environmentVariable: "SIWA_LISTEN_ADDRESS_FILE",
-            names: "notifications; signin with --signin-listen"),
-    ] + signInOptions, flags: signInFlags, offersVersion: true)
+            names: "notifications; signin with --signin-listen; ssf with --ssf-listen"),
+    ] + signInOptions + signalTransmitterOptions, flags: signInFlags + signalTransmitterFlags,
+    offersVersion: true)
 
 /// Parses the configuration, runs until SIGTERM/SIGINT, and returns the exit status: 0 stopped by a
 /// signal, 1 failure (e.g. the port is taken), 2 usage error.
@@ -74,9 +75,11 @@ func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
     let configuration: ReceiverConfiguration
     let logger: Logger
     let signIn: SignInSetup?
+    let transmitter: SignalTransmitterSetup?
     do {
         (configuration, logger) = try makeConfiguration(parsed, environment: environment)
         signIn = try SignInSetup(parsed, audiences: configuration.audiences, environment: environment)
+        transmitter = try SignalTransmitterSetup(parsed)
     } catch {
         writeErrorLine("siwa-receiver", "\(error)")
         return 2
@@ -129,6 +132,10 @@ func runReceiver(arguments: [String], environment: [String: String]) -> Int32 {
                 jwks: configuration.jwks, keys: configuration.keys,
                 metrics: { receiver.get()?.metrics.registry }, bound: bound,
                 logger: logger))
+    }
+    // The Shared Signals transmitter API, on its own listener when --ssf-listen is given.
+    if let transmitter {
+        services.append(transmitter.service(bound: bound, logger: logger))
     }
     // Written once every listener above is bound (the group starts services in order).
     if let addressFile {

@@ -5,11 +5,12 @@ import SharedSignals
 /// `siwactl ssf`: the Shared Signals transmitter's signing key (and, in SharedSignalsStreams.swift, streams).
 enum SharedSignalsVerb {
     static let verb = Verb(
-        name: "ssf", abstract: "Shared Signals: the SET signing key and the streams.",
+        name: "ssf", abstract: "Shared Signals: the SET signing key, the streams and the API's receivers.",
         subverbs: [
             .parsing("keygen", keygenSpec) { parsed, _ in try keygen(parsed) },
             .parsing("jwks", jwksSpec) { parsed, _ in try jwks(parsed) },
             streamsVerb,
+            receiversVerb,
         ])
 
     static let keygenSpec = CommandSpec(

@@ -195,6 +195,6 @@ struct HonestErrorTests {
 enum MigrateRoles {
     static let all = [
         "siwa_admin", "siwa_receiver", "siwa_worker", "siwa_signin", "siwa_app", "siwa_webhook_admin",
-        "siwa_mail", "siwa_bounce",
+        "siwa_mail", "siwa_bounce", "siwa_ssf",
     ]
 }

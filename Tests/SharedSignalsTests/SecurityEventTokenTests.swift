@@ -1,6 +1,7 @@
 import AppleNotifications
 import Foundation
 import SharedSignals
+import TestSupport
 import Testing
 
 /// Every SET, verified by PyJWT against the published JWKS: its header, its claims and the claims it

@@ -1,26 +1,27 @@
-import Foundation
+public import Foundation
 import Synchronization
-import TestSupport
 
 /// PyJWT with pyca `cryptography` in .build/ssf-venv (scripts/ssf-venv, run by `make test`; made here
-/// when missing): verifies each SET against the published JWKS and returns its header and claims.
-enum IndependentVerifier {
-    struct Failure: Error, CustomStringConvertible {
-        var description: String
+/// when missing), for the Shared Signals test targets: verifies each SET against the published JWKS and returns its header and claims.
+public enum IndependentVerifier {
+    public struct Failure: Error, CustomStringConvertible {
+        public var description: String
     }
 
     /// What PyJWT made of one token: the verified header and claims, or its reason for refusing.
-    struct Outcome {
-        var header: [String: Any]
-        var claims: [String: Any]
-        var failure: String?
+    public struct Outcome {
+        public var header: [String: Any]
+        public var claims: [String: Any]
+        public var failure: String?
     }
 
     private static let prepared = Mutex(false)
     private static let python = RepositoryRoot.url.appendingPathComponent(".build/ssf-venv/bin/python").path
     private static let script = RepositoryRoot.url.appendingPathComponent("scripts/ssf-verify.py").path
 
-    static func verify(_ tokens: [String], jwks: Data, issuer: String, audience: String) throws -> [Outcome] {
+    public static func verify(_ tokens: [String], jwks: Data, issuer: String, audience: String) throws
+        -> [Outcome]
+    {
         try prepared.withLock { (ready: inout Bool) throws(Failure) in
             if ready { return }
             let made = try? Subprocess.run(
