@@ -23,7 +23,7 @@ TEST_PACKAGES  = $(DEMO_PACKAGES) ca-certificates nginx systemd python3-yaml pyt
                  iproute2 util-linux
 
 .PHONY: all deps demo-deps test-deps build release test mail-test lint format demo run coverage bench clean \
-        validate-deploy webhooks-venv ssf-venv schema schema-check dist dist-test image image-test container-deps
+        validate-deploy webhooks-venv ssf-venv sigv4-venv schema schema-check dist dist-test image image-test container-deps
 
 all: build
 
@@ -58,7 +58,7 @@ schema-check:
 format:
 	$(SWIFT) format -i -r Sources Tests Plugins Fuzz Package.swift
 
-test: test-deps lint validate-deploy webhooks-venv ssf-venv
+test: test-deps lint validate-deploy webhooks-venv ssf-venv sigv4-venv
 	$(SWIFT) build --build-tests
 	./scripts/test-schema "$$($(SWIFT) build --show-bin-path)"
 	$(SWIFT) test --skip-build
@@ -97,6 +97,10 @@ webhooks-venv: test-deps
 # The Shared Signals tests verify every SET with PyJWT and cryptography (PyPI), in .build/ssf-venv.
 ssf-venv: test-deps
 	@./scripts/ssf-venv
+
+# The SES tests compare each SigV4 signature with botocore's (PyPI), in .build/sigv4-venv.
+sigv4-venv: test-deps
+	@./scripts/sigv4-venv
 
 coverage: test-deps webhooks-venv
 	$(SWIFT) test --enable-code-coverage

@@ -5220,7 +5220,7 @@ COMMENT ON COLUMN siwa.suppression_outbox.address IS 'The address as the provide
 COMMENT ON COLUMN siwa.suppression_outbox.address_key IS 'siwa.mail_address_key(address): the order is per provider and key.';
 COMMENT ON COLUMN siwa.suppression_outbox.state IS 'pending, done (outcome done, already_there, not_there, not_ours) or dead (permanent, gave_up, erased).';
 COMMENT ON COLUMN siwa.suppression_outbox.outcome IS
-    'Once finished: done, already_there (an add the list held), not_there (a remove the list did not hold), not_ours (a remove of an address we did not add: no call), permanent (the provider refused), gave_up (the attempts ran out), erased (the account was erased and the provider''s erasure_wait passed).';
+    'Once finished: done, already_there (an add the list held), not_there (a remove the list did not hold), not_ours (a remove of an address we did not add: no call; or, for SES, an entry its read showed listed since by SES itself), permanent (the provider refused), gave_up (the attempts ran out), erased (the account was erased and the provider''s erasure_wait passed).';
 COMMENT ON COLUMN siwa.suppression_outbox.last_error IS 'Our own words about the last failure (never a credential, an address or the answer''s body).';
 COMMENT ON COLUMN siwa.suppression_outbox.erase_by IS 'Set when the account is erased while this row is pending: the row keeps its address until then at most.';
 CREATE INDEX IF NOT EXISTS suppression_outbox_queue_idx
@@ -5396,10 +5396,11 @@ $$;
 COMMENT ON FUNCTION siwa.claim_suppressions(text, interval, integer, text) IS
     'Leases up to p_limit due suppression rows (of p_provider, or any) at the heads of their provider-and-address queues to p_owner for p_lease, each attempt counted; first ends expired erasures and removes of addresses we did not add (not_ours). Executable by siwa_worker.';
 
--- Records the attempt of a row the caller leased: p_outcome done, already_there, not_there (finished),
+-- Records the attempt of a row the caller leased: p_outcome done, already_there, not_there, not_ours (a
+-- remove the provider's read showed is no longer our entry, as SES's can; finished),
 -- permanent (dead), or retry: again after siwa.retry_delay(attempts, p_retry_base, p_retry_cap), never
 -- before p_retry_after seconds (the provider's own), dead (gave_up) once attempts reach p_max_attempts.
--- An add done is remembered as ours; a remove done or not_there forgets it. False, nothing written,
+-- An add done is remembered as ours; a remove done, not_there or not_ours forgets it. False, nothing written,
 -- when the lease is no longer the caller's.
 CREATE OR REPLACE FUNCTION siwa.record_suppression_attempt(
     p_id bigint, p_owner text, p_outcome text, p_status integer, p_error text,
@@ -5410,7 +5411,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_row siwa.suppression_outbox;
 BEGIN
-    IF p_outcome IS NULL OR p_outcome NOT IN ('done', 'already_there', 'not_there', 'permanent', 'retry') THEN
+    IF p_outcome IS NULL OR p_outcome NOT IN ('done', 'already_there', 'not_there', 'not_ours', 'permanent', 'retry') THEN
         RAISE EXCEPTION 'unknown suppression outcome %', p_outcome USING ERRCODE = '22023';
     END IF;
     UPDATE siwa.suppression_outbox AS r
@@ -5433,18 +5434,18 @@ BEGIN
         INSERT INTO siwa.suppressions_we_added AS w (provider, address_key, sub)
         VALUES (v_row.provider, v_row.address_key, v_row.sub)
         ON CONFLICT (provider, address_key) DO UPDATE SET sub = EXCLUDED.sub, added_at = pg_catalog.now();
-    ELSIF v_row.action = 'remove' AND p_outcome IN ('done', 'not_there') THEN
+    ELSIF v_row.action = 'remove' AND p_outcome IN ('done', 'not_there', 'not_ours') THEN
         DELETE FROM siwa.suppressions_we_added w
          WHERE w.provider = v_row.provider AND w.address_key = v_row.address_key;
     END IF;
     PERFORM siwa.finish_suppression(
-        p_id, CASE WHEN p_outcome IN ('done', 'already_there', 'not_there') THEN 'done' ELSE 'dead' END,
+        p_id, CASE WHEN p_outcome IN ('done', 'already_there', 'not_there', 'not_ours') THEN 'done' ELSE 'dead' END,
         CASE WHEN p_outcome = 'retry' THEN 'gave_up' ELSE p_outcome END);
     RETURN true;
 END;
 $$;
 COMMENT ON FUNCTION siwa.record_suppression_attempt(bigint, text, text, integer, text, double precision, integer, interval, interval) IS
-    'Records the attempt of a suppression row p_owner leased: done, already_there, not_there (done), permanent (dead), or retry after siwa.retry_delay and at least p_retry_after seconds (dead, gave_up, at p_max_attempts); keeps siwa.suppressions_we_added. False when the lease is no longer the caller''s. Executable by siwa_worker.';
+    'Records the attempt of a suppression row p_owner leased: done, already_there, not_there, not_ours (done), permanent (dead), or retry after siwa.retry_delay and at least p_retry_after seconds (dead, gave_up, at p_max_attempts); keeps siwa.suppressions_we_added. False when the lease is no longer the caller''s. Executable by siwa_worker.';
 
 -- siwactl mail suppressions retry: pending rows due now (one row, or every row of a provider); a
 -- replay: a finished row with its address again pending as a new row at the end of its queue.

@@ -33,7 +33,7 @@ public final class SuppressionDispatcher: Sendable {
         public var pollInterval: Duration
         /// Where `SSL_CERT_FILE` and `https_proxy`/`no_proxy` are read (the executable's environment).
         public var environment: [String: String]
-        /// How long a claimed row stays leased: an add's two calls (the lookup, the add), each up to
+        /// How long a claimed row stays leased: two calls (the read, then the add or an SES remove), each up to
         /// ``timeout``, plus ``CallLease/margin``.
         public var lease: Duration { CallLease.covering(timeout * 2) }
 
@@ -109,7 +109,7 @@ public final class SuppressionDispatcher: Sendable {
             environment: configuration.environment)
         sessions = configuration.providers.mapValues { _ in OutboundHTTP.Session(client: client) }
         var attempts: [String: Counter] = [:]
-        for outcome in ["done", "already_there", "not_there", "retry", "permanent"] {
+        for outcome in ["done", "already_there", "not_there", "not_ours", "retry", "permanent"] {
             attempts[outcome] = metrics?.counter(
                 "siwa_suppression_attempts_total", help: "Calls to the ESPs' suppression APIs, by outcome.",
                 labels: [("outcome", outcome)])
@@ -211,8 +211,26 @@ public final class SuppressionDispatcher: Sendable {
                             ))
                 }
             }
+            // A remove reads first where the provider's entries say who listed them (SES).
+            var entry = SuppressionEntry.ours
+            if claim.action == .remove, let check = provider.removalCheck(address: claim.address) {
+                let answer = try client.perform(check)
+                status = answer.status
+                guard let read = provider.entry(answer, addedAt: try addedAt(claim, on: connection)) else {
+                    throw LookupFailure(
+                        outcome: SuppressionAnswer.failure(answer)
+                            ?? .retryable(
+                                after: nil, reason: "HTTP \(answer.status): a lookup answer that says nothing"
+                            ))
+                }
+                entry = read
+            }
             if listed {
                 outcome = .alreadyThere
+            } else if entry == .absent {
+                outcome = .notThere
+            } else if entry == .notOurs {
+                outcome = .notOurs
             } else {
                 let response = try client.perform(provider.request(claim.action, address: claim.address))
                 status = response.status
@@ -265,6 +283,16 @@ public final class SuppressionDispatcher: Sendable {
             id: claim.id, provider: name, action: claim.action, outcome: outcome.recordedName, status: status,
             recorded: recorded)
     }
+}
+
+/// When we recorded adding the claimed row's address (nil when we hold no record of it).
+private func addedAt(_ claim: ClaimedSuppression, on connection: PostgresConnection) throws -> Date? {
+    try connection.value(
+        """
+        SELECT extract(epoch FROM added_at)::float8 FROM siwa.suppressions_we_added
+         WHERE provider = $1 AND address_key = siwa.mail_address_key($2)
+        """, [.text(claim.provider), .text(claim.address)], as: Double?.self
+    ).map { Date(timeIntervalSince1970: $0) }
 }
 
 /// A lookup whose answer decided the attempt's outcome (a 429, a 5xx, a refusal).

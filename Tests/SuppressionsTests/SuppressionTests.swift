@@ -7,7 +7,7 @@ import TestSupport
 import Testing
 
 /// A database with providers and their fakes, events applied through the worker's SQL entry point.
-private final class Fixture {
+final class Fixture {
     let database: TestDatabase
     let fakes: [String: FakeSuppressionProvider]
 
@@ -29,6 +29,11 @@ private final class Fixture {
         case .postmark: return PostmarkProvider(serverToken: fake.credential, baseURL: fake.baseURL)
         case .mailgun:
             return MailgunProvider(apiKey: fake.credential, domain: "mg.example.com", baseURL: fake.baseURL)
+        case .ses:
+            return SESProvider(
+                credentials: .init(
+                    accessKeyID: FakeSuppressionProvider.sesAccessKeyID, secretAccessKey: fake.credential),
+                region: FakeSuppressionProvider.sesRegion, endpoint: fake.baseURL)
         }
     }
 
@@ -86,8 +91,8 @@ private final class Fixture {
     }
 }
 
-private let alice = "alice@privaterelay.appleid.com"
-private let bob = "bob@privaterelay.appleid.com"
+let alice = "alice@privaterelay.appleid.com"
+let bob = "bob@privaterelay.appleid.com"
 
 @Suite("Suppression lists in step with the relay events", .serialized)
 struct SuppressionTests {
