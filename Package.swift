@@ -157,6 +157,7 @@ let package = Package(
                 "AppleNotifications", "AppleID", "HTTPClient", "Postgres", "ServiceSupport", "HTTPServer",
                 "SiwaSchema", "AppleKeys", "Webhooks", "TeamTransfer", "FakeApple", "Doctor", "Migrator",
                 "WebhookAdministration", "ServiceHealth", "RelayMail", "Bounces", "SharedSignals",
+                "Suppressions",
             ]),
         .executableTarget(
             name: "siwa-mailgate",
@@ -221,7 +222,10 @@ let package = Package(
             ]),
         .testTarget(
             name: "SiwactlTests",
-            dependencies: ["SiwaSchema", "TestSupport", "TeamTransfer", "AppleID", "RelayMail"]),
+            dependencies: [
+                "SiwaSchema", "TestSupport", "TeamTransfer", "AppleID", "RelayMail", "Suppressions",
+                "Postgres",
+            ]),
         .testTarget(
             name: "MigratorTests", dependencies: ["Migrator", "Postgres", "SiwaSchema", "TestSupport"]),
         .testTarget(

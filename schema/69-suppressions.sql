@@ -343,3 +343,63 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
 $$;
 COMMENT ON FUNCTION siwa.replay_suppression(bigint) IS
     'Writes a finished suppression row again as a new pending row (same provider, address, action); returns its id, NULL when the row is pending, unknown or erased. The owner''s.';
+
+-- siwactl mail suppressions retry ID|--dead: dead rows pending again, due now, attempts reset. A dead
+-- row superseded by a later finished row of its provider and address is left (its state would undo a
+-- newer one), as is an erased one (no address).
+CREATE OR REPLACE FUNCTION siwa.revive_suppressions(p_id bigint DEFAULT NULL, p_provider text DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    UPDATE siwa.suppression_outbox AS r
+       SET state = 'pending', outcome = NULL, attempts = 0, next_attempt_at = pg_catalog.now(),
+           finished_at = NULL, lease_owner = NULL, lease_expires_at = NULL
+     WHERE r.state = 'dead' AND r.address IS NOT NULL
+       AND (p_id IS NULL OR r.id = p_id) AND (p_provider IS NULL OR r.provider = p_provider)
+       AND NOT EXISTS (SELECT 1 FROM siwa.suppression_outbox q
+                        WHERE q.provider = r.provider AND q.address_key = r.address_key
+                          AND q.id > r.id AND q.state <> 'pending');
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count > 0 THEN
+        PERFORM pg_catalog.pg_notify('siwa_suppressions', '');
+    END IF;
+    RETURN v_count;
+END;
+$$;
+COMMENT ON FUNCTION siwa.revive_suppressions(bigint, text) IS
+    'Makes dead suppression rows (one, a provider''s, or all) pending and due now, attempts reset; leaves those a later finished row of their address supersedes and the erased. Returns how many. The owner''s.';
+
+-- siwactl mail suppressions replay --provider P [--since]: for every address of the provider with a row
+-- created since p_since (all when NULL), its latest desired state written again as a new pending row,
+-- in the order of the rows it repeats. An address with a pending row already is skipped (its queue
+-- will reach that state anyway), as is an erased one.
+CREATE OR REPLACE FUNCTION siwa.replay_suppressions(p_provider text, p_since timestamptz DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    INSERT INTO siwa.suppression_outbox (provider, sub, event, action, address, address_key)
+    SELECT l.provider, l.sub, l.event, l.action, l.address, l.address_key
+      FROM (SELECT DISTINCT ON (r.address_key) r.*
+              FROM siwa.suppression_outbox r
+             WHERE r.provider = p_provider AND r.address_key IS NOT NULL
+             ORDER BY r.address_key, r.id DESC) AS l
+     WHERE EXISTS (SELECT 1 FROM siwa.suppression_outbox s
+                    WHERE s.provider = p_provider AND s.address_key = l.address_key
+                      AND (p_since IS NULL OR s.created_at >= p_since))
+       AND NOT EXISTS (SELECT 1 FROM siwa.suppression_outbox s
+                        WHERE s.provider = p_provider AND s.address_key = l.address_key
+                          AND s.state = 'pending')
+     ORDER BY l.id;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count > 0 THEN
+        PERFORM pg_catalog.pg_notify('siwa_suppressions', '');
+    END IF;
+    RETURN v_count;
+END;
+$$;
+COMMENT ON FUNCTION siwa.replay_suppressions(text, timestamptz) IS
+    'Writes again, as new pending rows in order, the latest desired state of every address of p_provider with a row created since p_since (all when NULL), skipping addresses with a pending row and erased ones; returns how many. The owner''s.';
