@@ -5228,6 +5228,11 @@ CREATE INDEX IF NOT EXISTS suppression_outbox_queue_idx
 CREATE INDEX IF NOT EXISTS suppression_outbox_due_idx
     ON siwa.suppression_outbox (next_attempt_at, id) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS suppression_outbox_sub_idx ON siwa.suppression_outbox (sub);
+-- Every row of a provider and address in order (the pruning's and the replay's "a later row"), and
+-- the finished rows by age (the pruning's scan).
+CREATE INDEX IF NOT EXISTS suppression_outbox_address_idx ON siwa.suppression_outbox (provider, address_key, id);
+CREATE INDEX IF NOT EXISTS suppression_outbox_finished_idx
+    ON siwa.suppression_outbox (finished_at) WHERE state <> 'pending';
 -- What each claim looks at first, kept small: the erased accounts' pending rows and the pending removes.
 CREATE INDEX IF NOT EXISTS suppression_outbox_erase_idx
     ON siwa.suppression_outbox (erase_by) WHERE state = 'pending' AND erase_by IS NOT NULL;
@@ -5540,6 +5545,27 @@ END;
 $$;
 COMMENT ON FUNCTION siwa.replay_suppressions(text, timestamptz) IS
     'Writes again, as new pending rows in order, the latest desired state of every address of p_provider with a row created since p_since (all when NULL), skipping addresses with a pending row and erased ones; returns how many. The owner''s.';
+
+-- Retention: finished rows (done or dead) that finished longer ago than p_older_than, at most p_batch a
+-- call, oldest first; each provider-and-address's latest row is kept (the record of its desired state,
+-- which replay sends again) unless it has no address (erased). Returns how many were deleted.
+CREATE OR REPLACE FUNCTION siwa.prune_suppressions(p_older_than interval, p_batch integer DEFAULT 10000)
+RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH doomed AS (
+        SELECT r.id FROM siwa.suppression_outbox r
+         WHERE r.state <> 'pending' AND r.finished_at < pg_catalog.clock_timestamp() - p_older_than
+           AND (r.address_key IS NULL
+                OR EXISTS (SELECT 1 FROM siwa.suppression_outbox q
+                            WHERE q.provider = r.provider AND q.address_key = r.address_key AND q.id > r.id))
+         ORDER BY r.finished_at
+         LIMIT greatest(p_batch, 1)
+           FOR UPDATE OF r SKIP LOCKED),
+    pruned AS (DELETE FROM siwa.suppression_outbox r USING doomed d WHERE r.id = d.id RETURNING 1)
+    SELECT pg_catalog.count(*)::integer FROM pruned
+$$;
+COMMENT ON FUNCTION siwa.prune_suppressions(interval, integer) IS
+    'Deletes up to p_batch finished suppression rows older than p_older_than, keeping each provider-and-address''s latest row unless erased; returns how many. Executable by siwa_worker.';
 
 -- ===================================================================================================
 -- schema/70-health.sql: Health: service heartbeats and the gauges behind /metrics
@@ -6480,6 +6506,9 @@ BEGIN
             siwa.finish_suppression(bigint, text, text), siwa.claim_suppressions(text, interval, integer, text),
             siwa.record_suppression_attempt(bigint, text, text, integer, text, double precision, integer, interval,
                                             interval) TO siwa_worker;
+        -- Its retention task deletes finished rows past --suppression-retention-days.
+        GRANT DELETE ON siwa.suppression_outbox TO siwa_worker;
+        GRANT EXECUTE ON FUNCTION siwa.prune_suppressions(interval, integer) TO siwa_worker;
         GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.service_heartbeats TO siwa_worker;
         GRANT EXECUTE ON FUNCTION siwa.health_gauges(timestamptz) TO siwa_worker;
         DROP POLICY IF EXISTS service_heartbeats_worker ON siwa.service_heartbeats;

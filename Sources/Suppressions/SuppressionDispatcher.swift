@@ -31,6 +31,8 @@ public final class SuppressionDispatcher: Sendable {
         public var maxAttempts: Int
         /// Look for due rows at least this often (NOTIFY wakes the lanes sooner).
         public var pollInterval: Duration
+        /// Finished rows older than this are pruned (each address's latest kept: ``SuppressionDispatcher/prune()``).
+        public var retention: Duration
         /// Where `SSL_CERT_FILE` and `https_proxy`/`no_proxy` are read (the executable's environment).
         public var environment: [String: String]
         /// How long a claimed row stays leased: two calls (the read, then the add or an SES remove), each up to
@@ -42,6 +44,7 @@ public final class SuppressionDispatcher: Sendable {
         public static let defaultMaxRetryDelay: Duration = .seconds(3600)
         public static let defaultMaxAttempts = 30
         public static let defaultPollInterval: Duration = .seconds(1)
+        public static let defaultRetention: Duration = .seconds(30 * 86_400)
 
         /// Settings; every duration must be positive and `maxAttempts` at least 1.
         public init(
@@ -50,10 +53,11 @@ public final class SuppressionDispatcher: Sendable {
             retryBaseDelay: Duration = Configuration.defaultRetryBaseDelay,
             maxRetryDelay: Duration = Configuration.defaultMaxRetryDelay,
             maxAttempts: Int = Configuration.defaultMaxAttempts,
-            pollInterval: Duration = Configuration.defaultPollInterval, environment: [String: String] = [:]
+            pollInterval: Duration = Configuration.defaultPollInterval,
+            retention: Duration = Configuration.defaultRetention, environment: [String: String] = [:]
         ) throws {
             guard timeout > .zero, retryBaseDelay > .zero, maxRetryDelay >= retryBaseDelay, maxAttempts >= 1,
-                pollInterval > .zero
+                pollInterval > .zero, retention > .zero
             else {
                 throw ConfigurationError("the suppression settings must be positive (max delay ≥ base delay)")
             }
@@ -64,6 +68,7 @@ public final class SuppressionDispatcher: Sendable {
             self.maxRetryDelay = maxRetryDelay
             self.maxAttempts = maxAttempts
             self.pollInterval = pollInterval
+            self.retention = retention
             self.environment = environment
         }
     }
@@ -143,13 +148,46 @@ public final class SuppressionDispatcher: Sendable {
         return outcomes
     }
 
+    /// How often the first lane prunes finished rows.
+    static let pruneInterval: Duration = .seconds(3600)
+
+    /// The first lane's periodic task: ``prune(on:)`` until a call deletes less than a batch.
+    var pruning: PeriodicTask<PostgresConnection> {
+        PeriodicTask("suppression pruning", every: Self.pruneInterval) { [self] connection in
+            ["suppressions_pruned": try prune(on: connection)]
+        }
+    }
+
+    /// Deletes the finished rows past ``Configuration/retention`` (each provider-and-address's latest
+    /// kept unless erased), 10,000 a statement; returns how many.
+    @discardableResult
+    public func prune() throws -> Int {
+        let connection = try PostgresConnection(configuration: configuration.database)
+        defer { connection.close() }
+        return try prune(on: connection)
+    }
+
+    func prune(on connection: PostgresConnection) throws -> Int {
+        var total = 0
+        for _ in 0..<100 where !stopSignal.isStopped {
+            let count = try connection.value(
+                "SELECT siwa.prune_suppressions($1::float8 * interval '1 second', 10000)",
+                [.double(configuration.retention.inSeconds)], as: Int.self)
+            total += count
+            if count < 10000 { break }
+        }
+        return total
+    }
+
     private func runLane(_ name: String) {
+        var tasks = PeriodicTasks(name == configuration.providers.keys.min() ? [pruning] : [])
         var loop = ConsumerLoop.listening(
             on: Self.channel, database: configuration.database,
             state: ConsumerLoopState(pollInterval: min(configuration.pollInterval, .milliseconds(500))),
             stop: stopSignal, logger: logger, failure: "suppressions: database failure; connecting again",
             fields: ["provider": .string(name)]
         ) { [self] connection in
+            _ = try tasks.runDue(on: connection)
             var outcomes: [Outcome] = []
             return try drain(on: connection, provider: name, into: &outcomes)
         }

@@ -64,6 +64,10 @@ let suppressionOptions: [CommandOption] = [
         environmentVariable: "SIWA_SUPPRESSION_TIMEOUT",
         defaultValue: SuppressionDispatcher.Configuration.defaultTimeout.secondsText),
     CommandOption(
+        "suppression-retention-days", valueName: "DAYS",
+        help: "Finished suppression rows older than this are pruned (each address's latest is kept).",
+        environmentVariable: "SIWA_SUPPRESSION_RETENTION_DAYS", defaultValue: "30"),
+    CommandOption(
         "suppression-max-attempts", valueName: "N",
         help: "A suppression row still failing after this many calls is dead.",
         environmentVariable: "SIWA_SUPPRESSION_MAX_ATTEMPTS",
@@ -133,6 +137,12 @@ func makeSuppressionDispatcher(
                 ?? SuppressionDispatcher.Configuration.defaultTimeout,
             maxAttempts: try parsed.integer("suppression-max-attempts", in: 1...1000)
                 ?? SuppressionDispatcher.Configuration.defaultMaxAttempts,
+            retention: try parsed.number("suppression-retention-days").map { days in
+                guard days > 0 else {
+                    throw ConfigurationError("--suppression-retention-days must be positive")
+                }
+                return .seconds(days * 86_400)
+            } ?? SuppressionDispatcher.Configuration.defaultRetention,
             environment: environment),
         logger: logger, metrics: metrics)
 }

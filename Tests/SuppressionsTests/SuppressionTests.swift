@@ -329,6 +329,43 @@ struct SuppressionTests {
         #expect(try fixture.database.value("SELECT attempts FROM siwa.suppression_outbox") as Int == 2)
     }
 
+    @Test("pruning: finished rows past the retention go, each address's latest stays unless erased")
+    func pruning() throws {
+        let fixture = try Fixture([.sendgrid])
+        try fixture.database.connection.execute(
+            "INSERT INTO siwa.accounts (sub, email, is_private_email) VALUES ('s3', $1, true)",
+            [.text("carol@privaterelay.appleid.com")])
+        try fixture.apply([("email-disabled", "s1", alice), ("email-disabled", "s2", bob)])
+        #expect(try fixture.dispatcher().drainOnce().count == 2)
+        try fixture.apply([("email-enabled", "s1", alice), ("account-delete", "s3", nil)])
+        #expect(try fixture.dispatcher().drainOnce().count == 2)
+        try fixture.apply([("email-disabled", "s1", alice)])  // pending: never pruned
+        // Everything finished long ago; carol's account is erased (her row has no address).
+        try fixture.database.connection.execute(
+            "UPDATE siwa.suppression_outbox SET finished_at = now() - interval '40 days' WHERE state <> 'pending'"
+        )
+        let dispatcher = SuppressionDispatcher(
+            configuration: try .init(
+                database: try fixture.database.configuration(asMemberOf: "siwa_worker"),
+                providers: ["sendgrid": fixture.provider("sendgrid")], retention: .seconds(30 * 86_400)),
+            logger: quietLogger)
+        let pruned = try dispatcher.prune()
+        let left = try fixture.database.query(
+            "SELECT sub || ' ' || action || ' ' || state FROM siwa.suppression_outbox ORDER BY id"
+        ).map { try $0[0, as: String.self] }
+        // alice's add and remove (her pending add is her latest), carol's erased add; bob's only row stays.
+        #expect(pruned == 3, "\(left)")
+        #expect(left == ["s2 add done", "s1 add pending"])
+        #expect(try dispatcher.prune() == 0)
+        // Within the retention nothing goes.
+        try fixture.database.connection.execute(
+            "UPDATE siwa.suppression_outbox SET finished_at = now() - interval '1 day' WHERE state <> 'pending'"
+        )
+        try fixture.makeDue()
+        _ = try dispatcher.drainOnce()
+        #expect(try dispatcher.prune() == 0)
+    }
+
     @Test("Retry-After as an HTTP date, and the bounds")
     func retryAfterForms() {
         let now = Date(timeIntervalSince1970: 1_800_000_000)
