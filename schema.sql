@@ -5197,6 +5197,7 @@ CREATE TABLE IF NOT EXISTS siwa.suppression_outbox (
     last_status      integer,
     last_error       text,
     erase_by         timestamptz,
+    add_sent_at      timestamptz,
     lease_owner      text,
     lease_expires_at timestamptz,
     CONSTRAINT suppression_outbox_event_check CHECK (event IN ('email-disabled', 'email-enabled', 'account-delete')),
@@ -5222,6 +5223,8 @@ COMMENT ON COLUMN siwa.suppression_outbox.state IS 'pending, done (outcome done,
 COMMENT ON COLUMN siwa.suppression_outbox.outcome IS
     'Once finished: done, already_there (an add the list held), not_there (a remove the list did not hold), not_ours (a remove of an address we did not add: no call; or, for SES, an entry its read showed listed since by SES itself), permanent (the provider refused), gave_up (the attempts ran out), erased (the account was erased and the provider''s erasure_wait passed).';
 COMMENT ON COLUMN siwa.suppression_outbox.last_error IS 'Our own words about the last failure (never a credential, an address or the answer''s body).';
+COMMENT ON COLUMN siwa.suppression_outbox.add_sent_at IS
+    'When an attempt of this add was about to send it (written before the call): a later attempt that finds the address listed counts it as ours, since the earlier one may have added it and died before recording.';
 COMMENT ON COLUMN siwa.suppression_outbox.erase_by IS 'Set when the account is erased while this row is pending: the row keeps its address until then at most.';
 CREATE INDEX IF NOT EXISTS suppression_outbox_queue_idx
     ON siwa.suppression_outbox (provider, address_key, id) WHERE state = 'pending';

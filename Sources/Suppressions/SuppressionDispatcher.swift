@@ -237,6 +237,7 @@ public final class SuppressionDispatcher: Sendable {
         do {
             // An add reads first: an address the list holds already is not ours (never removed later).
             var listed = false
+            var sentBefore = false
             if claim.action == .add {
                 let answer = try client.perform(provider.lookup(address: claim.address))
                 status = answer.status
@@ -248,6 +249,9 @@ public final class SuppressionDispatcher: Sendable {
                                 after: nil, reason: "HTTP \(answer.status): a lookup answer that says nothing"
                             ))
                 }
+                // Listed after an earlier attempt of this row sent the add (and died before its record):
+                // that add was ours. Otherwise the row says so before this attempt sends it.
+                sentBefore = try addSent(claim, owner: owner, listed: listed, on: connection)
             }
             // A remove reads first where the provider's entries say who listed them (SES).
             var entry = SuppressionEntry.ours
@@ -264,7 +268,7 @@ public final class SuppressionDispatcher: Sendable {
                 entry = read
             }
             if listed {
-                outcome = .alreadyThere
+                outcome = sentBefore ? .done : .alreadyThere
             } else if entry == .absent {
                 outcome = .notThere
             } else if entry == .notOurs {
@@ -323,6 +327,28 @@ public final class SuppressionDispatcher: Sendable {
     }
 }
 
+/// Whether an earlier attempt of the claimed add sent it, when the address is `listed`; else marks
+/// the row as sent by this attempt (before the call) and returns false.
+private func addSent(
+    _ claim: ClaimedSuppression, owner: String, listed: Bool, on connection: PostgresConnection
+) throws -> Bool {
+    if listed {
+        return try connection.value(
+            "SELECT add_sent_at IS NOT NULL FROM siwa.suppression_outbox WHERE id = $1",
+            [.int(Int64(claim.id))],
+            as: Bool?.self) ?? false
+    }
+    // Without waiting for the WAL flush: a mark a crash of the server loses only makes the retry's
+    // answer already_there, as without it.
+    _ = try connection.execute(
+        """
+        WITH asynchronous AS (SELECT set_config('synchronous_commit', 'off', true))
+        UPDATE siwa.suppression_outbox SET add_sent_at = coalesce(add_sent_at, clock_timestamp())
+          FROM asynchronous WHERE id = $1 AND lease_owner = $2
+        """, [.int(Int64(claim.id)), .text(owner)])
+    return false
+}
+
 /// When we recorded adding the claimed row's address (nil when we hold no record of it).
 private func addedAt(_ claim: ClaimedSuppression, on connection: PostgresConnection) throws -> Date? {
     try connection.value(
@@ -348,9 +374,12 @@ struct ClaimedSuppression: PostgresRowDecodable {
     /// This attempt's number (1 for the first).
     var attempt: Int
 
+    // The claim's commit does not wait for the WAL flush: a claim a crash loses is claimed again (its
+    // record then finds the lease gone), so at-least-once holds, one fsync per row cheaper.
     static let statement = """
-        SELECT id, provider, kind, action, address, attempts
-          FROM siwa.claim_suppressions($1, $2::float8 * interval '1 second', 1, $3)
+        WITH asynchronous AS (SELECT set_config('synchronous_commit', 'off', true))
+        SELECT c.id, c.provider, c.kind, c.action, c.address, c.attempts
+          FROM asynchronous, siwa.claim_suppressions($1, $2::float8 * interval '1 second', 1, $3) AS c
         """
     static let columns: PostgresColumns =
         "id bigint, provider text, kind text, action text, address text, attempts integer"

@@ -49,11 +49,21 @@ public final class FakeSuppressionProvider: Sendable {
         public var headers: [(String, String)]
         /// How long to wait before answering (past the client's deadline: a timeout).
         public var delay: Duration
+        /// Whether the API does what was asked and answers itself, only `delay` late (``late(_:)``).
+        public var applies = false
 
         public init(status: Int, headers: [(String, String)] = [], delay: Duration = .zero) {
             self.status = status
             self.headers = headers
             self.delay = delay
+        }
+
+        /// The API's own answer, having done what was asked, `delay` late (past the deadline: the change
+        /// is made, the client never hears of it); `.late(.zero)` lets one request through a script.
+        public static func late(_ delay: Duration) -> Scripted {
+            var scripted = Scripted(status: 0, delay: delay)
+            scripted.applies = true
+            return scripted
         }
     }
 
@@ -129,6 +139,18 @@ public final class FakeSuppressionProvider: Sendable {
         let scripted: Scripted? = shared.state.withLock { state in
             if let down = state.down { return down }
             return state.script.isEmpty ? nil : state.script.removeFirst()
+        }
+        if let scripted, scripted.applies {
+            let (status, body) = shared.state.withLock { state -> (Int, [UInt8]) in
+                let result = Self.apply(
+                    request, kind: kind, credential: credential, address: address, to: &state)
+                state.calls.append(
+                    Call(method: request.method, path: request.path, address: address ?? "", status: result.0)
+                )
+                return result
+            }
+            if scripted.delay > .zero { Thread.sleep(forTimeInterval: scripted.delay.inSeconds) }
+            return HTTPResponse(status: status, headers: ["Content-Type": "application/json"], body: body)
         }
         if let scripted {
             if scripted.delay > .zero { Thread.sleep(forTimeInterval: scripted.delay.inSeconds) }

@@ -291,6 +291,23 @@ struct SuppressionTests {
                 as String == "the account's personal data was erased and the provider's erasure_wait passed")
     }
 
+    @Test("an add the ESP made but whose answer never came: the retry finds it listed and counts it as ours")
+    func addMadeAnswerLost() throws {
+        let fixture = try Fixture([.sendgrid])
+        let fake = fixture.fakes["sendgrid"]!
+        fake.script([.late(.zero), .late(.seconds(3))])  // the lookup, then the add answered too late
+        try fixture.apply([("email-disabled", "s1", alice)])
+        let dispatcher = try fixture.dispatcher(timeout: .seconds(1))
+        #expect(try dispatcher.drainOnce().map(\.outcome) == ["retry"])
+        #expect(fake.suppressed == [alice])
+        try fixture.makeDue()
+        #expect(try dispatcher.drainOnce().map(\.outcome) == ["done"])
+        try fixture.apply([("email-enabled", "s1", alice)])
+        #expect(try dispatcher.drainOnce().map(\.outcome) == ["done"])
+        #expect(fake.suppressed.isEmpty)
+        #expect(fake.calls.map(\.method) == ["GET", "POST", "GET", "DELETE"])
+    }
+
     @Test("attempts run out: the row is dead (gave_up) and the next one of its address goes")
     func givesUp() throws {
         let fixture = try Fixture([.sendgrid])
