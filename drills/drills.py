@@ -537,6 +537,7 @@ class JWKSServer:
                     pass  # the receiver gave up waiting (slow mode)
 
         ThreadingHTTPServer.daemon_threads = True
+        self.down = False
         self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.listening = True
@@ -1195,6 +1196,7 @@ class FakeESP:
         self.key, self.delay = key, delay
         self.lock = threading.Lock()
         self.listed, self.changes, self.calls, self.in_flight = set(), {}, 0, 0
+        self.down = False
         self.port = free_port()
         self.server = None
         self.start()
@@ -1219,9 +1221,15 @@ class FakeESP:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the worker was killed mid-call: its answer has no one to go to
 
             def handle_call(self):
+                if esp.down:  # a connection kept alive from before the stop: closed without an answer
+                    self.close_connection = True
+                    return
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 if self.headers.get("Authorization") != f"Bearer {esp.key}":
@@ -1257,11 +1265,13 @@ class FakeESP:
 
             do_GET = do_POST = do_DELETE = handle_call
 
+        self.down = False
         self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def stop(self):
+        self.down = True
         self.server.shutdown()
         self.server.server_close()
 
