@@ -1196,6 +1196,7 @@ class FakeESP:
         self.key, self.delay = key, delay
         self.lock = threading.Lock()
         self.listed, self.changes, self.calls, self.in_flight = set(), {}, 0, 0
+        self.in_flight_methods = []
         self.down = False
         self.port = free_port()
         self.server = None
@@ -1238,6 +1239,7 @@ class FakeESP:
                 with esp.lock:
                     esp.calls += 1
                     esp.in_flight += 1
+                    esp.in_flight_methods.append(self.command)
                 try:
                     if esp.delay:
                         time.sleep(esp.delay)
@@ -1262,6 +1264,7 @@ class FakeESP:
                 finally:
                     with esp.lock:
                         esp.in_flight -= 1
+                        esp.in_flight_methods.remove(self.command)
 
             do_GET = do_POST = do_DELETE = handle_call
 
@@ -1352,7 +1355,7 @@ def drill_suppressions(ctx):
     total = addresses * rounds
     esp = FakeESP(key, delay=0.02)
     worker = suppression_worker(ctx, "drill7b", esp, key_file, "faults")
-    kills, mid_call, outage = 0, 0, False
+    kills, mid_call, mid_add, outage = 0, 0, 0, False
     started = time.monotonic()
     try:
         while done("drill7b") < total and time.monotonic() - started < ctx.worker_timeout * 3:
@@ -1366,11 +1369,19 @@ def drill_suppressions(ctx):
                 log(f"  ESP started again at {done('drill7b')}/{total}")
                 continue
             if kills < ctx.suppression_kills:
-                # Mid-call: wait (a little) for the restarted worker's next call to be in the fake's hands.
+                # Mid-call: wait for the restarted worker to be calling, then for one of its calls (a random
+                # one, an add every other kill: the call whose lost answer tests ownership) to be in the fake.
+                want = "POST" if kills % 2 == 0 else None
                 deadline = time.monotonic() + 10
                 while esp.in_flight == 0 and time.monotonic() < deadline:
                     time.sleep(0.002)
-                mid_call += 1 if esp.in_flight > 0 else 0
+                time.sleep(random.uniform(0, 0.3))
+                while time.monotonic() < deadline and not (
+                        esp.in_flight_methods and (want is None or want in esp.in_flight_methods)):
+                    time.sleep(0.001)
+                methods = list(esp.in_flight_methods)
+                mid_call += 1 if methods else 0
+                mid_add += 1 if "POST" in methods else 0
                 worker.send_signal(signal.SIGKILL)
                 worker.wait()
                 kills += 1
@@ -1388,12 +1399,13 @@ def drill_suppressions(ctx):
     expected = ["add", "remove"] * (rounds // 2) + (["add"] if rounds % 2 else [])
     wrong = [a for a in (f"user{g}@privaterelay.appleid.com" for g in range(1, addresses + 1))
              if esp.changes.get(a, []) != expected]
-    log(f"  {kills} kill -9s ({mid_call} with a call in flight), outage {'done' if outage else 'not reached'}; "
+    log(f"  {kills} kill -9s ({mid_call} with a call in flight, {mid_add} of them an add), outage {'done' if outage else 'not reached'}; "
         f"{esp.calls} calls; dead {dead}, not_ours {not_ours}, already_there {already}, not_there {not_there}, "
         f"max attempts {max_attempts}")
     result.counts.update({"sent": total, "stored": total - dead, "lost": len(wrong)})
-    result.notes.append(f"{kills} kills, {mid_call} mid-call")
-    result.check(kills >= 3 and mid_call > 0, f"the worker was killed mid-call ({mid_call} of {kills} kills)")
+    result.notes.append(f"{kills} kills, {mid_call} mid-call, {mid_add} mid-add")
+    result.check(kills >= 3 and mid_call > 0 and mid_add > 0,
+                 f"the worker was killed mid-call ({mid_call} of {kills} kills, {mid_add} during an add)")
     result.check(outage, "the ESP was stopped and started again while rows were pending")
     result.check(dead == 0, f"no row is dead ({dead})")
     result.check(not wrong, f"every address's list changes are {expected}, once each, in order "
