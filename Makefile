@@ -23,7 +23,7 @@ TEST_PACKAGES  = $(DEMO_PACKAGES) ca-certificates nginx systemd python3-yaml pyt
                  iproute2 util-linux
 
 .PHONY: all deps demo-deps test-deps build release test mail-test lint format demo run coverage bench clean \
-        validate-deploy webhooks-venv ssf-venv schema schema-check dist dist-test image image-test container-deps
+        validate-deploy webhooks-venv ssf-venv sigv4-venv schema schema-check dist dist-test image image-test container-deps
 
 all: build
 
@@ -58,7 +58,7 @@ schema-check:
 format:
 	$(SWIFT) format -i -r Sources Tests Plugins Fuzz Package.swift
 
-test: test-deps lint validate-deploy webhooks-venv ssf-venv
+test: test-deps lint validate-deploy webhooks-venv ssf-venv sigv4-venv
 	$(SWIFT) build --build-tests
 	./scripts/test-schema "$$($(SWIFT) build --show-bin-path)"
 	$(SWIFT) test --skip-build
@@ -98,6 +98,10 @@ webhooks-venv: test-deps
 ssf-venv: test-deps
 	@./scripts/ssf-venv
 
+# The SES tests compare each SigV4 signature with botocore's (PyPI), in .build/sigv4-venv.
+sigv4-venv: test-deps
+	@./scripts/sigv4-venv
+
 coverage: test-deps webhooks-venv
 	$(SWIFT) test --enable-code-coverage
 	"$$(dirname "$$(readlink -f "$$(command -v $(SWIFT))")")/llvm-cov" report \
@@ -126,7 +130,8 @@ fuzz: deps
 
 # Fault drills (not part of `make test`): release binaries, a throwaway PostgreSQL, loopback only; PostgreSQL
 # restarts, kill -9 of receiver and workers, JWKS faults, pool exhaustion, disk full, failover to a
-# synchronous standby (and what asynchronous replication loses). Exits 1 on any lost
+# synchronous standby (and what asynchronous replication loses), the ESP suppression outbox against a
+# fake SendGrid (throughput; kill -9 mid-call, the ESP down). Exits 1 on any lost
 # acknowledged notification. Pass options with DRILLS_ARGS, e.g. `make drills DRILLS_ARGS=--quick`.
 .PHONY: drills
 drills: demo-deps

@@ -85,10 +85,13 @@ let package = Package(
                 "Webhooks",
             ]),
         // ESP suppression lists in step with the relay events: the provider adapters (SendGrid, Postmark,
-        // Mailgun) and the dispatcher's lanes, one per provider, over siwa.suppression_outbox.
+        // Mailgun, SES v2 with its SigV4 signer over OpenSSL's SHA-256 and HMAC) and the dispatcher's
+        // lanes, one per provider, over siwa.suppression_outbox.
         .target(
             name: "Suppressions",
-            dependencies: ["HTTPClient", "Postgres", "QueueConsumer", "ServiceSupport"]),
+            dependencies: [
+                "AppleNotifications", "HTTPClient", "Postgres", "QueueConsumer", "ServiceSupport", "Webhooks",
+            ]),
         // Standard Webhooks: whsec_ secrets, v1 signatures (OpenSSL's HMAC), whsk_/whpk_ keys and v1a
         // signatures (OpenSSL's ed25519), endpoint URL policy.
         .target(name: "Webhooks", dependencies: ["COpenSSL"]),
@@ -165,6 +168,7 @@ let package = Package(
                 "AppleNotifications", "AppleID", "HTTPClient", "Postgres", "ServiceSupport", "HTTPServer",
                 "SiwaSchema", "AppleKeys", "Webhooks", "TeamTransfer", "FakeApple", "Doctor", "Migrator",
                 "WebhookAdministration", "ServiceHealth", "RelayMail", "Bounces", "SharedSignals",
+                "Suppressions",
             ]),
         .executableTarget(
             name: "siwa-mailgate",
@@ -182,7 +186,8 @@ let package = Package(
             dependencies: [
                 "AppleID", "AppleKeys", "AppleNotifications", "FakeApple", "Postgres", "HTTPServer",
                 "Receiver",
-                "ServiceSupport", "SignIn", "SiwaSchema", "TokenVault", "WebhookDelivery", "Webhooks",
+                "ServiceSupport", "SignIn", "SiwaSchema", "Suppressions", "TokenVault", "WebhookDelivery",
+                "Webhooks",
             ]),
 
         .testTarget(name: "AppleNotificationsTests", dependencies: ["AppleNotifications", "TestSupport"]),
@@ -238,7 +243,10 @@ let package = Package(
             ]),
         .testTarget(
             name: "SiwactlTests",
-            dependencies: ["SiwaSchema", "TestSupport", "TeamTransfer", "AppleID", "RelayMail"]),
+            dependencies: [
+                "SiwaSchema", "TestSupport", "TeamTransfer", "AppleID", "RelayMail", "Suppressions",
+                "Postgres",
+            ]),
         .testTarget(
             name: "MigratorTests", dependencies: ["Migrator", "Postgres", "SiwaSchema", "TestSupport"]),
         .testTarget(

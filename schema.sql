@@ -5298,6 +5298,7 @@ CREATE TABLE IF NOT EXISTS siwa.suppression_outbox (
     last_status      integer,
     last_error       text,
     erase_by         timestamptz,
+    add_sent_at      timestamptz,
     lease_owner      text,
     lease_expires_at timestamptz,
     CONSTRAINT suppression_outbox_event_check CHECK (event IN ('email-disabled', 'email-enabled', 'account-delete')),
@@ -5321,14 +5322,21 @@ COMMENT ON COLUMN siwa.suppression_outbox.address IS 'The address as the provide
 COMMENT ON COLUMN siwa.suppression_outbox.address_key IS 'siwa.mail_address_key(address): the order is per provider and key.';
 COMMENT ON COLUMN siwa.suppression_outbox.state IS 'pending, done (outcome done, already_there, not_there, not_ours) or dead (permanent, gave_up, erased).';
 COMMENT ON COLUMN siwa.suppression_outbox.outcome IS
-    'Once finished: done, already_there (an add the list held), not_there (a remove the list did not hold), not_ours (a remove of an address we did not add: no call), permanent (the provider refused), gave_up (the attempts ran out), erased (the account was erased and the provider''s erasure_wait passed).';
+    'Once finished: done, already_there (an add the list held), not_there (a remove the list did not hold), not_ours (a remove of an address we did not add: no call; or, for SES, an entry its read showed listed since by SES itself), permanent (the provider refused), gave_up (the attempts ran out), erased (the account was erased and the provider''s erasure_wait passed).';
 COMMENT ON COLUMN siwa.suppression_outbox.last_error IS 'Our own words about the last failure (never a credential, an address or the answer''s body).';
+COMMENT ON COLUMN siwa.suppression_outbox.add_sent_at IS
+    'When an attempt of this add was about to send it (written before the call): a later attempt that finds the address listed counts it as ours, since the earlier one may have added it and died before recording.';
 COMMENT ON COLUMN siwa.suppression_outbox.erase_by IS 'Set when the account is erased while this row is pending: the row keeps its address until then at most.';
 CREATE INDEX IF NOT EXISTS suppression_outbox_queue_idx
     ON siwa.suppression_outbox (provider, address_key, id) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS suppression_outbox_due_idx
     ON siwa.suppression_outbox (next_attempt_at, id) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS suppression_outbox_sub_idx ON siwa.suppression_outbox (sub);
+-- Every row of a provider and address in order (the pruning's and the replay's "a later row"), and
+-- the finished rows by age (the pruning's scan).
+CREATE INDEX IF NOT EXISTS suppression_outbox_address_idx ON siwa.suppression_outbox (provider, address_key, id);
+CREATE INDEX IF NOT EXISTS suppression_outbox_finished_idx
+    ON siwa.suppression_outbox (finished_at) WHERE state <> 'pending';
 -- What each claim looks at first, kept small: the erased accounts' pending rows and the pending removes.
 CREATE INDEX IF NOT EXISTS suppression_outbox_erase_idx
     ON siwa.suppression_outbox (erase_by) WHERE state = 'pending' AND erase_by IS NOT NULL;
@@ -5497,10 +5505,11 @@ $$;
 COMMENT ON FUNCTION siwa.claim_suppressions(text, interval, integer, text) IS
     'Leases up to p_limit due suppression rows (of p_provider, or any) at the heads of their provider-and-address queues to p_owner for p_lease, each attempt counted; first ends expired erasures and removes of addresses we did not add (not_ours). Executable by siwa_worker.';
 
--- Records the attempt of a row the caller leased: p_outcome done, already_there, not_there (finished),
+-- Records the attempt of a row the caller leased: p_outcome done, already_there, not_there, not_ours (a
+-- remove the provider's read showed is no longer our entry, as SES's can; finished),
 -- permanent (dead), or retry: again after siwa.retry_delay(attempts, p_retry_base, p_retry_cap), never
 -- before p_retry_after seconds (the provider's own), dead (gave_up) once attempts reach p_max_attempts.
--- An add done is remembered as ours; a remove done or not_there forgets it. False, nothing written,
+-- An add done is remembered as ours; a remove done, not_there or not_ours forgets it. False, nothing written,
 -- when the lease is no longer the caller's.
 CREATE OR REPLACE FUNCTION siwa.record_suppression_attempt(
     p_id bigint, p_owner text, p_outcome text, p_status integer, p_error text,
@@ -5511,7 +5520,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_row siwa.suppression_outbox;
 BEGIN
-    IF p_outcome IS NULL OR p_outcome NOT IN ('done', 'already_there', 'not_there', 'permanent', 'retry') THEN
+    IF p_outcome IS NULL OR p_outcome NOT IN ('done', 'already_there', 'not_there', 'not_ours', 'permanent', 'retry') THEN
         RAISE EXCEPTION 'unknown suppression outcome %', p_outcome USING ERRCODE = '22023';
     END IF;
     UPDATE siwa.suppression_outbox AS r
@@ -5534,18 +5543,18 @@ BEGIN
         INSERT INTO siwa.suppressions_we_added AS w (provider, address_key, sub)
         VALUES (v_row.provider, v_row.address_key, v_row.sub)
         ON CONFLICT (provider, address_key) DO UPDATE SET sub = EXCLUDED.sub, added_at = pg_catalog.now();
-    ELSIF v_row.action = 'remove' AND p_outcome IN ('done', 'not_there') THEN
+    ELSIF v_row.action = 'remove' AND p_outcome IN ('done', 'not_there', 'not_ours') THEN
         DELETE FROM siwa.suppressions_we_added w
          WHERE w.provider = v_row.provider AND w.address_key = v_row.address_key;
     END IF;
     PERFORM siwa.finish_suppression(
-        p_id, CASE WHEN p_outcome IN ('done', 'already_there', 'not_there') THEN 'done' ELSE 'dead' END,
+        p_id, CASE WHEN p_outcome IN ('done', 'already_there', 'not_there', 'not_ours') THEN 'done' ELSE 'dead' END,
         CASE WHEN p_outcome = 'retry' THEN 'gave_up' ELSE p_outcome END);
     RETURN true;
 END;
 $$;
 COMMENT ON FUNCTION siwa.record_suppression_attempt(bigint, text, text, integer, text, double precision, integer, interval, interval) IS
-    'Records the attempt of a suppression row p_owner leased: done, already_there, not_there (done), permanent (dead), or retry after siwa.retry_delay and at least p_retry_after seconds (dead, gave_up, at p_max_attempts); keeps siwa.suppressions_we_added. False when the lease is no longer the caller''s. Executable by siwa_worker.';
+    'Records the attempt of a suppression row p_owner leased: done, already_there, not_there, not_ours (done), permanent (dead), or retry after siwa.retry_delay and at least p_retry_after seconds (dead, gave_up, at p_max_attempts); keeps siwa.suppressions_we_added. False when the lease is no longer the caller''s. Executable by siwa_worker.';
 
 -- siwactl mail suppressions retry: pending rows due now (one row, or every row of a provider); a
 -- replay: a finished row with its address again pending as a new row at the end of its queue.
@@ -5580,6 +5589,87 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
 $$;
 COMMENT ON FUNCTION siwa.replay_suppression(bigint) IS
     'Writes a finished suppression row again as a new pending row (same provider, address, action); returns its id, NULL when the row is pending, unknown or erased. The owner''s.';
+
+-- siwactl mail suppressions retry ID|--dead: dead rows pending again, due now, attempts reset. A dead
+-- row superseded by a later finished row of its provider and address is left (its state would undo a
+-- newer one), as is an erased one (no address).
+CREATE OR REPLACE FUNCTION siwa.revive_suppressions(p_id bigint DEFAULT NULL, p_provider text DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    UPDATE siwa.suppression_outbox AS r
+       SET state = 'pending', outcome = NULL, attempts = 0, next_attempt_at = pg_catalog.now(),
+           finished_at = NULL, lease_owner = NULL, lease_expires_at = NULL
+     WHERE r.state = 'dead' AND r.address IS NOT NULL
+       AND (p_id IS NULL OR r.id = p_id) AND (p_provider IS NULL OR r.provider = p_provider)
+       AND NOT EXISTS (SELECT 1 FROM siwa.suppression_outbox q
+                        WHERE q.provider = r.provider AND q.address_key = r.address_key
+                          AND q.id > r.id AND q.state <> 'pending');
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count > 0 THEN
+        PERFORM pg_catalog.pg_notify('siwa_suppressions', '');
+    END IF;
+    RETURN v_count;
+END;
+$$;
+COMMENT ON FUNCTION siwa.revive_suppressions(bigint, text) IS
+    'Makes dead suppression rows (one, a provider''s, or all) pending and due now, attempts reset; leaves those a later finished row of their address supersedes and the erased. Returns how many. The owner''s.';
+
+-- siwactl mail suppressions replay --provider P [--since]: for every address of the provider with a row
+-- created since p_since (all when NULL), its latest desired state written again as a new pending row,
+-- in the order of the rows it repeats. An address with a pending row already is skipped (its queue
+-- will reach that state anyway), as is an erased one.
+CREATE OR REPLACE FUNCTION siwa.replay_suppressions(p_provider text, p_since timestamptz DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    INSERT INTO siwa.suppression_outbox (provider, sub, event, action, address, address_key)
+    SELECT l.provider, l.sub, l.event, l.action, l.address, l.address_key
+      FROM (SELECT DISTINCT ON (r.address_key) r.*
+              FROM siwa.suppression_outbox r
+             WHERE r.provider = p_provider AND r.address_key IS NOT NULL
+             ORDER BY r.address_key, r.id DESC) AS l
+     WHERE EXISTS (SELECT 1 FROM siwa.suppression_outbox s
+                    WHERE s.provider = p_provider AND s.address_key = l.address_key
+                      AND (p_since IS NULL OR s.created_at >= p_since))
+       AND NOT EXISTS (SELECT 1 FROM siwa.suppression_outbox s
+                        WHERE s.provider = p_provider AND s.address_key = l.address_key
+                          AND s.state = 'pending')
+     ORDER BY l.id;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count > 0 THEN
+        PERFORM pg_catalog.pg_notify('siwa_suppressions', '');
+    END IF;
+    RETURN v_count;
+END;
+$$;
+COMMENT ON FUNCTION siwa.replay_suppressions(text, timestamptz) IS
+    'Writes again, as new pending rows in order, the latest desired state of every address of p_provider with a row created since p_since (all when NULL), skipping addresses with a pending row and erased ones; returns how many. The owner''s.';
+
+-- Retention: finished rows (done or dead) that finished longer ago than p_older_than, at most p_batch a
+-- call, oldest first; each provider-and-address's latest row is kept (the record of its desired state,
+-- which replay sends again) unless it has no address (erased). Returns how many were deleted.
+CREATE OR REPLACE FUNCTION siwa.prune_suppressions(p_older_than interval, p_batch integer DEFAULT 10000)
+RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH doomed AS (
+        SELECT r.id FROM siwa.suppression_outbox r
+         WHERE r.state <> 'pending' AND r.finished_at < pg_catalog.clock_timestamp() - p_older_than
+           AND (r.address_key IS NULL
+                OR EXISTS (SELECT 1 FROM siwa.suppression_outbox q
+                            WHERE q.provider = r.provider AND q.address_key = r.address_key AND q.id > r.id))
+         ORDER BY r.finished_at
+         LIMIT greatest(p_batch, 1)
+           FOR UPDATE OF r SKIP LOCKED),
+    pruned AS (DELETE FROM siwa.suppression_outbox r USING doomed d WHERE r.id = d.id RETURNING 1)
+    SELECT pg_catalog.count(*)::integer FROM pruned
+$$;
+COMMENT ON FUNCTION siwa.prune_suppressions(interval, integer) IS
+    'Deletes up to p_batch finished suppression rows older than p_older_than, keeping each provider-and-address''s latest row unless erased; returns how many. Executable by siwa_worker.';
 
 -- ===================================================================================================
 -- schema/70-health.sql: Health: service heartbeats and the gauges behind /metrics
@@ -6747,6 +6837,9 @@ BEGIN
             siwa.finish_suppression(bigint, text, text), siwa.claim_suppressions(text, interval, integer, text),
             siwa.record_suppression_attempt(bigint, text, text, integer, text, double precision, integer, interval,
                                             interval) TO siwa_worker;
+        -- Its retention task deletes finished rows past --suppression-retention-days.
+        GRANT DELETE ON siwa.suppression_outbox TO siwa_worker;
+        GRANT EXECUTE ON FUNCTION siwa.prune_suppressions(interval, integer) TO siwa_worker;
         GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.service_heartbeats TO siwa_worker;
         GRANT EXECUTE ON FUNCTION siwa.health_gauges(timestamptz) TO siwa_worker;
         DROP POLICY IF EXISTS service_heartbeats_worker ON siwa.service_heartbeats;

@@ -23,6 +23,10 @@ when we are root) on loopback only, breaks something on purpose under load, and 
      jti answered 200 is on the new primary, applied exactly once; 503 and /readyz 503 while there is no
      primary; both services recover by themselves. 6b repeats it with asynchronous replication and
      reports (without failing) the acknowledged notifications it loses.
+  7. The ESP suppression outbox against a fake SendGrid on loopback: its throughput (one worker, a fast
+     fake, 10,000 adds), then alternating email-disabled/enabled events over the same addresses while
+     the worker is killed -9 mid-call and the fake is stopped for a while and started again: every
+     address's list changes exactly as the events asked, once each, in order, and no row is dead.
 
 Each drill prints what it did and the counts it checked; the run ends with a summary table and exits 1 on
 any violation. Known limitations are reported as findings with their numbers (--strict makes them fail). Standard library only; reuses scripts/bench.py's helpers.
@@ -37,11 +41,13 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -531,6 +537,7 @@ class JWKSServer:
                     pass  # the receiver gave up waiting (slow mode)
 
         ThreadingHTTPServer.daemon_threads = True
+        self.down = False
         self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.listening = True
@@ -1175,6 +1182,237 @@ def drill_failover(ctx, synchronous):
 # Main
 # ---------------------------------------------------------------------------------------------------
 
+# ---------------------------------------------------------------------------------------------------
+# Drill 7: the ESP suppression outbox against a fake SendGrid
+# ---------------------------------------------------------------------------------------------------
+
+
+class FakeESP:
+    """SendGrid's global suppressions on loopback (GET/POST/DELETE, Bearer key), recording per address
+    the changes it made to its list in the order it made them. Can answer slowly (kills land mid-call)
+    and be stopped and started again on the same port."""
+
+    def __init__(self, key, delay=0.0):
+        self.key, self.delay = key, delay
+        self.lock = threading.Lock()
+        self.listed, self.changes, self.calls, self.in_flight = set(), {}, 0, 0
+        self.in_flight_methods = []
+        self.down = False
+        self.port = free_port()
+        self.server = None
+        self.start()
+
+    def start(self):
+        esp = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def setup(self):
+                super().setup()
+                # http.server writes the headers and the body apart: without this, Nagle's algorithm and
+                # the client's delayed ACK hold every answer ~40 ms, and the fake, not the outbox, is measured.
+                self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+            def answer(self, status, body=b""):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the worker was killed mid-call: its answer has no one to go to
+
+            def handle_call(self):
+                if esp.down:  # a connection kept alive from before the stop: closed without an answer
+                    self.close_connection = True
+                    return
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                if self.headers.get("Authorization") != f"Bearer {esp.key}":
+                    return self.answer(401, b'{"errors":[]}')
+                prefix = "/v3/asm/suppressions/global"
+                with esp.lock:
+                    esp.calls += 1
+                    esp.in_flight += 1
+                    esp.in_flight_methods.append(self.command)
+                try:
+                    if esp.delay:
+                        time.sleep(esp.delay)
+                    address = urllib.parse.unquote(self.path[len(prefix) + 1:]) if self.path != prefix else None
+                    with esp.lock:
+                        if self.command == "GET":
+                            listed = address in esp.listed
+                            return self.answer(200, json.dumps({"recipient_email": address} if listed else {}).encode())
+                        if self.command == "POST" and self.path == prefix:
+                            address = json.loads(body)["recipient_emails"][0]
+                            if address not in esp.listed:
+                                esp.listed.add(address)
+                                esp.changes.setdefault(address, []).append("add")
+                            return self.answer(201, body)
+                        if self.command == "DELETE" and address:
+                            if address not in esp.listed:
+                                return self.answer(404, b'{"errors":[]}')
+                            esp.listed.discard(address)
+                            esp.changes.setdefault(address, []).append("remove")
+                            return self.answer(204)
+                    return self.answer(404, b"{}")
+                finally:
+                    with esp.lock:
+                        esp.in_flight -= 1
+                        esp.in_flight_methods.remove(self.command)
+
+            do_GET = do_POST = do_DELETE = handle_call
+
+        self.down = False
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.down = True
+        self.server.shutdown()
+        self.server.server_close()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+
+def suppression_worker(ctx, db, esp, key_file, name):
+    arguments = [ctx.binaries["siwa-worker"], "--database-url", ctx.cluster.url(db) + f"&application_name={name}",
+                 "--jwks-url", ctx.jwks_url, "--audience", AUDIENCE, "--log-level", "warning",
+                 "--suppressions", "sendgrid", "--sendgrid-key-file", key_file, "--sendgrid-api-url", esp.url,
+                 "--suppression-timeout", "2"]
+    out = open(os.path.join(ctx.workdir, f"{db}-{name}.log"), "a")
+    return subprocess.Popen(arguments, stdout=out, stderr=out)
+
+
+def stop_process(process):
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def suppression_database(ctx, db, addresses):
+    cluster = ctx.cluster
+    cluster.create_database(db)
+    cluster.psql(db, f"""
+        INSERT INTO siwa.suppression_providers (name, kind) VALUES ('sendgrid', 'sendgrid');
+        INSERT INTO siwa.accounts (sub, email, is_private_email, email_status)
+        SELECT 'drill7-' || g, 'user' || g || '@privaterelay.appleid.com', true, 'enabled'
+          FROM generate_series(1, {addresses}) g""")
+
+
+def drill_suppressions(ctx):
+    """The outbox's throughput against a fast fake, then kill -9 mid-call and the ESP down for a while."""
+    result = Result("7 suppression outbox")
+    key = "drill7-" + base64.b16encode(os.urandom(8)).decode()
+    key_file = os.path.join(ctx.workdir, "sendgrid.key")
+    with open(key_file, "w") as f:
+        f.write(key)
+    os.chmod(key_file, 0o600)
+    cluster = ctx.cluster
+    done = lambda db: int(cluster.psql(db, "SELECT count(*) FROM siwa.suppression_outbox WHERE state <> 'pending'"))
+
+    # Throughput: one email-disabled per address (a lookup and an add each), a fake answering at once.
+    rows = ctx.suppression_rows
+    log(f"drill {result.name}: throughput, {rows:,} adds against a fast fake ESP, one worker")
+    suppression_database(ctx, "drill7a", rows)
+    cluster.psql("drill7a", "UPDATE siwa.accounts SET email_status = 'disabled'")
+    cluster.psql("drill7a", "VACUUM ANALYZE")
+    esp = FakeESP(key)
+    worker = suppression_worker(ctx, "drill7a", esp, key_file, "throughput")
+    started = time.monotonic()
+    try:
+        wait_until(lambda: done("drill7a") == rows, "every row finished", timeout=ctx.worker_timeout * 5)
+        seconds = time.monotonic() - started
+    finally:
+        stop_process(worker)
+        esp.stop()
+    rate = rows / seconds
+    log(f"  {rows:,} rows in {seconds:.1f} s: {rate:.0f} rows/s, {esp.calls:,} calls ({esp.calls / rows:.2f} a row)")
+    result.notes.append(f"{rate:.0f} rows/s")
+    result.check(len(esp.listed) == rows, f"every address listed ({len(esp.listed):,}/{rows:,})")
+
+    # Faults: rounds of email-disabled / email-enabled over the same addresses, a slow ESP (kills land
+    # mid-call), the worker killed -9 repeatedly and the ESP stopped for a while, then started again.
+    addresses, rounds = ctx.suppression_addresses, 5
+    log(f"drill {result.name}: {addresses} addresses x {rounds} alternating events; worker killed -9 mid-call; "
+        f"ESP down {ctx.esp_down_seconds:.0f} s")
+    suppression_database(ctx, "drill7b", addresses)
+    for round_number in range(rounds):
+        status = "disabled" if round_number % 2 == 0 else "enabled"
+        cluster.psql("drill7b", f"UPDATE siwa.accounts SET email_status = '{status}'")
+    total = addresses * rounds
+    esp = FakeESP(key, delay=0.02)
+    worker = suppression_worker(ctx, "drill7b", esp, key_file, "faults")
+    kills, mid_call, mid_add, outage = 0, 0, 0, False
+    started = time.monotonic()
+    try:
+        while done("drill7b") < total and time.monotonic() - started < ctx.worker_timeout * 3:
+            time.sleep(random.uniform(0.3, 0.6))
+            if not outage and done("drill7b") > total // 3:
+                esp.stop()
+                log(f"  ESP stopped at {done('drill7b')}/{total} rows finished")
+                time.sleep(ctx.esp_down_seconds)
+                esp.start()
+                outage = True
+                log(f"  ESP started again at {done('drill7b')}/{total}")
+                continue
+            if kills < ctx.suppression_kills:
+                # Mid-call: wait for the restarted worker to be calling, then for one of its calls (a random
+                # one, an add every other kill: the call whose lost answer tests ownership) to be in the fake.
+                want = "POST" if kills % 2 == 0 else None
+                deadline = time.monotonic() + 10
+                while esp.in_flight == 0 and time.monotonic() < deadline:
+                    time.sleep(0.002)
+                time.sleep(random.uniform(0, 0.3))
+                while time.monotonic() < deadline and not (
+                        esp.in_flight_methods and (want is None or want in esp.in_flight_methods)):
+                    time.sleep(0.001)
+                methods = list(esp.in_flight_methods)
+                mid_call += 1 if methods else 0
+                mid_add += 1 if "POST" in methods else 0
+                worker.send_signal(signal.SIGKILL)
+                worker.wait()
+                kills += 1
+                worker = suppression_worker(ctx, "drill7b", esp, key_file, "faults")
+        wait_until(lambda: done("drill7b") == total, "every row finished", timeout=ctx.worker_timeout * 3)
+    finally:
+        stop_process(worker)
+        esp.stop()
+    states = cluster.psql("drill7b", """
+        SELECT count(*) FILTER (WHERE state = 'dead'), count(*) FILTER (WHERE outcome = 'not_ours'),
+               count(*) FILTER (WHERE outcome = 'already_there'), count(*) FILTER (WHERE outcome = 'not_there'),
+               coalesce(max(attempts), 0)
+          FROM siwa.suppression_outbox""").split("|")
+    dead, not_ours, already, not_there, max_attempts = map(int, states)
+    expected = ["add", "remove"] * (rounds // 2) + (["add"] if rounds % 2 else [])
+    wrong = [a for a in (f"user{g}@privaterelay.appleid.com" for g in range(1, addresses + 1))
+             if esp.changes.get(a, []) != expected]
+    log(f"  {kills} kill -9s ({mid_call} with a call in flight, {mid_add} of them an add), outage {'done' if outage else 'not reached'}; "
+        f"{esp.calls} calls; dead {dead}, not_ours {not_ours}, already_there {already}, not_there {not_there}, "
+        f"max attempts {max_attempts}")
+    result.counts.update({"sent": total, "stored": total - dead, "lost": len(wrong)})
+    result.notes.append(f"{kills} kills, {mid_call} mid-call, {mid_add} mid-add")
+    result.check(kills >= 3 and mid_call > 0 and mid_add > 0,
+                 f"the worker was killed mid-call ({mid_call} of {kills} kills, {mid_add} during an add)")
+    result.check(outage, "the ESP was stopped and started again while rows were pending")
+    result.check(dead == 0, f"no row is dead ({dead})")
+    result.check(not wrong, f"every address's list changes are {expected}, once each, in order "
+                            f"({len(wrong)} differ{': ' + str(esp.changes.get(wrong[0])) if wrong else ''})")
+    return result
+
+
 class Context:
     pass
 
@@ -1225,6 +1463,10 @@ def main():
     ctx.lag_seconds = 1.0
     ctx.detect_seconds = 1.0 if args.quick else 2.0
     ctx.keep = args.keep
+    ctx.suppression_rows = 3000 if args.quick else 10000
+    ctx.suppression_addresses = 100 if args.quick else 300
+    ctx.suppression_kills = 3 if args.quick else 5
+    ctx.esp_down_seconds = 3.0 if args.quick else 5.0
     only = {s.strip() for s in args.only.split(",") if s.strip()}
 
     ctx.workdir = tempfile.mkdtemp(prefix="siwa-drills-")
@@ -1256,6 +1498,7 @@ def main():
             ("5", lambda: drill_disk_full(ctx)),
             ("6", lambda: drill_failover(ctx, synchronous=True)),
             ("6", lambda: drill_failover(ctx, synchronous=False)),
+            ("7", lambda: drill_suppressions(ctx)),
         ]
         for number, drill in drills:
             if only and number not in only:

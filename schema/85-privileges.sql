@@ -191,6 +191,9 @@ BEGIN
             siwa.finish_suppression(bigint, text, text), siwa.claim_suppressions(text, interval, integer, text),
             siwa.record_suppression_attempt(bigint, text, text, integer, text, double precision, integer, interval,
                                             interval) TO siwa_worker;
+        -- Its retention task deletes finished rows past --suppression-retention-days.
+        GRANT DELETE ON siwa.suppression_outbox TO siwa_worker;
+        GRANT EXECUTE ON FUNCTION siwa.prune_suppressions(interval, integer) TO siwa_worker;
         GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.service_heartbeats TO siwa_worker;
         GRANT EXECUTE ON FUNCTION siwa.health_gauges(timestamptz) TO siwa_worker;
         DROP POLICY IF EXISTS service_heartbeats_worker ON siwa.service_heartbeats;

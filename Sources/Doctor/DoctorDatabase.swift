@@ -159,6 +159,7 @@ extension Doctor {
         checkWorkers(
             workers, all: heartbeats.filter { $0.kind == "worker" }, maxAge: maxAge, activity: activity)
         checkVersions(fresh)
+        checkSenderUnauthorized(connection)
         guard
             checkReceivers(
                 receivers, all: heartbeats.filter { $0.kind == "receiver" }, maxAge: maxAge,
@@ -168,6 +169,51 @@ extension Doctor {
         }
         checkAudiences(receivers, inUse: inUse)
         checkRevoker(workers, inUse: inUse)
+    }
+
+    /// How far back a `sender_unauthorized` bounce makes a finding.
+    public static let senderUnauthorizedWindowDays = 7
+
+    /// Relay bounces of class `sender_unauthorized` recently (`siwa.relay_bounce_history`): the sending
+    /// domains Apple's relay refused, each a configuration error. Said and skipped when the view is
+    /// missing or not readable.
+    private mutating func checkSenderUnauthorized(_ connection: PostgresConnection) {
+        let rows: [(domain: String, count: Int, last: Double)]
+        do {
+            rows = try connection.query(
+                """
+                SELECT coalesce(sending_domain, '(unknown)'), count(*)::bigint,
+                       extract(epoch FROM now() - max(received_at))::float8
+                  FROM siwa.relay_bounce_history
+                 WHERE class = 'sender_unauthorized' AND received_at > now() - $1::integer * interval '1 day'
+                 GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 20
+                """, [.int(Int64(Self.senderUnauthorizedWindowDays))]
+            ).map { (try $0[0, as: String.self], try $0[1, as: Int.self], try $0[2, as: Double.self]) }
+        } catch {
+            report(
+                .warn, "bounces",
+                "cannot read siwa.relay_bounce_history: \((error as? PostgresError)?.message ?? "\(error)")",
+                fix:
+                    "migrate the database (siwactl migrate), and connect as the owner or a member of siwa_admin"
+            )
+            return
+        }
+        guard !rows.isEmpty else {
+            report(
+                .ok, "bounces",
+                "no sender_unauthorized bounce in the last \(Self.senderUnauthorizedWindowDays) days")
+            return
+        }
+        let domains = rows.map { "\($0.domain) (\($0.count), last \(formatAge($0.last)) ago)" }
+        report(
+            .fail, "bounces",
+            "Apple's relay refused mail as sender_unauthorized from \(rows.count) sending domain(s) in the last \(Self.senderUnauthorizedWindowDays) days: \(domains.joined(separator: ", "))",
+            fix: """
+                register each domain (and the envelope sender's SPF) with Apple: developer.apple.com → \
+                Certificates, Identifiers & Profiles → Services → Sign in with Apple for Email \
+                Communication; never suppress the recipients, every relay user bounces until then \
+                (docs/operations.md, "Bounces")
+                """)
     }
 
     /// When the database last stored and applied a notification (`siwa.health_gauges`); nothing when it

@@ -31,9 +31,11 @@ public final class SuppressionDispatcher: Sendable {
         public var maxAttempts: Int
         /// Look for due rows at least this often (NOTIFY wakes the lanes sooner).
         public var pollInterval: Duration
+        /// Finished rows older than this are pruned (each address's latest kept: ``SuppressionDispatcher/prune()``).
+        public var retention: Duration
         /// Where `SSL_CERT_FILE` and `https_proxy`/`no_proxy` are read (the executable's environment).
         public var environment: [String: String]
-        /// How long a claimed row stays leased: an add's two calls (the lookup, the add), each up to
+        /// How long a claimed row stays leased: two calls (the read, then the add or an SES remove), each up to
         /// ``timeout``, plus ``CallLease/margin``.
         public var lease: Duration { CallLease.covering(timeout * 2) }
 
@@ -42,6 +44,7 @@ public final class SuppressionDispatcher: Sendable {
         public static let defaultMaxRetryDelay: Duration = .seconds(3600)
         public static let defaultMaxAttempts = 30
         public static let defaultPollInterval: Duration = .seconds(1)
+        public static let defaultRetention: Duration = .seconds(30 * 86_400)
 
         /// Settings; every duration must be positive and `maxAttempts` at least 1.
         public init(
@@ -50,10 +53,11 @@ public final class SuppressionDispatcher: Sendable {
             retryBaseDelay: Duration = Configuration.defaultRetryBaseDelay,
             maxRetryDelay: Duration = Configuration.defaultMaxRetryDelay,
             maxAttempts: Int = Configuration.defaultMaxAttempts,
-            pollInterval: Duration = Configuration.defaultPollInterval, environment: [String: String] = [:]
+            pollInterval: Duration = Configuration.defaultPollInterval,
+            retention: Duration = Configuration.defaultRetention, environment: [String: String] = [:]
         ) throws {
             guard timeout > .zero, retryBaseDelay > .zero, maxRetryDelay >= retryBaseDelay, maxAttempts >= 1,
-                pollInterval > .zero
+                pollInterval > .zero, retention > .zero
             else {
                 throw ConfigurationError("the suppression settings must be positive (max delay ≥ base delay)")
             }
@@ -64,6 +68,7 @@ public final class SuppressionDispatcher: Sendable {
             self.maxRetryDelay = maxRetryDelay
             self.maxAttempts = maxAttempts
             self.pollInterval = pollInterval
+            self.retention = retention
             self.environment = environment
         }
     }
@@ -109,7 +114,7 @@ public final class SuppressionDispatcher: Sendable {
             environment: configuration.environment)
         sessions = configuration.providers.mapValues { _ in OutboundHTTP.Session(client: client) }
         var attempts: [String: Counter] = [:]
-        for outcome in ["done", "already_there", "not_there", "retry", "permanent"] {
+        for outcome in ["done", "already_there", "not_there", "not_ours", "retry", "permanent"] {
             attempts[outcome] = metrics?.counter(
                 "siwa_suppression_attempts_total", help: "Calls to the ESPs' suppression APIs, by outcome.",
                 labels: [("outcome", outcome)])
@@ -143,13 +148,46 @@ public final class SuppressionDispatcher: Sendable {
         return outcomes
     }
 
+    /// How often the first lane prunes finished rows.
+    static let pruneInterval: Duration = .seconds(3600)
+
+    /// The first lane's periodic task: ``prune(on:)`` until a call deletes less than a batch.
+    var pruning: PeriodicTask<PostgresConnection> {
+        PeriodicTask("suppression pruning", every: Self.pruneInterval) { [self] connection in
+            ["suppressions_pruned": try prune(on: connection)]
+        }
+    }
+
+    /// Deletes the finished rows past ``Configuration/retention`` (each provider-and-address's latest
+    /// kept unless erased), 10,000 a statement; returns how many.
+    @discardableResult
+    public func prune() throws -> Int {
+        let connection = try PostgresConnection(configuration: configuration.database)
+        defer { connection.close() }
+        return try prune(on: connection)
+    }
+
+    func prune(on connection: PostgresConnection) throws -> Int {
+        var total = 0
+        for _ in 0..<100 where !stopSignal.isStopped {
+            let count = try connection.value(
+                "SELECT siwa.prune_suppressions($1::float8 * interval '1 second', 10000)",
+                [.double(configuration.retention.inSeconds)], as: Int.self)
+            total += count
+            if count < 10000 { break }
+        }
+        return total
+    }
+
     private func runLane(_ name: String) {
+        var tasks = PeriodicTasks(name == configuration.providers.keys.min() ? [pruning] : [])
         var loop = ConsumerLoop.listening(
             on: Self.channel, database: configuration.database,
             state: ConsumerLoopState(pollInterval: min(configuration.pollInterval, .milliseconds(500))),
             stop: stopSignal, logger: logger, failure: "suppressions: database failure; connecting again",
             fields: ["provider": .string(name)]
         ) { [self] connection in
+            _ = try tasks.runDue(on: connection)
             var outcomes: [Outcome] = []
             return try drain(on: connection, provider: name, into: &outcomes)
         }
@@ -199,6 +237,7 @@ public final class SuppressionDispatcher: Sendable {
         do {
             // An add reads first: an address the list holds already is not ours (never removed later).
             var listed = false
+            var sentBefore = false
             if claim.action == .add {
                 let answer = try client.perform(provider.lookup(address: claim.address))
                 status = answer.status
@@ -210,9 +249,30 @@ public final class SuppressionDispatcher: Sendable {
                                 after: nil, reason: "HTTP \(answer.status): a lookup answer that says nothing"
                             ))
                 }
+                // Listed after an earlier attempt of this row sent the add (and died before its record):
+                // that add was ours. Otherwise the row says so before this attempt sends it.
+                sentBefore = try addSent(claim, owner: owner, listed: listed, on: connection)
+            }
+            // A remove reads first where the provider's entries say who listed them (SES).
+            var entry = SuppressionEntry.ours
+            if claim.action == .remove, let check = provider.removalCheck(address: claim.address) {
+                let answer = try client.perform(check)
+                status = answer.status
+                guard let read = provider.entry(answer, addedAt: try addedAt(claim, on: connection)) else {
+                    throw LookupFailure(
+                        outcome: SuppressionAnswer.failure(answer)
+                            ?? .retryable(
+                                after: nil, reason: "HTTP \(answer.status): a lookup answer that says nothing"
+                            ))
+                }
+                entry = read
             }
             if listed {
-                outcome = .alreadyThere
+                outcome = sentBefore ? .done : .alreadyThere
+            } else if entry == .absent {
+                outcome = .notThere
+            } else if entry == .notOurs {
+                outcome = .notOurs
             } else {
                 let response = try client.perform(provider.request(claim.action, address: claim.address))
                 status = response.status
@@ -267,6 +327,38 @@ public final class SuppressionDispatcher: Sendable {
     }
 }
 
+/// Whether an earlier attempt of the claimed add sent it, when the address is `listed`; else marks
+/// the row as sent by this attempt (before the call) and returns false.
+private func addSent(
+    _ claim: ClaimedSuppression, owner: String, listed: Bool, on connection: PostgresConnection
+) throws -> Bool {
+    if listed {
+        return try connection.value(
+            "SELECT add_sent_at IS NOT NULL FROM siwa.suppression_outbox WHERE id = $1",
+            [.int(Int64(claim.id))],
+            as: Bool?.self) ?? false
+    }
+    // Without waiting for the WAL flush: a mark a crash of the server loses only makes the retry's
+    // answer already_there, as without it.
+    _ = try connection.execute(
+        """
+        WITH asynchronous AS (SELECT set_config('synchronous_commit', 'off', true))
+        UPDATE siwa.suppression_outbox SET add_sent_at = coalesce(add_sent_at, clock_timestamp())
+          FROM asynchronous WHERE id = $1 AND lease_owner = $2
+        """, [.int(Int64(claim.id)), .text(owner)])
+    return false
+}
+
+/// When we recorded adding the claimed row's address (nil when we hold no record of it).
+private func addedAt(_ claim: ClaimedSuppression, on connection: PostgresConnection) throws -> Date? {
+    try connection.value(
+        """
+        SELECT extract(epoch FROM added_at)::float8 FROM siwa.suppressions_we_added
+         WHERE provider = $1 AND address_key = siwa.mail_address_key($2)
+        """, [.text(claim.provider), .text(claim.address)], as: Double?.self
+    ).map { Date(timeIntervalSince1970: $0) }
+}
+
 /// A lookup whose answer decided the attempt's outcome (a 429, a 5xx, a refusal).
 private struct LookupFailure: Error {
     var outcome: SuppressionOutcome
@@ -282,9 +374,12 @@ struct ClaimedSuppression: PostgresRowDecodable {
     /// This attempt's number (1 for the first).
     var attempt: Int
 
+    // The claim's commit does not wait for the WAL flush: a claim a crash loses is claimed again (its
+    // record then finds the lease gone), so at-least-once holds, one fsync per row cheaper.
     static let statement = """
-        SELECT id, provider, kind, action, address, attempts
-          FROM siwa.claim_suppressions($1, $2::float8 * interval '1 second', 1, $3)
+        WITH asynchronous AS (SELECT set_config('synchronous_commit', 'off', true))
+        SELECT c.id, c.provider, c.kind, c.action, c.address, c.attempts
+          FROM asynchronous, siwa.claim_suppressions($1, $2::float8 * interval '1 second', 1, $3) AS c
         """
     static let columns: PostgresColumns =
         "id bigint, provider text, kind text, action text, address text, attempts integer"

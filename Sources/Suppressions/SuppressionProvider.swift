@@ -17,6 +17,9 @@ public enum SuppressionOutcome: Sendable, Equatable {
     case alreadyThere
     /// A remove of an address the list did not hold.
     case notThere
+    /// A remove of an entry the provider's read says is no longer the one we added (SES: listed since
+    /// for a message of its own, or for another reason): not made.
+    case notOurs
     /// Try again, not before `after` when the provider said so (429's headers).
     case retryable(after: Duration?, reason: String)
     /// The provider refused: trying again would not help (a 4xx other than 429).
@@ -28,6 +31,7 @@ public enum SuppressionOutcome: Sendable, Equatable {
         case .done: "done"
         case .alreadyThere: "already_there"
         case .notThere: "not_there"
+        case .notOurs: "not_ours"
         case .retryable: "retry"
         case .permanent: "permanent"
         }
@@ -48,9 +52,27 @@ public protocol SuppressionProvider: Sendable {
     func lookup(address: String) -> OutboundHTTP.Request
     /// Whether the lookup's answer says the list holds the address; nil when it does not say.
     func listed(_ response: OutboundHTTP.Response) -> Bool?
+    /// The read made before a remove, for a provider whose entries say why they are listed (SES); nil
+    /// (the default): the remove is made without one.
+    func removalCheck(address: String) -> OutboundHTTP.Request?
+    /// What that read says of the entry we added at `addedAt`; nil when it does not say.
+    func entry(_ response: OutboundHTTP.Response, addedAt: Date?) -> SuppressionEntry?
+}
+
+/// What a provider's list holds for an address we added, as read before its remove.
+public enum SuppressionEntry: Sendable, Equatable {
+    /// Still the entry we added: remove it.
+    case ours
+    /// No entry: nothing to remove.
+    case absent
+    /// An entry of the provider's own or someone else's since: leave it.
+    case notOurs
 }
 
 extension SuppressionProvider {
+    public func removalCheck(address: String) -> OutboundHTTP.Request? { nil }
+    public func entry(_ response: OutboundHTTP.Response, addedAt: Date?) -> SuppressionEntry? { nil }
+
     /// The REST answer most providers give (SendGrid, Mailgun): a 2xx done, 404 to a remove not there,
     /// else ``SuppressionAnswer/failure(_:now:)``.
     public func outcome(of action: SuppressionAction, response: OutboundHTTP.Response) -> SuppressionOutcome {

@@ -1,6 +1,8 @@
+import AppleNotifications
 public import Foundation
 public import HTTPServer
 import ServiceSupport
+import Suppressions
 import Synchronization
 
 /// A fake ESP suppression API on 127.0.0.1 (port 0), written from each provider's public reference:
@@ -9,13 +11,27 @@ import Synchronization
 /// KEY`), Postmark's stream suppressions (`POST /message-streams/{stream}/suppressions` and `…/delete` →
 /// 200 with a Status per address, `GET …/suppressions/dump?EmailAddress=`; `X-Postmark-Server-Token`,
 /// 401 without) and Mailgun's unsubscribes (`POST /v3/{domain}/unsubscribes` form `address` → 200,
-/// `GET`/`DELETE …/{address}` → 200, 404 when absent; basic auth `api:KEY`). Its list starts with ``preset`` (what the ESP suppressed itself); ``script`` answers
+/// `GET`/`DELETE …/{address}` → 200, 404 when absent; basic auth `api:KEY`) and Amazon SES v2's account
+/// suppression list (`PUT /v2/email/suppression/addresses` → 200, `GET`/`DELETE …/addresses/{address}` →
+/// 200, 404 `NotFoundException` when absent; every request's SigV4 signature recomputed and checked, 403
+/// `InvalidSignatureException` when it differs). Its list starts with ``preset`` (what the ESP suppressed itself); ``script`` answers
 /// the next requests in its place (a 429 with headers, a 5xx, a hang) before the API answers again.
 ///
 /// TEST ONLY.
 public final class FakeSuppressionProvider: Sendable {
     /// Which API it speaks.
-    public enum Kind: String, Sendable { case sendgrid, postmark, mailgun }
+    public enum Kind: String, Sendable { case sendgrid, postmark, mailgun, ses }
+
+    /// The access key id the SES fake accepts (its secret is ``credential``), and its region.
+    public static let sesAccessKeyID = "AKIDFAKESES"
+    public static let sesRegion = "us-east-1"
+
+    /// One SES entry: why it is listed, when it was last updated, the message that caused it (SES's own).
+    public struct SESEntry: Sendable, Equatable {
+        public var reason: String
+        public var lastUpdate: Date
+        public var messageID: String?
+    }
 
     /// One request as received (the credential checked, not kept).
     public struct Call: Sendable, Equatable {
@@ -33,16 +49,27 @@ public final class FakeSuppressionProvider: Sendable {
         public var headers: [(String, String)]
         /// How long to wait before answering (past the client's deadline: a timeout).
         public var delay: Duration
+        /// Whether the API does what was asked and answers itself, only `delay` late (``late(_:)``).
+        public var applies = false
 
         public init(status: Int, headers: [(String, String)] = [], delay: Duration = .zero) {
             self.status = status
             self.headers = headers
             self.delay = delay
         }
+
+        /// The API's own answer, having done what was asked, `delay` late (past the deadline: the change
+        /// is made, the client never hears of it); `.late(.zero)` lets one request through a script.
+        public static func late(_ delay: Duration) -> Scripted {
+            var scripted = Scripted(status: 0, delay: delay)
+            scripted.applies = true
+            return scripted
+        }
     }
 
     private struct State {
         var suppressed: Set<String> = []
+        var ses: [String: SESEntry] = [:]
         var calls: [Call] = []
         var script: [Scripted] = []
         var down: Scripted?
@@ -66,7 +93,12 @@ public final class FakeSuppressionProvider: Sendable {
     public init(_ kind: Kind, credential: String = "test-credential", preset: Set<String> = []) throws {
         self.kind = kind
         self.credential = credential
-        let shared = Shared(State(suppressed: preset))
+        var state = State(suppressed: preset)
+        for address in preset {
+            state.ses[address] = SESEntry(
+                reason: "BOUNCE", lastUpdate: Date(), messageID: "preset-\(address)")
+        }
+        let shared = Shared(state)
         self.shared = shared
         server = HTTPServer(
             configuration: HTTPServer.Configuration(host: "127.0.0.1", port: 0, threadCount: 4)
@@ -86,6 +118,15 @@ public final class FakeSuppressionProvider: Sendable {
     public var calls: [Call] { shared.state.withLock { $0.calls } }
     /// The addresses its list holds now.
     public var suppressed: Set<String> { shared.state.withLock { $0.suppressed } }
+    /// The SES fake's entries now.
+    public var sesEntries: [String: SESEntry] { shared.state.withLock { $0.ses } }
+    /// As SES does on a hard bounce or complaint of its own: `address` listed for a message of its own.
+    public func suppressAsSES(_ address: String, reason: String = "BOUNCE") {
+        shared.state.withLock {
+            $0.suppressed.insert(address)
+            $0.ses[address] = SESEntry(reason: reason, lastUpdate: Date(), messageID: UUID().uuidString)
+        }
+    }
     /// Answers the next requests with `answers`, in order, in the API's place.
     public func script(_ answers: [Scripted]) { shared.state.withLock { $0.script += answers } }
     /// Answers every request with `answer` (nil: the API again) until told otherwise.
@@ -98,6 +139,18 @@ public final class FakeSuppressionProvider: Sendable {
         let scripted: Scripted? = shared.state.withLock { state in
             if let down = state.down { return down }
             return state.script.isEmpty ? nil : state.script.removeFirst()
+        }
+        if let scripted, scripted.applies {
+            let (status, body) = shared.state.withLock { state -> (Int, [UInt8]) in
+                let result = Self.apply(
+                    request, kind: kind, credential: credential, address: address, to: &state)
+                state.calls.append(
+                    Call(method: request.method, path: request.path, address: address ?? "", status: result.0)
+                )
+                return result
+            }
+            if scripted.delay > .zero { Thread.sleep(forTimeInterval: scripted.delay.inSeconds) }
+            return HTTPResponse(status: status, headers: ["Content-Type": "application/json"], body: body)
         }
         if let scripted {
             if scripted.delay > .zero { Thread.sleep(forTimeInterval: scripted.delay.inSeconds) }
@@ -115,7 +168,12 @@ public final class FakeSuppressionProvider: Sendable {
                 Call(method: request.method, path: request.path, address: address ?? "", status: result.0))
             return result
         }
-        return HTTPResponse(status: status, headers: ["Content-Type": "application/json"], body: body)
+        var headers = [("Content-Type", "application/json")]
+        let sesErrors = [
+            400: "BadRequestException", 403: "InvalidSignatureException", 404: "NotFoundException",
+        ]
+        if kind == .ses, let type = sesErrors[status] { headers.append(("x-amzn-ErrorType", type)) }
+        return HTTPResponse(status: status, headers: HTTPHeaders(headers), body: body)
     }
 
     private static func apply(
@@ -181,6 +239,41 @@ public final class FakeSuppressionProvider: Sendable {
                 )
             }
             return (404, [])
+        case .ses:
+            if let refusal = sesSignatureProblem(request, secret: credential) {
+                return (403, json(["message": refusal]))
+            }
+            guard let address else { return (400, json(["message": "EmailAddress is required"])) }
+            let notFound = json([
+                "message": "Email address \(address.count) characters long is not on the list"
+            ])
+            if request.method == "PUT", request.path == "/v2/email/suppression/addresses" {
+                let body = try? JSONSerialization.jsonObject(with: request.data) as? [String: Any]
+                guard let reason = body?["Reason"] as? String, ["BOUNCE", "COMPLAINT"].contains(reason) else {
+                    return (400, json(["message": "Reason must be BOUNCE or COMPLAINT"]))
+                }
+                state.suppressed.insert(address)
+                state.ses[address] = SESEntry(reason: reason, lastUpdate: Date(), messageID: nil)
+                return (200, json([:]))
+            }
+            guard request.path.hasPrefix("/v2/email/suppression/addresses/") else { return (404, notFound) }
+            if request.method == "GET" {
+                guard let entry = state.ses[address] else { return (404, notFound) }
+                var destination: [String: Any] = [
+                    "EmailAddress": address, "Reason": entry.reason,
+                    "LastUpdateTime": entry.lastUpdate.timeIntervalSince1970,
+                ]
+                if let message = entry.messageID {
+                    destination["Attributes"] = ["MessageId": message, "FeedbackId": UUID().uuidString]
+                }
+                return (200, json(["SuppressedDestination": destination]))
+            }
+            if request.method == "DELETE" {
+                guard state.ses.removeValue(forKey: address) != nil else { return (404, notFound) }
+                state.suppressed.remove(address)
+                return (200, json([:]))
+            }
+            return (404, notFound)
         case .mailgun:
             let basic = "Basic " + Data("api:\(credential)".utf8).base64EncodedString()
             guard request.headers["Authorization"] == basic else { return (401, Array("Forbidden".utf8)) }
@@ -206,6 +299,58 @@ public final class FakeSuppressionProvider: Sendable {
         }
     }
 
+    /// Why the request's SigV4 signature is not the one AWS would compute for it, or nil when it is:
+    /// scope, signed headers, content hash, a date within five minutes, the signature recomputed.
+    private static func sesSignatureProblem(_ request: HTTPRequest, secret: String) -> String? {
+        guard let authorization = request.headers["Authorization"],
+            authorization.hasPrefix("AWS4-HMAC-SHA256 ")
+        else { return "Missing Authentication Token" }
+        var fields: [String: String] = [:]
+        for part in authorization.dropFirst("AWS4-HMAC-SHA256 ".count).split(separator: ",") {
+            let pair = part.trimmingCharacters(in: .whitespaces).split(separator: "=", maxSplits: 1)
+            if pair.count == 2 { fields[String(pair[0])] = String(pair[1]) }
+        }
+        guard let credential = fields["Credential"], let signedHeaders = fields["SignedHeaders"],
+            let signature = fields["Signature"], let timestamp = request.headers["X-Amz-Date"]
+        else { return "Authorization header malformed" }
+        let scope = credential.split(separator: "/").map(String.init)
+        guard scope.count == 5, scope[0] == sesAccessKeyID, scope[1] == String(timestamp.prefix(8)),
+            scope[2] == sesRegion, scope[3] == "ses", scope[4] == "aws4_request"
+        else { return "The security token included in the request is invalid (credential scope)" }
+        let names = signedHeaders.split(separator: ";").map(String.init)
+        guard names.contains("host"), names.contains("x-amz-date"), names.contains("x-amz-content-sha256")
+        else { return "host, x-amz-date and x-amz-content-sha256 must be signed" }
+        let payloadHash = SHA256Digest.hash(request.data).map { String(format: "%02x", $0) }.joined()
+        guard request.headers["X-Amz-Content-SHA256"] == payloadHash else {
+            return "The provided x-amz-content-sha256 header does not match what was computed"
+        }
+        let now = SigV4Signer.timestamp(Date())
+        let earliest = SigV4Signer.timestamp(Date().addingTimeInterval(-300))
+        let latest = SigV4Signer.timestamp(Date().addingTimeInterval(300))
+        guard timestamp.count == now.count, timestamp >= earliest, timestamp <= latest else {
+            return "Signature expired"
+        }
+        var headers: [(String, String)] = []
+        for name in names {
+            guard let value = request.headers[name] else { return "a signed header is missing" }
+            headers.append((name, value))
+        }
+        // The server decoded the path: encoded once as sent (every segment strictly), twice when signed.
+        let path = request.path.split(separator: "/", omittingEmptySubsequences: false)
+            .map { SigV4Signer.encode(String($0)) }.joined(separator: "/")
+        let expected = SigV4Signer(
+            credentials: .init(accessKeyID: sesAccessKeyID, secretAccessKey: secret), region: sesRegion,
+            service: "ses"
+        ).signature(
+            method: request.method, path: path, query: request.query, headers: headers,
+            payloadHash: payloadHash,
+            timestamp: timestamp)
+        guard expected.signature == signature else {
+            return "The request signature we calculated does not match the signature you provided."
+        }
+        return nil
+    }
+
     /// The address a request is about: in its JSON body, its form body, or its path's last segment.
     private static func address(of request: HTTPRequest, kind: Kind) -> String? {
         if request.method == "GET", kind == .postmark {
@@ -224,6 +369,9 @@ public final class FakeSuppressionProvider: Sendable {
         case .postmark:
             let body = try? JSONSerialization.jsonObject(with: request.data) as? [String: Any]
             return ((body?["Suppressions"] as? [[String: Any]])?.first?["EmailAddress"]) as? String
+        case .ses:
+            let body = try? JSONSerialization.jsonObject(with: request.data) as? [String: Any]
+            return body?["EmailAddress"] as? String
         case .mailgun:
             let form = String(decoding: request.body, as: UTF8.self).split(separator: "&")
             for pair in form where pair.hasPrefix("address=") {

@@ -10,7 +10,7 @@ let suppressionOptions: [CommandOption] = [
         "suppressions", valueName: "NAMES",
         help: """
             Keep these ESPs' suppression lists in step with the relay events (comma-separated: sendgrid, \
-            postmark, mailgun; each a row of siwa.suppression_providers). Default: off.
+            postmark, mailgun, ses; each a row of siwa.suppression_providers). Default: off.
             """,
         environmentVariable: "SIWA_SUPPRESSIONS"),
     CommandOption(
@@ -43,9 +43,30 @@ let suppressionOptions: [CommandOption] = [
         "mailgun-api-url", valueName: "URL", help: "Mailgun's API origin (EU: https://api.eu.mailgun.net).",
         environmentVariable: "SIWA_MAILGUN_API_URL", defaultValue: "https://api.mailgun.net"),
     CommandOption(
+        "ses-credentials-file", valueName: "FILE",
+        help: """
+            Amazon SES's access key (mode 0600): lines aws_access_key_id = …, aws_secret_access_key = … and \
+            optionally aws_session_token = …, for --suppressions ses.
+            """,
+        environmentVariable: "SIWA_SES_CREDENTIALS_FILE"),
+    CommandOption(
+        "ses-region", valueName: "REGION", help: "The SES region whose account suppression list is kept.",
+        environmentVariable: "SIWA_SES_REGION"),
+    CommandOption(
+        "ses-endpoint", valueName: "URL",
+        help: "SES's API origin. Default: https://email.REGION.amazonaws.com.",
+        environmentVariable: "SIWA_SES_ENDPOINT"),
+    CommandOption(
+        "ses-reason", valueName: "REASON", help: "The Reason our SES adds give: BOUNCE or COMPLAINT.",
+        environmentVariable: "SIWA_SES_REASON", defaultValue: "BOUNCE"),
+    CommandOption(
         "suppression-timeout", valueName: "SECONDS", help: "Deadline of one call to an ESP.",
         environmentVariable: "SIWA_SUPPRESSION_TIMEOUT",
         defaultValue: SuppressionDispatcher.Configuration.defaultTimeout.secondsText),
+    CommandOption(
+        "suppression-retention-days", valueName: "DAYS",
+        help: "Finished suppression rows older than this are pruned (each address's latest is kept).",
+        environmentVariable: "SIWA_SUPPRESSION_RETENTION_DAYS", defaultValue: "30"),
     CommandOption(
         "suppression-max-attempts", valueName: "N",
         help: "A suppression row still failing after this many calls is dead.",
@@ -89,8 +110,22 @@ func makeSuppressionDispatcher(
             providers[name] = MailgunProvider(
                 apiKey: try credential("mailgun-key-file", for: name), domain: domain,
                 baseURL: parsed.value("mailgun-api-url") ?? "https://api.mailgun.net")
+        case "ses":
+            guard let region = parsed.value("ses-region"), !region.isEmpty else {
+                throw ConfigurationError("--suppressions ses needs --ses-region")
+            }
+            let reason = parsed.value("ses-reason") ?? "BOUNCE"
+            guard ["BOUNCE", "COMPLAINT"].contains(reason) else {
+                throw ConfigurationError("--ses-reason must be BOUNCE or COMPLAINT")
+            }
+            let endpoint = parsed.value("ses-endpoint").flatMap { $0.isEmpty ? nil : $0 }
+            providers[name] = SESProvider(
+                credentials: try SigV4Signer.Credentials(
+                    fileText: try credential("ses-credentials-file", for: name)),
+                region: region, endpoint: endpoint, reason: reason)
         default:
-            throw ConfigurationError("--suppressions: unknown provider \(name) (sendgrid, postmark, mailgun)")
+            throw ConfigurationError(
+                "--suppressions: unknown provider \(name) (sendgrid, postmark, mailgun, ses)")
         }
     }
     var suppressionDatabase = database
@@ -102,6 +137,12 @@ func makeSuppressionDispatcher(
                 ?? SuppressionDispatcher.Configuration.defaultTimeout,
             maxAttempts: try parsed.integer("suppression-max-attempts", in: 1...1000)
                 ?? SuppressionDispatcher.Configuration.defaultMaxAttempts,
+            retention: try parsed.number("suppression-retention-days").map { days in
+                guard days > 0 else {
+                    throw ConfigurationError("--suppression-retention-days must be positive")
+                }
+                return .seconds(days * 86_400)
+            } ?? SuppressionDispatcher.Configuration.defaultRetention,
             environment: environment),
         logger: logger, metrics: metrics)
 }

@@ -36,8 +36,12 @@ enum MailVerb {
 
     static let verb = Verb(
         name: "mail",
-        abstract: "The relay-mail gate: check a list of addresses before mailing it; record bounces.",
-        subverbs: [.parsing("check", checkSpec) { parsed, _ in try check(parsed) }, MailBounceVerb.verb])
+        abstract:
+            "The relay-mail gate: check a list of addresses before mailing it; record bounces; the ESP suppression outbox.",
+        subverbs: [
+            .parsing("check", checkSpec) { parsed, _ in try check(parsed) }, MailBounceVerb.verb,
+            MailSuppressionsVerb.verb,
+        ])
 
     static func check(_ parsed: ParsedCommand) throws {
         let addresses = try readList(parsed)

@@ -35,6 +35,34 @@ extension DoctorTests {
             Self.line(result, "audiences")?.contains("com.example.app") == true, "\(result.standardOutput)")
     }
 
+    @Test("sender_unauthorized relay bounces: FAIL naming each sending domain and the fix; none: ok")
+    func senderUnauthorized() throws {
+        let database = try TestDatabase()
+        let jwks = try JWKSTestServer(body: TestSigning.apple.jwksJSON())
+        defer { jwks.stop() }
+        let receiver = try ServiceProcess.receiver(database, audiences: [TestSigning.audience], jwks: jwks)
+        let worker = try ServiceProcess.worker(database)
+        _ = worker
+        var result = try Self.doctor(receiver, database: database, audience: TestSigning.audience)
+        #expect(Self.line(result, "bounces")?.hasPrefix("ok") == true, "\(result.standardOutput)")
+        try database.query(
+            """
+            INSERT INTO siwa.relay_bounces (received_at, class, recipient_hmac, sending_domain, gate_reason, status,
+                                            action)
+            SELECT now() - g * interval '1 hour', c, sha256(g::text::bytea), d, 'forwarding_on', '5.1.1', 'failed'
+              FROM (VALUES (1, 'sender_unauthorized', 'news.example.com'), (2, 'sender_unauthorized', 'news.example.com'),
+                           (3, 'sender_unauthorized', 'billing.example.com'), (4, 'relay_address_dead', 'other.example'),
+                           (200, 'sender_unauthorized', 'old.example')) AS v(g, c, d)
+            """)
+        result = try Self.doctor(receiver, database: database, audience: TestSigning.audience)
+        #expect(result.status == 1, "\(result.standardOutput)")
+        let line = Self.line(result, "bounces") ?? ""
+        #expect(line.hasPrefix("FAIL") && line.contains("2 sending domain(s)"), "\(result.standardOutput)")
+        #expect(line.contains("news.example.com (2") && line.contains("billing.example.com (1"), "\(line)")
+        #expect(!line.contains("other.example") && !line.contains("old.example"), "\(line)")
+        #expect(result.standardOutput.contains("Sign in with Apple for Email"), "\(result.standardOutput)")
+    }
+
     @Test("with --database-url and no worker alive (none, or only a stale heartbeat): FAIL with the fix")
     func noWorker() throws {
         let database = try TestDatabase()

@@ -7,7 +7,7 @@ import TestSupport
 import Testing
 
 /// A database with providers and their fakes, events applied through the worker's SQL entry point.
-private final class Fixture {
+final class Fixture {
     let database: TestDatabase
     let fakes: [String: FakeSuppressionProvider]
 
@@ -29,6 +29,11 @@ private final class Fixture {
         case .postmark: return PostmarkProvider(serverToken: fake.credential, baseURL: fake.baseURL)
         case .mailgun:
             return MailgunProvider(apiKey: fake.credential, domain: "mg.example.com", baseURL: fake.baseURL)
+        case .ses:
+            return SESProvider(
+                credentials: .init(
+                    accessKeyID: FakeSuppressionProvider.sesAccessKeyID, secretAccessKey: fake.credential),
+                region: FakeSuppressionProvider.sesRegion, endpoint: fake.baseURL)
         }
     }
 
@@ -86,8 +91,8 @@ private final class Fixture {
     }
 }
 
-private let alice = "alice@privaterelay.appleid.com"
-private let bob = "bob@privaterelay.appleid.com"
+let alice = "alice@privaterelay.appleid.com"
+let bob = "bob@privaterelay.appleid.com"
 
 @Suite("Suppression lists in step with the relay events", .serialized)
 struct SuppressionTests {
@@ -286,6 +291,23 @@ struct SuppressionTests {
                 as String == "the account's personal data was erased and the provider's erasure_wait passed")
     }
 
+    @Test("an add the ESP made but whose answer never came: the retry finds it listed and counts it as ours")
+    func addMadeAnswerLost() throws {
+        let fixture = try Fixture([.sendgrid])
+        let fake = fixture.fakes["sendgrid"]!
+        fake.script([.late(.zero), .late(.seconds(3))])  // the lookup, then the add answered too late
+        try fixture.apply([("email-disabled", "s1", alice)])
+        let dispatcher = try fixture.dispatcher(timeout: .seconds(1))
+        #expect(try dispatcher.drainOnce().map(\.outcome) == ["retry"])
+        #expect(fake.suppressed == [alice])
+        try fixture.makeDue()
+        #expect(try dispatcher.drainOnce().map(\.outcome) == ["done"])
+        try fixture.apply([("email-enabled", "s1", alice)])
+        #expect(try dispatcher.drainOnce().map(\.outcome) == ["done"])
+        #expect(fake.suppressed.isEmpty)
+        #expect(fake.calls.map(\.method) == ["GET", "POST", "GET", "DELETE"])
+    }
+
     @Test("attempts run out: the row is dead (gave_up) and the next one of its address goes")
     func givesUp() throws {
         let fixture = try Fixture([.sendgrid])
@@ -322,6 +344,43 @@ struct SuppressionTests {
                 as: Bool.self) == false)
         #expect(try fixture.rows() == ["sendgrid add done done"])
         #expect(try fixture.database.value("SELECT attempts FROM siwa.suppression_outbox") as Int == 2)
+    }
+
+    @Test("pruning: finished rows past the retention go, each address's latest stays unless erased")
+    func pruning() throws {
+        let fixture = try Fixture([.sendgrid])
+        try fixture.database.connection.execute(
+            "INSERT INTO siwa.accounts (sub, email, is_private_email) VALUES ('s3', $1, true)",
+            [.text("carol@privaterelay.appleid.com")])
+        try fixture.apply([("email-disabled", "s1", alice), ("email-disabled", "s2", bob)])
+        #expect(try fixture.dispatcher().drainOnce().count == 2)
+        try fixture.apply([("email-enabled", "s1", alice), ("account-delete", "s3", nil)])
+        #expect(try fixture.dispatcher().drainOnce().count == 2)
+        try fixture.apply([("email-disabled", "s1", alice)])  // pending: never pruned
+        // Everything finished long ago; carol's account is erased (her row has no address).
+        try fixture.database.connection.execute(
+            "UPDATE siwa.suppression_outbox SET finished_at = now() - interval '40 days' WHERE state <> 'pending'"
+        )
+        let dispatcher = SuppressionDispatcher(
+            configuration: try .init(
+                database: try fixture.database.configuration(asMemberOf: "siwa_worker"),
+                providers: ["sendgrid": fixture.provider("sendgrid")], retention: .seconds(30 * 86_400)),
+            logger: quietLogger)
+        let pruned = try dispatcher.prune()
+        let left = try fixture.database.query(
+            "SELECT sub || ' ' || action || ' ' || state FROM siwa.suppression_outbox ORDER BY id"
+        ).map { try $0[0, as: String.self] }
+        // alice's add and remove (her pending add is her latest), carol's erased add; bob's only row stays.
+        #expect(pruned == 3, "\(left)")
+        #expect(left == ["s2 add done", "s1 add pending"])
+        #expect(try dispatcher.prune() == 0)
+        // Within the retention nothing goes.
+        try fixture.database.connection.execute(
+            "UPDATE siwa.suppression_outbox SET finished_at = now() - interval '1 day' WHERE state <> 'pending'"
+        )
+        try fixture.makeDue()
+        _ = try dispatcher.drainOnce()
+        #expect(try dispatcher.prune() == 0)
     }
 
     @Test("Retry-After as an HTTP date, and the bounds")
