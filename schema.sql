@@ -6159,6 +6159,10 @@ COMMENT ON COLUMN siwa.ssf_events.txn IS 'The Apple notification''s jti (the SET
 COMMENT ON COLUMN siwa.ssf_events.last_error IS 'Our own bounded words, or the receiver''s err code; never a header or a body.';
 CREATE INDEX IF NOT EXISTS ssf_events_order_idx ON siwa.ssf_events (stream_id, sub, id) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS ssf_events_due_idx ON siwa.ssf_events (stream_id, id) WHERE state = 'pending';
+-- The leased events of a stream (at most its max_in_flight), counted by every claim: without it the
+-- count reads every pending event of the stream.
+CREATE INDEX IF NOT EXISTS ssf_events_leased_idx
+    ON siwa.ssf_events (stream_id) WHERE state = 'pending' AND lease_expires_at IS NOT NULL;
 
 -- The event type URI a change is sent as (SharedSignals.SecurityEventToken.EventType); NULL: not carried.
 CREATE OR REPLACE FUNCTION siwa.ssf_event_type(p_change_type text) RETURNS text
@@ -6232,23 +6236,26 @@ BEGIN
     FOR v_stream IN
         SELECT s.id, s.max_in_flight FROM siwa.ssf_streams s
          WHERE s.status = 'enabled' AND s.delivery_method = 'urn:ietf:rfc:8935'
-           AND EXISTS (SELECT 1 FROM siwa.ssf_events e WHERE e.stream_id = s.id AND e.state = 'pending'
-                          AND e.next_attempt_at <= now())
+           -- the first pending event in the due index's order (an EXISTS would let the planner scan the
+           -- table from its start, where the delivered events gather)
+           AND (SELECT e.id FROM siwa.ssf_events e WHERE e.stream_id = s.id AND e.state = 'pending'
+                   AND e.next_attempt_at <= now() ORDER BY e.id LIMIT 1) IS NOT NULL
          ORDER BY s.last_claimed_at NULLS FIRST, s.id
            FOR NO KEY UPDATE SKIP LOCKED
     LOOP
         EXIT WHEN v_left <= 0;
         SELECT v_stream.max_in_flight - count(*) INTO v_room FROM siwa.ssf_events e
-         WHERE e.stream_id = v_stream.id AND e.state = 'pending' AND e.lease_expires_at > clock_timestamp();
+         WHERE e.stream_id = v_stream.id AND e.state = 'pending'
+           AND e.lease_expires_at IS NOT NULL AND e.lease_expires_at > clock_timestamp();
         CONTINUE WHEN v_room <= 0;
         RETURN QUERY
         WITH heads AS (
             SELECT e.id FROM siwa.ssf_events e
              WHERE e.stream_id = v_stream.id AND e.state = 'pending' AND e.next_attempt_at <= now()
                AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= clock_timestamp())
-               AND NOT EXISTS (SELECT 1 FROM siwa.ssf_events p
-                                WHERE p.stream_id = e.stream_id AND p.sub = e.sub AND p.state = 'pending'
-                                  AND p.id < e.id)
+               AND e.id = (SELECT p.id FROM siwa.ssf_events p
+                            WHERE p.stream_id = e.stream_id AND p.sub = e.sub AND p.state = 'pending'
+                            ORDER BY p.id LIMIT 1)
              ORDER BY e.id
              LIMIT least(v_room, v_left)
                FOR UPDATE SKIP LOCKED),
@@ -6441,9 +6448,9 @@ BEGIN
         SELECT e.id FROM siwa.ssf_events e
          WHERE e.stream_id = p_stream AND e.state = 'pending'
            AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= clock_timestamp())
-           AND NOT EXISTS (SELECT 1 FROM siwa.ssf_events p
-                            WHERE p.stream_id = e.stream_id AND p.sub = e.sub AND p.state = 'pending'
-                              AND p.id < e.id)
+           AND e.id = (SELECT p.id FROM siwa.ssf_events p
+                        WHERE p.stream_id = e.stream_id AND p.sub = e.sub AND p.state = 'pending'
+                        ORDER BY p.id LIMIT 1)
          ORDER BY e.id
          LIMIT p_max
            FOR UPDATE SKIP LOCKED),
@@ -6466,9 +6473,9 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
         SELECT 1 FROM siwa.ssf_events e JOIN siwa.ssf_streams s ON s.id = e.stream_id AND s.status = 'enabled'
          WHERE e.stream_id = p_stream AND e.state = 'pending'
            AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= clock_timestamp())
-           AND NOT EXISTS (SELECT 1 FROM siwa.ssf_events p
-                            WHERE p.stream_id = e.stream_id AND p.sub = e.sub AND p.state = 'pending'
-                              AND p.id < e.id))
+           AND e.id = (SELECT p.id FROM siwa.ssf_events p
+                        WHERE p.stream_id = e.stream_id AND p.sub = e.sub AND p.state = 'pending'
+                        ORDER BY p.id LIMIT 1))
 $$;
 COMMENT ON FUNCTION siwa.ssf_poll_has_more(bigint) IS 'Whether a poll of the stream would serve a SET now (RFC 8936 moreAvailable).';
 

@@ -14,6 +14,7 @@ lock = threading.Lock()
 
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # a kept-alive answer's body would otherwise wait for the delayed ACK
 
     def log_message(self, *args):
         pass
