@@ -115,6 +115,10 @@ public final class SignalDispatcher: Sendable {
     }
 
     /// Asks ``run()`` to return once the pushes in hand are recorded. Safe from any thread.
+    /// How soon a lane looks again when a due event's stream is at its cap or being claimed by another
+    /// lane (the lanes holding it claim their next event themselves).
+    static let saturatedWait: Duration = .milliseconds(100)
+
     public func stop() { stopSignal.stop() }
 
     /// Pushes every event due now, one after another on one connection; returns the outcomes.
@@ -147,6 +151,19 @@ public final class SignalDispatcher: Sendable {
         while !stopSignal.isStopped, let outcome = try pushOne(on: connection, lane: lane) {
             outcomes.append(outcome)
         }
+        // A due head nobody holds, yet no claim: its stream is at max_in_flight or another lane holds its
+        // row. Look again shortly, without the scan below (which reads every pending event).
+        let saturated = try connection.value(
+            """
+            SELECT EXISTS (
+                SELECT 1 FROM siwa.ssf_streams s
+                 WHERE s.status = 'enabled' AND s.delivery_method = 'urn:ietf:rfc:8935'
+                   AND (SELECT e.id FROM siwa.ssf_events e
+                         WHERE e.stream_id = s.id AND e.state = 'pending' AND e.next_attempt_at <= now()
+                           AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= clock_timestamp())
+                         ORDER BY e.id LIMIT 1) IS NOT NULL)
+            """, as: Bool.self)
+        if saturated { return Self.saturatedWait }
         let due = try connection.value(
             """
             SELECT extract(epoch FROM min(CASE WHEN e.lease_expires_at > clock_timestamp() THEN e.lease_expires_at
