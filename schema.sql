@@ -6218,9 +6218,9 @@ CREATE TRIGGER changes_ssf_fan_out
     AFTER INSERT ON siwa.changes REFERENCING NEW TABLE AS new_changes
     FOR EACH STATEMENT EXECUTE FUNCTION siwa.ssf_fan_out();
 
--- Leases up to p_limit due events for p_owner for p_lease: per stream (enabled only, least recently
--- claimed first, its row locked while its leases are counted) at most max_in_flight leased, and per
--- stream and sub only the earliest pending one.
+-- Leases up to p_limit due events for p_owner for p_lease, which the lane sends one after another: per
+-- stream (enabled only, least recently claimed first, its row locked while its lanes are counted) at
+-- most max_in_flight lanes holding leases, and per stream and sub only the earliest pending one.
 -- Poll streams (urn:ietf:rfc:8936) are served by siwa.poll_ssf_events, never claimed here.
 DROP FUNCTION IF EXISTS siwa.claim_ssf_events(text, interval, integer);
 CREATE FUNCTION siwa.claim_ssf_events(p_owner text, p_lease interval, p_limit integer)
@@ -6244,7 +6244,8 @@ BEGIN
            FOR NO KEY UPDATE SKIP LOCKED
     LOOP
         EXIT WHEN v_left <= 0;
-        SELECT v_stream.max_in_flight - count(*) INTO v_room FROM siwa.ssf_events e
+        -- Its lanes in flight: a lane sends its batch one SET at a time.
+        SELECT v_stream.max_in_flight - count(DISTINCT e.lease_owner) INTO v_room FROM siwa.ssf_events e
          WHERE e.stream_id = v_stream.id AND e.state = 'pending'
            AND e.lease_expires_at IS NOT NULL AND e.lease_expires_at > clock_timestamp();
         CONTINUE WHEN v_room <= 0;
@@ -6257,7 +6258,7 @@ BEGIN
                             WHERE p.stream_id = e.stream_id AND p.sub = e.sub AND p.state = 'pending'
                             ORDER BY p.id LIMIT 1)
              ORDER BY e.id
-             LIMIT least(v_room, v_left)
+             LIMIT v_left
                FOR UPDATE SKIP LOCKED),
         leased AS (
             UPDATE siwa.ssf_events e
@@ -6277,7 +6278,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.claim_ssf_events(text, interval, integer) IS
-    'Leases due SETs of enabled streams: per stream at most max_in_flight in flight, per stream and sub the earliest pending only. Executable by siwa_worker.';
+    'Leases up to p_limit due SETs of enabled push streams to one lane (p_owner), sent one after another: per stream at most max_in_flight lanes in flight, per stream and sub the earliest pending only. Executable by siwa_worker.';
 
 -- Records one attempt of a leased event: p_outcome delivered (202), failed (a permanent 400), or retry
 -- (after siwa.retry_delay(attempts, p_retry_base, p_retry_max); dead once p_max_attempts is reached).
@@ -6288,8 +6289,14 @@ CREATE OR REPLACE FUNCTION siwa.record_ssf_attempt(p_id bigint, p_owner text, p_
 RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF p_outcome IS NULL OR p_outcome NOT IN ('delivered', 'failed', 'retry') THEN
-        RAISE EXCEPTION 'the outcome is delivered, failed or retry' USING ERRCODE = '22023';
+    IF p_outcome IS NULL OR p_outcome NOT IN ('delivered', 'failed', 'retry', 'released') THEN
+        RAISE EXCEPTION 'the outcome is delivered, failed, retry or released' USING ERRCODE = '22023';
+    END IF;
+    IF p_outcome = 'released' THEN
+        -- Claimed in a batch and never sent: the lease given back, the claim's count undone.
+        UPDATE siwa.ssf_events e SET attempts = e.attempts - 1, lease_owner = NULL, lease_expires_at = NULL
+         WHERE e.id = p_id AND e.lease_owner = p_owner AND e.state = 'pending';
+        RETURN FOUND;
     END IF;
     UPDATE siwa.ssf_events e
        SET state = CASE WHEN p_outcome = 'delivered' THEN 'delivered'
@@ -6307,7 +6314,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.record_ssf_attempt(bigint, text, text, integer, text, integer, interval, interval) IS
-    'Records a push attempt of a leased SET: delivered, failed (permanent) or retry (dead after p_max_attempts). False when the lease is not the caller''s. Executable by siwa_worker.';
+    'Records a push attempt of a leased SET: delivered, failed (permanent) or retry (dead after p_max_attempts); released: claimed in a batch and not sent, its attempt uncounted. False when the lease is not the caller''s. Executable by siwa_worker.';
 
 -- The operator's calls (siwactl ssf streams): add, set the status, remove. Setting enabled wakes the lanes.
 CREATE OR REPLACE FUNCTION siwa.add_ssf_stream(p_receiver text, p_audience text, p_endpoint_url text,

@@ -9,10 +9,11 @@ public import SharedSignals
 /// stream and subject.
 ///
 /// Each lane is a ``ConsumerLoop`` listening on `siwa_ssf` with its own connection: `siwa.claim_ssf_events`
-/// commits a lease on one due event, the lane signs its SET (the jti and iat fixed at fan-out, so every
-/// attempt sends the same token) and POSTs it as `application/secevent+jwt` with the stream's
-/// Authorization header (read from its file at send time) and no transaction open, then
-/// `siwa.record_ssf_attempt` records the outcome if the lease is still its own: 202 delivered; 400 with
+/// commits leases on up to `batchSize` due events, the lane signs each SET (the jti and iat fixed at
+/// fan-out, so every attempt sends the same token) and POSTs them one after another as
+/// `application/secevent+jwt` with the stream's Authorization header (read from its file at send time)
+/// and no transaction open, then `siwa.record_ssf_attempt` records each outcome, in one transaction, if
+/// the lease is still its own (after a failure the rest are released unsent): 202 delivered; 400 with
 /// one of RFC 8935's error codes failed for good; anything else retried with backoff, dead after
 /// `maxAttempts`. A process killed mid-push leaves its lease to expire; another lane sends the same SET.
 public final class SignalDispatcher: Sendable {
@@ -26,6 +27,8 @@ public final class SignalDispatcher: Sendable {
         public var key: SETSigningKey
         /// Lanes: pushes in flight at once from this process.
         public var concurrency: Int
+        /// SETs a lane claims at once and pushes one after another (one after a failure).
+        public var batchSize: Int
         /// The deadline of one push.
         public var timeout: Duration
         /// First retry delay; doubles per attempt with jitter, at most ``maxRetryDelay``.
@@ -38,27 +41,33 @@ public final class SignalDispatcher: Sendable {
         public var pollInterval: Duration
         /// Where `SSL_CERT_FILE` and `https_proxy`/`no_proxy` are read.
         public var environment: [String: String]
-        /// How long a claimed event stays leased: the push's deadline plus ``CallLease/margin``.
-        public var lease: Duration { CallLease.covering(timeout) }
+        /// How long a claimed event stays leased: the push's deadline plus ``CallLease/margin``, and
+        /// ``CallLease/batchWindow`` when a lane claims batches.
+        public var lease: Duration {
+            batchSize > 1 ? CallLease.covering(batchOf: timeout) : CallLease.covering(timeout)
+        }
 
         /// Settings; durations positive, `concurrency` and `maxAttempts` at least 1.
         public init(
             database: PostgresConfiguration, issuer: String, key: SETSigningKey, concurrency: Int = 4,
-            timeout: Duration = .seconds(10), retryBaseDelay: Duration = .seconds(5),
+            batchSize: Int = 8, timeout: Duration = .seconds(10), retryBaseDelay: Duration = .seconds(5),
             maxRetryDelay: Duration = .seconds(3600), maxAttempts: Int = 30,
             pollInterval: Duration = .seconds(1),
             environment: [String: String] = [:]
         ) throws {
-            guard concurrency >= 1, maxAttempts >= 1, timeout > .zero, retryBaseDelay > .zero,
+            guard concurrency >= 1, (1...1000).contains(batchSize), maxAttempts >= 1, timeout > .zero,
+                retryBaseDelay > .zero,
                 maxRetryDelay >= retryBaseDelay, pollInterval > .zero, !issuer.isEmpty
             else {
                 throw ConfigurationError(
-                    "the Shared Signals settings must be positive (max delay ≥ base delay)")
+                    "the Shared Signals settings must be positive (max delay ≥ base delay, a batch of 1 to 1,000)"
+                )
             }
             self.database = database
             self.issuer = issuer
             self.key = key
             self.concurrency = concurrency
+            self.batchSize = batchSize
             self.timeout = timeout
             self.retryBaseDelay = retryBaseDelay
             self.maxRetryDelay = maxRetryDelay
@@ -148,8 +157,8 @@ public final class SignalDispatcher: Sendable {
     private func drain(on connection: PostgresConnection, lane: Int, into outcomes: inout [Outcome]) throws
         -> Duration?
     {
-        while !stopSignal.isStopped, let outcome = try pushOne(on: connection, lane: lane) {
-            outcomes.append(outcome)
+        while !stopSignal.isStopped, let batch = try pushBatch(on: connection, lane: lane) {
+            outcomes += batch
         }
         // A due head nobody holds, yet no claim: its stream is at max_in_flight or another lane holds its
         // row. Look again shortly, without the scan below (which reads every pending event).
@@ -175,14 +184,46 @@ public final class SignalDispatcher: Sendable {
         return due.map { .milliseconds(max(0, Int64(($0 * 1000).rounded(.up)))) }
     }
 
-    /// One push: claim (committed), sign and POST with no transaction open, record. Nil: nothing to claim.
-    func pushOne(on connection: PostgresConnection, lane: Int) throws -> Outcome? {
+    /// One batch: up to ``Configuration/batchSize`` SETs claimed (committed), each signed and POSTed with no
+    /// transaction open, one after another, then recorded in one transaction. After a failed push, past
+    /// ``CallLease/batchWindow`` or once stopping, the rest are released unsent. Nil: nothing to claim.
+    func pushBatch(on connection: PostgresConnection, lane: Int) throws -> [Outcome]? {
         let owner = "\(owner):\(lane)"
-        guard
-            let event = try connection.rows(
-                ClaimedSET.self, [.text(owner), .double(configuration.lease.inSeconds)]
-            ).first
-        else { return nil }
+        let claimed = ContinuousClock.now
+        let events = try connection.rows(
+            ClaimedSET.self,
+            [.text(owner), .double(configuration.lease.inSeconds), .int(Int64(configuration.batchSize))])
+        guard !events.isEmpty else { return nil }
+        var pushes: [Push] = []
+        var released: [ClaimedSET] = []
+        for event in events {
+            if stopSignal.isStopped || pushes.contains(where: { $0.failure != nil })
+                || (!pushes.isEmpty && claimed.duration(to: .now) > CallLease.batchWindow)
+            {
+                released.append(event)
+            } else {
+                pushes.append(push(event, lane: lane))
+            }
+        }
+        return try connection.transaction { connection in
+            for event in released { _ = try record(event.id, owner: owner, push: nil, on: connection) }
+            return try pushes.map { push in
+                try report(push, recorded: record(push.event.id, owner: owner, push: push, on: connection))
+            }
+        }
+    }
+
+    /// What one push came to.
+    private struct Push {
+        var event: ClaimedSET
+        var status: Int?
+        var failure: String?
+        var permanent: Bool
+        var outcome: String { failure == nil ? "delivered" : permanent ? "failed" : "retry" }
+    }
+
+    /// Signs and POSTs one claimed SET.
+    private func push(_ event: ClaimedSET, lane: Int) -> Push {
         var status: Int?
         var failure: String?
         var permanent = false
@@ -211,33 +252,44 @@ public final class SignalDispatcher: Sendable {
         } catch {
             failure = (error as? ToolError)?.message ?? "cannot sign the SET"
         }
-        let outcome = failure == nil ? "delivered" : permanent ? "failed" : "retry"
-        let recorded = try connection.value(
+        return Push(event: event, status: status, failure: failure, permanent: permanent)
+    }
+
+    /// Records a push (or, with none, the release of `id` unsent); whether the lease was still this lane's.
+    private func record(_ id: Int, owner: String, push: Push?, on connection: PostgresConnection) throws
+        -> Bool
+    {
+        try connection.value(
             """
             SELECT siwa.record_ssf_attempt($1, $2, $3, $4::integer, $5, $6::integer,
                                            $7::float8 * interval '1 second', $8::float8 * interval '1 second')
             """,
             [
-                .int(Int64(event.id)), .text(owner), .text(outcome), status.map { .int(Int64($0)) },
-                failure.map { .text(String($0.prefix(300))) }, .int(Int64(configuration.maxAttempts)),
-                .double(configuration.retryBaseDelay.inSeconds),
+                .int(Int64(id)), .text(owner), .text(push?.outcome ?? "released"),
+                push?.status.map { .int(Int64($0)) }, push?.failure.map { .text(String($0.prefix(300))) },
+                .int(Int64(configuration.maxAttempts)), .double(configuration.retryBaseDelay.inSeconds),
                 .double(configuration.maxRetryDelay.inSeconds),
             ], as: Bool.self)
+    }
+
+    /// Logs one push (or one whose lease was lost); its outcome.
+    private func report(_ push: Push, recorded: Bool) -> Outcome {
+        let event = push.event
         guard recorded else {
             logger.warning(
                 "ssf push not recorded: its lease expired and another lane took the event over",
                 ["event": .int(event.id), "stream": .int(event.stream)])
-            return Outcome(event: event.id, state: "lost", status: status)
+            return Outcome(event: event.id, state: "lost", status: push.status)
         }
-        if let failure {
+        if let failure = push.failure {
             logger.warning(
-                permanent ? "ssf push refused for good" : "ssf push failed; will retry",
+                push.permanent ? "ssf push refused for good" : "ssf push failed; will retry",
                 [
                     "event": .int(event.id), "stream": .int(event.stream), "attempt": .int(event.attempt),
-                    "status": status.map { .int($0) } ?? .string("none"), "error": .string(failure),
+                    "status": push.status.map { .int($0) } ?? .string("none"), "error": .string(failure),
                 ])
         }
-        return Outcome(event: event.id, state: outcome, status: status)
+        return Outcome(event: event.id, state: push.outcome, status: push.status)
     }
 
     /// A failure of our own making, in words that never hold a secret.
@@ -277,7 +329,7 @@ struct ClaimedSET: PostgresRowDecodable {
     static let statement = """
         SELECT id, stream_id, jti, issued_at, change_type, sub, old_sub, event_time, txn, attempts, audience,
                endpoint_url, authorization_ref, detail::text AS detail
-          FROM siwa.claim_ssf_events($1, $2::float8 * interval '1 second', 1)
+          FROM siwa.claim_ssf_events($1, $2::float8 * interval '1 second', $3::integer)
         """
     static let columns: PostgresColumns = """
         id bigint, stream_id bigint, jti text, issued_at timestamp with time zone, change_type text, sub text, \

@@ -178,6 +178,33 @@ struct PushTests {
         #expect(try fixture.database.value("SELECT attempts FROM siwa.ssf_events") as Int == 5)
     }
 
+    @Test(
+        "a lane's batch stops at its first failed push: the rest are released unsent, their attempt uncounted, and sent after it"
+    )
+    func batchStopsAtFirstFailure() throws {
+        let fixture = try PushFixture()
+        // The third subject's SET fails once; every other push is accepted.
+        let receiver = try fixture.receiver { set, seen in set.sub == "001.c" && seen == 0 ? (503, nil) : nil
+        }
+        try fixture.addStream(receiver.url)
+        try fixture.insertChanges(
+            ["001.a", "001.b", "001.c", "001.d", "001.e"].map { ("siwa.consent_revoked", $0) })
+        let outcomes = try fixture.dispatcher().drainOnce()
+        // (The retry, due after 10–20 ms, may come in the same drain.)
+        #expect(
+            Array(outcomes.map(\.state).prefix(5)) == [
+                "delivered", "delivered", "retry", "delivered", "delivered",
+            ])
+        #expect(
+            Array(receiver.received.map(\.sub).prefix(5)) == ["001.a", "001.b", "001.c", "001.d", "001.e"])
+        // Each SET's attempts are its pushes: none kept the count of a batch it was released from.
+        let pushes = Dictionary(grouping: receiver.received, by: \.sub).mapValues(\.count)
+        for row in try fixture.database.query("SELECT sub, attempts FROM siwa.ssf_events ORDER BY id") {
+            let sub = try row[0, as: String.self]
+            #expect(try row[1, as: Int.self] == pushes[sub], "\(sub)")
+        }
+    }
+
     @Test("a paused stream keeps its events; resumed, they arrive in change order per subject")
     func pauseThenResume() throws {
         let fixture = try PushFixture()
