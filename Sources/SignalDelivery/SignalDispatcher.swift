@@ -81,10 +81,22 @@ public final class SignalDispatcher: Sendable {
     public struct Outcome: Sendable, Equatable {
         /// The event's id in `siwa.ssf_events`.
         public var event: Int
-        /// `delivered`, `failed` (permanent), `retry`, or `lost` (the lease was taken over; nothing written).
-        public var state: String
+        /// What became of the SET.
+        public var state: State
         /// The HTTP status answered, nil when none.
         public var status: Int?
+
+        /// What one push left the SET as (the outcome `siwa.record_ssf_attempt` records, but `lost`).
+        public enum State: String, Sendable, CaseIterable {
+            /// A 202.
+            case delivered
+            /// A 400 with one of RFC 8935's error codes: never retried.
+            case failed
+            /// Anything else: pushed again later (dead after the last attempt).
+            case retry
+            /// The lease was taken over before the record: nothing written.
+            case lost
+        }
     }
 
     /// The channel the fan-out and `siwa.set_ssf_stream_status` notify.
@@ -219,7 +231,7 @@ public final class SignalDispatcher: Sendable {
         var status: Int?
         var failure: String?
         var permanent: Bool
-        var outcome: String { failure == nil ? "delivered" : permanent ? "failed" : "retry" }
+        var outcome: Outcome.State { failure == nil ? .delivered : permanent ? .failed : .retry }
     }
 
     /// Signs and POSTs one claimed SET.
@@ -265,7 +277,7 @@ public final class SignalDispatcher: Sendable {
                                            $7::float8 * interval '1 second', $8::float8 * interval '1 second')
             """,
             [
-                .int(Int64(id)), .text(owner), .text(push?.outcome ?? "released"),
+                .int(Int64(id)), .text(owner), .text(push?.outcome.rawValue ?? "released"),
                 push?.status.map { .int(Int64($0)) }, push?.failure.map { .text(String($0.prefix(300))) },
                 .int(Int64(configuration.maxAttempts)), .double(configuration.retryBaseDelay.inSeconds),
                 .double(configuration.maxRetryDelay.inSeconds),
@@ -279,7 +291,7 @@ public final class SignalDispatcher: Sendable {
             logger.warning(
                 "ssf push not recorded: its lease expired and another lane took the event over",
                 ["event": .int(event.id), "stream": .int(event.stream)])
-            return Outcome(event: event.id, state: "lost", status: push.status)
+            return Outcome(event: event.id, state: .lost, status: push.status)
         }
         if let failure = push.failure {
             logger.warning(

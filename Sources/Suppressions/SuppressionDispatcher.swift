@@ -81,8 +81,8 @@ public final class SuppressionDispatcher: Sendable {
         public var provider: String
         /// What was asked.
         public var action: SuppressionAction
-        /// What the provider's answer came to (`retry` also when it ran out of attempts: see ``recorded``).
-        public var outcome: String
+        /// What the provider's answer came to (`retryable` also when it ran out of attempts: see ``recorded``).
+        public var outcome: SuppressionOutcome
         /// The HTTP status answered, nil when none.
         public var status: Int?
         /// Whether the record found the lease still this lane's.
@@ -322,7 +322,7 @@ public final class SuppressionDispatcher: Sendable {
                 ])
         }
         return Outcome(
-            id: claim.id, provider: name, action: claim.action, outcome: outcome.recordedName, status: status,
+            id: claim.id, provider: name, action: claim.action, outcome: outcome, status: status,
             recorded: recorded)
     }
 }

@@ -117,7 +117,7 @@ struct PushTests {
             ("siwa.email_enabled", "001.c"), ("siwa.personal_data_erased", "001.b"),
         ])
         let outcomes = try fixture.dispatcher().drainOnce()
-        #expect(outcomes.map(\.state) == ["delivered", "delivered", "delivered", "delivered"])
+        #expect(outcomes.map(\.state) == [.delivered, .delivered, .delivered, .delivered])
         #expect(receiver.received.map(\.status) == [202, 202, 202, 202])
         #expect(
             receiver.received.map(\.eventType) == [
@@ -141,7 +141,7 @@ struct PushTests {
         try fixture.addStream(receiver.url)
         try fixture.insertChanges([("siwa.consent_revoked", "001.bad"), ("siwa.consent_revoked", "001.good")])
         let outcomes = try fixture.dispatcher().drainOnce()
-        #expect(outcomes.map(\.state).sorted() == ["delivered", "failed"])
+        #expect(outcomes.map(\.state.rawValue).sorted() == ["delivered", "failed"])
         #expect(try fixture.states() == ["failed", "delivered"])
         #expect(
             try fixture.database.value("SELECT last_error FROM siwa.ssf_events WHERE sub = '001.bad'")
@@ -193,7 +193,7 @@ struct PushTests {
         // (The retry, due after 10–20 ms, may come in the same drain.)
         #expect(
             Array(outcomes.map(\.state).prefix(5)) == [
-                "delivered", "delivered", "retry", "delivered", "delivered",
+                .delivered, .delivered, .retry, .delivered, .delivered,
             ])
         #expect(
             Array(receiver.received.map(\.sub).prefix(5)) == ["001.a", "001.b", "001.c", "001.d", "001.e"])

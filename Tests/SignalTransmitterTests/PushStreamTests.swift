@@ -53,7 +53,7 @@ struct PushStreamTests {
             outcomes += round
             if round.isEmpty { break }
         }
-        #expect(outcomes.allSatisfy { $0.state == "delivered" })
+        #expect(outcomes.allSatisfy { $0.state == .delivered })
         #expect(receiver.received.allSatisfy { $0.status == 202 })
         let streamEvents = receiver.received.filter { $0.sub == id }.map(\.eventType)
         #expect(

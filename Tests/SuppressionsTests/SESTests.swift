@@ -115,10 +115,10 @@ struct SESTests {
         try fixture.database.connection.execute(
             "INSERT INTO siwa.accounts (sub, email, is_private_email) VALUES ('s2', $1, true)", [.text(bob)])
         try fixture.apply([("email-disabled", "s1", alice)])
-        #expect(try fixture.dispatcher().drainOnce().map(\.outcome) == ["done"])
+        #expect(try fixture.dispatcher().drainOnce().map(\.outcome.recordedName) == ["done"])
         #expect(fake.sesEntries[alice]?.reason == "BOUNCE" && fake.sesEntries[alice]?.messageID == nil)
         try fixture.apply([("email-enabled", "s1", alice), ("account-delete", "s2", nil)])
-        #expect(try fixture.dispatcher().drainOnce().map(\.outcome) == ["done", "done"])
+        #expect(try fixture.dispatcher().drainOnce().map(\.outcome.recordedName) == ["done", "done"])
         let path = "/v2/email/suppression/addresses"
         #expect(
             fake.calls.map { "\($0.method) \($0.path) \($0.status)" } == [
@@ -134,11 +134,12 @@ struct SESTests {
         let fixture = try Fixture([.ses], preset: [alice])
         let fake = fixture.fakes["ses"]!
         try fixture.apply([("email-disabled", "s1", alice), ("email-disabled", "s2", bob)])
-        #expect(try fixture.dispatcher().drainOnce().map(\.outcome) == ["already_there", "done"])
+        #expect(
+            try fixture.dispatcher().drainOnce().map(\.outcome.recordedName) == ["already_there", "done"])
         // SES suppresses bob for a bounce of its own after our add: the entry is no longer ours.
         fake.suppressAsSES(bob)
         try fixture.apply([("email-enabled", "s1", alice), ("email-enabled", "s2", bob)])
-        #expect(try fixture.dispatcher().drainOnce().map(\.outcome) == ["not_ours"])
+        #expect(try fixture.dispatcher().drainOnce().map(\.outcome.recordedName) == ["not_ours"])
         #expect(fake.suppressed == [alice, bob])
         #expect(!fake.calls.contains { $0.method == "DELETE" })
         #expect(
@@ -154,11 +155,11 @@ struct SESTests {
         let fixture = try Fixture([.ses])
         let fake = fixture.fakes["ses"]!
         try fixture.apply([("email-disabled", "s1", alice)])
-        #expect(try fixture.dispatcher().drainOnce().map(\.outcome) == ["done"])
+        #expect(try fixture.dispatcher().drainOnce().map(\.outcome.recordedName) == ["done"])
         // Someone took it off the list in the console meanwhile.
         fake.script([.init(status: 404)])
         try fixture.apply([("email-enabled", "s1", alice)])
-        #expect(try fixture.dispatcher().drainOnce().map(\.outcome) == ["not_there"])
+        #expect(try fixture.dispatcher().drainOnce().map(\.outcome.recordedName) == ["not_there"])
         #expect(fake.calls.map(\.method) == ["GET", "PUT", "GET"])
     }
 
@@ -173,9 +174,9 @@ struct SESTests {
             .init(status: 404), .init(status: 400, headers: [("x-amzn-ErrorType", "BadRequestException")]),
         ])
         try fixture.apply([("email-disabled", "s1", alice)])
-        #expect(try fixture.dispatcher().drainOnce().map(\.outcome) == ["retry"])
+        #expect(try fixture.dispatcher().drainOnce().map(\.outcome.recordedName) == ["retry"])
         try fixture.makeDue()
-        #expect(try fixture.dispatcher().drainOnce().map(\.outcome) == ["permanent"])
+        #expect(try fixture.dispatcher().drainOnce().map(\.outcome.recordedName) == ["permanent"])
         // A wrong secret: the fake recomputes the signature and refuses it.
         let wrong = SESProvider(
             credentials: .init(accessKeyID: FakeSuppressionProvider.sesAccessKeyID, secretAccessKey: "wrong"),
@@ -187,7 +188,7 @@ struct SESTests {
                 providers: ["ses": wrong]),
             logger: quietLogger)
         let refused = try #require(try dispatcher.drainOnce().first)
-        #expect(refused.outcome == "permanent" && refused.status == 403)
+        #expect(refused.outcome.recordedName == "permanent" && refused.status == 403)
         #expect(fake.suppressed.isEmpty)
     }
 }

@@ -111,10 +111,11 @@ struct SuppressionTests {
             "INSERT INTO siwa.accounts (sub, email, is_private_email) VALUES ('s2', $1, true)", [.text(bob)])
         try fixture.apply([("email-disabled", "s1", alice)])
         let first = try fixture.dispatcher().drainOnce()
-        #expect(first.map(\.outcome) == ["done", "done", "done"])
+        #expect(first.map(\.outcome.recordedName) == ["done", "done", "done"])
         try fixture.apply([("email-enabled", "s1", alice), ("account-delete", "s2", nil)])
         let second = try fixture.dispatcher().drainOnce()
-        #expect(second.map(\.outcome).sorted() == ["done", "done", "done", "done", "done", "done"])
+        #expect(
+            second.map(\.outcome.recordedName).sorted() == ["done", "done", "done", "done", "done", "done"])
         let sendgrid = fixture.fakes["sendgrid"]!.calls.map { "\($0.method) \($0.path) \($0.status)" }
         #expect(
             sendgrid == [
@@ -152,7 +153,10 @@ struct SuppressionTests {
     func ownership() throws {
         let fixture = try Fixture([.sendgrid, .postmark], preset: [alice])
         try fixture.apply([("email-disabled", "s1", alice)])
-        #expect(try fixture.dispatcher().drainOnce().map(\.outcome) == ["already_there", "already_there"])
+        #expect(
+            try fixture.dispatcher().drainOnce().map(\.outcome.recordedName) == [
+                "already_there", "already_there",
+            ])
         try fixture.apply([("email-enabled", "s1", alice)])
         #expect(try fixture.dispatcher().drainOnce().isEmpty)
         for fake in fixture.fakes.values {
@@ -179,7 +183,7 @@ struct SuppressionTests {
         try fixture.apply([("email-disabled", "s1", alice)])
         for expected in [120.0, 300.0, 200.0] {
             let outcome = try #require(try fixture.dispatcher().drainOnce().first)
-            #expect(outcome.outcome == "retry" && outcome.status == 429)
+            #expect(outcome.outcome.recordedName == "retry" && outcome.status == 429)
             let wait = try fixture.database.value(
                 "SELECT extract(epoch FROM next_attempt_at - now())::float8 FROM siwa.suppression_outbox",
                 as: Double.self)
@@ -187,7 +191,7 @@ struct SuppressionTests {
             #expect(try fixture.dispatcher().drainOnce().isEmpty)
             try fixture.makeDue()
         }
-        #expect(try fixture.dispatcher().drainOnce().map(\.outcome) == ["done"])
+        #expect(try fixture.dispatcher().drainOnce().map(\.outcome.recordedName) == ["done"])
         #expect(fake.suppressed == [alice])
     }
 
@@ -198,15 +202,15 @@ struct SuppressionTests {
         fake.script([.init(status: 503), .init(status: 200, delay: .seconds(3))])
         try fixture.apply([("email-disabled", "s1", alice)])
         let dispatcher = try fixture.dispatcher(timeout: .seconds(1))
-        #expect(try dispatcher.drainOnce().map(\.outcome) == ["retry"])
+        #expect(try dispatcher.drainOnce().map(\.outcome.recordedName) == ["retry"])
         try fixture.makeDue()
-        #expect(try dispatcher.drainOnce().map(\.outcome) == ["retry"])
+        #expect(try dispatcher.drainOnce().map(\.outcome.recordedName) == ["retry"])
         try fixture.makeDue()
-        #expect(try dispatcher.drainOnce().map(\.outcome) == ["done"])
+        #expect(try dispatcher.drainOnce().map(\.outcome.recordedName) == ["done"])
         #expect(fake.suppressed == [alice])
         fake.script([.init(status: 422)])
         try fixture.apply([("email-disabled", "s2", bob)])
-        #expect(try dispatcher.drainOnce().map(\.outcome) == ["permanent"])
+        #expect(try dispatcher.drainOnce().map(\.outcome.recordedName) == ["permanent"])
         #expect(try fixture.rows().last == "postmark add dead permanent")
     }
 
@@ -249,11 +253,11 @@ struct SuppressionTests {
             "SELECT * FROM siwa.apply_sub_transfer('t1', ARRAY['old.sub'], ARRAY['new.sub'], ARRAY[NULL::text], ARRAY[NULL::boolean])"
         )
         #expect(try fixture.database.value("SELECT sub FROM siwa.suppression_outbox") as String == "new.sub")
-        #expect(try fixture.dispatcher().drainOnce().map(\.outcome) == ["done"])
+        #expect(try fixture.dispatcher().drainOnce().map(\.outcome.recordedName) == ["done"])
         #expect(
             try fixture.database.value("SELECT sub FROM siwa.suppressions_we_added") as String == "new.sub")
         try fixture.apply([("email-enabled", "new.sub", alice)])
-        #expect(try fixture.dispatcher().drainOnce().map(\.outcome) == ["done"])
+        #expect(try fixture.dispatcher().drainOnce().map(\.outcome.recordedName) == ["done"])
         #expect(fixture.fakes["sendgrid"]!.suppressed.isEmpty)
     }
 
@@ -269,7 +273,8 @@ struct SuppressionTests {
             try fixture.database.value(
                 "SELECT count(*) FROM siwa.accounts WHERE email IS NULL AND sub = 's1'") as Int == 1)
         // Within the wait the pending rows keep the address, and the working provider gets it.
-        #expect(try fixture.dispatcher().drainOnce().map(\.outcome).sorted() == ["done", "retry"])
+        #expect(
+            try fixture.dispatcher().drainOnce().map(\.outcome.recordedName).sorted() == ["done", "retry"])
         #expect(fixture.fakes["sendgrid"]!.suppressed == [alice])
         #expect(
             try fixture.database.value(
@@ -298,12 +303,12 @@ struct SuppressionTests {
         fake.script([.late(.zero), .late(.seconds(3))])  // the lookup, then the add answered too late
         try fixture.apply([("email-disabled", "s1", alice)])
         let dispatcher = try fixture.dispatcher(timeout: .seconds(1))
-        #expect(try dispatcher.drainOnce().map(\.outcome) == ["retry"])
+        #expect(try dispatcher.drainOnce().map(\.outcome.recordedName) == ["retry"])
         #expect(fake.suppressed == [alice])
         try fixture.makeDue()
-        #expect(try dispatcher.drainOnce().map(\.outcome) == ["done"])
+        #expect(try dispatcher.drainOnce().map(\.outcome.recordedName) == ["done"])
         try fixture.apply([("email-enabled", "s1", alice)])
-        #expect(try dispatcher.drainOnce().map(\.outcome) == ["done"])
+        #expect(try dispatcher.drainOnce().map(\.outcome.recordedName) == ["done"])
         #expect(fake.suppressed.isEmpty)
         #expect(fake.calls.map(\.method) == ["GET", "POST", "GET", "DELETE"])
     }
@@ -314,9 +319,9 @@ struct SuppressionTests {
         fixture.fakes["sendgrid"]!.script([.init(status: 500), .init(status: 500)])
         try fixture.apply([("email-disabled", "s1", alice)])
         let dispatcher = try fixture.dispatcher(maxAttempts: 2)
-        #expect(try dispatcher.drainOnce().map(\.outcome) == ["retry"])
+        #expect(try dispatcher.drainOnce().map(\.outcome.recordedName) == ["retry"])
         try fixture.makeDue()
-        #expect(try dispatcher.drainOnce().map(\.outcome) == ["retry"])
+        #expect(try dispatcher.drainOnce().map(\.outcome.recordedName) == ["retry"])
         #expect(try fixture.rows() == ["sendgrid add dead gave_up"])
     }
 
@@ -336,7 +341,7 @@ struct SuppressionTests {
         try fixture.database.connection.execute(
             "UPDATE siwa.suppression_outbox SET lease_expires_at = now() - interval '1 s' WHERE id = $1",
             [.int(Int64(id))])
-        #expect(try fixture.dispatcher().drainOnce().map(\.outcome) == ["done"])
+        #expect(try fixture.dispatcher().drainOnce().map(\.outcome.recordedName) == ["done"])
         #expect(
             try worker.value(
                 "SELECT siwa.record_suppression_attempt($1, 'dead-lane', 'done', 201, NULL)",
