@@ -120,11 +120,9 @@ final class Lane {
     /// ``ConsumerLoop`` that LISTENs, drains, and waits for a NOTIFY, the next due retry or the poll
     /// interval. In `once` mode a database failure ends the lane with an error; otherwise the lane
     /// reconnects with the shared backoff. Maintenance is not a lane's job: ``Maintenance`` runs it on
-    /// its own schedule. Also returns, in `once` mode, how soon the first notification put off as busy
-    /// is due again.
-    func run() -> (Worker.DrainSummary, WorkerError?, Duration?) {
+    /// its own schedule.
+    func run() -> (Worker.DrainSummary, WorkerError?) {
         var summary = Worker.DrainSummary()
-        var nextBusyDue: Duration?
         var loop = ConsumerLoop<PostgresConnection>(
             state: ConsumerLoopState(
                 pollInterval: configuration.pollInterval,
@@ -139,7 +137,7 @@ final class Lane {
             },
             drain: { [self] connection in
                 try drain(connection, into: &summary)
-                nextBusyDue = try observeBusy(connection)
+                _ = try observeBusy(connection)
                 return once ? nil : try untilNextDue(connection)
             },
             wait: { [worker] connection, timeout in
@@ -173,9 +171,9 @@ final class Lane {
         } catch {
             worker.metrics.reconnects.increment()
             let message = (error as? PostgresError)?.description ?? "\(error)"
-            return (summary, WorkerError(code: .database, message: message), nil)
+            return (summary, WorkerError(code: .database, message: message))
         }
-        return (summary, nil, nextBusyDue)
+        return (summary, nil)
     }
 
     /// Runs batches until nothing is claimable but notifications of users found busy (their account

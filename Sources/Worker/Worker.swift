@@ -151,19 +151,30 @@ public final class Worker: Sendable {
             let progress =
                 round.summary.applied + round.summary.skipped + round.summary.retried + round.summary.dead
                 + round.summary.rejected + round.summary.refused
-            guard !isStopping, progress > 0, let wait = round.nextBusyDue else { break }
+            // Read once every lane is done: a lane's own look may precede another lane's put-off.
+            guard !isStopping, progress > 0, let wait = try busyDue() else { break }
             sleep(min(max(wait, .milliseconds(10)), .seconds(5)))
         }
         if !isStopping, let failure = Maintenance(worker: self).runOnce() { throw failure }
         return total
     }
 
+    /// How soon the first notification put off as busy is due again; nil when none is pending.
+    private func busyDue() throws(WorkerError) -> Duration? {
+        do throws(PostgresError) {
+            let connection = try connect(listen: false, fields: ["task": .string("drain")])
+            defer { connection.close() }
+            return try connection.rows(BusyUsers.self).first?.firstDueIn.map {
+                .milliseconds(Int64((max($0, 0) * 1000).rounded(.up)))
+            }
+        } catch {
+            throw WorkerError(code: .database, message: error.description)
+        }
+    }
+
     private struct Round {
         var summary = DrainSummary()
         var failure: WorkerError?
-        /// How soon the first notification put off as busy is due again, as seen by the last lane to
-        /// finish; nil when none is.
-        var nextBusyDue: Duration?
     }
 
     private func runLanes(once: Bool) -> Round {
@@ -177,11 +188,10 @@ public final class Worker: Sendable {
             threads.append(
                 JoinableThread(name: "siwa-worker-\(index)") { [self] in
                     let lane = Lane(worker: self, index: index, once: once)
-                    let (summary, failure, nextBusyDue) = lane.run()
+                    let (summary, failure) = lane.run()
                     results.withLock { round in
                         round.summary.add(summary)
                         if round.failure == nil { round.failure = failure }
-                        round.nextBusyDue = nextBusyDue  // the last lane to finish saw every row put off
                     }
                 })
         }
