@@ -537,7 +537,6 @@ class JWKSServer:
                     pass  # the receiver gave up waiting (slow mode)
 
         ThreadingHTTPServer.daemon_threads = True
-        self.down = False
         self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.listening = True
