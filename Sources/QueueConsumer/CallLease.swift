@@ -18,4 +18,23 @@ public enum CallLease {
     /// The lease for each row of a batch whose calls have this deadline, each started within
     /// ``batchWindow`` of the claim.
     public static func covering(batchOf deadline: Duration) -> Duration { deadline + batchWindow + margin }
+
+    /// Makes the calls of a batch claimed at `claimed` one after another, in order, until one fails,
+    /// ``batchWindow`` has passed or `isStopping` says so; returns the results and the rows left unsent
+    /// (for the caller to release).
+    public static func callInTurn<Row, Result>(
+        _ rows: [Row], claimed: ContinuousClock.Instant, isStopping: () -> Bool, call: (Row) -> Result,
+        failed: (Result) -> Bool
+    ) -> (results: [Result], unsent: [Row]) {
+        var results: [Result] = []
+        for (index, row) in rows.enumerated() {
+            if isStopping() || results.contains(where: failed)
+                || (!results.isEmpty && claimed.duration(to: .now) > batchWindow)
+            {
+                return (results, Array(rows[index...]))
+            }
+            results.append(call(row))
+        }
+        return (results, [])
+    }
 }

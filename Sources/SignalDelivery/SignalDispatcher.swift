@@ -206,19 +206,11 @@ public final class SignalDispatcher: Sendable {
             ClaimedSET.self,
             [.text(owner), .double(configuration.lease.inSeconds), .int(Int64(configuration.batchSize))])
         guard !events.isEmpty else { return nil }
-        var pushes: [Push] = []
-        var released: [ClaimedSET] = []
-        for event in events {
-            if stopSignal.isStopped || pushes.contains(where: { $0.failure != nil })
-                || (!pushes.isEmpty && claimed.duration(to: .now) > CallLease.batchWindow)
-            {
-                released.append(event)
-            } else {
-                pushes.append(push(event, lane: lane))
-            }
-        }
+        let (pushes, unsent) = CallLease.callInTurn(
+            events, claimed: claimed, isStopping: { stopSignal.isStopped }, call: { push($0, lane: lane) },
+            failed: { $0.failure != nil })
         return try connection.transaction { connection in
-            for event in released { _ = try record(event.id, owner: owner, push: nil, on: connection) }
+            for event in unsent { _ = try record(event.id, owner: owner, push: nil, on: connection) }
             return try pushes.map { push in
                 try report(push, recorded: record(push.event.id, owner: owner, push: push, on: connection))
             }

@@ -290,17 +290,9 @@ public final class WebhookDispatcher: Sendable {
 
         // No transaction is open from here to the record: the deliveries are held by their leases only,
         // and no attempt starts later than the batch window after the claim (each ends within its lease).
-        var made: [Attempt] = []
-        var released: [Int] = []
-        for delivery in claims.compactMap(\.delivery) {
-            if isStopping || made.contains(where: { $0.failure != nil })
-                || (!made.isEmpty && claimed.duration(to: .now) > CallLease.batchWindow)
-            {
-                released.append(delivery.id)
-            } else {
-                made.append(attempt(delivery, lane: lane))
-            }
-        }
+        let (made, unsent) = CallLease.callInTurn(
+            claims.compactMap(\.delivery), claimed: claimed, isStopping: { isStopping },
+            call: { attempt($0, lane: lane) }, failed: { $0.failure != nil })
         var parameters: [[PostgresData?]] = Array(repeating: [], count: 7)
         for attempt in made {
             parameters[0].append(.int(Int64(attempt.delivery.id)))
@@ -311,8 +303,8 @@ public final class WebhookDispatcher: Sendable {
             parameters[5].append(attempt.retryIn.map { .double($0) })
             parameters[6].append(attempt.failure.map { .text(String($0.prefix(300))) })
         }
-        for id in released {
-            parameters[0].append(.int(Int64(id)))
+        for delivery in unsent {
+            parameters[0].append(.int(Int64(delivery.id)))
             for column in 1..<7 { parameters[column].append(column == 4 ? .text("released") : nil) }
         }
         // The endpoint's backoff as a whole (from its 3rd consecutive failure) follows the same schedule.
