@@ -137,7 +137,7 @@ final class Lane {
             },
             drain: { [self] connection in
                 try drain(connection, into: &summary)
-                _ = try observeBusy(connection)
+                try observeBusy(connection)
                 return once ? nil : try untilNextDue(connection)
             },
             wait: { [worker] connection, timeout in
@@ -195,13 +195,10 @@ final class Lane {
         }
     }
 
-    /// Publishes how long the longest-busy pending notification has waited for its user; returns how
-    /// soon the first busy one is due again (nil when none is busy).
-    private func observeBusy(_ connection: PostgresConnection) throws(PostgresError) -> Duration? {
-        let busy = try connection.rows(BusyUsers.self).first
-        let oldest = busy?.longestWait ?? 0
+    /// Publishes how long the longest-busy pending notification has waited for its user.
+    private func observeBusy(_ connection: PostgresConnection) throws(PostgresError) {
+        let oldest = try connection.rows(BusyUsers.self).first?.longestWait ?? 0
         worker.metrics.oldestBusyMilliseconds.store(Int((oldest * 1000).rounded()), ordering: .relaxed)
-        return busy?.firstDueIn.map { .milliseconds(Int64((max($0, 0) * 1000).rounded(.up))) }
     }
 
     /// One batch in one transaction: the claim (``claimAndApply(_:only:skipping:)``), each stored token verified
@@ -445,4 +442,6 @@ struct BusyUsers: PostgresRowDecodable {
         longestWait = try row[0, as: Double?.self]
         firstDueIn = try row[1, as: Double?.self]
     }
+    /// How soon the first busy one is due again, in whole milliseconds up (none past); nil when none is busy.
+    var firstDue: Duration? { firstDueIn.map { .milliseconds(Int64((max($0, 0) * 1000).rounded(.up))) } }
 }

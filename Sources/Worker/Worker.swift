@@ -164,9 +164,7 @@ public final class Worker: Sendable {
         do throws(PostgresError) {
             let connection = try connect(listen: false, fields: ["task": .string("drain")])
             defer { connection.close() }
-            return try connection.rows(BusyUsers.self).first?.firstDueIn.map {
-                .milliseconds(Int64((max($0, 0) * 1000).rounded(.up)))
-            }
+            return try connection.rows(BusyUsers.self).first?.firstDue
         } catch {
             throw WorkerError(code: .database, message: error.description)
         }
