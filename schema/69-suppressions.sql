@@ -63,7 +63,7 @@ CREATE TABLE IF NOT EXISTS siwa.suppression_outbox (
     add_sent_at      timestamptz,
     lease_owner      text,
     lease_expires_at timestamptz,
-    CONSTRAINT suppression_outbox_event_check CHECK (event IN ('email-disabled', 'email-enabled', 'account-delete')),
+    CONSTRAINT suppression_outbox_event_check CHECK (event IN ('email-disabled', 'email-enabled', 'account-delete', 'real-address')),
     CONSTRAINT suppression_outbox_action_check CHECK (action IN ('add', 'remove')),
     CONSTRAINT suppression_outbox_state_check CHECK (state IN ('pending', 'done', 'dead')),
     CONSTRAINT suppression_outbox_outcome_check CHECK (
@@ -78,7 +78,7 @@ CREATE TABLE IF NOT EXISTS siwa.suppression_outbox (
 COMMENT ON TABLE siwa.suppression_outbox IS
     'One row per enabled ESP and address an email-disabled, email-enabled or account-delete changed, written in the transaction that applied it; delivered by siwa-worker in order per provider and address (siwa.claim_suppressions, siwa.record_suppression_attempt).';
 COMMENT ON COLUMN siwa.suppression_outbox.sub IS 'The user''s sub; a team transfer rewrites it (siwa.sub_columns).';
-COMMENT ON COLUMN siwa.suppression_outbox.event IS 'The event whose effect this is: email-disabled, email-enabled or account-delete.';
+COMMENT ON COLUMN siwa.suppression_outbox.event IS 'The event whose effect this is: email-disabled, email-enabled or account-delete; real-address for the removal of what an earlier version added for an address that is not a relay address (siwa.remove_real_address_suppressions).';
 COMMENT ON COLUMN siwa.suppression_outbox.action IS 'add (to the provider''s suppression list) or remove (only if siwa.suppressions_we_added holds it).';
 COMMENT ON COLUMN siwa.suppression_outbox.address IS 'The address as the provider is sent it; NULL once the account is erased and the row is no longer pending.';
 COMMENT ON COLUMN siwa.suppression_outbox.address_key IS 'siwa.mail_address_key(address): the order is per provider and key.';
@@ -129,7 +129,8 @@ ON CONFLICT (table_name, column_name) DO UPDATE SET on_transfer = EXCLUDED.on_tr
 -- The fan-out and the erasure, once per UPDATE statement on siwa.accounts (the set-based pass updates a
 -- batch's accounts in one): with no provider at all (most deployments) one probe and nothing else.
 -- An account newly deleted adds its address (an email event of the same statement is then moot); else a
--- new email status adds (disabled) or removes (enabled) it. An account newly erased: its finished rows
+-- new email status adds (disabled) or removes (enabled) it. Only a relay address Apple gave this app
+-- (is_private_email true): a real address on a global list would outlive our erasure and stop every later mail. An account newly erased: its finished rows
 -- lose their address, its pending ones get erase_by, what we added for it is forgotten. SECURITY
 -- INVOKER: the updating role (the worker, the owner) needs the grants of schema/85-privileges.sql.
 CREATE OR REPLACE FUNCTION siwa.suppression_fan_out() RETURNS trigger
@@ -143,15 +144,17 @@ BEGIN
       FROM new_accounts n
       JOIN old_accounts o ON o.sub = n.sub
       CROSS JOIN LATERAL (
-          SELECT 'account-delete' AS event, 'add' AS action, coalesce(o.email, n.email) AS address
+          SELECT 'account-delete' AS event, 'add' AS action, coalesce(o.email, n.email) AS address,
+                 CASE WHEN o.email IS NOT NULL THEN o.is_private_email ELSE n.is_private_email END AS relay
            WHERE o.deleted_at IS NULL AND n.deleted_at IS NOT NULL
           UNION ALL
           SELECT 'email-' || n.email_status, CASE n.email_status WHEN 'disabled' THEN 'add' ELSE 'remove' END,
-                 coalesce(n.email, o.email)
+                 coalesce(n.email, o.email),
+                 CASE WHEN n.email IS NOT NULL THEN n.is_private_email ELSE o.is_private_email END
            WHERE n.email_status IS DISTINCT FROM o.email_status AND n.email_status IS NOT NULL
              AND n.deleted_at IS NULL) AS x
       JOIN siwa.suppression_providers p ON p.enabled
-     WHERE siwa.mail_address_key(x.address) IS NOT NULL
+     WHERE x.relay AND siwa.mail_address_key(x.address) IS NOT NULL
      ORDER BY n.sub, p.name;
     IF FOUND THEN
         PERFORM pg_catalog.pg_notify('siwa_suppressions', '');
@@ -343,14 +346,63 @@ COMMENT ON FUNCTION siwa.retry_suppressions(bigint, text) IS
     'Makes pending suppression rows due now with their attempts reset: one row or a provider''s. Returns how many. The owner''s.';
 
 CREATE OR REPLACE FUNCTION siwa.replay_suppression(p_id bigint) RETURNS bigint
-LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    IF EXISTS (SELECT 1 FROM siwa.suppression_outbox r JOIN siwa.suppression_outbox q
+                 ON q.provider = r.provider AND q.address_key = r.address_key AND q.id > r.id
+                WHERE r.id = p_id) THEN
+        RAISE EXCEPTION 'suppression row % is superseded by a later row of its provider and address', p_id
+            USING ERRCODE = '22023', HINT = 'replay the latest row, or siwactl mail suppressions replay --provider';
+    END IF;
     INSERT INTO siwa.suppression_outbox (provider, sub, event, action, address, address_key)
     SELECT r.provider, r.sub, r.event, r.action, r.address, r.address_key
       FROM siwa.suppression_outbox r WHERE r.id = p_id AND r.state <> 'pending' AND r.address IS NOT NULL
-    RETURNING id
+    RETURNING id INTO v_id;
+    RETURN v_id;
+END;
 $$;
 COMMENT ON FUNCTION siwa.replay_suppression(bigint) IS
-    'Writes a finished suppression row again as a new pending row (same provider, address, action); returns its id, NULL when the row is pending, unknown or erased. The owner''s.';
+    'Writes a finished suppression row again as a new pending row (same provider, address, action); returns its id, NULL when the row is pending, unknown or erased; 22023 when a later row of its provider and address supersedes it (replaying it would undo a newer state). The owner''s.';
+
+-- What an earlier version added for real addresses (not relay: is_private_email not true), which no
+-- suppression list should hold (siwa.suppression_fan_out): per provider, whose and since when.
+CREATE OR REPLACE FUNCTION siwa.real_address_suppressions(p_provider text DEFAULT NULL)
+RETURNS TABLE (provider text, sub text, added_at timestamptz)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT w.provider, w.sub, w.added_at
+      FROM siwa.suppressions_we_added w
+      JOIN siwa.accounts a ON a.sub = w.sub AND siwa.mail_address_key(a.email) = w.address_key
+     WHERE a.is_private_email IS NOT TRUE AND (p_provider IS NULL OR w.provider = p_provider)
+     ORDER BY w.provider, w.added_at
+$$;
+COMMENT ON FUNCTION siwa.real_address_suppressions(text) IS
+    'The suppressions siwa-worker added (siwa.suppressions_we_added) for addresses that are not relay addresses, of p_provider or all: provider, sub, added_at (never the address). The owner''s (siwactl mail suppressions real-addresses).';
+
+-- siwactl mail suppressions real-addresses --remove: each of them queued for removal, after any pending
+-- row of its provider and address.
+CREATE OR REPLACE FUNCTION siwa.remove_real_address_suppressions(p_provider text DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    INSERT INTO siwa.suppression_outbox (provider, sub, event, action, address, address_key)
+    SELECT w.provider, w.sub, 'real-address', 'remove', a.email, w.address_key
+      FROM siwa.suppressions_we_added w
+      JOIN siwa.accounts a ON a.sub = w.sub AND siwa.mail_address_key(a.email) = w.address_key
+     WHERE a.is_private_email IS NOT TRUE AND (p_provider IS NULL OR w.provider = p_provider)
+     ORDER BY w.provider, w.added_at;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count > 0 THEN
+        PERFORM pg_catalog.pg_notify('siwa_suppressions', '');
+    END IF;
+    RETURN v_count;
+END;
+$$;
+COMMENT ON FUNCTION siwa.remove_real_address_suppressions(text) IS
+    'Queues the removal of every suppression siwa.real_address_suppressions lists (of p_provider or all) from its provider''s list; returns how many. The owner''s.';
 
 -- siwactl mail suppressions retry ID|--dead: dead rows pending again, due now, attempts reset. A dead
 -- row superseded by a later finished row of its provider and address is left (its state would undo a

@@ -329,12 +329,14 @@ BEGIN
 END;
 $$;
 
--- Shared Signals (schema/74-shared-signals.sql): the worker's SSF lane claims and records; admins read
+-- Shared Signals (schema/74-shared-signals.sql): the worker's SSF lane claims and records; the fan-out
+-- trigger on siwa.changes runs as the worker and reads which subjects each stream includes; admins read
 -- the overview.
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_worker') THEN
         GRANT SELECT ON siwa.ssf_streams TO siwa_worker;
+        GRANT SELECT (stream_id, sub, included) ON siwa.ssf_stream_subjects TO siwa_worker;
         GRANT UPDATE (last_claimed_at) ON siwa.ssf_streams TO siwa_worker;
         GRANT SELECT, INSERT, UPDATE ON siwa.ssf_events TO siwa_worker;
         GRANT EXECUTE ON FUNCTION siwa.ssf_fan_out(), siwa.ssf_event_type(text),

@@ -296,19 +296,21 @@ public struct CommandSpec: Sendable {
         return parsed
     }
 
-    /// A secret option's value(s) from the file at `path` (`-`: standard input): the text without
+    /// A secret option's value(s) from the file at `path` (`-`: standard input), read by the one rule
+    /// for secret files (``SecretFile``: group and others may not read it): the text without
     /// surrounding whitespace, or for a repeatable option each non-empty line.
     static func readSecret(from path: String, for option: CommandOption, naming source: String)
         throws(CommandLineError) -> [String]
     {
-        let data: Data?
+        let data: Data
         if path == "-" {
             data = FileHandle.standardInput.readDataToEndOfFile()
         } else {
-            data = FileManager.default.contents(atPath: path)
-        }
-        guard let data else {
-            throw CommandLineError(.invalidValue, "\(source): cannot read \(path)")
+            do {
+                data = try SecretFile.read(path, setting: source)
+            } catch {
+                throw CommandLineError(.invalidValue, error.message)
+            }
         }
         let text = String(decoding: data, as: UTF8.self)
         let values =

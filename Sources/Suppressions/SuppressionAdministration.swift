@@ -122,6 +122,31 @@ public struct SuppressionAdministration {
             [.text(provider), since.map { .double($0.timeIntervalSince1970) }], as: Int.self)
     }
 
+    /// One suppression an earlier version added for an address that is not a relay address.
+    public struct RealAddressSuppression: Sendable, Equatable {
+        public var provider: String
+        /// Whose address it is (never the address).
+        public var sub: String
+        public var addedAt: Date
+    }
+
+    /// What was added (of `provider`, or every provider) for addresses that are not relay addresses,
+    /// which no suppression list should hold (docs/operations.md, "Suppression lists").
+    public func realAddressSuppressions(provider: String? = nil) throws -> [RealAddressSuppression] {
+        try connection.query(
+            "SELECT provider, sub, added_at FROM siwa.real_address_suppressions($1)",
+            [provider.map { .text($0) }]
+        ).map { row throws -> RealAddressSuppression in
+            RealAddressSuppression(provider: try row[0], sub: try row[1], addedAt: try row[2])
+        }
+    }
+
+    /// Queues the removal of each of ``realAddressSuppressions(provider:)``; returns how many.
+    public func removeRealAddressSuppressions(provider: String? = nil) throws -> Int {
+        try connection.value(
+            "SELECT siwa.remove_real_address_suppressions($1)", [provider.map { .text($0) }], as: Int.self)
+    }
+
     /// Whether `provider` is a row of `siwa.suppression_providers`.
     public func providerExists(_ provider: String) throws -> Bool {
         try connection.value(

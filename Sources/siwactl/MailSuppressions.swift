@@ -49,14 +49,50 @@ enum MailSuppressionsVerb {
                 "since", valueName: "TIME", help: "Addresses with a row since (ISO 8601, or an age: 2h)."),
         ])
 
+    static let realAddressesSpec = CommandSpec(
+        name: "siwactl mail suppressions real-addresses",
+        abstract: """
+            Lists what an earlier version added to a suppression list for an address that is not a relay
+            address (a user who shared a real address): provider, the user's sub, when. With --remove, queues
+            the removal of each (siwa-worker --suppressions sends it) and prints how many.
+            """,
+        options: [.databaseURL, providerOption],
+        flags: [CommandFlag("remove", help: "Queue their removal from the providers' lists.")])
+
     static let verb = Verb(
         name: "suppressions",
-        abstract: "The ESP suppression outbox: list, retry and replay its rows.",
+        abstract:
+            "The ESP suppression outbox: list, retry and replay its rows; find and remove real addresses.",
         subverbs: [
             .parsing("list", listSpec) { parsed, _ in try list(parsed) },
             .parsing("retry", retrySpec) { parsed, _ in try retry(parsed) },
             .parsing("replay", replaySpec) { parsed, _ in try replay(parsed) },
+            .parsing("real-addresses", realAddressesSpec) { parsed, _ in try realAddresses(parsed) },
         ])
+
+    static func realAddresses(_ parsed: ParsedCommand) throws {
+        let provider = parsed.value("provider")
+        let connection = try connect(parsed)
+        defer { connection.close() }
+        let administration = SuppressionAdministration(connection)
+        if let provider,
+            try !database("reading the provider", { try administration.providerExists(provider) })
+        {
+            throw ToolFailure("no provider \(provider)")
+        }
+        if parsed.flag("remove") {
+            let count = try database("queueing removals") {
+                try administration.removeRealAddressSuppressions(provider: provider)
+            }
+            writeStandardOutput("queued \(count) removal\(count == 1 ? "" : "s")\n")
+            return
+        }
+        let rows = try database("listing") { try administration.realAddressSuppressions(provider: provider) }
+        writeStandardOutput(
+            renderTable(
+                header: ["PROVIDER", "SUB", "ADDED"],
+                rows: rows.map { [$0.provider, $0.sub, formatShort($0.addedAt)] }))
+    }
 
     static func list(_ parsed: ParsedCommand) throws {
         let state = parsed.value("state")

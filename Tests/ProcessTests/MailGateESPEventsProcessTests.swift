@@ -67,6 +67,14 @@ struct MailGateESPEventsProcessTests {
             #expect(
                 !result.standardError.contains("s3cret") && !result.standardError.contains(Self.signingKey))
         }
+        // A signing key file that others may read: refused before anything starts.
+        let open = try file(Self.signingKey + "\n", mode: 0o644)
+        defer { try? FileManager.default.removeItem(at: open) }
+        let result = try run(
+            listen + ["--mailgun-signing-key-file", open.path],
+            base.merging(["SIWA_MAILGATE_ESP_EVENTS_DATABASE_URL": bounceURL]) { $1 })
+        #expect(result.status == 2 && result.standardError.contains("chmod 600"), "\(result.standardError)")
+        #expect(!result.standardError.contains(Self.signingKey))
     }
 
     @Test(

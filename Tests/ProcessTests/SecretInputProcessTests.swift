@@ -56,6 +56,14 @@ struct SecretInputProcessTests {
             "secret-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: file) }
         try Data((Self.third + "\n").utf8).write(to: file)
+        // Refused while others may read it (naming the file and the fix, quoting nothing), read once not.
+        try FileManager.default.setAttributes([.posixPermissions: 0o644], ofItemAtPath: file.path)
+        result = try Self.siwactl(
+            ["webhooks", "rotate-secret", "--endpoint", "1", "--overlap", "1h"], database,
+            environment: ["SIWA_WEBHOOK_SECRET_FILE": file.path])
+        #expect(result.status == 2 && result.standardError.contains("chmod 600"), "\(result.standardError)")
+        #expect(!result.standardError.contains(Self.third))
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: file.path)
         result = try Self.siwactl(
             ["webhooks", "rotate-secret", "--endpoint", "1", "--overlap", "1h"], database,
             environment: ["SIWA_WEBHOOK_SECRET_FILE": file.path])
@@ -67,6 +75,7 @@ struct SecretInputProcessTests {
             "empty-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: empty) }
         try Data("\n".utf8).write(to: empty)
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: empty.path)
         result = try Self.siwactl(
             ["webhooks", "add", "--url", "https://hooks.example.com/b", "--secret-file", empty.path], database
         )
@@ -107,6 +116,7 @@ struct SecretInputProcessTests {
         let file = FileManager.default.temporaryDirectory.appendingPathComponent("url-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: file) }
         try Data((database.url + "\n").utf8).write(to: file)
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: file.path)
         let plain = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") }
         var result = try ExecutableLocator.run(
             ExecutableLocator.url(named: "siwactl"), arguments: ["stats", "--database-url-file", file.path],

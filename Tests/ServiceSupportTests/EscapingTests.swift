@@ -85,10 +85,32 @@ struct SecretOptionTests {
             .databaseURL.requiring(),
         ])
 
-    static func file(_ text: String) throws -> String {
+    static func file(_ text: String, mode: Int = 0o600) throws -> String {
         let url = FileManager.default.temporaryDirectory.appendingPathComponent("secret-\(UUID().uuidString)")
         try Data(text.utf8).write(to: url)
+        try FileManager.default.setAttributes([.posixPermissions: mode], ofItemAtPath: url.path)
         return url.path
+    }
+
+    @Test(
+        "a secret file that group or others may read is refused, from --NAME-file and VARIABLE_FILE alike",
+        arguments: [0o644, 0o640, 0o604, 0o660])
+    func openFileRefused(mode: Int) throws {
+        let secret = try Self.file("s3cret-value\n", mode: mode)
+        defer { try? FileManager.default.removeItem(atPath: secret) }
+        for (arguments, environment) in [
+            (["--secret-file", secret, "--database-url", "x"], [String: String]()),
+            (["--database-url", "x"], ["TOOL_SECRET_FILE": secret]),
+            (["--secret", "a", "--database-url-file", secret], [:]),
+        ] {
+            do {
+                _ = try Self.spec.parse(arguments, environment: environment)
+                Issue.record("\(arguments) \(environment) was accepted")
+            } catch {
+                #expect(error.message.contains("chmod 600"), "\(error.message)")
+                #expect(!error.message.contains("s3cret-value"))
+            }
+        }
     }
 
     @Test("--NAME-file and VARIABLE_FILE read the value; on the command line it is flagged for a warning")

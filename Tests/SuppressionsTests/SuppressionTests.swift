@@ -149,6 +149,64 @@ struct SuppressionTests {
         #expect(try fixture.database.value("SELECT count(*) FROM siwa.suppressions_we_added") as Int == 0)
     }
 
+    @Test("a real address (is_private_email false) goes to no list: not when disabled, not when deleted")
+    func realAddressesStayOff() throws {
+        let fixture = try Fixture([.sendgrid, .postmark])
+        try fixture.database.connection.execute(
+            "INSERT INTO siwa.accounts (sub, email, is_private_email) VALUES ('s4', 'dave@example.com', false)"
+        )
+        try fixture.apply([
+            ("email-disabled", "s3", "carol@example.com"), ("account-delete", "s4", nil),
+            ("email-disabled", "s1", alice),
+        ])
+        #expect(
+            try fixture.database.value("SELECT count(*) FROM siwa.suppression_outbox WHERE sub <> 's1'")
+                as Int
+                == 0)
+        _ = try fixture.dispatcher().drainOnce()
+        for fake in fixture.fakes.values { #expect(fake.suppressed == [alice]) }
+    }
+
+    @Test("what an earlier version added for a real address is listed by sub and removed from the list")
+    func realAddressesAddedEarlier() throws {
+        let real = "erin@example.com"
+        let fixture = try Fixture([.sendgrid], preset: [real])
+        try fixture.database.connection.execute(
+            "INSERT INTO siwa.accounts (sub, email, is_private_email) VALUES ('s5', $1, false), ('s1', $2, true)",
+            [.text(real), .text(alice)])
+        try fixture.database.connection.execute(
+            """
+            INSERT INTO siwa.suppressions_we_added (provider, address_key, sub)
+            VALUES ('sendgrid', siwa.mail_address_key($1), 's5'), ('sendgrid', siwa.mail_address_key($2), 's1')
+            """, [.text(real), .text(alice)])
+        let administration = SuppressionAdministration(fixture.database.connection)
+        #expect(try administration.realAddressSuppressions().map(\.sub) == ["s5"])
+        #expect(try administration.removeRealAddressSuppressions(provider: "sendgrid") == 1)
+        #expect(try fixture.dispatcher().drainOnce().map(\.outcome.recordedName) == ["done"])
+        #expect(fixture.fakes["sendgrid"]!.suppressed.isEmpty)
+        #expect(try administration.realAddressSuppressions().isEmpty)
+        #expect(try fixture.rows() == ["sendgrid remove done done"])
+    }
+
+    @Test("replaying a row that a later row of its address supersedes is refused; the latest replays")
+    func replayKeepsTheOrder() throws {
+        let fixture = try Fixture([.sendgrid])
+        try fixture.apply([("email-disabled", "s1", alice)])
+        _ = try fixture.dispatcher().drainOnce()
+        try fixture.apply([("email-enabled", "s1", alice)])
+        _ = try fixture.dispatcher().drainOnce()
+        let ids = try fixture.database.query("SELECT id FROM siwa.suppression_outbox ORDER BY id").map {
+            try $0[0, as: Int.self]
+        }
+        try #require(ids.count == 2)
+        #expect(throws: PostgresError.self) {
+            try fixture.database.query("SELECT siwa.replay_suppression($1)", [.int(Int64(ids[0]))])
+        }
+        let replayed: Int = try fixture.database.value(
+            "SELECT siwa.replay_suppression($1)", [.int(Int64(ids[1]))])
+        #expect(replayed > ids[1])
+    }
+
     @Test("ownership: an address the ESP suppressed itself is not added, and not removed on email-enabled")
     func ownership() throws {
         let fixture = try Fixture([.sendgrid, .postmark], preset: [alice])
