@@ -110,6 +110,7 @@ struct ReferenceConsumerTests {
         let secretFile = FileManager.default.temporaryDirectory.appendingPathComponent(
             "siwa-reference-\(UUID().uuidString).secret")
         try Data(secret.text.utf8).write(to: secretFile)
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: secretFile.path)
         defer { try? FileManager.default.removeItem(at: secretFile) }
         let sent = try ExecutableLocator.run(
             ExecutableLocator.url(named: "siwactl"),
