@@ -6,6 +6,7 @@ import ServiceSupport
 /// signs nothing: the webhook URL carries HTTP Basic credentials (`https://user:password@host/…`, as
 /// Postmark's webhook page documents), checked here in constant time.
 public struct PostmarkWebhook: Sendable {
+    /// `user:password`, compared with the decoded Basic credentials.
     private let expected: String
 
     /// Types that are a permanent refusal; ``softTypes`` are tried again; any other is not a bounce.
@@ -16,13 +17,15 @@ public struct PostmarkWebhook: Sendable {
     public static let softTypes: Set<String> = ["SoftBounce", "Transient", "DnsError"]
 
     public init(username: String, password: String) {
-        expected = "Basic " + Data("\(username):\(password)".utf8).base64EncodedString()
+        expected = username + ":" + password
     }
 
     /// The bounce of one request, once its `Authorization` header carries the credentials.
     /// - Throws: ``ESPEventError`` (unauthenticated or malformed).
     public func events(body: [UInt8], authorization: String?) throws(ESPEventError) -> ESPEventBatch {
-        guard let authorization, constantTimeEqual(authorization, expected) else {
+        guard let basic = AuthorizationHeader.basicCredentials(authorization),
+            constantTimeEqual(basic.user + ":" + basic.password, expected)
+        else {
             throw .unauthenticated("the Postmark webhook's Basic credentials do not match")
         }
         let object = try ESPJSON.object(body)

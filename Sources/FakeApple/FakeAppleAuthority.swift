@@ -489,11 +489,10 @@ public final class FakeAppleAuthority: Sendable {
             log("/auth/usermigrationinfo: invalid_client (\(refusal))")
             return .error(status: 400, "invalid_client")
         }
-        guard let authorization, authorization.hasPrefix("Bearer ") else {
+        guard let bearer = AuthorizationHeader.bearerToken(authorization) else {
             log("/auth/usermigrationinfo: invalid_request (no bearer token)")
             return .error(status: 400, "invalid_request")
         }
-        let bearer = String(authorization.dropFirst("Bearer ".count))
         let now = Date()
         let grant = state.withLock { $0.migrationTokens[bearer] }
         guard let grant, now.timeIntervalSince(grant.issuedAt) < 3600, grant.clientID == clientID else {

@@ -4,10 +4,10 @@ public import ServiceSupport
 /// What the internal JSON APIs (the sign-in API, the relay-mail check) share: the bearer check, its
 /// refusal, and one log line's fields per call.
 extension HTTPRequest {
-    /// Whether `Authorization` is `Bearer <token>`, compared in constant time.
+    /// Whether `Authorization` is `Bearer <token>` (the scheme in any case), compared in constant time.
     public func carriesBearer(_ token: String) -> Bool {
-        guard let header = headers["Authorization"], header.hasPrefix("Bearer ") else { return false }
-        return constantTimeEqual(Array(header.utf8.dropFirst("Bearer ".utf8.count)), Array(token.utf8))
+        guard let given = AuthorizationHeader.bearerToken(headers["Authorization"]) else { return false }
+        return constantTimeEqual(Array(given.utf8), Array(token.utf8))
     }
 
     /// The fields of a call's log line: endpoint, method, status, request id, peer and a refusal's error

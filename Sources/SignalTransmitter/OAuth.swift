@@ -33,7 +33,7 @@ extension SignalTransmitter {
         var secret = form["client_secret"]
         var usedBasic = false
         if let header = request.headers["Authorization"] {
-            guard clientID == nil, secret == nil, let basic = BasicCredentials(header: header) else {
+            guard clientID == nil, secret == nil, let basic = ClientSecretBasic(header: header) else {
                 return .tokenError(400, "invalid_request", "one client authentication method")
             }
             (clientID, secret, usedBasic) = (basic.user, basic.password, true)
@@ -98,10 +98,9 @@ extension SignalTransmitter {
     /// token (RFC 6750 § 3.1 `invalid_token`), 403 `insufficient_scope` with one lacking `scope`.
     func authenticate(_ request: HTTPRequest, scope: String) throws -> Authentication {
         guard let header = request.headers["Authorization"] else { return .failure(.bearerChallenge(nil)) }
-        guard header.hasPrefix("Bearer "), header.utf8.count <= 300 else {
+        guard header.utf8.count <= 300, let token = AuthorizationHeader.bearerToken(header) else {
             return .failure(.bearerChallenge("invalid_token"))
         }
-        let token = String(header.dropFirst("Bearer ".count))
         let row = try pool.withConnection { connection in
             try connection.query(
                 """
@@ -173,15 +172,14 @@ struct FormBody {
 }
 
 /// RFC 6749 § 2.3.1's `client_secret_basic`: `Basic base64(urlencode(id):urlencode(secret))`.
-struct BasicCredentials {
+struct ClientSecretBasic {
     var user: String
     var password: String
 
     init?(header: String) {
-        guard header.hasPrefix("Basic "), let data = Data(base64Encoded: String(header.dropFirst(6))),
-            let text = String(data: data, encoding: .utf8), let colon = text.firstIndex(of: ":"),
-            let user = FormBody.decode(text[..<colon]),
-            let password = FormBody.decode(text[text.index(after: colon)...])
+        guard let basic = AuthorizationHeader.basicCredentials(header),
+            let user = FormBody.decode(Substring(basic.user)),
+            let password = FormBody.decode(Substring(basic.password))
         else { return nil }
         self.user = user
         self.password = password

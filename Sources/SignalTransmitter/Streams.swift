@@ -154,14 +154,16 @@ extension SignalTransmitter {
                 return .ssfError(status: 400, "invalid_request", "stream_id is required")
             }
             guard let stream = try stream(uid, of: caller) else { return .streamNotFound }
+            if let member = differingTransmitterMember(object, stream) {
+                return .ssfError(status: 400, "invalid_request", "\(member) is the transmitter's and differs")
+            }
             return try change(stream, with: parsed, replacing: request.method == "PUT")
         }
     }
 
     private func create(_ request: StreamRequest, caller: Caller) throws -> HTTPResponse {
-        guard let method = request.method else {
-            return .ssfError(status: 400, "invalid_request", "delivery.method is required")
-        }
+        // SSF 1.0 § 8.1.1.1: without delivery the receiver polls.
+        let method = request.method ?? DeliveryMethod.poll
         let uid = UUID().uuidString.lowercased()
         let endpoint = method == DeliveryMethod.poll ? pollURL(uid) : request.endpointURL ?? ""
         let requested = request.events ?? nil
@@ -370,6 +372,23 @@ extension SignalTransmitter {
                 [.text(uid), receiver.map { .int(Int64($0)) }]
             ).first.map { row throws(PostgresError) in try StreamRecord(row: row) }
         }
+    }
+
+    /// The first Transmitter-Supplied member of an update or replace that differs from the stream's (SSF 1.0
+    /// § 8.1.1.3), or nil; receivers echo the configuration back, so equal ones (lists in any order) pass.
+    func differingTransmitterMember(_ object: [String: Any], _ stream: StreamRecord) -> String? {
+        let current = representation(stream)
+        if let iss = object["iss"], iss as? String != configuration.issuer { return "iss" }
+        if let aud = object["aud"], aud as? String != stream.audience, aud as? [String] != [stream.audience] {
+            return "aud"
+        }
+        for member in ["events_supported", "events_delivered"] {
+            guard let given = object[member] else { continue }
+            guard let list = given as? [String], Set(list) == Set(current[member] as? [String] ?? []) else {
+                return member
+            }
+        }
+        return nil
     }
 
     /// `events_delivered`: the requested types this transmitter supports (nil requested: all).

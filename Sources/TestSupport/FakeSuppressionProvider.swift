@@ -184,7 +184,7 @@ public final class FakeSuppressionProvider: Sendable {
         }
         switch kind {
         case .sendgrid:
-            guard request.headers["Authorization"] == "Bearer \(credential)" else {
+            guard AuthorizationHeader.bearerToken(request.headers["Authorization"]) == credential else {
                 return (401, json(["errors": []]))
             }
             guard let address else { return (400, json(["errors": [["message": "no address"]]])) }
@@ -275,8 +275,9 @@ public final class FakeSuppressionProvider: Sendable {
             }
             return (404, notFound)
         case .mailgun:
-            let basic = "Basic " + Data("api:\(credential)".utf8).base64EncodedString()
-            guard request.headers["Authorization"] == basic else { return (401, Array("Forbidden".utf8)) }
+            guard let basic = AuthorizationHeader.basicCredentials(request.headers["Authorization"]),
+                basic.user == "api", basic.password == credential
+            else { return (401, Array("Forbidden".utf8)) }
             guard let address else { return (400, json(["message": "address is required"])) }
             if request.method == "POST", request.path.hasSuffix("/unsubscribes") {
                 state.suppressed.insert(address)

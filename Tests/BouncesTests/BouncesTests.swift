@@ -257,3 +257,23 @@ struct BounceClassifierTests {
         #expect(BounceClassifier.domain(of: "News@Mail.Sender.Example") == "mail.sender.example")
     }
 }
+
+@Suite("Postmark's Basic credentials")
+struct PostmarkCredentialsTests {
+    static let bounce = Data(
+        #"{"RecordType":"Bounce","Type":"HardBounce","Email":"a@privaterelay.appleid.com"}"#.utf8)
+
+    @Test(
+        "RFC 9110 § 11.1: the Basic scheme in any case; a wrong password is refused",
+        arguments: ["Basic", "basic", "BASIC"])
+    func schemeIgnoresCase(scheme: String) throws {
+        let webhook = PostmarkWebhook(username: "postmark", password: "secret-0123")
+        let right = Data("postmark:secret-0123".utf8).base64EncodedString()
+        let batch = try webhook.events(body: [UInt8](Self.bounce), authorization: "\(scheme) \(right)")
+        #expect(batch.bounces.count == 1)
+        let wrong = Data("postmark:secret-0124".utf8).base64EncodedString()
+        #expect(throws: ESPEventError.self) {
+            try webhook.events(body: [UInt8](Self.bounce), authorization: "\(scheme) \(wrong)")
+        }
+    }
+}

@@ -63,6 +63,15 @@ struct GateHTTPTests {
         #expect(!fixture.log.contains("off.1") && !fixture.log.contains("stranger"))
     }
 
+    @Test("RFC 9110 § 11.1: the bearer scheme is taken in any case", arguments: ["bearer", "BEARER"])
+    func bearerSchemeIgnoresCase(scheme: String) throws {
+        let fixture = try GateFixture()
+        let answer = try fixture.call(
+            "GET", "/v1/relay-mail/decision?address=\(Mailbox.off)",
+            authorization: "\(scheme) \(GateFixture.token)")
+        #expect(answer.status == 200)
+    }
+
     @Test(
         "POST answers a list in its order, duplicates and nulls kept; more than 10,000 addresses are refused")
     func list() throws {

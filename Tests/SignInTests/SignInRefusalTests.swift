@@ -97,6 +97,14 @@ struct SignInRefusalTests {
         #expect(try fixture.count("SELECT count(*) FROM siwa.sign_ins") == 0)
     }
 
+    @Test("RFC 9110 § 11.1: the bearer scheme is taken in any case", arguments: ["bearer", "BEARER"])
+    func bearerSchemeIgnoresCase(scheme: String) throws {
+        let fixture = try SignInFixture()
+        let answer = try fixture.post(
+            "/v1/sign-ins", ["x": 1], authorization: "\(scheme) \(SignInFixture.bearer)")
+        #expect(answer.status == 400, "\(answer.text)")
+    }
+
     @Test("missing or wrong bearer tokens and unparseable bodies are logged and counted, never their secrets")
     func refusalsLoggedAndCounted() throws {
         let fixture = try SignInFixture()
