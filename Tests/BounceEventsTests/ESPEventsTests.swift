@@ -183,6 +183,34 @@ struct ESPEventsTests {
             } == [["sendgrid", "sg-retry-1"]])
     }
 
+    @Test("an event id is kept until it expires, then siwa.prune (as siwa_worker) deletes it")
+    func seenIdsPruned() throws {
+        let listener = try Listener(signers: signers.get())
+        let now = Int(Date().timeIntervalSince1970)
+        let events: [[String: Any]] = [
+            ["event": "bounce", "email": Relay.on, "sg_event_id": "sg-kept", "reason": "550 5.1.1 no"]
+        ]
+        #expect(try listener.sendGrid(events, timestamp: now).status == 200)
+        let owner = try listener.database.connect()
+        defer { owner.close() }
+        let keptFor = try owner.query(
+            "SELECT extract(epoch FROM expires_at)::bigint FROM siwa.esp_events_seen WHERE event_id = 'sg-kept'"
+        )
+        #expect(try keptFor.first?[0, as: Int64.self] == Int64(now) + 90_000)
+        try owner.execute(
+            """
+            INSERT INTO siwa.esp_events_seen (provider, event_id, seen_at, expires_at)
+            VALUES ('ses', 'sns-expired', now() - interval '26 hours', now() - interval '1 hour')
+            """)
+        let worker = try listener.database.connect(asMemberOf: "siwa_worker")
+        defer { worker.close() }
+        _ = try worker.query("SELECT * FROM siwa.prune(NULL, NULL)")
+        #expect(
+            try owner.query("SELECT event_id FROM siwa.esp_events_seen ORDER BY 1").map {
+                try $0[0, as: String.self]
+            } == ["sg-kept"])
+    }
+
     @Test("Postmark: a bounce's ID is recorded once")
     func postmarkDuplicate() throws {
         let listener = try Listener(signers: signers.get())
