@@ -24,7 +24,7 @@
 --   schema/68-relay-mail.sql         The relay-mail gate: may this address be mailed now (siwa.relay_mail_decision(s), role siwa_mail), erased addresses as keyed hashes
 --   schema/69-suppressions.sql       ESP suppression lists in step with Apple's events: providers, the suppression outbox, what we added
 --   schema/70-health.sql             Health: service heartbeats and the gauges behind /metrics
---   schema/72-bounces.sql            Bounces from Apple's relay: siwa.relay_bounces (keyed hashes, never an address), siwa.record_relay_bounce (role siwa_bounce), the admin views
+--   schema/72-bounces.sql            Bounces from Apple's relay: siwa.relay_bounces (keyed hashes, never an address), siwa.record_relay_bounce (role siwa_bounce), the ESP event ids seen, the admin views
 --   schema/74-shared-signals.sql     Shared Signals: streams to SSF receivers and the outbox of Security Event Tokens pushed to them (RFC 8935)
 --   schema/75-data-moves.sql         Data moves: change 3's rows into the log and queue, and the month partitions ahead
 --   schema/80-roles.sql              The group roles: siwa_admin, siwa_receiver, siwa_worker, siwa_signin, siwa_app, siwa_webhook_admin, siwa_mail, siwa_bounce, siwa_ssf (created when missing, one block)
@@ -2537,6 +2537,13 @@ BEGIN
             WHERE j.issued_at < clock_timestamp() - interval '7 days'
               AND (j.expires_at IS NULL OR j.expires_at < clock_timestamp() - interval '1 minute')
             LIMIT p_batch * 10));
+    -- ESP event ids (siwa.esp_events_seen) past their expiry: a request carrying one is refused by the
+    -- bounce listener for its signature's age. At most ten batches' worth per call.
+    DELETE FROM siwa.esp_events_seen e
+     WHERE e.ctid = ANY (ARRAY(
+           SELECT x.ctid FROM siwa.esp_events_seen x
+            WHERE x.expires_at < clock_timestamp() - interval '1 minute'
+            LIMIT p_batch * 10));
     -- Changes (siwa.changes) applied longer than siwa.settings.changes_retention ago, numbered ones only
     -- (a row without a position has not been readable yet). At most ten batches' worth per call.
     -- A change is never pruned while a webhook delivery of it is pending (its delivered and dead
@@ -2553,7 +2560,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.prune(interval, interval, integer) IS
-    'Retention: clears raw tokens of finished notifications (applied, skipped or dead) received before now - p_tokens_older_than, up to p_batch per call from where the last call stopped, and drops the months of history that ended before now - p_rows_older_than (siwa.drop_log_partitions; pending and dead rows are kept). NULL: keep. Also deletes dedupe keys past the window and changes (siwa.changes) older than siwa.settings.changes_retention, whatever the arguments. Call until both counts are 0.';
+    'Retention: clears raw tokens of finished notifications (applied, skipped or dead) received before now - p_tokens_older_than, up to p_batch per call from where the last call stopped, and drops the months of history that ended before now - p_rows_older_than (siwa.drop_log_partitions; pending and dead rows are kept). NULL: keep. Also deletes dedupe keys past the window, expired ESP event ids and changes (siwa.changes) older than siwa.settings.changes_retention, whatever the arguments. Call until both counts are 0.';
 
 -- Requeues notifications (dead ones, or one by jti) for another round of attempts.
 CREATE OR REPLACE FUNCTION siwa.requeue(p_jti text DEFAULT NULL, p_state text DEFAULT NULL,
@@ -5934,7 +5941,7 @@ COMMENT ON FUNCTION siwa.webhook_endpoint_gauges() IS
 -- ==== end of webhook visibility ====
 
 -- ===================================================================================================
--- schema/72-bounces.sql: Bounces from Apple's relay: siwa.relay_bounces (keyed hashes, never an address), siwa.record_relay_bounce (role siwa_bounce), the admin views
+-- schema/72-bounces.sql: Bounces from Apple's relay: siwa.relay_bounces (keyed hashes, never an address), siwa.record_relay_bounce (role siwa_bounce), the ESP event ids seen, the admin views
 -- ===================================================================================================
 
 -- One row per recipient of a bounce report (siwactl mail bounce) for a relay address: its class (the
@@ -6023,6 +6030,45 @@ END;
 $$;
 COMMENT ON FUNCTION siwa.record_relay_bounce(text, text, text, text, text, text, text) IS
     'Records one bounced recipient (class, address, sending domain, status, action, remote MTA, source: dsn or the ESP) in siwa.relay_bounces when it is a relay address (Apple''s domain or one the gate knows), the address as its keyed hash; one row: recorded, id, the gate''s reason, whether an account held the address (never its sub). SECURITY DEFINER; executable by siwa_bounce (siwactl mail bounce, siwa-mailgate''s ESP bounce listener).';
+
+-- The ESP events whose bounces were recorded, by the provider's id (SendGrid's sg_event_id, SNS's
+-- MessageId, Postmark's ID), so a replayed or retried event is recorded once. Kept until no signature
+-- carrying it could still be accepted (expires_at, set by the listener from its age bound), then pruned by siwa.prune.
+CREATE TABLE IF NOT EXISTS siwa.esp_events_seen (
+    provider   text        NOT NULL CHECK (provider IN ('mailgun', 'sendgrid', 'postmark', 'ses')),
+    event_id   text        NOT NULL CHECK (octet_length(event_id) BETWEEN 1 AND 200),
+    seen_at    timestamptz NOT NULL DEFAULT now(),
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (provider, event_id)
+);
+COMMENT ON TABLE siwa.esp_events_seen IS
+    'The ESP events siwa-mailgate''s bounce listener took, by the provider''s event id: a duplicate is answered 200 and not recorded again. Written by siwa.record_esp_event in the transaction of the bounces; pruned by siwa.prune once expired.';
+COMMENT ON COLUMN siwa.esp_events_seen.provider IS 'The ESP: sendgrid, ses or postmark (mailgun''s tokens are kept in the listener''s memory).';
+COMMENT ON COLUMN siwa.esp_events_seen.event_id IS 'The provider''s id of the event (sg_event_id, the SNS MessageId, Postmark''s bounce ID).';
+COMMENT ON COLUMN siwa.esp_events_seen.seen_at IS 'When the event was first recorded.';
+COMMENT ON COLUMN siwa.esp_events_seen.expires_at IS
+    'When no request carrying the event can be accepted any more (its signature''s time plus --esp-events-max-age, or for Postmark, which signs nothing, the time seen plus it): pruned after.';
+CREATE INDEX IF NOT EXISTS esp_events_seen_expires_idx ON siwa.esp_events_seen (expires_at);
+
+-- Takes one ESP event id: true when it was not seen before (its bounces are then recorded, in the same
+-- transaction), false for a duplicate. A concurrent taker of the same id waits for the first's
+-- transaction: a rolled-back one (the listener answered 503) leaves the id to the ESP's retry.
+-- SECURITY DEFINER: siwa_bounce reads and writes no table itself.
+CREATE OR REPLACE FUNCTION siwa.record_esp_event(p_provider text, p_event_id text, p_expires_at timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_taken integer;
+BEGIN
+    INSERT INTO siwa.esp_events_seen AS s (provider, event_id, expires_at)
+    VALUES (p_provider, p_event_id, p_expires_at)
+    ON CONFLICT (provider, event_id) DO NOTHING;
+    GET DIAGNOSTICS v_taken = ROW_COUNT;
+    RETURN v_taken = 1;
+END;
+$$;
+COMMENT ON FUNCTION siwa.record_esp_event(text, text, timestamptz) IS
+    'Takes an ESP event id (provider, id, when it can be forgotten) in siwa.esp_events_seen: true when new, false for a duplicate (not to be recorded again). SECURITY DEFINER; executable by siwa_bounce (siwa-mailgate''s ESP bounce listener).';
 
 -- The admins' view of the bounces, newest first by id: the class, what the gate said then and what the
 -- account says now, and whether the two agree (a relay_address_dead for an account Apple still says
@@ -6836,6 +6882,7 @@ BEGIN
         GRANT SELECT ON siwa.notifications TO siwa_worker;  -- the view of the two, nothing more
         GRANT SELECT, UPDATE, DELETE ON siwa.notification_queue TO siwa_worker;
         GRANT SELECT, DELETE ON siwa.notification_jtis TO siwa_worker;
+        GRANT SELECT, DELETE ON siwa.esp_events_seen TO siwa_worker;
         GRANT SELECT, UPDATE ON siwa.retention_state TO siwa_worker;
         GRANT SELECT, INSERT, UPDATE ON siwa.accounts TO siwa_worker;
         GRANT SELECT, UPDATE ON siwa.sessions, siwa.refresh_tokens TO siwa_worker;
@@ -7030,13 +7077,14 @@ BEGIN
 END;
 $$;
 
--- siwa_bounce: record relay bounces through their SECURITY DEFINER function (siwactl mail bounce as
+-- siwa_bounce: record relay bounces and ESP event ids through their SECURITY DEFINER functions (siwactl mail bounce as
 -- Postfix's pipe transport, siwa-mailgate's ESP bounce listener), and nothing else: it reads no table, no key and no answer of the gate.
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_bounce') THEN
         GRANT USAGE ON SCHEMA siwa TO siwa_bounce;
         GRANT EXECUTE ON FUNCTION siwa.record_relay_bounce(text, text, text, text, text, text, text) TO siwa_bounce;
+        GRANT EXECUTE ON FUNCTION siwa.record_esp_event(text, text, timestamptz) TO siwa_bounce;
     END IF;
 END;
 $$;

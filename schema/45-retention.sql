@@ -189,6 +189,13 @@ BEGIN
             WHERE j.issued_at < clock_timestamp() - interval '7 days'
               AND (j.expires_at IS NULL OR j.expires_at < clock_timestamp() - interval '1 minute')
             LIMIT p_batch * 10));
+    -- ESP event ids (siwa.esp_events_seen) past their expiry: a request carrying one is refused by the
+    -- bounce listener for its signature's age. At most ten batches' worth per call.
+    DELETE FROM siwa.esp_events_seen e
+     WHERE e.ctid = ANY (ARRAY(
+           SELECT x.ctid FROM siwa.esp_events_seen x
+            WHERE x.expires_at < clock_timestamp() - interval '1 minute'
+            LIMIT p_batch * 10));
     -- Changes (siwa.changes) applied longer than siwa.settings.changes_retention ago, numbered ones only
     -- (a row without a position has not been readable yet). At most ten batches' worth per call.
     -- A change is never pruned while a webhook delivery of it is pending (its delivered and dead
@@ -205,7 +212,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.prune(interval, interval, integer) IS
-    'Retention: clears raw tokens of finished notifications (applied, skipped or dead) received before now - p_tokens_older_than, up to p_batch per call from where the last call stopped, and drops the months of history that ended before now - p_rows_older_than (siwa.drop_log_partitions; pending and dead rows are kept). NULL: keep. Also deletes dedupe keys past the window and changes (siwa.changes) older than siwa.settings.changes_retention, whatever the arguments. Call until both counts are 0.';
+    'Retention: clears raw tokens of finished notifications (applied, skipped or dead) received before now - p_tokens_older_than, up to p_batch per call from where the last call stopped, and drops the months of history that ended before now - p_rows_older_than (siwa.drop_log_partitions; pending and dead rows are kept). NULL: keep. Also deletes dedupe keys past the window, expired ESP event ids and changes (siwa.changes) older than siwa.settings.changes_retention, whatever the arguments. Call until both counts are 0.';
 
 -- Requeues notifications (dead ones, or one by jti) for another round of attempts.
 CREATE OR REPLACE FUNCTION siwa.requeue(p_jti text DEFAULT NULL, p_state text DEFAULT NULL,

@@ -1,4 +1,4 @@
--- Bounces from Apple's relay: siwa.relay_bounces (keyed hashes, never an address), siwa.record_relay_bounce (role siwa_bounce), the admin views
+-- Bounces from Apple's relay: siwa.relay_bounces (keyed hashes, never an address), siwa.record_relay_bounce (role siwa_bounce), the ESP event ids seen, the admin views
 
 -- One row per recipient of a bounce report (siwactl mail bounce) for a relay address: its class (the
 -- Bounces module's BounceClassifier), the sending domain, and what the gate knew of the address then.
@@ -86,6 +86,45 @@ END;
 $$;
 COMMENT ON FUNCTION siwa.record_relay_bounce(text, text, text, text, text, text, text) IS
     'Records one bounced recipient (class, address, sending domain, status, action, remote MTA, source: dsn or the ESP) in siwa.relay_bounces when it is a relay address (Apple''s domain or one the gate knows), the address as its keyed hash; one row: recorded, id, the gate''s reason, whether an account held the address (never its sub). SECURITY DEFINER; executable by siwa_bounce (siwactl mail bounce, siwa-mailgate''s ESP bounce listener).';
+
+-- The ESP events whose bounces were recorded, by the provider's id (SendGrid's sg_event_id, SNS's
+-- MessageId, Postmark's ID), so a replayed or retried event is recorded once. Kept until no signature
+-- carrying it could still be accepted (expires_at, set by the listener from its age bound), then pruned by siwa.prune.
+CREATE TABLE IF NOT EXISTS siwa.esp_events_seen (
+    provider   text        NOT NULL CHECK (provider IN ('mailgun', 'sendgrid', 'postmark', 'ses')),
+    event_id   text        NOT NULL CHECK (octet_length(event_id) BETWEEN 1 AND 200),
+    seen_at    timestamptz NOT NULL DEFAULT now(),
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (provider, event_id)
+);
+COMMENT ON TABLE siwa.esp_events_seen IS
+    'The ESP events siwa-mailgate''s bounce listener took, by the provider''s event id: a duplicate is answered 200 and not recorded again. Written by siwa.record_esp_event in the transaction of the bounces; pruned by siwa.prune once expired.';
+COMMENT ON COLUMN siwa.esp_events_seen.provider IS 'The ESP: sendgrid, ses or postmark (mailgun''s tokens are kept in the listener''s memory).';
+COMMENT ON COLUMN siwa.esp_events_seen.event_id IS 'The provider''s id of the event (sg_event_id, the SNS MessageId, Postmark''s bounce ID).';
+COMMENT ON COLUMN siwa.esp_events_seen.seen_at IS 'When the event was first recorded.';
+COMMENT ON COLUMN siwa.esp_events_seen.expires_at IS
+    'When no request carrying the event can be accepted any more (its signature''s time plus --esp-events-max-age, or for Postmark, which signs nothing, the time seen plus it): pruned after.';
+CREATE INDEX IF NOT EXISTS esp_events_seen_expires_idx ON siwa.esp_events_seen (expires_at);
+
+-- Takes one ESP event id: true when it was not seen before (its bounces are then recorded, in the same
+-- transaction), false for a duplicate. A concurrent taker of the same id waits for the first's
+-- transaction: a rolled-back one (the listener answered 503) leaves the id to the ESP's retry.
+-- SECURITY DEFINER: siwa_bounce reads and writes no table itself.
+CREATE OR REPLACE FUNCTION siwa.record_esp_event(p_provider text, p_event_id text, p_expires_at timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_taken integer;
+BEGIN
+    INSERT INTO siwa.esp_events_seen AS s (provider, event_id, expires_at)
+    VALUES (p_provider, p_event_id, p_expires_at)
+    ON CONFLICT (provider, event_id) DO NOTHING;
+    GET DIAGNOSTICS v_taken = ROW_COUNT;
+    RETURN v_taken = 1;
+END;
+$$;
+COMMENT ON FUNCTION siwa.record_esp_event(text, text, timestamptz) IS
+    'Takes an ESP event id (provider, id, when it can be forgotten) in siwa.esp_events_seen: true when new, false for a duplicate (not to be recorded again). SECURITY DEFINER; executable by siwa_bounce (siwa-mailgate''s ESP bounce listener).';
 
 -- The admins' view of the bounces, newest first by id: the class, what the gate said then and what the
 -- account says now, and whether the two agree (a relay_address_dead for an account Apple still says

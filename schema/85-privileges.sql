@@ -124,6 +124,7 @@ BEGIN
         GRANT SELECT ON siwa.notifications TO siwa_worker;  -- the view of the two, nothing more
         GRANT SELECT, UPDATE, DELETE ON siwa.notification_queue TO siwa_worker;
         GRANT SELECT, DELETE ON siwa.notification_jtis TO siwa_worker;
+        GRANT SELECT, DELETE ON siwa.esp_events_seen TO siwa_worker;
         GRANT SELECT, UPDATE ON siwa.retention_state TO siwa_worker;
         GRANT SELECT, INSERT, UPDATE ON siwa.accounts TO siwa_worker;
         GRANT SELECT, UPDATE ON siwa.sessions, siwa.refresh_tokens TO siwa_worker;
@@ -318,13 +319,14 @@ BEGIN
 END;
 $$;
 
--- siwa_bounce: record relay bounces through their SECURITY DEFINER function (siwactl mail bounce as
+-- siwa_bounce: record relay bounces and ESP event ids through their SECURITY DEFINER functions (siwactl mail bounce as
 -- Postfix's pipe transport, siwa-mailgate's ESP bounce listener), and nothing else: it reads no table, no key and no answer of the gate.
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_bounce') THEN
         GRANT USAGE ON SCHEMA siwa TO siwa_bounce;
         GRANT EXECUTE ON FUNCTION siwa.record_relay_bounce(text, text, text, text, text, text, text) TO siwa_bounce;
+        GRANT EXECUTE ON FUNCTION siwa.record_esp_event(text, text, timestamptz) TO siwa_bounce;
     END IF;
 END;
 $$;

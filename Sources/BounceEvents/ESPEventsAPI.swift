@@ -1,5 +1,5 @@
 public import Bounces
-import Foundation
+public import Foundation
 public import HTTPClient
 public import HTTPServer
 public import Postgres
@@ -20,6 +20,9 @@ public struct ESPEventsConfiguration: Sendable {
     public var outbound: OutboundHTTP.Client
     /// Database connections.
     public var poolSize: Int
+    /// The oldest a SendGrid or SNS signature's timestamp may be (``ESPSignatureAge``); event ids are
+    /// kept as long, so a duplicate is refused for its age or its id.
+    public var maximumAge: TimeInterval = ESPSignatureAge.defaultMaximum
 
     public init(
         http: HTTPServer.Configuration, database: PostgresConfiguration,
@@ -49,14 +52,18 @@ public final class ESPEventsMetrics: Sendable {
     private let requests: [String: Counter]
     private let bounces: [String: Counter]
     private let ignored: [ESPProvider: Counter]
+    private let replays: [String: Counter]
 
     /// Request results: accepted, unauthorized, malformed, unavailable.
     public static let results = ["accepted", "unauthorized", "malformed", "unavailable"]
+    /// Why a replay was refused: stale (401, the signature's age) or duplicate (200, an event id seen).
+    public static let replayReasons = ["stale", "duplicate"]
 
     public init(registry: MetricsRegistry) {
         var requests: [String: Counter] = [:]
         var bounces: [String: Counter] = [:]
         var ignored: [ESPProvider: Counter] = [:]
+        var replays: [String: Counter] = [:]
         for provider in ESPProvider.allCases {
             for result in Self.results {
                 requests["\(provider.rawValue)/\(result)"] = registry.counter(
@@ -74,7 +81,15 @@ public final class ESPEventsMetrics: Sendable {
                 "siwa_mailgate_esp_bounces_ignored_total",
                 help: "ESP bounces for addresses that are not relay addresses (not recorded), by provider.",
                 labels: [("provider", provider.rawValue)])
+            for reason in Self.replayReasons {
+                replays["\(provider.rawValue)/\(reason)"] = registry.counter(
+                    "siwa_mailgate_esp_replays_total",
+                    help:
+                        "ESP requests refused for a stale signature, and events not recorded again for an id already seen, by provider.",
+                    labels: [("provider", provider.rawValue), ("reason", reason)])
+            }
         }
+        self.replays = replays
         self.requests = requests
         self.bounces = bounces
         self.ignored = ignored
@@ -89,11 +104,17 @@ public final class ESPEventsMetrics: Sendable {
     }
 
     func ignored(_ provider: ESPProvider) { ignored[provider]?.increment() }
+
+    func replay(_ provider: ESPProvider, _ reason: String, count: Int = 1) {
+        guard count > 0 else { return }
+        replays["\(provider.rawValue)/\(reason)"]?.increment(by: count)
+    }
 }
 
 /// The routes `POST /v1/esp/{mailgun,sendgrid,postmark,ses}`: authenticate as the provider documents,
-/// record each relay-address bounce through `siwa.record_relay_bounce`, answer 200 (every ESP retries a
-/// non-2xx), 401 for a failed check, 400 for a body not the provider's, 503 when the database is down.
+/// record each relay-address bounce through `siwa.record_relay_bounce` once per event id
+/// (`siwa.record_esp_event`), answer 200 (every ESP retries a non-2xx; a duplicate too), 401 for a failed
+/// check or a stale signature, 400 for a body not the provider's, 503 when the database is down.
 public struct ESPEventsAPI: Sendable {
     private let configuration: ESPEventsConfiguration
     private let sns: SNSVerifier?
@@ -143,8 +164,9 @@ public struct ESPEventsAPI: Sendable {
             batch = try events(provider, request)
         } catch {
             switch error.kind {
-            case .unauthenticated:
+            case .unauthenticated, .stale:
                 metrics.request(provider, "unauthorized")
+                if error.kind == .stale { metrics.replay(provider, "stale") }
                 logger.warning(
                     "esp event refused",
                     ["provider": .string(provider.rawValue), "reason": .string(error.reason)])
@@ -156,16 +178,29 @@ public struct ESPEventsAPI: Sendable {
         }
         var recorded = 0
         var ignored = 0
+        var duplicates = 0
         do {
-            let outcomes = try record(batch.bounces)
-            for (bounce, wasRecorded) in zip(batch.bounces, outcomes) {
-                if wasRecorded {
+            // The ids are kept until no signature carrying them can be accepted; Postmark signs nothing.
+            let keepUntil = (batch.signedAt ?? Date()).addingTimeInterval(configuration.maximumAge)
+            let outcomes = try record(provider, batch.bounces, keepUntil: keepUntil)
+            for (bounce, outcome) in zip(batch.bounces, outcomes) {
+                switch outcome {
+                case .recorded:
                     recorded += 1
                     metrics.recorded(provider, bounce.bounceClass)
-                } else {
+                case .ignored:
                     ignored += 1
                     metrics.ignored(provider)
+                case .duplicate: duplicates += 1
                 }
+            }
+            let duplicateEvents = Set(
+                zip(batch.bounces, outcomes).compactMap { $1 == .duplicate ? $0.eventID : nil })
+            metrics.replay(provider, "duplicate", count: duplicateEvents.count)
+            if !duplicateEvents.isEmpty {
+                logger.info(
+                    "esp events already recorded",
+                    ["provider": .string(provider.rawValue), "events": .int(duplicateEvents.count)])
             }
         } catch {
             configuration.mailgun?.forget(batch.replayToken)
@@ -179,7 +214,10 @@ public struct ESPEventsAPI: Sendable {
             return response
         }
         metrics.request(provider, "accepted")
-        return .json(["recorded": recorded, "ignored": ignored, "other_events": batch.otherEvents])
+        return .json([
+            "recorded": recorded, "ignored": ignored, "duplicates": duplicates,
+            "other_events": batch.otherEvents,
+        ])
     }
 
     /// The provider's check and parse of one request.
@@ -192,15 +230,20 @@ public struct ESPEventsAPI: Sendable {
         case .sendgrid:
             return try configuration.sendgrid!.events(
                 body: request.body, signature: request.headers[SendGridWebhook.signatureHeader],
-                timestamp: request.headers[SendGridWebhook.timestampHeader])
+                timestamp: request.headers[SendGridWebhook.timestampHeader],
+                maximumAge: configuration.maximumAge)
         case .postmark:
             return try configuration.postmark!.events(
                 body: request.body, authorization: request.headers["Authorization"])
         case .ses:
             let message = try SNSMessage(parsing: request.body)
-            try sns!.verify(message)
+            try sns!.verify(message, maximumAge: configuration.maximumAge)
             switch message.type {
-            case "Notification": return try SESNotification.events(message: message.message)
+            case "Notification":
+                var batch = try SESNotification.events(message: message.message)
+                batch.signedAt = message.signedAt
+                for index in batch.bounces.indices { batch.bounces[index].eventID = message.messageID }
+                return batch
             case "SubscriptionConfirmation":
                 confirm(message)
                 return ESPEventBatch(otherEvents: 1)
@@ -240,12 +283,26 @@ public struct ESPEventsAPI: Sendable {
         thread.start()
     }
 
-    /// Records the bounces in one transaction; whether each was a relay address (and so recorded).
-    private func record(_ bounces: [ESPBounce]) throws -> [Bool] {
+    private enum Outcome { case recorded, ignored, duplicate }
+
+    /// Records the bounces in one transaction with their event ids (the ids and bounces commit or roll
+    /// back together, so a retry after a 503 is recorded); each bounce's outcome.
+    private func record(_ provider: ESPProvider, _ bounces: [ESPBounce], keepUntil: Date) throws -> [Outcome]
+    {
         guard !bounces.isEmpty else { return [] }
         return try pool.withConnection { connection in
             try connection.transaction { connection in
-                try bounces.map { bounce in
+                var fresh: [String: Bool] = [:]
+                return try bounces.map { bounce in
+                    if let id = bounce.eventID {
+                        if fresh[id] == nil {
+                            let rows = try connection.query(
+                                "SELECT siwa.record_esp_event($1, $2, $3)",
+                                [.text(provider.rawValue), .text(id), .date(keepUntil)])
+                            fresh[id] = try rows[0][0, as: Bool.self]
+                        }
+                        if fresh[id] == false { return .duplicate }
+                    }
                     let rows = try connection.query(
                         "SELECT recorded FROM siwa.record_relay_bounce($1, $2, $3, $4, $5, $6, $7)",
                         [
@@ -254,7 +311,7 @@ public struct ESPEventsAPI: Sendable {
                             .text(bounce.action),
                             bounce.remoteMTA.map { .text($0) }, .text(bounce.provider.rawValue),
                         ])
-                    return try rows[0][0, as: Bool.self]
+                    return try rows[0][0, as: Bool.self] ? .recorded : .ignored
                 }
             }
         }

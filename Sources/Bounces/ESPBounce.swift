@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// The email service providers whose bounce events the mail gate takes (docs/operations.md, "Bounces").
 public enum ESPProvider: String, Sendable, CaseIterable, Equatable {
@@ -21,10 +21,13 @@ public struct ESPBounce: Sendable, Equatable {
     public var remoteMTA: String?
     /// The envelope sender's domain (lower case), when the event names the sender.
     public var sendingDomain: String?
+    /// The provider's id of the event that reported it (sg_event_id, SNS MessageId, Postmark ID): an
+    /// event already seen is not recorded again.
+    public var eventID: String?
 
     public init(
         provider: ESPProvider, recipient: String, action: String, status: String, diagnostic: String,
-        remoteMTA: String? = nil, sendingDomain: String? = nil
+        remoteMTA: String? = nil, sendingDomain: String? = nil, eventID: String? = nil
     ) {
         self.provider = provider
         self.recipient = recipient
@@ -33,6 +36,7 @@ public struct ESPBounce: Sendable, Equatable {
         self.diagnostic = diagnostic
         self.remoteMTA = remoteMTA.map { String($0.prefix(255)) }
         self.sendingDomain = sendingDomain
+        self.eventID = eventID
     }
 
     /// The class ``BounceClassifier`` gives the reply.
@@ -51,7 +55,7 @@ public struct ESPBounce: Sendable, Equatable {
     /// else 5.0.0 or 4.0.0.
     static func make(
         _ provider: ESPProvider, recipient: String, permanent: Bool, reply: String, status: String? = nil,
-        remoteMTA: String? = nil, sender: String? = nil
+        remoteMTA: String? = nil, sender: String? = nil, eventID: String? = nil
     ) -> ESPBounce {
         let fallback = permanent ? "5.0.0" : "4.0.0"
         let given = status.map { ESPBounce.status(in: $0, fallback: "") } ?? ""
@@ -59,7 +63,31 @@ public struct ESPBounce: Sendable, Equatable {
             provider: provider, recipient: recipient, action: permanent ? "failed" : "delayed",
             status: given.isEmpty ? ESPBounce.status(in: reply, fallback: fallback) : given,
             diagnostic: String(reply.prefix(2000)), remoteMTA: remoteMTA,
-            sendingDomain: sender.flatMap(BounceClassifier.domain(of:)))
+            sendingDomain: sender.flatMap(BounceClassifier.domain(of:)), eventID: eventID)
+    }
+}
+
+/// The age bound of a signed ESP request (SendGrid's and SNS's timestamps; Mailgun has its own).
+public enum ESPSignatureAge {
+    /// 25 hours: SendGrid retries a batch for up to 24 hours, and a retry refused for its age would be
+    /// lost; a captured batch is replayable no longer than this (its event ids are kept as long).
+    public static let defaultMaximum: TimeInterval = 25 * 3600
+    /// How far ahead of this host's clock a timestamp may be.
+    public static let maximumSkew: TimeInterval = 300
+
+    /// Refuses a signature time older than `maximumAge` or more than ``maximumSkew`` ahead of `now`.
+    /// - Throws: ``ESPEventError`` `.stale`.
+    public static func check(
+        _ signedAt: Date, now: Date, maximumAge: TimeInterval, provider: ESPProvider
+    ) throws(ESPEventError) {
+        let age = now.timeIntervalSince(signedAt)
+        guard age <= maximumAge else {
+            throw .stale("the \(provider.rawValue) signature's timestamp is older than \(Int(maximumAge)) s")
+        }
+        guard age >= -maximumSkew else {
+            throw .stale(
+                "the \(provider.rawValue) signature's timestamp is more than \(Int(maximumSkew)) s ahead")
+        }
     }
 }
 
@@ -71,6 +99,9 @@ public struct ESPEventError: Error, Equatable, CustomStringConvertible {
         case unauthenticated
         /// The body is not the provider's JSON.
         case malformed
+        /// The signature verifies but its timestamp is past the age bound, or ahead of the clock: a
+        /// replay (or a clock far off).
+        case stale
     }
 
     public var kind: Kind
@@ -85,6 +116,7 @@ public struct ESPEventError: Error, Equatable, CustomStringConvertible {
 
     static func unauthenticated(_ reason: String) -> ESPEventError { ESPEventError(.unauthenticated, reason) }
     static func malformed(_ reason: String) -> ESPEventError { ESPEventError(.malformed, reason) }
+    static func stale(_ reason: String) -> ESPEventError { ESPEventError(.stale, reason) }
 }
 
 /// What a provider's request held: bounces, and the number of its events that were not bounces.
@@ -94,6 +126,8 @@ public struct ESPEventBatch: Sendable, Equatable {
     /// The token a replay cache took from the request (Mailgun's): handed back by
     /// ``MailgunWebhook/forget(_:)`` when the request could not be recorded, so the ESP's retry is taken.
     public var replayToken: String?
+    /// When the request was signed (SendGrid's and SNS's timestamps), when the provider signs one.
+    public var signedAt: Date?
 
     public init(bounces: [ESPBounce] = [], otherEvents: Int = 0) {
         self.bounces = bounces
@@ -120,6 +154,14 @@ enum ESPJSON {
             }
             return object
         }
+    }
+
+    /// An event's id (a string or a number), nil when absent or empty.
+    /// - Throws: ``ESPEventError`` `.malformed` when longer than 200 bytes (the table's bound).
+    static func eventID(_ value: Any?) throws(ESPEventError) -> String? {
+        guard let id = text(value), !id.isEmpty else { return nil }
+        guard id.utf8.count <= 200 else { throw .malformed("an event id is longer than 200 bytes") }
+        return id
     }
 
     /// A string field, or a number's decimal text (Mailgun sends its timestamp either way).

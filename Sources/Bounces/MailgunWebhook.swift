@@ -53,7 +53,7 @@ public final class MailgunWebhook: Sendable {
             throw .unauthenticated("the Mailgun signature does not verify")
         }
         guard let seconds = Double(timestamp), abs(now.timeIntervalSince1970 - seconds) <= maximumAge else {
-            throw .unauthenticated(
+            throw .stale(
                 "the Mailgun timestamp is older than \(Int(maximumAge)) s (or in the future)")
         }
         let fresh = seen.withLock { seen in

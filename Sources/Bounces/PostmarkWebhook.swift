@@ -44,7 +44,7 @@ public struct PostmarkWebhook: Sendable {
         return ESPEventBatch(bounces: [
             .make(
                 .postmark, recipient: email, permanent: permanent, reply: reply,
-                sender: object["From"] as? String)
+                sender: object["From"] as? String, eventID: try ESPJSON.eventID(object["ID"]))
         ])
     }
 }

@@ -62,6 +62,15 @@ public struct SNSMessage: Sendable, Equatable {
         for case (let name, let value?) in fields { text += "\(name)\n\(value)\n" }
         return Array(text.utf8)
     }
+
+    /// When SNS signed the message: its Timestamp (ISO 8601, with or without fractional seconds).
+    public var signedAt: Date? {
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        if let date = formatter.date(from: timestamp) { return date }
+        formatter.formatOptions = [.withInternetDateTime]
+        return formatter.date(from: timestamp)
+    }
 }
 
 /// Checks SNS messages: the topic one configured, the signing certificate fetched over HTTPS from a host
@@ -106,9 +115,11 @@ public final class SNSVerifier: Sendable {
         return host.range(of: "^(\(configuration.hostPattern))$", options: .regularExpression) != nil
     }
 
-    /// Checks `message`'s topic, certificate URL and signature.
-    /// - Throws: ``ESPEventError`` `.unauthenticated` naming the check that failed.
-    public func verify(_ message: SNSMessage) throws(ESPEventError) {
+    /// Checks `message`'s topic, certificate URL and signature, then its Timestamp's age.
+    /// - Throws: ``ESPEventError`` `.unauthenticated` naming the check that failed, `.stale` for the age.
+    public func verify(
+        _ message: SNSMessage, now: Date = Date(), maximumAge: TimeInterval = ESPSignatureAge.defaultMaximum
+    ) throws(ESPEventError) {
         guard configuration.topicARNs.contains(message.topicARN) else {
             throw .unauthenticated("the SNS topic is not one configured")
         }
@@ -125,6 +136,10 @@ public final class SNSVerifier: Sendable {
         guard let signature = Data(base64Encoded: message.signature),
             key.verify(signature: [UInt8](signature), message: message.stringToSign, digest: digest)
         else { throw .unauthenticated("the SNS signature does not verify") }
+        guard let signedAt = message.signedAt else {
+            throw .unauthenticated("the SNS Timestamp is not an ISO 8601 time")
+        }
+        try ESPSignatureAge.check(signedAt, now: now, maximumAge: maximumAge, provider: .ses)
     }
 
     private func certificate(_ url: URL) throws(ESPEventError) -> VerificationKey {

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// SendGrid's Event Webhook (twilio.com/docs/sendgrid/for-developers/tracking-events/event and
 /// "Getting Started with the Event Webhook Security Features"): a JSON array of events, signed by
@@ -20,19 +20,27 @@ public struct SendGridWebhook: Sendable {
         self.key = key
     }
 
-    /// The bounces of one request, once its signature verifies: `bounce` (type bounce or blocked) and
-    /// `dropped` events failed, `deferred` delayed; other events counted.
+    /// The bounces of one request, once its signature verifies and its timestamp is within `maximumAge`
+    /// (``ESPSignatureAge``): `bounce` (type bounce or blocked) and `dropped` events failed, `deferred`
+    /// delayed, each with its `sg_event_id`; other events counted.
     /// - Throws: ``ESPEventError`` (unauthenticated or malformed).
-    public func events(body: [UInt8], signature: String?, timestamp: String?) throws(ESPEventError)
-        -> ESPEventBatch
-    {
+    public func events(
+        body: [UInt8], signature: String?, timestamp: String?, now: Date = Date(),
+        maximumAge: TimeInterval = ESPSignatureAge.defaultMaximum
+    ) throws(ESPEventError) -> ESPEventBatch {
         guard let signature, let timestamp, !timestamp.isEmpty,
             let der = Data(base64Encoded: signature.trimmingCharacters(in: .whitespaces))
         else { throw .unauthenticated("no SendGrid signature or timestamp header") }
         guard key.verify(signature: [UInt8](der), message: Array(timestamp.utf8) + body) else {
             throw .unauthenticated("the SendGrid signature does not verify")
         }
+        guard let seconds = Int64(timestamp) else {
+            throw .unauthenticated("the SendGrid timestamp is not unix seconds")
+        }
+        let signedAt = Date(timeIntervalSince1970: Double(seconds))
+        try ESPSignatureAge.check(signedAt, now: now, maximumAge: maximumAge, provider: .sendgrid)
         var batch = ESPEventBatch()
+        batch.signedAt = signedAt
         for event in try ESPJSON.array(body) {
             let kind = event["event"] as? String ?? ""
             guard ["bounce", "dropped", "deferred"].contains(kind) else {
@@ -49,7 +57,7 @@ public struct SendGridWebhook: Sendable {
                 .make(
                     .sendgrid, recipient: email, permanent: kind != "deferred", reply: reply,
                     status: ESPJSON.text(event["status"]), remoteMTA: nil,
-                    sender: event["from"] as? String))
+                    sender: event["from"] as? String, eventID: try ESPJSON.eventID(event["sg_event_id"])))
         }
         return batch
     }

@@ -20,6 +20,12 @@ let espEventsOptions: [CommandOption] = [
             "The bounce listener's own PostgreSQL login (a member of siwa_bounce only, never the gate's). Required with --esp-events-listen.",
         environmentVariable: "SIWA_MAILGATE_ESP_EVENTS_DATABASE_URL"
     ).secret(.connectionString),
+    // 25 hours: past SendGrid's 24 hours of retries, so a late retry is not refused (and lost).
+    CommandOption(
+        "esp-events-max-age", valueName: "SECONDS",
+        help:
+            "Oldest a SendGrid or SNS signature's timestamp may be (at least SendGrid's 24 hours of retries); their event ids are kept as long. Mailgun has --mailgun-max-age.",
+        environmentVariable: "SIWA_MAILGATE_ESP_EVENTS_MAX_AGE", defaultValue: "90000"),
     CommandOption(
         "mailgun-signing-key", valueName: "KEY",
         help: "Mailgun's HTTP webhook signing key: serves /v1/esp/mailgun.",
@@ -98,6 +104,8 @@ func makeESPEventsConfiguration(_ parsed: ParsedCommand, environment: [String: S
         outbound: OutboundHTTP.Client(
             policy: OutboundHTTP.Policy(timeout: .seconds(5), maxResponseBodyBytes: 64 << 10),
             environment: environment))
+    let maxAge = try parsed.seconds("esp-events-max-age", positive: true) ?? .seconds(90_000)
+    configuration.maximumAge = Double(maxAge.components.seconds)
     if let key = parsed.value("mailgun-signing-key"), !key.isEmpty {
         let maxAge = try parsed.seconds("mailgun-max-age", positive: true) ?? .seconds(300)
         configuration.mailgun = MailgunWebhook(

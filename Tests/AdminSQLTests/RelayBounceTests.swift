@@ -152,7 +152,11 @@ struct RelayBounceTests {
              WHERE p.pronamespace = 'siwa'::regnamespace AND has_function_privilege($1, p.oid, 'EXECUTE')
             """, [.text(login)]
         ).map { try $0[0, as: String.self] }
-        #expect(functions == ["siwa.record_relay_bounce(text,text,text,text,text,text,text)"])
+        #expect(
+            functions.sorted() == [
+                "siwa.record_esp_event(text,text,timestamp with time zone)",
+                "siwa.record_relay_bounce(text,text,text,text,text,text,text)",
+            ])
         let bounce = try database.connect(asMemberOf: bounceRole)
         defer { bounce.close() }
         for sql in [

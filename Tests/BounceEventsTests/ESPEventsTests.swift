@@ -96,7 +96,7 @@ struct ESPEventsTests {
         ])
         #expect(response.status == 200)
         let answer = try JSONSerialization.jsonObject(with: Data(response.body)) as? [String: Int]
-        #expect(answer == ["recorded": 2, "ignored": 1, "other_events": 1])
+        #expect(answer == ["recorded": 2, "ignored": 1, "duplicates": 0, "other_events": 1])
         #expect(
             try listener.recorded().map { [$0[0], $0[1]] } == [
                 ["relay_address_dead", "001000.on"], ["transient", "001000.off"],
@@ -107,6 +107,120 @@ struct ESPEventsTests {
                 .status == 401)
         #expect(try listener.post("sendgrid", Array("[]".utf8)).status == 401)
         #expect(try listener.recorded().count == 2)
+    }
+
+    @Test("SendGrid: a batch signed 30 days ago, or an hour ahead, is refused 401 and records nothing")
+    func sendGridStale() throws {
+        let listener = try Listener(signers: signers.get())
+        let now = Int(Date().timeIntervalSince1970)
+        let events: [[String: Any]] = [
+            [
+                "event": "bounce", "email": Relay.on, "sg_event_id": "sg-stale-1",
+                "reason": "550 5.7.1 unauthorized sender",
+            ]
+        ]
+        let old = try listener.sendGrid(events, timestamp: now - 30 * 86400)
+        #expect(old.status == 401)
+        #expect(String(decoding: old.body, as: UTF8.self) == #"{"error":"unauthorized"}"#)
+        #expect(try listener.sendGrid(events, timestamp: now + 3600).status == 401)
+        #expect(try listener.recorded().isEmpty)
+        #expect(
+            listener.metric("siwa_mailgate_esp_replays_total", #"provider="sendgrid",reason="stale""#) == 2)
+        // Past SendGrid's 24 hours of retries, within the 25-hour bound: a late retry is taken.
+        #expect(try listener.sendGrid(events, timestamp: now - 24 * 3600 - 60).status == 200)
+        #expect(try listener.recorded().count == 1)
+    }
+
+    @Test(
+        "SendGrid: the same signed batch posted three times records each event once, answered 200 each time")
+    func sendGridDuplicate() throws {
+        let listener = try Listener(signers: signers.get())
+        let event: [String: Any] = [
+            "event": "bounce", "email": Relay.on, "sg_event_id": "sg-dup-1",
+            "reason": "550 5.7.1 <bounce+x@mail.sender.example>: unauthorized sender",
+            "from": "bounce+x@mail.sender.example",
+        ]
+        let timestamp = Int(Date().timeIntervalSince1970)
+        for _ in 0..<3 {
+            #expect(try listener.sendGrid([event], timestamp: timestamp).status == 200)
+        }
+        #expect(try listener.recorded().map { $0[0] } == ["sender_unauthorized"])
+        // A later batch repeating the event beside a new one records only the new one.
+        var other = event
+        other["sg_event_id"] = "sg-dup-2"
+        other["email"] = Relay.off
+        let mixed = try listener.sendGrid([event, other])
+        let answer = try JSONSerialization.jsonObject(with: Data(mixed.body)) as? [String: Int]
+        #expect(answer == ["recorded": 1, "ignored": 0, "duplicates": 1, "other_events": 0])
+        #expect(try listener.recorded().count == 2)
+        #expect(
+            listener.metric("siwa_mailgate_esp_replays_total", #"provider="sendgrid",reason="duplicate""#)
+                == 3)
+        #expect(
+            listener.metric(
+                "siwa_mailgate_esp_bounces_total", #"provider="sendgrid",class="sender_unauthorized""#) == 2)
+    }
+
+    @Test("SendGrid: a batch refused 503 keeps no event id: the ESP's retry is recorded, once")
+    func sendGridRetryAfterUnavailable() throws {
+        let listener = try Listener(signers: signers.get())
+        let owner = try listener.database.connect()
+        defer { owner.close() }
+        let function = "siwa.record_relay_bounce(text, text, text, text, text, text, text)"
+        let events: [[String: Any]] = [
+            ["event": "bounce", "email": Relay.on, "sg_event_id": "sg-retry-1", "reason": "550 5.1.1 no"]
+        ]
+        let timestamp = Int(Date().timeIntervalSince1970)
+        try owner.execute("REVOKE EXECUTE ON FUNCTION \(function) FROM siwa_bounce")
+        #expect(try listener.sendGrid(events, timestamp: timestamp).status == 503)
+        try owner.execute("GRANT EXECUTE ON FUNCTION \(function) TO siwa_bounce")
+        #expect(try listener.sendGrid(events, timestamp: timestamp).status == 200)
+        #expect(try listener.sendGrid(events, timestamp: timestamp).status == 200)
+        #expect(try listener.recorded().count == 1)
+        #expect(
+            try owner.query("SELECT provider, event_id FROM siwa.esp_events_seen").map {
+                [try $0[0, as: String.self], try $0[1, as: String.self]]
+            } == [["sendgrid", "sg-retry-1"]])
+    }
+
+    @Test("an event id is kept until it expires, then siwa.prune (as siwa_worker) deletes it")
+    func seenIdsPruned() throws {
+        let listener = try Listener(signers: signers.get())
+        let now = Int(Date().timeIntervalSince1970)
+        let events: [[String: Any]] = [
+            ["event": "bounce", "email": Relay.on, "sg_event_id": "sg-kept", "reason": "550 5.1.1 no"]
+        ]
+        #expect(try listener.sendGrid(events, timestamp: now).status == 200)
+        let owner = try listener.database.connect()
+        defer { owner.close() }
+        let keptFor = try owner.query(
+            "SELECT extract(epoch FROM expires_at)::bigint FROM siwa.esp_events_seen WHERE event_id = 'sg-kept'"
+        )
+        #expect(try keptFor.first?[0, as: Int64.self] == Int64(now) + 90_000)
+        try owner.execute(
+            """
+            INSERT INTO siwa.esp_events_seen (provider, event_id, seen_at, expires_at)
+            VALUES ('ses', 'sns-expired', now() - interval '26 hours', now() - interval '1 hour')
+            """)
+        let worker = try listener.database.connect(asMemberOf: "siwa_worker")
+        defer { worker.close() }
+        _ = try worker.query("SELECT * FROM siwa.prune(NULL, NULL)")
+        #expect(
+            try owner.query("SELECT event_id FROM siwa.esp_events_seen ORDER BY 1").map {
+                try $0[0, as: String.self]
+            } == ["sg-kept"])
+    }
+
+    @Test("Postmark: a bounce's ID is recorded once")
+    func postmarkDuplicate() throws {
+        let listener = try Listener(signers: signers.get())
+        let bounce: [String: Any] = [
+            "RecordType": "Bounce", "Type": "HardBounce", "ID": 4_323_372_036_854_775_807,
+            "Email": Relay.off, "Details": "smtp;550 5.1.1 user unknown",
+        ]
+        #expect(try listener.postmark(bounce).status == 200)
+        #expect(try listener.postmark(bounce).status == 200)
+        #expect(try listener.recorded().count == 1)
     }
 
     @Test("Postmark: Basic credentials in the webhook URL; a wrong password is refused")
@@ -170,6 +284,28 @@ struct ESPEventsTests {
             ])
         #expect(
             listener.metric("siwa_mailgate_esp_requests_total", #"provider="ses",result="accepted""#) == 2)
+    }
+
+    @Test("SES via SNS: a message signed 30 days ago is refused 401; a MessageId repeated is recorded once")
+    func sesReplays() throws {
+        let signers = try signers.get()
+        let listener = try Listener(signers: signers)
+        try signers.withHTTPSServer { port in
+            let certificate = "https://localhost:\(port)/sns-cert.pem"
+            let bounce = Listener.sesBounce(Relay.on, diagnostic: "smtp; 550 5.1.1 user not found")
+            let old = try listener.sns(
+                message: bounce, certificateURL: certificate,
+                signedAt: Date(timeIntervalSinceNow: -30 * 86400))
+            #expect(try listener.post("ses", old).status == 401)
+            let fresh = try listener.sns(message: bounce, certificateURL: certificate, messageID: "sns-dup-1")
+            for _ in 0..<3 {
+                #expect(try listener.post("ses", fresh).status == 200)
+            }
+        }
+        #expect(try listener.recorded().count == 1)
+        #expect(listener.metric("siwa_mailgate_esp_replays_total", #"provider="ses",reason="stale""#) == 1)
+        #expect(
+            listener.metric("siwa_mailgate_esp_replays_total", #"provider="ses",reason="duplicate""#) == 2)
     }
 
     @Test("SES via SNS: a certificate URL on a host the pattern does not allow, or over http, is refused")

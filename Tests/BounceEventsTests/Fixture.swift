@@ -123,9 +123,11 @@ final class Listener: Sendable {
         return [UInt8](try JSONSerialization.data(withJSONObject: object))
     }
 
-    func sendGrid(_ events: [[String: Any]], tamper: Bool = false) throws -> OutboundHTTP.Response {
+    func sendGrid(
+        _ events: [[String: Any]], tamper: Bool = false, timestamp: Int = Int(Date().timeIntervalSince1970)
+    ) throws -> OutboundHTTP.Response {
         let body = [UInt8](try JSONSerialization.data(withJSONObject: events))
-        let timestamp = "\(Int(Date().timeIntervalSince1970))"
+        let timestamp = "\(timestamp)"
         let signature = try signers.sign(
             Array(timestamp.utf8) + body, key: signers.directory.appendingPathComponent("sendgrid.pem").path)
         return try post(
@@ -148,12 +150,14 @@ final class Listener: Sendable {
     /// An SNS Notification carrying SES's `message`, signed by `key` (sns.key, or other.key to forge).
     func sns(
         message: [String: Any], certificateURL: String, version: String = "2", key: String = "sns.key",
-        topic: String = Secrets.topic, type: String = "Notification", subscribeURL: String? = nil
+        topic: String = Secrets.topic, type: String = "Notification", subscribeURL: String? = nil,
+        messageID: String = UUID().uuidString, signedAt: Date = Date()
     ) throws -> [UInt8] {
         let text = String(decoding: try JSONSerialization.data(withJSONObject: message), as: UTF8.self)
         var parsedFields: [String: String] = [
-            "Type": type, "MessageId": UUID().uuidString, "TopicArn": topic, "Message": text,
-            "Timestamp": "2026-12-04T20:00:00.000Z", "SignatureVersion": version,
+            "Type": type, "MessageId": messageID, "TopicArn": topic, "Message": text,
+            "Timestamp": Self.snsTime(signedAt),
+            "SignatureVersion": version,
             "SigningCertURL": certificateURL,
         ]
         if type != "Notification" {
@@ -174,6 +178,13 @@ final class Listener: Sendable {
             digest: version == "1" ? "sha1" : "sha256")
         parsedFields["Signature"] = signature.base64EncodedString()
         return [UInt8](try JSONSerialization.data(withJSONObject: parsedFields))
+    }
+
+    /// SNS's Timestamp form: ISO 8601 in UTC with milliseconds.
+    static func snsTime(_ date: Date) -> String {
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        return formatter.string(from: date)
     }
 
     static func sesBounce(

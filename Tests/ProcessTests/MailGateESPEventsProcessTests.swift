@@ -59,6 +59,15 @@ struct MailGateESPEventsProcessTests {
                 ],
                 "--sendgrid-verification-key"
             ),
+            (
+                listen,
+                [
+                    "SIWA_MAILGATE_ESP_EVENTS_DATABASE_URL": bounceURL,
+                    "SIWA_MAILGATE_MAILGUN_SIGNING_KEY": Self.signingKey,
+                    "SIWA_MAILGATE_ESP_EVENTS_MAX_AGE": "0",
+                ],
+                "esp-events-max-age"
+            ),
         ]
         for (arguments, extra, word) in cases {
             let result = try run(arguments, base.merging(extra) { $1 })
