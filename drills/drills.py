@@ -54,7 +54,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.dont_write_bytecode = True  # leave no __pycache__ in scripts/ behind
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import bench  # noqa: E402  (the same repository's benchmark helpers)
-from bench import free_port, http_status, wait_until  # noqa: E402
+from bench import http_status, port_of, start_listening, wait_until  # noqa: E402
 
 AUDIENCE = "com.example.drills"
 # NotificationStore.Configuration's default commitTimeout: a request never waits longer for its commit.
@@ -102,18 +102,28 @@ class Cluster(bench.Cluster):
 # ---------------------------------------------------------------------------------------------------
 
 class Receiver:
-    def __init__(self, ctx, name, database_url, jwks_url, port=None, extra=(), threads=32):
+    """siwa-receiver on port 0 the first time (the kernel's choice, read back from --listen-address-file);
+    a restart binds the port it had, as a restarted receiver behind a fixed address does."""
+
+    def __init__(self, ctx, name, database_url, jwks_url, extra=(), threads=32):
         self.ctx = ctx
-        self.port = port or free_port()
+        self.name = name
+        self.port = 0
         self.log_path = os.path.join(ctx.workdir, f"{name}.log")
         self.arguments = [
-            ctx.binaries["siwa-receiver"], "--listen", f"127.0.0.1:{self.port}", "--database-url", database_url,
+            ctx.binaries["siwa-receiver"], "--database-url", database_url,
             "--audience", AUDIENCE, "--jwks-url", jwks_url, "--threads", str(threads), "--log-level", "warning", *extra]
         self.process = None
 
     def start(self, ready="/readyz"):
         with open(self.log_path, "a") as out:
-            self.process = subprocess.Popen(self.arguments, stdout=out, stderr=out)
+            try:
+                self.process, listeners = start_listening(
+                    [*self.arguments, "--listen", f"127.0.0.1:{self.port}"], f"receiver-{self.name}", timeout=30,
+                    stdout=out, stderr=out)
+            except RuntimeError as error:
+                raise DrillFailure(f"{error}; see {self.log_path}") from None
+        self.port = port_of(listeners["notifications"])
         wait_until(lambda: http_status(f"http://127.0.0.1:{self.port}{ready}") == 200
                    or self.process.poll() is not None,
                    "the receiver to be ready", timeout=30)
@@ -352,7 +362,7 @@ def drill_postgres_restart(ctx, mode):
 
 def drill_receiver_kill(ctx):
     result = Result("2 kill -9 receiver")
-    log(f"drill {result.name}: kill -9 the receiver under load {ctx.kills} times, restart it on the same port")
+    log(f"drill {result.name}: kill -9 the receiver under load {ctx.kills} times, restart it on the port it had")
     db = "drill2"
     ctx.cluster.create_database(db)
     receiver = Receiver(ctx, db, ctx.cluster.url(db), ctx.jwks_url).start()
@@ -498,7 +508,7 @@ class JWKSServer:
     flap (alternately error and ok), or down (not listening)."""
 
     def __init__(self, set_a, set_b, slow_seconds):
-        self.port = free_port()
+        self.port = 0  # the kernel's choice on the first start; up() binds it again
         self.sets = {"ok": set_a, "both": json.dumps({"keys": json.loads(set_a)["keys"] + json.loads(set_b)["keys"]})}
         self.slow_seconds = slow_seconds
         self.mode = "ok"
@@ -538,6 +548,7 @@ class JWKSServer:
 
         ThreadingHTTPServer.daemon_threads = True
         self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.listening = True
 
@@ -902,19 +913,20 @@ def drill_disk_full(ctx):
 
 class Standby(Cluster):
     """A streaming replica of `primary` (pg_basebackup -R, as `postgres` when we are root) in its own
-    directory, with its own socket and port; `promote()` makes it the primary."""
+    directory, with its own socket there (no TCP, as the primary); `promote()` makes it the primary."""
 
     def __init__(self, root, primary):  # noqa: super().__init__ would initdb: set up by hand instead
         self.bindir = primary.bindir
         self.root = root
         self.data = os.path.join(root, "data")
-        self.port = free_port()
+        self.port = self.PORT
         self.as_postgres = primary.as_postgres
         if self.as_postgres:
             shutil.chown(root, "postgres")
         self._tool("pg_basebackup", "-D", self.data, "-h", primary.root, "-p", str(primary.port), "-U", "postgres",
                    "-R", "-X", "stream", "--checkpoint=fast")
-        self.options = primary.options.replace(f"-k {primary.root} -p {primary.port}", f"-k {root} -p {self.port}")
+        self.options = primary.options.replace(f"-k {primary.root} ", f"-k {root} ")
+        assert self.options != primary.options, "the standby needs its own socket directory"
         self.start()
 
     def promote(self):
@@ -1048,14 +1060,14 @@ def drill_failover(ctx, synchronous):
         log(f"  database URL: {url}")
         receiver = Receiver(ctx, f"drill6-{wanted}", url, ctx.jwks_url).start()
         receiver_pid = receiver.process.pid
-        metrics_port = free_port()
         worker_log = open(os.path.join(ctx.workdir, f"drill6-{wanted}-worker.log"), "a")
-        worker = subprocess.Popen(
+        worker, worker_listeners = start_listening(
             [ctx.binaries["siwa-worker"], "--database-url", url + "&application_name=drill6-worker",
              "--concurrency", "2", "--poll-interval", "0.2", "--retry-base-delay", "0.1",
              "--jwks-url", ctx.jwks_url, "--audience", AUDIENCE,
-             "--metrics-listen", f"127.0.0.1:{metrics_port}", "--log-level", "warning"],
-            stdout=worker_log, stderr=worker_log)
+             "--metrics-listen", "127.0.0.1:0", "--log-level", "warning"],
+            f"drill6-{wanted}-worker", timeout=30, stdout=worker_log, stderr=worker_log)
+        metrics_port = port_of(worker_listeners["metrics"])
         wait_until(lambda: metric_or_none(metrics_port, "siwa_worker_connected_lanes") == 2, "the worker's lanes", 30)
         prober = Prober(f"http://127.0.0.1:{receiver.port}/readyz")
         answers = Answers()
@@ -1197,7 +1209,7 @@ class FakeESP:
         self.listed, self.changes, self.calls, self.in_flight = set(), {}, 0, 0
         self.in_flight_methods = []
         self.down = False
-        self.port = free_port()
+        self.port = 0  # the kernel's choice on the first start; a restart binds it again
         self.server = None
         self.start()
 
@@ -1269,6 +1281,7 @@ class FakeESP:
 
         self.down = False
         self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.port = self.server.server_address[1]
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

@@ -24,6 +24,7 @@ in its own venv, scripts/bench-pgqueuer.py).
 """
 
 import argparse
+import atexit
 import base64
 import http.client
 import json
@@ -116,10 +117,63 @@ def children_cpu_seconds():
     return usage.ru_utime + usage.ru_stime
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Never a port chosen for someone else: every service here binds port 0 and tells the kernel's choice
+# through --listen-address-file (Sources/ServiceSupport/ListenAddressFile.swift: one `NAME HOST:PORT` line
+# per listener, written atomically once all listen, removed on a clean stop). Shared with drills/drills.py.
+LISTEN_ADDRESS_DIR = None
+
+
+def listen_address_path(name):
+    """A path for a --listen-address-file named after `name`, in a private directory removed at exit."""
+    global LISTEN_ADDRESS_DIR
+    if LISTEN_ADDRESS_DIR is None:
+        LISTEN_ADDRESS_DIR = tempfile.mkdtemp(prefix="siwa-listen-")
+        atexit.register(shutil.rmtree, LISTEN_ADDRESS_DIR, True)
+    return os.path.join(LISTEN_ADDRESS_DIR, f"{name}.addresses")
+
+
+def read_listen_addresses(path):
+    """The listeners in a --listen-address-file, name → HOST:PORT; None while the file is not there."""
+    try:
+        with open(path) as f:
+            return dict(line.split() for line in f if line.strip())
+    except FileNotFoundError:
+        return None
+
+
+def start_listening(command, name, timeout=60.0, **popen):
+    """Starts `command` (its listeners on port 0) with `--listen-address-file` appended, waits for the
+    file and returns (process, name → HOST:PORT). A file left by an earlier run of the same name is removed
+    first, so a restarted process is never taken for listening before it does."""
+    path = listen_address_path(name)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    process = subprocess.Popen([*command, "--listen-address-file", path], **popen)
+    listeners = {}
+
+    def ready():
+        found = read_listen_addresses(path)
+        if found is not None:
+            listeners.update(found)
+            return True
+        return process.poll() is not None
+
+    try:
+        wait_until(ready, f"{name} to listen", timeout=timeout)
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+    if not listeners:
+        raise RuntimeError(f"{name} exited with {process.returncode} before listening")
+    return process, listeners
+
+
+def port_of(address):
+    """The port of `HOST:PORT`."""
+    return int(address.rsplit(":", 1)[1])
 
 
 def pg_bindir():
@@ -139,7 +193,11 @@ def pg_bindir():
 
 class Cluster:
     """A throwaway PostgreSQL cluster with fsync on, run as `postgres` when we are root; it can be
-    stopped (fast or immediate) and started again on the same port. Shared with drills/drills.py."""
+    stopped (fast or immediate) and started again. Shared with drills/drills.py. No TCP port (PostgreSQL
+    cannot bind port 0 and tell which it got): a unix socket only, in `root`, which is the cluster's own
+    directory, so the socket's number is PostgreSQL's default and nobody else's."""
+
+    PORT = 5432  # names the socket file in `root` (.s.PGSQL.5432); no TCP listener
 
     SETTINGS = ("-c max_connections=400 -c shared_buffers=512MB -c max_wal_size=4GB "
                 "-c checkpoint_timeout=30min")
@@ -148,7 +206,7 @@ class Cluster:
         self.bindir = pg_bindir()
         self.root = root
         self.data = os.path.join(root, "data")
-        self.port = free_port()
+        self.port = self.PORT
         self.as_postgres = os.geteuid() == 0
         if self.as_postgres:
             shutil.chown(root, "postgres")
@@ -274,13 +332,13 @@ class Cluster:
 
 class Receiver:
     def __init__(self, binary, database_url, jwks_url, connections):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         # The default handler threads: a notification waiting for its commit holds none.
-        self.process = subprocess.Popen(
-            [binary, "--listen", f"127.0.0.1:{self.port}", "--database-url", database_url, "--audience", AUDIENCE,
+        self.process, listeners = start_listening(
+            [binary, "--listen", "127.0.0.1:0", "--database-url", database_url, "--audience", AUDIENCE,
              "--jwks-url", jwks_url, "--max-connections", "4096", "--log-level", "error"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            "siwa-receiver", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.port = port_of(listeners["notifications"])
+        self.url = f"http://127.0.0.1:{self.port}"
         wait_until(lambda: http_status(self.url + "/readyz") == 200, "receiver ready")
 
     def peak_rss_kib(self):
@@ -357,12 +415,11 @@ def sign(siwa_bench, keys, kid, audience, count, out):
 
 
 def start_fake_apple(siwactl, keys):
-    """`siwactl fake-apple` serving KEYS/jwks.json on a free loopback port, once it answers; returns the
-    process and the key set's URL."""
-    port = free_port()
-    process = subprocess.Popen([siwactl, "fake-apple", "--listen", f"127.0.0.1:{port}", "--keys", keys],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/auth/keys"
+    """`siwactl fake-apple` serving KEYS/jwks.json on loopback (port 0: the kernel's choice, read back),
+    once it answers; returns the process and the key set's URL."""
+    process, listeners = start_listening([siwactl, "fake-apple", "--listen", "127.0.0.1:0", "--keys", keys],
+                                         "fake-apple", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://{listeners['apple']}/auth/keys"
     try:
         wait_until(lambda: http_status(url) == 200, "fake-apple")
     except BaseException:
@@ -813,17 +870,17 @@ def webhooks(cluster, binaries, jwks_url, bodies, changes=20_000, subs=2_000, id
     worker writes siwa.changes (the changefeed), Apple's POST → webhook acknowledged."""
     db = "webhooks"
     cluster.create_database(db)
-    port = free_port()
     secret = "whsec_" + base64.b64encode(os.urandom(32)).decode()
-    listener = subprocess.Popen(
-        [binaries["siwactl"], "webhooks", "listen", "--port", str(port)],
+    listener, listeners = start_listening(
+        [binaries["siwactl"], "webhooks", "listen", "--port", "0"], "webhooks-listen",
         env={**os.environ, "SIWA_WEBHOOK_SECRET": secret},  # never on the command line (ps shows it)
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://{listeners['webhooks']}/"
     worker = None
     receiver = None
     try:
-        wait_until(lambda: http_status(f"http://127.0.0.1:{port}/") == 405, "webhooks listen")
-        cluster.psql(db, f"SELECT siwa.add_webhook_endpoint('http://127.0.0.1:{port}/', '{secret}', NULL, 16)")
+        wait_until(lambda: http_status(endpoint) == 405, "webhooks listen")
+        cluster.psql(db, f"SELECT siwa.add_webhook_endpoint('{endpoint}', '{secret}', NULL, 16)")
         cluster.psql(db, f"""
             INSERT INTO siwa.changes (type, sub, event_time, applied_at, jti, audience, sessions_revoked)
             SELECT 'siwa.consent_revoked', 'wh-sub-' || (g % {subs}), now(), now(), 'wh-' || g, '{AUDIENCE}', 1
@@ -832,11 +889,11 @@ def webhooks(cluster, binaries, jwks_url, bodies, changes=20_000, subs=2_000, id
         idle_children = cluster.child_count()
         pg_before = cluster.cpu_seconds(settle_to=idle_children)
         started = time.monotonic()
-        metrics_port = free_port()
-        worker = subprocess.Popen(
+        worker, worker_listeners = start_listening(
             [binaries["siwa-worker"], "--database-url", cluster.url(db), "--webhook-concurrency", "8",
-             "--metrics-listen", f"127.0.0.1:{metrics_port}", "--log-level", "error"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             "--metrics-listen", "127.0.0.1:0", "--log-level", "error"],
+            "siwa-worker", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        metrics_port = port_of(worker_listeners["metrics"])
         wait_until(lambda: cluster.psql(db, "SELECT count(*) FROM siwa.webhook_deliveries WHERE state = 'pending'")
                    == "0", "every webhook delivered", timeout=600, interval=0.1)
         elapsed = time.monotonic() - started

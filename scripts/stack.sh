@@ -58,12 +58,11 @@ choose_state_dir() {
 
 choose_state_dir
 AUDIENCE=${SIWA_DEMO_AUDIENCE:-com.example.siwa.demo}
-RECEIVER_PORT=${SIWA_DEMO_RECEIVER_PORT:-8080}
-APPLE_PORT=${SIWA_DEMO_APPLE_PORT:-8081}
-SIGNIN_PORT=${SIWA_DEMO_SIGNIN_PORT:-8082}
 TEAM_ID=DEMOTEAM01
 KEY_ID=DEMOKEY001
-PG_PORT=${SIWA_DEMO_PG_PORT:-54329}
+# No port is chosen here: every listener binds port 0 and the address it got is read back from its
+# --listen-address-file (one 'NAME HOST:PORT' line per listener, written once all listen). PostgreSQL
+# cannot do that, so the local cluster has no TCP listener at all: a unix socket in $STATE only.
 STARTED_PIDS=()
 STARTED_CLUSTER=
 
@@ -109,12 +108,59 @@ stack_database() {
     pg_tool initdb -D "$STATE/pgdata" -U postgres -A trust -E UTF8 --locale=C >/dev/null
   fi
   if ! pg_tool pg_ctl -D "$STATE/pgdata" status >/dev/null 2>&1; then
+    # No TCP (listen_addresses=''): the socket in $STATE, a directory of our own, under PostgreSQL's
+    # default number.
     pg_tool pg_ctl -D "$STATE/pgdata" -l "$STATE/postgresql.log" -w \
-      -o "-c listen_addresses='' -k $STATE -p $PG_PORT" start >/dev/null
+      -o "-c listen_addresses='' -k $STATE" start >/dev/null
     STARTED_CLUSTER=1
   fi
-  export SIWA_DATABASE_URL="postgresql://postgres@/postgres?host=$STATE&port=$PG_PORT"
+  # The socket's number as the running server reports it (postmaster.pid's fourth line): also right for
+  # a cluster left running by an earlier run, whatever it was started with.
+  local pg_port
+  pg_port=$(sed -n 4p "$STATE/pgdata/postmaster.pid")
+  [[ $pg_port =~ ^[0-9]+$ ]] || fail "cannot read the cluster's port from $STATE/pgdata/postmaster.pid"
+  export SIWA_DATABASE_URL="postgresql://postgres@/postgres?host=$STATE&port=$pg_port"
   echo "database: local cluster in $STATE (socket), $SIWA_DATABASE_URL"
+}
+
+# Waits until the process PID has written its --listen-address-file FILE; fails if it exits first.
+wait_listening() {
+  local file=$1 pid=$2 what=$3 i
+  for i in $(seq 1 400); do
+    [[ -s $file ]] && return 0
+    kill -0 "$pid" 2>/dev/null || fail "$what exited before listening; see its log in $STATE"
+    sleep 0.05
+  done
+  fail "timed out waiting for $what to listen"
+}
+
+# The address (HOST:PORT) listener NAME bound, from a --listen-address-file.
+listen_address() {
+  local file=$1 name=$2 address
+  address=$(awk -v name="$name" '$1 == name { print $2 }' "$file")
+  [[ -n $address ]] || fail "$file names no '$name' listener"
+  printf '%s\n' "$address"
+}
+
+# Starts the command after "--" in the background (its listeners on port 0) with --listen-address-file
+# $STATE/NAME.addresses and stderr to $STATE/NAME.log, and waits until it listens; LAST_PID is its pid.
+start_listening() {
+  local name=$1
+  shift 2
+  rm -f "$STATE/$name.addresses"
+  "$@" --listen-address-file "$STATE/$name.addresses" 2>"$STATE/$name.log" &
+  LAST_PID=$!
+  STARTED_PIDS+=("$LAST_PID")
+  wait_listening "$STATE/$name.addresses" "$LAST_PID" "$name"
+}
+
+# Stops one process started here (SIGTERM, then waits for it).
+stop_started() {
+  local pid=$1 kept=() other
+  kill -TERM "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  for other in "${STARTED_PIDS[@]}"; do [[ $other == "$pid" ]] || kept+=("$other"); done
+  STARTED_PIDS=("${kept[@]}")
 }
 
 wait_http() {
@@ -146,27 +192,34 @@ stack_start() {
     [[ -f $STATE/token-keys ]] || printf 'demo1 %s\n' "$(head -c 32 /dev/urandom | base64)" >"$STATE/token-keys"
     [[ -f $STATE/signin-token ]] || head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$STATE/signin-token"
   )
-  NOTIFY_URL="http://127.0.0.1:$RECEIVER_PORT/apple/notifications"
-  APPLE_URL="http://127.0.0.1:$APPLE_PORT"
-  "$BIN/siwactl" fake-apple --listen "127.0.0.1:$APPLE_PORT" --keys "$STATE/keys" --team-id "$TEAM_ID" \
-    --key-id "$KEY_ID" --team-key "$STATE/team-public.pem" --client-id "$AUDIENCE" --notify-url "$NOTIFY_URL" \
-    >/dev/null 2>"$STATE/fake-apple.log" &
-  STARTED_PIDS+=($!)
-  wait_http "$APPLE_URL/auth/keys"
+  # Apple and the receiver each need the other's address: fake Apple starts first (port 0) without
+  # --notify-url, the receiver (port 0) with Apple's address, then fake Apple again on the port the kernel
+  # gave it, now told where to POST its consent-revoked notifications.
+  local fake_apple=("$BIN/siwactl" fake-apple --keys "$STATE/keys" --team-id "$TEAM_ID" --key-id "$KEY_ID"
+    --team-key "$STATE/team-public.pem" --client-id "$AUDIENCE")
+  start_listening fake-apple -- "${fake_apple[@]}" --listen 127.0.0.1:0 >/dev/null
+  local apple_pid=$LAST_PID apple_address
+  apple_address=$(listen_address "$STATE/fake-apple.addresses" apple)
+  APPLE_URL="http://$apple_address"
   local apple=(--apple-team-id "$TEAM_ID" --apple-key-id "$KEY_ID" --apple-key-file "$STATE/AuthKey_$KEY_ID.p8"
     --apple-url "$APPLE_URL" --token-key-file "$STATE/token-keys")
   # The demo connects everything as the database's owner; a deployment gives the receiver and its
   # sign-in API a login each (siwa_receiver, siwa_signin; docs/operations.md § 3).
-  "$BIN/siwa-receiver" --listen "127.0.0.1:$RECEIVER_PORT" --audience "$AUDIENCE" \
-    --jwks-url "$APPLE_URL/auth/keys" --signin-listen "127.0.0.1:$SIGNIN_PORT" \
+  start_listening receiver -- "$BIN/siwa-receiver" --listen 127.0.0.1:0 --audience "$AUDIENCE" \
+    --jwks-url "$APPLE_URL/auth/keys" --signin-listen 127.0.0.1:0 \
     --signin-database-url "$SIWA_DATABASE_URL" \
-    --signin-token-file "$STATE/signin-token" "${apple[@]}" 2>"$STATE/receiver.log" &
-  STARTED_PIDS+=($!)
+    --signin-token-file "$STATE/signin-token" "${apple[@]}"
+  RECEIVER_URL="http://$(listen_address "$STATE/receiver.addresses" notifications)"
+  NOTIFY_URL="$RECEIVER_URL/apple/notifications"
+  SIGNIN_URL="http://$(listen_address "$STATE/receiver.addresses" signin)"
+  stop_started "$apple_pid"
+  start_listening fake-apple -- "${fake_apple[@]}" --listen "$apple_address" --notify-url "$NOTIFY_URL" \
+    >/dev/null
+  wait_http "$APPLE_URL/auth/keys"
   "$BIN/siwa-worker" "${apple[@]}" --client-id "$AUDIENCE" --jwks-url "$APPLE_URL/auth/keys" \
     --revocation-poll-interval 0.5 2>"$STATE/worker.log" &
   STARTED_PIDS+=($!)
-  wait_http "http://127.0.0.1:$RECEIVER_PORT/readyz"
-  SIGNIN_URL="http://127.0.0.1:$SIGNIN_PORT"
+  wait_http "$RECEIVER_URL/readyz"
   echo "fake Apple:      $APPLE_URL (keys, token, revoke; kid $KID)"
   echo "receiver:        $NOTIFY_URL (audience $AUDIENCE); logs in $STATE/*.log"
   echo "sign-in API:     $SIGNIN_URL (bearer token in $STATE/signin-token)"
