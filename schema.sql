@@ -209,11 +209,34 @@ COMMENT ON FUNCTION siwa.erased_error(text, text) IS
 -- of them is migrated by the tests. A version that never shipped needs no change of its own.
 DO $$
 DECLARE
-    v_from integer;
-    v_bad  text;
+    v_from    integer;
+    v_bad     text;
+    v_timeout text := pg_catalog.current_setting('lock_timeout');
 BEGIN
     LOCK TABLE siwa.schema_version IN SHARE ROW EXCLUSIVE MODE;
     v_from := coalesce((SELECT pg_catalog.max(version) FROM siwa.schema_version), 0);
+
+    -- A database in use: every table and view of siwa taken at once, before anything changes, so the
+    -- services' transactions wait for this one instead of deadlocking with it (40P01 under load). A try
+    -- waits 100 ms at most and gives back what it took, so it never holds a lock a service waits on.
+    IF v_from > 0 THEN
+        FOR v_try IN 1 .. 600 LOOP
+            BEGIN
+                PERFORM pg_catalog.set_config('lock_timeout', '100ms', true);
+                EXECUTE (SELECT 'LOCK TABLE ' || pg_catalog.string_agg(c.oid::regclass::text, ', ' ORDER BY c.oid)
+                                || ' IN ACCESS EXCLUSIVE MODE'
+                           FROM pg_catalog.pg_class c
+                          WHERE c.relnamespace = 'siwa'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm')
+                            AND NOT c.relispartition);
+                EXIT;
+            EXCEPTION WHEN lock_not_available THEN
+                IF v_try = 600 THEN
+                    RAISE;
+                END IF;
+            END;
+        END LOOP;
+        PERFORM pg_catalog.set_config('lock_timeout', v_timeout, true);
+    END IF;
 
     -- 1: the first release.
     IF v_from < 1 THEN

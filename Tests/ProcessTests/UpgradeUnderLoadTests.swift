@@ -56,19 +56,21 @@ struct UpgradeUnderLoadTests {
     /// Stores one signed notification as the 4.0.0 receiver does; returns its jti once committed.
     static func store(_ index: Int, on connection: PostgresConnection) throws -> String {
         let jti = "upgrade-\(index)-\(UUID().uuidString)"
-        let now = Date()
+        // Whole seconds, as the token carries them; event times an hour back, one second apart.
+        let now = Date(timeIntervalSince1970: Date().timeIntervalSince1970.rounded(.down))
+        let eventTime = now.addingTimeInterval(Double(index) - 3600)
         let type = ["email-disabled", "consent-revoked", "email-enabled"][index % 3]
         let sub = "001026.upgrade\(index % 40).0001"
         let email = type.hasPrefix("email") ? "u\(index % 40)@privaterelay.appleid.com" : nil
         let token = TestSigning.token(
             type: type, subject: sub, email: email, isPrivateEmail: email.map { _ in true },
-            eventTime: now.addingTimeInterval(Double(index) / 1000), issuedAt: now, jti: jti)
+            eventTime: eventTime, issuedAt: now, jti: jti)
         let rows = try connection.query(
             version4Insert,
             [
                 .array([.text(jti)]), .array([.text(type)]), .array([.text(sub)]),
                 .array([.text(TestSigning.audience)]), .array([email.map { .text($0) }]),
-                .array([email.map { _ in .bool(true) }]), .array([.date(now.addingTimeInterval(Double(index) / 1000))]),
+                .array([email.map { _ in .bool(true) }]), .array([.date(eventTime)]),
                 .array([.date(now)]), .array([.date(now.addingTimeInterval(86_400))]), .array([.text(token)]),
             ])
         return try rows[0][0, as: String.self]
@@ -109,7 +111,8 @@ struct UpgradeUnderLoadTests {
         let migrated = try siwactl(["migrate", "--database-url", database.url])
         let migration = ContinuousClock.now - started
         let during = load.stored.withLock { $0.count } - before
-        #expect(waitUntil(timeout: .seconds(20)) { load.stored.withLock { $0.count } >= before + during + 200 })
+        #expect(
+            waitUntil(timeout: .seconds(20)) { load.stored.withLock { $0.count } >= before + during + 200 })
         load.stop.store(true, ordering: .releasing)
         for thread in threads { thread.join() }
         #expect(migrated.status == 0, "\(migrated.standardError)")
@@ -118,7 +121,8 @@ struct UpgradeUnderLoadTests {
         // Every committed jti is stored once and queued; the new worker applies each once.
         let stored = load.stored.withLock { $0 }
         #expect(
-            try owner.query("SELECT count(*)::int FROM siwa.notification_log")[0][0, as: Int.self] == stored.count)
+            try owner.query("SELECT count(*)::int FROM siwa.notification_log")[0][0, as: Int.self]
+                == stored.count)
         let keys = try StaticHTTPServer(body: TestSigning.apple.jwksJSON())
         let worker = try ExecutableLocator.run(
             ExecutableLocator.url(named: "siwa-worker"), arguments: ["--once"],
@@ -127,12 +131,16 @@ struct UpgradeUnderLoadTests {
                 "SIWA_JWKS_URL": keys.url.absoluteString,
             ]) { $1 }, timeout: .seconds(120))
         #expect(worker.status == 0, "\(worker.standardError.suffix(2000))")
+        let states = try owner.query(
+            "SELECT state || ' ' || count(*) || ' ' || coalesce(max(last_error), '') FROM siwa.notification_log GROUP BY state"
+        ).map { try $0[0, as: String.self] }
         #expect(
             try owner.query(
                 "SELECT count(*)::int FROM siwa.notification_log WHERE state IN ('applied', 'skipped')")[0][
-                    0, as: Int.self] == stored.count)
+                    0, as: Int.self] == stored.count, "\(states)")
         print(
             "upgrade 4 → \(SiwaSchema.version) under load: migrate \(migration), \(during) notifications stored "
-                + "while it ran, slowest insert \(load.slowest.withLock { $0 }), \(stored.count) in all, all applied")
+                + "while it ran, slowest insert \(load.slowest.withLock { $0 }), \(stored.count) in all, all applied"
+        )
     }
 }
