@@ -540,6 +540,14 @@ BEGIN
         DROP INDEX IF EXISTS siwa.webhook_deliveries_ready_idx;
         -- The drain: erasure leaves the rows its caller erases itself (p_leave), each written once.
         DROP FUNCTION IF EXISTS siwa.erase_personal_data_of(text[]);
+        -- A call that stops the worker every time is not claimed forever: the claims count the leases that
+        -- ran out unrecorded (crashes) and end the request, or the token's checks, at a bound.
+        IF pg_catalog.to_regclass('siwa.revocation_requests') IS NOT NULL THEN
+            ALTER TABLE siwa.revocation_requests ADD COLUMN crashes integer NOT NULL DEFAULT 0;
+        END IF;
+        IF pg_catalog.to_regclass('siwa.refresh_token_checks') IS NOT NULL THEN
+            ALTER TABLE siwa.refresh_token_checks ADD COLUMN crashes integer NOT NULL DEFAULT 0;
+        END IF;
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;
@@ -2906,6 +2914,7 @@ CREATE TABLE IF NOT EXISTS siwa.revocation_requests (
     echo_matched_at timestamptz,
     lease_owner     text,
     lease_expires_at timestamptz,
+    crashes         integer     NOT NULL DEFAULT 0,
     CONSTRAINT revocation_requests_lease_check CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL)),
     CONSTRAINT revocation_requests_state_check
         CHECK (state IN ('pending', 'revoked', 'partially_revoked', 'no_token', 'failed')),
@@ -3138,10 +3147,13 @@ CREATE TRIGGER accounts_match_revocation_echo
 CREATE TABLE IF NOT EXISTS siwa.refresh_token_checks (
     token_id   bigint      PRIMARY KEY,
     checked_at timestamptz NOT NULL DEFAULT now(),
-    outcome    text        NOT NULL
+    outcome    text        NOT NULL,
+    crashes    integer     NOT NULL DEFAULT 0
 );
 COMMENT ON TABLE siwa.refresh_token_checks IS
-    'When each stored refresh token (siwa.refresh_tokens.id) was last refreshed at Apple by the worker''s check, and the outcome: valid, invalid_grant, or the failure kind.';
+    'When each stored refresh token (siwa.refresh_tokens.id) was last refreshed at Apple by the worker''s check, and the outcome: valid, invalid_grant, or the failure kind; worker_stopped: the worker stopped during its check as many times in a row as the claim allows, and it is not checked again (delete the row to check it again).';
+COMMENT ON COLUMN siwa.refresh_token_checks.crashes IS
+    'Checks in a row whose lease ran out unrecorded (the worker stopped during the call), counted by the next claim; 0 once a check is recorded.';
 
 -- The one SECURITY DEFINER function in this file: siwa_worker may not insert notifications (nothing
 -- but the receiver writes Apple's history), so it records this event of our own through a function
@@ -3193,6 +3205,8 @@ COMMENT ON FUNCTION siwa.record_consent_lost(text, text) IS
 -- The attempt is counted when its lease is taken (attempts, last_attempt_at): from then on the call
 -- may be under way, so an echo that arrives during it matches (siwa.match_revocation_echo), and a call
 -- whose process died counts for the retry schedule and the attempts before giving up.
+-- A claim that takes over a lease that ran out unrecorded counts a crash (crashes): a call that stops
+-- the worker every time ends at the caller's bound (p_max_crashes) instead of being claimed forever.
 -- Every function here is SECURITY INVOKER (the caller's grants and row policies apply) with the pinned
 -- search_path, and executable only by the role whose process calls it (schema/85-privileges.sql).
 
@@ -3207,9 +3221,12 @@ COMMENT ON FUNCTION siwa.record_consent_lost(text, text) IS
 -- to Apple: the request is leased for one per token returned), one row per token (id,
 -- client ID, ciphertext, token_sha256, whether the service's own write path stored it) with the subs a
 -- team transfer replaced by the request's sub (a ciphertext of schema version 4 is bound to the sub it
--- was stored under). No row: nothing is due.
+-- was stored under). A request whose leases ran out unrecorded p_max_crashes times (the worker stopped
+-- during its calls) ends here instead: failed, or partially_revoked when an earlier attempt revoked some,
+-- with last_error saying so. No row: nothing is due.
 CREATE OR REPLACE FUNCTION siwa.claim_revocation(p_owner text, p_lease interval,
-                                                 p_due_by timestamptz DEFAULT NULL)
+                                                 p_due_by timestamptz DEFAULT NULL,
+                                                 p_max_crashes integer DEFAULT 5)
 RETURNS TABLE (outcome text, request_id bigint, sub text, attempt integer, token_id bigint,
                client_id text, token_ciphertext bytea, token_sha256 bytea, service_format boolean,
                former_subs text[])
@@ -3220,8 +3237,8 @@ DECLARE
     v_former  text[];
     v_left    bigint;
 BEGIN
-    IF p_owner IS NULL OR p_lease IS NULL OR p_lease <= interval '0' THEN
-        RAISE EXCEPTION 'a claim needs an owner and a positive lease' USING ERRCODE = '22023';
+    IF p_owner IS NULL OR p_lease IS NULL OR p_lease <= interval '0' OR coalesce(p_max_crashes, 0) < 1 THEN
+        RAISE EXCEPTION 'a claim needs an owner, a positive lease and a positive crash bound' USING ERRCODE = '22023';
     END IF;
     SELECT r.* INTO v_request FROM siwa.revocation_requests r
      WHERE r.state = 'pending' AND r.next_attempt_at <= coalesce(p_due_by, pg_catalog.now())
@@ -3231,6 +3248,10 @@ BEGIN
        FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN;
+    END IF;
+    -- A lease still written ran out unrecorded: its process stopped during the call.
+    IF v_request.lease_owner IS NOT NULL THEN
+        v_request.crashes := v_request.crashes + 1;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM siwa.refresh_tokens t
                     WHERE t.sub = v_request.sub AND t.token_ciphertext IS NOT NULL
@@ -3245,14 +3266,25 @@ BEGIN
         UPDATE siwa.revocation_requests r
            SET state = v_state, completed_at = pg_catalog.now(), last_attempt_at = pg_catalog.now(),
                last_error = CASE WHEN v_left > 0 THEN r.last_error END,
-               lease_owner = NULL, lease_expires_at = NULL
+               lease_owner = NULL, lease_expires_at = NULL, crashes = v_request.crashes
+         WHERE r.id = v_request.id;
+        RETURN QUERY SELECT v_state, v_request.id, v_request.sub, v_request.attempts, NULL::bigint,
+                            NULL::text, NULL::bytea, NULL::bytea, NULL::boolean, NULL::text[];
+        RETURN;
+    END IF;
+    IF v_request.crashes >= p_max_crashes THEN
+        v_state := CASE WHEN v_request.tokens_revoked > 0 THEN 'partially_revoked' ELSE 'failed' END;
+        UPDATE siwa.revocation_requests r
+           SET state = v_state, completed_at = pg_catalog.now(), last_attempt_at = pg_catalog.now(),
+               last_error = pg_catalog.format('the worker stopped during this call %s times', v_request.crashes),
+               lease_owner = NULL, lease_expires_at = NULL, crashes = v_request.crashes
          WHERE r.id = v_request.id;
         RETURN QUERY SELECT v_state, v_request.id, v_request.sub, v_request.attempts, NULL::bigint,
                             NULL::text, NULL::bytea, NULL::bytea, NULL::boolean, NULL::text[];
         RETURN;
     END IF;
     UPDATE siwa.revocation_requests r
-       SET attempts = r.attempts + 1, last_attempt_at = pg_catalog.now(), lease_owner = p_owner,
+       SET attempts = r.attempts + 1, crashes = v_request.crashes, last_attempt_at = pg_catalog.now(), lease_owner = p_owner,
            lease_expires_at = pg_catalog.clock_timestamp()
                               + p_lease * (SELECT pg_catalog.count(*) FROM siwa.refresh_tokens t
                                             WHERE t.sub = v_request.sub AND t.token_ciphertext IS NOT NULL
@@ -3269,8 +3301,8 @@ BEGIN
      ORDER BY t.id;
 END;
 $$;
-COMMENT ON FUNCTION siwa.claim_revocation(text, interval, timestamptz) IS
-    'The revoker''s claim: counts an attempt of the first due revocation request and leases it (p_lease per token: one call''s deadline plus the margin; rescuing an expired lease), and returns the user''s stored tokens that existed at the request (with token_sha256, service_format and the subs a transfer replaced), or ends a request without such tokens. Executable by siwa_worker.';
+COMMENT ON FUNCTION siwa.claim_revocation(text, interval, timestamptz, integer) IS
+    'The revoker''s claim: counts an attempt of the first due revocation request and leases it (p_lease per token: one call''s deadline plus the margin; rescuing an expired lease, counted as a crash), and returns the user''s stored tokens that existed at the request (with token_sha256, service_format and the subs a transfer replaced), or ends a request without such tokens, or one whose leases ran out unrecorded p_max_crashes times (failed). Executable by siwa_worker.';
 
 -- Records a leased revocation attempt (counted when it was claimed). Destroys exactly the tokens Apple accepted (p_token_ids with the
 -- ciphertexts they had when claimed: a row whose ciphertext changed meanwhile holds another token,
@@ -3421,20 +3453,29 @@ COMMENT ON FUNCTION siwa.release_revocation(bigint, text) IS
 -- a lease, see "Leases" above, judged by the claimer's p_lease, the same rule in every worker); its
 -- check is recorded as begun now ('checking'), and committed. It comes with what its ciphertext is
 -- bound to: token_sha256, and the subs a team transfer replaced by the row's (schema version 4's
--- format is bound to the sub it was stored under). No row: none is due.
-CREATE OR REPLACE FUNCTION siwa.claim_refresh_check(p_interval interval, p_lease interval)
-RETURNS TABLE (token_id bigint, sub text, client_id text, token_ciphertext bytea, token_sha256 bytea,
-               former_subs text[])
+-- format is bound to the sub it was stored under); outcome 'claimed'. A token whose checks' leases ran
+-- out unrecorded p_max_crashes times in a row (the worker stopped during the call) is not checked: it
+-- ends as 'worker_stopped' (that outcome, no ciphertext) and is never claimed again. No row: none is due.
+CREATE OR REPLACE FUNCTION siwa.claim_refresh_check(p_interval interval, p_lease interval,
+                                                    p_max_crashes integer DEFAULT 5)
+RETURNS TABLE (outcome text, token_id bigint, sub text, client_id text, token_ciphertext bytea,
+               token_sha256 bytea, former_subs text[])
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_token siwa.refresh_tokens%ROWTYPE;
+    v_token   siwa.refresh_tokens%ROWTYPE;
+    v_id      bigint;
+    v_crashes integer;
 BEGIN
-    IF p_interval IS NULL OR p_lease IS NULL OR p_lease <= interval '0' THEN
-        RAISE EXCEPTION 'a refresh check''s claim needs an interval and a positive lease' USING ERRCODE = '22023';
+    IF p_interval IS NULL OR p_lease IS NULL OR p_lease <= interval '0' OR coalesce(p_max_crashes, 0) < 1 THEN
+        RAISE EXCEPTION 'a refresh check''s claim needs an interval, a positive lease and a positive crash bound'
+            USING ERRCODE = '22023';
     END IF;
-    SELECT t.* INTO v_token
+    -- A check still 'checking' here ran out its lease unrecorded: one more crash.
+    SELECT t.id, coalesce(c.crashes, 0) + CASE WHEN c.outcome = 'checking' THEN 1 ELSE 0 END
+      INTO v_id, v_crashes
       FROM siwa.refresh_tokens t LEFT JOIN siwa.refresh_token_checks c ON c.token_id = t.id
      WHERE t.token_ciphertext IS NOT NULL AND t.revoked_at IS NULL
+       AND c.outcome IS DISTINCT FROM 'worker_stopped'
        AND (c.checked_at IS NULL OR c.checked_at <= pg_catalog.now() - p_interval
             OR (c.outcome = 'checking' AND c.checked_at <= pg_catalog.clock_timestamp() - p_lease))
      ORDER BY c.checked_at NULLS FIRST, t.id
@@ -3443,18 +3484,27 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    INSERT INTO siwa.refresh_token_checks AS c (token_id, checked_at, outcome)
-    VALUES (v_token.id, pg_catalog.now(), 'checking')
+    SELECT t.* INTO v_token FROM siwa.refresh_tokens t WHERE t.id = v_id;
+    IF v_crashes >= p_max_crashes THEN
+        UPDATE siwa.refresh_token_checks c
+           SET checked_at = pg_catalog.now(), outcome = 'worker_stopped', crashes = v_crashes
+         WHERE c.token_id = v_id;
+        RETURN QUERY SELECT 'worker_stopped'::text, v_token.id, v_token.sub, v_token.client_id, NULL::bytea,
+                            NULL::bytea, NULL::text[];
+        RETURN;
+    END IF;
+    INSERT INTO siwa.refresh_token_checks AS c (token_id, checked_at, outcome, crashes)
+    VALUES (v_token.id, pg_catalog.now(), 'checking', v_crashes)
     ON CONFLICT ON CONSTRAINT refresh_token_checks_pkey
-    DO UPDATE SET checked_at = excluded.checked_at, outcome = excluded.outcome;
-    RETURN QUERY SELECT v_token.id, v_token.sub, v_token.client_id, v_token.token_ciphertext,
+    DO UPDATE SET checked_at = excluded.checked_at, outcome = excluded.outcome, crashes = excluded.crashes;
+    RETURN QUERY SELECT 'claimed'::text, v_token.id, v_token.sub, v_token.client_id, v_token.token_ciphertext,
                         v_token.token_sha256,
                         ARRAY(SELECT a.old_sub FROM siwa.sub_aliases a WHERE a.new_sub = v_token.sub
                                ORDER BY a.transferred_at DESC, a.old_sub);
 END;
 $$;
-COMMENT ON FUNCTION siwa.claim_refresh_check(interval, interval) IS
-    'The refresh check''s claim: the stored token due for a check (or whose check began over p_lease ago and was never recorded), with token_sha256 and the subs a transfer replaced, marked as being checked now. Executable by siwa_worker.';
+COMMENT ON FUNCTION siwa.claim_refresh_check(interval, interval, integer) IS
+    'The refresh check''s claim: the stored token due for a check (or whose check began over p_lease ago and was never recorded, counted as a crash), with token_sha256 and the subs a transfer replaced, marked as being checked now; or, after p_max_crashes such crashes in a row, marked worker_stopped and never claimed again. Executable by siwa_worker.';
 
 -- Records a refresh check's outcome. invalid_grant (consent is gone): the token is destroyed, unless its
 -- row holds another ciphertext by now, and a consent-revoked of our own is recorded
@@ -3466,7 +3516,7 @@ DECLARE
     v_token siwa.refresh_tokens%ROWTYPE;
     v_jti   text;
 BEGIN
-    UPDATE siwa.refresh_token_checks c SET checked_at = pg_catalog.now(), outcome = p_outcome
+    UPDATE siwa.refresh_token_checks c SET checked_at = pg_catalog.now(), outcome = p_outcome, crashes = 0
      WHERE c.token_id = p_token;
     IF p_outcome = 'invalid_grant' THEN
         UPDATE siwa.refresh_tokens t SET token_ciphertext = NULL
@@ -3510,7 +3560,8 @@ SELECT r.id,
        echo.jti AS echo_jti,
        r.last_error,
        coalesce(tokens.not_revoked, 0) AS tokens_not_revoked,
-       coalesce(tokens.outcomes, '[]'::jsonb) AS token_outcomes
+       coalesce(tokens.outcomes, '[]'::jsonb) AS token_outcomes,
+       r.crashes
   FROM siwa.revocation_requests r
   LEFT JOIN LATERAL (
         SELECT e.jti FROM siwa.event_history e
@@ -3544,6 +3595,8 @@ COMMENT ON COLUMN siwa.revocation_ledger.echo_event_time IS 'event_time of the c
 COMMENT ON COLUMN siwa.revocation_ledger.echo_matched_at IS 'When the worker applied that consent-revoked.';
 COMMENT ON COLUMN siwa.revocation_ledger.echo_jti IS 'The echoed notification''s jti (NULL once retention pruned it).';
 COMMENT ON COLUMN siwa.revocation_ledger.last_error IS 'The last failure, without tokens or secrets.';
+COMMENT ON COLUMN siwa.revocation_ledger.crashes IS
+    'Attempts whose lease ran out unrecorded (the worker stopped during the call), counted by the claim that took the request over; at the revoker''s bound (siwa-worker --revocation-max-crashes, 5) the request ends failed.';
 COMMENT ON COLUMN siwa.revocation_ledger.tokens_not_revoked IS 'Tokens of the request not revoked (see token_outcomes).';
 COMMENT ON COLUMN siwa.revocation_ledger.token_outcomes IS
     'Per token handled, a JSON array of {token_id, client_id, service_format, outcome, detail, recorded_at}: outcome revoked, undecryptable, not_service_format, no_client, refused or apple_unavailable (siwa.revocation_token_outcomes).';
@@ -6958,9 +7011,9 @@ BEGIN
             siwa.claim_webhook_deliveries(text, interval, integer, timestamptz, integer, bigint[]),
             siwa.record_webhook_attempts(text, bigint[], timestamptz[], integer[], integer[], text[],
                                          double precision[], text[], double precision, double precision),
-            siwa.repair_webhook_ready(), siwa.claim_revocation(text, interval, timestamptz),
+            siwa.repair_webhook_ready(), siwa.claim_revocation(text, interval, timestamptz, integer),
             siwa.record_revocation(bigint, text, bigint[], bytea[], text, text, text, double precision, jsonb),
-            siwa.release_revocation(bigint, text), siwa.claim_refresh_check(interval, interval),
+            siwa.release_revocation(bigint, text), siwa.claim_refresh_check(interval, interval, integer),
             siwa.record_refresh_check(bigint, bytea, text), siwa.prune_sign_in_codes(interval),
             siwa.record_heartbeat(text, text, integer, integer, text, text, text[], timestamptz, interval),
             siwa.remove_heartbeat(text, text, integer) TO siwa_worker;

@@ -349,6 +349,14 @@ BEGIN
         DROP INDEX IF EXISTS siwa.webhook_deliveries_ready_idx;
         -- The drain: erasure leaves the rows its caller erases itself (p_leave), each written once.
         DROP FUNCTION IF EXISTS siwa.erase_personal_data_of(text[]);
+        -- A call that stops the worker every time is not claimed forever: the claims count the leases that
+        -- ran out unrecorded (crashes) and end the request, or the token's checks, at a bound.
+        IF pg_catalog.to_regclass('siwa.revocation_requests') IS NOT NULL THEN
+            ALTER TABLE siwa.revocation_requests ADD COLUMN crashes integer NOT NULL DEFAULT 0;
+        END IF;
+        IF pg_catalog.to_regclass('siwa.refresh_token_checks') IS NOT NULL THEN
+            ALTER TABLE siwa.refresh_token_checks ADD COLUMN crashes integer NOT NULL DEFAULT 0;
+        END IF;
         INSERT INTO siwa.schema_version (version, description)
         VALUES (5, 'one home for each rule: the schema written as concern files (schema/), one implementation of the worker''s effects, the receiver''s store siwa.store_notifications; leases instead of row locks across network calls (lease_owner, lease_expires_at on siwa.webhook_deliveries and siwa.revocation_requests), every transition of the webhook, revocation and heartbeat queues a siwa function; heartbeats record the product version and the commit (siwa.service_heartbeats.product_version, build_commit)');
     END IF;

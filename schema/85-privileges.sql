@@ -177,9 +177,9 @@ BEGIN
             siwa.claim_webhook_deliveries(text, interval, integer, timestamptz, integer, bigint[]),
             siwa.record_webhook_attempts(text, bigint[], timestamptz[], integer[], integer[], text[],
                                          double precision[], text[], double precision, double precision),
-            siwa.repair_webhook_ready(), siwa.claim_revocation(text, interval, timestamptz),
+            siwa.repair_webhook_ready(), siwa.claim_revocation(text, interval, timestamptz, integer),
             siwa.record_revocation(bigint, text, bigint[], bytea[], text, text, text, double precision, jsonb),
-            siwa.release_revocation(bigint, text), siwa.claim_refresh_check(interval, interval),
+            siwa.release_revocation(bigint, text), siwa.claim_refresh_check(interval, interval, integer),
             siwa.record_refresh_check(bigint, bytea, text), siwa.prune_sign_in_codes(interval),
             siwa.record_heartbeat(text, text, integer, integer, text, text, text[], timestamptz, interval),
             siwa.remove_heartbeat(text, text, integer) TO siwa_worker;

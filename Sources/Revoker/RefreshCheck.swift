@@ -50,10 +50,20 @@ extension Revoker {
     /// nil when none is due.
     func checkOne(on connection: PostgresConnection, interval: Duration) throws -> CheckOutcome? {
         guard
-            let token = try connection.rows(
-                RefreshCheckClaim.self, [.double(interval.inSeconds), .double(configuration.lease.inSeconds)]
-            ).first?.token
+            let claim = try connection.rows(
+                RefreshCheckClaim.self,
+                [
+                    .double(interval.inSeconds), .double(configuration.lease.inSeconds),
+                    .int(Int64(configuration.maxCrashes)),
+                ]
+            ).first
         else { return nil }
+        guard let token = claim.token else {
+            logger.error(
+                "refresh check: the worker stopped during this token's check \(configuration.maxCrashes) times in a row; it is not checked again (delete its siwa.refresh_token_checks row to check it again)",
+                ["token": .int(claim.tokenID)])
+            return CheckOutcome(tokenID: claim.tokenID, outcome: claim.outcome)
+        }
         var outcome = "valid"
         if let clientID = token.resolvedClientID(among: configuration.clients),
             let client = configuration.clients[clientID]

@@ -24,6 +24,8 @@ public import TokenVault
 /// lease expires within seconds of the call's deadline and the next claim takes the request over
 /// (exactly one claimer does): Apple answers 200 for a token already revoked, so the second revoke is
 /// harmless, and the ledger ends complete; Apple's echo, arriving meanwhile, is matched already.
+/// A request whose calls stop the process every time ends `failed` at the claim after
+/// ``Configuration/maxCrashes`` such take-overs, instead of being claimed after every lease.
 public final class Revoker: Sendable {
     /// The revoker's settings.
     public struct Configuration: Sendable {
@@ -45,6 +47,9 @@ public final class Revoker: Sendable {
         }
         /// Attempts before a request whose failures were all retryable ends as `failed`.
         public var maxAttempts: Int
+        /// Leases that ran out unrecorded (the worker stopped during the call) before a request ends as
+        /// `failed`, and in a row before a token's refresh checks stop (`worker_stopped`).
+        public var maxCrashes: Int
         /// When set, each stored refresh token is refreshed at Apple at most once per this interval,
         /// never less than ``Revoker/minimumRefreshCheckInterval`` (a day: a shorter one given is raised
         /// to it, and ``requestedRefreshCheckInterval`` keeps what was asked); `invalid_grant` records a
@@ -65,6 +70,7 @@ public final class Revoker: Sendable {
         public static let defaultRetryBaseDelay: Duration = .seconds(5)
         public static let defaultMaxRetryDelay: Duration = .seconds(3600)
         public static let defaultMaxAttempts = 20
+        public static let defaultMaxCrashes = 5
 
         /// Settings; `clients` must not be empty.
         public init(
@@ -73,6 +79,7 @@ public final class Revoker: Sendable {
             retryBaseDelay: Duration = Configuration.defaultRetryBaseDelay,
             maxRetryDelay: Duration = Configuration.defaultMaxRetryDelay,
             maxAttempts: Int = Configuration.defaultMaxAttempts,
+            maxCrashes: Int = Configuration.defaultMaxCrashes,
             refreshCheckInterval: Duration? = nil
         ) throws {
             if let refreshCheckInterval, refreshCheckInterval <= .zero {
@@ -86,7 +93,7 @@ public final class Revoker: Sendable {
                 throw ConfigurationError("the revoker needs at least one client ID")
             }
             guard pollInterval > .zero, retryBaseDelay > .zero, maxRetryDelay >= retryBaseDelay,
-                maxAttempts > 0
+                maxAttempts > 0, maxCrashes > 0
             else { throw ConfigurationError("the revoker's intervals and attempts must be positive") }
             self.database = database
             self.clients = clients
@@ -95,6 +102,7 @@ public final class Revoker: Sendable {
             self.retryBaseDelay = retryBaseDelay
             self.maxRetryDelay = maxRetryDelay
             self.maxAttempts = maxAttempts
+            self.maxCrashes = maxCrashes
         }
     }
 
@@ -212,10 +220,21 @@ public final class Revoker: Sendable {
     /// revoked; a retryable failure at Apple stops the attempt (Apple is unavailable), to be retried.
     func handleOne(on connection: PostgresConnection, dueBy: Date) throws -> Outcome? {
         let rows = try connection.rows(
-            RevocationClaim.self, [.text(owner), .double(configuration.lease.inSeconds), .date(dueBy)])
+            RevocationClaim.self,
+            [
+                .text(owner), .double(configuration.lease.inSeconds), .date(dueBy),
+                .int(Int64(configuration.maxCrashes)),
+            ])
         guard let request = rows.first else { return nil }
         let id = request.requestID
-        guard request.outcome == "claimed" else { return record(Outcome(id: id, state: request.outcome)) }
+        guard request.outcome == "claimed" else {
+            if ["failed", "partially_revoked"].contains(request.outcome) {
+                logger.warning(
+                    "revocation ended at its claim without a call; the ledger's last_error says why",
+                    ["request": .int(id), "state": .string(request.outcome)])
+            }
+            return record(Outcome(id: id, state: request.outcome))
+        }
         let attempts = request.attempt
         var revoked: [(id: Int, ciphertext: Data)] = []
         var notRevoked: [NotRevoked] = []

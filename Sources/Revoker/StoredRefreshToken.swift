@@ -51,7 +51,7 @@ struct RevocationClaim: PostgresRowDecodable {
     static let statement = """
         SELECT outcome, request_id, sub, attempt, token_id, client_id, token_ciphertext, token_sha256,
                service_format, pg_catalog.array_to_json(former_subs)::text AS former_subs
-          FROM siwa.claim_revocation($1, $2::float8 * interval '1 second', $3)
+          FROM siwa.claim_revocation($1, $2::float8 * interval '1 second', $3, $4::integer)
         """
     static let columns: PostgresColumns = """
         outcome text, request_id bigint, sub text, attempt integer, token_id bigint, client_id text, \
@@ -77,24 +77,37 @@ struct RevocationClaim: PostgresRowDecodable {
     }
 }
 
-/// The row of `siwa.claim_refresh_check`: one due token, leased for its check at Apple.
+/// The row of `siwa.claim_refresh_check`: one due token, leased for its check at Apple, or one whose
+/// checks stopped the worker too often (`worker_stopped`, no ciphertext).
 struct RefreshCheckClaim: PostgresRowDecodable {
-    var token: StoredRefreshToken
+    /// `claimed` or `worker_stopped`.
+    var outcome: String
+    var tokenID: Int
+    /// The token to check (nil unless claimed).
+    var token: StoredRefreshToken?
 
     static let statement = """
-        SELECT token_id, sub, client_id, token_ciphertext, token_sha256,
+        SELECT outcome, token_id, sub, client_id, token_ciphertext, token_sha256,
                pg_catalog.array_to_json(former_subs)::text AS former_subs
-          FROM siwa.claim_refresh_check($1::float8 * interval '1 second', $2::float8 * interval '1 second')
+          FROM siwa.claim_refresh_check(
+                   $1::float8 * interval '1 second', $2::float8 * interval '1 second', $3::integer)
         """
     static let columns: PostgresColumns = """
-        token_id bigint, sub text, client_id text, token_ciphertext bytea, token_sha256 bytea, former_subs text
+        outcome text, token_id bigint, sub text, client_id text, token_ciphertext bytea, token_sha256 bytea, \
+        former_subs text
         """
 
     init(row: PostgresRow) throws(PostgresError) {
+        outcome = try row[0, as: String.self]
+        tokenID = try row[1, as: Int.self]
+        guard outcome == "claimed" else {
+            token = nil
+            return
+        }
         token = StoredRefreshToken(
-            id: try row[0, as: Int.self], clientID: try row[2, as: String?.self],
-            ciphertext: try row[3, as: Data.self], sha256: try row[4, as: Data?.self],
-            sub: try row[1, as: String.self],
-            formerSubs: StoredRefreshToken.subs(try row[5, as: String?.self]))
+            id: tokenID, clientID: try row[3, as: String?.self],
+            ciphertext: try row[4, as: Data.self], sha256: try row[5, as: Data?.self],
+            sub: try row[2, as: String.self],
+            formerSubs: StoredRefreshToken.subs(try row[6, as: String?.self]))
     }
 }

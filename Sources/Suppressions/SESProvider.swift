@@ -17,7 +17,7 @@ public struct SESProvider: SuppressionProvider {
     public let endpoint: String
     /// The `Reason` our adds give (`BOUNCE` or `COMPLAINT`); SES stops sending to either.
     public let reason: String
-    private let signer: SigV4Signer
+    private let credentials: @Sendable () -> SigV4Signer.Credentials
     private let now: @Sendable () -> Date
 
     /// How much later than our record of an add SES may date it (clocks differ) and it still be ours.
@@ -29,10 +29,29 @@ public struct SESProvider: SuppressionProvider {
         reason: String = "BOUNCE",
         now: @escaping @Sendable () -> Date = { Date() }
     ) {
+        self.init(
+            credentials: { credentials }, region: region, endpoint: endpoint, reason: reason, now: now)
+    }
+
+    /// An adapter signing each request with the key `credentialsFile` holds at that moment.
+    public init(
+        credentialsFile: SESCredentialsFile, region: String, endpoint: String? = nil,
+        reason: String = "BOUNCE",
+        now: @escaping @Sendable () -> Date = { Date() }
+    ) {
+        self.init(
+            credentials: { credentialsFile.current() }, region: region, endpoint: endpoint, reason: reason,
+            now: now)
+    }
+
+    private init(
+        credentials: @escaping @Sendable () -> SigV4Signer.Credentials, region: String, endpoint: String?,
+        reason: String, now: @escaping @Sendable () -> Date
+    ) {
         self.region = region
         self.endpoint = endpoint ?? "https://email.\(region).amazonaws.com"
         self.reason = reason
-        signer = SigV4Signer(credentials: credentials, region: region, service: "ses")
+        self.credentials = credentials
         self.now = now
     }
 
@@ -42,6 +61,7 @@ public struct SESProvider: SuppressionProvider {
         let url = endpoint + path
         var headers: [(String, String)] = [("Accept", "application/json")]
         if !body.isEmpty { headers.append(("Content-Type", "application/json")) }
+        let signer = SigV4Signer(credentials: credentials(), region: region, service: "ses")
         let all = signer.sign(method: method, url: url, headers: headers, body: body, date: now())
         return OutboundHTTP.Request(
             method: method, url: url, headers: all.map { OutboundHTTP.Header($0.0, $0.1) },

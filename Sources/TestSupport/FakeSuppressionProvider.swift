@@ -73,6 +73,7 @@ public final class FakeSuppressionProvider: Sendable {
         var calls: [Call] = []
         var script: [Scripted] = []
         var down: Scripted?
+        var credential = ""
     }
 
     private final class Shared: Sendable {
@@ -82,8 +83,8 @@ public final class FakeSuppressionProvider: Sendable {
 
     /// The API it speaks.
     public let kind: Kind
-    /// The credential it accepts.
-    public let credential: String
+    /// The credential it accepts (``rotateCredential(_:)`` changes it).
+    public var credential: String { shared.state.withLock { $0.credential } }
     /// The port (127.0.0.1).
     public let port: Int
     private let server: HTTPServer
@@ -92,8 +93,8 @@ public final class FakeSuppressionProvider: Sendable {
     /// Starts a fake of `kind` accepting `credential`, its list holding `preset`.
     public init(_ kind: Kind, credential: String = "test-credential", preset: Set<String> = []) throws {
         self.kind = kind
-        self.credential = credential
         var state = State(suppressed: preset)
+        state.credential = credential
         for address in preset {
             state.ses[address] = SESEntry(
                 reason: "BOUNCE", lastUpdate: Date(), messageID: "preset-\(address)")
@@ -104,7 +105,7 @@ public final class FakeSuppressionProvider: Sendable {
             configuration: HTTPServer.Configuration(host: "127.0.0.1", port: 0, threadCount: 4)
         ) {
             request in
-            Self.answer(request, kind: kind, credential: credential, shared: shared)
+            Self.answer(request, kind: kind, shared: shared)
         }
         try server.start()
         port = server.port ?? 0
@@ -132,9 +133,12 @@ public final class FakeSuppressionProvider: Sendable {
     /// Answers every request with `answer` (nil: the API again) until told otherwise.
     public func setDown(_ answer: Scripted?) { shared.state.withLock { $0.down = answer } }
 
-    private static func answer(_ request: HTTPRequest, kind: Kind, credential: String, shared: Shared)
-        -> HTTPResponse
-    {
+    /// Accepts `credential` from now on, and no longer the one before (a key rotated at the ESP).
+    public func rotateCredential(_ credential: String) {
+        shared.state.withLock { $0.credential = credential }
+    }
+
+    private static func answer(_ request: HTTPRequest, kind: Kind, shared: Shared) -> HTTPResponse {
         let address = Self.address(of: request, kind: kind)
         let scripted: Scripted? = shared.state.withLock { state in
             if let down = state.down { return down }
@@ -142,6 +146,7 @@ public final class FakeSuppressionProvider: Sendable {
         }
         if let scripted, scripted.applies {
             let (status, body) = shared.state.withLock { state -> (Int, [UInt8]) in
+                let credential = state.credential
                 let result = Self.apply(
                     request, kind: kind, credential: credential, address: address, to: &state)
                 state.calls.append(
@@ -163,6 +168,7 @@ public final class FakeSuppressionProvider: Sendable {
             return HTTPResponse(status: scripted.status, headers: HTTPHeaders(scripted.headers))
         }
         let (status, body) = shared.state.withLock { state -> (Int, [UInt8]) in
+            let credential = state.credential
             let result = Self.apply(request, kind: kind, credential: credential, address: address, to: &state)
             state.calls.append(
                 Call(method: request.method, path: request.path, address: address ?? "", status: result.0))

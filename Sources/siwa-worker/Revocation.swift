@@ -28,6 +28,12 @@ let revokerOptions: [CommandOption] =
             environmentVariable: "SIWA_REVOCATION_RETRY_BASE_DELAY",
             defaultValue: Revoker.Configuration.defaultRetryBaseDelay.secondsText),
         CommandOption(
+            "revocation-max-crashes", valueName: "N",
+            help:
+                "Calls a revocation or refresh check may be cut short by the worker stopping (killed, crashed) before it ends failed.",
+            environmentVariable: "SIWA_REVOCATION_MAX_CRASHES",
+            defaultValue: "\(Revoker.Configuration.defaultMaxCrashes)"),
+        CommandOption(
             "refresh-check-interval", valueName: "SECONDS",
             help: """
                 Refresh each stored refresh token at Apple at most this often, at least 86400 (a day, \
@@ -77,6 +83,8 @@ func makeRevoker(
                 ?? Revoker.Configuration.defaultPollInterval,
             retryBaseDelay: try parsed.seconds("revocation-retry-base-delay", positive: true)
                 ?? Revoker.Configuration.defaultRetryBaseDelay,
+            maxCrashes: try parsed.integer("revocation-max-crashes", in: 1...1000)
+                ?? Revoker.Configuration.defaultMaxCrashes,
             refreshCheckInterval: try parsed.seconds("refresh-check-interval", positive: true)),
         logger: logger, metrics: metrics)
 }

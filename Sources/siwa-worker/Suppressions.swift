@@ -46,7 +46,7 @@ let suppressionOptions: [CommandOption] = [
         "ses-credentials-file", valueName: "FILE",
         help: """
             Amazon SES's access key (mode 0600): lines aws_access_key_id = …, aws_secret_access_key = … and \
-            optionally aws_session_token = …, for --suppressions ses.
+            optionally aws_session_token = …, for --suppressions ses. Read again when it changes.
             """,
         environmentVariable: "SIWA_SES_CREDENTIALS_FILE"),
     CommandOption(
@@ -119,9 +119,12 @@ func makeSuppressionDispatcher(
                 throw ConfigurationError("--ses-reason must be BOUNCE or COMPLAINT")
             }
             let endpoint = parsed.value("ses-endpoint").flatMap { $0.isEmpty ? nil : $0 }
+            guard let path = parsed.value("ses-credentials-file"), !path.isEmpty else {
+                throw ConfigurationError("--suppressions ses needs --ses-credentials-file")
+            }
+            // Read again whenever the file changes: a rotated key needs no restart.
             providers[name] = SESProvider(
-                credentials: try SigV4Signer.Credentials(
-                    fileText: try credential("ses-credentials-file", for: name)),
+                credentialsFile: try SESCredentialsFile(path: path, logger: logger),
                 region: region, endpoint: endpoint, reason: reason)
         default:
             throw ConfigurationError(

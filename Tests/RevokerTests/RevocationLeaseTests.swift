@@ -185,4 +185,115 @@ struct RevocationLeaseTests {
         #expect(try revoker.checkRefreshTokensOnce(interval: .seconds(86400)).isEmpty)
         #expect(revoker.configuration.lease == CallLease.covering(.seconds(1)))
     }
+
+    @Test(
+        "a request whose revoker stops during the call every time ends failed after 5 such leases, with the reason, and is not claimed again"
+    )
+    func crashesBounded() throws {
+        let fixture = try SignInFixture(notify: false)
+        _ = try helper.signIn(fixture, sub: "001.crashes")
+        let id = try fixture.query("SELECT siwa.request_revocation('001.crashes', 'deleted')")[0][
+            0, as: Int.self]
+        let dying = try PostgresConnection(configuration: fixture.login("worker_test_login"))
+        defer { dying.close() }
+        for _ in 0..<5 {
+            #expect(
+                try dying.query("SELECT outcome FROM siwa.claim_revocation('crashing', interval '1 minute')")
+                    .map { try $0[0, as: String.self] } == ["claimed"])
+            // The process dies during the call: its lease runs out unrecorded.
+            _ = try fixture.query(
+                "UPDATE siwa.revocation_requests SET lease_expires_at = clock_timestamp() WHERE id = $1",
+                [.int(Int64(id))])
+        }
+        let revoker = try revoker(fixture)
+        #expect(try revoker.drainOnce() == [Revoker.Outcome(id: id, state: "failed")])
+        let row = try helper.ledger(fixture, id)
+        #expect(try row["state", as: String.self] == "failed")
+        #expect(try row["last_error", as: String?.self] == "the worker stopped during this call 5 times")
+        #expect(try row["attempts", as: Int.self] == 5)
+        #expect(try row["completed_at", as: Date?.self] != nil)
+        #expect(try revoker.drainOnce().isEmpty)
+        #expect(
+            try dying.query(
+                "SELECT count(*) FROM siwa.claim_revocation('w', interval '1 minute', clock_timestamp() + interval '1 day')"
+            )[0][0, as: Int.self] == 0)
+        #expect(!fixture.apple.log.contains("/auth/revoke"))
+        #expect(
+            try fixture.count(
+                "SELECT count(*) FROM siwa.refresh_tokens WHERE sub = '001.crashes' AND token_ciphertext IS NOT NULL"
+            ) == 1)
+    }
+
+    @Test(
+        "recorded retries are not crashes: a request retried more often than the crash bound stays pending on its retry schedule"
+    )
+    func retriesAreNotCrashes() throws {
+        let fixture = try SignInFixture(notify: false)
+        _ = try helper.signIn(fixture, sub: "001.retries")
+        let id = try fixture.query("SELECT siwa.request_revocation('001.retries', 'deleted')")[0][
+            0, as: Int.self]
+        let worker = try PostgresConnection(configuration: fixture.login("worker_test_login"))
+        defer { worker.close() }
+        for _ in 0..<7 {
+            #expect(
+                try worker.query(
+                    "SELECT outcome FROM siwa.claim_revocation('w', interval '1 minute', clock_timestamp() + interval '1 day')"
+                ).map { try $0[0, as: String.self] } == ["claimed"])
+            #expect(
+                try worker.query(
+                    "SELECT siwa.record_revocation($1, 'w', '{}', '{}', 'retry', 'server_error (HTTP 503)', 'Apple answered 503', 3600)",
+                    [.int(Int64(id))])[0][0, as: String.self] == "retry")
+            // Due again in an hour, not before.
+            #expect(
+                try worker.query("SELECT count(*) FROM siwa.claim_revocation('w', interval '1 minute')")[0][
+                    0, as: Int.self] == 0)
+        }
+        let row = try helper.ledger(fixture, id)
+        #expect(try row["state", as: String.self] == "pending")
+        #expect(try row["attempts", as: Int.self] == 7)
+        #expect(try row["last_error", as: String?.self] == "Apple answered 503")
+        #expect(
+            try fixture.count(
+                "SELECT count(*) FROM siwa.revocation_requests WHERE id = \(id) AND next_attempt_at > now() + interval '59 minutes'"
+            ) == 1)
+    }
+
+    @Test(
+        "a refresh check whose process stops during the call every time ends worker_stopped after 5 such leases and is not checked again"
+    )
+    func refreshCheckCrashesBounded() throws {
+        let fixture = try SignInFixture(notify: false)
+        _ = try helper.signIn(fixture, sub: "001.check-crashes")
+        let token = try fixture.query("SELECT id FROM siwa.refresh_tokens WHERE sub = '001.check-crashes'")[
+            0][
+                0, as: Int.self]
+        let dying = try PostgresConnection(configuration: fixture.login("worker_test_login"))
+        defer { dying.close() }
+        for _ in 0..<5 {
+            #expect(
+                try dying.query(
+                    "SELECT count(*) FROM siwa.claim_refresh_check(interval '1 day', interval '1 minute')")[
+                        0][
+                        0, as: Int.self] == 1)
+            // The process dies during the call: the check, begun two minutes ago, was never recorded.
+            _ = try fixture.query(
+                "UPDATE siwa.refresh_token_checks SET checked_at = checked_at - interval '2 minutes' WHERE token_id = $1",
+                [.int(Int64(token))])
+        }
+        let calls = fixture.apple.log.components(separatedBy: "/auth/token").count
+        let revoker = try revoker(fixture)
+        #expect(
+            try revoker.checkRefreshTokensOnce(interval: .seconds(86400))
+                == [Revoker.CheckOutcome(tokenID: token, outcome: "worker_stopped")])
+        #expect(try revoker.checkRefreshTokensOnce(interval: .seconds(86400)).isEmpty)
+        #expect(
+            try dying.query(
+                "SELECT count(*) FROM siwa.claim_refresh_check(interval '0', interval '1 minute')")[0][
+                    0, as: Int.self] == 0)
+        #expect(fixture.apple.log.components(separatedBy: "/auth/token").count == calls)
+        #expect(
+            try fixture.count(
+                "SELECT count(*) FROM siwa.refresh_token_checks WHERE token_id = \(token) AND outcome = 'worker_stopped'"
+            ) == 1)
+    }
 }

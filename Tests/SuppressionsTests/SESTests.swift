@@ -192,3 +192,56 @@ struct SESTests {
         #expect(fake.suppressed.isEmpty)
     }
 }
+
+@Suite("Amazon SES v2: the credentials file read again when it changes", .serialized)
+struct SESCredentialsRotationTests {
+    /// Writes an SES credentials file for `secret` as rotation does: a new file renamed over the old.
+    func write(_ path: String, secret: String, mode: Int = 0o600) throws {
+        let next = path + ".next"
+        try Data(
+            "aws_access_key_id = \(FakeSuppressionProvider.sesAccessKeyID)\naws_secret_access_key = \(secret)\n"
+                .utf8
+        ).write(to: URL(fileURLWithPath: next))
+        try FileManager.default.setAttributes([.posixPermissions: mode], ofItemAtPath: next)
+        _ = rename(next, path)
+    }
+
+    @Test(
+        "a rotated --ses-credentials-file: the next call is signed with the new key; a bad file keeps the last good one, logged without the secret"
+    )
+    func rotated() throws {
+        let fixture = try Fixture([.ses])
+        let fake = fixture.fakes["ses"]!
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent(UUID().uuidString)
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = directory.appendingPathComponent("ses-credentials").path
+        try write(path, secret: fake.credential)
+        let logs = LogCapture()
+        let file = try SESCredentialsFile(path: path, logger: logs.logger())
+        let dispatcher = SuppressionDispatcher(
+            configuration: try .init(
+                database: try fixture.database.configuration(asMemberOf: "siwa_worker"),
+                providers: [
+                    "ses": SESProvider(
+                        credentialsFile: file, region: FakeSuppressionProvider.sesRegion,
+                        endpoint: fake.baseURL)
+                ]),
+            logger: quietLogger)
+        try fixture.apply([("email-disabled", "s1", alice)])
+        #expect(try dispatcher.drainOnce().map(\.outcome.recordedName) == ["done"])
+        // The key is rotated: SES accepts only the new one, which the file now holds.
+        fake.rotateCredential("rotated-secret/1")
+        try write(path, secret: "rotated-secret/1")
+        try fixture.apply([("email-enabled", "s1", alice)])
+        #expect(try dispatcher.drainOnce().map(\.outcome.recordedName) == ["done"])
+        #expect(fake.calls.map(\.status) == [404, 200, 200, 200])
+        // A new file open to others is refused: the last good key stays, the error is logged once.
+        try write(path, secret: "leaked-secret", mode: 0o644)
+        try fixture.apply([("email-disabled", "s2", bob)])
+        #expect(try dispatcher.drainOnce().map(\.outcome.recordedName) == ["done"])
+        #expect(fake.calls.suffix(2).map(\.status) == [404, 200])
+        #expect(logs.all.contains("chmod 600") && logs.all.contains("ses-credentials"))
+        #expect(!logs.all.contains("leaked-secret") && !logs.all.contains("rotated-secret"))
+    }
+}
