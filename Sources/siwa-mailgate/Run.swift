@@ -62,10 +62,10 @@ let mailGateCommand = CommandSpec(
                 "Serve the HTTP check (GET /v1/relay-mail/decision, POST /v1/relay-mail/decisions) here; off by default.",
             environmentVariable: "SIWA_MAILGATE_HTTP_LISTEN"),
         CommandOption(
-            "http-token-file", valueName: "FILE",
-            help:
-                "File holding the HTTP check's bearer token (32+ characters, chmod 600). Required with --http-listen.",
-            environmentVariable: "SIWA_MAILGATE_HTTP_TOKEN_FILE"),
+            "http-token", valueName: "TOKEN",
+            help: "The HTTP check's bearer token (32+ characters). Required with --http-listen.",
+            environmentVariable: "SIWA_MAILGATE_HTTP_TOKEN"
+        ).secret(),
         CommandOption(
             "metrics-listen", valueName: "HOST:PORT", help: "Serve Prometheus metrics at /metrics here.",
             environmentVariable: "SIWA_MAILGATE_METRICS_LISTEN"),
@@ -185,27 +185,22 @@ private func makeConfiguration(_ parsed: ParsedCommand) throws -> MailGateConfig
             host: metrics.host, port: metrics.port, threadCount: 2, ioThreadCount: 1)
     }
     if let http = try parsed.listenAddress("http-listen") {
-        guard let path = parsed.value("http-token-file"), !path.isEmpty else {
-            throw ConfigurationError("--http-listen needs --http-token-file")
+        guard let token = parsed.value("http-token") else {
+            throw ConfigurationError("--http-listen needs --http-token-file (or SIWA_MAILGATE_HTTP_TOKEN)")
         }
         guard http.isLoopback || parsed.flag("http-tls-terminated-in-front") else {
             throw ConfigurationError(
                 "the HTTP check speaks plain HTTP (its bearer token and addresses in clear): listen on a loopback address, or terminate TLS in front of it and say so with --http-tls-terminated-in-front"
             )
         }
-        let data = try SecretFile.read(path, setting: "--http-token-file")
-        guard
-            let token = String(data: data, encoding: .utf8)?.trimmingCharacters(in: .whitespacesAndNewlines),
-            token.utf8.count >= 32, !token.contains(where: \.isWhitespace)
-        else {
-            throw ConfigurationError(
-                "--http-token-file \(path): the token must be at least 32 characters, without spaces")
+        guard token.utf8.count >= 32, !token.contains(where: \.isWhitespace) else {
+            throw ConfigurationError("--http-token: the token must be at least 32 characters, without spaces")
         }
         var server = HTTPServer.Configuration(host: http.host, port: http.port, threadCount: 8)
         server.maxBodyBytes = 4 << 20  // 10,000 addresses of up to 320 bytes, JSON-quoted
         configuration.http = (server, token)
-    } else if parsed.value("http-token-file") != nil {
-        throw ConfigurationError("--http-token-file needs --http-listen")
+    } else if parsed.value("http-token") != nil {
+        throw ConfigurationError("--http-token needs --http-listen")
     }
     return configuration
 }

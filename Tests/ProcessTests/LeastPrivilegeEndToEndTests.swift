@@ -120,21 +120,20 @@ struct LeastPrivilegeEndToEndTests {
 
         // siwa-mailgate (siwa_mail).
         let gateToken = "least-privilege-gate-token-0123456789abcdef"
-        let gateTokenFile = directory.appendingPathComponent("gate-token")
-        try Self.write(gateToken, to: gateTokenFile)
         let gateLog = directory.appendingPathComponent("gate.log")
         let gateAddresses = ListenAddresses()
         defer { gateAddresses.remove() }
         let gate = try Subprocess(
             ExecutableLocator.url(named: "siwa-mailgate").path,
             [
-                "--policy-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--http-token-file",
-                gateTokenFile.path,
+                "--policy-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
             ] + gateAddresses.arguments,
             environment: Self.clean.merging(
                 [
                     "SIWA_MAILGATE_DATABASE_URL": try database.url(asMemberOf: "siwa_mail"),
                     "SIWA_MAILGATE_CACHE_TTL": "0",
+                    // The token from the environment, as the Kubernetes manifest passes it.
+                    "SIWA_MAILGATE_HTTP_TOKEN": gateToken,
                 ], uniquingKeysWith: { $1 }), standardError: gateLog.path)
         defer {
             gate.send(SIGTERM)
