@@ -46,6 +46,7 @@ release:
 lint: schema-check
 	$(SWIFT) format lint --strict -r Sources Tests Plugins Fuzz Package.swift
 	python3 scripts/check-imports
+	python3 scripts/check-docs
 
 # schema.sql is generated from the part files in schema/ (docs/architecture.md, "The SQL layout"): edit
 # the parts, then `make schema`. The build (the EmbedSchema plugin) and `make lint` fail while it is stale.

@@ -16,8 +16,9 @@ import Synchronization
 /// costs PostgreSQL a transaction, a statement and a flush: fewer, larger batches cost less per row). A completion
 /// says "stored" only after the transaction holding its row has committed, so a 200 to Apple still
 /// always means "stored". No thread waits per row: a deadline watcher answers ``CommitTimeout`` to
-/// rows still unanswered at their deadline. The schema's statement trigger sends the workers' `NOTIFY`
-/// in that same transaction.
+/// rows still unanswered at their deadline. `siwa.store_notifications` itself sends the workers' `NOTIFY`
+/// (once per batch that queued anything, delivered at commit) in that same transaction; there is no
+/// trigger on the log or the queue (schema/20-log-and-queue.sql).
 // @unchecked: the queue, `closed` and the committer threads are guarded by `condition`, the deadline
 // watcher's state and thread by `timer` (both set in `init` before any thread can see the store, then
 // taken under their lock by `close`); a ticket is answered once (an Atomic).

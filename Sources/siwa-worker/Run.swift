@@ -76,7 +76,13 @@ let workerCommand = CommandSpec(
     flags: [
         CommandFlag(
             "once", help: "Drain everything that is due, run maintenance once, then exit.",
-            environmentVariable: "SIWA_WORKER_ONCE")
+            environmentVariable: "SIWA_WORKER_ONCE"),
+        CommandFlag(
+            "print-connections",
+            help: """
+                Print how many PostgreSQL connections these settings open, per user and in total, then exit \
+                without connecting.
+                """),
     ], offersVersion: true)
 
 /// Parses the configuration, runs until SIGTERM/SIGINT (or, with --once, until the drain is done), and
@@ -169,12 +175,22 @@ func runWorker(arguments: [String], environment: [String: String]) -> Int32 {
         return fail("\(error)")
     }
 
+    if parsed.flag("print-connections") {
+        writeStandardOutput(
+            ConnectionPlan(
+                worker: configuration, once: once, webhooks: webhooks, sharedSignals: sharedSignals,
+                suppressions: suppressions, revoker: revoker
+            ).text)
+        return 0
+    }
+
     // Signals first, so that one arriving during start-up is not lost.
     let signals = TerminationSignals()
     let worker = Worker(configuration: configuration, logger: logger, metrics: metrics)
 
     // The services, started in this order and stopped in the reverse order (see ServiceGroup): the
-    // metrics server, then the worker's lanes. The worker ending by itself (--once) or failing stops the
+    // metrics server, then the worker's lanes. Each that opens database connections has its row in
+    // ConnectionPlan (Connections.swift), the one count of them. The worker ending by itself (--once) or failing stops the
     // group too.
     var services: [Service] = []
     if let metricsAddress {
