@@ -111,6 +111,9 @@ let package = Package(
         // The operator's calls on webhook endpoints and deliveries (siwactl webhooks, stats), with typed rows.
         // Never prints or reads the environment.
         .target(name: "WebhookAdministration", dependencies: ["Postgres"]),
+        // The operator's calls on the Shared Signals receivers and streams (siwactl ssf), each write a siwa.*
+        // function, with typed rows. Never prints or reads the environment.
+        .target(name: "SharedSignalsAdministration", dependencies: ["Postgres"]),
         // The relay-mail gate's calls (siwa.relay_mail_decision(s)) with typed rows, and the address lists
         // siwactl mail check reads. Never prints or reads the environment.
         .target(name: "RelayMail", dependencies: ["Postgres"]),
@@ -168,7 +171,7 @@ let package = Package(
                 "AppleNotifications", "AppleID", "HTTPClient", "Postgres", "ServiceSupport", "HTTPServer",
                 "SiwaSchema", "AppleKeys", "Webhooks", "TeamTransfer", "FakeApple", "Doctor", "Migrator",
                 "WebhookAdministration", "ServiceHealth", "RelayMail", "Bounces", "SharedSignals",
-                "Suppressions",
+                "SharedSignalsAdministration", "Suppressions",
             ]),
         .executableTarget(
             name: "siwa-mailgate",
@@ -237,7 +240,8 @@ let package = Package(
             name: "AdminSQLTests",
             dependencies: [
                 "Doctor", "Postgres", "QueueConsumer", "Receiver", "RelayMail", "Revoker", "ServiceHealth",
-                "SignIn", "SignalDelivery", "Suppressions", "TestSupport", "WebhookAdministration",
+                "SharedSignalsAdministration", "SignIn", "SignalDelivery", "Suppressions", "TestSupport",
+                "WebhookAdministration",
                 "WebhookDelivery",
                 "Worker",
             ]),

@@ -327,6 +327,109 @@ $$;
 COMMENT ON FUNCTION siwa.set_ssf_stream_status(bigint, text, text) IS
     'Sets a stream enabled, paused or disabled (siwactl ssf streams resume/pause); enabling wakes the SSF lanes. False for an unknown stream.';
 
+-- Removes a stream and, by cascade, its SETs and subjects (siwactl ssf streams remove, and the SSF API's
+-- DELETE as siwa_ssf, which keeps the call to the caller's own stream). False for an unknown stream.
+CREATE OR REPLACE FUNCTION siwa.remove_ssf_stream(p_stream bigint)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    DELETE FROM siwa.ssf_streams s WHERE s.id = p_stream;
+    RETURN FOUND;
+END;
+$$;
+COMMENT ON FUNCTION siwa.remove_ssf_stream(bigint) IS
+    'Removes a stream, its SETs and subjects (siwactl ssf streams remove; the SSF API''s DELETE, as siwa_ssf). False for an unknown stream.';
+
+-- The receivers of the SSF API (siwactl ssf receivers): add one (the secret's salted hash, never the
+-- secret), remove one with its tokens, streams and their SETs.
+CREATE OR REPLACE FUNCTION siwa.add_ssf_receiver(p_name text, p_client_id text, p_salt bytea, p_secret_hash bytea,
+                                                 p_scopes text[], p_audience text)
+RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    INSERT INTO siwa.ssf_receivers AS r (name, client_id, salt, secret_hash, scopes, audience)
+    VALUES (p_name, p_client_id, p_salt, p_secret_hash, p_scopes, p_audience) RETURNING r.id INTO v_id;
+    RETURN v_id;
+END;
+$$;
+COMMENT ON FUNCTION siwa.add_ssf_receiver(text, text, bytea, bytea, text[], text) IS
+    'Registers a receiver of the SSF API (siwactl ssf receivers add): its client_id, the salted SHA-256 of its secret (never the secret), scopes and aud; returns its id.';
+
+CREATE OR REPLACE FUNCTION siwa.remove_ssf_receiver(p_name text)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    DELETE FROM siwa.ssf_receivers r WHERE r.name = p_name;
+    RETURN FOUND;
+END;
+$$;
+COMMENT ON FUNCTION siwa.remove_ssf_receiver(text) IS
+    'Removes a receiver with its tokens, streams and their SETs (siwactl ssf receivers remove). False for an unknown name.';
+
+-- The SSF API's writes (SignalTransmitter, as siwa_ssf; each SECURITY INVOKER, within the role's own
+-- grants). An access token: expired ones pruned, then the new one's hash stored with its scopes and expiry.
+CREATE OR REPLACE FUNCTION siwa.issue_ssf_access_token(p_token_hash bytea, p_receiver bigint, p_scopes text[],
+                                                       p_lifetime integer)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    DELETE FROM siwa.ssf_access_tokens t WHERE t.expires_at < now();
+    INSERT INTO siwa.ssf_access_tokens (token_hash, receiver_id, scopes, expires_at)
+    VALUES (p_token_hash, p_receiver, p_scopes, now() + p_lifetime * interval '1 second');
+END;
+$$;
+COMMENT ON FUNCTION siwa.issue_ssf_access_token(bytea, bigint, text[], integer) IS
+    'Prunes expired SSF access tokens and stores a new one''s SHA-256 with its receiver, scopes and lifetime in seconds (POST /ssf/token, as siwa_ssf).';
+
+-- A stream created by a receiver through the API, with the receiver's name and aud. False (nothing
+-- written) for an unknown receiver.
+CREATE OR REPLACE FUNCTION siwa.create_ssf_stream(p_stream_uid text, p_receiver bigint, p_delivery_method text,
+                                                  p_endpoint_url text, p_authorization_ref text,
+                                                  p_events_requested text[], p_default_subjects text,
+                                                  p_min_verification_interval integer, p_description text)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    INSERT INTO siwa.ssf_streams (stream_uid, receiver_id, receiver, audience, delivery_method, endpoint_url,
+        authorization_ref, events_requested, default_subjects, min_verification_interval, description)
+    SELECT p_stream_uid, r.id, r.name, r.audience, p_delivery_method, p_endpoint_url, p_authorization_ref,
+           p_events_requested, p_default_subjects, p_min_verification_interval, p_description
+      FROM siwa.ssf_receivers r WHERE r.id = p_receiver;
+    RETURN FOUND;
+END;
+$$;
+COMMENT ON FUNCTION siwa.create_ssf_stream(text, bigint, text, text, text, text[], text, integer, text) IS
+    'Creates a stream of an SSF API receiver (POST /ssf/streams, as siwa_ssf) with its name and aud. False for an unknown receiver.';
+
+-- A stream's receiver-supplied members replaced as the API's PATCH or PUT computed them.
+CREATE OR REPLACE FUNCTION siwa.change_ssf_stream(p_stream bigint, p_events_requested text[], p_description text,
+                                                  p_endpoint_url text, p_authorization_ref text)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE siwa.ssf_streams s SET events_requested = p_events_requested, description = p_description,
+           endpoint_url = p_endpoint_url, authorization_ref = p_authorization_ref, updated_at = now()
+     WHERE s.id = p_stream;
+    RETURN FOUND;
+END;
+$$;
+COMMENT ON FUNCTION siwa.change_ssf_stream(bigint, text[], text, text, text) IS
+    'Sets a stream''s events requested, description, push URL and Authorization file reference (PATCH or PUT /ssf/streams, as siwa_ssf). False for an unknown stream.';
+
+-- A subject added to (included) or removed from (excluded) a stream (SSF 1.0 §§ 8.1.3.2, 8.1.3.3).
+CREATE OR REPLACE FUNCTION siwa.set_ssf_stream_subject(p_stream bigint, p_sub text, p_included boolean)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    INSERT INTO siwa.ssf_stream_subjects (stream_id, sub, included) VALUES (p_stream, p_sub, p_included)
+    ON CONFLICT (stream_id, sub) DO UPDATE SET included = EXCLUDED.included;
+END;
+$$;
+COMMENT ON FUNCTION siwa.set_ssf_stream_subject(bigint, text, boolean) IS
+    'Adds (included) or removes (excluded) an iss_sub subject of a stream (the SSF API''s subjects:add/remove, as siwa_ssf).';
+
 -- The SSF API's calls (SignalTransmitter, as siwa_ssf). A stream's own event (verification,
 -- stream-updated): one SET to the stream, ordered with its other stream events (sub = stream_uid).
 CREATE OR REPLACE FUNCTION siwa.enqueue_ssf_stream_event(p_stream bigint, p_type text, p_detail jsonb)

@@ -372,7 +372,11 @@ BEGIN
             ON siwa.ssf_events TO siwa_ssf;
         GRANT EXECUTE ON FUNCTION siwa.ssf_event_type(text), siwa.enqueue_ssf_stream_event(bigint, text, jsonb),
             siwa.update_ssf_stream_status(bigint, text, text), siwa.request_ssf_verification(bigint, text),
-            siwa.poll_ssf_events(bigint, text[], jsonb, integer, interval), siwa.ssf_poll_has_more(bigint)
+            siwa.poll_ssf_events(bigint, text[], jsonb, integer, interval), siwa.ssf_poll_has_more(bigint),
+            siwa.issue_ssf_access_token(bytea, bigint, text[], integer),
+            siwa.create_ssf_stream(text, bigint, text, text, text, text[], text, integer, text),
+            siwa.change_ssf_stream(bigint, text[], text, text, text), siwa.set_ssf_stream_subject(bigint, text, boolean),
+            siwa.remove_ssf_stream(bigint)
             TO siwa_ssf;
     END IF;
 END;

@@ -72,12 +72,9 @@ extension SignalTransmitter {
         let lifetime = Int(configuration.tokenLifetime.inSeconds)
         let scopes = requested.sorted()
         try pool.withConnection { connection in
-            try connection.execute("DELETE FROM siwa.ssf_access_tokens WHERE expires_at < now()")
-            try connection.execute(
-                """
-                INSERT INTO siwa.ssf_access_tokens (token_hash, receiver_id, scopes, expires_at)
-                VALUES ($1, $2, $3::text[], now() + $4::integer * interval '1 second')
-                """,
+            // Expired tokens pruned, then this one's hash stored.
+            _ = try connection.query(
+                "SELECT siwa.issue_ssf_access_token($1, $2::bigint, $3::text[], $4::integer)",
                 [
                     .bytes(ReceiverCredentials.tokenHash(token)), .int(Int64(row.0)),
                     .array(scopes.map { .text($0) }), .int(Int64(lifetime)),

@@ -138,8 +138,9 @@ extension SignalTransmitter {
                 return .ssfError(status: 400, "invalid_request", "stream_id is required")
             }
             guard let stream = try stream(uid, of: caller) else { return .streamNotFound }
-            try pool.withConnection { connection in
-                try connection.execute("DELETE FROM siwa.ssf_streams WHERE id = $1", [.int(Int64(stream.id))])
+            _ = try pool.withConnection { connection in
+                try connection.value(
+                    "SELECT siwa.remove_ssf_stream($1::bigint)", [.int(Int64(stream.id))], as: Bool.self)
             }
             removeAuthorizationFile(stream.authorizationReference)
             return HTTPResponse(status: 204)
@@ -178,22 +179,17 @@ extension SignalTransmitter {
             reference = written
         }
         do {
-            try pool.withConnection { connection in
-                try connection.execute(
-                    """
-                    INSERT INTO siwa.ssf_streams (stream_uid, receiver_id, receiver, audience, delivery_method,
-                        endpoint_url, authorization_ref, events_requested, default_subjects,
-                        min_verification_interval, description)
-                    SELECT $1, r.id, r.name, r.audience, $3, $4, $5, $6::text[], $7, $8, $9
-                      FROM siwa.ssf_receivers r WHERE r.id = $2
-                    """,
+            // False (nothing written) for an unknown receiver: the read below answers 404.
+            _ = try pool.withConnection { connection in
+                try connection.value(
+                    "SELECT siwa.create_ssf_stream($1, $2::bigint, $3, $4, $5, $6::text[], $7, $8::integer, $9)",
                     [
                         .text(uid), .int(Int64(caller.receiver)), .text(method), .text(endpoint),
                         reference.map { .text($0) }, delivered.map { .array($0.map { .text($0) }) },
                         .text(configuration.defaultSubjects.rawValue),
                         .int(Int64(configuration.minVerificationInterval)),
                         (request.description ?? nil).map { .text($0) },
-                    ])
+                    ], as: Bool.self)
             }
         } catch {
             removeAuthorizationFile(reference)
@@ -242,17 +238,13 @@ extension SignalTransmitter {
                 reference = written
             }
         }
-        try pool.withConnection { connection in
-            try connection.execute(
-                """
-                UPDATE siwa.ssf_streams SET events_requested = $2::text[], description = $3, endpoint_url = $4,
-                       authorization_ref = $5, updated_at = now()
-                 WHERE id = $1
-                """,
+        _ = try pool.withConnection { connection in
+            try connection.value(
+                "SELECT siwa.change_ssf_stream($1::bigint, $2::text[], $3, $4, $5)",
                 [
                     .int(Int64(stream.id)), events.map { .array($0.map { .text($0) }) },
                     description.map { .text($0) }, .text(endpoint), reference.map { .text($0) },
-                ])
+                ], as: Bool.self)
         }
         if oldFile != reference { removeAuthorizationFile(oldFile) }
         guard let updated = try self.stream(stream.uid, receiver: nil) else { return .streamNotFound }
@@ -316,12 +308,10 @@ extension SignalTransmitter {
                 "subject is an iss_sub identifier of https://appleid.apple.com")
         }
         guard let stream = try stream(uid, of: caller) else { return .streamNotFound }
-        try pool.withConnection { connection in
-            try connection.execute(
-                """
-                INSERT INTO siwa.ssf_stream_subjects (stream_id, sub, included) VALUES ($1, $2, $3)
-                ON CONFLICT (stream_id, sub) DO UPDATE SET included = EXCLUDED.included
-                """, [.int(Int64(stream.id)), .text(sub), .bool(add)])
+        _ = try pool.withConnection { connection in
+            try connection.query(
+                "SELECT siwa.set_ssf_stream_subject($1::bigint, $2, $3::boolean)",
+                [.int(Int64(stream.id)), .text(sub), .bool(add)])
         }
         return add ? .jsonObject(200, [String: Any]()) : HTTPResponse(status: 204)
     }

@@ -2,6 +2,7 @@ import Foundation
 import Postgres
 import ServiceSupport
 import SharedSignals
+import SharedSignalsAdministration
 
 /// `siwactl ssf receivers`: the OAuth clients of the transmitter API (client credentials).
 extension SharedSignalsVerb {
@@ -55,17 +56,11 @@ extension SharedSignalsVerb {
         let connection = try connect(parsed)
         defer { connection.close() }
         try database("adding the receiver") {
-            try connection.execute(
-                """
-                INSERT INTO siwa.ssf_receivers (name, client_id, salt, secret_hash, scopes, audience)
-                VALUES ($1, $2, $3, $4, $5::text[], $6)
-                """,
-                [
-                    .text(name), .text(clientID), .bytes(salt),
-                    .bytes(ReceiverCredentials.secretHash(secret, salt: salt)),
-                    .array(Array(Set(scopes)).sorted().map { .text($0) }),
-                    .text(parsed.value("audience") ?? clientID),
-                ])
+            try SharedSignalsAdministration(connection).addReceiver(
+                name: name, clientID: clientID, salt: salt,
+                secretHash: ReceiverCredentials.secretHash(secret, salt: salt),
+                scopes: Array(Set(scopes)).sorted(),
+                audience: parsed.value("audience") ?? clientID)
         }
         writeStandardOutput(
             "receiver \(name)\nclient_id: \(clientID)\nclient_secret: \(secret)\n"
@@ -75,16 +70,11 @@ extension SharedSignalsVerb {
     static func listReceivers(_ parsed: ParsedCommand) throws {
         let connection = try connect(parsed)
         defer { connection.close() }
-        let rows = try database("reading the receivers") {
-            try connection.query(
-                """
-                SELECT r.name, r.client_id, array_to_string(r.scopes, ','), r.audience,
-                       (SELECT count(*) FROM siwa.ssf_streams s WHERE s.receiver_id = r.id)::text,
-                       (SELECT count(*) FROM siwa.ssf_access_tokens t
-                         WHERE t.receiver_id = r.id AND t.expires_at > now())::text
-                  FROM siwa.ssf_receivers r ORDER BY r.name
-                """
-            ).map { row in try (0..<6).map { try row[$0, as: String.self] } }
+        let receivers = try database("reading the receivers") {
+            try SharedSignalsAdministration(connection).receivers()
+        }
+        let rows = receivers.map {
+            [$0.name, $0.clientID, $0.scopes, $0.audience, String($0.streams), String($0.liveTokens)]
         }
         writeStandardOutput(
             renderTable(
@@ -96,9 +86,9 @@ extension SharedSignalsVerb {
         let connection = try connect(parsed)
         defer { connection.close() }
         let removed = try database("removing the receiver") {
-            try connection.execute("DELETE FROM siwa.ssf_receivers WHERE name = $1", [.text(name)])
+            try SharedSignalsAdministration(connection).removeReceiver(name: name)
         }
-        guard removed == 1 else { throw ToolFailure("no receiver \(name)") }
+        guard removed else { throw ToolFailure("no receiver \(name)") }
         writeStandardOutput("receiver \(name): removed\n")
     }
 }

@@ -2,6 +2,7 @@ import Foundation
 import Postgres
 import ServiceSupport
 import SharedSignals
+import SharedSignalsAdministration
 import Webhooks
 
 /// `siwactl ssf streams`: push streams to Shared Signals receivers, until the SSF management API exists.
@@ -11,9 +12,9 @@ extension SharedSignalsVerb {
         subverbs: [
             .parsing("add", addSpec) { parsed, _ in try add(parsed) },
             .parsing("list", listSpec) { parsed, _ in try list(parsed) },
-            .parsing("pause", statusSpec("pause")) { parsed, _ in try setStatus(parsed, "paused") },
-            .parsing("resume", statusSpec("resume")) { parsed, _ in try setStatus(parsed, "enabled") },
-            .parsing("disable", statusSpec("disable")) { parsed, _ in try setStatus(parsed, "disabled") },
+            .parsing("pause", statusSpec("pause")) { parsed, _ in try setStatus(parsed, .paused) },
+            .parsing("resume", statusSpec("resume")) { parsed, _ in try setStatus(parsed, .enabled) },
+            .parsing("disable", statusSpec("disable")) { parsed, _ in try setStatus(parsed, .disabled) },
             .parsing("remove", statusSpec("remove")) { parsed, _ in try remove(parsed) },
         ])
 
@@ -72,12 +73,9 @@ extension SharedSignalsVerb {
         let connection = try connect(parsed)
         defer { connection.close() }
         let id = try database("adding the stream") {
-            try connection.query(
-                "SELECT siwa.add_ssf_stream($1, $2, $3, $4, $5::text[])",
-                [
-                    .text(parsed.value("receiver")!), .text(parsed.value("audience")!), .text(url),
-                    reference.map { .text($0) }, events.map { .text("{" + $0.joined(separator: ",") + "}") },
-                ])[0][0, as: Int.self]
+            try SharedSignalsAdministration(connection).addStream(
+                receiver: parsed.value("receiver")!, audience: parsed.value("audience")!, endpointURL: url,
+                authorizationReference: reference, events: events)
         }
         writeStandardOutput("stream \(id): \(url)\n")
     }
@@ -85,14 +83,15 @@ extension SharedSignalsVerb {
     static func list(_ parsed: ParsedCommand) throws {
         let connection = try connect(parsed)
         defer { connection.close() }
-        let rows = try database("reading the streams") {
-            try connection.query(
-                """
-                SELECT id::text, receiver, audience, endpoint_url, status, has_authorization::text, pending::text,
-                       delivered::text, failed::text
-                  FROM siwa.ssf_stream_overview ORDER BY id
-                """
-            ).map { row in try (0..<9).map { try row[$0, as: String.self] } }
+        let streams = try database("reading the streams") {
+            try SharedSignalsAdministration(connection).streams()
+        }
+        let rows = streams.map {
+            [
+                String($0.id), $0.receiver, $0.audience, $0.endpointURL, $0.status,
+                String($0.hasAuthorization),
+                String($0.pending), String($0.delivered), String($0.failed),
+            ]
         }
         writeStandardOutput(
             renderTable(
@@ -103,17 +102,17 @@ extension SharedSignalsVerb {
                 rows: rows))
     }
 
-    static func setStatus(_ parsed: ParsedCommand, _ status: String) throws {
+    static func setStatus(
+        _ parsed: ParsedCommand, _ status: SharedSignalsAdministration.StreamStatus
+    ) throws {
         let stream = try streamID(parsed)
         let connection = try connect(parsed)
         defer { connection.close() }
         let found = try database("setting the stream's status") {
-            try connection.query(
-                "SELECT siwa.set_ssf_stream_status($1, $2)", [.int(Int64(stream)), .text(status)])[0][
-                    0, as: Bool.self]
+            try SharedSignalsAdministration(connection).setStatus(stream: Int64(stream), status)
         }
         guard found else { throw ToolFailure("no stream \(stream)") }
-        writeStandardOutput("stream \(stream): \(status)\n")
+        writeStandardOutput("stream \(stream): \(status.rawValue)\n")
     }
 
     static func remove(_ parsed: ParsedCommand) throws {
@@ -121,9 +120,9 @@ extension SharedSignalsVerb {
         let connection = try connect(parsed)
         defer { connection.close() }
         let removed = try database("removing the stream") {
-            try connection.execute("DELETE FROM siwa.ssf_streams WHERE id = $1", [.int(Int64(stream))])
+            try SharedSignalsAdministration(connection).removeStream(Int64(stream))
         }
-        guard removed == 1 else { throw ToolFailure("no stream \(stream)") }
+        guard removed else { throw ToolFailure("no stream \(stream)") }
         writeStandardOutput("stream \(stream): removed\n")
     }
 

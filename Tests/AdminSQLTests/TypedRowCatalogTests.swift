@@ -1,6 +1,7 @@
 import Foundation
 import Postgres
 import RelayMail
+import SharedSignalsAdministration
 import TestSupport
 import Testing
 
@@ -24,6 +25,7 @@ private let rowTypes: [any PostgresRowDecodable.Type] = [
     ClaimedNotification.self, ProcessedNotification.self, DueNotification.self, BusyUsers.self,
     ClaimedDelivery.self, RevocationClaim.self, RefreshCheckClaim.self,
     RelayMailDecision.self, RelayMailSingleDecision.self, ClaimedSET.self, ClaimedSuppression.self,
+    SharedSignalsAdministration.ReceiverOverview.self, SharedSignalsAdministration.StreamOverview.self,
 ]
 
 @Suite("Typed rows: every statement's columns, as schema.sql gives them, are those its row type reads")
