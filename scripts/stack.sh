@@ -116,10 +116,9 @@ stack_database() {
   fi
   # The socket's number as the running server reports it (postmaster.pid's fourth line): also right for
   # a cluster left running by an earlier run, whatever it was started with.
-  local pg_port
-  pg_port=$(sed -n 4p "$STATE/pgdata/postmaster.pid")
-  [[ $pg_port =~ ^[0-9]+$ ]] || fail "cannot read the cluster's port from $STATE/pgdata/postmaster.pid"
-  export SIWA_DATABASE_URL="postgresql://postgres@/postgres?host=$STATE&port=$pg_port"
+  PG_PORT=$(sed -n 4p "$STATE/pgdata/postmaster.pid")
+  [[ $PG_PORT =~ ^[0-9]+$ ]] || fail "cannot read the cluster's port from $STATE/pgdata/postmaster.pid"
+  export SIWA_DATABASE_URL="postgresql://postgres@/postgres?host=$STATE&port=$PG_PORT"
   echo "database: local cluster in $STATE (socket), $SIWA_DATABASE_URL"
 }
 
