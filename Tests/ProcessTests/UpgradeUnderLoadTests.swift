@@ -11,40 +11,6 @@ import Testing
 /// receivers keep storing while `siwactl migrate` runs, then the new worker applies what they stored.
 @Suite("siwactl migrate from version 4 under the 4.0.0 receiver's load")
 struct UpgradeUnderLoadTests {
-    /// The statement a 4.0.0 siwa-receiver stores a batch with (Sources/Receiver/NotificationStore.swift
-    /// at 192fc65), as its login runs it.
-    static let version4Insert = """
-        WITH batch AS (
-            SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::boolean[],
-                                 $7::timestamptz[], $8::timestamptz[], $9::timestamptz[], $10::text[])
-                   AS b(jti, event_type, sub, audience, email, is_private_email, event_time, issued_at,
-                        expires_at, raw_token)),
-        fresh AS (
-            INSERT INTO siwa.notification_jtis (jti, issued_at, expires_at)
-            SELECT b.jti, b.issued_at, b.expires_at FROM batch b
-            ON CONFLICT (jti) DO NOTHING
-            RETURNING jti, issued_at),
-        stored AS (
-            INSERT INTO siwa.notification_log
-                (jti, event_type, sub, audience, email, is_private_email, event_time, issued_at, expires_at,
-                 raw_token, personal_data_erased_at)
-            SELECT b.jti, b.event_type, b.sub, b.audience,
-                   CASE WHEN a.sub IS NULL THEN b.email END, b.is_private_email, b.event_time, b.issued_at,
-                   b.expires_at, CASE WHEN a.sub IS NULL THEN b.raw_token END,
-                   CASE WHEN a.sub IS NOT NULL THEN clock_timestamp() END
-              FROM batch b
-              JOIN fresh f ON f.jti = b.jti AND f.issued_at = b.issued_at
-              LEFT JOIN siwa.accounts a ON a.sub = b.sub AND a.personal_data_erased_at IS NOT NULL
-            ON CONFLICT (jti, issued_at) DO NOTHING
-            RETURNING id, jti, issued_at),
-        queued AS (
-            INSERT INTO siwa.notification_queue (id, jti, issued_at)
-            SELECT s.id, s.jti, s.issued_at FROM stored s
-            RETURNING 1)
-        SELECT s.jti FROM stored s
-         WHERE (SELECT count(pg_notify('siwa_notifications', '')) FROM (SELECT 1 FROM queued LIMIT 1) AS w) >= 0
-        """
-
     /// What the load threads saw: the jtis committed, the slowest insert, the failures.
     final class Load: Sendable {
         let stored = Mutex<[String]>([])
@@ -66,7 +32,7 @@ struct UpgradeUnderLoadTests {
             type: type, subject: sub, email: email, isPrivateEmail: email.map { _ in true },
             eventTime: eventTime, issuedAt: now, jti: jti)
         let rows = try connection.query(
-            version4Insert,
+            ReleasedReceiver.version4Store,
             [
                 .array([.text(jti)]), .array([.text(type)]), .array([.text(sub)]),
                 .array([.text(TestSigning.audience)]), .array([email.map { .text($0) }]),
