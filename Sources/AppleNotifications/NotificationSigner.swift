@@ -14,7 +14,9 @@ public struct NotificationSigner: Sendable {
     /// The private key as unencrypted PKCS#8 PEM. Secret: store with mode 0600, never log.
     public let privateKeyPEM: String
 
-    private init(privateKey: () throws(CryptoError) -> RSA.PrivateKey, keyID: String?) throws(NotificationError) {
+    private init(privateKey: () throws(CryptoError) -> RSA.PrivateKey, keyID: String?)
+        throws(NotificationError)
+    {
         do {
             let key = try privateKey()
             self.privateKey = key
@@ -28,17 +30,20 @@ public struct NotificationSigner: Sendable {
 
     /// Generates a fresh RSA-2048 key pair.
     public static func generate(keyID: String? = nil) throws -> NotificationSigner {
-        try NotificationSigner(privateKey: { () throws(CryptoError) in try RSA.PrivateKey.generate() }, keyID: keyID)
+        try NotificationSigner(
+            privateKey: { () throws(CryptoError) in try RSA.PrivateKey.generate() }, keyID: keyID)
     }
 
     /// Loads an RSA private key (PKCS#8 or traditional PEM, at least 2048 bits).
     public init(privateKeyPEM: String, keyID: String) throws {
-        try self.init(privateKey: { () throws(CryptoError) in try RSA.PrivateKey(pem: privateKeyPEM) }, keyID: keyID)
+        try self.init(
+            privateKey: { () throws(CryptoError) in try RSA.PrivateKey(pem: privateKeyPEM) }, keyID: keyID)
     }
 
     /// Loads an RSA private key and names it by ``RSAPublicKey/thumbprintKeyID``.
     public init(privateKeyPEM: String) throws {
-        try self.init(privateKey: { () throws(CryptoError) in try RSA.PrivateKey(pem: privateKeyPEM) }, keyID: nil)
+        try self.init(
+            privateKey: { () throws(CryptoError) in try RSA.PrivateKey(pem: privateKeyPEM) }, keyID: nil)
     }
 
     /// The public half, for verification.

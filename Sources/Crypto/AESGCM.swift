@@ -7,7 +7,8 @@ public enum AESGCM {
     public static func seal(_ plaintext: [UInt8], key: [UInt8], nonce: [UInt8], authenticating aad: [UInt8])
         throws(CryptoError) -> (ciphertext: [UInt8], tag: [UInt8])
     {
-        let (ciphertext, tag) = try gcm(encrypt: true, key: key, nonce: nonce, aad: aad, input: plaintext, tag: nil)
+        let (ciphertext, tag) = try gcm(
+            encrypt: true, key: key, nonce: nonce, aad: aad, input: plaintext, tag: nil)
         return (ciphertext, tag)
     }
 
@@ -20,7 +21,9 @@ public enum AESGCM {
         try gcm(encrypt: false, key: key, nonce: nonce, aad: aad, input: ciphertext, tag: tag).output
     }
 
-    private static func gcm(encrypt: Bool, key: [UInt8], nonce: [UInt8], aad: [UInt8], input: [UInt8], tag: [UInt8]?)
+    private static func gcm(
+        encrypt: Bool, key: [UInt8], nonce: [UInt8], aad: [UInt8], input: [UInt8], tag: [UInt8]?
+    )
         throws(CryptoError) -> (output: [UInt8], tag: [UInt8])
     {
         guard key.count == 32 else { throw CryptoError(.unreadableKey, "an AES-256 key is 32 bytes") }
@@ -40,7 +43,9 @@ public enum AESGCM {
             encrypt
             ? EVP_EncryptUpdate(context, nil, &length, aad, Int32(aad.count))
             : EVP_DecryptUpdate(context, nil, &length, aad, Int32(aad.count))
-        guard aadOK == 1 else { throw CryptoError(.operationFailed, "AES-256-GCM refused the associated data") }
+        guard aadOK == 1 else {
+            throw CryptoError(.operationFailed, "AES-256-GCM refused the associated data")
+        }
         var written: Int32 = 0
         if !input.isEmpty {
             let updated =

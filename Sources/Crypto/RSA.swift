@@ -190,7 +190,9 @@ public enum RSA {
 
         /// The private key as unencrypted PKCS#8 PEM (`-----BEGIN PRIVATE KEY-----`): a secret.
         public func pkcs8PEM() throws(CryptoError) -> String {
-            guard let pem = key.pkcs8PEM else { throw CryptoError(.operationFailed, "cannot export private key") }
+            guard let pem = key.pkcs8PEM else {
+                throw CryptoError(.operationFailed, "cannot export private key")
+            }
             return pem
         }
 

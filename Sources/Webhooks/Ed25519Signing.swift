@@ -88,7 +88,9 @@ extension StandardWebhooks {
 
         /// A new key from 32 random bytes (Crypto's, OpenSSL's RAND_bytes).
         public static func generate() -> Ed25519SigningKey {
-            guard let key = try? Ed25519.PrivateKey.generate() else { preconditionFailure("RAND_bytes failed") }
+            guard let key = try? Ed25519.PrivateKey.generate() else {
+                preconditionFailure("RAND_bytes failed")
+            }
             return Ed25519SigningKey(key)
         }
 

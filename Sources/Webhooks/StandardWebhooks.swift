@@ -46,7 +46,9 @@ public enum StandardWebhooks {
 
         /// A new secret of 32 random bytes (Crypto's, OpenSSL's RAND_bytes).
         public static func generate() -> Secret {
-            guard let bytes = try? SecureRandom.bytes(count: 32) else { preconditionFailure("RAND_bytes failed") }
+            guard let bytes = try? SecureRandom.bytes(count: 32) else {
+                preconditionFailure("RAND_bytes failed")
+            }
             return try! Secret("whsec_" + Data(bytes).base64EncodedString())  // valid by construction
         }
 

@@ -36,10 +36,12 @@ private let p256PEM = """
     @Test func hmacSHA256RFC4231() {
         // RFC 4231, test cases 1 and 2.
         #expect(
-            HMACSHA256.authenticationCode(key: [UInt8](repeating: 0x0b, count: 20), message: Array("Hi There".utf8))
+            HMACSHA256.authenticationCode(
+                key: [UInt8](repeating: 0x0b, count: 20), message: Array("Hi There".utf8))
                 == bytes("b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"))
         #expect(
-            HMACSHA256.authenticationCode(key: Array("Jefe".utf8), message: Array("what do ya want for nothing?".utf8))
+            HMACSHA256.authenticationCode(
+                key: Array("Jefe".utf8), message: Array("what do ya want for nothing?".utf8))
                 == bytes("5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"))
     }
 
@@ -98,7 +100,8 @@ private let p256PEM = """
         let sealed = try AESGCM.seal(plaintext, key: key, nonce: nonce, authenticating: aad)
         #expect(sealed.ciphertext == ciphertext)
         #expect(sealed.tag == tag)
-        #expect(try AESGCM.open(ciphertext, tag: tag, key: key, nonce: nonce, authenticating: aad) == plaintext)
+        #expect(
+            try AESGCM.open(ciphertext, tag: tag, key: key, nonce: nonce, authenticating: aad) == plaintext)
     }
 
     @Test func refusesAlteredInput() throws {
