@@ -30,7 +30,10 @@ let package = Package(
         .target(name: "CCurlShim", dependencies: ["CCurl"]),
 
         // Libraries.
-        .target(name: "AppleNotifications", dependencies: ["COpenSSL"]),
+        // The one Swift module over OpenSSL: digests, HMAC, RSA, ECDSA P-256, Ed25519, AES-GCM, random bytes,
+        // as small Swift APIs that never expose a C pointer.
+        .target(name: "Crypto", dependencies: ["COpenSSL"]),
+        .target(name: "AppleNotifications", dependencies: ["Crypto"]),
         .target(name: "Postgres", dependencies: ["CLibPQ"]),
         .target(name: "HTTPServer", dependencies: ["CHTTPShim", "ServiceSupport"]),
         // Outbound HTTP (key sets, and later Apple's token endpoints and webhooks): libcurl under a policy.
@@ -85,16 +88,14 @@ let package = Package(
                 "Webhooks",
             ]),
         // ESP suppression lists in step with the relay events: the provider adapters (SendGrid, Postmark,
-        // Mailgun, SES v2 with its SigV4 signer over OpenSSL's SHA-256 and HMAC) and the dispatcher's
+        // Mailgun, SES v2 with its SigV4 signer over Crypto's SHA-256 and HMAC) and the dispatcher's
         // lanes, one per provider, over siwa.suppression_outbox.
         .target(
             name: "Suppressions",
-            dependencies: [
-                "AppleNotifications", "HTTPClient", "Postgres", "QueueConsumer", "ServiceSupport", "Webhooks",
-            ]),
-        // Standard Webhooks: whsec_ secrets, v1 signatures (OpenSSL's HMAC), whsk_/whpk_ keys and v1a
-        // signatures (OpenSSL's ed25519), endpoint URL policy.
-        .target(name: "Webhooks", dependencies: ["COpenSSL"]),
+            dependencies: ["Crypto", "HTTPClient", "Postgres", "QueueConsumer", "ServiceSupport"]),
+        // Standard Webhooks: whsec_ secrets, v1 signatures (Crypto's HMAC), whsk_/whpk_ keys and v1a
+        // signatures (Crypto's ed25519), endpoint URL policy.
+        .target(name: "Webhooks", dependencies: ["Crypto"]),
         // Shared Signals: Security Event Tokens (RFC 8417, SSF/CAEP/RISC 1.0) signed RS256 with the
         // transmitter's own key, and its JWKS. Never sends anything or touches the database.
         .target(name: "SharedSignals", dependencies: ["AppleNotifications"]),
@@ -118,9 +119,9 @@ let package = Package(
         // siwactl mail check reads. Never prints or reads the environment.
         .target(name: "RelayMail", dependencies: ["Postgres"]),
         // Bounces from Apple's relay: the RFC 3464 report parser, the ESPs' bounce events and their
-        // authentication (OpenSSL), and the classifier. Never prints, reads the environment, touches the
+        // authentication (Crypto), and the classifier. Never prints, reads the environment, touches the
         // database or the network.
-        .target(name: "Bounces", dependencies: ["COpenSSL", "ServiceSupport"]),
+        .target(name: "Bounces", dependencies: ["Crypto", "ServiceSupport"]),
         // The ESPs' bounce events over HTTP (siwa-mailgate --esp-events-listen): routes, authentication by
         // Bounces, siwa.record_relay_bounce as siwa_bounce, metrics.
         .target(
@@ -130,12 +131,12 @@ let package = Package(
         .target(
             name: "ServiceHealth", dependencies: ["Postgres", "ServiceSupport"]),
         // Refresh tokens encrypted at rest (AES-256-GCM, rotating keys), for the sign-in API and the revoker.
-        .target(name: "TokenVault", dependencies: ["COpenSSL", "ServiceSupport"]),
+        .target(name: "TokenVault", dependencies: ["Crypto", "ServiceSupport"]),
         // The internal sign-in API hosted by siwa-receiver: code exchange, id_token checks, revocation requests.
         .target(
             name: "SignIn",
             dependencies: [
-                "AppleID", "AppleNotifications", "COpenSSL", "HTTPServer", "Postgres", "ServiceSupport",
+                "AppleID", "AppleNotifications", "Crypto", "HTTPServer", "Postgres", "ServiceSupport",
                 "TokenVault",
             ]),
         // The relay-mail gate: the Postfix policy service (`PolicyServer`, `PolicyReader`), the HTTP check
@@ -193,6 +194,8 @@ let package = Package(
                 "Webhooks",
             ]),
 
+        // The Crypto primitives against known-answer vectors.
+        .testTarget(name: "CryptoTests", dependencies: ["Crypto"]),
         .testTarget(name: "AppleNotificationsTests", dependencies: ["AppleNotifications", "TestSupport"]),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres", "TestSupport"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport"]),

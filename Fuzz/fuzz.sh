@@ -84,7 +84,7 @@ for entry in "${TARGETS[@]}"; do
     [ "$module" = Receiver ] && extra=("${receiver[@]}")
     echo "fuzz: linking fuzz-$name"
     "$SWIFTC" "${common[@]}" "Fuzz/Targets/$name.swift" Fuzz/Support/*.swift "$MODULES"/AppleNotifications.build/*.o \
-        "${extra[@]}" -lcrypto -o "$BIN/fuzz-$name"
+        "$MODULES"/Crypto.build/*.o "${extra[@]}" -lcrypto -o "$BIN/fuzz-$name"
 done
 [ "$build_only" = 1 ] && exit 0
 

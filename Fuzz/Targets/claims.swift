@@ -1,3 +1,4 @@
+import Crypto
 import Foundation
 
 // libFuzzer target: claims and `events` parsing (string and object forms) up to a ServerNotification.
@@ -8,8 +9,8 @@ import Foundation
 @testable import AppleNotifications
 
 private let (signingKey, publicKey) = withoutLeakChecks {
-    let signingKey = try! RSAPrivateKey.generate(bits: 512)
-    return (signingKey, try! RSAPublicKey(publicHalfOf: signingKey.pkey))
+    let signingKey = try! RSA.PrivateKey.generate(bits: 512)
+    return (signingKey, RSAPublicKey(try! signingKey.publicKey()))
 }
 private let encodedHeader = Base64URL.encode(Data(#"{"kid":"fuzz","alg":"RS256"}"#.utf8))
 private let verifier = withoutLeakChecks {
@@ -28,7 +29,7 @@ public func initialize(_ argc: UnsafeMutableRawPointer, _ argv: UnsafeMutableRaw
 public func fuzzClaims(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     let claims = Data(UnsafeBufferPointer(start: data, count: size))
     let signingInput = encodedHeader + "." + Base64URL.encode(claims)
-    let signature = try! signingKey.signRS256(Data(signingInput.utf8))
+    let signature = try! signingKey.sha256Signature(for: Data(signingInput.utf8))
     let token = signingInput + "." + Base64URL.encode(signature)
     let notification: ServerNotification
     do {

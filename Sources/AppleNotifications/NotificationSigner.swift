@@ -1,3 +1,4 @@
+import Crypto
 public import Foundation
 
 /// Signs notifications the way Apple does, for tests and operator tooling (`siwactl sign`).
@@ -6,33 +7,43 @@ public import Foundation
 /// stable hash of the public modulus. Tokens have Apple's shape: header `{"kid":…,"alg":"RS256"}`,
 /// claims `iss`, `aud` (a string), `iat`, `exp` = `iat` + 24 h, `jti`, and `events` as a JSON string.
 public struct NotificationSigner: Sendable {
-    private let privateKey: RSAPrivateKey
+    private let privateKey: RSA.PrivateKey
     private let cachedPublicKey: RSAPublicKey
     /// The `kid` put in every header and in ``jwksJSON()``.
     public var keyID: String
     /// The private key as unencrypted PKCS#8 PEM. Secret: store with mode 0600, never log.
     public let privateKeyPEM: String
 
-    private init(privateKey: RSAPrivateKey, keyID: String?) throws(NotificationError) {
-        self.privateKey = privateKey
-        self.cachedPublicKey = try RSAPublicKey(publicHalfOf: privateKey.pkey)
-        self.privateKeyPEM = try privateKey.pkcs8PEM()
+    private init(privateKey: () throws(CryptoError) -> RSA.PrivateKey, keyID: String?)
+        throws(NotificationError)
+    {
+        do {
+            let key = try privateKey()
+            self.privateKey = key
+            self.cachedPublicKey = RSAPublicKey(try key.publicKey())
+            self.privateKeyPEM = try key.pkcs8PEM()
+        } catch {
+            throw .malformed(.badKey, error.description)
+        }
         self.keyID = keyID ?? cachedPublicKey.thumbprintKeyID
     }
 
     /// Generates a fresh RSA-2048 key pair.
     public static func generate(keyID: String? = nil) throws -> NotificationSigner {
-        try NotificationSigner(privateKey: RSAPrivateKey.generate(), keyID: keyID)
+        try NotificationSigner(
+            privateKey: { () throws(CryptoError) in try RSA.PrivateKey.generate() }, keyID: keyID)
     }
 
     /// Loads an RSA private key (PKCS#8 or traditional PEM, at least 2048 bits).
     public init(privateKeyPEM: String, keyID: String) throws {
-        try self.init(privateKey: RSAPrivateKey(pem: privateKeyPEM), keyID: keyID)
+        try self.init(
+            privateKey: { () throws(CryptoError) in try RSA.PrivateKey(pem: privateKeyPEM) }, keyID: keyID)
     }
 
     /// Loads an RSA private key and names it by ``RSAPublicKey/thumbprintKeyID``.
     public init(privateKeyPEM: String) throws {
-        try self.init(privateKey: RSAPrivateKey(pem: privateKeyPEM), keyID: nil)
+        try self.init(
+            privateKey: { () throws(CryptoError) in try RSA.PrivateKey(pem: privateKeyPEM) }, keyID: nil)
     }
 
     /// The public half, for verification.
@@ -100,7 +111,12 @@ public struct NotificationSigner: Sendable {
     /// Signs raw header and claims bytes with RS256, whatever they contain (for forged-token tests).
     public func sign(headerJSON: Data, claimsJSON: Data) throws -> String {
         let signingInput = Base64URL.encode(headerJSON) + "." + Base64URL.encode(claimsJSON)
-        let signature = try privateKey.signRS256(Data(signingInput.utf8))
+        let signature: Data
+        do {
+            signature = try privateKey.sha256Signature(for: Data(signingInput.utf8))
+        } catch {
+            throw NotificationError.malformed(.badKey, error.description)
+        }
         return signingInput + "." + Base64URL.encode(signature)
     }
 }

@@ -1,3 +1,4 @@
+import Crypto
 public import Foundation
 import Synchronization
 
@@ -98,7 +99,7 @@ public final class SNSVerifier: Sendable {
 
     public let configuration: Configuration
     private let fetch: @Sendable (URL) throws -> [UInt8]
-    private let certificates = Mutex<[String: VerificationKey]>([:])
+    private let certificates = Mutex<[String: RSA.PublicKey]>([:])
 
     /// - Parameter fetchCertificate: GETs a certificate URL (already checked) and returns its body.
     public init(configuration: Configuration, fetchCertificate: @escaping @Sendable (URL) throws -> [UInt8]) {
@@ -123,7 +124,7 @@ public final class SNSVerifier: Sendable {
         guard configuration.topicARNs.contains(message.topicARN) else {
             throw .unauthenticated("the SNS topic is not one configured")
         }
-        let digest: VerificationKey.Digest
+        let digest: Digest.Algorithm
         switch message.signatureVersion {
         case "1": digest = .sha1
         case "2": digest = .sha256
@@ -134,7 +135,7 @@ public final class SNSVerifier: Sendable {
         else { throw .unauthenticated("the SNS SigningCertURL is not an https .pem on an allowed host") }
         let key = try certificate(url)
         guard let signature = Data(base64Encoded: message.signature),
-            key.verify(signature: [UInt8](signature), message: message.stringToSign, digest: digest)
+            key.isValidSignature([UInt8](signature), for: message.stringToSign, digest: digest)
         else { throw .unauthenticated("the SNS signature does not verify") }
         guard let signedAt = message.signedAt else {
             throw .unauthenticated("the SNS Timestamp is not an ISO 8601 time")
@@ -142,7 +143,7 @@ public final class SNSVerifier: Sendable {
         try ESPSignatureAge.check(signedAt, now: now, maximumAge: maximumAge, provider: .ses)
     }
 
-    private func certificate(_ url: URL) throws(ESPEventError) -> VerificationKey {
+    private func certificate(_ url: URL) throws(ESPEventError) -> RSA.PublicKey {
         if let key = certificates.withLock({ $0[url.absoluteString] }) { return key }
         let body: [UInt8]
         do {
@@ -150,7 +151,7 @@ public final class SNSVerifier: Sendable {
         } catch {
             throw .unauthenticated("the SNS signing certificate could not be fetched")
         }
-        guard let key = VerificationKey.rsa(certificatePEM: body) else {
+        guard let key = RSA.PublicKey(certificatePEM: body) else {
             throw .unauthenticated("the SNS signing certificate is not a PEM certificate of an RSA key")
         }
         let limit = configuration.cachedCertificates

@@ -1,3 +1,4 @@
+import Crypto
 public import Foundation
 
 /// SendGrid's Event Webhook (twilio.com/docs/sendgrid/for-developers/tracking-events/event and
@@ -8,14 +9,14 @@ public struct SendGridWebhook: Sendable {
     public static let signatureHeader = "X-Twilio-Email-Event-Webhook-Signature"
     public static let timestampHeader = "X-Twilio-Email-Event-Webhook-Timestamp"
 
-    private let key: VerificationKey
+    private let key: P256.PublicKey
 
     /// The verification key as SendGrid's Mail Settings show it: base64 of a DER public key on P-256.
     /// - Throws: ``ESPEventError`` when it is not one.
     public init(verificationKey base64: String) throws(ESPEventError) {
         let text = base64.filter { !$0.isWhitespace }
         guard let der = Data(base64Encoded: text),
-            let key = VerificationKey.p256(subjectPublicKeyInfo: [UInt8](der))
+            let key = P256.PublicKey(subjectPublicKeyInfo: [UInt8](der))
         else { throw .malformed("the SendGrid verification key is not a base64 DER public key on P-256") }
         self.key = key
     }
@@ -31,7 +32,7 @@ public struct SendGridWebhook: Sendable {
         guard let signature, let timestamp, !timestamp.isEmpty,
             let der = Data(base64Encoded: signature.trimmingCharacters(in: .whitespaces))
         else { throw .unauthenticated("no SendGrid signature or timestamp header") }
-        guard key.verify(signature: [UInt8](der), message: Array(timestamp.utf8) + body) else {
+        guard key.isValidSignature(der: [UInt8](der), for: Array(timestamp.utf8) + body) else {
             throw .unauthenticated("the SendGrid signature does not verify")
         }
         guard let seconds = Int64(timestamp) else {

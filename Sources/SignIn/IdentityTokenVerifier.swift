@@ -1,5 +1,5 @@
 public import AppleNotifications
-import COpenSSL
+import Crypto
 public import Foundation
 import ServiceSupport
 
@@ -54,10 +54,7 @@ public struct IdentityTokenVerifier: Sendable {
 
     /// The SHA-256 of `raw`, lowercase hex: what an app sends to Apple as the nonce.
     public static func nonceHash(_ raw: String) -> String {
-        var digest = [UInt8](repeating: 0, count: 32)
-        let bytes = Array(raw.utf8)
-        _ = EVP_Digest(bytes, bytes.count, &digest, nil, EVP_sha256(), nil)
-        return digest.map { String(format: "%02x", $0) }.joined()
+        Digest.sha256(raw).map { String(format: "%02x", $0) }.joined()
     }
 
     /// Verifies `token`; `rawNonce`, when given, must hash to its `nonce` claim.
@@ -134,9 +131,4 @@ private func flag(_ value: Any?) -> Bool? {
 }
 
 /// SHA-256 of text, raw bytes.
-func sha256(_ text: String) -> Data {
-    var out = [UInt8](repeating: 0, count: 32)
-    let bytes = Array(text.utf8)
-    _ = EVP_Digest(bytes, bytes.count, &out, nil, EVP_sha256(), nil)
-    return Data(out)
-}
+func sha256(_ text: String) -> Data { Data(Digest.sha256(text)) }

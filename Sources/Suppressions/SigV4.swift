@@ -1,12 +1,11 @@
-import AppleNotifications
+import Crypto
 public import Foundation
 import ServiceSupport
-import Webhooks
 
 /// AWS Signature Version 4 (`AWS4-HMAC-SHA256`) of one request, as the AWS General Reference describes
 /// it: a canonical request, a string to sign over its SHA-256 and the credential scope, a key derived
-/// from the secret by four HMACs, the `Authorization` header. SHA-256 and HMAC are OpenSSL's (through
-/// `SHA256Digest` and `StandardWebhooks.hmacSHA256`); nothing here is hand-rolled crypto.
+/// from the secret by four HMACs, the `Authorization` header. SHA-256 and HMAC are Crypto's (OpenSSL's,
+/// through `Digest.sha256` and `HMACSHA256`); nothing here is hand-rolled crypto.
 public struct SigV4Signer: Sendable {
     /// An access key: its id, its secret, and the session token of temporary credentials.
     public struct Credentials: Sendable {
@@ -84,7 +83,7 @@ public struct SigV4Signer: Sendable {
         let timestamp = Self.timestamp(date)
         var sent = headers
         sent.append(("X-Amz-Date", timestamp))
-        let payloadHash = Self.hex(SHA256Digest.hash(Data(body)))
+        let payloadHash = Self.hex(Digest.sha256(Data(body)))
         if contentHash { sent.append(("X-Amz-Content-SHA256", payloadHash)) }
         if let token = credentials.sessionToken { sent.append(("X-Amz-Security-Token", token)) }
         let path = components?.percentEncodedPath ?? "/"
@@ -118,14 +117,14 @@ public struct SigV4Signer: Sendable {
         let day = String(timestamp.prefix(8))
         let scope = "\(day)/\(region)/\(service)/aws4_request"
         let stringToSign = [
-            "AWS4-HMAC-SHA256", timestamp, scope, Self.hex(SHA256Digest.hash(Data(canonicalRequest.utf8))),
+            "AWS4-HMAC-SHA256", timestamp, scope, Self.hex(Digest.sha256(Data(canonicalRequest.utf8))),
         ].joined(separator: "\n")
         var key = Array("AWS4\(credentials.secretAccessKey)".utf8)
         for part in [day, region, service, "aws4_request"] {
-            key = StandardWebhooks.hmacSHA256(key: key, message: Array(part.utf8))
+            key = HMACSHA256.authenticationCode(key: key, message: Array(part.utf8))
         }
         let signature = Self.hex(
-            Data(StandardWebhooks.hmacSHA256(key: key, message: Array(stringToSign.utf8))))
+            Data(HMACSHA256.authenticationCode(key: key, message: Array(stringToSign.utf8))))
         return Signature(
             canonicalRequest: canonicalRequest, stringToSign: stringToSign, signature: signature,
             signedHeaders: signedHeaders,

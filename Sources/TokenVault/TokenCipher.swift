@@ -1,8 +1,8 @@
-import COpenSSL
+import Crypto
 import Foundation
 import ServiceSupport
 
-/// Encrypts Apple refresh tokens at rest: AES-256-GCM (OpenSSL EVP), a fresh 96-bit nonce per token,
+/// Encrypts Apple refresh tokens at rest: AES-256-GCM (Crypto's, over OpenSSL EVP), a fresh 96-bit nonce per token,
 /// and additional authenticated data binding each ciphertext to its row, so a ciphertext copied onto
 /// another row does not decrypt.
 ///
@@ -122,10 +122,7 @@ public struct TokenCipher: Sendable {
 
     /// SHA-256 of a token's text: what the row's `token_sha256` holds.
     public static func sha256(of token: String) -> [UInt8] {
-        var digest = [UInt8](repeating: 0, count: 32)
-        let bytes = Array(token.utf8)
-        _ = EVP_Digest(bytes, bytes.count, &digest, nil, EVP_sha256(), nil)
-        return digest
+        Digest.sha256(token)
     }
 
     /// Encrypts `token` for a row of `clientID` with the current key, in format 2: bound to the client ID
@@ -184,8 +181,9 @@ public struct TokenCipher: Sendable {
     }
 
     private func seal(_ token: String, format: UInt8, binding: [UInt8]) throws(TokenCipherError) -> [UInt8] {
-        var nonce = [UInt8](repeating: 0, count: 12)
-        guard RAND_bytes(&nonce, 12) == 1 else { throw TokenCipherError("no random bytes for the nonce") }
+        guard let nonce = try? SecureRandom.bytes(count: 12) else {
+            throw TokenCipherError("no random bytes for the nonce")
+        }
         let header = [format, UInt8(current.id.utf8.count)] + Array(current.id.utf8) + nonce
         let (sealed, tag) = try gcm(
             encrypt: true, key: current.bytes, nonce: nonce, aad: binding + header, input: Array(token.utf8),
@@ -206,52 +204,15 @@ public struct TokenCipher: Sendable {
     private func gcm(encrypt: Bool, key: [UInt8], nonce: [UInt8], aad: [UInt8], input: [UInt8], tag: [UInt8]?)
         throws(TokenCipherError) -> ([UInt8], [UInt8])
     {
-        guard let context = EVP_CIPHER_CTX_new() else {
-            throw TokenCipherError("cannot create a cipher context")
-        }
-        defer { EVP_CIPHER_CTX_free(context) }
-        let initialised =
-            encrypt
-            ? EVP_EncryptInit_ex(context, EVP_aes_256_gcm(), nil, key, nonce)
-            : EVP_DecryptInit_ex(context, EVP_aes_256_gcm(), nil, key, nonce)
-        guard initialised == 1 else { throw TokenCipherError("cannot initialise AES-256-GCM") }
-        var length: Int32 = 0
-        var output = [UInt8](repeating: 0, count: input.count + 16)
-        let aadOK =
-            encrypt
-            ? EVP_EncryptUpdate(context, nil, &length, aad, Int32(aad.count))
-            : EVP_DecryptUpdate(context, nil, &length, aad, Int32(aad.count))
-        guard aadOK == 1 else { throw TokenCipherError("AES-256-GCM refused the associated data") }
-        var written: Int32 = 0
-        if !input.isEmpty {
-            let updated =
-                encrypt
-                ? EVP_EncryptUpdate(context, &output, &written, input, Int32(input.count))
-                : EVP_DecryptUpdate(context, &output, &written, input, Int32(input.count))
-            guard updated == 1 else { throw TokenCipherError("AES-256-GCM failed") }
-        }
-        var outTag = [UInt8](repeating: 0, count: 16)
-        var final: Int32 = 0
-        if encrypt {
-            let finished = output.withUnsafeMutableBufferPointer { buffer in
-                EVP_EncryptFinal_ex(context, buffer.baseAddress! + Int(written), &final)
+        do {
+            if encrypt {
+                let (sealed, tag) = try AESGCM.seal(input, key: key, nonce: nonce, authenticating: aad)
+                return (sealed, tag)
             }
-            guard finished == 1,
-                EVP_CIPHER_CTX_ctrl(context, EVP_CTRL_GCM_GET_TAG, 16, &outTag) == 1
-            else { throw TokenCipherError("AES-256-GCM failed") }
-        } else {
-            var expected = tag ?? []
-            guard expected.count == 16,
-                EVP_CIPHER_CTX_ctrl(context, EVP_CTRL_GCM_SET_TAG, 16, &expected) == 1
-            else { throw TokenCipherError("bad tag") }
-            let finished = output.withUnsafeMutableBufferPointer { buffer in
-                EVP_DecryptFinal_ex(context, buffer.baseAddress! + Int(written), &final)
-            }
-            guard finished == 1 else {
-                throw TokenCipherError("the ciphertext does not authenticate (altered, or another row's)")
-            }
+            return (try AESGCM.open(input, tag: tag ?? [], key: key, nonce: nonce, authenticating: aad), [])
+        } catch {
+            throw TokenCipherError(error.description)
         }
-        return (Array(output[0..<Int(written + final)]), outTag)
     }
 }
 

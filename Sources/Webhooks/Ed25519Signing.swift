@@ -1,12 +1,12 @@
-import COpenSSL
+import Crypto
 public import Foundation
 
 /// Standard Webhooks' asymmetric scheme: ed25519 key pairs written `whsk_…` (the private key) and
 /// `whpk_…` (the public key), and `v1a,` signatures over the same signed content as `v1`
 /// (`webhook-id.webhook-timestamp.body`).
 ///
-/// Ed25519 is OpenSSL's (EVP_PKEY_ED25519, EVP_DigestSign with no digest, as RFC 8032's pure Ed25519
-/// requires); nothing here is hand-rolled crypto.
+/// Ed25519 is Crypto's (OpenSSL's EVP_PKEY_ED25519, EVP_DigestSign with no digest, as RFC 8032's pure
+/// Ed25519 requires); nothing here is hand-rolled crypto.
 extension StandardWebhooks {
     /// The prefix of a private signing key's text form.
     public static let signingKeyPrefix = "whsk_"
@@ -38,24 +38,10 @@ extension StandardWebhooks {
         /// The text form: a public key may be shown.
         public var description: String { text }
 
-        /// Whether `signature` (64 bytes) is this key's ed25519 signature of `message` (EVP_DigestVerify).
+        /// Whether `signature` (64 bytes) is this key's ed25519 signature of `message`.
         public func isValidSignature(_ signature: [UInt8], of message: [UInt8]) -> Bool {
-            guard signature.count == 64,
-                let key = bytes.withUnsafeBufferPointer({
-                    EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, nil, $0.baseAddress, $0.count)
-                })
-            else { return false }
-            defer { EVP_PKEY_free(key) }
-            guard let context = EVP_MD_CTX_new() else { return false }
-            defer { EVP_MD_CTX_free(context) }
-            guard EVP_DigestVerifyInit(context, nil, nil, nil, key) == 1 else { return false }
-            return signature.withUnsafeBufferPointer { signatureBytes in
-                message.withUnsafeBufferPointer { messageBytes in
-                    EVP_DigestVerify(
-                        context, signatureBytes.baseAddress, signatureBytes.count, messageBytes.baseAddress,
-                        messageBytes.count) == 1
-                }
-            }
+            guard let key = try? Ed25519.PublicKey(rawRepresentation: bytes) else { return false }
+            return key.isValidSignature(signature, for: message)
         }
     }
 
@@ -84,26 +70,28 @@ extension StandardWebhooks {
 
         /// The key of a 32-byte seed.
         public init(seed: [UInt8]) throws(StandardWebhooks.Error) {
-            guard seed.count == 32,
-                let key = seed.withUnsafeBufferPointer({
-                    EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, nil, $0.baseAddress, $0.count)
-                })
-            else { throw Error("an ed25519 private key is 32 bytes") }
-            defer { EVP_PKEY_free(key) }
-            var publicBytes = [UInt8](repeating: 0, count: 32)
-            var length = 32
-            guard EVP_PKEY_get_raw_public_key(key, &publicBytes, &length) == 1, length == 32 else {
-                throw Error("OpenSSL derived no ed25519 public key")
-            }
-            self.seed = seed
-            publicKey = Ed25519PublicKey(bytes: publicBytes)
+            self.init(try Self.key(seed: seed))
         }
 
-        /// A new key from 32 random bytes (OpenSSL's RAND_bytes).
+        private init(_ key: Ed25519.PrivateKey) {
+            seed = key.seed
+            publicKey = Ed25519PublicKey(bytes: key.publicKey.rawRepresentation)
+        }
+
+        private static func key(seed: [UInt8]) throws(StandardWebhooks.Error) -> Ed25519.PrivateKey {
+            do {
+                return try Ed25519.PrivateKey(seed: seed)
+            } catch {
+                throw Error(error.description)
+            }
+        }
+
+        /// A new key from 32 random bytes (Crypto's, OpenSSL's RAND_bytes).
         public static func generate() -> Ed25519SigningKey {
-            var bytes = [UInt8](repeating: 0, count: 32)
-            precondition(RAND_bytes(&bytes, 32) == 1, "RAND_bytes failed")
-            return try! Ed25519SigningKey(seed: bytes)  // 32 bytes: valid by construction
+            guard let key = try? Ed25519.PrivateKey.generate() else {
+                preconditionFailure("RAND_bytes failed")
+            }
+            return Ed25519SigningKey(key)
         }
 
         /// The text form, `whsk_…` (32 bytes): store it, never log or print it.
@@ -112,24 +100,12 @@ extension StandardWebhooks {
         /// Redacted: a private key never appears in logs or errors by accident.
         public var description: String { "whsk_…(redacted)" }
 
-        /// The 64-byte ed25519 signature of `message` (EVP_DigestSign, no digest: pure Ed25519).
+        /// The 64-byte ed25519 signature of `message` (pure Ed25519, no digest).
         public func sign(_ message: [UInt8]) -> [UInt8] {
-            guard
-                let key = seed.withUnsafeBufferPointer({
-                    EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, nil, $0.baseAddress, $0.count)
-                })
-            else { fatalError("EVP_PKEY_new_raw_private_key failed") }
-            defer { EVP_PKEY_free(key) }
-            guard let context = EVP_MD_CTX_new() else { fatalError("EVP_MD_CTX_new failed") }
-            defer { EVP_MD_CTX_free(context) }
-            precondition(EVP_DigestSignInit(context, nil, nil, nil, key) == 1, "EVP_DigestSignInit failed")
-            var signature = [UInt8](repeating: 0, count: 64)
-            var length = signature.count
-            let ok = message.withUnsafeBufferPointer {
-                EVP_DigestSign(context, &signature, &length, $0.baseAddress, $0.count) == 1
+            guard let key = try? Ed25519.PrivateKey(seed: seed) else {
+                fatalError("EVP_PKEY_new_raw_private_key failed")
             }
-            precondition(ok && length == 64, "EVP_DigestSign failed")
-            return signature
+            return key.signature(for: message)
         }
     }
 
@@ -269,7 +245,7 @@ extension StandardWebhooks {
         for candidate in signature.split(separator: " ") {
             if candidate.hasPrefix("v1,"), let given = base64Bytes(candidate.dropFirst(3)) {
                 for mac in macs where mac.count == given.count {
-                    if CRYPTO_memcmp(mac, given, mac.count) == 0 { return }
+                    if ConstantTime.equals(mac, given) { return }
                 }
             } else if candidate.hasPrefix("v1a,"), let given = base64Bytes(candidate.dropFirst(4)) {
                 if publicKeys.contains(where: { $0.isValidSignature(given, of: content) }) { return }

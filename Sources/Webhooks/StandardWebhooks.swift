@@ -1,4 +1,4 @@
-import COpenSSL
+import Crypto
 public import Foundation
 
 #if canImport(Glibc)
@@ -8,7 +8,7 @@ public import Foundation
 /// Standard Webhooks (https://www.standardwebhooks.com, spec version 1): the `whsec_` secrets, the
 /// `v1` signature over `webhook-id.webhook-timestamp.body`, and its verification.
 ///
-/// The HMAC-SHA256 is OpenSSL's (EVP_MAC); nothing here is hand-rolled crypto.
+/// The HMAC-SHA256 is Crypto's (OpenSSL's EVP_MAC); nothing here is hand-rolled crypto.
 public enum StandardWebhooks {
     /// The prefix of a secret's text form.
     public static let secretPrefix = "whsec_"
@@ -44,10 +44,11 @@ public enum StandardWebhooks {
             key = [UInt8](data)
         }
 
-        /// A new secret of 32 random bytes (OpenSSL's RAND_bytes).
+        /// A new secret of 32 random bytes (Crypto's, OpenSSL's RAND_bytes).
         public static func generate() -> Secret {
-            var bytes = [UInt8](repeating: 0, count: 32)
-            precondition(RAND_bytes(&bytes, 32) == 1, "RAND_bytes failed")
+            guard let bytes = try? SecureRandom.bytes(count: 32) else {
+                preconditionFailure("RAND_bytes failed")
+            }
             return try! Secret("whsec_" + Data(bytes).base64EncodedString())  // valid by construction
         }
 
@@ -109,34 +110,9 @@ public enum StandardWebhooks {
             tolerance: tolerance, now: now)
     }
 
-    /// OpenSSL's HMAC, fetched once (a fetch looks the algorithm up in the providers; the fetched
-    /// object is read-only and shared by every thread's contexts).
-    nonisolated(unsafe) private static let hmac = EVP_MAC_fetch(nil, "HMAC", nil)
-
-    /// HMAC-SHA256 of `message` under `key`, by OpenSSL's EVP_MAC.
+    /// HMAC-SHA256 of `message` under `key` (Crypto's, over OpenSSL's EVP_MAC).
     public static func hmacSHA256(key: [UInt8], message: [UInt8]) -> [UInt8] {
-        guard let mac = hmac else { fatalError("OpenSSL has no HMAC") }
-        guard let context = EVP_MAC_CTX_new(mac) else { fatalError("EVP_MAC_CTX_new failed") }
-        defer { EVP_MAC_CTX_free(context) }
-        var output = [UInt8](repeating: 0, count: 32)
-        var length = 0
-        let ok = "digest".withCString { name in
-            "SHA256".withCString { digest in
-                var parameters = [
-                    OSSL_PARAM_construct_utf8_string(name, UnsafeMutablePointer(mutating: digest), 0),
-                    OSSL_PARAM_construct_end(),
-                ]
-                return key.withUnsafeBufferPointer { keyBytes in
-                    EVP_MAC_init(context, keyBytes.baseAddress, keyBytes.count, &parameters) == 1
-                }
-            }
-        }
-        precondition(ok, "EVP_MAC_init failed")
-        precondition(
-            message.withUnsafeBufferPointer { EVP_MAC_update(context, $0.baseAddress, $0.count) } == 1,
-            "EVP_MAC_update failed")
-        precondition(EVP_MAC_final(context, &output, &length, output.count) == 1 && length == 32)
-        return output
+        HMACSHA256.authenticationCode(key: key, message: message)
     }
 
     /// Why `url` may not be a webhook endpoint, or nil when it may: `https` with a host, or plain `http`
