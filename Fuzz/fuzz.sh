@@ -76,7 +76,8 @@ receiver=(-I "$ROOT/Sources/CLibPQ" -I "$ROOT/Sources/CMicroHTTPD" -I "$MODULES/
     $(pkg-config --cflags-only-I libpq | sed 's/-I/-Xcc -I/g')
     "$MODULES"/Receiver.build/*.o "$MODULES"/Postgres.build/*.o "$MODULES"/HTTPServer.build/*.o
     "$MODULES"/ServiceSupport.build/*.o "$MODULES"/CHTTPShim.build/*.o
-    "$MODULES"/HTTPClient.build/*.o "$MODULES"/CCurlShim.build/*.o -lpq -lmicrohttpd -lcurl)
+    "$MODULES"/HTTPClient.build/*.o "$MODULES"/CCurlShim.build/*.o "$MODULES"/AppleKeys.build/*.o
+    -lpq -lmicrohttpd -lcurl)
 for entry in "${TARGETS[@]}"; do
     read -r name max_len module <<<"$entry"
     is_selected "$name" || continue
