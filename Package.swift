@@ -234,8 +234,8 @@ let package = Package(
         .testTarget(
             name: "SignalTransmitterTests",
             dependencies: [
-                "SignalTransmitter", "SignalDelivery", "SharedSignals", "AppleNotifications", "HTTPServer",
-                "Postgres", "ServiceSupport", "TestSupport",
+                "SignalTransmitter", "SignalDelivery", "SharedSignals", "SharedSignalsAdministration",
+                "AppleNotifications", "HTTPServer", "Postgres", "ServiceSupport", "TestSupport",
             ]),
         .testTarget(name: "ServiceSupportTests", dependencies: ["ServiceSupport"]),
         .testTarget(name: "QueueConsumerTests", dependencies: ["QueueConsumer"]),
@@ -268,7 +268,9 @@ let package = Package(
             ]),
         .testTarget(
             name: "MailGateTests",
-            dependencies: ["MailGate", "Postgres", "RelayMail", "ServiceSupport", "TestSupport"]),
+            dependencies: [
+                "MailGate", "AppleNotifications", "Postgres", "RelayMail", "ServiceSupport", "TestSupport",
+            ]),
         .testTarget(
             name: "SignInTests",
             dependencies: [

@@ -80,8 +80,7 @@ struct WorkerConnectionsProcessTests {
         let (rows, total, text) = try Self.printed([])
         #expect(total == 6)
         // docs/operations.md quotes this output, not numbers of its own: the quote must be it.
-        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-            .deletingLastPathComponent()
+        let root = RepositoryRoot.url
         let operations = try String(
             contentsOf: root.appendingPathComponent("docs/operations.md"), encoding: .utf8)
         let quoted = try #require(
