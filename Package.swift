@@ -129,7 +129,7 @@ let package = Package(
             dependencies: ["Bounces", "HTTPClient", "HTTPServer", "Postgres", "ServiceSupport"]),
         // Heartbeats in siwa.service_heartbeats and the database's health gauges on /metrics.
         .target(
-            name: "ServiceHealth", dependencies: ["Postgres", "ServiceSupport"]),
+            name: "ServiceHealth", dependencies: ["Postgres", "QueueConsumer", "ServiceSupport"]),
         // Refresh tokens encrypted at rest (AES-256-GCM, rotating keys), for the sign-in API and the revoker.
         .target(name: "TokenVault", dependencies: ["Crypto", "ServiceSupport"]),
         // The internal sign-in API hosted by siwa-receiver: code exchange, id_token checks, revocation requests.
@@ -162,7 +162,7 @@ let package = Package(
             name: "siwa-worker",
             dependencies: [
                 "Worker", "Revoker", "WebhookDelivery", "Suppressions", "AppleKeys", "Postgres", "HTTPServer",
-                "ServiceSupport",
+                "QueueConsumer", "ServiceSupport",
                 "AppleID", "AppleNotifications", "TokenVault", "ServiceHealth", "SiwaSchema", "SharedSignals",
                 "SignalDelivery",
             ]),
@@ -190,8 +190,8 @@ let package = Package(
             dependencies: [
                 "AppleID", "AppleKeys", "AppleNotifications", "FakeApple", "Postgres", "HTTPServer",
                 "Receiver",
-                "ServiceSupport", "SignIn", "SiwaSchema", "Suppressions", "TokenVault", "WebhookDelivery",
-                "Webhooks",
+                "QueueConsumer", "ServiceSupport", "SignIn", "SiwaSchema", "Suppressions", "TokenVault",
+                "WebhookDelivery", "Webhooks",
             ]),
 
         // The Crypto primitives against known-answer vectors.
@@ -220,7 +220,8 @@ let package = Package(
         .testTarget(
             name: "SuppressionsTests",
             dependencies: [
-                "Suppressions", "TestSupport", "Postgres", "HTTPClient", "HTTPServer", "ServiceSupport",
+                "Suppressions", "QueueConsumer", "TestSupport", "Postgres", "HTTPClient", "HTTPServer",
+                "ServiceSupport",
             ]),
         // The Webhooks signing library.
         .testTarget(name: "WebhookTests", dependencies: ["Webhooks", "TestSupport"]),
@@ -229,16 +230,18 @@ let package = Package(
         .testTarget(
             name: "SignalDeliveryTests",
             dependencies: [
-                "SignalDelivery", "SharedSignals", "AppleNotifications", "Postgres", "TestSupport",
+                "SignalDelivery", "SharedSignals", "AppleNotifications", "Postgres", "QueueConsumer",
+                "TestSupport",
             ]),
         .testTarget(
             name: "SignalTransmitterTests",
             dependencies: [
                 "SignalTransmitter", "SignalDelivery", "SharedSignals", "SharedSignalsAdministration",
-                "AppleNotifications", "HTTPServer", "Postgres", "ServiceSupport", "TestSupport",
+                "AppleNotifications", "HTTPServer", "Postgres", "ServiceSupport", "QueueConsumer",
+                "TestSupport",
             ]),
         .testTarget(name: "ServiceSupportTests", dependencies: ["ServiceSupport"]),
-        .testTarget(name: "QueueConsumerTests", dependencies: ["QueueConsumer"]),
+        .testTarget(name: "QueueConsumerTests", dependencies: ["QueueConsumer", "ServiceSupport"]),
         .testTarget(
             name: "AdminSQLTests",
             dependencies: [

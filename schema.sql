@@ -18,6 +18,7 @@
 --   schema/40-erasure.sql            Erasure of a user's personal data: at the deletion and delayed (siwa.settings.erase_personal_data_after)
 --   schema/45-retention.sql          Retention: month partitions of the log, token and history pruning, dedupe keys, changes; requeue
 --   schema/50-admin-views.sql        What admins read: siwa.event_history, siwa.account_overview, siwa.queue_health, and the changefeed
+--   schema/54-leases.sql             Leases: the one rule of every queue whose consumer calls out (Sources/QueueConsumer/Outbox.swift): the
 --   schema/55-sign-in.sql            Sign-in exchange and the revocation outbox (siwa.request_revocation, siwa.revocation_ledger)
 --   schema/60-transfer.sql           Moving users when the app changes teams: the rewrite list, progress, aliases, siwa.history_of
 --   schema/65-webhooks.sql           Signed outbound webhooks: endpoints, secrets, deliveries, attempts, and their views
@@ -2851,6 +2852,39 @@ COMMENT ON COLUMN siwa.changefeed.old_sub IS
 CREATE INDEX IF NOT EXISTS sessions_sub_created_idx ON siwa.sessions (sub, created_at);
 
 -- ===================================================================================================
+-- schema/54-leases.sql: Leases: the one rule of every queue whose consumer calls out (Sources/QueueConsumer/Outbox.swift): the
+-- ===================================================================================================
+
+-- revoker (schema/55-sign-in.sql), the webhook lanes (65), the suppression lanes (69), the Shared
+-- Signals push lanes (74).
+--
+-- A consumer that calls out over the network (a webhook lane POSTing to an endpoint, the revoker
+-- calling Apple) never holds a row lock or a transaction across the call:
+--   1. claim: one short transaction picks due rows, a batch at most (FOR UPDATE SKIP LOCKED, so
+--      concurrent claimers never wait for each other's rows), writes their leases (lease_owner,
+--      lease_expires_at) and commits;
+--   2. call out for each, one after another, with no transaction open (after a failed call the rest
+--      are released uncalled, their attempts uncounted);
+--   3. record: one short transaction writes the results, each only if its lease is still the caller's
+--      (lease_owner matches); a lease taken over by another consumer makes the record a no-op (false,
+--      or 'lost').
+-- A lease that expired (its process died, or hung past the lease) is rescued by the next claim: the
+-- claim takes rows whose lease is missing or expired, under FOR UPDATE SKIP LOCKED, so exactly one
+-- claimer takes it over.
+-- The lease's length (p_lease) is the caller's, by one rule (Sources/QueueConsumer/CallLease.swift): the
+-- deadline of the call it covers plus a margin of 5 s (the claim's commit before the call, the
+-- record's start after it), and the batch window of 2 s when a batch was claimed (no call of a batch
+-- starts later than that after its claim). A consumer killed mid-call is taken over within seconds of
+-- its deadline.
+-- The attempt is counted when its lease is taken (attempts, last_attempt_at): from then on the call
+-- may be under way, so an echo that arrives during it matches (siwa.match_revocation_echo), and a call
+-- whose process died counts for the retry schedule and the attempts before giving up.
+-- The revoker's claim that takes over a lease that ran out unrecorded counts a crash (crashes): a call
+-- that stops the worker every time ends at the caller's bound (p_max_crashes), not claimed forever.
+-- Every claim and record function is SECURITY INVOKER (the caller's grants and row policies apply) with the pinned
+-- search_path, and executable only by the role whose process calls it (schema/85-privileges.sql).
+
+-- ===================================================================================================
 -- schema/55-sign-in.sql: Sign-in exchange and the revocation outbox (siwa.request_revocation, siwa.revocation_ledger)
 -- ===================================================================================================
 
@@ -3185,30 +3219,7 @@ $$;
 COMMENT ON FUNCTION siwa.record_consent_lost(text, text) IS
     'Records a consent-revoked of our own for a user whose refresh token Apple answered invalid_grant; the worker applies it like Apple''s. Returns its jti (siwa-refresh-check:…).';
 
--- Leases: the queues of consumers that call out (the revoker here, the webhook lanes in
--- schema/65-webhooks.sql).
---
--- A consumer that calls out over the network (a webhook lane POSTing to an endpoint, the revoker
--- calling Apple) never holds a row lock or a transaction across the call:
---   1. claim: one short transaction picks a due row (FOR UPDATE SKIP LOCKED, so concurrent claimers
---      never wait for each other), writes a lease (lease_owner, lease_expires_at) and commits;
---   2. call out, with no transaction open;
---   3. record: one short transaction writes the result, only if the lease is still the caller's
---      (lease_owner matches); a lease taken over by another consumer makes the record a no-op (false,
---      or 'lost').
--- A lease that expired (its process died, or hung past the lease) is rescued by the next claim: the
--- claim takes rows whose lease is missing or expired, under FOR UPDATE SKIP LOCKED, so exactly one
--- claimer takes it over.
--- The lease's length (p_lease) is the caller's, by one rule (Sources/Worker/CallLease.swift): the
--- deadline of the call it covers plus a margin of 5 s (the claim's commit before the call, the
--- record's start after it). A consumer killed mid-call is taken over within seconds of its deadline.
--- The attempt is counted when its lease is taken (attempts, last_attempt_at): from then on the call
--- may be under way, so an echo that arrives during it matches (siwa.match_revocation_echo), and a call
--- whose process died counts for the retry schedule and the attempts before giving up.
--- A claim that takes over a lease that ran out unrecorded counts a crash (crashes): a call that stops
--- the worker every time ends at the caller's bound (p_max_crashes) instead of being claimed forever.
--- Every function here is SECURITY INVOKER (the caller's grants and row policies apply) with the pinned
--- search_path, and executable only by the role whose process calls it (schema/85-privileges.sql).
+-- The revocation outbox follows the lease rule of schema/54-leases.sql.
 
 -- The revoker's claim: the first due pending request (due by p_due_by: a drain passes its start) not
 -- leased or with an expired lease, with the user's stored refresh tokens that existed when the request
@@ -5642,6 +5653,67 @@ $$;
 COMMENT ON FUNCTION siwa.record_suppression_attempt(bigint, text, text, integer, text, double precision, integer, interval, interval) IS
     'Records the attempt of a suppression row p_owner leased: done, already_there, not_there, not_ours (done), permanent (dead), or retry after siwa.retry_delay and at least p_retry_after seconds (dead, gave_up, at p_max_attempts); keeps siwa.suppressions_we_added. False when the lease is no longer the caller''s. Executable by siwa_worker.';
 
+-- Records a lane's batch in one statement: each (p_ids[i], p_outcomes[i], p_statuses[i], p_errors[i],
+-- p_retry_afters[i]) as siwa.record_suppression_attempt records it, or, with the outcome released, a row
+-- claimed and never called given back (its lease, and its attempt uncounted). Returns the ids whose lease
+-- was still p_owner's.
+CREATE OR REPLACE FUNCTION siwa.record_suppression_attempts(
+    p_owner text, p_ids bigint[], p_outcomes text[], p_statuses integer[], p_errors text[],
+    p_retry_afters double precision[], p_max_attempts integer, p_retry_base interval, p_retry_cap interval)
+RETURNS SETOF bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF pg_catalog.cardinality(p_ids) IS DISTINCT FROM pg_catalog.cardinality(p_outcomes) THEN
+        RAISE EXCEPTION 'one outcome per id' USING ERRCODE = '22023';
+    END IF;
+    FOR i IN 1 .. coalesce(pg_catalog.cardinality(p_ids), 0) LOOP
+        IF p_outcomes[i] = 'released' THEN
+            UPDATE siwa.suppression_outbox AS r
+               SET attempts = r.attempts - 1, lease_owner = NULL, lease_expires_at = NULL
+             WHERE r.id = p_ids[i] AND r.state = 'pending' AND r.lease_owner = p_owner;
+            IF FOUND THEN
+                RETURN NEXT p_ids[i];
+            END IF;
+        ELSIF siwa.record_suppression_attempt(p_ids[i], p_owner, p_outcomes[i], p_statuses[i], p_errors[i],
+                                              p_retry_afters[i], p_max_attempts, p_retry_base, p_retry_cap) THEN
+            RETURN NEXT p_ids[i];
+        END IF;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION siwa.record_suppression_attempts(text, bigint[], text[], integer[], text[], double precision[], integer, interval, interval) IS
+    'Records a lane''s batch of suppression attempts (each as siwa.record_suppression_attempt does) and releases (released: given back uncalled, its attempt uncounted) in one statement; returns the ids whose lease was still p_owner''s. Executable by siwa_worker.';
+
+-- Before an add's call: when the provider's list already holds the address (p_listed), whether an earlier
+-- attempt of this row sent the add (then it is ours); otherwise marks the row as sent by this attempt and
+-- returns false. Only for the lease's owner; the mark does not wait for the WAL flush (a mark a crash of
+-- the server loses only makes the retry's answer already_there, as without it).
+CREATE OR REPLACE FUNCTION siwa.suppression_add_sent(p_id bigint, p_owner text, p_listed boolean)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF p_listed THEN
+        RETURN coalesce((SELECT r.add_sent_at IS NOT NULL FROM siwa.suppression_outbox r WHERE r.id = p_id), false);
+    END IF;
+    PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
+    UPDATE siwa.suppression_outbox AS r SET add_sent_at = coalesce(r.add_sent_at, pg_catalog.clock_timestamp())
+     WHERE r.id = p_id AND r.lease_owner = p_owner;
+    RETURN false;
+END;
+$$;
+COMMENT ON FUNCTION siwa.suppression_add_sent(bigint, text, boolean) IS
+    'Before an add''s call: whether an earlier attempt sent it (when the list holds the address), else marks the row sent by this attempt (false). Executable by siwa_worker.';
+
+-- When we recorded adding p_address to p_provider's list (NULL: we hold no record of it).
+CREATE OR REPLACE FUNCTION siwa.suppression_added_at(p_provider text, p_address text)
+RETURNS timestamptz
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT w.added_at FROM siwa.suppressions_we_added w
+     WHERE w.provider = p_provider AND w.address_key = siwa.mail_address_key(p_address);
+$$;
+COMMENT ON FUNCTION siwa.suppression_added_at(text, text) IS
+    'When we recorded adding p_address to p_provider''s suppression list, or NULL. Executable by siwa_worker.';
+
 -- siwactl mail suppressions retry: pending rows due now (one row, or every row of a provider); a
 -- replay: a finished row with its address again pending as a new row at the end of its queue.
 CREATE OR REPLACE FUNCTION siwa.retry_suppressions(p_id bigint DEFAULT NULL, p_provider text DEFAULT NULL)
@@ -6490,6 +6562,28 @@ $$;
 COMMENT ON FUNCTION siwa.record_ssf_attempt(bigint, text, text, integer, text, integer, interval, interval) IS
     'Records a push attempt of a leased SET: delivered, failed (permanent) or retry (dead after p_max_attempts); released: claimed in a batch and not sent, its attempt uncounted. False when the lease is not the caller''s. Executable by siwa_worker.';
 
+-- Records a lane's batch in one statement: each (p_ids[i], p_outcomes[i], p_statuses[i], p_errors[i]) as
+-- siwa.record_ssf_attempt records it; returns the ids whose lease was still p_owner's.
+CREATE OR REPLACE FUNCTION siwa.record_ssf_attempts(p_owner text, p_ids bigint[], p_outcomes text[],
+                                                    p_statuses integer[], p_errors text[], p_max_attempts integer,
+                                                    p_retry_base interval, p_retry_max interval)
+RETURNS SETOF bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF pg_catalog.cardinality(p_ids) IS DISTINCT FROM pg_catalog.cardinality(p_outcomes) THEN
+        RAISE EXCEPTION 'one outcome per id' USING ERRCODE = '22023';
+    END IF;
+    FOR i IN 1 .. coalesce(pg_catalog.cardinality(p_ids), 0) LOOP
+        IF siwa.record_ssf_attempt(p_ids[i], p_owner, p_outcomes[i], p_statuses[i], p_errors[i], p_max_attempts,
+                                   p_retry_base, p_retry_max) THEN
+            RETURN NEXT p_ids[i];
+        END IF;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION siwa.record_ssf_attempts(text, bigint[], text[], integer[], text[], integer, interval, interval) IS
+    'Records a lane''s batch of push attempts and releases (each as siwa.record_ssf_attempt does) in one statement; returns the ids whose lease was still p_owner''s. Executable by siwa_worker.';
+
 -- The operator's calls (siwactl ssf streams): add, set the status, remove. Setting enabled wakes the lanes.
 CREATE OR REPLACE FUNCTION siwa.add_ssf_stream(p_receiver text, p_audience text, p_endpoint_url text,
                                                p_authorization_ref text DEFAULT NULL,
@@ -7128,7 +7222,10 @@ BEGIN
         GRANT EXECUTE ON FUNCTION siwa.suppression_fan_out(), siwa.expire_suppression_erasures(),
             siwa.finish_suppression(bigint, text, text), siwa.claim_suppressions(text, interval, integer, text),
             siwa.record_suppression_attempt(bigint, text, text, integer, text, double precision, integer, interval,
-                                            interval) TO siwa_worker;
+                                            interval),
+            siwa.record_suppression_attempts(text, bigint[], text[], integer[], text[], double precision[], integer,
+                                             interval, interval),
+            siwa.suppression_add_sent(bigint, text, boolean), siwa.suppression_added_at(text, text) TO siwa_worker;
         -- Its retention task deletes finished rows past --suppression-retention-days.
         GRANT DELETE ON siwa.suppression_outbox TO siwa_worker;
         GRANT EXECUTE ON FUNCTION siwa.prune_suppressions(interval, integer) TO siwa_worker;
@@ -7280,7 +7377,9 @@ BEGIN
         GRANT SELECT, INSERT, UPDATE ON siwa.ssf_events TO siwa_worker;
         GRANT EXECUTE ON FUNCTION siwa.ssf_fan_out(), siwa.ssf_event_type(text),
             siwa.claim_ssf_events(text, interval, integer),
-            siwa.record_ssf_attempt(bigint, text, text, integer, text, integer, interval, interval) TO siwa_worker;
+            siwa.record_ssf_attempt(bigint, text, text, integer, text, integer, interval, interval),
+            siwa.record_ssf_attempts(text, bigint[], text[], integer[], text[], integer, interval, interval)
+            TO siwa_worker;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_admin') THEN
         GRANT SELECT ON siwa.ssf_stream_overview TO siwa_admin;

@@ -331,30 +331,7 @@ $$;
 COMMENT ON FUNCTION siwa.record_consent_lost(text, text) IS
     'Records a consent-revoked of our own for a user whose refresh token Apple answered invalid_grant; the worker applies it like Apple''s. Returns its jti (siwa-refresh-check:…).';
 
--- Leases: the queues of consumers that call out (the revoker here, the webhook lanes in
--- schema/65-webhooks.sql).
---
--- A consumer that calls out over the network (a webhook lane POSTing to an endpoint, the revoker
--- calling Apple) never holds a row lock or a transaction across the call:
---   1. claim: one short transaction picks a due row (FOR UPDATE SKIP LOCKED, so concurrent claimers
---      never wait for each other), writes a lease (lease_owner, lease_expires_at) and commits;
---   2. call out, with no transaction open;
---   3. record: one short transaction writes the result, only if the lease is still the caller's
---      (lease_owner matches); a lease taken over by another consumer makes the record a no-op (false,
---      or 'lost').
--- A lease that expired (its process died, or hung past the lease) is rescued by the next claim: the
--- claim takes rows whose lease is missing or expired, under FOR UPDATE SKIP LOCKED, so exactly one
--- claimer takes it over.
--- The lease's length (p_lease) is the caller's, by one rule (Sources/Worker/CallLease.swift): the
--- deadline of the call it covers plus a margin of 5 s (the claim's commit before the call, the
--- record's start after it). A consumer killed mid-call is taken over within seconds of its deadline.
--- The attempt is counted when its lease is taken (attempts, last_attempt_at): from then on the call
--- may be under way, so an echo that arrives during it matches (siwa.match_revocation_echo), and a call
--- whose process died counts for the retry schedule and the attempts before giving up.
--- A claim that takes over a lease that ran out unrecorded counts a crash (crashes): a call that stops
--- the worker every time ends at the caller's bound (p_max_crashes) instead of being claimed forever.
--- Every function here is SECURITY INVOKER (the caller's grants and row policies apply) with the pinned
--- search_path, and executable only by the role whose process calls it (schema/85-privileges.sql).
+-- The revocation outbox follows the lease rule of schema/54-leases.sql.
 
 -- The revoker's claim: the first due pending request (due by p_due_by: a drain passes its start) not
 -- leased or with an expired lease, with the user's stored refresh tokens that existed when the request

@@ -321,6 +321,67 @@ $$;
 COMMENT ON FUNCTION siwa.record_suppression_attempt(bigint, text, text, integer, text, double precision, integer, interval, interval) IS
     'Records the attempt of a suppression row p_owner leased: done, already_there, not_there, not_ours (done), permanent (dead), or retry after siwa.retry_delay and at least p_retry_after seconds (dead, gave_up, at p_max_attempts); keeps siwa.suppressions_we_added. False when the lease is no longer the caller''s. Executable by siwa_worker.';
 
+-- Records a lane's batch in one statement: each (p_ids[i], p_outcomes[i], p_statuses[i], p_errors[i],
+-- p_retry_afters[i]) as siwa.record_suppression_attempt records it, or, with the outcome released, a row
+-- claimed and never called given back (its lease, and its attempt uncounted). Returns the ids whose lease
+-- was still p_owner's.
+CREATE OR REPLACE FUNCTION siwa.record_suppression_attempts(
+    p_owner text, p_ids bigint[], p_outcomes text[], p_statuses integer[], p_errors text[],
+    p_retry_afters double precision[], p_max_attempts integer, p_retry_base interval, p_retry_cap interval)
+RETURNS SETOF bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF pg_catalog.cardinality(p_ids) IS DISTINCT FROM pg_catalog.cardinality(p_outcomes) THEN
+        RAISE EXCEPTION 'one outcome per id' USING ERRCODE = '22023';
+    END IF;
+    FOR i IN 1 .. coalesce(pg_catalog.cardinality(p_ids), 0) LOOP
+        IF p_outcomes[i] = 'released' THEN
+            UPDATE siwa.suppression_outbox AS r
+               SET attempts = r.attempts - 1, lease_owner = NULL, lease_expires_at = NULL
+             WHERE r.id = p_ids[i] AND r.state = 'pending' AND r.lease_owner = p_owner;
+            IF FOUND THEN
+                RETURN NEXT p_ids[i];
+            END IF;
+        ELSIF siwa.record_suppression_attempt(p_ids[i], p_owner, p_outcomes[i], p_statuses[i], p_errors[i],
+                                              p_retry_afters[i], p_max_attempts, p_retry_base, p_retry_cap) THEN
+            RETURN NEXT p_ids[i];
+        END IF;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION siwa.record_suppression_attempts(text, bigint[], text[], integer[], text[], double precision[], integer, interval, interval) IS
+    'Records a lane''s batch of suppression attempts (each as siwa.record_suppression_attempt does) and releases (released: given back uncalled, its attempt uncounted) in one statement; returns the ids whose lease was still p_owner''s. Executable by siwa_worker.';
+
+-- Before an add's call: when the provider's list already holds the address (p_listed), whether an earlier
+-- attempt of this row sent the add (then it is ours); otherwise marks the row as sent by this attempt and
+-- returns false. Only for the lease's owner; the mark does not wait for the WAL flush (a mark a crash of
+-- the server loses only makes the retry's answer already_there, as without it).
+CREATE OR REPLACE FUNCTION siwa.suppression_add_sent(p_id bigint, p_owner text, p_listed boolean)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF p_listed THEN
+        RETURN coalesce((SELECT r.add_sent_at IS NOT NULL FROM siwa.suppression_outbox r WHERE r.id = p_id), false);
+    END IF;
+    PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
+    UPDATE siwa.suppression_outbox AS r SET add_sent_at = coalesce(r.add_sent_at, pg_catalog.clock_timestamp())
+     WHERE r.id = p_id AND r.lease_owner = p_owner;
+    RETURN false;
+END;
+$$;
+COMMENT ON FUNCTION siwa.suppression_add_sent(bigint, text, boolean) IS
+    'Before an add''s call: whether an earlier attempt sent it (when the list holds the address), else marks the row sent by this attempt (false). Executable by siwa_worker.';
+
+-- When we recorded adding p_address to p_provider's list (NULL: we hold no record of it).
+CREATE OR REPLACE FUNCTION siwa.suppression_added_at(p_provider text, p_address text)
+RETURNS timestamptz
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT w.added_at FROM siwa.suppressions_we_added w
+     WHERE w.provider = p_provider AND w.address_key = siwa.mail_address_key(p_address);
+$$;
+COMMENT ON FUNCTION siwa.suppression_added_at(text, text) IS
+    'When we recorded adding p_address to p_provider''s suppression list, or NULL. Executable by siwa_worker.';
+
 -- siwactl mail suppressions retry: pending rows due now (one row, or every row of a provider); a
 -- replay: a finished row with its address again pending as a new row at the end of its queue.
 CREATE OR REPLACE FUNCTION siwa.retry_suppressions(p_id bigint DEFAULT NULL, p_provider text DEFAULT NULL)

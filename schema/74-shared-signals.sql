@@ -287,6 +287,28 @@ $$;
 COMMENT ON FUNCTION siwa.record_ssf_attempt(bigint, text, text, integer, text, integer, interval, interval) IS
     'Records a push attempt of a leased SET: delivered, failed (permanent) or retry (dead after p_max_attempts); released: claimed in a batch and not sent, its attempt uncounted. False when the lease is not the caller''s. Executable by siwa_worker.';
 
+-- Records a lane's batch in one statement: each (p_ids[i], p_outcomes[i], p_statuses[i], p_errors[i]) as
+-- siwa.record_ssf_attempt records it; returns the ids whose lease was still p_owner's.
+CREATE OR REPLACE FUNCTION siwa.record_ssf_attempts(p_owner text, p_ids bigint[], p_outcomes text[],
+                                                    p_statuses integer[], p_errors text[], p_max_attempts integer,
+                                                    p_retry_base interval, p_retry_max interval)
+RETURNS SETOF bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF pg_catalog.cardinality(p_ids) IS DISTINCT FROM pg_catalog.cardinality(p_outcomes) THEN
+        RAISE EXCEPTION 'one outcome per id' USING ERRCODE = '22023';
+    END IF;
+    FOR i IN 1 .. coalesce(pg_catalog.cardinality(p_ids), 0) LOOP
+        IF siwa.record_ssf_attempt(p_ids[i], p_owner, p_outcomes[i], p_statuses[i], p_errors[i], p_max_attempts,
+                                   p_retry_base, p_retry_max) THEN
+            RETURN NEXT p_ids[i];
+        END IF;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION siwa.record_ssf_attempts(text, bigint[], text[], integer[], text[], integer, interval, interval) IS
+    'Records a lane''s batch of push attempts and releases (each as siwa.record_ssf_attempt does) in one statement; returns the ids whose lease was still p_owner''s. Executable by siwa_worker.';
+
 -- The operator's calls (siwactl ssf streams): add, set the status, remove. Setting enabled wakes the lanes.
 CREATE OR REPLACE FUNCTION siwa.add_ssf_stream(p_receiver text, p_audience text, p_endpoint_url text,
                                                p_authorization_ref text DEFAULT NULL,

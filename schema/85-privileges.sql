@@ -191,7 +191,10 @@ BEGIN
         GRANT EXECUTE ON FUNCTION siwa.suppression_fan_out(), siwa.expire_suppression_erasures(),
             siwa.finish_suppression(bigint, text, text), siwa.claim_suppressions(text, interval, integer, text),
             siwa.record_suppression_attempt(bigint, text, text, integer, text, double precision, integer, interval,
-                                            interval) TO siwa_worker;
+                                            interval),
+            siwa.record_suppression_attempts(text, bigint[], text[], integer[], text[], double precision[], integer,
+                                             interval, interval),
+            siwa.suppression_add_sent(bigint, text, boolean), siwa.suppression_added_at(text, text) TO siwa_worker;
         -- Its retention task deletes finished rows past --suppression-retention-days.
         GRANT DELETE ON siwa.suppression_outbox TO siwa_worker;
         GRANT EXECUTE ON FUNCTION siwa.prune_suppressions(interval, integer) TO siwa_worker;
@@ -343,7 +346,9 @@ BEGIN
         GRANT SELECT, INSERT, UPDATE ON siwa.ssf_events TO siwa_worker;
         GRANT EXECUTE ON FUNCTION siwa.ssf_fan_out(), siwa.ssf_event_type(text),
             siwa.claim_ssf_events(text, interval, integer),
-            siwa.record_ssf_attempt(bigint, text, text, integer, text, integer, interval, interval) TO siwa_worker;
+            siwa.record_ssf_attempt(bigint, text, text, integer, text, integer, interval, interval),
+            siwa.record_ssf_attempts(text, bigint[], text[], integer[], text[], integer, interval, interval)
+            TO siwa_worker;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_admin') THEN
         GRANT SELECT ON siwa.ssf_stream_overview TO siwa_admin;

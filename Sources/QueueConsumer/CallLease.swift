@@ -1,5 +1,5 @@
-/// How long a consumer that calls out (the revoker, its refresh check, the webhook lanes) leases the row
-/// it claimed: the one rule for every lease (schema/55-sign-in.sql, "Leases"; docs/operations.md § 12).
+/// How long a consumer that calls out (an ``Outbox``, the refresh check) leases the rows
+/// it claimed: the one rule for every lease (schema/54-leases.sql; docs/operations.md § 12).
 ///
 /// A lease covers one call: its deadline plus ``margin``. The claim commits before the call and the
 /// record starts after it, so a consumer killed mid-call is taken over within seconds of its deadline,

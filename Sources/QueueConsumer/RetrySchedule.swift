@@ -4,7 +4,7 @@ import ServiceSupport
 /// The delay before a consumer's next attempt after a failure: base × 2^(n−1) after attempt n, at most
 /// ``maximum``, times a jitter in [½, 1) so that failures that came together do not retry in step.
 ///
-/// The one retry formula of the consumers that call out (the revoker, the webhook lanes); the
+/// The one retry formula of the consumers that call out (each ``Outbox``); the
 /// notification lanes' retries are computed by `siwa.record_failure`.
 public struct RetrySchedule: Sendable, Equatable {
     /// The delay after the first attempt, before jitter.

@@ -11,7 +11,7 @@ extension Revoker {
     func refreshCheckPass(interval: Duration) -> PeriodicTask<PostgresConnection> {
         PeriodicTask("refresh check", every: Self.refreshCheckPassInterval) { [self] connection in
             var checked = 0
-            while checked < Self.refreshCheckPassSize, !stopSignal.isStopped,
+            while checked < Self.refreshCheckPassSize, !isStopping,
                 try checkOne(on: connection, interval: interval) != nil
             {
                 checked += 1

@@ -1,5 +1,5 @@
 public import AppleID
-import Foundation
+public import Foundation
 public import Postgres
 public import QueueConsumer
 public import ServiceSupport
@@ -26,7 +26,7 @@ public import TokenVault
 /// harmless, and the ledger ends complete; Apple's echo, arriving meanwhile, is matched already.
 /// A request whose calls stop the process every time ends `failed` at the claim after
 /// ``Configuration/maxCrashes`` such take-overs, instead of being claimed after every lease.
-public final class Revoker: Sendable {
+public final class Revoker: Outbox {
     /// The revoker's settings.
     public struct Configuration: Sendable {
         /// The database (the role needs `siwa_worker`).
@@ -124,17 +124,17 @@ public final class Revoker: Sendable {
 
     /// The settings.
     public let configuration: Configuration
-    let logger: Logger
-    let stopSignal = StopSignal()
+    /// One lane, `revoker` (its lease owner's last part), on `siwa_revocations`.
+    public let lanes: OutboxLanes
+    var logger: Logger { lanes.logger }
     private let outcomes: MetricsRegistry?
-    /// This revoker's lease owner: host, process and a random part.
-    private let owner =
-        "\(ProcessInfo.processInfo.hostName):\(getpid()):\(UUID().uuidString.prefix(8)):revoker"
 
     /// A revoker; `metrics`, when given, gets `siwa_revocations_total{outcome}`.
     public init(configuration: Configuration, logger: Logger, metrics: MetricsRegistry? = nil) {
         self.configuration = configuration
-        self.logger = logger
+        lanes = OutboxLanes(
+            name: "revoker", channel: Self.channel, database: configuration.database, lanes: ["revoker"],
+            pollInterval: min(configuration.pollInterval, .seconds(1)), logger: logger)
         self.outcomes = metrics
     }
 
@@ -156,57 +156,50 @@ public final class Revoker: Sendable {
         max(interval, minimumRefreshCheckInterval)
     }
 
-    /// Handles due requests until ``stop()`` (a ``ConsumerLoop``); reconnects after a database failure.
-    public func run() {
-        logger.info("revoker started", ["clients": .int(configuration.clients.count)])
-        if let requested = configuration.requestedRefreshCheckInterval {
-            logger.warning(
-                "refresh check: --refresh-check-interval \(Int(requested.inSeconds)) s is below Apple's once a day; using \(Int(Self.minimumRefreshCheckInterval.inSeconds)) s",
-                [
-                    "requested_seconds": .double(requested.inSeconds),
-                    "interval_seconds": .double(Self.minimumRefreshCheckInterval.inSeconds),
-                ])
-        }
-        // Its periodic tasks: sign-in code pruning, and the refresh checks when on (each token at most
-        // once per interval, a day or more, in passes at most once a minute, between revocations).
-        let refreshInterval = configuration.refreshCheckInterval.map(Self.pacedRefreshCheckInterval)
-        var tasks = PeriodicTasks<PostgresConnection>(
-            [signInCodePruning] + (refreshInterval.map { [refreshCheckPass(interval: $0)] } ?? []))
-        var loop = ConsumerLoop.listening(
-            on: Self.channel, database: configuration.database,
-            state: ConsumerLoopState(pollInterval: min(configuration.pollInterval, .seconds(1))),
-            stop: stopSignal, logger: logger, failure: "revoker: database failure; reconnecting"
-        ) { [self] connection in
-            _ = try drain(on: connection)
-            _ = try tasks.runDue(on: connection)
-            return tasks.untilNextDue()
-        }
-        try? loop.run()
-        logger.info("revoker stopped")
+    /// Warns when the refresh-check interval asked for was raised to a day.
+    public func starting() {
+        guard let requested = configuration.requestedRefreshCheckInterval else { return }
+        logger.warning(
+            "refresh check: --refresh-check-interval \(Int(requested.inSeconds)) s is below Apple's once a day; using \(Int(Self.minimumRefreshCheckInterval.inSeconds)) s",
+            [
+                "requested_seconds": .double(requested.inSeconds),
+                "interval_seconds": .double(Self.minimumRefreshCheckInterval.inSeconds),
+            ])
     }
 
-    /// Asks ``run()`` to return after the request in hand; wakes it at once if it waits.
-    public func stop() { stopSignal.stop() }
-
-    /// Handles every request due now (not what this drain schedules for later); returns what each ended
-    /// as.
-    public func drainOnce() throws -> [Outcome] {
-        let connection = try PostgresConnection(configuration: configuration.database)
-        defer { connection.close() }
-        return try drain(on: connection)
+    /// Its periodic tasks: sign-in code pruning, and the refresh checks when on (each token at most once
+    /// per interval, a day or more, in passes at most once a minute, between revocations).
+    public var maintenance: [PeriodicTask<PostgresConnection>] {
+        [signInCodePruning]
+            + (configuration.refreshCheckInterval.map {
+                [refreshCheckPass(interval: Self.pacedRefreshCheckInterval($0))]
+            }
+                ?? [])
     }
 
-    /// One drain: the requests due by its start, one claim after another.
+    /// The revocations due by `dueBy`, one request after another on `connection` (between refresh checks).
     func drain(on connection: PostgresConnection) throws -> [Outcome] {
-        let start = try connection.value("SELECT now()", as: Date.self)
-        var handled: [Outcome] = []
-        while !stopSignal.isStopped, let outcome = try handleOne(on: connection, dueBy: start) {
-            handled.append(outcome)
-        }
-        return handled
+        try lanes.drain(self, lane: lanes.lanes[0], on: connection).outcomes
     }
 
-    /// What one claimed token became in an attempt, when it was not revoked.
+    /// Leases the first due request with the user's stored refresh tokens (`siwa.claim_revocation`); a
+    /// request the claim ended (no token, too many crashes) comes back ended.
+    public func claim(on connection: PostgresConnection, lane: OutboxLane, dueBy: Date) throws
+        -> OutboxClaim<ClaimedRevocation>
+    {
+        let rows = try connection.rows(
+            RevocationClaim.self,
+            [
+                .text(lane.owner), .double(configuration.lease.inSeconds), .date(dueBy),
+                .int(Int64(configuration.maxCrashes)),
+            ])
+        return rows.isEmpty ? .nothing : .leased([ClaimedRevocation(rows: rows)])
+    }
+
+    /// Nothing but the poll interval and NOTIFY wakes the revoker (a retry is due within it).
+    public func nextDue(on connection: PostgresConnection, lane: OutboxLane) throws -> Duration? { nil }
+
+    /// What one token became in an attempt, when it was not revoked.
     struct NotRevoked {
         var id: Int
         /// `undecryptable`, `not_service_format`, `no_client`, `refused`, `apple_unavailable`.
@@ -214,34 +207,29 @@ public final class Revoker: Sendable {
         var detail: String
     }
 
-    /// Claims one due request (a committed lease), calls Apple for each of its tokens with no
-    /// transaction open, and records the result; nil when none is due by `dueBy`. A token it cannot
-    /// revoke (no client, undecryptable, refused by Apple) is recorded as such and the others are still
-    /// revoked; a retryable failure at Apple stops the attempt (Apple is unavailable), to be retried.
-    func handleOne(on connection: PostgresConnection, dueBy: Date) throws -> Outcome? {
-        let rows = try connection.rows(
-            RevocationClaim.self,
-            [
-                .text(owner), .double(configuration.lease.inSeconds), .date(dueBy),
-                .int(Int64(configuration.maxCrashes)),
-            ])
-        guard let request = rows.first else { return nil }
-        let id = request.requestID
-        guard request.outcome == "claimed" else {
-            if ["failed", "partially_revoked"].contains(request.outcome) {
-                logger.warning(
-                    "revocation ended at its claim without a call; the ledger's last_error says why",
-                    ["request": .int(id), "state": .string(request.outcome)])
-            }
-            return record(Outcome(id: id, state: request.outcome))
-        }
-        let attempts = request.attempt
+    /// What the calls for one request came to, as `siwa.record_revocation` takes it.
+    public struct Attempt {
+        var request: ClaimedRevocation
         var revoked: [(id: Int, ciphertext: Data)] = []
         var notRevoked: [NotRevoked] = []
+        /// `retry`, `revoked` or `failed` (the record decides between revoked and partially_revoked).
+        var state = "revoked"
+        /// Apple's answer that decided it, when one did.
+        var answer: String?
+        var error: String?
+    }
+
+    /// Calls Apple's `/auth/revoke` for each of the request's tokens, with no transaction open. A token
+    /// it cannot revoke (no client, undecryptable, refused by Apple) is recorded as such and the others
+    /// are still revoked; a retryable failure at Apple stops the attempt (Apple is unavailable), to be
+    /// retried while attempts remain.
+    public func call(_ request: ClaimedRevocation, lane: OutboxLane, on _: PostgresConnection) -> Attempt {
+        var attempt = Attempt(request: request)
+        guard request.outcome == "claimed" else { return attempt }
         var unhandled: [Int] = []
         var refusal: String?
         var unavailable: (answer: String, error: String)?
-        for claimed in rows {
+        for claimed in request.rows {
             guard let token = claimed.token else { continue }
             if unavailable != nil {
                 unhandled.append(token.id)
@@ -250,7 +238,7 @@ public final class Revoker: Sendable {
             guard let clientID = token.resolvedClientID(among: configuration.clients),
                 let client = configuration.clients[clientID]
             else {
-                notRevoked.append(
+                attempt.notRevoked.append(
                     NotRevoked(
                         id: token.id, outcome: "no_client",
                         detail: "no Apple client is configured for the token's client ID"))
@@ -260,7 +248,7 @@ public final class Revoker: Sendable {
             do {
                 plain = try token.decrypt(with: configuration.cipher, clientID: clientID)
             } catch {
-                notRevoked.append(
+                attempt.notRevoked.append(
                     claimed.serviceFormat
                         ? NotRevoked(
                             id: token.id, outcome: "undecryptable",
@@ -281,77 +269,98 @@ public final class Revoker: Sendable {
                     unhandled.append(token.id)
                 } else {
                     refusal = answer
-                    notRevoked.append(NotRevoked(id: token.id, outcome: "refused", detail: error.description))
+                    attempt.notRevoked.append(
+                        NotRevoked(id: token.id, outcome: "refused", detail: error.description))
                 }
                 continue
             }
-            revoked.append((token.id, token.ciphertext))
+            attempt.revoked.append((token.id, token.ciphertext))
         }
         // The verdict: retry while Apple is unavailable and attempts remain; otherwise final, and
         // siwa.record_revocation ends the request revoked, partially_revoked or failed from the outcomes.
-        let retry = unavailable != nil && attempts < configuration.maxAttempts
-        let state = retry ? "retry" : unavailable == nil ? "revoked" : "failed"
+        let retry = unavailable != nil && request.attempt < configuration.maxAttempts
+        attempt.state = retry ? "retry" : unavailable == nil ? "revoked" : "failed"
         if !retry, let unavailable {
-            notRevoked += unhandled.map {
+            attempt.notRevoked += unhandled.map {
                 NotRevoked(id: $0, outcome: "apple_unavailable", detail: unavailable.error)
             }
         }
-        let answer = unavailable?.answer ?? refusal
-        let error: String? =
+        attempt.answer = unavailable?.answer ?? refusal
+        attempt.error =
             unavailable.map { $0.error }
-            ?? notRevoked.first.map {
-                "\(notRevoked.count) of \(rows.count) tokens not revoked; token \($0.id): \($0.outcome): \($0.detail)"
+            ?? attempt.notRevoked.first.map {
+                "\(attempt.notRevoked.count) of \(request.rows.count) tokens not revoked; token \($0.id): \($0.outcome): \($0.detail)"
             }
+        return attempt
+    }
+
+    /// Records the request's attempt with `siwa.record_revocation`, which destroys exactly the ciphertexts
+    /// Apple accepted; a request the claim ended is only counted and logged.
+    public func record(
+        _ attempts: [Attempt], unsent _: [ClaimedRevocation], lane: OutboxLane,
+        on connection: PostgresConnection
+    ) throws -> [Outcome] {
+        try attempts.map { try record($0, lane: lane, on: connection) }
+    }
+
+    private func record(_ attempt: Attempt, lane: OutboxLane, on connection: PostgresConnection) throws
+        -> Outcome
+    {
+        let request = attempt.request
+        let id = request.id
+        guard request.outcome == "claimed" else {
+            if ["failed", "partially_revoked"].contains(request.outcome) {
+                logger.warning(
+                    "revocation ended at its claim without a call; the ledger's last_error says why",
+                    ["request": .int(id), "state": .string(request.outcome)])
+            }
+            return count(Outcome(id: id, state: request.outcome))
+        }
         let recorded: String
         do {
             recorded = try connection.value(
-                """
-                SELECT siwa.record_revocation($1, $2, $3::bigint[], $4::bytea[], $5, $6, $7, $8::float8, $9::jsonb)
-                """,
+                RevocationQueries.record,
                 [
-                    .int(Int64(id)), .text(owner), .array(revoked.map { .int(Int64($0.id)) }),
-                    .array(revoked.map { .bytes($0.ciphertext) }), .text(state), answer.map { .text($0) },
-                    error.map { .text(String($0.prefix(500))) },
-                    .double(configuration.retrySchedule.delay(afterAttempt: attempts).inSeconds),
-                    .text(Self.json(notRevoked)),
+                    .int(Int64(id)), .text(lane.owner), .array(attempt.revoked.map { .int(Int64($0.id)) }),
+                    .array(attempt.revoked.map { .bytes($0.ciphertext) }), .text(attempt.state),
+                    attempt.answer.map { .text($0) }, attempt.error.map { .text(String($0.prefix(500))) },
+                    .double(configuration.retrySchedule.delay(afterAttempt: request.attempt).inSeconds),
+                    .text(Self.json(attempt.notRevoked)),
                 ], as: String.self)
         } catch {
             // Not recorded, but this process lives on: give the request back rather than wait for the
             // lease (the revoke at Apple is repeated, harmlessly).
-            let lost = error.isConnectionError
-            if !lost {
-                _ = try? connection.query(
-                    "SELECT siwa.release_revocation($1, $2)", [.int(Int64(id)), .text(owner)])
+            if !error.isConnectionError {
+                _ = try? connection.query(RevocationQueries.release, [.int(Int64(id)), .text(lane.owner)])
             }
             throw error as any Error
         }
+        let fields: [String: Logger.Value] = ["request": .int(id), "attempt": .int(request.attempt)]
         switch recorded {
         case "revoked":
             logger.info(
-                "revoked a user's Apple tokens", ["request": .int(id), "tokens": .int(revoked.count)])
+                "revoked a user's Apple tokens", ["request": .int(id), "tokens": .int(attempt.revoked.count)])
         case "partially_revoked":
             logger.warning(
                 "revoked some of a user's Apple tokens; the others are recorded in the ledger",
                 [
-                    "request": .int(id), "tokens": .int(revoked.count), "not_revoked": .int(notRevoked.count),
+                    "request": .int(id), "tokens": .int(attempt.revoked.count),
+                    "not_revoked": .int(attempt.notRevoked.count),
                 ])
         case "busy":
-            logger.info(
-                "revocation put off: another transaction holds one of the user's token rows",
-                ["request": .int(id), "attempt": .int(attempts)])
+            logger.info("revocation put off: another transaction holds one of the user's token rows", fields)
         case "lost":
             logger.warning(
-                "revocation not recorded: its lease expired and another revoker took the request over",
-                ["request": .int(id), "attempt": .int(attempts)])
+                "revocation not recorded: its lease expired and another revoker took the request over", fields
+            )
         default:
             logger.warning(
-                state == "retry" ? "revocation failed; will retry" : "revocation failed for good",
-                [
-                    "request": .int(id), "error": .string(answer ?? notRevoked.first?.outcome ?? "local"),
-                    "attempt": .int(attempts),
-                ])
+                attempt.state == "retry" ? "revocation failed; will retry" : "revocation failed for good",
+                fields.merging(
+                    ["error": .string(attempt.answer ?? attempt.notRevoked.first?.outcome ?? "local")]) { $1 }
+            )
         }
-        return record(Outcome(id: id, state: recorded))
+        return count(Outcome(id: id, state: recorded))
     }
 
     /// The tokens not revoked as `siwa.record_revocation` takes them: [{id, outcome, detail}].
@@ -364,11 +373,23 @@ public final class Revoker: Sendable {
         return String(decoding: data, as: UTF8.self)
     }
 
-    private func record(_ outcome: Outcome) -> Outcome {
+    private func count(_ outcome: Outcome) -> Outcome {
         outcomes?.counter(
             "siwa_revocations_total", help: "Revocation requests handled, by outcome.",
             labels: [("outcome", outcome.state)]
         ).increment()
         return outcome
     }
+}
+
+/// A revocation request as `siwa.claim_revocation` leased it, with the user's stored refresh tokens, or
+/// as the claim ended it.
+public struct ClaimedRevocation: Sendable {
+    let rows: [RevocationClaim]
+    /// The request's id.
+    public var id: Int { rows[0].requestID }
+    /// `claimed`, or the state the claim ended the request in.
+    var outcome: String { rows[0].outcome }
+    /// The attempt the claim counted.
+    var attempt: Int { rows[0].attempt }
 }

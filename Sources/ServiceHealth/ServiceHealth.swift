@@ -1,5 +1,6 @@
 import Foundation
 public import Postgres
+import QueueConsumer
 public import ServiceSupport
 import Synchronization
 

@@ -1,14 +1,14 @@
-import Foundation
+public import Foundation
 import HTTPClient
 public import Postgres
-import QueueConsumer
+public import QueueConsumer
 public import ServiceSupport
 public import SharedSignals
 
 /// Pushes the SETs of `siwa.ssf_events` to their streams (RFC 8935), at least once, in change order per
 /// stream and subject.
 ///
-/// Each lane is a ``ConsumerLoop`` listening on `siwa_ssf` with its own connection: `siwa.claim_ssf_events`
+/// An ``Outbox``: each lane (``OutboxLanes``) listens on `siwa_ssf` with its own connection: `siwa.claim_ssf_events`
 /// commits leases on up to `batchSize` due events, the lane signs each SET (the jti and iat fixed at
 /// fan-out, so every attempt sends the same token) and POSTs them one after another as
 /// `application/secevent+jwt` with the stream's Authorization header (read from its file at send time)
@@ -16,7 +16,7 @@ public import SharedSignals
 /// the lease is still its own (after a failure the rest are released unsent): 202 delivered; 400 with
 /// one of RFC 8935's error codes failed for good; anything else retried with backoff, dead after
 /// `maxAttempts`. A process killed mid-push leaves its lease to expire; another lane sends the same SET.
-public final class SignalDispatcher: Sendable {
+public final class SignalDispatcher: Outbox {
     /// The dispatcher's settings.
     public struct Configuration: Sendable {
         /// The database (the role needs `siwa_worker`).
@@ -107,15 +107,22 @@ public final class SignalDispatcher: Sendable {
         "access_denied",
     ]
 
+    /// The settings.
     public let configuration: Configuration
-    let logger: Logger
-    private let stopSignal = StopSignal()
+    /// The lanes (``Configuration/concurrency``), on `siwa_ssf`.
+    public let lanes: OutboxLanes
+    var logger: Logger { lanes.logger }
+    /// One per lane: each keeps its connection to the receivers open between pushes.
     private let sessions: [OutboundHTTP.Session]
-    private let owner = "\(ProcessInfo.processInfo.hostName):\(getpid()):\(UUID().uuidString.prefix(8))"
 
+    /// A dispatcher.
     public init(configuration: Configuration, logger: Logger) {
         self.configuration = configuration
-        self.logger = logger
+        lanes = OutboxLanes(
+            name: "shared signals", channel: Self.channel, database: configuration.database,
+            count: configuration.concurrency,
+            pollInterval: min(configuration.pollInterval, .milliseconds(500)),
+            logger: logger)
         let client = OutboundHTTP.Client(
             policy: OutboundHTTP.Policy(
                 timeout: configuration.timeout, maxResponseBodyBytes: 16 << 10,
@@ -125,100 +132,53 @@ public final class SignalDispatcher: Sendable {
         sessions = (0..<configuration.concurrency).map { _ in OutboundHTTP.Session(client: client) }
     }
 
-    /// Runs every lane until ``stop()``; each finishes the push in hand.
-    public func run() {
-        logger.info("shared signals started", ["concurrency": .int(configuration.concurrency)])
-        let lanes = (0..<configuration.concurrency).map { index in
-            JoinableThread(name: "siwa-ssf-\(index)") { [self] in runLane(index) }
-        }
-        for lane in lanes { lane.join() }
-        logger.info("shared signals stopped")
-    }
-
-    /// Asks ``run()`` to return once the pushes in hand are recorded. Safe from any thread.
-    /// How soon a lane looks again when a due event's stream is at its cap or being claimed by another
-    /// lane (the lanes holding it claim their next event themselves).
-    static let saturatedWait: Duration = .milliseconds(100)
-
-    public func stop() { stopSignal.stop() }
-
-    /// Pushes every event due now, one after another on one connection; returns the outcomes.
-    public func drainOnce() throws -> [Outcome] {
-        let connection = try PostgresConnection(configuration: configuration.database)
-        defer { connection.close() }
-        var outcomes: [Outcome] = []
-        _ = try drain(on: connection, lane: 0, into: &outcomes)
-        return outcomes
-    }
-
-    private func runLane(_ index: Int) {
-        var loop = ConsumerLoop.listening(
-            on: Self.channel, database: configuration.database,
-            state: ConsumerLoopState(pollInterval: min(configuration.pollInterval, .milliseconds(500))),
-            stop: stopSignal, logger: logger, failure: "shared signals: database failure; connecting again",
-            fields: ["lane": .int(index)]
-        ) { [self] connection in
-            var outcomes: [Outcome] = []
-            return try drain(on: connection, lane: index, into: &outcomes)
-        }
-        try? loop.run()
-    }
-
-    /// Pushes until nothing is claimable; returns how soon the next event of an enabled push stream is due
-    /// (a poll stream's pending SETs are the API's, never a reason to wake).
-    private func drain(on connection: PostgresConnection, lane: Int, into outcomes: inout [Outcome]) throws
-        -> Duration?
+    /// Leases up to ``Configuration/batchSize`` due SETs to the lane (`siwa.claim_ssf_events`).
+    public func claim(on connection: PostgresConnection, lane: OutboxLane, dueBy _: Date) throws
+        -> OutboxClaim<ClaimedSET>
     {
-        while !stopSignal.isStopped, let batch = try pushBatch(on: connection, lane: lane) {
-            outcomes += batch
-        }
-        // A due head nobody holds, yet no claim: its stream is at max_in_flight or another lane holds its
-        // row. Look again shortly, without the scan below (which reads every pending event).
-        let saturated = try connection.value(
-            """
-            SELECT EXISTS (
-                SELECT 1 FROM siwa.ssf_streams s
-                 WHERE s.status = 'enabled' AND s.delivery_method = 'urn:ietf:rfc:8935'
-                   AND (SELECT e.id FROM siwa.ssf_events e
-                         WHERE e.stream_id = s.id AND e.state = 'pending' AND e.next_attempt_at <= now()
-                           AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= clock_timestamp())
-                         ORDER BY e.id LIMIT 1) IS NOT NULL)
-            """, as: Bool.self)
-        if saturated { return Self.saturatedWait }
-        let due = try connection.value(
-            """
-            SELECT extract(epoch FROM min(CASE WHEN e.lease_expires_at > clock_timestamp() THEN e.lease_expires_at
-                                               ELSE e.next_attempt_at END) - clock_timestamp())::float8
-              FROM siwa.ssf_events e JOIN siwa.ssf_streams s ON s.id = e.stream_id AND s.status = 'enabled'
-                   AND s.delivery_method = 'urn:ietf:rfc:8935'
-             WHERE e.state = 'pending'
-            """, as: Double?.self)
-        return due.map { .milliseconds(max(0, Int64(($0 * 1000).rounded(.up)))) }
-    }
-
-    /// One batch: up to ``Configuration/batchSize`` SETs claimed (committed), each signed and POSTed with no
-    /// transaction open, one after another, then recorded in one transaction. After a failed push, past
-    /// ``CallLease/batchWindow`` or once stopping, the rest are released unsent. Nil: nothing to claim.
-    func pushBatch(on connection: PostgresConnection, lane: Int) throws -> [Outcome]? {
-        let owner = "\(owner):\(lane)"
-        let claimed = ContinuousClock.now
         let events = try connection.rows(
             ClaimedSET.self,
-            [.text(owner), .double(configuration.lease.inSeconds), .int(Int64(configuration.batchSize))])
-        guard !events.isEmpty else { return nil }
-        let (pushes, unsent) = CallLease.callInTurn(
-            events, claimed: claimed, isStopping: { stopSignal.isStopped }, call: { push($0, lane: lane) },
-            failed: { $0.failure != nil })
-        return try connection.transaction { connection in
-            for event in unsent { _ = try record(event.id, owner: owner, push: nil, on: connection) }
-            return try pushes.map { push in
-                try report(push, recorded: record(push.event.id, owner: owner, push: push, on: connection))
-            }
-        }
+            [.text(lane.owner), .double(configuration.lease.inSeconds), .int(Int64(configuration.batchSize))])
+        return events.isEmpty ? .nothing : .leased(events)
+    }
+
+    public func failed(_ push: Push) -> Bool { push.failure != nil }
+
+    /// How soon to look again: shortly when a due head nobody holds is not claimable (its stream is at
+    /// max_in_flight, or another lane holds its row); else when the next event of an enabled push
+    /// stream is due (a poll stream's pending SETs are the API's, never a reason to wake).
+    public func nextDue(on connection: PostgresConnection, lane: OutboxLane) throws -> Duration? {
+        if try connection.value(SignalQueries.saturated, as: Bool.self) { return OutboxLanes.saturatedWait }
+        return try connection.value(SignalQueries.nextDue, as: Double?.self).map { .untilDue(seconds: $0) }
+    }
+
+    /// Records the pushes and releases `unsent` in one statement (`siwa.record_ssf_attempts`), each if its
+    /// lease is still the lane's.
+    public func record(
+        _ pushes: [Push], unsent: [ClaimedSET], lane: OutboxLane, on connection: PostgresConnection
+    )
+        throws -> [Outcome]
+    {
+        let rows =
+            pushes.map { ($0.event.id, $0.outcome.rawValue, $0.status, $0.failure) }
+            + unsent.map { ($0.id, "released", Int?.none, String?.none) }
+        let recorded = Set(
+            try connection.query(
+                SignalQueries.recordAttempts,
+                [
+                    .text(lane.owner), .array(rows.map { .int(Int64($0.0)) }),
+                    .array(rows.map { .text($0.1) }),
+                    .array(rows.map { $0.2.map { .int(Int64($0)) } }),
+                    .array(rows.map { $0.3.map { .text(String($0.prefix(300))) } }),
+                    .int(Int64(configuration.maxAttempts)), .double(configuration.retryBaseDelay.inSeconds),
+                    .double(configuration.maxRetryDelay.inSeconds),
+                ]
+            ).map { row throws(PostgresError) in try row[0, as: Int.self] })
+        return pushes.map { report($0, recorded: recorded.contains($0.event.id)) }
     }
 
     /// What one push came to.
-    private struct Push {
+    public struct Push {
         var event: ClaimedSET
         var status: Int?
         var failure: String?
@@ -226,8 +186,8 @@ public final class SignalDispatcher: Sendable {
         var outcome: Outcome.State { failure == nil ? .delivered : permanent ? .failed : .retry }
     }
 
-    /// Signs and POSTs one claimed SET.
-    private func push(_ event: ClaimedSET, lane: Int) -> Push {
+    /// Signs and POSTs one claimed SET on the lane's session.
+    public func call(_ event: ClaimedSET, lane: OutboxLane, on _: PostgresConnection) -> Push {
         var status: Int?
         var failure: String?
         var permanent = false
@@ -243,7 +203,7 @@ public final class SignalDispatcher: Sendable {
             let request = OutboundHTTP.Request(
                 method: "POST", url: event.endpointURL, headers: headers, body: Array(token.utf8))
             do {
-                let response = try sessions[lane % sessions.count].perform(request)
+                let response = try sessions[lane.index % sessions.count].perform(request)
                 status = response.status
                 if response.status != 202 {
                     let code = Self.errorCode(response)
@@ -257,23 +217,6 @@ public final class SignalDispatcher: Sendable {
             failure = (error as? ToolError)?.message ?? "cannot sign the SET"
         }
         return Push(event: event, status: status, failure: failure, permanent: permanent)
-    }
-
-    /// Records a push (or, with none, the release of `id` unsent); whether the lease was still this lane's.
-    private func record(_ id: Int, owner: String, push: Push?, on connection: PostgresConnection) throws
-        -> Bool
-    {
-        try connection.value(
-            """
-            SELECT siwa.record_ssf_attempt($1, $2, $3, $4::integer, $5, $6::integer,
-                                           $7::float8 * interval '1 second', $8::float8 * interval '1 second')
-            """,
-            [
-                .int(Int64(id)), .text(owner), .text(push?.outcome.rawValue ?? "released"),
-                push?.status.map { .int(Int64($0)) }, push?.failure.map { .text(String($0.prefix(300))) },
-                .int(Int64(configuration.maxAttempts)), .double(configuration.retryBaseDelay.inSeconds),
-                .double(configuration.maxRetryDelay.inSeconds),
-            ], as: Bool.self)
     }
 
     /// Logs one push (or one whose lease was lost); its outcome.
@@ -321,7 +264,7 @@ public final class SignalDispatcher: Sendable {
 }
 
 /// One event `siwa.claim_ssf_events` leased: what its SET says and where it goes.
-struct ClaimedSET: PostgresRowDecodable {
+public struct ClaimedSET: PostgresRowDecodable, Sendable {
     var id: Int
     var stream: Int
     var event: StoredEvent
@@ -330,18 +273,18 @@ struct ClaimedSET: PostgresRowDecodable {
     var endpointURL: String
     var authorizationReference: String?
 
-    static let statement = """
+    public static let statement = """
         SELECT id, stream_id, jti, issued_at, change_type, sub, old_sub, event_time, txn, attempts, audience,
                endpoint_url, authorization_ref, detail::text AS detail
           FROM siwa.claim_ssf_events($1, $2::float8 * interval '1 second', $3::integer)
         """
-    static let columns: PostgresColumns = """
+    public static let columns: PostgresColumns = """
         id bigint, stream_id bigint, jti text, issued_at timestamp with time zone, change_type text, sub text, \
         old_sub text, event_time timestamp with time zone, txn text, attempts integer, audience text, \
         endpoint_url text, authorization_ref text, detail text
         """
 
-    init(row: PostgresRow) throws(PostgresError) {
+    public init(row: PostgresRow) throws(PostgresError) {
         id = try row[0, as: Int.self]
         stream = try row[1, as: Int.self]
         event = StoredEvent(

@@ -1,5 +1,5 @@
-import Foundation
-public import HTTPClient
+public import Foundation
+import HTTPClient
 public import Postgres
 public import QueueConsumer
 public import ServiceSupport
@@ -7,14 +7,15 @@ public import ServiceSupport
 /// Keeps the configured providers' suppression lists in step with `siwa.suppression_outbox`, in order
 /// per provider and address, at least once.
 ///
-/// One lane per provider (a ``ConsumerLoop`` on a thread and connection of its own, listening on
-/// `siwa_suppressions`), so a provider that hangs or is down holds up no other. One attempt holds no lock
-/// and no transaction across the network: `siwa.claim_suppressions` commits a lease on a due queue head
-/// (``CallLease``: the call's deadline plus a margin), the lane calls the provider with no transaction
-/// open, then `siwa.record_suppression_attempt` records the outcome if the lease is still its own. 429
-/// and 5xx, timeouts and transport failures are retried after `siwa.retry_delay`, never before the
+/// An ``Outbox`` of one lane per provider (``OutboxLanes``: a thread and connection of its own,
+/// listening on `siwa_suppressions`), so a provider that hangs or is down holds up no other. No lock and
+/// no transaction is held across the network: `siwa.claim_suppressions` commits leases on up to
+/// ``Configuration/batchSize`` due queue heads (distinct addresses; ``CallLease``), the lane calls the
+/// provider for each with no transaction open, then `siwa.record_suppression_attempts` records the
+/// outcomes, each if its lease is still its own (after a failed call the rest are released uncalled).
+/// 429 and 5xx, timeouts and transport failures are retried after `siwa.retry_delay`, never before the
 /// provider's retry-after; the row is dead after ``Configuration/maxAttempts``.
-public final class SuppressionDispatcher: Sendable {
+public final class SuppressionDispatcher: Outbox {
     /// The dispatcher's settings.
     public struct Configuration: Sendable {
         /// The database (the role needs `siwa_worker`).
@@ -35,9 +36,13 @@ public final class SuppressionDispatcher: Sendable {
         public var retention: Duration
         /// Where `SSL_CERT_FILE` and `https_proxy`/`no_proxy` are read (the executable's environment).
         public var environment: [String: String]
+        /// Rows of one provider a lane claims at once and calls one after another (distinct addresses).
+        public var batchSize: Int
         /// How long a claimed row stays leased: two calls (the read, then the add or an SES remove), each up to
-        /// ``timeout``, plus ``CallLease/margin``.
-        public var lease: Duration { CallLease.covering(timeout * 2) }
+        /// ``timeout``, plus ``CallLease/margin``, and ``CallLease/batchWindow`` when a lane claims batches.
+        public var lease: Duration {
+            batchSize > 1 ? CallLease.covering(batchOf: timeout * 2) : CallLease.covering(timeout * 2)
+        }
 
         public static let defaultTimeout: Duration = .seconds(10)
         public static let defaultRetryBaseDelay: Duration = .seconds(5)
@@ -54,13 +59,17 @@ public final class SuppressionDispatcher: Sendable {
             maxRetryDelay: Duration = Configuration.defaultMaxRetryDelay,
             maxAttempts: Int = Configuration.defaultMaxAttempts,
             pollInterval: Duration = Configuration.defaultPollInterval,
-            retention: Duration = Configuration.defaultRetention, environment: [String: String] = [:]
+            retention: Duration = Configuration.defaultRetention, batchSize: Int = 16,
+            environment: [String: String] = [:]
         ) throws {
             guard timeout > .zero, retryBaseDelay > .zero, maxRetryDelay >= retryBaseDelay, maxAttempts >= 1,
-                pollInterval > .zero, retention > .zero
+                pollInterval > .zero, retention > .zero, (1...1000).contains(batchSize)
             else {
-                throw ConfigurationError("the suppression settings must be positive (max delay ≥ base delay)")
+                throw ConfigurationError(
+                    "the suppression settings must be positive (max delay ≥ base delay, a batch of 1 to 1,000)"
+                )
             }
+            self.batchSize = batchSize
             self.database = database
             self.providers = providers
             self.timeout = timeout
@@ -94,18 +103,20 @@ public final class SuppressionDispatcher: Sendable {
 
     /// The settings.
     public let configuration: Configuration
-    let logger: Logger
-    private let stopSignal = StopSignal()
+    /// One lane per provider (named by it), on `siwa_suppressions`.
+    public let lanes: OutboxLanes
+    var logger: Logger { lanes.logger }
     /// One per provider: each lane keeps its connection to its provider open between calls.
     private let sessions: [String: OutboundHTTP.Session]
     private let attempts: [String: Counter]
-    /// This dispatcher's lease owner prefix: host, process and a random part (a lane adds its provider).
-    private let owner = "\(ProcessInfo.processInfo.hostName):\(getpid()):\(UUID().uuidString.prefix(8))"
 
     /// A dispatcher; `metrics`, when given, gets `siwa_suppression_attempts_total{outcome}`.
     public init(configuration: Configuration, logger: Logger, metrics: MetricsRegistry? = nil) {
         self.configuration = configuration
-        self.logger = logger
+        lanes = OutboxLanes(
+            name: "suppressions", channel: Self.channel, database: configuration.database,
+            lanes: configuration.providers.keys.sorted(),
+            pollInterval: min(configuration.pollInterval, .milliseconds(500)), logger: logger)
         let client = OutboundHTTP.Client(
             policy: OutboundHTTP.Policy(
                 timeout: configuration.timeout, maxResponseBodyBytes: 64 << 10,
@@ -122,31 +133,8 @@ public final class SuppressionDispatcher: Sendable {
         self.attempts = attempts
     }
 
-    /// Runs one lane per provider until ``stop()``; each finishes the call in hand.
-    public func run() {
-        let names = configuration.providers.keys.sorted()
-        logger.info("suppressions started", ["providers": .string(names.joined(separator: ","))])
-        let lanes = names.map { name in
-            JoinableThread(name: "siwa-suppressions-\(name)") { [self] in runLane(name) }
-        }
-        for lane in lanes { lane.join() }
-        logger.info("suppressions stopped")
-    }
-
-    /// Asks ``run()`` to return once the calls in hand are recorded. Safe from any thread.
-    public func stop() { stopSignal.stop() }
-
-    /// Attempts every row due now, provider after provider, on one connection; returns the outcomes.
-    /// Retries it schedules are not waited for.
-    public func drainOnce() throws -> [Outcome] {
-        let connection = try PostgresConnection(configuration: configuration.database)
-        defer { connection.close() }
-        var outcomes: [Outcome] = []
-        for name in configuration.providers.keys.sorted() {
-            _ = try drain(on: connection, provider: name, into: &outcomes)
-        }
-        return outcomes
-    }
+    /// The first lane's pruning.
+    public var maintenance: [PeriodicTask<PostgresConnection>] { [pruning] }
 
     /// How often the first lane prunes finished rows.
     static let pruneInterval: Duration = .seconds(3600)
@@ -169,7 +157,7 @@ public final class SuppressionDispatcher: Sendable {
 
     func prune(on connection: PostgresConnection) throws -> Int {
         var total = 0
-        for _ in 0..<100 where !stopSignal.isStopped {
+        for _ in 0..<100 where !isStopping {
             let count = try connection.value(
                 "SELECT siwa.prune_suppressions($1::float8 * interval '1 second', 10000)",
                 [.double(configuration.retention.inSeconds)], as: Int.self)
@@ -179,59 +167,51 @@ public final class SuppressionDispatcher: Sendable {
         return total
     }
 
-    private func runLane(_ name: String) {
-        var tasks = PeriodicTasks(name == configuration.providers.keys.min() ? [pruning] : [])
-        var loop = ConsumerLoop.listening(
-            on: Self.channel, database: configuration.database,
-            state: ConsumerLoopState(pollInterval: min(configuration.pollInterval, .milliseconds(500))),
-            stop: stopSignal, logger: logger, failure: "suppressions: database failure; connecting again",
-            fields: ["provider": .string(name)]
-        ) { [self] connection in
-            _ = try tasks.runDue(on: connection)
-            var outcomes: [Outcome] = []
-            return try drain(on: connection, provider: name, into: &outcomes)
-        }
-        try? loop.run()
-    }
-
-    /// Claims and attempts the provider's due rows one after another; returns how soon its next queue
-    /// head is due (a retry's time, a lease's end, an erasure's wait).
-    private func drain(
-        on connection: PostgresConnection, provider name: String, into outcomes: inout [Outcome]
-    )
-        throws -> Duration?
+    /// Leases up to ``Configuration/batchSize`` due queue heads of the lane's provider
+    /// (`siwa.claim_suppressions`).
+    public func claim(on connection: PostgresConnection, lane: OutboxLane, dueBy _: Date) throws
+        -> OutboxClaim<ClaimedSuppression>
     {
-        while !stopSignal.isStopped, let outcome = try attemptOne(on: connection, provider: name) {
-            outcomes.append(outcome)
-        }
-        // Queue heads only (a row behind another of its address waits for it), of an enabled provider;
-        // an erased account's pending row is due at its erase_by too.
-        let due = try connection.value(
-            """
-            SELECT extract(epoch FROM min(least(CASE WHEN r.lease_expires_at > clock_timestamp()
-                                                     THEN r.lease_expires_at ELSE r.next_attempt_at END,
-                                                r.erase_by)) - clock_timestamp())::float8
-              FROM siwa.suppression_outbox r
-              JOIN siwa.suppression_providers p ON p.name = r.provider AND p.enabled
-             WHERE r.state = 'pending' AND r.provider = $1
-               AND NOT EXISTS (SELECT 1 FROM siwa.suppression_outbox q
-                                WHERE q.provider = r.provider AND q.address_key = r.address_key
-                                  AND q.state = 'pending' AND q.id < r.id)
-            """, [.text(name)], as: Double?.self)
-        return due.map { .milliseconds(max(0, Int64(($0 * 1000).rounded(.up)))) }
+        let claims = try connection.rows(
+            ClaimedSuppression.self,
+            [
+                .text(lane.owner), .double(configuration.lease.inSeconds),
+                .int(Int64(configuration.batchSize)),
+                .text(lane.name),
+            ])
+        return claims.isEmpty ? .nothing : .leased(claims)
     }
 
-    /// One attempt: claim (committed), call with no transaction open, record. Nil when nothing is due.
-    func attemptOne(on connection: PostgresConnection, provider name: String) throws -> Outcome? {
-        guard let provider = configuration.providers[name], let client = sessions[name] else { return nil }
-        let owner = "\(owner):\(name)"
-        guard
-            let claim = try connection.rows(
-                ClaimedSuppression.self, [.text(owner), .double(configuration.lease.inSeconds), .text(name)]
-            ).first
-        else { return nil }
+    /// How soon the provider's next queue head is due (a retry's time, a lease's end, an erasure's wait).
+    public func nextDue(on connection: PostgresConnection, lane: OutboxLane) throws -> Duration? {
+        try connection.value(SuppressionQueries.nextDue, [.text(lane.name)], as: Double?.self)
+            .map { .untilDue(seconds: $0) }
+    }
 
-        // No transaction is open from here to the record: the row is held by its lease only.
+    /// A provider that failed (a 429, a 5xx, no answer) is not called again in this batch.
+    public func failed(_ attempt: Attempt) -> Bool {
+        if case .retryable = attempt.outcome { return true }
+        return false
+    }
+
+    /// What one row's calls came to.
+    public struct Attempt {
+        var claim: ClaimedSuppression
+        var outcome: SuppressionOutcome
+        var status: Int?
+        /// Retryable or refused for good.
+        var failed: Bool { outcome.recordedName == "retry" || outcome.recordedName == "permanent" }
+    }
+
+    /// One row's calls to its provider, with no transaction open: a read first where it decides (an add,
+    /// an SES remove), then the change.
+    public func call(_ claim: ClaimedSuppression, lane: OutboxLane, on connection: PostgresConnection)
+        -> Attempt
+    {
+        guard let provider = configuration.providers[lane.name], let client = sessions[lane.name] else {
+            return Attempt(
+                claim: claim, outcome: .retryable(after: nil, reason: "no such provider"), status: nil)
+        }
         var status: Int?
         let outcome: SuppressionOutcome
         do {
@@ -251,14 +231,18 @@ public final class SuppressionDispatcher: Sendable {
                 }
                 // Listed after an earlier attempt of this row sent the add (and died before its record):
                 // that add was ours. Otherwise the row says so before this attempt sends it.
-                sentBefore = try addSent(claim, owner: owner, listed: listed, on: connection)
+                sentBefore = try connection.value(
+                    SuppressionQueries.addSent, [.int(Int64(claim.id)), .text(lane.owner), .bool(listed)],
+                    as: Bool.self)
             }
             // A remove reads first where the provider's entries say who listed them (SES).
             var entry = SuppressionEntry.ours
             if claim.action == .remove, let check = provider.removalCheck(address: claim.address) {
                 let answer = try client.perform(check)
                 status = answer.status
-                guard let read = provider.entry(answer, addedAt: try addedAt(claim, on: connection)) else {
+                let addedAt = try connection.value(
+                    SuppressionQueries.addedAt, [.text(claim.provider), .text(claim.address)], as: Date?.self)
+                guard let read = provider.entry(answer, addedAt: addedAt) else {
                     throw LookupFailure(
                         outcome: SuppressionAnswer.failure(answer)
                             ?? .retryable(
@@ -285,78 +269,69 @@ public final class SuppressionDispatcher: Sendable {
         } catch {
             outcome = .retryable(after: nil, reason: "transport")
         }
-        var retryAfter: Double?
-        var error: String?
-        switch outcome {
-        case .retryable(let after, let reason):
-            retryAfter = after?.inSeconds
-            error = reason
-        case .permanent(let reason): error = reason
-        default: break
+        return Attempt(claim: claim, outcome: outcome, status: status)
+    }
+
+    /// Records the attempts and releases `unsent` in one statement (`siwa.record_suppression_attempts`),
+    /// each if its lease is still the lane's.
+    public func record(
+        _ made: [Attempt], unsent: [ClaimedSuppression], lane: OutboxLane, on connection: PostgresConnection
+    ) throws -> [Outcome] {
+        var parameters: [[PostgresData?]] = Array(repeating: [], count: 5)
+        for attempt in made {
+            var retryAfter: Double?
+            var error: String?
+            switch attempt.outcome {
+            case .retryable(let after, let reason):
+                retryAfter = after?.inSeconds
+                error = reason
+            case .permanent(let reason): error = reason
+            default: break
+            }
+            parameters[0].append(.int(Int64(attempt.claim.id)))
+            parameters[1].append(.text(attempt.outcome.recordedName))
+            parameters[2].append(attempt.status.map { .int(Int64($0)) })
+            parameters[3].append(error.map { .text(String($0.prefix(300))) })
+            parameters[4].append(retryAfter.map { .double($0) })
         }
-        let recorded = try connection.value(
-            """
-            SELECT siwa.record_suppression_attempt($1, $2, $3, $4::integer, $5, $6::float8, $7::integer,
-                                                   $8::float8 * interval '1 second', $9::float8 * interval '1 second')
-            """,
-            [
-                .int(Int64(claim.id)), .text(owner), .text(outcome.recordedName),
-                status.map { .int(Int64($0)) },
-                error.map { .text(String($0.prefix(300))) }, retryAfter.map { .double($0) },
-                .int(Int64(configuration.maxAttempts)), .double(configuration.retryBaseDelay.inSeconds),
-                .double(configuration.maxRetryDelay.inSeconds),
-            ], as: Bool.self)
-        if recorded { attempts[outcome.recordedName]?.increment() }
+        for claim in unsent {
+            parameters[0].append(.int(Int64(claim.id)))
+            parameters[1].append(.text("released"))
+            for column in 2..<5 { parameters[column].append(nil) }
+        }
+        let recorded = Set(
+            try connection.query(
+                SuppressionQueries.recordAttempts,
+                [.text(lane.owner)] + parameters.map { .array($0) } + [
+                    .int(Int64(configuration.maxAttempts)), .double(configuration.retryBaseDelay.inSeconds),
+                    .double(configuration.maxRetryDelay.inSeconds),
+                ]
+            ).map { row throws(PostgresError) in try row[0, as: Int.self] })
+        return made.map { report($0, recorded: recorded.contains($0.claim.id), lane: lane) }
+    }
+
+    /// Counts and logs one attempt (or one whose lease was lost); its outcome.
+    private func report(_ attempt: Attempt, recorded: Bool, lane: OutboxLane) -> Outcome {
+        let claim = attempt.claim
+        if recorded { attempts[attempt.outcome.recordedName]?.increment() }
         if !recorded {
             logger.warning(
                 "suppression attempt not recorded: its lease expired and another lane took the row over",
-                ["row": .int(claim.id), "provider": .string(name)])
-        } else if error != nil {
+                ["row": .int(claim.id), "provider": .string(lane.name)])
+        } else if attempt.failed {
             logger.warning(
                 "suppression call failed",
                 [
-                    "row": .int(claim.id), "provider": .string(name),
+                    "row": .int(claim.id), "provider": .string(lane.name),
                     "action": .string(claim.action.rawValue),
-                    "attempt": .int(claim.attempt), "outcome": .string(outcome.recordedName),
-                    "status": status.map { .int($0) } ?? .string("none"),
+                    "attempt": .int(claim.attempt), "outcome": .string(attempt.outcome.recordedName),
+                    "status": attempt.status.map { .int($0) } ?? .string("none"),
                 ])
         }
         return Outcome(
-            id: claim.id, provider: name, action: claim.action, outcome: outcome, status: status,
-            recorded: recorded)
+            id: claim.id, provider: lane.name, action: claim.action, outcome: attempt.outcome,
+            status: attempt.status, recorded: recorded)
     }
-}
-
-/// Whether an earlier attempt of the claimed add sent it, when the address is `listed`; else marks
-/// the row as sent by this attempt (before the call) and returns false.
-private func addSent(
-    _ claim: ClaimedSuppression, owner: String, listed: Bool, on connection: PostgresConnection
-) throws -> Bool {
-    if listed {
-        return try connection.value(
-            "SELECT add_sent_at IS NOT NULL FROM siwa.suppression_outbox WHERE id = $1",
-            [.int(Int64(claim.id))],
-            as: Bool?.self) ?? false
-    }
-    // Without waiting for the WAL flush: a mark a crash of the server loses only makes the retry's
-    // answer already_there, as without it.
-    _ = try connection.execute(
-        """
-        WITH asynchronous AS (SELECT set_config('synchronous_commit', 'off', true))
-        UPDATE siwa.suppression_outbox SET add_sent_at = coalesce(add_sent_at, clock_timestamp())
-          FROM asynchronous WHERE id = $1 AND lease_owner = $2
-        """, [.int(Int64(claim.id)), .text(owner)])
-    return false
-}
-
-/// When we recorded adding the claimed row's address (nil when we hold no record of it).
-private func addedAt(_ claim: ClaimedSuppression, on connection: PostgresConnection) throws -> Date? {
-    try connection.value(
-        """
-        SELECT extract(epoch FROM added_at)::float8 FROM siwa.suppressions_we_added
-         WHERE provider = $1 AND address_key = siwa.mail_address_key($2)
-        """, [.text(claim.provider), .text(claim.address)], as: Double?.self
-    ).map { Date(timeIntervalSince1970: $0) }
 }
 
 /// A lookup whose answer decided the attempt's outcome (a 429, a 5xx, a refusal).
@@ -365,7 +340,7 @@ private struct LookupFailure: Error {
 }
 
 /// A row `siwa.claim_suppressions` leased to a lane: what to ask of which provider.
-struct ClaimedSuppression: PostgresRowDecodable {
+public struct ClaimedSuppression: PostgresRowDecodable, Sendable {
     var id: Int
     var provider: String
     var kind: String
@@ -376,15 +351,15 @@ struct ClaimedSuppression: PostgresRowDecodable {
 
     // The claim's commit does not wait for the WAL flush: a claim a crash loses is claimed again (its
     // record then finds the lease gone), so at-least-once holds, one fsync per row cheaper.
-    static let statement = """
+    public static let statement = """
         WITH asynchronous AS (SELECT set_config('synchronous_commit', 'off', true))
         SELECT c.id, c.provider, c.kind, c.action, c.address, c.attempts
-          FROM asynchronous, siwa.claim_suppressions($1, $2::float8 * interval '1 second', 1, $3) AS c
+          FROM asynchronous, siwa.claim_suppressions($1, $2::float8 * interval '1 second', $3::integer, $4) AS c
         """
-    static let columns: PostgresColumns =
+    public static let columns: PostgresColumns =
         "id bigint, provider text, kind text, action text, address text, attempts integer"
 
-    init(row: PostgresRow) throws(PostgresError) {
+    public init(row: PostgresRow) throws(PostgresError) {
         id = try row[0, as: Int.self]
         provider = try row[1, as: String.self]
         kind = try row[2, as: String.self]

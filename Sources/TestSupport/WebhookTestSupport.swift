@@ -1,6 +1,7 @@
 import Foundation
 import HTTPServer
 public import Postgres
+import QueueConsumer
 import ServiceSupport
 import Synchronization
 public import WebhookDelivery

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 import HTTPClient
 public import Postgres
 public import QueueConsumer
@@ -10,8 +10,8 @@ import Webhooks
 /// (`siwa.webhook_deliveries`), signed as Standard Webhooks, at least once, in change order per user
 /// and endpoint.
 ///
-/// Each of `configuration.concurrency` lanes is a ``ConsumerLoop`` on a thread of its own with its own
-/// connection, listening on `siwa_webhooks` (the fan-out trigger and replays notify it). No lock and no
+/// An ``Outbox`` of `configuration.concurrency` lanes (``OutboxLanes``), each with its own connection,
+/// listening on `siwa_webhooks` (the fan-out trigger and replays notify it). No lock and no
 /// transaction is held across the network: `siwa.claim_webhook_deliveries` commits leases on up to
 /// `batchSize` due queue heads of one endpoint (distinct users) and returns their change rows, the lane
 /// builds each body from its row, signs it with every live key (`v1` for a whsec_ secret, `v1a` for a
@@ -33,7 +33,7 @@ import Webhooks
 /// `concurrency / E` with E endpoints due), so an endpoint that hangs never holds every lane. After 3
 /// consecutive failures the endpoint is backed off as a whole (on the same schedule as a delivery's
 /// retries, by its run of failures): the next attempt after the backoff probes it for every user.
-public final class WebhookDispatcher: Sendable {
+public final class WebhookDispatcher: Outbox {
     /// The dispatcher's settings.
     public struct Configuration: Sendable {
         /// The database (the role needs `siwa_worker`).
@@ -133,26 +133,26 @@ public final class WebhookDispatcher: Sendable {
     public static let channel = "siwa_webhooks"
     /// How often lane 0 runs the webhook maintenance (``maintenance``).
     static let repairInterval: Duration = .seconds(60)
-    /// How soon a lane looks again when every endpoint with due work is at its cap (the lanes holding
-    /// them claim their next delivery themselves; this one serves an endpoint whose share grew).
-    static let saturatedWait: Duration = .milliseconds(100)
 
     /// The settings.
     public let configuration: Configuration
-    let logger: Logger
-    private let stopSignal = StopSignal()
+    /// The lanes (``Configuration/concurrency``), on `siwa_webhooks`.
+    public let lanes: OutboxLanes
+    var logger: Logger { lanes.logger }
     /// One per lane: each keeps its connections to the endpoints open between attempts.
     private let sessions: [OutboundHTTP.Session]
     private let connectionsOpened: Counter?
     private let attempts: [Outcome.State: Counter]
     private let latency: Histogram?
-    /// This dispatcher's lease owner prefix: host, process and a random part (a lane adds its index).
-    private let owner = "\(ProcessInfo.processInfo.hostName):\(getpid()):\(UUID().uuidString.prefix(8))"
 
     /// A dispatcher; `metrics`, when given, gets `siwa_webhook_attempts_total{outcome}` and the attempts' latency.
     public init(configuration: Configuration, logger: Logger, metrics: MetricsRegistry? = nil) {
         self.configuration = configuration
-        self.logger = logger
+        lanes = OutboxLanes(
+            name: "webhooks", channel: Self.channel, database: configuration.database,
+            count: configuration.concurrency,
+            pollInterval: min(configuration.pollInterval, .milliseconds(500)),
+            logger: logger)
         let client = OutboundHTTP.Client(
             policy: OutboundHTTP.Policy(
                 timeout: configuration.timeout, maxResponseBodyBytes: configuration.maxResponseBodyBytes,
@@ -174,95 +174,37 @@ public final class WebhookDispatcher: Sendable {
     }
 
     /// The webhook maintenance that lane 0 runs between its drains (and ``drainOnce()`` once, first).
-    var maintenance: [PeriodicTask<PostgresConnection>] { [readyRepair, expiredEndpointRemoval] }
+    public var maintenance: [PeriodicTask<PostgresConnection>] { [readyRepair, expiredEndpointRemoval] }
+    public var drainOnceRunsMaintenance: Bool { true }
 
-    /// Runs every lane until ``stop()``; each finishes the attempt in hand (recorded, or left to its
-    /// lease).
-    public func run() {
-        logger.info("webhooks started", ["concurrency": .int(configuration.concurrency)])
-        let lanes = (0..<configuration.concurrency).map { index in
-            JoinableThread(name: "siwa-webhooks-\(index)") { [self] in runLane(index) }
-        }
-        for lane in lanes { lane.join() }
-        logger.info("webhooks stopped")
-    }
-
-    /// Asks ``run()`` to return once the attempts in hand are recorded; wakes waiting lanes at once. Safe
-    /// from any thread.
-    public func stop() { stopSignal.stop() }
-
-    private var isStopping: Bool { stopSignal.isStopped }
-
-    /// Attempts every delivery due now, one after another on one connection; returns the outcomes.
-    /// Retries it schedules are not waited for.
-    public func drainOnce() throws -> [Outcome] {
-        let connection = try PostgresConnection(configuration: configuration.database)
-        defer { connection.close() }
-        _ = try PeriodicTasks(maintenance).runAll(on: connection)
-        var outcomes: [Outcome] = []
-        _ = try drain(on: connection, lane: 0, lanes: 1, into: &outcomes)
-        return outcomes
-    }
-
-    private func runLane(_ index: Int) {
-        var tasks = PeriodicTasks(index == 0 ? maintenance : [])
-        var loop = ConsumerLoop.listening(
-            on: Self.channel, database: configuration.database,
-            state: ConsumerLoopState(pollInterval: min(configuration.pollInterval, .milliseconds(500))),
-            stop: stopSignal, logger: logger, failure: "webhooks: database failure; connecting again",
-            fields: ["lane": .int(index)]
-        ) { [self] connection in
-            _ = try tasks.runDue(on: connection)
-            var outcomes: [Outcome] = []
-            return try drain(on: connection, lane: index, lanes: configuration.concurrency, into: &outcomes)
-        }
-        try? loop.run()
-    }
-
-    /// One drain: every delivery due by its start, claimed in batches and attempted one after another
-    /// (what it schedules for later is not retried in it). Returns how soon the next delivery is due: of
-    /// the enabled endpoints, the earliest due queue head not in flight, or a lease's end, but not before
-    /// the endpoint's backoff.
-    private func drain(
-        on connection: PostgresConnection, lane: Int, lanes: Int, into outcomes: inout [Outcome]
-    )
-        throws -> Duration?
+    /// Leases up to ``Configuration/batchSize`` due queue heads of one endpoint (distinct users) to the
+    /// lane, never more of this process's lanes to one endpoint than its share (`lane.count`).
+    public func claim(on connection: PostgresConnection, lane: OutboxLane, dueBy: Date) throws
+        -> OutboxClaim<LeasedDelivery>
     {
-        let start = try connection.value("SELECT now()", as: Date.self)
-        var step: Step = .nothing
-        while !isStopping {
-            step = try attemptBatch(on: connection, lane: lane, lanes: lanes, dueBy: start)
-            guard case .attempted(let batch) = step else { break }
-            outcomes += batch
-        }
-        if case .saturated = step { return Self.saturatedWait }
-        let due = try connection.value(
-            """
-            SELECT extract(epoch FROM min(greatest(h.due, e.backoff_until)) - clock_timestamp())::float8
-              FROM siwa.webhook_endpoints e
-             CROSS JOIN LATERAL (
-                   SELECT min(CASE WHEN d.lease_expires_at > clock_timestamp() THEN d.lease_expires_at
-                                   ELSE d.next_attempt_at END) AS due
-                     FROM siwa.webhook_deliveries d
-                    WHERE d.endpoint_id = e.id AND d.state = 'pending' AND d.ready) h
-             WHERE e.enabled
-            """, as: Double?.self)
-        return due.map { .milliseconds(max(0, Int64(($0 * 1000).rounded(.up)))) }
+        let claims = try connection.rows(
+            ClaimedDelivery.self,
+            [
+                .text(lane.owner), .double(configuration.lease.inSeconds),
+                .int(Int64(configuration.batchSize)),
+                .date(dueBy), .int(Int64(lane.count)),
+            ])
+        guard let first = claims.first else { return .nothing }
+        guard first.delivery != nil else { return .saturated }
+        return .leased(claims.compactMap(\.delivery))
     }
 
-    /// What one claim led to.
-    enum Step {
-        /// Nothing is claimable now.
-        case nothing
-        /// There is due work, but every endpoint with some is at its cap.
-        case saturated
-        /// Deliveries were claimed and attempted (those released unattempted are not among them).
-        case attempted([Outcome])
+    public func failed(_ call: Attempt) -> Bool { call.failure != nil }
+
+    /// How soon the next delivery is due: of the enabled endpoints, the earliest due queue head not in
+    /// flight, or a lease's end, but not before the endpoint's backoff.
+    public func nextDue(on connection: PostgresConnection, lane: OutboxLane) throws -> Duration? {
+        try connection.value(WebhookQueries.nextDue, as: Double?.self).map { .untilDue(seconds: $0) }
     }
 
     /// What one attempt came to, as `siwa.record_webhook_attempts` takes it.
-    private struct Attempt {
-        var delivery: ClaimedDelivery.Delivery
+    public struct Attempt {
+        var delivery: LeasedDelivery
         var started: Date
         var elapsed: Duration
         var status: Int?
@@ -271,28 +213,12 @@ public final class WebhookDispatcher: Sendable {
         var retryIn: Double?
     }
 
-    /// One batch: up to ``Configuration/batchSize`` deliveries of one endpoint claimed (committed), POSTed
-    /// one after another with no transaction open, and recorded in one statement. After a failed attempt,
-    /// past ``CallLease/batchWindow`` or once the dispatcher is stopping, the rest are released
-    /// unattempted: a failing endpoint gets one attempt at a time. Only deliveries due by `dueBy` are claimed; `lanes` is this process's lane
-    /// count (an endpoint's share of them).
-    func attemptBatch(on connection: PostgresConnection, lane: Int, lanes: Int, dueBy: Date) throws -> Step {
-        let owner = "\(owner):\(lane)"
-        let claimed = ContinuousClock.now
-        let claims = try connection.rows(
-            ClaimedDelivery.self,
-            [
-                .text(owner), .double(configuration.lease.inSeconds), .int(Int64(configuration.batchSize)),
-                .date(dueBy), .int(Int64(lanes)),
-            ])
-        guard let first = claims.first else { return .nothing }
-        guard first.delivery != nil else { return .saturated }
-
-        // No transaction is open from here to the record: the deliveries are held by their leases only,
-        // and no attempt starts later than the batch window after the claim (each ends within its lease).
-        let (made, unsent) = CallLease.callInTurn(
-            claims.compactMap(\.delivery), claimed: claimed, isStopping: { isStopping },
-            call: { attempt($0, lane: lane) }, failed: { $0.failure != nil })
+    /// Records the attempts and releases `unsent` in one statement (`siwa.record_webhook_attempts`),
+    /// each if its lease is still the lane's; the endpoint's backoff as a whole (from its 3rd consecutive
+    /// failure) follows the same schedule.
+    public func record(
+        _ made: [Attempt], unsent: [LeasedDelivery], lane: OutboxLane, on connection: PostgresConnection
+    ) throws -> [Outcome] {
         var parameters: [[PostgresData?]] = Array(repeating: [], count: 7)
         for attempt in made {
             parameters[0].append(.int(Int64(attempt.delivery.id)))
@@ -307,27 +233,19 @@ public final class WebhookDispatcher: Sendable {
             parameters[0].append(.int(Int64(delivery.id)))
             for column in 1..<7 { parameters[column].append(column == 4 ? .text("released") : nil) }
         }
-        // The endpoint's backoff as a whole (from its 3rd consecutive failure) follows the same schedule.
         let recorded = Set(
             try connection.query(
-                """
-                SELECT unnest(siwa.record_webhook_attempts($1, $2::bigint[], $3::timestamptz[], $4::integer[],
-                                                           $5::integer[], $6::text[], $7::float8[], $8::text[],
-                                                           $9::float8, $10::float8))
-                """,
-                [.text(owner)] + parameters.map { .array($0) } + [
+                WebhookQueries.recordAttempts,
+                [.text(lane.owner)] + parameters.map { .array($0) } + [
                     .double(configuration.retryBaseDelay.inSeconds),
                     .double(configuration.maxRetryDelay.inSeconds),
                 ]
             ).map { row throws(PostgresError) in try row[0, as: Int.self] })
-        return .attempted(
-            made.map { attempt in
-                report(attempt, recorded: recorded.contains(attempt.delivery.id))
-            })
+        return made.map { report($0, recorded: recorded.contains($0.delivery.id)) }
     }
 
-    /// Signs and POSTs one claimed delivery; what came of it, and when to try again.
-    private func attempt(_ delivery: ClaimedDelivery.Delivery, lane: Int) -> Attempt {
+    /// Signs and POSTs one claimed delivery on the lane's session; what came of it, and when to try again.
+    public func call(_ delivery: LeasedDelivery, lane: OutboxLane, on _: PostgresConnection) -> Attempt {
         let body = delivery.change.body
         let secrets = delivery.secrets.compactMap { try? StandardWebhooks.SigningKey($0) }
         let started = Date()
@@ -351,7 +269,7 @@ public final class WebhookDispatcher: Sendable {
                         StandardWebhooks.signatureHeader(
                             id: webhookID, timestamp: timestamp, body: body, keys: secrets)),
                 ], body: body)
-            let session = sessions[lane % sessions.count]
+            let session = sessions[lane.index % sessions.count]
             let openedBefore = session.connectionsOpened
             defer { connectionsOpened?.increment(by: session.connectionsOpened - openedBefore) }
             do {
@@ -407,21 +325,7 @@ public final class WebhookDispatcher: Sendable {
 /// none to claim now because every endpoint with due work is at its cap.
 struct ClaimedDelivery: PostgresRowDecodable {
     /// The claimed delivery; nil when the answer is `saturated`.
-    var delivery: Delivery?
-
-    /// A delivery this lane now holds: where to POST, with which keys, and the change it carries.
-    struct Delivery {
-        var id: Int
-        var endpoint: Int
-        /// This attempt's number (1 for the first).
-        var attempt: Int
-        var firstAttemptAt: Date?
-        var url: String
-        /// The endpoint's live whsec_ secrets and whsk_ ed25519 keys; each signs with its own scheme.
-        var secrets: [String]
-        /// The change row as the claim read it (an erased email is gone).
-        var change: WebhookChange
-    }
+    var delivery: LeasedDelivery?
 
     static let statement = """
         SELECT outcome, delivery_id, change_id, endpoint_id, attempt, first_attempt_at, url, secrets,
@@ -445,7 +349,7 @@ struct ClaimedDelivery: PostgresRowDecodable {
         // A text[] of whsec_/whsk_ keys ({a,b}): their alphabet has no comma, quote or brace to escape.
         let secrets = try row[7, as: String.self].trimmingCharacters(in: CharacterSet(charactersIn: "{}"))
             .split(separator: ",").map(String.init)
-        delivery = Delivery(
+        delivery = LeasedDelivery(
             id: try row[1, as: Int.self], endpoint: try row[3, as: Int.self],
             attempt: try row[4, as: Int.self],
             firstAttemptAt: try row[5, as: Date?.self], url: try row[6, as: String.self], secrets: secrets,
@@ -457,4 +361,18 @@ struct ClaimedDelivery: PostgresRowDecodable {
                 refreshTokensRevoked: try row[15, as: Int.self], email: try row[16, as: String?.self],
                 isPrivateEmail: try row[17, as: Bool?.self], oldSub: try row[18, as: String?.self]))
     }
+}
+
+/// A delivery this lane now holds: where to POST, with which keys, and the change it carries.
+public struct LeasedDelivery: Sendable {
+    var id: Int
+    var endpoint: Int
+    /// This attempt's number (1 for the first).
+    var attempt: Int
+    var firstAttemptAt: Date?
+    var url: String
+    /// The endpoint's live whsec_ secrets and whsk_ ed25519 keys; each signs with its own scheme.
+    var secrets: [String]
+    /// The change row as the claim read it (an erased email is gone).
+    var change: WebhookChange
 }

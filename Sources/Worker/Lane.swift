@@ -1,6 +1,7 @@
 import AppleNotifications
 import Foundation
 import Postgres
+import QueueConsumer
 import ServiceSupport
 import Synchronization
 

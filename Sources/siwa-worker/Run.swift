@@ -3,6 +3,7 @@ import Dispatch
 import Foundation
 import HTTPServer
 import Postgres
+import QueueConsumer
 import Revoker
 import ServiceSupport
 import SignalDelivery

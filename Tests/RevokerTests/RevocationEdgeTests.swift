@@ -1,6 +1,7 @@
 import AppleID
 import Foundation
 import Postgres
+import QueueConsumer
 import Revoker
 import ServiceSupport
 import Synchronization

@@ -1,6 +1,7 @@
 import AppleNotifications
 import Foundation
 import Postgres
+import QueueConsumer
 import SharedSignals
 import SignalDelivery
 import Synchronization

@@ -1,6 +1,7 @@
 import Foundation
 import HTTPServer
 import Postgres
+import QueueConsumer
 import SharedSignals
 import SignalDelivery
 import SignalTransmitter

@@ -2,6 +2,7 @@ import AppleNotifications
 import Foundation
 import HTTPClient
 import Postgres
+import QueueConsumer
 import ServiceSupport
 import Suppressions
 import TestSupport

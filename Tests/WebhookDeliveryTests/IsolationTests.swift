@@ -1,6 +1,7 @@
 import Dispatch
 import Foundation
 import Postgres
+import QueueConsumer
 import Synchronization
 import TestSupport
 import Testing

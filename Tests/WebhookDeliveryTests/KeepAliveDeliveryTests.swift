@@ -1,4 +1,5 @@
 import Foundation
+import QueueConsumer
 import ServiceSupport
 import TestSupport
 import Testing

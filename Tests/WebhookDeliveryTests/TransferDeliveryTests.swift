@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import QueueConsumer
 import Synchronization
 import TestSupport
 import Testing

@@ -1,6 +1,7 @@
 import Foundation
 import HTTPClient
 import Postgres
+import QueueConsumer
 import Synchronization
 import TestSupport
 import Testing

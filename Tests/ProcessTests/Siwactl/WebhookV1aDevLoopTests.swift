@@ -1,4 +1,5 @@
 import Foundation
+import QueueConsumer
 import TestSupport
 import Testing
 import WebhookDelivery

@@ -1,0 +1,29 @@
+-- Leases: the one rule of every queue whose consumer calls out (Sources/QueueConsumer/Outbox.swift): the
+-- revoker (schema/55-sign-in.sql), the webhook lanes (65), the suppression lanes (69), the Shared
+-- Signals push lanes (74).
+--
+-- A consumer that calls out over the network (a webhook lane POSTing to an endpoint, the revoker
+-- calling Apple) never holds a row lock or a transaction across the call:
+--   1. claim: one short transaction picks due rows, a batch at most (FOR UPDATE SKIP LOCKED, so
+--      concurrent claimers never wait for each other's rows), writes their leases (lease_owner,
+--      lease_expires_at) and commits;
+--   2. call out for each, one after another, with no transaction open (after a failed call the rest
+--      are released uncalled, their attempts uncounted);
+--   3. record: one short transaction writes the results, each only if its lease is still the caller's
+--      (lease_owner matches); a lease taken over by another consumer makes the record a no-op (false,
+--      or 'lost').
+-- A lease that expired (its process died, or hung past the lease) is rescued by the next claim: the
+-- claim takes rows whose lease is missing or expired, under FOR UPDATE SKIP LOCKED, so exactly one
+-- claimer takes it over.
+-- The lease's length (p_lease) is the caller's, by one rule (Sources/QueueConsumer/CallLease.swift): the
+-- deadline of the call it covers plus a margin of 5 s (the claim's commit before the call, the
+-- record's start after it), and the batch window of 2 s when a batch was claimed (no call of a batch
+-- starts later than that after its claim). A consumer killed mid-call is taken over within seconds of
+-- its deadline.
+-- The attempt is counted when its lease is taken (attempts, last_attempt_at): from then on the call
+-- may be under way, so an echo that arrives during it matches (siwa.match_revocation_echo), and a call
+-- whose process died counts for the retry schedule and the attempts before giving up.
+-- The revoker's claim that takes over a lease that ran out unrecorded counts a crash (crashes): a call
+-- that stops the worker every time ends at the caller's bound (p_max_crashes), not claimed forever.
+-- Every claim and record function is SECURITY INVOKER (the caller's grants and row policies apply) with the pinned
+-- search_path, and executable only by the role whose process calls it (schema/85-privileges.sql).
