@@ -206,7 +206,8 @@ let package = Package(
             name: "AppleKeysTests", dependencies: ["AppleKeys", "AppleNotifications", "TestSupport"]),
         .testTarget(name: "ReceiverTests", dependencies: ["Receiver", "TestSupport"]),
         .testTarget(
-            name: "WorkerTests", dependencies: ["Worker", "Receiver", "AppleNotifications", "TestSupport"]),
+            name: "WorkerTests",
+            dependencies: ["Worker", "Receiver", "AppleNotifications", "Postgres", "TestSupport"]),
         .testTarget(
             name: "RevokerTests",
             dependencies: [
