@@ -39,9 +39,11 @@ let package = Package(
         // Outbound HTTP (key sets, and later Apple's token endpoints and webhooks): libcurl under a policy.
         .target(name: "HTTPClient", dependencies: ["CCurl", "CCurlShim"]),
         .target(name: "ServiceSupport"),
-        // Apple's Sign in with Apple REST API (/auth/token, /auth/revoke) on HTTPClient, and the one
-        // declaration of the Apple credential options every executable shares.
-        .target(name: "AppleID", dependencies: ["AppleNotifications", "HTTPClient", "ServiceSupport"]),
+        // Apple's Sign in with Apple REST API (/auth/token, /auth/revoke) on HTTPClient, the ES256 client
+        // secret (made and checked with Crypto's P-256), and the one declaration of the Apple credential
+        // options every executable shares.
+        .target(
+            name: "AppleID", dependencies: ["AppleNotifications", "Crypto", "HTTPClient", "ServiceSupport"]),
         // A team transfer (Apple's /auth/usermigrationinfo): export and import runs, paced and resumable;
         // every change to the progress tables is a siwa.* function. Never prints or reads the environment.
         .target(
@@ -51,7 +53,7 @@ let package = Package(
         // /auth/usermigrationinfo, faults on demand. Loopback only; never prints or reads the environment.
         .target(
             name: "FakeApple",
-            dependencies: ["AppleNotifications", "HTTPClient", "HTTPServer", "ServiceSupport"]),
+            dependencies: ["AppleID", "AppleNotifications", "HTTPClient", "HTTPServer", "ServiceSupport"]),
         // `siwactl doctor`: a deployed endpoint checked as Apple reaches it, and what the database knows
         // (heartbeats, client IDs in use). Findings go to a callback; never prints or reads the environment.
         .target(
@@ -204,7 +206,8 @@ let package = Package(
             name: "AppleKeysTests", dependencies: ["AppleKeys", "AppleNotifications", "TestSupport"]),
         .testTarget(name: "ReceiverTests", dependencies: ["Receiver", "TestSupport"]),
         .testTarget(
-            name: "WorkerTests", dependencies: ["Worker", "Receiver", "AppleNotifications", "TestSupport"]),
+            name: "WorkerTests",
+            dependencies: ["Worker", "Receiver", "AppleNotifications", "Postgres", "TestSupport"]),
         .testTarget(
             name: "RevokerTests",
             dependencies: [

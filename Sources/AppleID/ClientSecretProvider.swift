@@ -1,4 +1,3 @@
-public import AppleNotifications
 public import Foundation
 public import ServiceSupport
 import Synchronization

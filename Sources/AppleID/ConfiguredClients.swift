@@ -1,4 +1,3 @@
-import AppleNotifications
 import Foundation
 public import ServiceSupport
 

@@ -1,3 +1,4 @@
+public import AppleID
 public import AppleNotifications
 public import Foundation
 import HTTPClient

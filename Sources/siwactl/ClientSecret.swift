@@ -1,5 +1,4 @@
 import AppleID
-import AppleNotifications
 import Foundation
 import ServiceSupport
 

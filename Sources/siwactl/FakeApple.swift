@@ -1,4 +1,4 @@
-import AppleNotifications
+import AppleID
 import FakeApple
 import Foundation
 import HTTPClient

@@ -1,3 +1,4 @@
+import AppleID
 import AppleNotifications
 import Foundation
 import TestSupport

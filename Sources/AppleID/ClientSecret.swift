@@ -1,3 +1,4 @@
+import AppleNotifications
 import Crypto
 public import Foundation
 

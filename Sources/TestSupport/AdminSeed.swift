@@ -1,26 +1,25 @@
-import Foundation
 import Postgres
-import TestSupport
 
-/// The users of the seeded data set, and what happened to them.
-enum Seed {
+/// The admin SQL tests' seeded data set (the admin views, the cookbook, erasure): its users, and what
+/// happened to them.
+public enum Seed {
     /// Email disabled, then enabled; revoked consent (2 sessions revoked), signed in again; one more
     /// email-disabled still pending.
-    static let alice = "001000.alice"
+    public static let alice = "001000.alice"
     /// Relay email disabled; one refresh token.
-    static let bob = "001000.bob"
+    public static let bob = "001000.bob"
     /// Email enabled long ago, then deleted the account: sessions revoked, personal data erased.
-    static let carol = "001000.carol"
+    public static let carol = "001000.carol"
     /// Only an event type the worker does not know: skipped, no account.
-    static let dave = "001000.dave"
+    public static let dave = "001000.dave"
     /// Email enabled, then a consent-revoked that the on_event hook refuses: dead.
-    static let erin = "001000.erin"
+    public static let erin = "001000.erin"
     /// One email event still pending after two failed attempts, next attempt in an hour.
-    static let frank = "001000.frank"
+    public static let frank = "001000.frank"
 
     /// Inserted by the owner before the worker runs: sessions, refresh tokens, notifications, and an
     /// on_event hook that refuses erin's consent-revoked.
-    static let beforeWorker = """
+    public static let beforeWorker = """
         CREATE OR REPLACE FUNCTION siwa.on_event(event_type text, sub text, event_time timestamptz,
                                                  email text, jti text)
         RETURNS void LANGUAGE plpgsql AS $$
@@ -63,12 +62,12 @@ enum Seed {
         """
 
     /// The worker's pass: every seeded notification is due; one attempt each.
-    static let workerPass = """
+    public static let workerPass = """
         SELECT outcome FROM siwa.process_due_notifications(100, 1, interval '1 second')
         """
 
     /// Inserted by the owner after the worker ran: two pending notifications.
-    static let afterWorker = """
+    public static let afterWorker = """
         INSERT INTO siwa.notifications
             (jti, event_type, sub, audience, email, is_private_email, event_time, issued_at, raw_token,
              received_at, attempts, next_attempt_at, last_error)
@@ -82,7 +81,7 @@ enum Seed {
         """
 
     /// A fresh database holding the seeded data set, applied by the worker's login role.
-    static func make() throws -> AdminDatabase {
+    public static func make() throws -> AdminDatabase {
         let database = try AdminDatabase.make()
         let owner = try database.connectAsOwner()
         defer { owner.close() }
@@ -105,5 +104,5 @@ enum Seed {
     }
 
     /// One seeded database shared by the read-only tests of this process.
-    static let shared: Result<AdminDatabase, any Error> = Result { try make() }
+    public static let shared: Result<AdminDatabase, any Error> = Result { try make() }
 }
