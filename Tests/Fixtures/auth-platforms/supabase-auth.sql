@@ -61,7 +61,8 @@
 -- with roles of their own), creates the schema owned by it, and then creates everything as that role
 -- (SET ROLE), so the tables are owned by it as on Supabase. Only the first two steps need a superuser or
 -- CREATEROLE; nothing after them does. Row level security is enabled where upstream enables it, with no
--- policies: a login that is neither the owner nor BYPASSRLS sees no rows, as on Supabase. The SELECT
+-- policies: a login that is neither the owner nor BYPASSRLS sees no rows, as on Supabase, even with
+-- SELECT and DELETE granted: its DELETE FROM auth.sessions deletes 0 rows without any error. The SELECT
 -- grants upstream gives to `postgres` are given only when that role exists.
 --
 -- Load: psql -v ON_ERROR_STOP=1 -d <empty database> -f supabase-auth.sql (PostgreSQL 13 or later).
