@@ -23,7 +23,7 @@ TEST_PACKAGES  = $(DEMO_PACKAGES) ca-certificates nginx systemd python3-yaml pyt
                  iproute2 util-linux
 
 .PHONY: all deps demo-deps test-deps build release test mail-test lint format demo run coverage bench clean \
-        validate-deploy webhooks-venv ssf-venv sigv4-venv schema schema-check dist dist-test image image-test container-deps
+        validate-deploy webhooks-venv ssf-venv sigv4-venv django-venv schema schema-check dist dist-test image image-test container-deps
 
 all: build
 
@@ -102,6 +102,12 @@ ssf-venv: test-deps
 # The SES tests compare each SigV4 signature with botocore's (PyPI), in .build/sigv4-venv.
 sigv4-venv: test-deps
 	@./scripts/sigv4-venv
+
+# The Django adapter tests (issue 47) drive the real Django, django-allauth and social-auth-app-django
+# (PyPI, pinned) in .build/django-venv, through Tests/Fixtures/django-project/drive.py. Not yet part of
+# `make test`.
+django-venv: test-deps
+	@./scripts/django-venv
 
 coverage: test-deps webhooks-venv
 	$(SWIFT) test --enable-code-coverage
