@@ -1,5 +1,4 @@
 public import Foundation
-import Testing
 
 /// One ```sql block of docs/sql.md and the heading it sits under.
 public struct CookbookQuery: Sendable, CustomStringConvertible {
@@ -55,9 +54,12 @@ public struct CookbookQuery: Sendable, CustomStringConvertible {
         return queries
     }
 
-    /// The query under `heading`; fails the test when there is none.
+    /// The query under `heading`; throws when there is none.
     public static func under(_ heading: String) throws -> CookbookQuery {
-        try #require(all().first { $0.heading == heading }, "docs/sql.md has no query under \"\(heading)\"")
+        guard let query = try all().first(where: { $0.heading == heading }) else {
+            throw Unreadable(description: "docs/sql.md has no query under \"\(heading)\"")
+        }
+        return query
     }
 
     /// The SQL with each psql variable `:'name'` replaced by `values[name]` as a quoted literal.
@@ -67,9 +69,13 @@ public struct CookbookQuery: Sendable, CustomStringConvertible {
         while let start = rest.range(of: ":'") {
             result += rest[..<start.lowerBound]
             let afterQuote = rest[start.upperBound...]
-            let end = try #require(afterQuote.firstIndex(of: "'"), "unterminated :'variable' in \(heading)")
+            guard let end = afterQuote.firstIndex(of: "'") else {
+                throw Unreadable(description: "unterminated :'variable' in \(heading)")
+            }
             let name = String(afterQuote[..<end])
-            let value = try #require(values[name], "no test value for :'\(name)' in \(heading)")
+            guard let value = values[name] else {
+                throw Unreadable(description: "no test value for :'\(name)' in \(heading)")
+            }
             result += "'" + value.replacingOccurrences(of: "'", with: "''") + "'"
             rest = afterQuote[afterQuote.index(after: end)...]
         }
