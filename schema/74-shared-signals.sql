@@ -207,10 +207,13 @@ BEGIN
     FOR v_stream IN
         SELECT s.id, s.max_in_flight FROM siwa.ssf_streams s
          WHERE s.status = 'enabled' AND s.delivery_method = 'urn:ietf:rfc:8935'
-           -- the first pending event in the due index's order (an EXISTS would let the planner scan the
-           -- table from its start, where the delivered events gather)
-           AND (SELECT e.id FROM siwa.ssf_events e WHERE e.stream_id = s.id AND e.state = 'pending'
-                   AND e.next_attempt_at <= now() ORDER BY e.id LIMIT 1) IS NOT NULL
+           -- the first due pending event in the due index's order: the row bounds and the two-column order
+           -- only that index answers (ordered by id alone, stale statistics let the planner walk the
+           -- primary key from its start, where the delivered events gather)
+           AND (SELECT e.id FROM siwa.ssf_events e
+                 WHERE (e.stream_id, e.id) BETWEEN (s.id, 0) AND (s.id, 9223372036854775807)
+                   AND e.state = 'pending' AND e.next_attempt_at <= now()
+                 ORDER BY e.stream_id, e.id LIMIT 1) IS NOT NULL
          ORDER BY s.last_claimed_at NULLS FIRST, s.id
            FOR NO KEY UPDATE SKIP LOCKED
     LOOP
@@ -223,12 +226,13 @@ BEGIN
         RETURN QUERY
         WITH heads AS (
             SELECT e.id FROM siwa.ssf_events e
-             WHERE e.stream_id = v_stream.id AND e.state = 'pending' AND e.next_attempt_at <= now()
+             WHERE (e.stream_id, e.id) BETWEEN (v_stream.id, 0) AND (v_stream.id, 9223372036854775807)
+               AND e.state = 'pending' AND e.next_attempt_at <= now()
                AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= clock_timestamp())
                AND e.id = (SELECT p.id FROM siwa.ssf_events p
                             WHERE p.stream_id = e.stream_id AND p.sub = e.sub AND p.state = 'pending'
                             ORDER BY p.id LIMIT 1)
-             ORDER BY e.id
+             ORDER BY e.stream_id, e.id
              LIMIT v_left
                FOR UPDATE SKIP LOCKED),
         leased AS (
