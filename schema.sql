@@ -5602,61 +5602,14 @@ $$;
 COMMENT ON FUNCTION siwa.claim_suppressions(text, interval, integer, text) IS
     'Leases up to p_limit due suppression rows (of p_provider, or any) at the heads of their provider-and-address queues to p_owner for p_lease, each attempt counted; first ends expired erasures and removes of addresses we did not add (not_ours). Executable by siwa_worker.';
 
--- Records the attempt of a row the caller leased: p_outcome done, already_there, not_there, not_ours (a
--- remove the provider's read showed is no longer our entry, as SES's can; finished),
--- permanent (dead), or retry: again after siwa.retry_delay(attempts, p_retry_base, p_retry_cap), never
--- before p_retry_after seconds (the provider's own), dead (gave_up) once attempts reach p_max_attempts.
--- An add done is remembered as ours; a remove done, not_there or not_ours forgets it. False, nothing written,
--- when the lease is no longer the caller's.
-CREATE OR REPLACE FUNCTION siwa.record_suppression_attempt(
-    p_id bigint, p_owner text, p_outcome text, p_status integer, p_error text,
-    p_retry_after double precision DEFAULT NULL, p_max_attempts integer DEFAULT 12,
-    p_retry_base interval DEFAULT interval '5 seconds', p_retry_cap interval DEFAULT interval '1 hour')
-RETURNS boolean
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    v_row siwa.suppression_outbox;
-BEGIN
-    IF p_outcome IS NULL OR p_outcome NOT IN ('done', 'already_there', 'not_there', 'not_ours', 'permanent', 'retry') THEN
-        RAISE EXCEPTION 'unknown suppression outcome %', p_outcome USING ERRCODE = '22023';
-    END IF;
-    UPDATE siwa.suppression_outbox AS r
-       SET last_status = p_status, last_error = pg_catalog.left(p_error, 300)
-     WHERE r.id = p_id AND r.state = 'pending' AND r.lease_owner = p_owner
-    RETURNING r.* INTO v_row;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    IF p_outcome = 'retry' AND v_row.attempts < p_max_attempts THEN
-        UPDATE siwa.suppression_outbox AS r
-           SET lease_owner = NULL, lease_expires_at = NULL,
-               next_attempt_at = pg_catalog.clock_timestamp()
-                   + greatest(siwa.retry_delay(v_row.attempts, p_retry_base, p_retry_cap),
-                              pg_catalog.make_interval(secs => coalesce(p_retry_after, 0)))
-         WHERE r.id = p_id;
-        RETURN true;
-    END IF;
-    IF v_row.action = 'add' AND p_outcome = 'done' AND v_row.erase_by IS NULL THEN
-        INSERT INTO siwa.suppressions_we_added AS w (provider, address_key, sub)
-        VALUES (v_row.provider, v_row.address_key, v_row.sub)
-        ON CONFLICT (provider, address_key) DO UPDATE SET sub = EXCLUDED.sub, added_at = pg_catalog.now();
-    ELSIF v_row.action = 'remove' AND p_outcome IN ('done', 'not_there', 'not_ours') THEN
-        DELETE FROM siwa.suppressions_we_added w
-         WHERE w.provider = v_row.provider AND w.address_key = v_row.address_key;
-    END IF;
-    PERFORM siwa.finish_suppression(
-        p_id, CASE WHEN p_outcome IN ('done', 'already_there', 'not_there', 'not_ours') THEN 'done' ELSE 'dead' END,
-        CASE WHEN p_outcome = 'retry' THEN 'gave_up' ELSE p_outcome END);
-    RETURN true;
-END;
-$$;
-COMMENT ON FUNCTION siwa.record_suppression_attempt(bigint, text, text, integer, text, double precision, integer, interval, interval) IS
-    'Records the attempt of a suppression row p_owner leased: done, already_there, not_there, not_ours (done), permanent (dead), or retry after siwa.retry_delay and at least p_retry_after seconds (dead, gave_up, at p_max_attempts); keeps siwa.suppressions_we_added. False when the lease is no longer the caller''s. Executable by siwa_worker.';
-
--- Records a lane's batch in one statement: each (p_ids[i], p_outcomes[i], p_statuses[i], p_errors[i],
--- p_retry_afters[i]) as siwa.record_suppression_attempt records it, or, with the outcome released, a row
--- claimed and never called given back (its lease, and its attempt uncounted). Returns the ids whose lease
--- was still p_owner's.
+-- Records a lane's batch in one statement, each row only while its lease is p_owner's; returns the ids
+-- recorded. Per row (p_ids[i], p_outcomes[i], p_statuses[i], p_errors[i], p_retry_afters[i]):
+-- done, already_there, not_there, not_ours (a remove the provider's read showed is no longer our entry,
+-- as SES's can): finished done; permanent: dead; retry: again after siwa.retry_delay(attempts,
+-- p_retry_base, p_retry_cap), never before the provider's own retry-after, dead (gave_up) once attempts
+-- reach p_max_attempts; released: claimed and never called, given back with its attempt uncounted.
+-- An add done is remembered as ours; a remove done, not_there or not_ours forgets it. A finished row of
+-- an erased account loses its address (as siwa.finish_suppression ends one).
 CREATE OR REPLACE FUNCTION siwa.record_suppression_attempts(
     p_owner text, p_ids bigint[], p_outcomes text[], p_statuses integer[], p_errors text[],
     p_retry_afters double precision[], p_max_attempts integer, p_retry_base interval, p_retry_cap interval)
@@ -5666,23 +5619,78 @@ BEGIN
     IF pg_catalog.cardinality(p_ids) IS DISTINCT FROM pg_catalog.cardinality(p_outcomes) THEN
         RAISE EXCEPTION 'one outcome per id' USING ERRCODE = '22023';
     END IF;
-    FOR i IN 1 .. coalesce(pg_catalog.cardinality(p_ids), 0) LOOP
-        IF p_outcomes[i] = 'released' THEN
-            UPDATE siwa.suppression_outbox AS r
-               SET attempts = r.attempts - 1, lease_owner = NULL, lease_expires_at = NULL
-             WHERE r.id = p_ids[i] AND r.state = 'pending' AND r.lease_owner = p_owner;
-            IF FOUND THEN
-                RETURN NEXT p_ids[i];
-            END IF;
-        ELSIF siwa.record_suppression_attempt(p_ids[i], p_owner, p_outcomes[i], p_statuses[i], p_errors[i],
-                                              p_retry_afters[i], p_max_attempts, p_retry_base, p_retry_cap) THEN
-            RETURN NEXT p_ids[i];
-        END IF;
-    END LOOP;
+    IF EXISTS (SELECT 1 FROM unnest(p_outcomes) AS o(outcome)
+                WHERE o.outcome IS NULL OR o.outcome NOT IN ('done', 'already_there', 'not_there', 'not_ours',
+                                                             'permanent', 'retry', 'released')) THEN
+        RAISE EXCEPTION 'unknown suppression outcome' USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY
+    WITH attempt AS (
+        SELECT a.* FROM unnest(p_ids, p_outcomes, p_statuses, p_errors, p_retry_afters)
+                        AS a(id, outcome, status, error, retry_after)),
+    mine AS (
+        SELECT r.id, r.action, r.provider, r.address_key, r.sub, r.erase_by, r.attempts, a.outcome, a.status,
+               a.error, a.retry_after,
+               CASE WHEN a.outcome = 'released' THEN 'released'
+                    WHEN a.outcome = 'retry' AND r.attempts < p_max_attempts THEN 'pending'
+                    WHEN a.outcome IN ('done', 'already_there', 'not_there', 'not_ours') THEN 'done'
+                    ELSE 'dead' END AS next
+          FROM siwa.suppression_outbox AS r JOIN attempt AS a ON a.id = r.id
+         WHERE r.state = 'pending' AND r.lease_owner = p_owner
+         ORDER BY r.id
+           FOR UPDATE OF r),
+    remembered AS (
+        INSERT INTO siwa.suppressions_we_added AS w (provider, address_key, sub)
+        SELECT m.provider, m.address_key, m.sub FROM mine AS m
+         WHERE m.action = 'add' AND m.outcome = 'done' AND m.erase_by IS NULL
+        ON CONFLICT (provider, address_key) DO UPDATE SET sub = EXCLUDED.sub, added_at = pg_catalog.now()),
+    forgotten AS (
+        DELETE FROM siwa.suppressions_we_added AS w USING mine AS m
+         WHERE m.action = 'remove' AND m.outcome IN ('done', 'not_there', 'not_ours')
+           AND w.provider = m.provider AND w.address_key = m.address_key),
+    recorded AS (
+        UPDATE siwa.suppression_outbox AS r
+           SET lease_owner = NULL, lease_expires_at = NULL,
+               attempts = CASE WHEN m.next = 'released' THEN r.attempts - 1 ELSE r.attempts END,
+               last_status = CASE WHEN m.next = 'released' THEN r.last_status ELSE m.status END,
+               last_error = CASE WHEN m.next = 'released' THEN r.last_error ELSE pg_catalog.left(m.error, 300) END,
+               next_attempt_at = CASE WHEN m.next = 'pending'
+                                      THEN pg_catalog.clock_timestamp()
+                                           + greatest(siwa.retry_delay(m.attempts, p_retry_base, p_retry_cap),
+                                                      pg_catalog.make_interval(secs => coalesce(m.retry_after, 0)))
+                                      ELSE r.next_attempt_at END,
+               state = CASE WHEN m.next IN ('done', 'dead') THEN m.next ELSE r.state END,
+               outcome = CASE WHEN m.next NOT IN ('done', 'dead') THEN r.outcome
+                              WHEN m.outcome = 'retry' THEN 'gave_up' ELSE m.outcome END,
+               finished_at = CASE WHEN m.next IN ('done', 'dead') THEN pg_catalog.clock_timestamp() END,
+               address = CASE WHEN m.next IN ('done', 'dead') AND r.erase_by IS NOT NULL THEN NULL
+                              ELSE r.address END,
+               address_key = CASE WHEN m.next IN ('done', 'dead') AND r.erase_by IS NOT NULL THEN NULL
+                                  ELSE r.address_key END
+          FROM mine AS m
+         WHERE r.id = m.id
+        RETURNING r.id)
+    SELECT recorded.id FROM recorded;
 END;
 $$;
 COMMENT ON FUNCTION siwa.record_suppression_attempts(text, bigint[], text[], integer[], text[], double precision[], integer, interval, interval) IS
-    'Records a lane''s batch of suppression attempts (each as siwa.record_suppression_attempt does) and releases (released: given back uncalled, its attempt uncounted) in one statement; returns the ids whose lease was still p_owner''s. Executable by siwa_worker.';
+    'Records a lane''s batch of suppression attempts in one statement: done, already_there, not_there, not_ours (done), permanent (dead), retry after siwa.retry_delay and at least the provider''s retry-after (dead, gave_up, at p_max_attempts), released (given back, its attempt uncounted); keeps siwa.suppressions_we_added. Returns the ids whose lease was still p_owner''s. Executable by siwa_worker.';
+
+-- Records the attempt of a row the caller leased, as siwa.record_suppression_attempts records a batch of
+-- one. False, nothing written, when the lease is no longer the caller's.
+CREATE OR REPLACE FUNCTION siwa.record_suppression_attempt(
+    p_id bigint, p_owner text, p_outcome text, p_status integer, p_error text,
+    p_retry_after double precision DEFAULT NULL, p_max_attempts integer DEFAULT 12,
+    p_retry_base interval DEFAULT interval '5 seconds', p_retry_cap interval DEFAULT interval '1 hour')
+RETURNS boolean
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pg_catalog.count(*) > 0
+      FROM siwa.record_suppression_attempts(p_owner, ARRAY[p_id], ARRAY[p_outcome], ARRAY[p_status],
+                                            ARRAY[p_error], ARRAY[p_retry_after], p_max_attempts, p_retry_base,
+                                            p_retry_cap);
+$$;
+COMMENT ON FUNCTION siwa.record_suppression_attempt(bigint, text, text, integer, text, double precision, integer, interval, interval) IS
+    'Records the attempt of a suppression row p_owner leased (siwa.record_suppression_attempts for one row). False when the lease is no longer the caller''s. Executable by siwa_worker.';
 
 -- Before an add's call: when the provider's list already holds the address (p_listed), whether an earlier
 -- attempt of this row sent the add (then it is ours); otherwise marks the row as sent by this attempt and

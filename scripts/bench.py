@@ -947,7 +947,7 @@ def webhooks(cluster, binaries, jwks_url, bodies, changes=20_000, subs=2_000, id
             "end_to_end_p99_ms": percentile(end_to_end, 99) if end_to_end else None}
 
 
-def outbox(cluster, binaries, workdir, events=20_000, subs=2_000, suppressions=2_000):
+def outbox(cluster, binaries, workdir, events=20_000, subs=2_000, suppressions=10_000):
     """Each outbox consumer of siwa-worker alone against the same fast keep-alive endpoint
     (scripts/bench-endpoint.py): webhook lanes and Shared Signals push (8 lanes each, `events` changes of
     `subs` users), the SendGrid suppression outbox (its one lane per provider, `suppressions` addresses);
