@@ -59,4 +59,32 @@ struct ScaleTests {
         let rate = 10_000 / max(seconds, 0.001)
         print("ssf push rate: 10000 SETs in \(elapsed), \(Int(rate)) per second (4 lanes, one stream)")
     }
+
+    @Test(
+        "a claim does not walk the delivered events ahead of the due ones when the statistics predate them"
+    )
+    func claimProbesTheDueIndex() throws {
+        let fixture = try PushFixture()
+        try fixture.addStream("https://receiver.example.test/events")
+        try fixture.insertChanges((0..<2000).map { ("siwa.consent_revoked", "001.u\($0)") })
+        let owner = fixture.database.connection
+        try owner.execute("ANALYZE siwa.ssf_events")
+        // Delivered since the statistics were taken, as a burst is: the planner still counts them pending.
+        try owner.execute(
+            "UPDATE siwa.ssf_events SET state = 'delivered', delivered_at = now() WHERE id <= (SELECT min(id) + 1499 FROM siwa.ssf_events)"
+        )
+        try owner.execute("VACUUM siwa.ssf_events")
+        // The primary-key entries the claim's scans read (this backend's count, before and after).
+        let keysRead = "SELECT pg_stat_get_xact_tuples_returned('siwa.ssf_events_pkey'::regclass)"
+        let (claimed, read) = try owner.transaction { connection in
+            let before = try connection.value(keysRead, as: Int.self)
+            let claimed = try connection.query(
+                "SELECT id FROM siwa.claim_ssf_events('host:1:test:0', interval '1 minute', 8)"
+            ).count
+            return (claimed, try connection.value(keysRead, as: Int.self) - before)
+        }
+        #expect(claimed == 8)
+        // Walking the 1,500 delivered events by primary key reads each one's entry.
+        #expect(read < 100, "\(read) primary-key entries read")
+    }
 }
