@@ -15,6 +15,8 @@ let package = Package(
         .executable(name: "siwactl", targets: ["siwactl"]),
         .executable(name: "siwa-mailgate", targets: ["siwa-mailgate"]),
         .library(name: "AppleNotifications", targets: ["AppleNotifications"]),
+        // Apple's /auth/token, /auth/revoke and the ES256 client secret, for Swift apps (docs/operations.md).
+        .library(name: "AppleID", targets: ["AppleID"]),
     ],
     targets: [
         // C bridges: thin, at the edge.
