@@ -4,7 +4,7 @@ public import ServiceSupport
 
 /// A queue whose consumer calls out (the revoker, webhooks, Shared Signals push, suppressions): each
 /// row is claimed under a lease (committed), called with no transaction open, and recorded only if the
-/// lease is still the lane's — the lease rule of schema/33-leases.sql, ``CallLease``.
+/// lease is still the lane's — the lease rule of schema/54-leases.sql, ``CallLease``.
 ///
 /// A conforming type gives what is its own: its claim, its call, its record, how soon its next row is
 /// due, and its maintenance; ``OutboxLanes`` gives everything else (lanes, owner ids, LISTEN and

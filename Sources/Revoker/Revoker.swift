@@ -170,11 +170,11 @@ public final class Revoker: Outbox {
     /// Its periodic tasks: sign-in code pruning, and the refresh checks when on (each token at most once
     /// per interval, a day or more, in passes at most once a minute, between revocations).
     public var maintenance: [PeriodicTask<PostgresConnection>] {
-        [signInCodePruning]
-            + (configuration.refreshCheckInterval.map {
-                [refreshCheckPass(interval: Self.pacedRefreshCheckInterval($0))]
-            }
-                ?? [])
+        var tasks = [signInCodePruning]
+        if let interval = configuration.refreshCheckInterval {
+            tasks.append(refreshCheckPass(interval: Self.pacedRefreshCheckInterval(interval)))
+        }
+        return tasks
     }
 
     /// The revocations due by `dueBy`, one request after another on `connection` (between refresh checks).
