@@ -81,7 +81,7 @@ extension Revoker {
         }
         // invalid_grant: consent is gone; the token is destroyed and a consent-revoked recorded.
         if let jti = try connection.value(
-            "SELECT siwa.record_refresh_check($1, $2, $3)",
+            RevocationQueries.recordRefreshCheck,
             [.int(Int64(token.id)), .bytes(token.ciphertext), .text(outcome)], as: String?.self)
         {
             logger.warning(

@@ -26,7 +26,6 @@ extension Revoker {
         -> Int
     {
         try connection.value(
-            "SELECT siwa.prune_sign_in_codes($1::float8 * interval '1 second')", [.double(age.inSeconds)],
-            as: Int.self)
+            RevocationQueries.pruneSignInCodes, [.double(age.inSeconds)], as: Int.self)
     }
 }

@@ -159,7 +159,7 @@ public final class SuppressionDispatcher: Outbox {
         var total = 0
         for _ in 0..<100 where !isStopping {
             let count = try connection.value(
-                "SELECT siwa.prune_suppressions($1::float8 * interval '1 second', 10000)",
+                SuppressionQueries.prune,
                 [.double(configuration.retention.inSeconds)], as: Int.self)
             total += count
             if count < 10000 { break }

@@ -28,4 +28,7 @@ enum SuppressionQueries {
                                                 $6::float8[], $7::integer, $8::float8 * interval '1 second',
                                                 $9::float8 * interval '1 second')
         """
+
+    /// Finished rows older than $1 seconds pruned, 10,000 at most; how many.
+    static let prune = "SELECT siwa.prune_suppressions($1::float8 * interval '1 second', 10000)"
 }

@@ -7,8 +7,7 @@ extension WebhookDispatcher {
     /// (`siwa.remove_expired_webhook_endpoints`: a listener that crashed leaves its endpoint behind).
     var expiredEndpointRemoval: PeriodicTask<PostgresConnection> {
         PeriodicTask("expired endpoint removal", every: Self.repairInterval) { [logger] connection in
-            let removed = try connection.query("SELECT siwa.remove_expired_webhook_endpoints()")[0][
-                0, as: Int.self]
+            let removed = try connection.value(WebhookQueries.removeExpiredEndpoints, as: Int.self)
             if removed > 0 {
                 logger.info("webhooks: removed expired temporary endpoints", ["count": .int(removed)])
             }

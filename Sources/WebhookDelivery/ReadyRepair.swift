@@ -6,7 +6,7 @@ extension WebhookDispatcher {
     /// `siwa.repair_webhook_ready`; every transition keeps them).
     var readyRepair: PeriodicTask<PostgresConnection> {
         PeriodicTask("ready repair", every: Self.repairInterval) { connection in
-            ["ready_repaired": try connection.value("SELECT siwa.repair_webhook_ready()", as: Int.self)]
+            ["ready_repaired": try connection.value(WebhookQueries.repairReady, as: Int.self)]
         }
     }
 }

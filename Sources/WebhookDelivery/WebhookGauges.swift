@@ -165,7 +165,7 @@ public final class WebhookGauges: Sendable {
             let opened = try PostgresConnection(configuration: database)
             do {
                 try opened.query(
-                    "SELECT set_config('statement_timeout', $1, false), set_config('lock_timeout', $2, false)",
+                    WebhookQueries.gaugeSessionTimeouts,
                     [
                         .text("\(Int(configuration.statementTimeout.inSeconds * 1000))ms"),
                         .text("\(Int(configuration.lockTimeout.inSeconds * 1000))ms"),

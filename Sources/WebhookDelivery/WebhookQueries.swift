@@ -1,5 +1,5 @@
-/// The statements the webhook lanes run that are not a typed row's own (``ClaimedDelivery``), in one
-/// place.
+/// The statements the webhook lanes, their maintenance and the gauges run that are not a typed row's own
+/// (``ClaimedDelivery``), in one place.
 enum WebhookQueries {
     /// Seconds until the next delivery is due: of the enabled endpoints, the earliest due queue head not
     /// in flight, or a lease's end, but not before the endpoint's backoff (null: none pending).
@@ -20,4 +20,14 @@ enum WebhookQueries {
                                                    $5::integer[], $6::text[], $7::float8[], $8::text[],
                                                    $9::float8, $10::float8))
         """
+
+    /// Temporary endpoints past their expiry removed; how many.
+    static let removeExpiredEndpoints = "SELECT siwa.remove_expired_webhook_endpoints()"
+
+    /// The `ready` hints the transitions could not keep, repaired; how many.
+    static let repairReady = "SELECT siwa.repair_webhook_ready()"
+
+    /// The gauges' session: its statement ($1) and lock ($2) timeouts.
+    static let gaugeSessionTimeouts =
+        "SELECT set_config('statement_timeout', $1, false), set_config('lock_timeout', $2, false)"
 }
