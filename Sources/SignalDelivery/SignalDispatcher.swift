@@ -19,33 +19,18 @@ public import SharedSignals
 public final class SignalDispatcher: Outbox {
     /// The dispatcher's settings.
     public struct Configuration: Sendable {
-        /// The database (the role needs `siwa_worker`).
-        public var database: PostgresConfiguration
+        /// The database, the lanes (pushes in flight at once), the batch (SETs a lane pushes one after
+        /// another), a push's deadline, the retries' delays, the poll interval, the HTTP client's
+        /// environment.
+        public var calls: OutboxCalls
         /// The SETs' `iss`.
         public var issuer: String
         /// The key that signs every SET.
         public var key: SETSigningKey
-        /// Lanes: pushes in flight at once from this process.
-        public var concurrency: Int
-        /// SETs a lane claims at once and pushes one after another (one after a failure).
-        public var batchSize: Int
-        /// The deadline of one push.
-        public var timeout: Duration
-        /// First retry delay; doubles per attempt with jitter, at most ``maxRetryDelay``.
-        public var retryBaseDelay: Duration
-        /// The longest retry delay.
-        public var maxRetryDelay: Duration
         /// Attempts before an event is dead.
         public var maxAttempts: Int
-        /// Look for due events at least this often (NOTIFY wakes the lanes sooner).
-        public var pollInterval: Duration
-        /// Where `SSL_CERT_FILE` and `https_proxy`/`no_proxy` are read.
-        public var environment: [String: String]
-        /// How long a claimed event stays leased: the push's deadline plus ``CallLease/margin``, and
-        /// ``CallLease/batchWindow`` when a lane claims batches.
-        public var lease: Duration {
-            batchSize > 1 ? CallLease.covering(batchOf: timeout) : CallLease.covering(timeout)
-        }
+        /// How long a claimed event stays leased (``OutboxCalls/lease(callsPerRow:)``).
+        public var lease: Duration { calls.lease() }
 
         /// Settings; durations positive, `concurrency` and `maxAttempts` at least 1.
         public init(
@@ -55,25 +40,18 @@ public final class SignalDispatcher: Outbox {
             pollInterval: Duration = .seconds(1),
             environment: [String: String] = [:]
         ) throws {
-            guard concurrency >= 1, (1...1000).contains(batchSize), maxAttempts >= 1, timeout > .zero,
-                retryBaseDelay > .zero,
-                maxRetryDelay >= retryBaseDelay, pollInterval > .zero, !issuer.isEmpty
-            else {
+            calls = try OutboxCalls(
+                "the Shared Signals settings", database: database, concurrency: concurrency,
+                batchSize: batchSize,
+                timeout: timeout, retryBaseDelay: retryBaseDelay, maxRetryDelay: maxRetryDelay,
+                pollInterval: pollInterval, environment: environment)
+            guard maxAttempts >= 1, !issuer.isEmpty else {
                 throw ConfigurationError(
-                    "the Shared Signals settings must be positive (max delay ≥ base delay, a batch of 1 to 1,000)"
-                )
+                    "the Shared Signals issuer and attempts must be given (at least one)")
             }
-            self.database = database
             self.issuer = issuer
             self.key = key
-            self.concurrency = concurrency
-            self.batchSize = batchSize
-            self.timeout = timeout
-            self.retryBaseDelay = retryBaseDelay
-            self.maxRetryDelay = maxRetryDelay
             self.maxAttempts = maxAttempts
-            self.pollInterval = pollInterval
-            self.environment = environment
         }
     }
 
@@ -119,17 +97,17 @@ public final class SignalDispatcher: Outbox {
     public init(configuration: Configuration, logger: Logger) {
         self.configuration = configuration
         lanes = OutboxLanes(
-            name: "shared signals", channel: Self.channel, database: configuration.database,
-            count: configuration.concurrency,
-            pollInterval: min(configuration.pollInterval, .milliseconds(500)),
+            name: "shared signals", channel: Self.channel, database: configuration.calls.database,
+            count: configuration.calls.concurrency,
+            pollInterval: min(configuration.calls.pollInterval, .milliseconds(500)),
             logger: logger)
         let client = OutboundHTTP.Client(
             policy: OutboundHTTP.Policy(
-                timeout: configuration.timeout, maxResponseBodyBytes: 16 << 10,
+                timeout: configuration.calls.timeout, maxResponseBodyBytes: 16 << 10,
                 allowsPlainHTTPToLoopback: true,
                 userAgent: "siwa-notifications-ssf"),
-            environment: configuration.environment)
-        sessions = (0..<configuration.concurrency).map { _ in OutboundHTTP.Session(client: client) }
+            environment: configuration.calls.environment)
+        sessions = (0..<configuration.calls.concurrency).map { _ in OutboundHTTP.Session(client: client) }
     }
 
     /// Leases up to ``Configuration/batchSize`` due SETs to the lane (`siwa.claim_ssf_events`).
@@ -138,7 +116,10 @@ public final class SignalDispatcher: Outbox {
     {
         let events = try connection.rows(
             ClaimedSET.self,
-            [.text(lane.owner), .double(configuration.lease.inSeconds), .int(Int64(configuration.batchSize))])
+            [
+                .text(lane.owner), .double(configuration.lease.inSeconds),
+                .int(Int64(configuration.calls.batchSize)),
+            ])
         return events.isEmpty ? .nothing : .leased(events)
     }
 
@@ -170,8 +151,9 @@ public final class SignalDispatcher: Outbox {
                     .array(rows.map { .text($0.1) }),
                     .array(rows.map { $0.2.map { .int(Int64($0)) } }),
                     .array(rows.map { $0.3.map { .text(String($0.prefix(300))) } }),
-                    .int(Int64(configuration.maxAttempts)), .double(configuration.retryBaseDelay.inSeconds),
-                    .double(configuration.maxRetryDelay.inSeconds),
+                    .int(Int64(configuration.maxAttempts)),
+                    .double(configuration.calls.retrySchedule.base.inSeconds),
+                    .double(configuration.calls.retrySchedule.maximum.inSeconds),
                 ]
             ).map { row throws(PostgresError) in try row[0, as: Int.self] })
         return pushes.map { report($0, recorded: recorded.contains($0.event.id)) }

@@ -18,31 +18,19 @@ public import ServiceSupport
 public final class SuppressionDispatcher: Outbox {
     /// The dispatcher's settings.
     public struct Configuration: Sendable {
-        /// The database (the role needs `siwa_worker`).
-        public var database: PostgresConfiguration
+        /// The database, a lane per provider, the batch (rows of one provider a lane calls one after
+        /// another, distinct addresses), a call's deadline, the retries' delays, the poll interval, the
+        /// HTTP client's environment.
+        public var calls: OutboxCalls
         /// The providers this process delivers for, by `siwa.suppression_providers.name`.
         public var providers: [String: any SuppressionProvider]
-        /// The deadline of one call.
-        public var timeout: Duration
-        /// First retry delay; doubles per attempt, with jitter, at most ``maxRetryDelay``.
-        public var retryBaseDelay: Duration
-        /// The longest retry delay.
-        public var maxRetryDelay: Duration
         /// A row still failing after this many attempts is dead (`gave_up`).
         public var maxAttempts: Int
-        /// Look for due rows at least this often (NOTIFY wakes the lanes sooner).
-        public var pollInterval: Duration
         /// Finished rows older than this are pruned (each address's latest kept: ``SuppressionDispatcher/prune()``).
         public var retention: Duration
-        /// Where `SSL_CERT_FILE` and `https_proxy`/`no_proxy` are read (the executable's environment).
-        public var environment: [String: String]
-        /// Rows of one provider a lane claims at once and calls one after another (distinct addresses).
-        public var batchSize: Int
-        /// How long a claimed row stays leased: two calls (the read, then the add or an SES remove), each up to
-        /// ``timeout``, plus ``CallLease/margin``, and ``CallLease/batchWindow`` when a lane claims batches.
-        public var lease: Duration {
-            batchSize > 1 ? CallLease.covering(batchOf: timeout * 2) : CallLease.covering(timeout * 2)
-        }
+        /// How long a claimed row stays leased: two calls each (the read, then the add or an SES remove)
+        /// (``OutboxCalls/lease(callsPerRow:)``).
+        public var lease: Duration { calls.lease(callsPerRow: 2) }
 
         public static let defaultTimeout: Duration = .seconds(10)
         public static let defaultRetryBaseDelay: Duration = .seconds(5)
@@ -62,23 +50,16 @@ public final class SuppressionDispatcher: Outbox {
             retention: Duration = Configuration.defaultRetention, batchSize: Int = 16,
             environment: [String: String] = [:]
         ) throws {
-            guard timeout > .zero, retryBaseDelay > .zero, maxRetryDelay >= retryBaseDelay, maxAttempts >= 1,
-                pollInterval > .zero, retention > .zero, (1...1000).contains(batchSize)
-            else {
-                throw ConfigurationError(
-                    "the suppression settings must be positive (max delay ≥ base delay, a batch of 1 to 1,000)"
-                )
+            calls = try OutboxCalls(
+                "the suppression settings", database: database, concurrency: max(providers.count, 1),
+                batchSize: batchSize, timeout: timeout, retryBaseDelay: retryBaseDelay,
+                maxRetryDelay: maxRetryDelay, pollInterval: pollInterval, environment: environment)
+            guard maxAttempts >= 1, retention > .zero else {
+                throw ConfigurationError("the suppression attempts and retention must be positive")
             }
-            self.batchSize = batchSize
-            self.database = database
             self.providers = providers
-            self.timeout = timeout
-            self.retryBaseDelay = retryBaseDelay
-            self.maxRetryDelay = maxRetryDelay
             self.maxAttempts = maxAttempts
-            self.pollInterval = pollInterval
             self.retention = retention
-            self.environment = environment
         }
     }
 
@@ -114,15 +95,15 @@ public final class SuppressionDispatcher: Outbox {
     public init(configuration: Configuration, logger: Logger, metrics: MetricsRegistry? = nil) {
         self.configuration = configuration
         lanes = OutboxLanes(
-            name: "suppressions", channel: Self.channel, database: configuration.database,
+            name: "suppressions", channel: Self.channel, database: configuration.calls.database,
             lanes: configuration.providers.keys.sorted(),
-            pollInterval: min(configuration.pollInterval, .milliseconds(500)), logger: logger)
+            pollInterval: min(configuration.calls.pollInterval, .milliseconds(500)), logger: logger)
         let client = OutboundHTTP.Client(
             policy: OutboundHTTP.Policy(
-                timeout: configuration.timeout, maxResponseBodyBytes: 64 << 10,
+                timeout: configuration.calls.timeout, maxResponseBodyBytes: 64 << 10,
                 allowsPlainHTTPToLoopback: true,
                 userAgent: "siwa-notifications-suppressions"),
-            environment: configuration.environment)
+            environment: configuration.calls.environment)
         sessions = configuration.providers.mapValues { _ in OutboundHTTP.Session(client: client) }
         var attempts: [String: Counter] = [:]
         for outcome in ["done", "already_there", "not_there", "not_ours", "retry", "permanent"] {
@@ -150,7 +131,7 @@ public final class SuppressionDispatcher: Outbox {
     /// kept unless erased), 10,000 a statement; returns how many.
     @discardableResult
     public func prune() throws -> Int {
-        let connection = try PostgresConnection(configuration: configuration.database)
+        let connection = try PostgresConnection(configuration: configuration.calls.database)
         defer { connection.close() }
         return try prune(on: connection)
     }
@@ -176,7 +157,7 @@ public final class SuppressionDispatcher: Outbox {
             ClaimedSuppression.self,
             [
                 .text(lane.owner), .double(configuration.lease.inSeconds),
-                .int(Int64(configuration.batchSize)),
+                .int(Int64(configuration.calls.batchSize)),
                 .text(lane.name),
             ])
         return claims.isEmpty ? .nothing : .leased(claims)
@@ -303,8 +284,9 @@ public final class SuppressionDispatcher: Outbox {
             try connection.query(
                 SuppressionQueries.recordAttempts,
                 [.text(lane.owner)] + parameters.map { .array($0) } + [
-                    .int(Int64(configuration.maxAttempts)), .double(configuration.retryBaseDelay.inSeconds),
-                    .double(configuration.maxRetryDelay.inSeconds),
+                    .int(Int64(configuration.maxAttempts)),
+                    .double(configuration.calls.retrySchedule.base.inSeconds),
+                    .double(configuration.calls.retrySchedule.maximum.inSeconds),
                 ]
             ).map { row throws(PostgresError) in try row[0, as: Int.self] })
         return made.map { report($0, recorded: recorded.contains($0.claim.id), lane: lane) }

@@ -10,7 +10,7 @@ import Webhooks
 /// (`siwa.webhook_deliveries`), signed as Standard Webhooks, at least once, in change order per user
 /// and endpoint.
 ///
-/// An ``Outbox`` of `configuration.concurrency` lanes (``OutboxLanes``), each with its own connection,
+/// An ``Outbox`` of `configuration.calls.concurrency` lanes (``OutboxLanes``), each with its own connection,
 /// listening on `siwa_webhooks` (the fan-out trigger and replays notify it). No lock and no
 /// transaction is held across the network: `siwa.claim_webhook_deliveries` commits leases on up to
 /// `batchSize` due queue heads of one endpoint (distinct users) and returns their change rows, the lane
@@ -36,38 +36,17 @@ import Webhooks
 public final class WebhookDispatcher: Outbox {
     /// The dispatcher's settings.
     public struct Configuration: Sendable {
-        /// The database (the role needs `siwa_worker`).
-        public var database: PostgresConfiguration
-        /// Lanes: attempts in flight at once from this process, over all endpoints.
-        public var concurrency: Int
-        /// Deliveries of one endpoint a lane claims at once and sends one after another on its
-        /// connection (one while the endpoint is failing).
-        public var batchSize: Int
-        /// The deadline of one attempt, from name resolution to the last byte of the answer.
-        public var timeout: Duration
-        /// First retry delay; doubles per attempt, with jitter (×0.5 to 1), at most ``maxRetryDelay``.
-        public var retryBaseDelay: Duration
-        /// The longest retry delay.
-        public var maxRetryDelay: Duration
-        /// The retries' delays: ``retryBaseDelay`` doubling to ``maxRetryDelay``, with jitter.
-        public var retrySchedule: RetrySchedule {
-            RetrySchedule(base: retryBaseDelay, maximum: maxRetryDelay)
-        }
+        /// The database, the lanes (attempts in flight at once over all endpoints), the batch (deliveries
+        /// of one endpoint a lane sends one after another on its connection), an attempt's deadline,
+        /// the retries' delays, the poll interval, the HTTP client's environment.
+        public var calls: OutboxCalls
         /// A delivery failing for this long since its first attempt is `dead` (default 26 h: the schedule
         /// spans more than a day).
         public var giveUpAfter: Duration
-        /// Look for due deliveries at least this often (NOTIFY wakes the lanes sooner).
-        public var pollInterval: Duration
         /// The largest answer body read; a larger one fails the attempt.
         public var maxResponseBodyBytes: Int
-        /// Where `SSL_CERT_FILE` and `https_proxy`/`no_proxy` are read (the executable's environment).
-        public var environment: [String: String]
-        /// How long a claimed delivery stays leased to its lane: the attempt's ``timeout`` plus
-        /// ``CallLease/margin``, and ``CallLease/batchWindow`` when a lane claims batches (``CallLease``).
-        /// A lease still held after that is taken over by another lane.
-        public var lease: Duration {
-            batchSize > 1 ? CallLease.covering(batchOf: timeout) : CallLease.covering(timeout)
-        }
+        /// How long a claimed delivery stays leased to its lane (``OutboxCalls/lease(callsPerRow:)``).
+        public var lease: Duration { calls.lease() }
 
         /// The defaults of the settings (siwa-worker's flags show and use these, but for its lanes).
         public static let defaultTimeout: Duration = .seconds(10)
@@ -86,23 +65,15 @@ public final class WebhookDispatcher: Outbox {
             pollInterval: Duration = Configuration.defaultPollInterval,
             maxResponseBodyBytes: Int = 64 << 10, environment: [String: String] = [:]
         ) throws {
-            guard concurrency >= 1, (1...1000).contains(batchSize), timeout > .zero, retryBaseDelay > .zero,
-                maxRetryDelay >= retryBaseDelay,
-                giveUpAfter > .zero, pollInterval > .zero, maxResponseBodyBytes > 0
-            else {
-                throw ConfigurationError(
-                    "the webhook settings must be positive (max delay ≥ base delay, a batch of 1 to 1,000)")
+            calls = try OutboxCalls(
+                "the webhook settings", database: database, concurrency: concurrency, batchSize: batchSize,
+                timeout: timeout, retryBaseDelay: retryBaseDelay, maxRetryDelay: maxRetryDelay,
+                pollInterval: pollInterval, environment: environment)
+            guard giveUpAfter > .zero, maxResponseBodyBytes > 0 else {
+                throw ConfigurationError("the webhook give-up time and answer size must be positive")
             }
-            self.database = database
-            self.concurrency = concurrency
-            self.batchSize = batchSize
-            self.timeout = timeout
-            self.retryBaseDelay = retryBaseDelay
-            self.maxRetryDelay = maxRetryDelay
             self.giveUpAfter = giveUpAfter
-            self.pollInterval = pollInterval
             self.maxResponseBodyBytes = maxResponseBodyBytes
-            self.environment = environment
         }
     }
 
@@ -149,16 +120,17 @@ public final class WebhookDispatcher: Outbox {
     public init(configuration: Configuration, logger: Logger, metrics: MetricsRegistry? = nil) {
         self.configuration = configuration
         lanes = OutboxLanes(
-            name: "webhooks", channel: Self.channel, database: configuration.database,
-            count: configuration.concurrency,
-            pollInterval: min(configuration.pollInterval, .milliseconds(500)),
+            name: "webhooks", channel: Self.channel, database: configuration.calls.database,
+            count: configuration.calls.concurrency,
+            pollInterval: min(configuration.calls.pollInterval, .milliseconds(500)),
             logger: logger)
         let client = OutboundHTTP.Client(
             policy: OutboundHTTP.Policy(
-                timeout: configuration.timeout, maxResponseBodyBytes: configuration.maxResponseBodyBytes,
+                timeout: configuration.calls.timeout,
+                maxResponseBodyBytes: configuration.maxResponseBodyBytes,
                 allowsPlainHTTPToLoopback: true, userAgent: "siwa-notifications-webhooks"),
-            environment: configuration.environment)
-        sessions = (0..<configuration.concurrency).map { _ in OutboundHTTP.Session(client: client) }
+            environment: configuration.calls.environment)
+        sessions = (0..<configuration.calls.concurrency).map { _ in OutboundHTTP.Session(client: client) }
         connectionsOpened = metrics?.counter(
             "siwa_webhook_connections_opened_total",
             help: "Connections the webhook lanes opened (each lane keeps its own open between attempts).")
@@ -186,7 +158,7 @@ public final class WebhookDispatcher: Outbox {
             ClaimedDelivery.self,
             [
                 .text(lane.owner), .double(configuration.lease.inSeconds),
-                .int(Int64(configuration.batchSize)),
+                .int(Int64(configuration.calls.batchSize)),
                 .date(dueBy), .int(Int64(lane.count)),
             ])
         guard let first = claims.first else { return .nothing }
@@ -237,8 +209,8 @@ public final class WebhookDispatcher: Outbox {
             try connection.query(
                 WebhookQueries.recordAttempts,
                 [.text(lane.owner)] + parameters.map { .array($0) } + [
-                    .double(configuration.retryBaseDelay.inSeconds),
-                    .double(configuration.maxRetryDelay.inSeconds),
+                    .double(configuration.calls.retrySchedule.base.inSeconds),
+                    .double(configuration.calls.retrySchedule.maximum.inSeconds),
                 ]
             ).map { row throws(PostgresError) in try row[0, as: Int.self] })
         return made.map { report($0, recorded: recorded.contains($0.delivery.id)) }
@@ -293,7 +265,8 @@ public final class WebhookDispatcher: Outbox {
             attempt.state = .dead
         } else {
             attempt.state = .retry
-            attempt.retryIn = configuration.retrySchedule.delay(afterAttempt: delivery.attempt).inSeconds
+            attempt.retryIn =
+                configuration.calls.retrySchedule.delay(afterAttempt: delivery.attempt).inSeconds
         }
         return attempt
     }

@@ -1,4 +1,5 @@
 import Postgres
+import QueueConsumer
 import Revoker
 import SignalDelivery
 import Suppressions
@@ -71,7 +72,7 @@ struct ConnectionPlan {
             ),
         ]
         if let webhooks {
-            let count = webhooks.configuration.concurrency
+            let count = webhooks.configuration.calls.concurrency
             rows.append(
                 Row(
                     user: "webhook lanes", count: count,
@@ -82,7 +83,7 @@ struct ConnectionPlan {
             rows.append(Row(user: "webhook lanes", count: 0, note: "off: --webhook-concurrency 0"))
         }
         if let sharedSignals {
-            let count = sharedSignals.configuration.concurrency
+            let count = sharedSignals.configuration.calls.concurrency
             rows.append(
                 Row(
                     user: "Shared Signals lanes", count: count,
