@@ -271,6 +271,7 @@ let package = Package(
             dependencies: ["WebhookAdministration", "Postgres", "ServiceHealth", "TestSupport", "Webhooks"]),
         .testTarget(name: "AppleIDTests", dependencies: ["AppleID", "ServiceSupport", "TestSupport"]),
         .testTarget(name: "BouncesTests", dependencies: ["Bounces"]),
+        .testTarget(name: "AuthPlatformsTests", dependencies: ["AuthPlatforms", "Postgres", "TestSupport"]),
         .testTarget(
             name: "BounceEventsTests",
             dependencies: [

@@ -2,7 +2,8 @@ public import Postgres
 
 /// Supabase Auth (GoTrue) in schema `auth`, as supabase/auth v2.196.0's migrations leave it:
 /// `users`, `identities` (`provider`, `provider_id` = the `sub`, `identity_data`), `sessions`,
-/// `refresh_tokens` (`user_id` as text, no foreign key) and `flow_state` (no foreign key).
+/// `refresh_tokens` (`user_id` as text, no foreign key) and `flow_state` (no foreign key). A user still
+/// has a way to sign in without Apple with another identity, a password or a passkey (`webauthn_credentials`).
 ///
 /// Disable is a ban (`banned_until` 100 years ahead, as GoTrue's own `ban_duration` does it); forwarding
 /// is recorded in `raw_app_meta_data.apple_private_email_forwarding`. Row-level security is enabled on
@@ -69,6 +70,7 @@ struct SupabaseStatements: AccountStatements {
                             WHERE user_id = $1::uuid AND NOT (provider = $2 AND provider_id = $3))
                 OR EXISTS (SELECT 1 FROM auth.users
                             WHERE id = $1::uuid AND coalesce(encrypted_password, '') <> '')
+                OR EXISTS (SELECT 1 FROM auth.webauthn_credentials WHERE user_id = $1::uuid)
             """, [.text(user), .text(provider), .text(sub)], table: "auth.identities")
     }
 
@@ -171,6 +173,12 @@ struct SupabaseStatements: AccountStatements {
                 columns: ["user_id", "session_id", "revoked", "updated_at"],
                 privileges: ["SELECT", "UPDATE"] + (deletes ? ["DELETE"] : [])),
         ]
+        if policy.mayDisable {
+            // A passkey is a way to sign in too.
+            requirements.append(
+                TableRequirement(
+                    schema: "auth", table: "webauthn_credentials", columns: ["user_id"], privileges: ["SELECT"]))
+        }
         if deletes {
             requirements.append(
                 TableRequirement(
