@@ -77,7 +77,8 @@ public struct AuthPolicy: Sendable, Hashable {
     /// A policy; every argument defaults to the safe choice.
     public init(
         onConsentRevoked: ConsentRevoked = .endSessions, onAccountDeleted: AccountDeleted = .unlink,
-        whenUnlinkLeavesNoLogin: UnlinkLeavesNoLogin = .disable, onForwardingChange: ForwardingChange = .ignore,
+        whenUnlinkLeavesNoLogin: UnlinkLeavesNoLogin = .disable,
+        onForwardingChange: ForwardingChange = .ignore,
         onSubTransferred: SubTransferred = .move
     ) {
         self.onConsentRevoked = onConsentRevoked

@@ -20,7 +20,8 @@ public struct AuthJS: AuthPlatform {
         self.schema = schema
         statements = try AuthJSStatements(
             name: "authjs-pg", provider: provider, schema: schema,
-            tables: .init(users: "users", accounts: "accounts", sessions: "sessions", extra: []), idType: "integer",
+            tables: .init(users: "users", accounts: "accounts", sessions: "sessions", extra: []),
+            idType: "integer",
             accountUpdatedAt: nil)
     }
 
@@ -120,7 +121,9 @@ public enum AuthJSPolicies {
         if policy.mayDisable {
             throw AuthPlatformError(
                 .policyNotSupported, platform: platform,
-                cause: "whenUnlinkLeavesNoLogin disable is not supported: Auth.js has no disable flag; choose keep")
+                cause:
+                    "whenUnlinkLeavesNoLogin disable is not supported: Auth.js has no disable flag; choose keep"
+            )
         }
         if policy.onForwardingChange == .record {
             throw AuthPlatformError(
@@ -146,7 +149,8 @@ struct AuthJSStatements: AccountStatements {
     let accountUpdatedAt: String?
 
     init(
-        name: String, provider: String, schema: String, tables: Tables, idType: String, accountUpdatedAt: String?
+        name: String, provider: String, schema: String, tables: Tables, idType: String,
+        accountUpdatedAt: String?
     ) throws(AuthPlatformError) {
         self.name = name
         self.provider = provider
@@ -173,7 +177,7 @@ struct AuthJSStatements: AccountStatements {
             """
             SELECT u.id::text FROM \(accounts) a JOIN \(users) u ON u.id = a."userId"
              WHERE a.provider = $1 AND a."providerAccountId" = $2
-               FOR UPDATE
+               FOR UPDATE OF a
             """, [.text(provider), .text(sub)], table: accounts)
         guard Set(found).count <= 1 else {
             throw AuthPlatformError(
@@ -213,13 +217,17 @@ struct AuthJSStatements: AccountStatements {
         counts.identitiesUnlinked += try run.count(
             "DELETE FROM \(accounts) WHERE \"userId\" = $1::\(id)", [.text(user)], table: accounts)
         for table in extra {
-            try run.count("DELETE FROM \(table.quoted) WHERE \"userId\" = $1::\(id)", [.text(user)], table: table.quoted)
+            try run.count(
+                "DELETE FROM \(table.quoted) WHERE \"userId\" = $1::\(id)", [.text(user)], table: table.quoted
+            )
         }
         counts.usersDeleted += try run.count(
             "DELETE FROM \(users) WHERE id = $1::\(id)", [.text(user)], table: users)
     }
 
-    func move(user: String, from oldSub: String, to newSub: String, _ run: Runner, into counts: inout AuthCounts)
+    func move(
+        user: String, from oldSub: String, to newSub: String, _ run: Runner, into counts: inout AuthCounts
+    )
         throws(AuthPlatformError)
     {
         let touch = accountUpdatedAt.map { ", \($0) = now()" } ?? ""
@@ -236,8 +244,7 @@ struct AuthJSStatements: AccountStatements {
 
     func requirements(for policy: AuthPolicy) -> [TableRequirement] {
         let deletes = policy.onAccountDeleted == .delete
-        var accountPrivileges = ["SELECT"]
-        if policy.onSubTransferred == .move { accountPrivileges.append("UPDATE") }
+        var accountPrivileges = ["SELECT", "UPDATE"]  // UPDATE: the lookup locks the row (FOR UPDATE)
         if policy.onAccountDeleted == .unlink || deletes { accountPrivileges.append("DELETE") }
         var requirements = [
             TableRequirement(
@@ -245,7 +252,8 @@ struct AuthJSStatements: AccountStatements {
                 privileges: deletes ? ["SELECT", "DELETE"] : ["SELECT"]),
             TableRequirement(
                 schema: schema, table: tables.accounts,
-                columns: ["userId", "provider", "providerAccountId"] + (accountUpdatedAt == nil ? [] : ["updatedAt"]),
+                columns: ["userId", "provider", "providerAccountId"]
+                    + (accountUpdatedAt == nil ? [] : ["updatedAt"]),
                 privileges: accountPrivileges),
             TableRequirement(
                 schema: schema, table: tables.sessions, columns: ["userId"], privileges: ["SELECT", "DELETE"]),
@@ -253,7 +261,8 @@ struct AuthJSStatements: AccountStatements {
         if deletes {
             for table in tables.extra {
                 requirements.append(
-                    TableRequirement(schema: schema, table: table, columns: ["userId"], privileges: ["SELECT", "DELETE"]))
+                    TableRequirement(
+                        schema: schema, table: table, columns: ["userId"], privileges: ["SELECT", "DELETE"]))
             }
         }
         return requirements

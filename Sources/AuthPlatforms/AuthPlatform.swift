@@ -149,7 +149,8 @@ public enum SQLName {
         guard isValid(name) else {
             throw AuthPlatformError(
                 .invalidName, platform: platform,
-                cause: "a configured table or column name is not an identifier matching [A-Za-z_][A-Za-z0-9_]*")
+                cause:
+                    "a configured table or column name is not an identifier matching [A-Za-z_][A-Za-z0-9_]*")
         }
         return "\"\(name)\""
     }

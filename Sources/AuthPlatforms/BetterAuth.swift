@@ -61,7 +61,8 @@ public struct BetterAuth: AuthPlatform {
         self.provider = provider
         self.naming = naming
         self.banReason = banReason
-        statements = try BetterAuthStatements(name: "better-auth", provider: provider, naming: naming, banReason: banReason)
+        statements = try BetterAuthStatements(
+            name: "better-auth", provider: provider, naming: naming, banReason: banReason)
     }
 
     /// Refuses `record` (no metadata column) and any disable without the admin plugin's columns.
@@ -118,12 +119,16 @@ struct BetterAuthStatements: AccountStatements {
     let banned, banReasonColumn, banExpires: String?
     let id: String
 
-    init(name: String, provider: String, naming: BetterAuth.Naming, banReason: String) throws(AuthPlatformError) {
+    init(name: String, provider: String, naming: BetterAuth.Naming, banReason: String)
+        throws(AuthPlatformError)
+    {
         self.name = name
         self.provider = provider
         self.naming = naming
         self.banReason = banReason
-        func q(_ name: String) throws(AuthPlatformError) -> String { try SQLName.quoted(name, platform: "better-auth") }
+        func q(_ name: String) throws(AuthPlatformError) -> String {
+            try SQLName.quoted(name, platform: "better-auth")
+        }
         let schema = try q(naming.schema)
         user = schema + "." + (try q(naming.user))
         session = schema + "." + (try q(naming.session))
@@ -150,7 +155,7 @@ struct BetterAuthStatements: AccountStatements {
             """
             SELECT u.\(userID)::text FROM \(account) a JOIN \(user) u ON u.\(userID) = a.\(accountUserID)
              WHERE a.\(providerID) = $1 AND a.\(accountID) = $2
-               FOR UPDATE
+               FOR UPDATE OF a
             """, [.text(provider), .text(sub)], table: account
         ).first
     }
@@ -173,13 +178,15 @@ struct BetterAuthStatements: AccountStatements {
         throws(AuthPlatformError)
     {
         counts.identitiesUnlinked += try run.count(
-            "DELETE FROM \(account) WHERE \(providerID) = $1 AND \(accountID) = $2", [.text(provider), .text(sub)],
+            "DELETE FROM \(account) WHERE \(providerID) = $1 AND \(accountID) = $2",
+            [.text(provider), .text(sub)],
             table: account)
     }
 
     func disable(user: String, _ run: Runner, into counts: inout AuthCounts) throws(AuthPlatformError) {
         guard let banned, let banReasonColumn, let banExpires else {
-            throw AuthPlatformError(.policyNotSupported, platform: name, table: self.user, cause: "no ban columns")
+            throw AuthPlatformError(
+                .policyNotSupported, platform: name, table: self.user, cause: "no ban columns")
         }
         counts.usersDisabled += try run.count(
             """
@@ -199,7 +206,9 @@ struct BetterAuthStatements: AccountStatements {
             "DELETE FROM \(self.user) WHERE \(userID) = $1::\(id)", [.text(user)], table: self.user)
     }
 
-    func move(user: String, from oldSub: String, to newSub: String, _ run: Runner, into counts: inout AuthCounts)
+    func move(
+        user: String, from oldSub: String, to newSub: String, _ run: Runner, into counts: inout AuthCounts
+    )
         throws(AuthPlatformError)
     {
         counts.identitiesMoved += try run.count(
@@ -224,18 +233,19 @@ struct BetterAuthStatements: AccountStatements {
             userPrivileges.append("UPDATE")
         }
         if deletes { userPrivileges.append("DELETE") }
-        var accountPrivileges = ["SELECT"]
-        if policy.onSubTransferred == .move { accountPrivileges.append("UPDATE") }
+        var accountPrivileges = ["SELECT", "UPDATE"]  // UPDATE: the lookup locks the row (FOR UPDATE)
         if policy.onAccountDeleted == .unlink || deletes { accountPrivileges.append("DELETE") }
         return [
-            TableRequirement(schema: naming.schema, table: naming.user, columns: userColumns, privileges: userPrivileges),
+            TableRequirement(
+                schema: naming.schema, table: naming.user, columns: userColumns, privileges: userPrivileges),
             TableRequirement(
                 schema: naming.schema, table: naming.session, columns: [naming.sessionUserID],
                 privileges: ["SELECT", "DELETE"]),
             TableRequirement(
                 schema: naming.schema, table: naming.account,
                 columns: [
-                    naming.accountUserID, naming.accountProviderID, naming.accountAccountID, naming.accountUpdatedAt,
+                    naming.accountUserID, naming.accountProviderID, naming.accountAccountID,
+                    naming.accountUpdatedAt,
                 ], privileges: accountPrivileges),
         ]
     }

@@ -7,7 +7,7 @@ protocol AccountStatements: Sendable {
     var name: String { get }
     /// The provider.
     var provider: String { get }
-    /// The user linked to `sub` of ``provider``, its rows locked (`FOR UPDATE`), or nil.
+    /// The user linked to `sub` of ``provider``, the identity's row locked (`FOR UPDATE`), or nil.
     func findUser(sub: String, _ run: Runner) throws(AuthPlatformError) -> String?
     /// Whether `user` can still sign in without the identity of `sub` (another identity, a password).
     func hasOtherLogin(user: String, sub: String, _ run: Runner) throws(AuthPlatformError) -> Bool
@@ -21,7 +21,8 @@ protocol AccountStatements: Sendable {
     /// Deletes `user` and every row of theirs, leaving no orphan.
     func delete(user: String, _ run: Runner, into counts: inout AuthCounts) throws(AuthPlatformError)
     /// Moves the identity from `oldSub` to `newSub`.
-    func move(user: String, from oldSub: String, to newSub: String, _ run: Runner, into counts: inout AuthCounts)
+    func move(
+        user: String, from oldSub: String, to newSub: String, _ run: Runner, into counts: inout AuthCounts)
         throws(AuthPlatformError)
     /// Records the forwarding state (only called when ``AuthPlatform/validate(_:)`` allowed `record`).
     func recordForwarding(user: String, on: Bool, _ run: Runner, into counts: inout AuthCounts)
@@ -164,7 +165,9 @@ enum PolicyEngine {
         var counts = AuthCounts()
         switch event {
         case .consentRevoked:
-            if policy.onConsentRevoked == .endSessions { try statements.endSessions(user: user, run, into: &counts) }
+            if policy.onConsentRevoked == .endSessions {
+                try statements.endSessions(user: user, run, into: &counts)
+            }
         case .accountDeleted:
             switch policy.onAccountDeleted {
             case .sessionsOnly:
@@ -175,9 +178,12 @@ enum PolicyEngine {
             case .delete:
                 try statements.delete(user: user, run, into: &counts)
             case .unlink:
-                let other = try statements.hasOtherLogin(user: user, sub: sub, run)
+                var disable = false
+                if policy.whenUnlinkLeavesNoLogin == .disable {
+                    disable = !(try statements.hasOtherLogin(user: user, sub: sub, run))
+                }
                 try statements.unlink(user: user, sub: sub, run, into: &counts)
-                if !other && policy.whenUnlinkLeavesNoLogin == .disable {
+                if disable {
                     try statements.disable(user: user, run, into: &counts)
                 }
                 try statements.endSessions(user: user, run, into: &counts)
@@ -231,7 +237,9 @@ enum PolicyEngine {
                 let granted = try run.flag(
                     "SELECT pg_catalog.has_table_privilege($1::oid, $2)", [.text(oid), .text(privilege)],
                     table: table)
-                if !granted { problems.append(AuthPlatformProblem(.missingPrivilege, table: table, detail: privilege)) }
+                if !granted {
+                    problems.append(AuthPlatformProblem(.missingPrivilege, table: table, detail: privilege))
+                }
             }
             if (try? row.text(at: 1)) == "t" {
                 problems.append(AuthPlatformProblem(.rowLevelSecurity, table: table))

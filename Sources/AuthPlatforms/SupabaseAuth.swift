@@ -58,7 +58,7 @@ struct SupabaseStatements: AccountStatements {
             """
             SELECT u.id::text FROM auth.identities i JOIN auth.users u ON u.id = i.user_id
              WHERE i.provider = $1 AND i.provider_id = $2
-               FOR UPDATE
+               FOR UPDATE OF i
             """, [.text(provider), .text(sub)], table: "auth.identities"
         ).first
     }
@@ -112,14 +112,17 @@ struct SupabaseStatements: AccountStatements {
         counts.identitiesUnlinked += try run.count(
             "DELETE FROM auth.identities WHERE user_id = $1::uuid", [.text(user)], table: "auth.identities")
         try run.count(
-            "DELETE FROM auth.flow_state WHERE user_id = $1::uuid OR linking_target_id = $1::uuid", [.text(user)],
+            "DELETE FROM auth.flow_state WHERE user_id = $1::uuid OR linking_target_id = $1::uuid",
+            [.text(user)],
             table: "auth.flow_state")
         // The rest (mfa_*, one_time_tokens, oauth_authorizations, oauth_consents, webauthn_*) cascades.
         counts.usersDeleted += try run.count(
             "DELETE FROM auth.users WHERE id = $1::uuid", [.text(user)], table: "auth.users")
     }
 
-    func move(user: String, from oldSub: String, to newSub: String, _ run: Runner, into counts: inout AuthCounts)
+    func move(
+        user: String, from oldSub: String, to newSub: String, _ run: Runner, into counts: inout AuthCounts
+    )
         throws(AuthPlatformError)
     {
         counts.identitiesMoved += try run.count(
@@ -161,13 +164,13 @@ struct SupabaseStatements: AccountStatements {
         var identities = TableRequirement(
             schema: "auth", table: "identities",
             columns: ["id", "user_id", "provider", "provider_id", "identity_data", "updated_at"],
-            privileges: ["SELECT"])
-        if policy.onSubTransferred == .move { identities.privileges.append("UPDATE") }
+            privileges: ["SELECT", "UPDATE"])  // UPDATE: the lookup locks the row (FOR UPDATE)
         if policy.onAccountDeleted == .unlink || deletes { identities.privileges.append("DELETE") }
         var requirements = [
             users, identities,
             TableRequirement(
-                schema: "auth", table: "sessions", columns: ["id", "user_id"], privileges: ["SELECT", "DELETE"]),
+                schema: "auth", table: "sessions", columns: ["id", "user_id"],
+                privileges: ["SELECT", "DELETE"]),
             TableRequirement(
                 schema: "auth", table: "refresh_tokens",
                 columns: ["user_id", "session_id", "revoked", "updated_at"],
@@ -177,7 +180,8 @@ struct SupabaseStatements: AccountStatements {
             // A passkey is a way to sign in too.
             requirements.append(
                 TableRequirement(
-                    schema: "auth", table: "webauthn_credentials", columns: ["user_id"], privileges: ["SELECT"]))
+                    schema: "auth", table: "webauthn_credentials", columns: ["user_id"],
+                    privileges: ["SELECT"]))
         }
         if deletes {
             requirements.append(

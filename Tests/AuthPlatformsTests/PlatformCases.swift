@@ -49,7 +49,9 @@ struct PlatformCase: Sendable, CustomStringConvertible {
         let url = RepositoryRoot.url.appendingPathComponent("Tests/Fixtures/auth-platforms/\(name)")
         let text = try String(contentsOf: url, encoding: .utf8)
         // psql's meta-commands (\set) are not SQL.
-        let lines = text.split(separator: "\n", omittingEmptySubsequences: false).filter { !$0.hasPrefix("\\") }
+        let lines = text.split(separator: "\n", omittingEmptySubsequences: false).filter {
+            !$0.hasPrefix("\\")
+        }
         return """
             DO $$ BEGIN CREATE ROLE supabase_auth_admin NOLOGIN NOINHERIT;
             EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
@@ -160,10 +162,15 @@ struct PlatformCase: Sendable, CustomStringConvertible {
             ("auth.webauthn_challenges", "user_id::text LIKE $1 || '%'"),
             ("auth.flow_state", "user_id::text LIKE $1 || '%' OR linking_target_id::text LIKE $1 || '%'"),
         ],
-        identity: "SELECT left(user_id::text, 8) FROM auth.identities WHERE provider = 'apple' AND provider_id = $1",
-        disabled: "SELECT coalesce(banned_until > now(), false) FROM auth.users WHERE id::text LIKE $1 || '%'",
+        identity:
+            "SELECT left(user_id::text, 8) FROM auth.identities WHERE provider = 'apple' AND provider_id = $1",
+        disabled:
+            "SELECT coalesce(banned_until > now(), false) FROM auth.users WHERE id::text LIKE $1 || '%'",
         users: "SELECT count(*)::int8 FROM auth.users", sessions: "auth.sessions",
-        droppedColumn: ("auth.identities", "ALTER TABLE auth.identities DROP COLUMN identity_data CASCADE", "identity_data"),
+        droppedColumn: (
+            "auth.identities", "ALTER TABLE auth.identities DROP COLUMN identity_data CASCADE",
+            "identity_data"
+        ),
         policy: AuthPolicy())
 
     static let betterAuth = PlatformCase(
@@ -204,8 +211,12 @@ struct PlatformCase: Sendable, CustomStringConvertible {
                 (202, now() + interval '1 day', 'tok-b1');
             """,
         adapter: try! AuthJS(), a: "101", b: "202",
-        rows: [("users", "id::text = $1"), ("accounts", "\"userId\"::text = $1"), ("sessions", "\"userId\"::text = $1")],
-        identity: "SELECT \"userId\"::text FROM accounts WHERE provider = 'apple' AND \"providerAccountId\" = $1",
+        rows: [
+            ("users", "id::text = $1"), ("accounts", "\"userId\"::text = $1"),
+            ("sessions", "\"userId\"::text = $1"),
+        ],
+        identity:
+            "SELECT \"userId\"::text FROM accounts WHERE provider = 'apple' AND \"providerAccountId\" = $1",
         disabled: nil, users: "SELECT count(*)::int8 FROM users", sessions: "sessions",
         droppedColumn: ("public.sessions", "ALTER TABLE sessions DROP COLUMN \"userId\"", "userId"),
         policy: AuthPolicy(whenUnlinkLeavesNoLogin: .keep))
@@ -231,9 +242,12 @@ struct PlatformCase: Sendable, CustomStringConvertible {
             ("\"User\"", "id = $1"), ("\"Account\"", "\"userId\" = $1"), ("\"Session\"", "\"userId\" = $1"),
             ("\"Authenticator\"", "\"userId\" = $1"),
         ],
-        identity: "SELECT \"userId\" FROM \"Account\" WHERE provider = 'apple' AND \"providerAccountId\" = $1",
+        identity:
+            "SELECT \"userId\" FROM \"Account\" WHERE provider = 'apple' AND \"providerAccountId\" = $1",
         disabled: nil, users: "SELECT count(*)::int8 FROM \"User\"", sessions: "\"Session\"",
-        droppedColumn: ("public.Account", "ALTER TABLE \"Account\" DROP COLUMN \"providerAccountId\"", "providerAccountId"),
+        droppedColumn: (
+            "public.Account", "ALTER TABLE \"Account\" DROP COLUMN \"providerAccountId\"", "providerAccountId"
+        ),
         policy: AuthPolicy(whenUnlinkLeavesNoLogin: .keep))
 
     static let all = [supabase, betterAuth, authJS, authJSPrisma]

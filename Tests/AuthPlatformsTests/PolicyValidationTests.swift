@@ -15,11 +15,13 @@ extension AuthPlatformsTests {
                 #expect(fallback?.kind == .policyNotSupported)
                 #expect(fallback?.cause.contains("whenUnlinkLeavesNoLogin disable") == true)
                 let disable = #expect(throws: AuthPlatformError.self) {
-                    try platform.validate(AuthPolicy(onAccountDeleted: .disable, whenUnlinkLeavesNoLogin: .keep))
+                    try platform.validate(
+                        AuthPolicy(onAccountDeleted: .disable, whenUnlinkLeavesNoLogin: .keep))
                 }
                 #expect(disable?.cause.contains("onAccountDeleted disable") == true)
                 let record = #expect(throws: AuthPlatformError.self) {
-                    try platform.validate(AuthPolicy(whenUnlinkLeavesNoLogin: .keep, onForwardingChange: .record))
+                    try platform.validate(
+                        AuthPolicy(whenUnlinkLeavesNoLogin: .keep, onForwardingChange: .record))
                 }
                 #expect(record?.cause.contains("onForwardingChange record") == true)
                 try platform.validate(AuthPolicy(whenUnlinkLeavesNoLogin: .keep))
@@ -40,7 +42,9 @@ extension AuthPlatformsTests {
             let admin = try BetterAuth(naming: .init(ban: .init()))
             try admin.validate(AuthPolicy())
             try admin.validate(AuthPolicy(onAccountDeleted: .disable))
-            #expect(throws: AuthPlatformError.self) { try admin.validate(AuthPolicy(onForwardingChange: .record)) }
+            #expect(throws: AuthPlatformError.self) {
+                try admin.validate(AuthPolicy(onForwardingChange: .record))
+            }
             try SupabaseAuth().validate(AuthPolicy(onAccountDeleted: .disable, onForwardingChange: .record))
         }
 
@@ -50,7 +54,8 @@ extension AuthPlatformsTests {
             let database = try platform.database()
             let before = try platform.snapshot(database, of: platform.a)
             let error = #expect(throws: AuthPlatformError.self) {
-                try platform.adapter.apply(.accountDeleted, sub: "001.a", policy: AuthPolicy(), on: database.connection)
+                try platform.adapter.apply(
+                    .accountDeleted, sub: "001.a", policy: AuthPolicy(), on: database.connection)
             }
             #expect(error?.kind == .policyNotSupported)
             #expect(try platform.snapshot(database, of: platform.a) == before)
@@ -73,7 +78,8 @@ extension AuthPlatformsTests {
             #expect(throws: AuthPlatformError.self) { try AuthJS(schema: "public\"") }
         }
 
-        @Test("Better Auth with configured names: the renamed tables are used, the defaults are named missing")
+        @Test(
+            "Better Auth with configured names: the renamed tables are used, the defaults are named missing")
         func betterAuthNaming() throws {
             let platform = PlatformCase.betterAuth
             let database = try platform.database()
@@ -104,13 +110,18 @@ extension AuthPlatformsTests {
                     AuthPlatformProblem(.missingTable, table: "public.session"),
                     AuthPlatformProblem(.missingTable, table: "public.account"),
                 ])
-            let moved = try renamed.apply(.subTransferred(from: "001.a"), sub: "002.a", policy: AuthPolicy(), on: database.connection)
+            let moved = try renamed.apply(
+                .subTransferred(from: "001.a"), sub: "002.a", policy: AuthPolicy(), on: database.connection)
             #expect(moved.counts.identitiesMoved == 1)
-            let deleted = try renamed.apply(.accountDeleted, sub: "002.a", policy: AuthPolicy(), on: database.connection)
-            #expect(deleted.counts.identitiesUnlinked == 1 && deleted.counts.usersDisabled == 1 && deleted.counts.sessionsEnded == 2)
+            let deleted = try renamed.apply(
+                .accountDeleted, sub: "002.a", policy: AuthPolicy(), on: database.connection)
+            #expect(
+                deleted.counts.identitiesUnlinked == 1 && deleted.counts.usersDisabled == 1
+                    && deleted.counts.sessionsEnded == 2)
             #expect(
                 try database.value(
-                    "SELECT is_banned AND \"banReason\" IS NOT NULL FROM users WHERE id = 'user-a'", as: Bool.self))
+                    "SELECT is_banned AND \"banReason\" IS NOT NULL FROM users WHERE id = 'user-a'",
+                    as: Bool.self))
         }
 
         @Test("Auth.js pg: a sub linked to two users (nothing makes it unique) is refused, nothing changed")
@@ -118,10 +129,12 @@ extension AuthPlatformsTests {
             let platform = PlatformCase.authJS
             let database = try platform.database()
             try database.query(
-                "INSERT INTO accounts (\"userId\", type, provider, \"providerAccountId\") VALUES (202, 'oidc', 'apple', '001.a')")
+                "INSERT INTO accounts (\"userId\", type, provider, \"providerAccountId\") VALUES (202, 'oidc', 'apple', '001.a')"
+            )
             let a = try platform.snapshot(database, of: platform.a)
             let error = #expect(throws: AuthPlatformError.self) {
-                try platform.adapter.apply(.consentRevoked, sub: "001.a", policy: platform.policy, on: database.connection)
+                try platform.adapter.apply(
+                    .consentRevoked, sub: "001.a", policy: platform.policy, on: database.connection)
             }
             #expect(error?.kind == .ambiguous)
             #expect(error?.table == "\"public\".\"accounts\"")
