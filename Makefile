@@ -82,7 +82,7 @@ test-dates: test-deps
 # the image's base; REBUILD=1 makes it again, e.g. for a point release), whose tools the test clusters
 # run inside it (POSTGRES_CLUSTER_CHROOT: unshare -m, chroot as postgres). As root.
 # The test targets that start PostgreSQL clusters (a regular expression for swift test --filter).
-POSTGRES17_SUITES = ^(AdminSQLTests|BounceEventsTests|MailGateTests|MigratorTests|PostgresTests|ProcessTests|ReceiverTests|RevokerTests|SignalDeliveryTests|SignalTransmitterTests|SignInTests|SiwactlTests|SuppressionsTests|WebhookAdministrationTests|WebhookDeliveryTests|WebhookTests|WorkerTests)\.
+POSTGRES17_SUITES = ^(AdminSQLTests|AuthPlatformsTests|BounceEventsTests|MailGateTests|MigratorTests|PostgresTests|ProcessTests|ReceiverTests|RevokerTests|SignalDeliveryTests|SignalTransmitterTests|SignInTests|SiwactlTests|SuppressionsTests|WebhookAdministrationTests|WebhookDeliveryTests|WebhookTests|WorkerTests)\.
 .PHONY: test-postgres17
 test-postgres17: test-deps container-deps webhooks-venv
 	$(SWIFT) build --build-tests

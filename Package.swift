@@ -147,6 +147,10 @@ let package = Package(
         // (`DecisionAPI`), and the lookups behind both (`VerdictResolver`, `VerdictCache`) through RelayMail's typed
         // rows. Never prints or reads the environment.
         .target(name: "MailGate", dependencies: ["HTTPServer", "Postgres", "RelayMail", "ServiceSupport"]),
+        // Apple's events applied inside an auth platform's own database (Supabase Auth, Better Auth, Auth.js
+        // with its pg and Prisma adapters): one transaction per event under a policy, counts of what changed,
+        // a dry run. Never prints, reads the environment, or knows the outbox that calls it.
+        .target(name: "AuthPlatforms", dependencies: ["Postgres", "ServiceSupport"]),
 
         // schema.sql embedded as a Swift constant at build time (the only file embedded and applied). It is
         // generated from schema/ by `make schema`; the plugin fails the build while it is stale.
@@ -269,6 +273,7 @@ let package = Package(
             dependencies: ["WebhookAdministration", "Postgres", "ServiceHealth", "TestSupport", "Webhooks"]),
         .testTarget(name: "AppleIDTests", dependencies: ["AppleID", "ServiceSupport", "TestSupport"]),
         .testTarget(name: "BouncesTests", dependencies: ["Bounces"]),
+        .testTarget(name: "AuthPlatformsTests", dependencies: ["AuthPlatforms", "Postgres", "TestSupport"]),
         .testTarget(
             name: "BounceEventsTests",
             dependencies: [
