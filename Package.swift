@@ -151,6 +151,10 @@ let package = Package(
         // with its pg and Prisma adapters): one transaction per event under a policy, counts of what changed,
         // a dry run. Never prints, reads the environment, or knows the outbox that calls it.
         .target(name: "AuthPlatforms", dependencies: ["Postgres", "ServiceSupport"]),
+        // The auth adapter outbox's consumer: one lane per adapter applying siwa.auth_adapter_events through
+        // AuthPlatforms in each auth system's own database.
+        .target(
+            name: "AuthAdapters", dependencies: ["AuthPlatforms", "Postgres", "QueueConsumer", "ServiceSupport"]),
 
         // schema.sql embedded as a Swift constant at build time (the only file embedded and applied). It is
         // generated from schema/ by `make schema`; the plugin fails the build while it is stale.
@@ -172,7 +176,7 @@ let package = Package(
                 "Worker", "Revoker", "WebhookDelivery", "Suppressions", "AppleKeys", "Postgres", "HTTPServer",
                 "QueueConsumer", "ServiceSupport",
                 "AppleID", "AppleNotifications", "TokenVault", "ServiceHealth", "SiwaSchema", "SharedSignals",
-                "SignalDelivery",
+                "SignalDelivery", "AuthAdapters",
             ]),
         .executableTarget(
             name: "siwactl",
@@ -274,6 +278,9 @@ let package = Package(
         .testTarget(name: "AppleIDTests", dependencies: ["AppleID", "ServiceSupport", "TestSupport"]),
         .testTarget(name: "BouncesTests", dependencies: ["Bounces"]),
         .testTarget(name: "AuthPlatformsTests", dependencies: ["AuthPlatforms", "Postgres", "TestSupport"]),
+        .testTarget(
+            name: "AuthAdaptersTests",
+            dependencies: ["AuthAdapters", "AuthPlatforms", "Postgres", "QueueConsumer", "ServiceSupport", "TestSupport"]),
         .testTarget(
             name: "BounceEventsTests",
             dependencies: [

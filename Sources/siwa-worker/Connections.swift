@@ -1,3 +1,4 @@
+import AuthAdapters
 import Postgres
 import QueueConsumer
 import Revoker
@@ -29,7 +30,7 @@ struct ConnectionPlan {
     init(
         worker: Worker.Configuration, once: Bool, webhooks: WebhookDispatcher?,
         sharedSignals: SignalDispatcher?,
-        suppressions: SuppressionDispatcher?, revoker: Revoker?
+        suppressions: SuppressionDispatcher?, authAdapters: AuthAdapterDispatcher?, revoker: Revoker?
     ) {
         let lanes = worker.concurrency
         // A URL that sets application_name itself wins over these names (libpq), in pg_stat_activity too.
@@ -101,6 +102,17 @@ struct ConnectionPlan {
                 ))
         } else {
             rows.append(Row(user: "suppression lanes", count: 0, note: "off: no --suppressions"))
+        }
+        if let authAdapters {
+            let names = authAdapters.configuration.adapters.map(\.name)
+            rows.append(
+                Row(
+                    user: "auth adapter lanes", count: names.count,
+                    note:
+                        "--auth-adapters on, \(names.isEmpty ? "none enabled" : names.joined(separator: ",")): one per adapter, LISTEN siwa_auth_adapters (\(name)-auth-adapters); each also opens one to its auth database, not counted here"
+                ))
+        } else {
+            rows.append(Row(user: "auth adapter lanes", count: 0, note: "off: --auth-adapters off"))
         }
         if revoker != nil {
             rows.append(

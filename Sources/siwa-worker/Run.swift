@@ -1,4 +1,5 @@
 import AppleKeys
+import AuthAdapters
 import Dispatch
 import Foundation
 import HTTPServer
@@ -73,7 +74,8 @@ let workerCommand = CommandSpec(
             "metrics-listen", valueName: "HOST:PORT", help: "Serve Prometheus metrics at /metrics here.",
             environmentVariable: "SIWA_WORKER_METRICS_LISTEN"),
         .listenAddressFile(environmentVariable: "SIWA_WORKER_LISTEN_ADDRESS_FILE", names: "metrics"),
-    ] + KeySetOptions.all + revokerOptions + webhookOptions + sharedSignalsOptions + suppressionOptions,
+    ] + KeySetOptions.all + revokerOptions + webhookOptions + sharedSignalsOptions + suppressionOptions
+        + authAdapterOptions,
     flags: [
         CommandFlag(
             "once", help: "Drain everything that is due, run maintenance once, then exit.",
@@ -124,6 +126,7 @@ func runWorker(arguments: [String], environment: [String: String]) -> Int32 {
     let webhooks: WebhookDispatcher?
     let sharedSignals: SignalDispatcher?
     let suppressions: SuppressionDispatcher?
+    let authAdapters: AuthAdapterDispatcher?
     let keys: KeyStore
     do {
         metricsAddress = try parsed.listenAddress("metrics-listen")
@@ -166,6 +169,8 @@ func runWorker(arguments: [String], environment: [String: String]) -> Int32 {
             parsed, database: database, environment: environment, logger: logger)
         suppressions = try makeSuppressionDispatcher(
             parsed, database: database, environment: environment, logger: logger, metrics: metrics)
+        authAdapters = try makeAuthAdapterDispatcher(
+            parsed, database: database, logger: logger, metrics: metrics)
         revoker = try makeRevoker(
             parsed, database: database, environment: environment, logger: logger, metrics: metrics)
     } catch let error as CommandLineError {
@@ -180,7 +185,7 @@ func runWorker(arguments: [String], environment: [String: String]) -> Int32 {
         writeStandardOutput(
             ConnectionPlan(
                 worker: configuration, once: once, webhooks: webhooks, sharedSignals: sharedSignals,
-                suppressions: suppressions, revoker: revoker
+                suppressions: suppressions, authAdapters: authAdapters, revoker: revoker
             ).text)
         return 0
     }
@@ -262,6 +267,10 @@ func runWorker(arguments: [String], environment: [String: String]) -> Int32 {
         // ESP suppression lists: a lane per provider, when --suppressions names any.
         if let suppressions {
             services.append(.task("suppressions", run: { suppressions.run() }, stop: { suppressions.stop() }))
+        }
+        // Auth adapters: a lane per adapter, with --auth-adapters on.
+        if let authAdapters {
+            services.append(.task("auth adapters", run: { authAdapters.run() }, stop: { authAdapters.stop() }))
         }
     }
     return ServiceGroup(services, signals: signals, logger: logger).run().exitStatus
