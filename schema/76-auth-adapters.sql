@@ -210,12 +210,20 @@ BEGIN
          WHERE (e.adapter_id, e.id) BETWEEN (p_adapter, 0) AND (p_adapter, 9223372036854775807)
            AND e.state = 'pending' AND e.next_attempt_at <= now()
            AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= clock_timestamp())
+           -- an earlier pending row of the same user: one equality probe of an order index each
            AND NOT EXISTS (SELECT 1 FROM siwa.auth_adapter_events q
-                            WHERE q.adapter_id = e.adapter_id AND q.state = 'pending'
-                              AND (q.sub = e.sub OR q.sub = e.old_sub) AND q.id < e.id)
+                            WHERE q.adapter_id = e.adapter_id AND q.sub = e.sub AND q.id < e.id
+                              AND q.state = 'pending')
            AND NOT EXISTS (SELECT 1 FROM siwa.auth_adapter_events q
-                            WHERE q.adapter_id = e.adapter_id AND q.state = 'pending' AND q.old_sub IS NOT NULL
-                              AND (q.old_sub = e.sub OR q.old_sub = e.old_sub) AND q.id < e.id)
+                            WHERE q.adapter_id = e.adapter_id AND q.old_sub = e.sub AND q.id < e.id
+                              AND q.state = 'pending' AND q.old_sub IS NOT NULL)
+           AND (e.old_sub IS NULL
+                OR (NOT EXISTS (SELECT 1 FROM siwa.auth_adapter_events q
+                                 WHERE q.adapter_id = e.adapter_id AND q.sub = e.old_sub AND q.id < e.id
+                                   AND q.state = 'pending')
+                    AND NOT EXISTS (SELECT 1 FROM siwa.auth_adapter_events q
+                                     WHERE q.adapter_id = e.adapter_id AND q.old_sub = e.old_sub AND q.id < e.id
+                                       AND q.state = 'pending' AND q.old_sub IS NOT NULL)))
          ORDER BY e.adapter_id, e.id
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED),
@@ -281,7 +289,7 @@ BEGIN
                                    OR (o.outcome = 'retry' AND e.attempts >= p_max_attempts)
                               THEN clock_timestamp() END,
            lease_owner = NULL, lease_expires_at = NULL
-      FROM pg_catalog.unnest(p_ids, p_outcomes, p_errors, p_results) AS o(id, outcome, error, result)
+      FROM unnest(p_ids, p_outcomes, p_errors, p_results) AS o(id, outcome, error, result)
      WHERE e.id = o.id AND e.lease_owner = p_owner AND e.state = 'pending'
     RETURNING e.id;
 END;
