@@ -7397,11 +7397,23 @@ SELECT a.id, a.name, a.platform, a.provider, a.enabled, a.on_consent_revoked, a.
                       ORDER BY e.last_attempt_at DESC NULLS LAST, e.id DESC LIMIT 1) AS l ON true;
 COMMENT ON VIEW siwa.auth_adapter_overview IS
     'Auth adapters with their policies and outbox counts (siwactl adapters list); never a connection URL or credential.';
+COMMENT ON COLUMN siwa.auth_adapter_overview.id IS 'The adapter''s id (siwactl adapters retry --adapter ID).';
+COMMENT ON COLUMN siwa.auth_adapter_overview.name IS 'The adapter''s name (siwactl adapters remove NAME).';
+COMMENT ON COLUMN siwa.auth_adapter_overview.platform IS 'supabase, better-auth, authjs, authjs-prisma, django-allauth, django-social-auth, firebase, auth0, clerk or keycloak.';
+COMMENT ON COLUMN siwa.auth_adapter_overview.provider IS 'The platform''s name for Apple in its identity tables.';
+COMMENT ON COLUMN siwa.auth_adapter_overview.enabled IS 'Whether new changes fan out to it and its rows are claimed.';
+COMMENT ON COLUMN siwa.auth_adapter_overview.on_consent_revoked IS 'end-sessions or none.';
+COMMENT ON COLUMN siwa.auth_adapter_overview.on_account_deleted IS 'unlink, delete, disable or sessions-only.';
+COMMENT ON COLUMN siwa.auth_adapter_overview.when_unlink_leaves_no_login IS 'disable or keep the user an unlink leaves without a way to sign in.';
+COMMENT ON COLUMN siwa.auth_adapter_overview.on_forwarding_change IS 'ignore or record email forwarding off/on.';
+COMMENT ON COLUMN siwa.auth_adapter_overview.on_sub_transferred IS 'move the identity to the new sub, or ignore.';
+COMMENT ON COLUMN siwa.auth_adapter_overview.created_at IS 'When it was added.';
 COMMENT ON COLUMN siwa.auth_adapter_overview.pending IS 'Rows waiting, in flight or waiting for a retry.';
 COMMENT ON COLUMN siwa.auth_adapter_overview.oldest_due_at IS 'When the earliest pending row is (was) due; NULL: none pending.';
 COMMENT ON COLUMN siwa.auth_adapter_overview.dead IS 'Rows given up after the retry schedule (siwactl adapters retry).';
 COMMENT ON COLUMN siwa.auth_adapter_overview.no_user IS 'Rows whose sub linked no user in the auth system.';
-COMMENT ON COLUMN siwa.auth_adapter_overview.last_error IS 'The latest error recorded (our own words), with its attempt''s time.';
+COMMENT ON COLUMN siwa.auth_adapter_overview.last_error IS 'The latest error recorded (our own words).';
+COMMENT ON COLUMN siwa.auth_adapter_overview.last_error_at IS 'When the attempt that recorded last_error was made.';
 
 -- A row names the sub the auth system knows at its point of the user's queue: the transfer's own row
 -- moves the identity, so a transfer keeps the sub of the rows before it.
