@@ -108,10 +108,22 @@ BEGIN
         UPDATE siwa.transfer_imports SET email = NULL
          WHERE (old_sub = ANY (v_all) OR new_sub = ANY (v_all)) AND email IS NOT NULL;
     END IF;
+    -- The auth adapters' finished rows keep no sub of them (schema/76-auth-adapters.sql): done and no_user
+    -- ones at once; dead ones, which an operator may still retry, once they finished longer ago than the
+    -- changes' retention (siwa.settings.changes_retention; the changes keep the sub as long). Pending rows
+    -- keep it: they are still to be applied (this erasure's own change among them). Absent while an older
+    -- file's version is being upgraded, as the transfer's table above.
+    IF pg_catalog.to_regclass('siwa.auth_adapter_events') IS NOT NULL THEN
+        UPDATE siwa.auth_adapter_events SET sub = NULL, old_sub = NULL
+         WHERE (sub = ANY (v_all) OR old_sub = ANY (v_all))
+           AND (state IN ('done', 'no_user')
+                OR (state = 'dead'
+                    AND finished_at < clock_timestamp() - (SELECT s.changes_retention FROM siwa.settings s)));
+    END IF;
 END;
 $$;
 COMMENT ON FUNCTION siwa.erase_personal_data_of(text[], bigint[]) IS
-    'Erases the personal data of the accounts p_subs: email in siwa.accounts; email, raw token (but that of a pending consent-revoked or account-delete without an address, which the worker still verifies and clears when it applies it) and the text of last_error (its SQLSTATE stays) in every stored notification of these subs and of the subs a team transfer replaced with them, whatever its state, but those of p_leave (ids the caller erases itself); encrypted refresh tokens; email and is_private_email of their siwa.changes rows; the email a team transfer''s import holds for either sub. Call with the subs'' siwa.accounts rows locked (FOR UPDATE). Writes no change itself: its callers write siwa.personal_data_erased.';
+    'Erases the personal data of the accounts p_subs: email in siwa.accounts; email, raw token (but that of a pending consent-revoked or account-delete without an address, which the worker still verifies and clears when it applies it) and the text of last_error (its SQLSTATE stays) in every stored notification of these subs and of the subs a team transfer replaced with them, whatever its state, but those of p_leave (ids the caller erases itself); encrypted refresh tokens; email and is_private_email of their siwa.changes rows; the email a team transfer''s import holds for either sub; the sub and old_sub of their finished auth adapter rows (done and no_user; dead ones once finished longer ago than siwa.settings.changes_retention). Call with the subs'' siwa.accounts rows locked (FOR UPDATE). Writes no change itself: its callers write siwa.personal_data_erased.';
 
 -- Erases one account's personal data (siwa.erase_personal_data_of for one sub).
 CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_sub text) RETURNS void

@@ -1,6 +1,6 @@
 -- Leases: the one rule of every queue whose consumer calls out (Sources/QueueConsumer/Outbox.swift): the
 -- revoker (schema/55-sign-in.sql), the webhook lanes (65), the suppression lanes (69), the Shared
--- Signals push lanes (74).
+-- Signals push lanes (74), the auth adapters' lanes (76).
 --
 -- A consumer that calls out over the network (a webhook lane POSTing to an endpoint, the revoker
 -- calling Apple) never holds a row lock or a transaction across the call:

@@ -386,3 +386,35 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- Auth adapters (schema/76-auth-adapters.sql): the fan-out trigger on siwa.changes runs as the worker
+-- (it reads which adapters are enabled and inserts their rows); the worker's adapter lanes claim and
+-- record, its erasure takes the sub out of finished rows, its retention prunes them. siwa_admin manages
+-- the adapters through their functions (which run with its rights: the writes below, the outbox's
+-- retry and prune; the cascade of a removal runs with the owner's) and reads the overview. Neither
+-- ever sees a connection URL: the table holds only its file reference.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_worker') THEN
+        GRANT SELECT ON siwa.auth_adapters TO siwa_worker;
+        GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.auth_adapter_events TO siwa_worker;
+        GRANT EXECUTE ON FUNCTION siwa.auth_adapter_fan_out(),
+            siwa.claim_auth_adapter_events(text, interval, integer, bigint),
+            siwa.record_auth_adapter_events(text, bigint[], text[], text[], jsonb[], integer, interval, interval),
+            siwa.prune_auth_adapter_events(interval, integer)
+            TO siwa_worker;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_admin') THEN
+        GRANT SELECT ON siwa.auth_adapter_overview TO siwa_admin;
+        GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.auth_adapters TO siwa_admin;
+        GRANT SELECT (id, adapter_id, state, sub, finished_at),
+            UPDATE (state, attempts, next_attempt_at, finished_at, result, lease_owner, lease_expires_at), DELETE
+            ON siwa.auth_adapter_events TO siwa_admin;
+        GRANT EXECUTE ON FUNCTION siwa.check_auth_adapter(),
+            siwa.add_auth_adapter(text, text, text, text, jsonb, text, text, text, text, text, boolean),
+            siwa.remove_auth_adapter(text), siwa.retry_auth_adapter_events(bigint, bigint),
+            siwa.prune_auth_adapter_events(interval, integer)
+            TO siwa_admin;
+    END IF;
+END;
+$$;
