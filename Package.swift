@@ -154,7 +154,8 @@ let package = Package(
         // The auth adapter outbox's consumer: one lane per adapter applying siwa.auth_adapter_events through
         // AuthPlatforms in each auth system's own database.
         .target(
-            name: "AuthAdapters", dependencies: ["AuthPlatforms", "Postgres", "QueueConsumer", "ServiceSupport"]),
+            name: "AuthAdapters",
+            dependencies: ["AuthPlatforms", "Postgres", "QueueConsumer", "ServiceSupport"]),
 
         // schema.sql embedded as a Swift constant at build time (the only file embedded and applied). It is
         // generated from schema/ by `make schema`; the plugin fails the build while it is stale.
@@ -280,7 +281,9 @@ let package = Package(
         .testTarget(name: "AuthPlatformsTests", dependencies: ["AuthPlatforms", "Postgres", "TestSupport"]),
         .testTarget(
             name: "AuthAdaptersTests",
-            dependencies: ["AuthAdapters", "AuthPlatforms", "Postgres", "QueueConsumer", "ServiceSupport", "TestSupport"]),
+            dependencies: [
+                "AuthAdapters", "AuthPlatforms", "Postgres", "QueueConsumer", "ServiceSupport", "TestSupport",
+            ]),
         .testTarget(
             name: "BounceEventsTests",
             dependencies: [

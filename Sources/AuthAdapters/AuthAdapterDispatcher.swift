@@ -35,15 +35,20 @@ public final class AuthAdapterDispatcher: Outbox {
 
         /// Settings; durations positive, at least one attempt.
         public init(
-            database: PostgresConfiguration, adapters: [Adapter], batchSize: Int = 16, timeout: Duration = .seconds(10),
-            retryBaseDelay: Duration = .seconds(5), maxRetryDelay: Duration = .seconds(3600), maxAttempts: Int = 30,
+            database: PostgresConfiguration, adapters: [Adapter], batchSize: Int = 16,
+            timeout: Duration = .seconds(10),
+            retryBaseDelay: Duration = .seconds(5), maxRetryDelay: Duration = .seconds(3600),
+            maxAttempts: Int = 30,
             pollInterval: Duration = .seconds(1)
         ) throws {
             calls = try OutboxCalls(
                 "the auth adapter settings", database: database, concurrency: max(adapters.count, 1),
-                batchSize: batchSize, timeout: timeout, retryBaseDelay: retryBaseDelay, maxRetryDelay: maxRetryDelay,
+                batchSize: batchSize, timeout: timeout, retryBaseDelay: retryBaseDelay,
+                maxRetryDelay: maxRetryDelay,
                 pollInterval: pollInterval, environment: [:])
-            guard maxAttempts >= 1 else { throw ConfigurationError("the auth adapter attempts must be at least 1") }
+            guard maxAttempts >= 1 else {
+                throw ConfigurationError("the auth adapter attempts must be at least 1")
+            }
             self.adapters = adapters
             self.maxAttempts = maxAttempts
         }
@@ -94,7 +99,8 @@ public final class AuthAdapterDispatcher: Outbox {
         self.configuration = configuration
         lanes = OutboxLanes(
             name: "auth adapters", channel: Self.channel, database: configuration.calls.database,
-            lanes: configuration.adapters.map(\.name), pollInterval: min(configuration.calls.pollInterval, .seconds(1)),
+            lanes: configuration.adapters.map(\.name),
+            pollInterval: min(configuration.calls.pollInterval, .seconds(1)),
             logger: logger)
         ids = Dictionary(uniqueKeysWithValues: configuration.adapters.map { ($0.name, $0.id) })
         calls = metrics
@@ -119,7 +125,8 @@ public final class AuthAdapterDispatcher: Outbox {
         let rows = try connection.rows(
             ClaimedAdapterEvent.self,
             [
-                .text(lane.owner), .double(configuration.lease.inSeconds), .int(Int64(configuration.calls.batchSize)),
+                .text(lane.owner), .double(configuration.lease.inSeconds),
+                .int(Int64(configuration.calls.batchSize)),
                 .int(Int64(id)),
             ])
         return rows.isEmpty ? .nothing : .leased(rows)
@@ -152,7 +159,8 @@ public final class AuthAdapterDispatcher: Outbox {
             let connection = try authConnection(lane: lane.name, reference: event.adapter.connectionReference)
             let change: AuthChange
             do {
-                change = try platform.apply(event.event, sub: event.sub, policy: event.adapter.policy, on: connection)
+                change = try platform.apply(
+                    event.event, sub: event.sub, policy: event.adapter.policy, on: connection)
             } catch {
                 if error.isRetryable { forget(lane: lane.name) }
                 throw error
@@ -179,7 +187,8 @@ public final class AuthAdapterDispatcher: Outbox {
     /// Records the batch in one statement (`siwa.record_auth_adapter_events`), each row if its lease is
     /// still the lane's.
     public func record(
-        _ attempts: [Attempt], unsent: [ClaimedAdapterEvent], lane: OutboxLane, on connection: PostgresConnection
+        _ attempts: [Attempt], unsent: [ClaimedAdapterEvent], lane: OutboxLane,
+        on connection: PostgresConnection
     ) throws -> [Outcome] {
         let rows =
             attempts.map { ($0.event.id, $0.outcome, $0.error, $0.outcome == "retry" ? nil : $0.counts.json) }
@@ -188,7 +197,8 @@ public final class AuthAdapterDispatcher: Outbox {
             try connection.query(
                 AuthAdapterQueries.record,
                 [
-                    .text(lane.owner), .array(rows.map { .int(Int64($0.0)) }), .array(rows.map { .text($0.1) }),
+                    .text(lane.owner), .array(rows.map { .int(Int64($0.0)) }),
+                    .array(rows.map { .text($0.1) }),
                     .array(rows.map { $0.2.map { .text(String($0.prefix(300))) } }),
                     .array(rows.map { $0.3.map { .text($0) } }), .int(Int64(configuration.maxAttempts)),
                     .double(configuration.calls.retrySchedule.base.inSeconds),
@@ -199,7 +209,8 @@ public final class AuthAdapterDispatcher: Outbox {
             let kept = recorded.contains(attempt.event.id)
             let state = kept ? attempt.outcome : "lost"
             calls?.counter(
-                "siwa_auth_adapter_events_total", help: "Auth adapter events handled, by adapter and outcome.",
+                "siwa_auth_adapter_events_total",
+                help: "Auth adapter events handled, by adapter and outcome.",
                 labels: [("adapter", lane.name), ("outcome", state)]
             ).increment()
             if !kept {
@@ -225,15 +236,18 @@ public final class AuthAdapterDispatcher: Outbox {
             throw ConfigurationError("the adapter's connection reference is not a file: reference")
         }
         let path = String(reference.dropFirst(5))
-        let url = String(decoding: try SecretFile.read(path, setting: "the adapter's connection file"), as: UTF8.self)
-            .trimmingCharacters(in: .whitespacesAndNewlines)
+        let url = String(
+            decoding: try SecretFile.read(path, setting: "the adapter's connection file"), as: UTF8.self
+        )
+        .trimmingCharacters(in: .whitespacesAndNewlines)
         if let open = connections.withLock({ $0[lane] }), open.url == url { return open.connection }
         forget(lane: lane)
         var database = try PostgresConfiguration(url, applicationName: "siwa-auth-adapter-\(lane)")
         database.statementCacheCapacity = 0
         let connection = try PostgresConnection(configuration: database)
         let milliseconds = "\(Int(configuration.calls.timeout.inSeconds * 1000))ms"
-        _ = try connection.query(AuthAdapterQueries.authSessionTimeouts, [.text(milliseconds), .text(milliseconds)])
+        _ = try connection.query(
+            AuthAdapterQueries.authSessionTimeouts, [.text(milliseconds), .text(milliseconds)])
         connections.withLock { $0[lane] = AuthConnection(url: url, connection: connection) }
         return connection
     }

@@ -88,7 +88,8 @@ public struct AdapterSettings: Sendable, Hashable {
             return try AuthJSPrisma(provider: provider, schema: schema)
         default:
             throw AuthPlatformError(
-                .policyNotSupported, platform: platform, cause: "this siwa-worker cannot apply events in \(platform)")
+                .policyNotSupported, platform: platform,
+                cause: "this siwa-worker cannot apply events in \(platform)")
         }
     }
 }

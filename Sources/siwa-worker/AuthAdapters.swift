@@ -39,7 +39,8 @@ func makeAuthAdapterDispatcher(
         adapters = try AuthAdapterDispatcher.adapters(in: adapterDatabase)
     } catch let error as PostgresError {
         throw ConfigurationError(
-            "--auth-adapters on: cannot read siwa.auth_adapters (\(error.sqlState ?? error.code.description))")
+            "--auth-adapters on: cannot read siwa.auth_adapters (\(error.sqlState ?? error.code.description))"
+        )
     }
     if adapters.isEmpty { logger.warning("auth adapters on, but none is enabled (siwactl adapters add)") }
     return AuthAdapterDispatcher(

@@ -270,7 +270,8 @@ func runWorker(arguments: [String], environment: [String: String]) -> Int32 {
         }
         // Auth adapters: a lane per adapter, with --auth-adapters on.
         if let authAdapters {
-            services.append(.task("auth adapters", run: { authAdapters.run() }, stop: { authAdapters.stop() }))
+            services.append(
+                .task("auth adapters", run: { authAdapters.run() }, stop: { authAdapters.stop() }))
         }
     }
     return ServiceGroup(services, signals: signals, logger: logger).run().exitStatus

@@ -20,16 +20,19 @@ struct AdapterFixture {
     init(policy: String = "") throws {
         siwa = try TestDatabase()
         let fixture = try String(
-            contentsOf: RepositoryRoot.url.appendingPathComponent("Tests/Fixtures/auth-platforms/supabase-auth.sql"),
+            contentsOf: RepositoryRoot.url.appendingPathComponent(
+                "Tests/Fixtures/auth-platforms/supabase-auth.sql"),
             encoding: .utf8)
         auth = try TestDatabase(
             .applying(
                 """
                 DO $$ BEGIN CREATE ROLE supabase_auth_admin NOLOGIN NOINHERIT;
                 EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
-                """ + "\n" + fixture.split(separator: "\n").filter { !$0.hasPrefix("\\") }.joined(separator: "\n")
+                """ + "\n"
+                    + fixture.split(separator: "\n").filter { !$0.hasPrefix("\\") }.joined(separator: "\n")
                     + "\n" + Self.seed))
-        connectionFile = FileManager.default.temporaryDirectory.appendingPathComponent("adapter-\(UUID().uuidString)").path
+        connectionFile =
+            FileManager.default.temporaryDirectory.appendingPathComponent("adapter-\(UUID().uuidString)").path
         try write(url: auth.url)
         _ = try siwa.value(
             "SELECT siwa.add_auth_adapter('supabase-main', 'supabase', 'apple', $1\(policy))",
@@ -80,12 +83,15 @@ struct AdapterFixture {
     }
 
     func sessions(of user: String) throws -> Int {
-        try auth.value("SELECT count(*)::integer FROM auth.sessions WHERE user_id = $1::uuid", [.text(user)], as: Int.self)
+        try auth.value(
+            "SELECT count(*)::integer FROM auth.sessions WHERE user_id = $1::uuid", [.text(user)],
+            as: Int.self)
     }
 
     func linkedUser(sub: String) throws -> String? {
         try auth.connection.firstValue(
-            "SELECT user_id::text FROM auth.identities WHERE provider = 'apple' AND provider_id = $1", [.text(sub)],
+            "SELECT user_id::text FROM auth.identities WHERE provider = 'apple' AND provider_id = $1",
+            [.text(sub)],
             as: String.self)
     }
 
@@ -93,15 +99,19 @@ struct AdapterFixture {
         try siwa.query(
             "SELECT state, sub, result::text, last_error FROM siwa.auth_adapter_events ORDER BY id"
         ).map { row throws(PostgresError) in
-            (try row[0, as: String.self], try row[1, as: String?.self], try row[2, as: String?.self],
-             try row[3, as: String?.self])
+            (
+                try row[0, as: String.self], try row[1, as: String?.self], try row[2, as: String?.self],
+                try row[3, as: String?.self]
+            )
         }
     }
 }
 
 @Suite("Auth adapters: Apple's changes applied in the auth system's own database")
 struct DispatcherTests {
-    @Test("consent revoked ends the user's sessions there; the other user's stay; the row is done with its counts")
+    @Test(
+        "consent revoked ends the user's sessions there; the other user's stay; the row is done with its counts"
+    )
     func consentRevoked() throws {
         let fixture = try AdapterFixture()
         try fixture.insertChanges([("siwa.consent_revoked", "001.a", nil)])
@@ -123,7 +133,9 @@ struct DispatcherTests {
         #expect(try fixture.rows().map(\.state) == ["no_user"])
     }
 
-    @Test("a team transfer then the account's deletion, in order: the identity moves to the new sub, then is unlinked")
+    @Test(
+        "a team transfer then the account's deletion, in order: the identity moves to the new sub, then is unlinked"
+    )
     func transferThenDeletion() throws {
         let fixture = try AdapterFixture()
         try fixture.insertChanges([
@@ -137,12 +149,15 @@ struct DispatcherTests {
         // A had no other login: unlinking it bans the user (when_unlink_leaves_no_login disable).
         #expect(
             try fixture.auth.value(
-                "SELECT banned_until > now() FROM auth.users WHERE id = $1::uuid", [.text(AdapterFixture.userA)],
+                "SELECT banned_until > now() FROM auth.users WHERE id = $1::uuid",
+                [.text(AdapterFixture.userA)],
                 as: Bool.self))
         #expect(try fixture.linkedUser(sub: "001.b") == AdapterFixture.userB)
     }
 
-    @Test("an auth database that cannot be reached: retried with the cause named, no URL in the error; applied once it is back")
+    @Test(
+        "an auth database that cannot be reached: retried with the cause named, no URL in the error; applied once it is back"
+    )
     func unreachable() throws {
         let fixture = try AdapterFixture()
         try fixture.write(url: "postgresql://nobody:secret-password@/no_such_database?host=/nonexistent")
@@ -151,7 +166,8 @@ struct DispatcherTests {
         #expect(try dispatcher.drainOnce().map(\.state) == ["retry"])
         let failed = try #require(try fixture.rows().first)
         #expect(failed.state == "pending")
-        #expect(failed.error?.contains("cannot connect to the auth database") == true, "\(failed.error ?? "")")
+        #expect(
+            failed.error?.contains("cannot connect to the auth database") == true, "\(failed.error ?? "")")
         #expect(failed.error?.contains("secret-password") == false)
         #expect(try fixture.sessions(of: AdapterFixture.userA) == 1)
         try fixture.write(url: fixture.auth.url)
@@ -162,7 +178,8 @@ struct DispatcherTests {
     @Test("a connection file readable by others is refused before anything is read from it")
     func worldReadableFile() throws {
         let fixture = try AdapterFixture()
-        try FileManager.default.setAttributes([.posixPermissions: 0o644], ofItemAtPath: fixture.connectionFile)
+        try FileManager.default.setAttributes(
+            [.posixPermissions: 0o644], ofItemAtPath: fixture.connectionFile)
         try fixture.insertChanges([("siwa.consent_revoked", "001.a", nil)])
         #expect(try fixture.dispatcher().drainOnce().map(\.state) == ["retry"])
         let error = try fixture.rows().first?.error ?? ""
