@@ -189,8 +189,9 @@ CREATE TRIGGER changes_auth_adapter_fan_out
 -- let the planner walk the primary key from its start, where the finished rows gather: see
 -- siwa.claim_ssf_events), and the order checks on the two partial order indexes, which hold pending
 -- rows only.
+DROP FUNCTION IF EXISTS siwa.claim_auth_adapter_events(text, interval, integer, bigint);
 CREATE OR REPLACE FUNCTION siwa.claim_auth_adapter_events(p_owner text, p_lease interval, p_limit integer,
-                                                          p_adapter bigint)
+                                                          p_adapter bigint, p_due_by timestamptz DEFAULT NULL)
 RETURNS TABLE (id bigint, change_id bigint, type text, sub text, old_sub text, event_time timestamptz,
                attempts integer, adapter_id bigint, platform text, provider text, connection_ref text,
                options jsonb, on_consent_revoked text, on_account_deleted text, when_unlink_leaves_no_login text,
@@ -208,7 +209,7 @@ BEGIN
     WITH heads AS (
         SELECT e.id FROM siwa.auth_adapter_events e
          WHERE (e.adapter_id, e.id) BETWEEN (p_adapter, 0) AND (p_adapter, 9223372036854775807)
-           AND e.state = 'pending' AND e.next_attempt_at <= now()
+           AND e.state = 'pending' AND e.next_attempt_at <= coalesce(p_due_by, now())
            AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= clock_timestamp())
            -- an earlier pending row of the same user: one equality probe of an order index each
            AND NOT EXISTS (SELECT 1 FROM siwa.auth_adapter_events q
@@ -240,8 +241,8 @@ BEGIN
      ORDER BY l.id;
 END;
 $$;
-COMMENT ON FUNCTION siwa.claim_auth_adapter_events(text, interval, integer, bigint) IS
-    'An auth adapter lane''s claim (schema/54-leases.sql): leases to p_owner, for p_lease, up to p_limit rows of the enabled adapter p_adapter that are pending, due by the transaction''s start, not leased or their lease expired (taken over: FOR UPDATE SKIP LOCKED makes one claimer take it), and with no earlier pending row of the adapter concerning the same user (its sub or old_sub equal to this row''s sub or old_sub): at most one row per user, in id order. Each attempt is counted (attempts, last_attempt_at) as it is leased. Returns the rows with their adapter''s platform, provider, connection file reference, options and policies; none when the adapter is unknown or disabled. 22023 without an owner or a positive lease. Executable by siwa_worker.';
+COMMENT ON FUNCTION siwa.claim_auth_adapter_events(text, interval, integer, bigint, timestamptz) IS
+    'An auth adapter lane''s claim (schema/54-leases.sql): leases to p_owner, for p_lease, up to p_limit rows of the enabled adapter p_adapter that are pending, due by p_due_by (a drain passes its start, so it never retries what it just tried; default: the transaction''s start), not leased or their lease expired (taken over: FOR UPDATE SKIP LOCKED makes one claimer take it), and with no earlier pending row of the adapter concerning the same user (its sub or old_sub equal to this row''s sub or old_sub): at most one row per user, in id order. Each attempt is counted (attempts, last_attempt_at) as it is leased. Returns the rows with their adapter''s platform, provider, connection file reference, options and policies; none when the adapter is unknown or disabled. 22023 without an owner or a positive lease. Executable by siwa_worker.';
 
 -- Records a lane's batch in one statement, each row only while its lease is p_owner's (and it is pending).
 CREATE OR REPLACE FUNCTION siwa.record_auth_adapter_events(p_owner text, p_ids bigint[], p_outcomes text[],

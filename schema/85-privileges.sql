@@ -399,7 +399,7 @@ BEGIN
         GRANT SELECT ON siwa.auth_adapters TO siwa_worker;
         GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.auth_adapter_events TO siwa_worker;
         GRANT EXECUTE ON FUNCTION siwa.auth_adapter_fan_out(),
-            siwa.claim_auth_adapter_events(text, interval, integer, bigint),
+            siwa.claim_auth_adapter_events(text, interval, integer, bigint, timestamptz),
             siwa.record_auth_adapter_events(text, bigint[], text[], text[], jsonb[], integer, interval, interval),
             siwa.prune_auth_adapter_events(interval, integer)
             TO siwa_worker;

@@ -117,8 +117,8 @@ public final class AuthAdapterDispatcher: Outbox {
         }
     }
 
-    /// Leases up to ``OutboxCalls/batchSize`` due rows of the lane's adapter (distinct users).
-    public func claim(on connection: PostgresConnection, lane: OutboxLane, dueBy _: Date) throws
+    /// Leases up to ``OutboxCalls/batchSize`` rows of the lane's adapter due by `dueBy` (distinct users).
+    public func claim(on connection: PostgresConnection, lane: OutboxLane, dueBy: Date) throws
         -> OutboxClaim<ClaimedAdapterEvent>
     {
         guard let id = ids[lane.name] else { return .nothing }
@@ -127,7 +127,7 @@ public final class AuthAdapterDispatcher: Outbox {
             [
                 .text(lane.owner), .double(configuration.lease.inSeconds),
                 .int(Int64(configuration.calls.batchSize)),
-                .int(Int64(id)),
+                .int(Int64(id)), .date(dueBy),
             ])
         return rows.isEmpty ? .nothing : .leased(rows)
     }

@@ -21,7 +21,7 @@ public struct ClaimedAdapterEvent: PostgresRowDecodable, Sendable {
         SELECT id, type, sub, old_sub, attempts, platform, provider, connection_ref, options::text,
                on_consent_revoked, on_account_deleted, when_unlink_leaves_no_login, on_forwarding_change,
                on_sub_transferred
-          FROM siwa.claim_auth_adapter_events($1, $2::float8 * interval '1 second', $3::integer, $4::bigint)
+          FROM siwa.claim_auth_adapter_events($1, $2::float8 * interval '1 second', $3::integer, $4::bigint, $5)
         """
     public static let columns: PostgresColumns = """
         id bigint, type text, sub text, old_sub text, attempts integer, platform text, provider text, \

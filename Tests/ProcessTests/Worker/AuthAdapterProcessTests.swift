@@ -1,0 +1,72 @@
+import Foundation
+import Postgres
+import TestSupport
+import Testing
+
+@Suite("siwa-worker --auth-adapters on: Apple's changes applied in the auth database, through a crash")
+struct AuthAdapterProcessTests {
+    @Test(
+        "a change is applied in Supabase Auth within seconds of its commit; --print-connections counts the lane"
+    )
+    func applied() throws {
+        let fixture = try AdapterFixture()
+        let arguments = ["--auth-adapters", "on", "--webhook-concurrency", "0", "--log-level", "info"]
+        let plan = try WorkerProcess(arguments + ["--print-connections"], databaseURL: fixture.siwa.url)
+        #expect(plan.waitForExit(timeout: .seconds(20)) == 0)
+        let worker = try WorkerProcess(arguments, databaseURL: fixture.siwa.url)
+        defer {
+            worker.send(SIGTERM)
+            _ = worker.waitForExit(timeout: .seconds(20))
+        }
+        try fixture.insertChanges([("siwa.consent_revoked", "001.a", nil)])
+        #expect(
+            waitUntil(timeout: .seconds(20)) { (try? fixture.sessions(of: AdapterFixture.userA)) == 0 },
+            "\(worker.log)")
+        #expect(try fixture.sessions(of: AdapterFixture.userB) == 1)
+        #expect(try fixture.rows().map(\.state) == ["done"])
+        #expect(worker.log.contains("auth adapters started"))
+        #expect(!worker.log.contains(fixture.auth.url))
+    }
+
+    @Test(
+        "kill -9 of siwa-worker while its event waits for a row lock in the auth database: applied once after the restart"
+    )
+    func killedMidTransaction() throws {
+        let fixture = try AdapterFixture()
+        try fixture.insertChanges([("siwa.account_deleted", "001.a", nil)])
+        // Another session of the auth system holds the identity row the adapter locks first.
+        let holder = try fixture.auth.connect()
+        defer { holder.close() }
+        try holder.execute("BEGIN")
+        try holder.execute("SELECT 1 FROM auth.identities WHERE provider_id = '001.a' FOR UPDATE")
+        let arguments = [
+            "--auth-adapters", "on", "--auth-adapter-timeout", "3", "--webhook-concurrency", "0",
+            "--log-level",
+            "info",
+        ]
+        let first = try WorkerProcess(arguments, databaseURL: fixture.siwa.url)
+        #expect(
+            waitUntil(timeout: .seconds(20)) {
+                (try? fixture.auth.value(
+                    "SELECT count(*)::int FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+                    as: Int.self)) == 1
+            }, "\(first.log)")
+        first.send(SIGKILL)
+        #expect(first.waitForExit(timeout: .seconds(10)) == 128 + SIGKILL)
+        try holder.execute("ROLLBACK")
+        let killed = ContinuousClock.now
+        let second = try WorkerProcess(arguments, databaseURL: fixture.siwa.url)
+        defer {
+            second.send(SIGTERM)
+            _ = second.waitForExit(timeout: .seconds(20))
+        }
+        #expect(
+            waitUntil(timeout: .seconds(30)) { (try? fixture.rows().map(\.state)) == ["done"] },
+            "\(second.log)")
+        // Unlinked once (A had no other login: banned), the other user untouched; taken over after the lease.
+        #expect(try fixture.linkedUser(sub: "001.a") == nil)
+        #expect(try fixture.linkedUser(sub: "001.b") == AdapterFixture.userB)
+        #expect(try fixture.siwa.value("SELECT attempts FROM siwa.auth_adapter_events", as: Int.self) == 2)
+        print("auth adapter crash: applied \(ContinuousClock.now - killed) after the kill")
+    }
+}
