@@ -448,10 +448,16 @@ extension AuthPlatformsTests {
             }
         }
 
-        @Test("Django's session_data decodes to the user id without the secret")
+        @Test("Django's session_data decodes to the user id without the secret, compressed or not")
         func sessionData() throws {
-            // Made by Django 5.2's SessionStore.encode({"_auth_user_id": "7"}) (uncompressed: too short).
-            let plain = "eyJfYXV0aF91c2VyX2lkIjoiNyJ9:1tQ:signature"
+            // Made by Django 5.2's signing.dumps(…, salt="django.contrib.sessions.SessionStore",
+            // compress=True), as SessionStore.encode does: the first zlib-compressed ("." prefix), the
+            // second too short to compress.
+            let compressed =
+                ".eJyrVopPLC3JiC8tTi2Kz0xRslIyMVLSQRZMSkzOTs0DySTm5ICE9RKTk_NL80r0wGqg0sV6jkBeal5JZnJi"
+                + "SWZ-nhNUF4pRGYnFGUBzDNIog0q1AAjrPbY:1xZrWp:GbpD9w6IK2lCRuq3JAnBz_8Umi1oswhGHCX9IHHyu1w"
+            #expect(DjangoSessionData.userID(compressed) == "42")
+            let plain = "eyJfYXV0aF91c2VyX2lkIjoiNyJ9:1xZrWi:Au-fK09u44OrY66s5x8QQf5ArTXKJ3inaDsZ-LeG0WQ"
             #expect(DjangoSessionData.userID(plain) == "7")
             #expect(DjangoSessionData.userID("garbage") == nil)
             #expect(DjangoSessionData.userID(".!!!:x:y") == nil)
