@@ -448,6 +448,45 @@ extension AuthPlatformsTests {
             }
         }
 
+        @Test("the documented grants suffice: a login with only them applies unlink, transfer and delete")
+        func leastPrivilege() throws {
+            let (peer, copy) = try DjangoPeer.copy()
+            let group = "authplatforms_django_adapter"
+            try copy.connection.simpleQuery(
+                """
+                DO $$ BEGIN CREATE ROLE \(group) NOLOGIN;
+                EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
+                GRANT SELECT, UPDATE, DELETE ON auth_user TO \(group);
+                GRANT SELECT, UPDATE, DELETE ON socialaccount_socialaccount TO \(group);
+                GRANT SELECT, DELETE ON socialaccount_socialtoken, django_session, usersessions_usersession,
+                    account_emailaddress, account_emailconfirmation, auth_user_groups, auth_user_user_permissions,
+                    social_auth_usersocialauth TO \(group);
+                """)
+            let cluster = try PostgresCluster.shared
+            let login = try PostgresConnection(
+                configuration: try PostgresConfiguration(
+                    "host=\(cluster.socketDirectory) port=\(cluster.port) dbname=\(copy.name)"
+                        + " user=\(try cluster.loginRole(memberOf: group))"))
+            defer { login.close() }
+            let delete = AuthPolicy(onAccountDeleted: .delete)
+            #expect(try DjangoAllauth().check(on: login, policy: delete) == [])
+            #expect(try DjangoAllauth().check(on: login) == [])
+            let moved = try DjangoAllauth().apply(
+                .subTransferred(from: "001.b"), sub: "001.b.new", policy: AuthPolicy(), on: login)
+            #expect(moved.counts.identitiesMoved == 1)
+            let unlinked = try DjangoAllauth().apply(
+                .accountDeleted, sub: "001.b.new", policy: AuthPolicy(), on: login)
+            #expect(unlinked.counts.identitiesUnlinked == 1)
+            let deleted = try DjangoAllauth().apply(.accountDeleted, sub: "001.a", policy: delete, on: login)
+            #expect(deleted.counts.usersDeleted == 1)
+            #expect(try copy.referencingRows(peer.users["001.a"]!.userID) == [:])
+            try copy.connection.simpleQuery("REVOKE DELETE ON django_session FROM \(group)")
+            #expect(
+                try DjangoAllauth().check(on: login) == [
+                    AuthPlatformProblem(.missingPrivilege, table: "public.django_session", detail: "DELETE")
+                ])
+        }
+
         @Test("Django's session_data decodes to the user id without the secret, compressed or not")
         func sessionData() throws {
             // Made by Django 5.2's signing.dumps(…, salt="django.contrib.sessions.SessionStore",
