@@ -64,10 +64,23 @@ public struct AdapterSettings: Sendable, Hashable {
     public var provider: String
     /// `file:PATH` of the file holding the auth database's URL.
     public var connectionReference: String
-    /// The options as JSON (`{"schema": "auth_js"}`, `{"ban": true}`).
+    /// The options as JSON: `schema` (every platform but Supabase), Better Auth's `ban` (true: the admin
+    /// plugin is installed), Django's `user_table`, `sessions` (``DjangoSessionLookup``) and
+    /// `also_delete` (the app's tables a delete may clear).
     public var options: String
     /// One choice per event.
     public var policy: AuthPolicy
+
+    /// An adapter's settings.
+    public init(
+        platform: String, provider: String, connectionReference: String, options: String, policy: AuthPolicy
+    ) {
+        self.platform = platform
+        self.provider = provider
+        self.connectionReference = connectionReference
+        self.options = options
+        self.policy = policy
+    }
 
     /// The platform that applies this adapter's events; throws for a platform this worker cannot apply
     /// (named) or an option it cannot use.
@@ -86,6 +99,19 @@ public struct AdapterSettings: Sendable, Hashable {
             return try AuthJS(provider: provider, schema: schema)
         case "authjs-prisma":
             return try AuthJSPrisma(provider: provider, schema: schema)
+        case "django-allauth", "django-social-auth":
+            let userTable = options["user_table"] as? String ?? "auth_user"
+            let sessions =
+                (options["sessions"] as? String).flatMap(DjangoSessionLookup.init(rawValue:))
+                ?? .userSessionsAndSessionData
+            let alsoDelete = options["also_delete"] as? [String] ?? []
+            return platform == "django-allauth"
+                ? try DjangoAllauth(
+                    provider: provider, schema: schema, userTable: userTable, sessions: sessions,
+                    alsoDelete: alsoDelete)
+                : try DjangoSocialAuth(
+                    provider: provider, schema: schema, userTable: userTable, sessions: sessions,
+                    alsoDelete: alsoDelete)
         default:
             throw AuthPlatformError(
                 .policyNotSupported, platform: platform,

@@ -99,3 +99,45 @@ struct DispatcherTests {
         #expect(try fixture.sessions(of: AdapterFixture.userA) == 1)
     }
 }
+
+@Suite("Auth adapters: each platform of siwa.auth_adapters made from its row")
+struct AdapterSettingsTests {
+    @Test(
+        "each platform this worker applies is made with its provider and options",
+        arguments: [
+            ("supabase", "{}", "supabase-auth"), ("better-auth", #"{"ban": true}"#, "better-auth"),
+            ("authjs", #"{"schema": "auth_js"}"#, "authjs-pg"), ("authjs-prisma", "{}", "authjs-prisma"),
+            ("django-allauth", #"{"sessions": "usersessions-only"}"#, "django-allauth"),
+            ("django-social-auth", #"{"also_delete": ["app_profile"]}"#, "django-social-auth"),
+        ])
+    func platforms(platform: String, options: String, name: String) throws {
+        let settings = AdapterSettings(
+            platform: platform, provider: "apple", connectionReference: "file:/nonexistent", options: options,
+            policy: AuthPolicy())
+        let made = try settings.makePlatform()
+        #expect(made.name == name)
+        #expect(made.provider == "apple")
+    }
+
+    @Test("a hosted platform is not applied by this worker: the error names it")
+    func hosted() throws {
+        let settings = AdapterSettings(
+            platform: "firebase", provider: "apple.com", connectionReference: "file:/nonexistent",
+            options: "{}",
+            policy: AuthPolicy())
+        #expect(throws: AuthPlatformError.self) { try settings.makePlatform() }
+        do {
+            _ = try settings.makePlatform()
+        } catch {
+            #expect("\(error)".contains("firebase"))
+        }
+    }
+
+    @Test("a configured name that is not a plain identifier is refused")
+    func badName() throws {
+        let settings = AdapterSettings(
+            platform: "authjs", provider: "apple", connectionReference: "file:/nonexistent",
+            options: #"{"schema": "public; DROP TABLE users"}"#, policy: AuthPolicy())
+        #expect(throws: AuthPlatformError.self) { try settings.makePlatform() }
+    }
+}
