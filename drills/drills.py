@@ -27,6 +27,9 @@ when we are root) on loopback only, breaks something on purpose under load, and 
      fake, 10,000 adds), then alternating email-disabled/enabled events over the same addresses while
      the worker is killed -9 mid-call and the fake is stopped for a while and started again: every
      address's list changes exactly as the events asked, once each, in order, and no row is dead.
+  8. Auth adapters (Supabase Auth): each user's events (consent revoked, a team transfer for every
+     third, the account's deletion for every other) applied through the adapter while siwa-worker is
+     killed -9 repeatedly: every row done once, no session left, each identity as the events say.
 
 Each drill prints what it did and the counts it checked; the run ends with a summary table and exits 1 on
 any violation. Known limitations are reported as findings with their numbers (--strict makes them fail). Standard library only; reuses scripts/bench.py's helpers.
@@ -1425,6 +1428,107 @@ def drill_suppressions(ctx):
     return result
 
 
+def auth_adapter_worker(ctx, db, name):
+    arguments = [ctx.binaries["siwa-worker"], "--database-url", ctx.cluster.url(db) + f"&application_name={name}",
+                 "--jwks-url", ctx.jwks_url, "--audience", AUDIENCE, "--log-level", "warning",
+                 "--webhook-concurrency", "0", "--auth-adapters", "on", "--auth-adapter-timeout", "3"]
+    out = open(os.path.join(ctx.workdir, f"{db}-{name}.log"), "a")
+    return subprocess.Popen(arguments, stdout=out, stderr=out)
+
+
+def drill_auth_adapters(ctx):
+    """Supabase Auth through its adapter: each user's events in order (consent revoked, a team transfer for
+    every third, the account's deletion for every other), the worker killed -9 repeatedly while rows are
+    pending; the auth database ends as the events say, each event applied once."""
+    result = Result("8 auth adapters")
+    cluster, users = ctx.cluster, ctx.adapter_users
+    log(f"drill {result.name}: {users} Supabase users, their events through the adapter; worker killed -9 "
+        f"{ctx.adapter_kills} times")
+    cluster.create_database("drill8")
+    cluster.psql("postgres", "DROP DATABASE IF EXISTS drill8auth")
+    cluster.psql("postgres", "CREATE DATABASE drill8auth")
+    cluster.psql("drill8auth", "DO $$ BEGIN CREATE ROLE supabase_auth_admin NOLOGIN NOINHERIT; "
+                               "EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+    subprocess.run(cluster.psql_command("drill8auth") + ["-f", os.path.join(
+        bench.ROOT, "Tests", "Fixtures", "auth-platforms", "supabase-auth.sql")], check=True,
+        stdout=subprocess.DEVNULL)
+    cluster.psql("drill8auth", f"""
+        INSERT INTO auth.users (id, aud, role, email, encrypted_password, raw_app_meta_data, created_at, updated_at)
+        SELECT ('00000000-0000-4000-8000-' || lpad(g::text, 12, '0'))::uuid, 'authenticated', 'authenticated',
+               'u' || g || '@privaterelay.appleid.com', '', '{{}}', now(), now()
+          FROM generate_series(1, {users}) g;
+        INSERT INTO auth.identities (provider_id, user_id, identity_data, provider, created_at, updated_at)
+        SELECT 'drill8-' || g, ('00000000-0000-4000-8000-' || lpad(g::text, 12, '0'))::uuid,
+               jsonb_build_object('sub', 'drill8-' || g), 'apple', now(), now()
+          FROM generate_series(1, {users}) g;
+        INSERT INTO auth.sessions (id, user_id, created_at)
+        SELECT gen_random_uuid(), ('00000000-0000-4000-8000-' || lpad(g::text, 12, '0'))::uuid, now()
+          FROM generate_series(1, {users}) g, generate_series(1, 2)""")
+    connection_file = os.path.join(ctx.workdir, "drill8-auth-url")
+    with open(os.open(connection_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(cluster.url("drill8auth") + "\n")
+    cluster.psql("drill8", f"SELECT siwa.add_auth_adapter('drill8', 'supabase', 'apple', 'file:{connection_file}')")
+    # Each user's events in order, as the worker writes them: consent revoked; every third a transfer to
+    # drill8n-G; every other the account's deletion under its sub of the moment.
+    cluster.psql("drill8", f"""
+        INSERT INTO siwa.changes (type, sub, old_sub, event_time, applied_at, jti)
+        SELECT e.type, e.sub, e.old_sub, now(), now(), 'drill8-' || g || '-' || e.n
+          FROM generate_series(1, {users}) g
+         CROSS JOIN LATERAL (VALUES
+               (1, 'siwa.consent_revoked', 'drill8-' || g, NULL),
+               (2, CASE WHEN g % 3 = 0 THEN 'siwa.sub_transferred' END, 'drill8n-' || g, 'drill8-' || g),
+               (3, CASE WHEN g % 2 = 0 THEN 'siwa.account_deleted' END,
+                   CASE WHEN g % 3 = 0 THEN 'drill8n-' ELSE 'drill8-' END || g, NULL)) AS e(n, type, sub, old_sub)
+         WHERE e.type IS NOT NULL
+         ORDER BY g, e.n""")
+    total = int(cluster.psql("drill8", "SELECT count(*) FROM siwa.auth_adapter_events"))
+    finished = lambda: int(cluster.psql("drill8", "SELECT count(*) FROM siwa.auth_adapter_events WHERE state <> 'pending'"))
+    worker = auth_adapter_worker(ctx, "drill8", "adapters")
+    kills, mid_run = 0, 0
+    started = time.monotonic()
+    try:
+        while kills < ctx.adapter_kills and finished() < total:
+            time.sleep(random.uniform(0.05, 0.3))
+            mid_run += 1 if 0 < finished() < total else 0
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+            kills += 1
+            worker = auth_adapter_worker(ctx, "drill8", "adapters")
+        wait_until(lambda: finished() == total, "every adapter row finished", timeout=ctx.worker_timeout * 3)
+        seconds = time.monotonic() - started
+    finally:
+        stop_process(worker)
+    states = cluster.psql("drill8", """
+        SELECT count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state = 'dead'),
+               count(*) FILTER (WHERE state = 'no_user'), count(*) FILTER (WHERE state = 'no_user' AND attempts = 1),
+               coalesce(max(attempts), 0)
+          FROM siwa.auth_adapter_events""").split("|")
+    done, dead, no_user, first_no_user, max_attempts = map(int, states)
+    # The event-time state: no session left; deleted accounts unlinked (and banned: Apple was their only
+    # login); transferred ones linked under the new sub only; the rest under the old one.
+    wrong = cluster.psql("drill8auth", f"""
+        SELECT count(*) FROM generate_series(1, {users}) g
+          LEFT JOIN auth.identities i ON i.user_id = ('00000000-0000-4000-8000-' || lpad(g::text, 12, '0'))::uuid
+                                     AND i.provider = 'apple'
+          LEFT JOIN auth.users u ON u.id = ('00000000-0000-4000-8000-' || lpad(g::text, 12, '0'))::uuid
+         WHERE CASE WHEN g % 2 = 0 THEN i.provider_id IS NOT NULL OR NOT (u.banned_until > now())
+                    WHEN g % 3 = 0 THEN i.provider_id IS DISTINCT FROM 'drill8n-' || g
+                    ELSE i.provider_id IS DISTINCT FROM 'drill8-' || g END""")
+    sessions = int(cluster.psql("drill8auth", "SELECT count(*) FROM auth.sessions"))
+    log(f"  {total} rows in {seconds:.1f} s through {kills} kill -9s ({mid_run} with rows finished and pending); "
+        f"done {done}, no_user {no_user}, dead {dead}, max attempts {max_attempts}")
+    result.counts.update({"sent": total, "stored": done + no_user, "lost": total - done - no_user})
+    result.notes.append(f"{kills} kills, {total / seconds:.0f} rows/s")
+    result.check(kills >= 2 and mid_run >= 1, f"the worker was killed while rows were pending ({mid_run} of {kills})")
+    result.check(done + no_user == total and dead == 0, f"every row finished ({done} done, {no_user} no_user), none dead")
+    # A row applied in the auth database whose record the kill lost is applied again: a transfer or an
+    # unlink then finds no user under its sub (already moved or unlinked): no_user, never on a first attempt.
+    result.check(first_no_user == 0, f"no_user only on a row applied again after a kill ({no_user - first_no_user} of {no_user})")
+    result.check(int(wrong) == 0, f"every user's identity as its events say ({wrong} differ)")
+    result.check(sessions == 0, f"no session left ({sessions})")
+    return result
+
+
 class Context:
     pass
 
@@ -1479,6 +1583,8 @@ def main():
     ctx.suppression_addresses = 100 if args.quick else 300
     ctx.suppression_kills = 3 if args.quick else 5
     ctx.esp_down_seconds = 3.0 if args.quick else 5.0
+    ctx.adapter_users = 300 if args.quick else 1000
+    ctx.adapter_kills = 3 if args.quick else 5
     only = {s.strip() for s in args.only.split(",") if s.strip()}
 
     ctx.workdir = tempfile.mkdtemp(prefix="siwa-drills-")
@@ -1511,6 +1617,7 @@ def main():
             ("6", lambda: drill_failover(ctx, synchronous=True)),
             ("6", lambda: drill_failover(ctx, synchronous=False)),
             ("7", lambda: drill_suppressions(ctx)),
+            ("8", lambda: drill_auth_adapters(ctx)),
         ]
         for number, drill in drills:
             if only and number not in only:
