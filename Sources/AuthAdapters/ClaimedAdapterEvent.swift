@@ -69,6 +69,17 @@ public struct AdapterSettings: Sendable, Hashable {
     /// One choice per event.
     public var policy: AuthPolicy
 
+    /// Settings.
+    public init(
+        platform: String, provider: String, connectionReference: String, options: String, policy: AuthPolicy
+    ) {
+        self.platform = platform
+        self.provider = provider
+        self.connectionReference = connectionReference
+        self.options = options
+        self.policy = policy
+    }
+
     /// The platform that applies this adapter's events; throws for a platform this worker cannot apply
     /// (named) or an option it cannot use.
     public func makePlatform() throws -> any AuthPlatform {
