@@ -182,9 +182,13 @@ struct AdaptersProcessTests {
         #expect(result.status == 0, "\(result.standardOutput)\(result.standardError)")
         let output = result.standardOutput
         #expect(output.contains("check: ok"), "\(output)")
-        #expect(output.contains("consent revoked (end-sessions): sessions_ended=1"), "\(output)")
         #expect(
-            output.contains("account deleted (unlink, when it leaves no login: disable): users_disabled=1"),
+            output.contains("consent revoked (end-sessions): sessions_ended=1 refresh_tokens_revoked=1\n"),
+            "\(output)")
+        #expect(
+            output.contains(
+                "account deleted (unlink, when it leaves no login: disable): users_disabled=1 identities_unlinked=1"
+                    + " sessions_ended=1 refresh_tokens_revoked=1\n"),
             "\(output)")
         #expect(output.contains("identities_unlinked=1"), "\(output)")
         #expect(output.contains("forwarding off (ignore): none"), "\(output)")
