@@ -156,6 +156,12 @@ let package = Package(
         .target(
             name: "AuthAdapters",
             dependencies: ["AuthPlatforms", "Postgres", "QueueConsumer", "ServiceSupport"]),
+        // The operator's calls on the auth adapters (siwactl adapters): add (validated by AuthPlatforms before
+        // the siwa.* function writes), list, remove, retry, and test (a dry run in the auth database, changing
+        // nothing), with typed rows. Never prints or reads the environment.
+        .target(
+            name: "AuthAdapterAdministration",
+            dependencies: ["AuthAdapters", "AuthPlatforms", "Postgres", "ServiceSupport"]),
 
         // schema.sql embedded as a Swift constant at build time (the only file embedded and applied). It is
         // generated from schema/ by `make schema`; the plugin fails the build while it is stale.
@@ -185,7 +191,8 @@ let package = Package(
                 "AppleNotifications", "AppleID", "HTTPClient", "Postgres", "ServiceSupport", "HTTPServer",
                 "SiwaSchema", "AppleKeys", "Webhooks", "TeamTransfer", "FakeApple", "Doctor", "Migrator",
                 "WebhookAdministration", "ServiceHealth", "RelayMail", "Bounces", "SharedSignals",
-                "SharedSignalsAdministration", "Suppressions",
+                "SharedSignalsAdministration", "Suppressions", "AuthAdapterAdministration", "AuthAdapters",
+                "AuthPlatforms",
             ]),
         .executableTarget(
             name: "siwa-mailgate",
@@ -259,7 +266,9 @@ let package = Package(
         .testTarget(
             name: "AdminSQLTests",
             dependencies: [
-                "Doctor", "Postgres", "QueueConsumer", "Receiver", "RelayMail", "Revoker", "ServiceHealth",
+                "AuthAdapterAdministration", "AuthAdapters", "Doctor", "Postgres", "QueueConsumer",
+                "Receiver", "RelayMail", "Revoker",
+                "ServiceHealth",
                 "SharedSignalsAdministration", "SignIn", "SignalDelivery", "Suppressions", "TestSupport",
                 "WebhookAdministration",
                 "WebhookDelivery",

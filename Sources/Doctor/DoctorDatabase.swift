@@ -160,6 +160,7 @@ extension Doctor {
             workers, all: heartbeats.filter { $0.kind == "worker" }, maxAge: maxAge, activity: activity)
         checkVersions(fresh)
         checkSenderUnauthorized(connection)
+        checkAuthAdapters(connection)
         guard
             checkReceivers(
                 receivers, all: heartbeats.filter { $0.kind == "receiver" }, maxAge: maxAge,
@@ -169,6 +170,70 @@ extension Doctor {
         }
         checkAudiences(receivers, inUse: inUse)
         checkRevoker(workers, inUse: inUse)
+    }
+
+    /// How long a pending auth adapter row may stay overdue before it makes a warning (a lane applies a
+    /// due row within seconds; longer means no worker runs the adapters, or the auth database is down).
+    public static let adapterOverdueWarning: Double = 600
+
+    /// One line per auth adapter (`siwa.auth_adapter_overview`): dead rows (warning, with the retry), the
+    /// oldest due row's age (warning when overdue), the last error. Nothing when none is configured.
+    /// Whether a worker runs with `--auth-adapters on` is not in the heartbeats: an overdue row is what
+    /// tells.
+    private mutating func checkAuthAdapters(_ connection: PostgresConnection) {
+        let rows:
+            [(
+                name: String, platform: String, enabled: Bool, pending: Int, dead: Int, overdue: Double?,
+                error: String?
+            )]
+        do {
+            rows = try connection.query(
+                """
+                SELECT name, platform, enabled, pending::bigint, dead::bigint,
+                       extract(epoch FROM now() - oldest_due_at)::float8, last_error
+                  FROM siwa.auth_adapter_overview ORDER BY name
+                """
+            ).map {
+                (
+                    try $0[0, as: String.self], try $0[1, as: String.self], try $0[2, as: Bool.self],
+                    try $0[3, as: Int.self], try $0[4, as: Int.self], try $0[5, as: Double?.self],
+                    try $0[6, as: String?.self]
+                )
+            }
+        } catch {
+            report(
+                .warn, "adapters",
+                "cannot read siwa.auth_adapter_overview: \((error as? PostgresError)?.message ?? "\(error)")",
+                fix:
+                    "migrate the database (siwactl migrate), and connect as the owner or a member of siwa_admin"
+            )
+            return
+        }
+        for row in rows {
+            var parts = ["\(row.name) (\(row.platform))\(row.enabled ? "" : ", disabled")"]
+            parts.append("\(row.pending) pending")
+            if let overdue = row.overdue, overdue > 0 {
+                parts.append("the oldest due \(formatAge(overdue)) ago")
+            }
+            if row.dead > 0 { parts.append("\(row.dead) dead") }
+            if let error = row.error { parts.append("last error: \(TerminalText.escaped(error))") }
+            let message = parts.joined(separator: ", ")
+            if row.dead > 0 {
+                report(
+                    .warn, "adapters", message,
+                    fix:
+                        "fix the cause (the last error; siwactl adapters test \(row.name) --sub SUB), then siwactl adapters retry \(row.name)"
+                )
+            } else if row.enabled, let overdue = row.overdue, overdue > Self.adapterOverdueWarning {
+                report(
+                    .warn, "adapters", message,
+                    fix:
+                        "run siwa-worker with --auth-adapters on against this database, and check the adapter's auth database (siwactl adapters test \(row.name) --sub SUB)"
+                )
+            } else {
+                report(.ok, "adapters", message)
+            }
+        }
     }
 
     /// How far back a `sender_unauthorized` bounce makes a finding.

@@ -10,6 +10,7 @@ enum Siwactl {
         KeygenVerb.verb, SignVerb.verb, VerifyVerb.verb, ClientSecretVerb.verb, MigrateVerb.verb,
         EventsVerb.verb, ReplayVerb.verb, StatsVerb.verb, FakeAppleVerb.verb, SimulateVerb.verb,
         DoctorVerb.verb, TransferVerb.verb, WebhooksVerb.verb, MailVerb.verb, SharedSignalsVerb.verb,
+        AdaptersVerb.verb,
     ]
 
     /// `siwactl` itself: its verbs, and `--version`, `--help` and unknown verbs.

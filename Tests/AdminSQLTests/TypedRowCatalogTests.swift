@@ -1,3 +1,5 @@
+import AuthAdapterAdministration
+import AuthAdapters
 import Foundation
 import Postgres
 import RelayMail
@@ -25,6 +27,7 @@ private let rowTypes: [any PostgresRowDecodable.Type] = [
     ClaimedNotification.self, ProcessedNotification.self, DueNotification.self, BusyUsers.self,
     ClaimedDelivery.self, RevocationClaim.self, RefreshCheckClaim.self,
     RelayMailDecision.self, RelayMailSingleDecision.self, ClaimedSET.self, ClaimedSuppression.self,
+    ClaimedAdapterEvent.self, AuthAdapterAdministration.AdapterOverview.self,
     SharedSignalsAdministration.ReceiverOverview.self, SharedSignalsAdministration.StreamOverview.self,
 ]
 
