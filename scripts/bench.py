@@ -947,10 +947,11 @@ def webhooks(cluster, binaries, jwks_url, bodies, changes=20_000, subs=2_000, id
             "end_to_end_p99_ms": percentile(end_to_end, 99) if end_to_end else None}
 
 
-def outbox(cluster, binaries, workdir, events=20_000, subs=2_000, suppressions=10_000):
+def outbox(cluster, binaries, workdir, events=20_000, subs=2_000, suppressions=10_000, adapter_users=2_000):
     """Each outbox consumer of siwa-worker alone against the same fast keep-alive endpoint
     (scripts/bench-endpoint.py): webhook lanes and Shared Signals push (8 lanes each, `events` changes of
-    `subs` users), the SendGrid suppression outbox (its one lane per provider, `suppressions` addresses);
+    `subs` users), the SendGrid suppression outbox (its one lane per provider, `suppressions` addresses),
+    a Supabase Auth adapter (its one lane, a consent revoked for each of `adapter_users` users);
     the time from the worker's start to the last row finished."""
     db = "outbox"
     cluster.create_database(db)
@@ -963,6 +964,30 @@ def outbox(cluster, binaries, workdir, events=20_000, subs=2_000, suppressions=1
     with open(os.open(sendgrid_key, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
         f.write("SG.bench")
     secret = "whsec_" + base64.b64encode(os.urandom(32)).decode()
+    # Supabase Auth's tables (the test fixture) in a database of their own, a user with an Apple identity
+    # and two sessions per adapter event; the adapter's login is the cluster's owner.
+    cluster.psql("postgres", "DROP DATABASE IF EXISTS outbox_auth")
+    cluster.psql("postgres", "CREATE DATABASE outbox_auth")
+    cluster.psql("outbox_auth", "DO $$ BEGIN CREATE ROLE supabase_auth_admin NOLOGIN NOINHERIT; "
+                                "EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+    subprocess.run(cluster.psql_command("outbox_auth") + ["-f", os.path.join(
+        ROOT, "Tests", "Fixtures", "auth-platforms", "supabase-auth.sql")], check=True, stdout=subprocess.DEVNULL)
+    cluster.psql("outbox_auth", f"""
+        INSERT INTO auth.users (id, aud, role, email, encrypted_password, raw_app_meta_data, created_at, updated_at)
+        SELECT ('00000000-0000-4000-8000-' || lpad(g::text, 12, '0'))::uuid, 'authenticated', 'authenticated',
+               'u' || g || '@privaterelay.appleid.com', '', '{{}}', now(), now()
+          FROM generate_series(1, {adapter_users}) g;
+        INSERT INTO auth.identities (provider_id, user_id, identity_data, provider, created_at, updated_at)
+        SELECT 'ad-sub-' || g, ('00000000-0000-4000-8000-' || lpad(g::text, 12, '0'))::uuid,
+               jsonb_build_object('sub', 'ad-sub-' || g), 'apple', now(), now()
+          FROM generate_series(1, {adapter_users}) g;
+        INSERT INTO auth.sessions (id, user_id, created_at)
+        SELECT gen_random_uuid(), ('00000000-0000-4000-8000-' || lpad(g::text, 12, '0'))::uuid, now()
+          FROM generate_series(1, {adapter_users}) g, generate_series(1, 2)""")
+    cluster.psql("outbox_auth", "VACUUM ANALYZE")
+    adapter_url_file = os.path.join(workdir, "auth-adapter-url")
+    with open(os.open(adapter_url_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(cluster.url("outbox_auth") + "\n")
     changes = f"""
         INSERT INTO siwa.changes (type, sub, event_time, applied_at, jti, audience, sessions_revoked)
         SELECT 'siwa.consent_revoked', 'ob-sub-' || (g % {subs}), now(), now(), 'ob-' || g || '-TAG', '{AUDIENCE}', 1
@@ -985,6 +1010,12 @@ def outbox(cluster, binaries, workdir, events=20_000, subs=2_000, suppressions=1
              SELECT 'sendgrid', 'ob-sup-' || g, 'email-disabled', 'add', a, siwa.mail_address_key(a)
                FROM generate_series(1, {suppressions}) g, LATERAL (SELECT 'ob' || g || '@privaterelay.appleid.com' AS a) x""",
          "SELECT count(*) FROM siwa.suppression_outbox WHERE state = 'pending'", None),
+        ("auth adapter (Supabase)", adapter_users, ["--auth-adapters", "on"],
+         f"SELECT siwa.add_auth_adapter('bench', 'supabase', 'apple', 'file:{adapter_url_file}')",
+         f"""INSERT INTO siwa.changes (type, sub, event_time, applied_at, jti, audience, sessions_revoked)
+             SELECT 'siwa.consent_revoked', 'ad-sub-' || g, now(), now(), 'ad-' || g, '{AUDIENCE}', 1
+               FROM generate_series(1, {adapter_users}) g""",
+         "SELECT count(*) FROM siwa.auth_adapter_events WHERE state = 'pending'", None),
     ]
     found = {}
     try:
@@ -1023,7 +1054,8 @@ def print_outbox(found, pgq):
     if not found:
         return
     print("Outboxes (each consumer of one siwa-worker alone against the same fast keep-alive endpoint: webhooks "
-          "and Shared Signals 8 lanes, suppressions one lane per provider; CPU µs per row from /proc)")
+          "and Shared Signals 8 lanes, suppressions one lane per provider; the auth adapter's one lane against "
+          "Supabase Auth's tables in the same cluster; CPU µs per row from /proc)")
     for name, r in found.items():
         ratio = f" = {r['postgres_us'] / pgq['postgres_us_per_event']:.1f}× PgQueuer's per job" if pgq else ""
         print(f"  {name:<30} {r['per_second']:>7.0f} rows/s ({r['rows']:,} in {r['seconds']:.1f} s); worker "
