@@ -240,20 +240,23 @@ struct WebhookShutdownTests {
     @Test("SIGTERM during an attempt: the attempt finishes and is recorded before siwa-worker exits 0")
     func sigtermDuringAttempt() throws {
         let database = try WebhookDatabase()
-        let receiver = try WebhookReceiver { _, _ in (204, .seconds(2)) }
+        let arrived = Arrival()
+        let receiver = try WebhookReceiver { _, _ in
+            arrived.mark()
+            return (204, .seconds(2))
+        }
         try database.addEndpoint(url: receiver.url, secret: .generate())
         let change = try database.insertChange(sub: "t")
         let worker = try Subprocess(
             ExecutableLocator.url(named: "siwa-worker").path,
             ["--database-url", database.url, "--log-level", "error", "--webhook-poll-interval", "0.1"])
-        // The attempt is in flight: its delivery is leased (no transaction stays open across the POST).
+        // The attempt is in flight: the POST reached the endpoint (a lease alone may precede the POST, and a
+        // stop before it releases the delivery unsent), and its delivery is leased with no transaction open.
+        #expect(waitUntil(timeout: .seconds(20)) { arrived.happened })
         #expect(
-            waitUntil(timeout: .seconds(20)) {
-                (try? database.value(
-                    "SELECT count(*)::int FROM siwa.webhook_deliveries WHERE lease_owner IS NOT NULL") as Int)
-                    ?? 0
-                    >= 1
-            })
+            try database.value(
+                "SELECT count(*)::int FROM siwa.webhook_deliveries WHERE lease_owner IS NOT NULL") as Int == 1
+        )
         #expect(
             try database.value(
                 """
@@ -266,4 +269,11 @@ struct WebhookShutdownTests {
         #expect(try database.value("SELECT state FROM siwa.webhook_delivery_status") as String == "delivered")
         #expect(receiver.accepted.map(\.changeID) == [change])
     }
+}
+
+/// Whether a request reached the endpoint, from any of its threads.
+private final class Arrival: Sendable {
+    private let value = Atomic<Bool>(false)
+    func mark() { value.store(true, ordering: .sequentiallyConsistent) }
+    var happened: Bool { value.load(ordering: .sequentiallyConsistent) }
 }
