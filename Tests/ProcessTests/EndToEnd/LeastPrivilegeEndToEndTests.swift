@@ -22,7 +22,7 @@ struct LeastPrivilegeEndToEndTests {
     static func contents(_ url: URL) -> String { (try? String(contentsOf: url, encoding: .utf8)) ?? "" }
 
     @Test(
-        "notifications are applied and reach webhooks, Shared Signals push and poll, the suppression list, the revoker and the mail gate"
+        "notifications are applied and reach webhooks, Shared Signals push and poll, the suppression list, the revoker, an auth adapter and the mail gate"
     )
     func everyConsumer() throws {
         let database = try TestDatabase()
@@ -76,6 +76,22 @@ struct LeastPrivilegeEndToEndTests {
             "INSERT INTO siwa.suppression_providers (name, kind) VALUES ('sendgrid', 'sendgrid')")
         let sendgridKey = directory.appendingPathComponent("sendgrid-key")
         try Self.write(sendgrid.credential, to: sendgridKey)
+        // A Supabase Auth adapter, added by the administrators' login; Alice and Bob are its users.
+        let auth = try SupabaseAuthFixture.database()
+        try auth.query(
+            "UPDATE auth.identities SET provider_id = $1 WHERE provider_id = '001.a'", [.text(alice)])
+        try auth.query(
+            "UPDATE auth.identities SET provider_id = $1 WHERE provider_id = '001.b'", [.text(bob)])
+        let authURLFile = directory.appendingPathComponent("auth-url")
+        try Self.write(auth.url, to: authURLFile)
+        let adapterAdded = try ExecutableLocator.run(
+            siwactl,
+            arguments: [
+                "adapters", "add", "supabase", "--platform", "supabase", "--connection-file",
+                authURLFile.path,
+                "--database-url", try database.url(asMemberOf: "siwa_admin"),
+            ], environment: Self.clean)
+        try #require(adapterAdded.status == 0, "\(adapterAdded.standardError)")
         let apple = try LocalApple()
         let tokenKeys = try writeKeyFile([("k1", randomKey())], in: directory)
         let keys = try StaticHTTPServer(body: TestSigning.apple.jwksJSON())
@@ -110,7 +126,7 @@ struct LeastPrivilegeEndToEndTests {
                 "--sendgrid-api-url", sendgrid.baseURL, "--apple-key-file", apple.teamKeyFile.path,
                 "--apple-team-id", LocalApple.teamID, "--apple-key-id", LocalApple.keyID, "--apple-url",
                 apple.baseURL, "--audience", TestSigning.audience, "--token-key-file", tokenKeys,
-                "--revocation-poll-interval", "0.2", "--log-level", "info",
+                "--revocation-poll-interval", "0.2", "--auth-adapters", "on", "--log-level", "info",
             ], databaseURL: try database.url(asMemberOf: "siwa_worker"),
             environment: ["SIWA_JWKS_URL": keys.url.absoluteString])
         defer {
@@ -216,6 +232,28 @@ struct LeastPrivilegeEndToEndTests {
             waitUntil(timeout: .seconds(30)) {
                 count("SELECT count(*)::int FROM siwa.suppression_outbox WHERE state = 'done'") == 1
             }, "suppressions: \(worker.log.suffix(2000))")
+        // The adapter applied every change in Supabase Auth: both users' sessions ended, Bob's Apple identity
+        // unlinked (he keeps his password, so he is not banned), Alice's kept; Bob's erasure, after the
+        // unlink, finds no user there.
+        func adapterRows() -> [String] {
+            (try? database.query("SELECT state || ' ' || type FROM siwa.auth_adapter_events ORDER BY id").map
+            {
+                try $0[0, as: String.self]
+            }) ?? []
+        }
+        #expect(
+            waitUntil(timeout: .seconds(30)) { !adapterRows().contains { $0.hasPrefix("pending") } },
+            "auth adapter: \(adapterRows()) \(worker.log.suffix(2000))")
+        #expect(
+            adapterRows() == [
+                "done siwa.email_disabled", "done siwa.email_disabled", "done siwa.consent_revoked",
+                "done siwa.account_deleted", "no_user siwa.personal_data_erased",
+            ])
+        #expect(try auth.value("SELECT count(*)::int FROM auth.sessions", as: Int.self) == 0)
+        #expect(
+            try auth.query("SELECT provider_id FROM auth.identities WHERE provider = 'apple'").map {
+                try $0[0, as: String.self]
+            } == [alice])
         // Only Alice's relay address went to the list; Bob's real address never did.
         #expect(Set(sendgrid.calls.map(\.address)) == [aliceRelay])
         // Polled in order per user: each round acknowledges what the previous one returned.
