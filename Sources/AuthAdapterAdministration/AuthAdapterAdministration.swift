@@ -67,24 +67,11 @@ public struct AuthAdapterAdministration {
     /// `SecretFile`: refused when the path is relative, the file missing or empty, or readable by group
     /// or others. The caller never shows it.
     static func connectionText(_ reference: String) throws(Refusal) -> String {
-        guard reference.hasPrefix("file:") else {
-            throw Refusal("the connection is a file: reference (file:PATH), never the URL itself")
-        }
-        let path = String(reference.dropFirst(5))
-        guard path.hasPrefix("/") else {
-            throw Refusal("the connection file \(path) is not an absolute path")
-        }
-        let data: Data
         do {
-            data = try SecretFile.read(path, setting: "the connection file")
+            return try AuthDatabase.url(reference)
         } catch {
             throw Refusal(error.message)
         }
-        let text = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
-        guard !text.isEmpty else {
-            throw Refusal("the connection file \(path) is empty: put the auth database's URL in it")
-        }
-        return text
     }
 
     /// Adds an adapter after ``validate(_:)`` (`siwa.add_auth_adapter`) and returns its id. The database
@@ -229,17 +216,13 @@ public struct AuthAdapterAdministration {
         try validate(settings)
         let platform = try settings.makePlatform()
         let url = try connectionText(settings.connectionReference)
-        var configuration: PostgresConfiguration
-        do {
-            configuration = try PostgresConfiguration(url, applicationName: "siwactl-adapters-test")
-        } catch {
-            throw ConnectionFailure(
-                description: "the connection file does not hold a PostgreSQL URL or conninfo string")
-        }
-        configuration.statementCacheCapacity = 0
         let auth: PostgresConnection
         do {
-            auth = try PostgresConnection(configuration: configuration)
+            auth = try AuthDatabase.connect(
+                url, applicationName: "siwactl-adapters-test", timeout: .seconds(10))
+        } catch  where error.code == .invalidConfiguration {
+            throw ConnectionFailure(
+                description: "the connection file does not hold a PostgreSQL URL or conninfo string")
         } catch {
             throw ConnectionFailure(
                 description:
@@ -247,9 +230,6 @@ public struct AuthAdapterAdministration {
                     + (error.connectionFailureReason.map { " (\($0))" } ?? ""))
         }
         defer { auth.close() }
-        _ = try? auth.query(
-            "SELECT set_config('statement_timeout', '10000ms', false), set_config('lock_timeout', '10000ms', false)"
-        )
         let policy = settings.policy
         let problems = try platform.check(on: auth, policy: policy)
         var events: [(String, String, AuthEvent, String)] = [

@@ -232,22 +232,11 @@ public final class AuthAdapterDispatcher: Outbox {
     /// The lane's open connection to the auth database at `reference`, reconnecting when the file's URL
     /// changed (rotation) or none is open.
     private func authConnection(lane: String, reference: String) throws -> PostgresConnection {
-        guard reference.hasPrefix("file:") else {
-            throw ConfigurationError("the adapter's connection reference is not a file: reference")
-        }
-        let path = String(reference.dropFirst(5))
-        let url = String(
-            decoding: try SecretFile.read(path, setting: "the adapter's connection file"), as: UTF8.self
-        )
-        .trimmingCharacters(in: .whitespacesAndNewlines)
+        let url = try AuthDatabase.url(reference)
         if let open = connections.withLock({ $0[lane] }), open.url == url { return open.connection }
         forget(lane: lane)
-        var database = try PostgresConfiguration(url, applicationName: "siwa-auth-adapter-\(lane)")
-        database.statementCacheCapacity = 0
-        let connection = try PostgresConnection(configuration: database)
-        let milliseconds = "\(Int(configuration.calls.timeout.inSeconds * 1000))ms"
-        _ = try connection.query(
-            AuthAdapterQueries.authSessionTimeouts, [.text(milliseconds), .text(milliseconds)])
+        let connection = try AuthDatabase.connect(
+            url, applicationName: "siwa-auth-adapter-\(lane)", timeout: configuration.calls.timeout)
         connections.withLock { $0[lane] = AuthConnection(url: url, connection: connection) }
         return connection
     }

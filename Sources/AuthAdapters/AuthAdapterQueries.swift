@@ -19,7 +19,4 @@ enum AuthAdapterQueries {
                                                $7::float8 * interval '1 second', $8::float8 * interval '1 second')
         """
 
-    /// The auth database session's statement ($1) and lock ($2) timeouts.
-    static let authSessionTimeouts =
-        "SELECT set_config('statement_timeout', $1, false), set_config('lock_timeout', $2, false)"
 }

@@ -141,3 +141,17 @@ struct AdapterSettingsTests {
         #expect(throws: AuthPlatformError.self) { try settings.makePlatform() }
     }
 }
+
+@Suite("Auth adapters: the connection file")
+struct ConnectionFileTests {
+    @Test("an empty connection file is refused, not taken for libpq's defaults (the worker's own server)")
+    func emptyFile() throws {
+        let fixture = try AdapterFixture()
+        try fixture.write(url: "")
+        try fixture.insertChanges([("siwa.consent_revoked", "001.a", nil)])
+        #expect(try fixture.dispatcher().drainOnce().map(\.state) == ["retry"])
+        let error = try fixture.rows().first?.error ?? ""
+        #expect(error.contains("is empty"), "\(error)")
+        #expect(try fixture.sessions(of: AdapterFixture.userA) == 1)
+    }
+}
