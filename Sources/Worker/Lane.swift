@@ -398,9 +398,7 @@ final class Lane {
 
     /// How soon the next scheduled retry is due (nil: nothing pending).
     private func untilNextDue(_ connection: PostgresConnection) throws(PostgresError) -> Duration? {
-        try connection.value(Self.nextDueSQL, as: Double?.self).map {
-            .milliseconds(Int64((max($0, 0) * 1000).rounded(.up)))
-        }
+        try connection.value(Self.nextDueSQL, as: Double?.self).map { .untilDue(seconds: $0) }
     }
 }
 
@@ -444,5 +442,5 @@ struct BusyUsers: PostgresRowDecodable {
         firstDueIn = try row[1, as: Double?.self]
     }
     /// How soon the first busy one is due again, in whole milliseconds up (none past); nil when none is busy.
-    var firstDue: Duration? { firstDueIn.map { .milliseconds(Int64((max($0, 0) * 1000).rounded(.up))) } }
+    var firstDue: Duration? { firstDueIn.map { .untilDue(seconds: $0) } }
 }
