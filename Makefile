@@ -23,7 +23,7 @@ TEST_PACKAGES  = $(DEMO_PACKAGES) ca-certificates nginx systemd python3-yaml pyt
                  iproute2 util-linux
 
 .PHONY: all deps demo-deps test-deps build release test mail-test lint format demo run coverage bench clean \
-        validate-deploy webhooks-venv ssf-venv sigv4-venv django-venv schema schema-check dist dist-test image image-test container-deps
+        validate-deploy webhooks-venv ssf-venv sigv4-venv django-venv platforms-venv schema schema-check dist dist-test image image-test container-deps
 
 all: build
 
@@ -59,7 +59,7 @@ schema-check:
 format:
 	$(SWIFT) format -i -r Sources Tests Plugins Fuzz Package.swift
 
-test: test-deps lint validate-deploy webhooks-venv ssf-venv sigv4-venv django-venv
+test: test-deps lint validate-deploy webhooks-venv ssf-venv sigv4-venv django-venv platforms-venv
 	$(SWIFT) build --build-tests
 	./scripts/test-schema "$$($(SWIFT) build --show-bin-path)"
 	$(SWIFT) test --skip-build
@@ -108,6 +108,11 @@ sigv4-venv: test-deps
 # `make test` (the suite fails, naming this target, when the venv is missing).
 django-venv: test-deps
 	@./scripts/django-venv
+
+# The hosted platforms' fakes (issue 48) are checked with each vendor's own admin SDK (PyPI, pinned):
+# firebase-admin, auth0-python, clerk-backend-api, python-keycloak, in .build/platforms-venv.
+platforms-venv: test-deps
+	@./scripts/platforms-venv
 
 coverage: test-deps webhooks-venv
 	$(SWIFT) test --enable-code-coverage
