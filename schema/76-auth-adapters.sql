@@ -70,7 +70,7 @@ COMMENT ON COLUMN siwa.auth_adapters.on_forwarding_change IS
     'ignore (default), or record email forwarding off/on where the platform keeps app metadata.';
 COMMENT ON COLUMN siwa.auth_adapters.on_sub_transferred IS
     'move (default): the linked identity moved from the old sub to the new one; ignore.';
-COMMENT ON COLUMN siwa.auth_adapters.enabled IS 'Whether new changes fan out to it and its rows are claimed; pending rows wait while disabled.';
+COMMENT ON COLUMN siwa.auth_adapters.enabled IS 'Whether its rows are claimed (siwactl adapters enable|disable): a disabled adapter is paused, its changes queue as pending rows until it is enabled again.';
 
 -- The policies a platform cannot express, refused at every write of an adapter (SQLSTATE 22023, naming
 -- the policy): Auth.js (both adapters) has no disable flag, and Better Auth has one only with its admin
@@ -154,19 +154,20 @@ CREATE INDEX IF NOT EXISTS auth_adapter_events_dead_idx ON siwa.auth_adapter_eve
 CREATE INDEX IF NOT EXISTS auth_adapter_events_finished_idx
     ON siwa.auth_adapter_events (finished_at) WHERE state <> 'pending';
 
--- The fan-out: once per INSERT statement on siwa.changes, one row per new change and enabled adapter, in
+-- The fan-out: once per INSERT statement on siwa.changes, one row per new change and adapter (a disabled one
+-- is paused: its rows wait), in
 -- change order; one NOTIFY siwa_auth_adapters (at commit) when there is any. It runs as the role that
 -- inserts the changes (siwa_worker; the owner for a transfer or an erasure it runs itself).
 CREATE OR REPLACE FUNCTION siwa.auth_adapter_fan_out() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM siwa.auth_adapters a WHERE a.enabled) THEN
+    IF NOT EXISTS (SELECT 1 FROM siwa.auth_adapters) THEN
         RETURN NULL;
     END IF;
     INSERT INTO siwa.auth_adapter_events (change_id, adapter_id, type, sub, old_sub, event_time)
     SELECT c.id, a.id, c.type, c.sub, c.old_sub, c.event_time
       FROM new_changes c
-      JOIN siwa.auth_adapters a ON a.enabled
+      CROSS JOIN siwa.auth_adapters a
      WHERE c.type IN ('siwa.consent_revoked', 'siwa.account_deleted', 'siwa.email_disabled', 'siwa.email_enabled',
                       'siwa.sub_transferred', 'siwa.personal_data_erased')
      ORDER BY c.id, a.id
@@ -178,7 +179,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION siwa.auth_adapter_fan_out() IS
-    'Statement trigger after INSERT on siwa.changes: one siwa.auth_adapter_events row per new change and enabled adapter, NOTIFY siwa_auth_adapters. Executable by siwa_worker (through its inserts into siwa.changes).';
+    'Statement trigger after INSERT on siwa.changes: one siwa.auth_adapter_events row per new change and adapter (disabled ones too: they are paused), NOTIFY siwa_auth_adapters. Executable by siwa_worker (through its inserts into siwa.changes).';
 DROP TRIGGER IF EXISTS changes_auth_adapter_fan_out ON siwa.changes;
 CREATE TRIGGER changes_auth_adapter_fan_out
     AFTER INSERT ON siwa.changes REFERENCING NEW TABLE AS new_changes
@@ -366,6 +367,25 @@ END;
 $$;
 COMMENT ON FUNCTION siwa.remove_auth_adapter(text) IS
     'Removes an auth adapter and, by cascade, its outbox rows, pending ones included (siwactl adapters remove). False for an unknown name. Executable by siwa_admin.';
+
+-- Pause or resume an adapter: its lanes stop or start claiming (the worker follows within seconds), its
+-- changes keep queueing.
+CREATE OR REPLACE FUNCTION siwa.set_auth_adapter_enabled(p_name text, p_enabled boolean)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF p_enabled IS NULL THEN
+        RAISE EXCEPTION 'p_enabled is true or false' USING ERRCODE = '22023';
+    END IF;
+    UPDATE siwa.auth_adapters a SET enabled = p_enabled WHERE a.name = p_name;
+    IF FOUND AND p_enabled THEN
+        PERFORM pg_catalog.pg_notify('siwa_auth_adapters', '');
+    END IF;
+    RETURN FOUND;
+END;
+$$;
+COMMENT ON FUNCTION siwa.set_auth_adapter_enabled(text, boolean) IS
+    'Enables (resumes) or disables (pauses) an auth adapter (siwactl adapters enable|disable): a disabled adapter''s rows are not claimed and its new changes queue as pending rows. False for an unknown name; 22023 for a NULL p_enabled. Executable by siwa_admin.';
 
 -- Dead rows pending again, due now, their attempts reset: one row (p_id), or every dead row of an adapter
 -- (p_adapter), or both. A row whose sub an erasure took is left (nothing to apply it to).

@@ -412,7 +412,8 @@ BEGIN
             ON siwa.auth_adapter_events TO siwa_admin;
         GRANT EXECUTE ON FUNCTION siwa.check_auth_adapter(),
             siwa.add_auth_adapter(text, text, text, text, jsonb, text, text, text, text, text, boolean),
-            siwa.remove_auth_adapter(text), siwa.retry_auth_adapter_events(bigint, bigint),
+            siwa.remove_auth_adapter(text), siwa.set_auth_adapter_enabled(text, boolean),
+            siwa.retry_auth_adapter_events(bigint, bigint),
             siwa.prune_auth_adapter_events(interval, integer)
             TO siwa_admin;
     END IF;

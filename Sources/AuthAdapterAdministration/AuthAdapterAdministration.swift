@@ -97,6 +97,13 @@ public struct AuthAdapterAdministration {
         try connection.value("SELECT siwa.remove_auth_adapter($1)", [.text(name)], as: Bool.self)
     }
 
+    /// Resumes (`true`) or pauses an adapter (`siwa.set_auth_adapter_enabled`): a paused adapter's changes
+    /// queue unclaimed. False: no adapter of that name.
+    public func setEnabled(name: String, _ enabled: Bool) throws(PostgresError) -> Bool {
+        try connection.value(
+            "SELECT siwa.set_auth_adapter_enabled($1, $2)", [.text(name), .bool(enabled)], as: Bool.self)
+    }
+
     /// Makes the adapter's dead rows (or its one row `id`) pending and due now
     /// (`siwa.retry_auth_adapter_events`); nil: no adapter of that name.
     public func retry(name: String, id: Int? = nil) throws(PostgresError) -> Int? {

@@ -112,7 +112,12 @@ public final class AuthAdapterDispatcher: Outbox {
     public static func adapters(in database: PostgresConfiguration) throws -> [Adapter] {
         let connection = try PostgresConnection(configuration: database)
         defer { connection.close() }
-        return try connection.query(AuthAdapterQueries.enabledAdapters).map { row throws(PostgresError) in
+        return try adapters(on: connection)
+    }
+
+    /// The enabled adapters of `siwa.auth_adapters`, by name, read on `connection`.
+    public static func adapters(on connection: PostgresConnection) throws -> [Adapter] {
+        try connection.query(AuthAdapterQueries.enabledAdapters).map { row throws(PostgresError) in
             Adapter(name: try row[0, as: String.self], id: try row[1, as: Int.self])
         }
     }

@@ -101,7 +101,9 @@ public final class HostedPlatformFake: Sendable {
 
     /// Injects faults: the next `rateLimit` calls answer 429, the next `outage` 503; every call hangs
     /// `hang` seconds; `revokeCredentials` makes every token (old and new) fail as the vendor does.
-    public func faults(rateLimit: Int? = nil, outage: Int? = nil, hang: Double? = nil, revokeCredentials: Bool? = nil)
+    public func faults(
+        rateLimit: Int? = nil, outage: Int? = nil, hang: Double? = nil, revokeCredentials: Bool? = nil
+    )
         throws
     {
         var spec: [String: Any] = [:]
@@ -120,8 +122,11 @@ public final class HostedPlatformFake: Sendable {
 
     /// Runs Tests/Fixtures/hosted-platforms/`script` with the platforms venv's Python (the vendor SDKs),
     /// and returns its exit status and output.
-    public static func runCheck(_ script: String, _ arguments: [String] = []) throws -> ExecutableLocator.Result {
-        guard FileManager.default.isExecutableFile(atPath: python), python.hasSuffix("platforms-venv/bin/python")
+    public static func runCheck(_ script: String, _ arguments: [String] = []) throws
+        -> ExecutableLocator.Result
+    {
+        guard FileManager.default.isExecutableFile(atPath: python),
+            python.hasSuffix("platforms-venv/bin/python")
         else { throw Failure(description: "the vendor SDKs are missing: run make platforms-venv") }
         return try Subprocess.run(
             python, [fixtures.appendingPathComponent(script).path] + arguments, timeout: .seconds(120))

@@ -7,7 +7,7 @@ let authAdapterOptions: [CommandOption] = [
     CommandOption(
         "auth-adapters", valueName: "on|off",
         help:
-            "Apply Apple's changes in the auth systems of siwa.auth_adapters (siwactl adapters): a lane per adapter enabled at start.",
+            "Apply Apple's changes in the auth systems of siwa.auth_adapters (siwactl adapters): a lane per enabled adapter, in step with the table.",
         environmentVariable: "SIWA_AUTH_ADAPTERS", defaultValue: "off"),
     CommandOption(
         "auth-adapter-timeout", valueName: "SECONDS",
@@ -19,11 +19,11 @@ let authAdapterOptions: [CommandOption] = [
         environmentVariable: "SIWA_AUTH_ADAPTER_MAX_ATTEMPTS", defaultValue: "30"),
 ]
 
-/// The dispatcher from the command line, or nil with --auth-adapters off. Reads the enabled adapters
-/// from siwa.auth_adapters now: one added later is served after a restart.
-func makeAuthAdapterDispatcher(
+/// The adapter lanes from the command line, with the adapters enabled now (the lanes follow the table:
+/// AuthAdapterService), or nil with --auth-adapters off.
+func makeAuthAdapterService(
     _ parsed: ParsedCommand, database: PostgresConfiguration, logger: Logger, metrics: MetricsRegistry
-) throws -> AuthAdapterDispatcher? {
+) throws -> (service: AuthAdapterService, enabled: [AuthAdapterDispatcher.Adapter])? {
     switch parsed.value("auth-adapters") ?? "off" {
     case "off":
         return nil
@@ -34,19 +34,25 @@ func makeAuthAdapterDispatcher(
     }
     var adapterDatabase = database
     adapterDatabase.applicationName = "siwa-worker-auth-adapters"
-    let adapters: [AuthAdapterDispatcher.Adapter]
+    let enabled: [AuthAdapterDispatcher.Adapter]
     do {
-        adapters = try AuthAdapterDispatcher.adapters(in: adapterDatabase)
+        enabled = try AuthAdapterDispatcher.adapters(in: adapterDatabase)
     } catch let error as PostgresError {
         throw ConfigurationError(
             "--auth-adapters on: cannot read siwa.auth_adapters (\(error.sqlState ?? error.code.description))"
         )
     }
-    if adapters.isEmpty { logger.warning("auth adapters on, but none is enabled (siwactl adapters add)") }
-    return AuthAdapterDispatcher(
-        configuration: try AuthAdapterDispatcher.Configuration(
-            database: adapterDatabase, adapters: adapters,
-            timeout: try parsed.seconds("auth-adapter-timeout", positive: true) ?? .seconds(10),
-            maxAttempts: try parsed.integer("auth-adapter-max-attempts", in: 1...1000) ?? 30),
-        logger: logger, metrics: metrics)
+    let timeout = try parsed.seconds("auth-adapter-timeout", positive: true) ?? .seconds(10)
+    let maxAttempts = try parsed.integer("auth-adapter-max-attempts", in: 1...1000) ?? 30
+    // The settings are checked now, not at the first replacement of the lanes.
+    _ = try AuthAdapterDispatcher.Configuration(
+        database: adapterDatabase, adapters: enabled, timeout: timeout, maxAttempts: maxAttempts)
+    let service = AuthAdapterService(database: adapterDatabase, logger: logger) {
+        [adapterDatabase] adapters in
+        AuthAdapterDispatcher(
+            configuration: try AuthAdapterDispatcher.Configuration(
+                database: adapterDatabase, adapters: adapters, timeout: timeout, maxAttempts: maxAttempts),
+            logger: logger, metrics: metrics)
+    }
+    return (service, enabled)
 }

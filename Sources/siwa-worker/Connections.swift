@@ -30,7 +30,7 @@ struct ConnectionPlan {
     init(
         worker: Worker.Configuration, once: Bool, webhooks: WebhookDispatcher?,
         sharedSignals: SignalDispatcher?,
-        suppressions: SuppressionDispatcher?, authAdapters: AuthAdapterDispatcher?, revoker: Revoker?
+        suppressions: SuppressionDispatcher?, authAdapters: [String]?, revoker: Revoker?
     ) {
         let lanes = worker.concurrency
         // A URL that sets application_name itself wins over these names (libpq), in pg_stat_activity too.
@@ -103,13 +103,12 @@ struct ConnectionPlan {
         } else {
             rows.append(Row(user: "suppression lanes", count: 0, note: "off: no --suppressions"))
         }
-        if let authAdapters {
-            let names = authAdapters.configuration.adapters.map(\.name)
+        if let names = authAdapters {
             rows.append(
                 Row(
-                    user: "auth adapter lanes", count: names.count,
+                    user: "auth adapter lanes", count: names.count + 1,
                     note:
-                        "--auth-adapters on, \(names.isEmpty ? "none enabled" : names.joined(separator: ",")): one per adapter, LISTEN siwa_auth_adapters (\(name)-auth-adapters); each also opens one to its auth database, not counted here"
+                        "--auth-adapters on, \(names.isEmpty ? "none enabled" : names.joined(separator: ",")) now: one per enabled adapter, LISTEN siwa_auth_adapters, and one reading siwa.auth_adapters every 5 s (\(name)-auth-adapters); each lane also opens one to its auth database, not counted here"
                 ))
         } else {
             rows.append(Row(user: "auth adapter lanes", count: 0, note: "off: --auth-adapters off"))

@@ -126,7 +126,7 @@ func runWorker(arguments: [String], environment: [String: String]) -> Int32 {
     let webhooks: WebhookDispatcher?
     let sharedSignals: SignalDispatcher?
     let suppressions: SuppressionDispatcher?
-    let authAdapters: AuthAdapterDispatcher?
+    let authAdapters: (service: AuthAdapterService, enabled: [AuthAdapterDispatcher.Adapter])?
     let keys: KeyStore
     do {
         metricsAddress = try parsed.listenAddress("metrics-listen")
@@ -169,7 +169,7 @@ func runWorker(arguments: [String], environment: [String: String]) -> Int32 {
             parsed, database: database, environment: environment, logger: logger)
         suppressions = try makeSuppressionDispatcher(
             parsed, database: database, environment: environment, logger: logger, metrics: metrics)
-        authAdapters = try makeAuthAdapterDispatcher(
+        authAdapters = try makeAuthAdapterService(
             parsed, database: database, logger: logger, metrics: metrics)
         revoker = try makeRevoker(
             parsed, database: database, environment: environment, logger: logger, metrics: metrics)
@@ -185,7 +185,7 @@ func runWorker(arguments: [String], environment: [String: String]) -> Int32 {
         writeStandardOutput(
             ConnectionPlan(
                 worker: configuration, once: once, webhooks: webhooks, sharedSignals: sharedSignals,
-                suppressions: suppressions, authAdapters: authAdapters, revoker: revoker
+                suppressions: suppressions, authAdapters: authAdapters?.enabled.map(\.name), revoker: revoker
             ).text)
         return 0
     }
@@ -268,8 +268,8 @@ func runWorker(arguments: [String], environment: [String: String]) -> Int32 {
         if let suppressions {
             services.append(.task("suppressions", run: { suppressions.run() }, stop: { suppressions.stop() }))
         }
-        // Auth adapters: a lane per adapter, with --auth-adapters on.
-        if let authAdapters {
+        // Auth adapters: a lane per enabled adapter, with --auth-adapters on.
+        if let authAdapters = authAdapters?.service {
             services.append(
                 .task("auth adapters", run: { authAdapters.run() }, stop: { authAdapters.stop() }))
         }

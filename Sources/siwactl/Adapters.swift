@@ -11,11 +11,14 @@ import ServiceSupport
 enum AdaptersVerb {
     static let verb = Verb(
         name: "adapters",
-        abstract: "Add, list, test, retry or remove the auth adapters (Supabase Auth, Better Auth, Auth.js).",
+        abstract:
+            "Add, list, test, enable, disable, retry or remove the auth adapters (Supabase Auth, Better Auth, Auth.js, Django).",
         subverbs: [
             .parsing("add", addSpec) { parsed, _ in try add(parsed) },
             .parsing("list", listSpec) { parsed, _ in try list(parsed) },
             .parsing("remove", removeSpec) { parsed, _ in try remove(parsed) },
+            .parsing("enable", enableSpec) { parsed, _ in try setEnabled(parsed, true) },
+            .parsing("disable", disableSpec) { parsed, _ in try setEnabled(parsed, false) },
             .parsing("retry", retrySpec) { parsed, _ in try retry(parsed) },
             .parsing("test", testSpec) { parsed, _ in try test(parsed) },
         ])
@@ -255,6 +258,30 @@ enum AdaptersVerb {
         }
         guard removed else { throw ToolFailure("no adapter \(name) (siwactl adapters list)") }
         writeStandardOutput("adapter \(name): removed\n")
+    }
+
+    // MARK: enable, disable
+
+    static let enableSpec = CommandSpec(
+        name: "siwactl adapters enable",
+        abstract: "Resume an auth adapter: the worker's lanes claim its queued changes again within seconds.",
+        options: [.databaseURL], positionals: [nameArgument])
+
+    static let disableSpec = CommandSpec(
+        name: "siwactl adapters disable",
+        abstract:
+            "Pause an auth adapter: its changes queue, unapplied, until 'siwactl adapters enable' (nothing is lost).",
+        options: [.databaseURL], positionals: [nameArgument])
+
+    static func setEnabled(_ parsed: ParsedCommand, _ enabled: Bool) throws {
+        let name = try name(parsed)
+        let connection = try connect(parsed)
+        defer { connection.close() }
+        let found = try database(enabled ? "enabling the adapter" : "disabling the adapter") {
+            try AuthAdapterAdministration(connection).setEnabled(name: name, enabled)
+        }
+        guard found else { throw ToolFailure("no adapter \(name) (siwactl adapters list)") }
+        writeStandardOutput("adapter \(name): \(enabled ? "enabled" : "disabled (its changes queue)")\n")
     }
 
     // MARK: retry

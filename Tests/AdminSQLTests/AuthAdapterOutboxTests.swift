@@ -89,13 +89,14 @@ struct AuthAdapterOutboxTests {
         }
     }
 
-    @Test("each change fans out to every enabled adapter, none to a disabled one, and wakes the lanes")
+    @Test(
+        "each change fans out to every adapter and wakes the lanes; a disabled adapter's rows wait unclaimed")
     func fanOut() throws {
         let setup = try Setup()
         defer { setup.close() }
         let supabase = try setup.addAdapter("supabase")
         let django = try setup.addAdapter("django", platform: "django-allauth")
-        let off = try setup.addAdapter("off", platform: "keycloak", extra: ", p_enabled => false")
+        let paused = try setup.addAdapter("paused", platform: "keycloak", extra: ", p_enabled => false")
         let listener = try setup.database.connect(as: .worker)
         defer { listener.close() }
         try listener.listen("siwa_auth_adapters")
@@ -107,21 +108,21 @@ struct AuthAdapterOutboxTests {
               FROM siwa.auth_adapter_events GROUP BY adapter_id
             """
         ).reduce(into: [Int: String]()) { $0[try $1[0, as: Int.self]] = try $1[1, as: String.self] }
-        #expect(
-            rows == [
-                supabase: "consent_revoked u1,email_disabled u2",
-                django: "consent_revoked u1,email_disabled u2",
-            ])
-        #expect(rows[off] == nil)
-        // Enabled later, it receives the changes committed from then on.
-        try setup.database.query(
-            "UPDATE siwa.auth_adapters SET enabled = true WHERE id = $1", [.int(Int64(off))])
-        try setup.insertChanges([("account_deleted", "u1", nil)])
-        #expect(
-            try setup.database.value(
-                "SELECT count(*)::bigint FROM siwa.auth_adapter_events WHERE adapter_id = $1",
-                [.int(Int64(off))],
-                as: Int.self) == 1)
+        let both = "consent_revoked u1,email_disabled u2"
+        #expect(rows == [supabase: both, django: both, paused: both])
+        func claim(_ adapter: Int) throws -> Int {
+            try setup.worker.value(
+                "SELECT count(*)::int FROM siwa.claim_auth_adapter_events('lane', interval '1 minute', 10, $1)",
+                [.int(Int64(adapter))], as: Int.self)
+        }
+        #expect(try claim(paused) == 0)
+        // Resumed by the admin's function, its rows are claimed; an unknown name is false.
+        #expect(try setup.admin.value("SELECT siwa.set_auth_adapter_enabled('paused', true)", as: Bool.self))
+        #expect(try !setup.admin.value("SELECT siwa.set_auth_adapter_enabled('nobody', true)", as: Bool.self))
+        #expect(try claim(paused) == 2)
+        #expect(throws: PostgresError.self) {
+            try setup.admin.execute("SELECT siwa.set_auth_adapter_enabled('paused', NULL)")
+        }
     }
 
     @Test(

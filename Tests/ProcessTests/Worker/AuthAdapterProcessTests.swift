@@ -70,4 +70,45 @@ struct AuthAdapterProcessTests {
         #expect(try fixture.siwa.value("SELECT attempts FROM siwa.auth_adapter_events", as: Int.self) == 2)
         print("auth adapter crash: applied \(ContinuousClock.now - killed) after the kill")
     }
+
+    @Test(
+        "siwactl adapters disable and enable while siwa-worker runs: the paused adapter's change queues, and is applied once it is enabled, without a restart"
+    )
+    func followsTheTable() throws {
+        let fixture = try AdapterFixture()
+        func adapters(_ verb: String) throws -> ExecutableLocator.Result {
+            try siwactl(
+                [
+                    "adapters", verb, "supabase-main", "--database-url",
+                    try fixture.siwa.url(asMemberOf: "siwa_admin"),
+                ])
+        }
+        #expect(try adapters("disable").status == 0)
+        let worker = try WorkerProcess(
+            ["--auth-adapters", "on", "--webhook-concurrency", "0", "--log-level", "info"],
+            databaseURL: fixture.siwa.url)
+        defer {
+            worker.send(SIGTERM)
+            _ = worker.waitForExit(timeout: .seconds(20))
+        }
+        #expect(waitUntil(timeout: .seconds(20)) { worker.log.contains("none is enabled") }, "\(worker.log)")
+        try fixture.insertChanges([("siwa.consent_revoked", "001.a", nil)])
+        #expect(try fixture.rows().map(\.state) == ["pending"])
+        let enabled = try adapters("enable")
+        #expect(enabled.status == 0 && enabled.standardOutput == "adapter supabase-main: enabled\n")
+        #expect(
+            waitUntil(timeout: .seconds(20)) { (try? fixture.rows().map(\.state)) == ["done"] },
+            "\(worker.log)")
+        #expect(try fixture.sessions(of: AdapterFixture.userA) == 0)
+        #expect(try fixture.siwa.value("SELECT attempts FROM siwa.auth_adapter_events", as: Int.self) == 1)
+        // Paused again: the lanes stop (and a later change would queue, as the SQL suite shows).
+        #expect(
+            try adapters("disable").standardOutput == "adapter supabase-main: disabled (its changes queue)\n")
+        #expect(
+            waitUntil(timeout: .seconds(20)) { worker.log.contains("auth adapters stopped") }, "\(worker.log)"
+        )
+        #expect(try adapters("enable").status == 0)
+        #expect(
+            try siwactl(["adapters", "enable", "nobody", "--database-url", fixture.siwa.url]).status != 0)
+    }
 }
