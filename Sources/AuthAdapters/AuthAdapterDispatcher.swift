@@ -73,8 +73,8 @@ public final class AuthAdapterDispatcher: Outbox {
         public var id: Int
         /// The adapter's name.
         public var adapter: String
-        /// `done`, `no_user`, `retry` (dead once the attempts ran out), or `lost` (the lease was taken
-        /// over before the record: nothing written).
+        /// `done`, `no_user`, `retry` (due again on the schedule), `dead` (failed its last attempt), or
+        /// `lost` (the lease was taken over before the record: nothing written).
         public var state: String
         /// What changed (zero for no_user and failures).
         public var counts: AuthCounts
@@ -212,7 +212,12 @@ public final class AuthAdapterDispatcher: Outbox {
             ).map { row throws(PostgresError) in try row[0, as: Int.self] })
         return attempts.map { attempt in
             let kept = recorded.contains(attempt.event.id)
-            let state = kept ? attempt.outcome : "lost"
+            let state =
+                !kept
+                ? "lost"
+                : attempt.outcome == "retry" && attempt.event.attempt >= configuration.maxAttempts
+                    ? "dead"
+                    : attempt.outcome
             calls?.counter(
                 "siwa_auth_adapter_events_total",
                 help: "Auth adapter events handled, by adapter and outcome.",

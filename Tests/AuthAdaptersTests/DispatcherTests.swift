@@ -82,6 +82,12 @@ struct DispatcherTests {
             failed.error?.contains("cannot connect to the auth database") == true, "\(failed.error ?? "")")
         #expect(failed.error?.contains("secret-password") == false)
         #expect(try fixture.sessions(of: AdapterFixture.userA) == 1)
+        // The last attempt's failure is dead, as the metric and the outcome say.
+        let lastAttempt = try fixture.dispatcher(maxAttempts: 2)
+        #expect(waitUntil(timeout: .seconds(10)) { (try? lastAttempt.drainOnce().map(\.state)) == ["dead"] })
+        #expect(try fixture.rows().first?.state == "dead")
+        _ = try fixture.siwa.value(
+            "SELECT siwa.retry_auth_adapter_events((SELECT id FROM siwa.auth_adapters))", as: Int.self)
         try fixture.write(url: fixture.auth.url)
         #expect(waitUntil(timeout: .seconds(10)) { (try? dispatcher.drainOnce().map(\.state)) == ["done"] })
         #expect(try fixture.sessions(of: AdapterFixture.userA) == 0)
