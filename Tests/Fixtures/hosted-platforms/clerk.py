@@ -2,7 +2,8 @@
 clerk-backend-api SDK (7.0.0, Clerk-API-Version 2025-11-10) sends and parses it.
 
 Followed:
-  Backend API reference   https://clerk.com/docs/reference/backend-api (OpenAPI: https://clerk.com/docs/reference/backend-api)
+  Backend API reference   https://clerk.com/docs/reference/backend-api
+  Its OpenAPI spec         https://github.com/clerk/openapi-specs/blob/main/bapi/2025-11-10.yml (the SDK's version)
     Users                  https://clerk.com/docs/reference/backend-api/tag/users
     Sessions               https://clerk.com/docs/reference/backend-api/tag/sessions
   Rate limits             https://clerk.com/docs/guides/how-clerk-works/system-limits (429 + Retry-After, seconds)
@@ -17,7 +18,8 @@ The calls an adapter makes per event (base https://api.clerk.com/v1, Bearer secr
   find the user by the Apple sub
       GET /v1/users?provider=oauth_apple&provider_user_id=<sub>
       -> 200 [User] ; 200 [] means "no such user" (the user list never 404s). Both parameters are needed
-         together (the reference: "Must be used in combination"); the fake answers 422 otherwise.
+         together (the reference: "Must be used in combination"); the fake answers 422 otherwise. The filter
+         is in the spec of every API version since clerk/openapi-specs' update of 2025-07-21; up to 100 ids.
          The Apple external account is the entry of user.external_accounts with provider "oauth_apple" and
          provider_user_id == sub; its "id" (eac_…) is what the unlink call takes. (`query` does NOT search
          external accounts: it matches emails, phones, usernames, web3 wallets, user ids and names.)
@@ -36,12 +38,14 @@ The calls an adapter makes per event (base https://api.clerk.com/v1, Bearer secr
       DELETE /v1/users/<user_id> -> 200 {"object": "user", "id", "deleted": true}; 404 when already gone.
   record email forwarding off/on (and anything else the adapter keeps)
       PATCH /v1/users/<user_id>/metadata {"private_metadata": {"siwa": {...}}} -> 200 User; a deep merge,
-      null removes a key. (In API version 2025-11-10, PATCH /v1/users/<id> has no metadata fields any more;
-      PUT /v1/users/<id>/metadata replaces a whole metadata field.)
+      null removes a key. (PATCH /v1/users/<id> with *_metadata replaces the field; deprecated in API version
+      2025-11-10 — the SDK 7.0.0 no longer sends it — and rejected from 2026-05-12 on. PUT /v1/users/<id>/metadata
+      replaces a whole metadata field.)
   team transfer (old sub -> new sub)
       Clerk's Backend API cannot add an external account to a user nor change an external account's
       provider_user_id: external accounts are created only by the user's own OAuth sign-in (Frontend API),
-      and the Backend API offers only DELETE /v1/users/<id>/external_accounts/<eac_id>. What an adapter can
+      and the Backend API offers only DELETE /v1/users/<id>/external_accounts/<eac_id> (checked in every
+      bapi/*.yml of clerk/openapi-specs up to 2026-05-12). What an adapter can
       do: find the user by the OLD sub, record the new sub in private_metadata (PATCH …/metadata), and leave
       the Apple link as it is until the user signs in again — or, if the old link must not survive, DELETE it
       (the user's next Sign in with Apple, under the new sub, then creates or links by verified email
@@ -301,6 +305,12 @@ class FakePlatform(fakebase.Platform):
         body = request.json()
         with self.store.lock:
             record = self._user(user)
+            fields = [k for k in ("public_metadata", "private_metadata", "unsafe_metadata") if k in body]
+            if fields and request.headers.get("Clerk-API-Version", "") >= "2026-05-12":
+                raise _error(422, "is unknown", f"{fields[0]} is not accepted here: use /v1/users/{{id}}/metadata",
+                             "form_param_unknown")
+            for key in fields:
+                record["metadata"][key] = dict(body[key] or {})
             if body.get("sign_out_of_other_sessions"):
                 for session_id in list(record["sessions"]):
                     self._end_session(record, session_id, "revoked")
