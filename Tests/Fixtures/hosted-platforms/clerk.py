@@ -7,8 +7,8 @@ Followed:
     Users                  https://clerk.com/docs/reference/backend-api/tag/users
     Sessions               https://clerk.com/docs/reference/backend-api/tag/sessions
   Rate limits             https://clerk.com/docs/guides/how-clerk-works/system-limits (429 + Retry-After, seconds)
-  Errors                  https://clerk.com/docs/errors/overview (ClerkErrors: {"errors": [{message, long_message, code}],
-                          "clerk_trace_id"})
+  Errors                  https://clerk.com/docs/errors/overview
+                          (ClerkErrors: {"errors": [{message, long_message, code}], "clerk_trace_id"})
   The SDK's own models     clerk_backend_api/models/{user,externalaccountwithverification,session,getuserlistop}.py
 
 Credentials: {"secret_key": "sk_test_…", "server_url": "<url>/v1"} — `Authorization: Bearer <secret key>`.
@@ -196,7 +196,8 @@ class FakePlatform(fakebase.Platform):
         user["sessions"].append(session_id)
         now = _ms()
         user["session_objects"][session_id] = {
-            "object": "session", "id": session_id, "user_id": user["id"], "client_id": "client_" + secrets.token_hex(13),
+            "object": "session", "id": session_id, "user_id": user["id"],
+            "client_id": "client_" + secrets.token_hex(13),
             "status": "active", "last_active_at": now, "expire_at": now + 7 * 86400000,
             "abandon_at": now + 30 * 86400000, "updated_at": now, "created_at": now,
             "last_active_organization_id": None, "actor": None, "latest_activity": None, "tasks": None}

@@ -28,8 +28,10 @@ The calls an adapter makes per event (base <server_url>, realm R, JSON; every ad
   find the user by the Apple sub
       GET /admin/realms/R/users?idpAlias=apple&idpUserId=<sub>&exact=true&briefRepresentation=true
       -> 200 [UserRepresentation]; 200 [] means "no such user". idpAlias/idpUserId came with KEYCLOAK-14781
-      (keycloak/keycloak#7319, merged in late 2020, in releases since Keycloak 12); the /users/count variant
-      took them only in 26.x. Needs query-users (or view-users); without view-users the list is empty.
+      (keycloak/keycloak pull request #7319, opened 2020-08); they are there by 22.0.5 at the latest
+      (keycloak/keycloak#25997) and in the 25.x/26.x UsersResource javadocs — the first release is not pinned
+      down here, so an adapter should require Keycloak >= 22. GET /users/count took them only after 26.2.
+      Needs query-users (or view-users); without view-users the list is empty. Both match exactly.
   end sessions (consent revoked)
       POST /admin/realms/R/users/<id>/logout (no body) -> 204; removes every session and sets the user's
       notBefore, so tokens issued earlier stop refreshing. (GET …/users/<id>/sessions -> [UserSessionRepresentation]
@@ -52,8 +54,9 @@ The calls an adapter makes per event (base <server_url>, realm R, JSON; every ad
       POST /admin/realms/R/users/<id>/federated-identity/apple {"identityProvider": "apple", "userId": <new sub>,
       "userName": <new sub or the email>} -> 204 (409 {"errorMessage": "User is already linked with provider"}
       when the DELETE did not happen). Keycloak does not check that the alias names a configured identity
-      provider (links to unknown aliases are stored but never listed) nor — in this fake — that another user
-      already holds the new sub: look it up first with ?idpAlias=apple&idpUserId=<new sub>.
+      provider (links to unknown aliases are stored but never listed) nor that another user already holds the
+      new sub (keycloak/keycloak#34608: the broker then signs in the oldest such user): look it up first with
+      ?idpAlias=apple&idpUserId=<new sub>. The fake does not refuse such a duplicate either.
   "no such user" on a per-user call: 404 {"error": "User not found"}. A missing role: 403
   {"error": "HTTP 403 Forbidden"} (a client without query-users gets 403, not 404, for an unknown id).
   An expired, revoked or absent token: 401 {"error": "HTTP 401 Unauthorized"}.
