@@ -94,6 +94,13 @@ def _merge(target, patch):
             target[key] = value
 
 
+def _number(query, name, default):
+    try:
+        return max(0, int(query.get(name, default)))
+    except ValueError:
+        raise _error(422, "is invalid", f"{name} must be an integer", "form_param_format_invalid")
+
+
 def _truthy(value):
     return str(value).lower() == "true"
 
@@ -278,8 +285,8 @@ class FakePlatform(fakebase.Platform):
                 users = [u for u in users if needle in u["email"].lower() or needle in u["id"].lower()]
             if "banned" in query:
                 users = [u for u in users if u["disabled"] == _truthy(query["banned"])]
-            offset = int(query.get("offset", 0))
-            limit = min(int(query.get("limit", 10)), 500)
+            offset = _number(query, "offset", 0)
+            limit = min(_number(query, "limit", 10), 500)
             return 200, [self._representation(u) for u in users[offset:offset + limit]]
 
     def create_user(self, request):
@@ -393,8 +400,8 @@ class FakePlatform(fakebase.Platform):
             if "status" in query:
                 found = [s for s in found if s["status"] == query["status"]]
             found.sort(key=lambda s: s["created_at"], reverse=True)
-            offset = int(query.get("offset", 0))
-            limit = int(query.get("limit", 10))
+            offset = _number(query, "offset", 0)
+            limit = min(_number(query, "limit", 10), 500)
             return 200, [dict(s) for s in found[offset:offset + limit]]
 
     def revoke_session(self, request, session):

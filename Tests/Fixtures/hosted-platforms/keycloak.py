@@ -300,7 +300,10 @@ class FakePlatform(fakebase.Platform):
                 return 200, []  # query-users alone lists nothing without per-user view permission
             users = sorted((u for u in self.store.users.values() if self._matches(u, query)),
                            key=lambda u: u["username"])
-            first, count = int(query.get("first", 0)), int(query.get("max", 100))
+            try:
+                first, count = max(0, int(query.get("first", 0))), max(0, int(query.get("max", 100)))
+            except ValueError:
+                raise Reply(400, {"error": "invalid_request", "error_description": "first and max are integers"})
             brief = _flag(query.get("briefRepresentation"))
             return 200, [self._representation(u, brief) for u in users[first:first + count]]
 
