@@ -201,6 +201,7 @@ def make_server(platform):
             raw = self.rfile.read(length) if length else b""
             request = Request(self.command, parts.path, {k: v[0] for k, v in parse_qs(parts.query).items()},
                               self.headers, raw)
+            request.query_all = parse_qs(parts.query)  # every value of a repeated parameter
             try:
                 if parts.path.startswith("/_fake/"):
                     self.send(*control(request))
