@@ -151,11 +151,13 @@ let package = Package(
         // with its pg and Prisma adapters): one transaction per event under a policy, counts of what changed,
         // a dry run. Never prints, reads the environment, or knows the outbox that calls it.
         .target(name: "AuthPlatforms", dependencies: ["Postgres", "ServiceSupport"]),
+        // Apple's events applied in hosted auth platforms through their admin APIs (issue 48): Keycloak, …
+        .target(name: "HostedPlatforms", dependencies: ["AuthPlatforms", "Crypto", "HTTPClient"]),
         // The auth adapter outbox's consumer: one lane per adapter applying siwa.auth_adapter_events through
         // AuthPlatforms in each auth system's own database.
         .target(
             name: "AuthAdapters",
-            dependencies: ["AuthPlatforms", "Postgres", "QueueConsumer", "ServiceSupport"]),
+            dependencies: ["AuthPlatforms", "HostedPlatforms", "Postgres", "QueueConsumer", "ServiceSupport"]),
         // The operator's calls on the auth adapters (siwactl adapters): add (validated by AuthPlatforms before
         // the siwa.* function writes), list, remove, retry, and test (a dry run in the auth database, changing
         // nothing), with typed rows. Never prints or reads the environment.
@@ -291,7 +293,8 @@ let package = Package(
         .testTarget(
             name: "AuthAdaptersTests",
             dependencies: [
-                "AuthAdapters", "AuthPlatforms", "Postgres", "QueueConsumer", "ServiceSupport", "TestSupport",
+                "AuthAdapters", "AuthPlatforms", "HostedPlatforms", "HTTPClient", "Postgres", "QueueConsumer",
+                "ServiceSupport", "TestSupport",
             ]),
         .testTarget(
             name: "BounceEventsTests",

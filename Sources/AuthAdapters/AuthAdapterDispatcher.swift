@@ -1,5 +1,6 @@
 public import AuthPlatforms
 public import Foundation
+import HostedPlatforms
 public import Postgres
 public import QueueConsumer
 public import ServiceSupport
@@ -39,13 +40,13 @@ public final class AuthAdapterDispatcher: Outbox {
             timeout: Duration = .seconds(10),
             retryBaseDelay: Duration = .seconds(5), maxRetryDelay: Duration = .seconds(3600),
             maxAttempts: Int = 30,
-            pollInterval: Duration = .seconds(1)
+            pollInterval: Duration = .seconds(1), environment: [String: String] = [:]
         ) throws {
             calls = try OutboxCalls(
                 "the auth adapter settings", database: database, concurrency: max(adapters.count, 1),
                 batchSize: batchSize, timeout: timeout, retryBaseDelay: retryBaseDelay,
                 maxRetryDelay: maxRetryDelay,
-                pollInterval: pollInterval, environment: [:])
+                pollInterval: pollInterval, environment: environment)
             guard maxAttempts >= 1 else {
                 throw ConfigurationError("the auth adapter attempts must be at least 1")
             }
@@ -73,8 +74,9 @@ public final class AuthAdapterDispatcher: Outbox {
         public var id: Int
         /// The adapter's name.
         public var adapter: String
-        /// `done`, `no_user`, `retry` (due again on the schedule), `dead` (failed its last attempt), or
-        /// `lost` (the lease was taken over before the record: nothing written).
+        /// `done`, `no_user`, `retry` (due again on the schedule), `dead` (failed its last attempt),
+        /// `rate_limited` (given back uncounted, the lane paused), or `lost` (the lease was taken over
+        /// before the record: nothing written).
         public var state: String
         /// What changed (zero for no_user and failures).
         public var counts: AuthCounts
@@ -92,6 +94,10 @@ public final class AuthAdapterDispatcher: Outbox {
     /// Each lane's connection to its auth database, opened at its first call and kept; only the lane's
     /// own thread uses its entry.
     private let connections = Mutex<[String: AuthConnection]>([:])
+    /// Each hosted adapter lane's admin API client, by lane.
+    private let hosted = Mutex<[String: HostedClient]>([:])
+    /// Lanes a platform's 429 paused, until when.
+    private let pauses = Mutex<[String: ContinuousClock.Instant]>([:])
     private let calls: MetricsRegistry?
 
     /// A dispatcher; `metrics`, when given, gets `siwa_auth_adapter_events_total{adapter,outcome}`.
@@ -126,7 +132,7 @@ public final class AuthAdapterDispatcher: Outbox {
     public func claim(on connection: PostgresConnection, lane: OutboxLane, dueBy: Date) throws
         -> OutboxClaim<ClaimedAdapterEvent>
     {
-        guard let id = ids[lane.name] else { return .nothing }
+        guard let id = ids[lane.name], pause(of: lane) == nil else { return .nothing }
         let rows = try connection.rows(
             ClaimedAdapterEvent.self,
             [
@@ -139,26 +145,40 @@ public final class AuthAdapterDispatcher: Outbox {
 
     /// How soon the adapter's next row is due (a retry's time, or a lease's end).
     public func nextDue(on connection: PostgresConnection, lane: OutboxLane) throws -> Duration? {
+        if let pause = pause(of: lane) { return pause }
         guard let id = ids[lane.name] else { return nil }
         return try connection.value(AuthAdapterQueries.nextDue, [.int(Int64(id))], as: Double?.self)
             .map { .untilDue(seconds: $0) }
     }
 
+    /// How much longer the lane waits after a platform's 429; nil when it does not.
+    private func pause(of lane: OutboxLane) -> Duration? {
+        pauses.withLock { pauses in
+            guard let until = pauses[lane.name] else { return nil }
+            let remaining = until - ContinuousClock.now
+            if remaining <= .zero { pauses[lane.name] = nil }
+            return remaining > .zero ? remaining : nil
+        }
+    }
+
     /// What one row's call came to.
     public struct Attempt: Sendable {
         var event: ClaimedAdapterEvent
-        /// done, no_user or retry.
+        /// done, no_user, retry, or released (rate limited: the lane waits, the attempt is not counted).
         var outcome: String
         var counts: AuthCounts
         /// Our own words (the platform, the table, the cause), never data.
         var error: String?
     }
 
-    public func failed(_ attempt: Attempt) -> Bool { attempt.outcome == "retry" }
+    public func failed(_ attempt: Attempt) -> Bool {
+        attempt.outcome == "retry" || attempt.outcome == "released"
+    }
 
-    /// Applies one event in the adapter's auth database, in one transaction there; no transaction of
-    /// siwa is open.
+    /// Applies one event in the adapter's auth database, in one transaction there, or through a hosted
+    /// platform's admin API; no transaction of siwa is open.
     public func call(_ event: ClaimedAdapterEvent, lane: OutboxLane, on _: PostgresConnection) -> Attempt {
+        if event.adapter.isHosted { return callHosted(event, lane: lane) }
         do {
             let platform = try event.adapter.makePlatform()
             let connection = try authConnection(lane: lane.name, reference: event.adapter.connectionReference)
@@ -189,6 +209,45 @@ public final class AuthAdapterDispatcher: Outbox {
         }
     }
 
+    /// Applies one event through the hosted platform's admin API. A 429 pauses the lane for the wait the
+    /// platform asks (this adapter only) and gives the row back, its attempt uncounted.
+    private func callHosted(_ event: ClaimedAdapterEvent, lane: OutboxLane) -> Attempt {
+        do {
+            let api = try hostedAPI(lane: lane.name, adapter: event.adapter)
+            switch try api.platform.apply(event.event, sub: event.sub, policy: event.adapter.policy, api: api)
+            {
+            case .noUser: return Attempt(event: event, outcome: "no_user", counts: AuthCounts())
+            case .applied(let counts): return Attempt(event: event, outcome: "done", counts: counts)
+            }
+        } catch let error as HostedCallError {
+            if error.kind == .rateLimited {
+                let wait = min(error.retryAfter ?? .seconds(1), .seconds(3600))
+                pauses.withLock { $0[lane.name] = ContinuousClock.now + wait }
+                return Attempt(
+                    event: event, outcome: "released", counts: AuthCounts(), error: error.description)
+            }
+            return Attempt(event: event, outcome: "retry", counts: AuthCounts(), error: error.description)
+        } catch let error as ConfigurationError {
+            return Attempt(event: event, outcome: "retry", counts: AuthCounts(), error: error.message)
+        } catch let error as AuthPlatformError {
+            return Attempt(event: event, outcome: "retry", counts: AuthCounts(), error: error.description)
+        } catch {
+            return Attempt(event: event, outcome: "retry", counts: AuthCounts(), error: "unexpected failure")
+        }
+    }
+
+    /// The lane's admin API client, made again when the credentials file changed (rotation: the next
+    /// call gets a token with the new credentials).
+    private func hostedAPI(lane: String, adapter: AdapterSettings) throws -> HostedAPI {
+        let credentials = try AuthDatabase.connectionFile(adapter.connectionReference)
+        if let kept = hosted.withLock({ $0[lane] }), kept.credentials == credentials { return kept.api }
+        let api = HostedAPI(
+            platform: try adapter.makeHostedPlatform(credentials: credentials),
+            timeout: configuration.calls.timeout, environment: configuration.calls.environment)
+        hosted.withLock { $0[lane] = HostedClient(credentials: credentials, api: api) }
+        return api
+    }
+
     /// Records the batch in one statement (`siwa.record_auth_adapter_events`), each row if its lease is
     /// still the lane's.
     public func record(
@@ -217,7 +276,7 @@ public final class AuthAdapterDispatcher: Outbox {
                 ? "lost"
                 : attempt.outcome == "retry" && attempt.event.attempt >= configuration.maxAttempts
                     ? "dead"
-                    : attempt.outcome
+                    : attempt.outcome == "released" ? "rate_limited" : attempt.outcome
             calls?.counter(
                 "siwa_auth_adapter_events_total",
                 help: "Auth adapter events handled, by adapter and outcome.",
@@ -255,6 +314,12 @@ public final class AuthAdapterDispatcher: Outbox {
     private func forget(lane: String) {
         connections.withLock { $0.removeValue(forKey: lane) }?.connection.close()
     }
+}
+
+/// A hosted adapter lane's admin API client and the credentials it was made with.
+struct HostedClient: @unchecked Sendable {
+    var credentials: String
+    var api: HostedAPI
 }
 
 /// A lane's connection to its auth database and the URL it was opened with.

@@ -5,9 +5,15 @@ public import ServiceSupport
 /// The auth database an adapter's `connection_ref` names: the one reading of its file and the one way to
 /// connect to it, for the worker's lanes and `siwactl adapters test`.
 public enum AuthDatabase {
-    /// The URL in the file of `reference` (`file:` and an absolute path, owner-only, not empty). The error
-    /// names the file and the cause, never its content.
+    /// The URL in the file of `reference` (``connectionFile(_:)``).
     public static func url(_ reference: String) throws(ConfigurationError) -> String {
+        try connectionFile(reference)
+    }
+
+    /// The content of an adapter's connection file — a database URL, or a hosted platform's credentials —
+    /// from its `reference` (`file:` and an absolute path, owner-only, not empty), trimmed. The error names
+    /// the file and the cause, never its content.
+    public static func connectionFile(_ reference: String) throws(ConfigurationError) -> String {
         guard reference.hasPrefix("file:") else {
             throw ConfigurationError("the connection is a file: reference (file:PATH), never the URL itself")
         }
@@ -19,7 +25,8 @@ public enum AuthDatabase {
             .trimmingCharacters(in: .whitespacesAndNewlines)
         guard !text.isEmpty else {
             throw ConfigurationError(
-                "the connection file \(path) is empty: put the auth database's URL in it")
+                "the connection file \(path) is empty: put the auth database's URL (or the platform's credentials) in it"
+            )
         }
         return text
     }

@@ -1,5 +1,6 @@
 public import AuthPlatforms
 import Foundation
+public import HostedPlatforms
 public import Postgres
 
 /// A row `siwa.claim_auth_adapter_events` leased to a lane: the event, its user's `sub`, and its
@@ -62,7 +63,7 @@ public struct AdapterSettings: Sendable, Hashable {
     public var platform: String
     /// The platform's name for Apple in its identity tables.
     public var provider: String
-    /// `file:PATH` of the file holding the auth database's URL.
+    /// `file:PATH` of the file holding the auth database's URL, or a hosted platform's credentials.
     public var connectionReference: String
     /// The options as JSON: `schema` (every platform but Supabase), Better Auth's `ban` (true: the admin
     /// plugin is installed), Django's `user_table`, `sessions` (``DjangoSessionLookup``) and
@@ -80,6 +81,27 @@ public struct AdapterSettings: Sendable, Hashable {
         self.connectionReference = connectionReference
         self.options = options
         self.policy = policy
+    }
+
+    /// The hosted platforms (reached through their admin API; the connection file holds credentials).
+    public static let hostedPlatforms: Set<String> = ["keycloak"]
+
+    /// Whether the platform is hosted: its connection file holds the admin API's credentials (JSON), not
+    /// a database URL.
+    public var isHosted: Bool { Self.hostedPlatforms.contains(platform) }
+
+    /// The hosted platform that applies this adapter's events, with `credentials` (the connection
+    /// file's JSON); throws for a platform this worker cannot apply or a field missing.
+    public func makeHostedPlatform(credentials text: String) throws -> any HostedPlatform {
+        let credentials = try HostedCredentials(text, platform: platform)
+        switch platform {
+        case "keycloak":
+            return try Keycloak(provider: provider, credentials: credentials)
+        default:
+            throw AuthPlatformError(
+                .policyNotSupported, platform: platform,
+                cause: "this siwa-worker cannot apply events in \(platform)")
+        }
     }
 
     /// The platform that applies this adapter's events; throws for a platform this worker cannot apply

@@ -127,7 +127,8 @@ enum PolicyEngine {
         }
         let change: AuthChange
         do {
-            change = try effects(statements, event: event, sub: sub, policy: policy, run)
+            change = try StatementsOnConnection(statements: statements, run: run).apply(
+                event, sub: sub, policy: policy)
         } catch {
             if connection.isHealthy { _ = try? connection.simpleQuery("ROLLBACK") }
             throw error
@@ -146,64 +147,6 @@ enum PolicyEngine {
             throw AuthPlatformError(.statementFailed, platform: statements.name, cause: "the commit failed")
         }
         return change
-    }
-
-    static func effects(
-        _ statements: some AccountStatements, event: AuthEvent, sub: String, policy: AuthPolicy, _ run: Runner
-    ) throws(AuthPlatformError) -> AuthChange {
-        var lookup = sub
-        if case .subTransferred(let oldSub) = event { lookup = oldSub }
-        guard let user = try statements.findUser(sub: lookup, run) else {
-            // A transfer applied before (at least once): the old sub is gone and the new one is linked.
-            if case .subTransferred = event, policy.onSubTransferred == .move,
-                try statements.findUser(sub: sub, run) != nil
-            {
-                return .applied(AuthCounts())
-            }
-            return .noUser
-        }
-        var counts = AuthCounts()
-        switch event {
-        case .consentRevoked:
-            if policy.onConsentRevoked == .endSessions {
-                try statements.endSessions(user: user, run, into: &counts)
-            }
-        case .accountDeleted:
-            switch policy.onAccountDeleted {
-            case .sessionsOnly:
-                try statements.endSessions(user: user, run, into: &counts)
-            case .disable:
-                try statements.disable(user: user, run, into: &counts)
-                try statements.endSessions(user: user, run, into: &counts)
-            case .delete:
-                try statements.delete(user: user, run, into: &counts)
-            case .unlink:
-                var disable = false
-                if policy.whenUnlinkLeavesNoLogin == .disable {
-                    disable = !(try statements.hasOtherLogin(user: user, sub: sub, run))
-                }
-                try statements.unlink(user: user, sub: sub, run, into: &counts)
-                if disable {
-                    try statements.disable(user: user, run, into: &counts)
-                }
-                try statements.endSessions(user: user, run, into: &counts)
-            }
-        case .forwardingChanged(let on):
-            if policy.onForwardingChange == .record {
-                try statements.recordForwarding(user: user, on: on, run, into: &counts)
-            }
-        case .subTransferred(let oldSub):
-            guard policy.onSubTransferred == .move, oldSub != sub else { break }
-            if let owner = try statements.findUser(sub: sub, run), owner != user {
-                throw AuthPlatformError(
-                    .conflict, platform: statements.name,
-                    cause: "the new sub of a transfer is already linked to another user; nothing was moved")
-            }
-            try statements.move(user: user, from: oldSub, to: sub, run, into: &counts)
-        case .personalDataErased:
-            break
-        }
-        return .applied(counts)
     }
 
     /// The problems of `requirements` as the connection's login sees them.
@@ -246,5 +189,42 @@ enum PolicyEngine {
             }
         }
         return problems
+    }
+}
+
+/// A platform's statements on one open transaction, as the policy table combines them.
+struct StatementsOnConnection<Statements: AccountStatements>: AccountOperations {
+    let statements: Statements
+    let run: Runner
+
+    var platformName: String { statements.name }
+    func findUser(sub: String) throws(AuthPlatformError) -> String? { try statements.findUser(sub: sub, run) }
+    func hasOtherLogin(user: String, sub: String) throws(AuthPlatformError) -> Bool {
+        try statements.hasOtherLogin(user: user, sub: sub, run)
+    }
+    func endSessions(user: String, into counts: inout AuthCounts) throws(AuthPlatformError) {
+        try statements.endSessions(user: user, run, into: &counts)
+    }
+    func unlink(user: String, sub: String, into counts: inout AuthCounts) throws(AuthPlatformError) {
+        try statements.unlink(user: user, sub: sub, run, into: &counts)
+    }
+    func disable(user: String, into counts: inout AuthCounts) throws(AuthPlatformError) {
+        try statements.disable(user: user, run, into: &counts)
+    }
+    func delete(user: String, into counts: inout AuthCounts) throws(AuthPlatformError) {
+        try statements.delete(user: user, run, into: &counts)
+    }
+    func move(user: String, from oldSub: String, to newSub: String, into counts: inout AuthCounts)
+        throws(AuthPlatformError)
+    {
+        try statements.move(user: user, from: oldSub, to: newSub, run, into: &counts)
+    }
+    func recordForwarding(user: String, on: Bool, into counts: inout AuthCounts) throws(AuthPlatformError) {
+        try statements.recordForwarding(user: user, on: on, run, into: &counts)
+    }
+    func newSubTaken() -> AuthPlatformError {
+        AuthPlatformError(
+            .conflict, platform: statements.name,
+            cause: "the new sub of a transfer is already linked to another user; nothing was moved")
     }
 }

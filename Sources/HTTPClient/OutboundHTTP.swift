@@ -309,3 +309,32 @@ public enum OutboundHTTP {
         }
     }
 }
+
+extension OutboundHTTP.Response {
+    /// How long the peer asks us to wait: `Retry-After` (seconds or an HTTP date), else
+    /// `ratelimit-reset` (seconds, the IETF draft's), else `X-RateLimit-Reset` (a Unix time, or seconds
+    /// when too small to be one); nil when none parses. Never negative, at most a day.
+    public func retryAfter(now: Date = Date()) -> Duration? {
+        func bounded(_ seconds: Double) -> Duration { .seconds(min(max(seconds, 0), 86_400)) }
+        if let value = value(of: "Retry-After")?.trimmingCharacters(in: .whitespaces) {
+            if let seconds = Double(value) { return bounded(seconds) }
+            let format = DateFormatter()
+            format.locale = Locale(identifier: "en_US_POSIX")
+            format.timeZone = TimeZone(identifier: "GMT")
+            format.dateFormat = "EEE, dd MMM yyyy HH:mm:ss zzz"
+            if let date = format.date(from: value) { return bounded(date.timeIntervalSince(now)) }
+        }
+        if let value = value(of: "ratelimit-reset"),
+            let seconds = Double(value.trimmingCharacters(in: .whitespaces))
+        {
+            return bounded(seconds)
+        }
+        if let value = value(of: "X-RateLimit-Reset"),
+            let number = Double(value.trimmingCharacters(in: .whitespaces))
+        {
+            // A Unix time is past 10^9 (2001); a smaller number is a count of seconds.
+            return bounded(number > 1_000_000_000 ? number - now.timeIntervalSince1970 : number)
+        }
+        return nil
+    }
+}

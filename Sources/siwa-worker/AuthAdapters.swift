@@ -22,7 +22,8 @@ let authAdapterOptions: [CommandOption] = [
 /// The adapter lanes from the command line, with the adapters enabled now (the lanes follow the table:
 /// AuthAdapterService), or nil with --auth-adapters off.
 func makeAuthAdapterService(
-    _ parsed: ParsedCommand, database: PostgresConfiguration, logger: Logger, metrics: MetricsRegistry
+    _ parsed: ParsedCommand, database: PostgresConfiguration, environment: [String: String], logger: Logger,
+    metrics: MetricsRegistry
 ) throws -> (service: AuthAdapterService, enabled: [AuthAdapterDispatcher.Adapter])? {
     switch parsed.value("auth-adapters") ?? "off" {
     case "off":
@@ -46,12 +47,14 @@ func makeAuthAdapterService(
     let maxAttempts = try parsed.integer("auth-adapter-max-attempts", in: 1...1000) ?? 30
     // The settings are checked now, not at the first replacement of the lanes.
     _ = try AuthAdapterDispatcher.Configuration(
-        database: adapterDatabase, adapters: enabled, timeout: timeout, maxAttempts: maxAttempts)
+        database: adapterDatabase, adapters: enabled, timeout: timeout, maxAttempts: maxAttempts,
+        environment: environment)
     let service = AuthAdapterService(database: adapterDatabase, logger: logger) {
         [adapterDatabase] adapters in
         AuthAdapterDispatcher(
             configuration: try AuthAdapterDispatcher.Configuration(
-                database: adapterDatabase, adapters: adapters, timeout: timeout, maxAttempts: maxAttempts),
+                database: adapterDatabase, adapters: adapters, timeout: timeout, maxAttempts: maxAttempts,
+                environment: environment),
             logger: logger, metrics: metrics)
     }
     return (service, enabled)

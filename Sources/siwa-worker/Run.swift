@@ -170,7 +170,7 @@ func runWorker(arguments: [String], environment: [String: String]) -> Int32 {
         suppressions = try makeSuppressionDispatcher(
             parsed, database: database, environment: environment, logger: logger, metrics: metrics)
         authAdapters = try makeAuthAdapterService(
-            parsed, database: database, logger: logger, metrics: metrics)
+            parsed, database: database, environment: environment, logger: logger, metrics: metrics)
         revoker = try makeRevoker(
             parsed, database: database, environment: environment, logger: logger, metrics: metrics)
     } catch let error as CommandLineError {

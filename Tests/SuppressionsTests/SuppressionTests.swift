@@ -451,7 +451,7 @@ struct SuppressionTests {
     func retryAfterForms() {
         let now = Date(timeIntervalSince1970: 1_800_000_000)
         func after(_ headers: [OutboundHTTP.Header]) -> Duration? {
-            SuppressionAnswer.retryAfter(.init(status: 429, headers: headers, body: []), now: now)
+            OutboundHTTP.Response(status: 429, headers: headers, body: []).retryAfter(now: now)
         }
         let format = DateFormatter()
         format.locale = Locale(identifier: "en_US_POSIX")

@@ -64,7 +64,7 @@ The calls an adapter makes per event (base <server_url>, realm R, JSON; every ad
   (seconds) and an empty body. (python-keycloak's requests session, max_retries=1, lets urllib3 wait out
   Retry-After and retry a 429 once by itself; a second 429 reaches the caller as KeycloakGetError 429.)
 
-Not modelled: groups, roles, credentials, required actions, user profile validation, offline sessions,
+Not modelled: groups, roles, credentials (but a password's presence: GET …/users/<id>/credentials), required actions, user profile validation, offline sessions,
 consents, token expiry, the other grants, fine-grained admin permissions.
 """
 
@@ -108,6 +108,7 @@ ROUTES = [
     ("POST", r"/admin/realms/(?P<realm>[^/]+)/users/(?P<id>[^/]+)/logout", "logout", MANAGE),
     ("GET", r"/admin/realms/(?P<realm>[^/]+)/users/(?P<id>[^/]+)/sessions", "sessions", VIEW),
     ("GET", r"/admin/realms/(?P<realm>[^/]+)/users/(?P<id>[^/]+)/federated-identity", "identities", VIEW),
+    ("GET", r"/admin/realms/(?P<realm>[^/]+)/users/(?P<id>[^/]+)/credentials", "user_credentials", VIEW),
     ("POST", r"/admin/realms/(?P<realm>[^/]+)/users/(?P<id>[^/]+)/federated-identity/(?P<provider>[^/]+)", "link",
      MANAGE),
     ("DELETE", r"/admin/realms/(?P<realm>[^/]+)/users/(?P<id>[^/]+)/federated-identity/(?P<provider>[^/]+)",
@@ -377,6 +378,14 @@ class FakePlatform(fakebase.Platform):
                           "start": start, "lastAccess": start, "rememberMe": False, "transientUser": False,
                           "clients": {str(uuid.uuid5(uuid.NAMESPACE_URL, "siwa-web")): "siwa-web"}}
                          for s in user["sessions"]]
+
+    def user_credentials(self, request, id):
+        """[CredentialRepresentation]: a password when the user has one (the secret is never returned)."""
+        with self.store.lock:
+            user = self._user(id)
+            return 200, ([{"id": str(uuid.uuid5(uuid.NAMESPACE_URL, user["id"] + "/password")), "type": "password",
+                           "userLabel": None, "createdDate": user["created_at"] * 1000,
+                           "credentialData": "{}"}] if user["password"] else [])
 
     def identities(self, request, id):
         with self.store.lock:
