@@ -163,7 +163,7 @@ let package = Package(
         // nothing), with typed rows. Never prints or reads the environment.
         .target(
             name: "AuthAdapterAdministration",
-            dependencies: ["AuthAdapters", "AuthPlatforms", "Postgres", "ServiceSupport"]),
+            dependencies: ["AuthAdapters", "AuthPlatforms", "HostedPlatforms", "Postgres", "ServiceSupport"]),
 
         // schema.sql embedded as a Swift constant at build time (the only file embedded and applied). It is
         // generated from schema/ by `make schema`; the plugin fails the build while it is stale.

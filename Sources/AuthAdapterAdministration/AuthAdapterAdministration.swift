@@ -1,5 +1,6 @@
 public import AuthAdapters
 public import AuthPlatforms
+import HostedPlatforms
 public import Foundation
 public import Postgres
 import ServiceSupport
@@ -47,20 +48,24 @@ public struct AuthAdapterAdministration {
             throw Refusal(
                 "unknown platform \(settings.platform): one of \(platforms.joined(separator: ", "))")
         }
-        let platform: any AuthPlatform
         do {
-            platform = try settings.makePlatform()
+            if settings.isHosted {
+                // The credentials are read now: a field missing is refused before the row is written.
+                let credentials = try connectionText(settings.connectionReference)
+                try settings.makeHostedPlatform(credentials: credentials).validate(settings.policy)
+            } else {
+                try settings.makePlatform().validate(settings.policy)
+                _ = try connectionText(settings.connectionReference)
+            }
+        } catch let error as Refusal {
+            throw error
         } catch let error as AuthPlatformError {
+            throw Refusal(error.description)
+        } catch let error as HostedCallError {
             throw Refusal(error.description)
         } catch {
             throw Refusal("\(settings.platform): \(error)")
         }
-        do {
-            try platform.validate(settings.policy)
-        } catch {
-            throw Refusal(error.description)
-        }
-        _ = try connectionText(settings.connectionReference)
     }
 
     /// The text of the connection file behind `reference` (`file:/absolute/path`), read through
@@ -206,8 +211,9 @@ public struct AuthAdapterAdministration {
         public var event: String
         /// The policy's choice for it.
         public var policy: String
-        /// What it would change, or why it failed (the platform's words, never data).
-        public var outcome: Result<AuthChange, AuthPlatformError>
+        /// What it would change, or why it failed (`AuthPlatformError`, `HostedCallError`: our words,
+        /// never data).
+        public var outcome: Result<AuthChange, any Error>
     }
 
     /// Why the auth database could not be reached: our own words, never the URL.
@@ -221,6 +227,7 @@ public struct AuthAdapterAdministration {
     /// Changes nothing there.
     public static func test(_ settings: AdapterSettings, sub: String, newSub: String?) throws -> TestReport {
         try validate(settings)
+        if settings.isHosted { return try testHosted(settings, sub: sub, newSub: newSub) }
         let platform = try settings.makePlatform()
         let url = try connectionText(settings.connectionReference)
         let auth: PostgresConnection
@@ -237,8 +244,36 @@ public struct AuthAdapterAdministration {
                     + (error.connectionFailureReason.map { " (\($0))" } ?? ""))
         }
         defer { auth.close() }
-        let policy = settings.policy
-        let problems = try platform.check(on: auth, policy: policy)
+        let problems = try platform.check(on: auth, policy: settings.policy)
+        let dryRuns = events(settings.policy, sub: sub, newSub: newSub).map { name, choice, event, target in
+            DryRun(
+                event: name, policy: choice,
+                outcome: Result { try platform.dryRun(event, sub: target, policy: settings.policy, on: auth) })
+        }
+        return TestReport(problems: problems, dryRuns: dryRuns)
+    }
+
+    /// ``test(_:sub:newSub:)`` for a hosted platform: a token from the credentials, then each event with
+    /// its changes unsent (`HostedAPI.dryRun`: only the lookups reach the platform).
+    static func testHosted(_ settings: AdapterSettings, sub: String, newSub: String?) throws -> TestReport {
+        let platform = try settings.makeHostedPlatform(
+            credentials: try connectionText(settings.connectionReference))
+        let api = HostedAPI(platform: platform, timeout: .seconds(10), dryRun: true)
+        do {
+            _ = try platform.obtainToken(api.http)
+        } catch {
+            throw ConnectionFailure(description: "cannot get a token: \(error)")
+        }
+        let dryRuns = events(settings.policy, sub: sub, newSub: newSub).map { name, choice, event, target in
+            DryRun(
+                event: name, policy: choice,
+                outcome: Result { try platform.apply(event, sub: target, policy: settings.policy, api: api) })
+        }
+        return TestReport(problems: [], dryRuns: dryRuns)
+    }
+
+    /// The events a test runs for `sub`: name, the policy's choice, the event, the sub it is applied to.
+    static func events(_ policy: AuthPolicy, sub: String, newSub: String?) -> [(String, String, AuthEvent, String)] {
         var events: [(String, String, AuthEvent, String)] = [
             ("consent revoked", policy.onConsentRevoked.rawValue, .consentRevoked, sub),
             (
@@ -254,16 +289,6 @@ public struct AuthAdapterAdministration {
             events.append(
                 ("sub transferred", policy.onSubTransferred.rawValue, .subTransferred(from: sub), newSub))
         }
-        var dryRuns: [DryRun] = []
-        for (name, choice, event, target) in events {
-            let outcome: Result<AuthChange, AuthPlatformError>
-            do {
-                outcome = .success(try platform.dryRun(event, sub: target, policy: policy, on: auth))
-            } catch {
-                outcome = .failure(error)
-            }
-            dryRuns.append(DryRun(event: name, policy: choice, outcome: outcome))
-        }
-        return TestReport(problems: problems, dryRuns: dryRuns)
+        return events
     }
 }

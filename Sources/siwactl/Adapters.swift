@@ -345,14 +345,19 @@ enum AdaptersVerb {
         }
         var output = "adapter \(name): \(settings.platform), provider \(settings.provider)\n"
         if report.problems.isEmpty {
-            output += "check: ok (tables, columns, grants, row-level security)\n"
+            output +=
+                settings.isHosted
+                ? "check: ok (a token from the credentials)\n"
+                : "check: ok (tables, columns, grants, row-level security)\n"
         } else {
             output += "check: \(report.problems.count) problem(s)\n"
             for problem in report.problems {
                 output += "  problem: \(TerminalText.escaped(problem.description))\n"
             }
         }
-        output += "dry run (rolled back, nothing changed):\n"
+        output +=
+            settings.isHosted
+            ? "dry run (lookups only, no change sent):\n" : "dry run (rolled back, nothing changed):\n"
         var failed = !report.problems.isEmpty
         for run in report.dryRuns {
             let what: String
@@ -361,7 +366,7 @@ enum AdaptersVerb {
             case .success(.applied(let counts)): what = counts.description
             case .failure(let error):
                 failed = true
-                what = "FAILED: \(error.description)"
+                what = "FAILED: \(error)"
             }
             output += "  \(run.event) (\(run.policy)): \(TerminalText.escaped(what))\n"
         }
