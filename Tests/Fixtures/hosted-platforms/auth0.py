@@ -15,6 +15,7 @@ Follows Auth0's public reference (no code copied):
   https://auth0.com/docs/manage-users/sessions/manage-user-sessions-with-auth0-management-api (Enterprise only)
   https://auth0.com/docs/troubleshoot/customer-support/operational-policies/rate-limit-policy
   https://auth0.com/docs/get-started/apis/scopes/management-api-scopes
+  https://github.com/auth0/node-auth0/issues/645 and #451 (DELETE of an unknown user is 204 by design)
 and what auth0-python 6.8.0 sends (auth0/management/users/*, auth0/authentication/get_token.py).
 
 Credentials (serve.py prints them): domain (host:port; the tenant's https://{domain} is http here),

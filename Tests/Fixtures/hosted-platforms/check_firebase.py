@@ -77,6 +77,16 @@ def main():
                           forged.get_access_token)
     step("token: refusal is invalid_grant", "invalid_grant" in str(error), str(error))
 
+    import google.auth.transport.requests
+    from google.oauth2 import service_account
+
+    narrow = service_account.Credentials.from_service_account_info(
+        creds["service_account"], scopes=["https://www.googleapis.com/auth/userinfo.email"])
+    narrow.refresh(google.auth.transport.requests.Request())
+    status, body = post(f"{creds['api_base']}/accounts:lookup", {"localId": ["x"]}, narrow.token)
+    step("a token without an Identity Toolkit scope -> 403 PERMISSION_DENIED",
+         status == 403 and body["error"]["status"] == "PERMISSION_DENIED", f"{status} {body}")
+
     app = firebase_admin.initialize_app(certificate, {"projectId": creds["project_id"]})
     uid, sub, other_sub = "user-apple-1", "001234.aaaa.0001", "009999.bbbb.0002"
 

@@ -10,6 +10,7 @@ Follows Google's public reference (no code copied):
   https://developers.google.com/identity/protocols/oauth2/service-account#httprest  (JWT bearer grant)
   https://cloud.google.com/apis/design/errors  (error shape; 429 RESOURCE_EXHAUSTED)
   https://firebase.google.com/docs/emulator-suite/connect_auth  (the emulator's "Bearer owner")
+  https://github.com/firebase/firebase-js-sdk/issues/8159  (400 QUOTA_EXCEEDED / INVALID_ARGUMENT seen)
 and what firebase-admin 7.7.0 sends (firebase_admin/_user_mgt.py, _auth_client.py).
 
 Paths: POST {base}/projects/{project}/accounts[:lookup|:update|:delete|:batchCreate|:batchDelete] and
