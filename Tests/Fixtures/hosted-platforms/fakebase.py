@@ -135,6 +135,10 @@ class Platform:
         """The vendor's answer to an expired or revoked credential: (status, body)."""
         return 401, {"error": "unauthorized"}
 
+    def control(self, request):
+        """Platform-specific control paths under /_fake/ (e.g. POST /_fake/options); None if unknown."""
+        return None
+
     def seed(self, spec):
         """Adds a user from the control API's neutral spec; returns the neutral user."""
         identities = [{"provider": self.apple_provider, "user_id": spec["apple_sub"]}] if spec.get("apple_sub") else []
@@ -256,6 +260,9 @@ def make_server(platform):
                 faults.calls.clear()
             platform.revoked = False
             return 200, {}
+        answer = platform.control(request)
+        if answer is not None:
+            return answer
         return 404, {"error": "no such control path"}
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
