@@ -1,7 +1,7 @@
 public import AuthAdapters
 public import AuthPlatforms
-import HostedPlatforms
 public import Foundation
+import HostedPlatforms
 public import Postgres
 import ServiceSupport
 
@@ -248,7 +248,8 @@ public struct AuthAdapterAdministration {
         let dryRuns = events(settings.policy, sub: sub, newSub: newSub).map { name, choice, event, target in
             DryRun(
                 event: name, policy: choice,
-                outcome: Result { try platform.dryRun(event, sub: target, policy: settings.policy, on: auth) })
+                outcome: Result { try platform.dryRun(event, sub: target, policy: settings.policy, on: auth) }
+            )
         }
         return TestReport(problems: problems, dryRuns: dryRuns)
     }
@@ -273,7 +274,9 @@ public struct AuthAdapterAdministration {
     }
 
     /// The events a test runs for `sub`: name, the policy's choice, the event, the sub it is applied to.
-    static func events(_ policy: AuthPolicy, sub: String, newSub: String?) -> [(String, String, AuthEvent, String)] {
+    static func events(_ policy: AuthPolicy, sub: String, newSub: String?) -> [(
+        String, String, AuthEvent, String
+    )] {
         var events: [(String, String, AuthEvent, String)] = [
             ("consent revoked", policy.onConsentRevoked.rawValue, .consentRevoked, sub),
             (

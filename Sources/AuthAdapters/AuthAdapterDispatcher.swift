@@ -31,8 +31,12 @@ public final class AuthAdapterDispatcher: Outbox {
         public var adapters: [Adapter]
         /// A row still failing after this many attempts is dead.
         public var maxAttempts: Int
-        /// How long a claimed row stays leased (``OutboxCalls/lease(callsPerRow:)``).
+        /// How long a claimed row of a database adapter stays leased (``OutboxCalls/lease(callsPerRow:)``:
+        /// one transaction).
         public var lease: Duration { calls.lease() }
+        /// How long a claimed row of a hosted adapter stays leased: its event's calls, together at most
+        /// ``HostedAPI/eventBudget`` timeouts.
+        public var hostedLease: Duration { calls.lease(callsPerRow: HostedAPI.eventBudget) }
 
         /// Settings; durations positive, at least one attempt.
         public init(
@@ -61,10 +65,13 @@ public final class AuthAdapterDispatcher: Outbox {
         public var name: String
         /// Its id.
         public var id: Int
+        /// Whether its platform is hosted (``AdapterSettings/isHosted``): its rows get the longer lease.
+        public var isHosted: Bool
         /// An adapter.
-        public init(name: String, id: Int) {
+        public init(name: String, id: Int, isHosted: Bool = false) {
             self.name = name
             self.id = id
+            self.isHosted = isHosted
         }
     }
 
@@ -90,7 +97,7 @@ public final class AuthAdapterDispatcher: Outbox {
     /// One lane per adapter, on `siwa_auth_adapters`.
     public let lanes: OutboxLanes
     var logger: Logger { lanes.logger }
-    private let ids: [String: Int]
+    private let adapters: [String: Adapter]
     /// Each lane's connection to its auth database, opened at its first call and kept; only the lane's
     /// own thread uses its entry.
     private let connections = Mutex<[String: AuthConnection]>([:])
@@ -108,7 +115,7 @@ public final class AuthAdapterDispatcher: Outbox {
             lanes: configuration.adapters.map(\.name),
             pollInterval: min(configuration.calls.pollInterval, .seconds(1)),
             logger: logger)
-        ids = Dictionary(uniqueKeysWithValues: configuration.adapters.map { ($0.name, $0.id) })
+        adapters = Dictionary(uniqueKeysWithValues: configuration.adapters.map { ($0.name, $0) })
         calls = metrics
     }
 
@@ -124,7 +131,9 @@ public final class AuthAdapterDispatcher: Outbox {
     /// The enabled adapters of `siwa.auth_adapters`, by name, read on `connection`.
     public static func adapters(on connection: PostgresConnection) throws -> [Adapter] {
         try connection.query(AuthAdapterQueries.enabledAdapters).map { row throws(PostgresError) in
-            Adapter(name: try row[0, as: String.self], id: try row[1, as: Int.self])
+            Adapter(
+                name: try row[0, as: String.self], id: try row[1, as: Int.self],
+                isHosted: AdapterSettings.hostedPlatforms.contains(try row[2, as: String.self]))
         }
     }
 
@@ -132,13 +141,14 @@ public final class AuthAdapterDispatcher: Outbox {
     public func claim(on connection: PostgresConnection, lane: OutboxLane, dueBy: Date) throws
         -> OutboxClaim<ClaimedAdapterEvent>
     {
-        guard let id = ids[lane.name], pause(of: lane) == nil else { return .nothing }
+        guard let adapter = adapters[lane.name], pause(of: lane) == nil else { return .nothing }
+        let lease = adapter.isHosted ? configuration.hostedLease : configuration.lease
         let rows = try connection.rows(
             ClaimedAdapterEvent.self,
             [
-                .text(lane.owner), .double(configuration.lease.inSeconds),
+                .text(lane.owner), .double(lease.inSeconds),
                 .int(Int64(configuration.calls.batchSize)),
-                .int(Int64(id)), .date(dueBy),
+                .int(Int64(adapter.id)), .date(dueBy),
             ])
         return rows.isEmpty ? .nothing : .leased(rows)
     }
@@ -146,8 +156,8 @@ public final class AuthAdapterDispatcher: Outbox {
     /// How soon the adapter's next row is due (a retry's time, or a lease's end).
     public func nextDue(on connection: PostgresConnection, lane: OutboxLane) throws -> Duration? {
         if let pause = pause(of: lane) { return pause }
-        guard let id = ids[lane.name] else { return nil }
-        return try connection.value(AuthAdapterQueries.nextDue, [.int(Int64(id))], as: Double?.self)
+        guard let adapter = adapters[lane.name] else { return nil }
+        return try connection.value(AuthAdapterQueries.nextDue, [.int(Int64(adapter.id))], as: Double?.self)
             .map { .untilDue(seconds: $0) }
     }
 
@@ -214,6 +224,7 @@ public final class AuthAdapterDispatcher: Outbox {
     private func callHosted(_ event: ClaimedAdapterEvent, lane: OutboxLane) -> Attempt {
         do {
             let api = try hostedAPI(lane: lane.name, adapter: event.adapter)
+            api.beginEvent()
             switch try api.platform.apply(event.event, sub: event.sub, policy: event.adapter.policy, api: api)
             {
             case .noUser: return Attempt(event: event, outcome: "no_user", counts: AuthCounts())

@@ -1,8 +1,9 @@
 /// The statements the auth adapter lanes run that are not a typed row's own (``ClaimedAdapterEvent``), in
 /// one place.
 enum AuthAdapterQueries {
-    /// The enabled adapters: name, id.
-    static let enabledAdapters = "SELECT name, id FROM siwa.auth_adapters WHERE enabled ORDER BY name"
+    /// The enabled adapters: name, id, platform.
+    static let enabledAdapters =
+        "SELECT name, id, platform FROM siwa.auth_adapters WHERE enabled ORDER BY name"
 
     /// Seconds until the adapter's ($1) next pending row is due (a retry's time, or a lease's end).
     static let nextDue = """

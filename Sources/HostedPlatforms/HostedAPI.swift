@@ -6,6 +6,11 @@ public import HTTPClient
 /// the one reading of every answer a platform does not read itself
 /// (``send(_:_:endpoint:query:json:form:expecting:)``).
 public final class HostedAPI: @unchecked Sendable {
+    /// How many timeouts one event's calls may take together: no call starts after
+    /// ``eventDeadline``, set that many timeouts less one after the event's start, so a hosted row's
+    /// lease covers its event whatever the number of calls.
+    public static let eventBudget = 10
+
     /// The platform whose API this is.
     public let platform: any HostedPlatform
     /// Whether changes are left unsent (`siwactl adapters test`): ``write(_:_:endpoint:query:json:)``
@@ -13,9 +18,15 @@ public final class HostedAPI: @unchecked Sendable {
     public let dryRun: Bool
     /// The calls sent to the platform so far (token requests included).
     public private(set) var calls = 0
+    /// Starts an event: its calls must start within ``eventBudget`` − 1 timeouts from now.
+    public func beginEvent() { eventDeadline = ContinuousClock.now + timeout * (Self.eventBudget - 1) }
+
     /// The session of every request; its policy's timeout bounds each.
     public let http: OutboundHTTP.Session
     private var token: BearerToken?
+    /// When set, a call after it throws `unavailable` instead of starting (the event is retried).
+    public var eventDeadline: ContinuousClock.Instant?
+    private let timeout: Duration
 
     /// A client of `platform`'s admin API, each request bounded by `timeout`.
     public init(
@@ -24,6 +35,7 @@ public final class HostedAPI: @unchecked Sendable {
     ) {
         self.platform = platform
         self.dryRun = dryRun
+        self.timeout = timeout
         http = OutboundHTTP.Session(
             client: OutboundHTTP.Client(
                 policy: OutboundHTTP.Policy(timeout: timeout, refusesContentEncoding: true),
@@ -55,6 +67,11 @@ public final class HostedAPI: @unchecked Sendable {
         _ method: String, _ path: String, endpoint: String, query: [(String, String)] = [], json: Any? = nil,
         form: [(String, String)]? = nil, expecting: Set<Int>
     ) throws(HostedCallError) -> HostedResponse {
+        if let eventDeadline, ContinuousClock.now >= eventDeadline {
+            throw HostedCallError(
+                .unavailable, platform: platform.name, endpoint: "\(method) \(endpoint)",
+                cause: "the event's calls outlasted \(Self.eventBudget - 1) timeouts; it is tried again")
+        }
         var fresh = false
         if token == nil || token!.expiresAt.map({ $0.timeIntervalSinceNow < 60 }) == true {
             token = try platform.obtainToken(http)

@@ -63,4 +63,27 @@ public struct AdapterFixture {
             )
         }
     }
+
+    /// Adds the hosted adapter `name` on `fake` (``HostedPlatformFake``): its credentials, with `extra`
+    /// fields, in an owner-only file. `arguments` are more named arguments of `siwa.add_auth_adapter`.
+    @discardableResult
+    public func addHosted(
+        _ name: String, fake: HostedPlatformFake, extra: [String: String] = [:], arguments: String = ""
+    ) throws -> Int {
+        let file = connectionFile + "-" + name
+        let credentials = try JSONSerialization.data(withJSONObject: fake.credentials.merging(extra) { $1 })
+        FileManager.default.createFile(
+            atPath: file, contents: credentials, attributes: [.posixPermissions: 0o600])
+        return try siwa.value(
+            "SELECT siwa.add_auth_adapter($1, $2, $3, $4\(arguments))",
+            [
+                .text(name), .text(fake.platform), .text(Self.appleProvider[fake.platform] ?? "apple"),
+                .text("file:" + file),
+            ], as: Int.self)
+    }
+
+    /// Each hosted platform's name for Apple.
+    public static let appleProvider = [
+        "keycloak": "apple", "clerk": "oauth_apple", "firebase": "apple.com", "auth0": "apple",
+    ]
 }

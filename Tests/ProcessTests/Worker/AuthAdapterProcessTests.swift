@@ -111,4 +111,47 @@ struct AuthAdapterProcessTests {
         #expect(
             try siwactl(["adapters", "enable", "nobody", "--database-url", fixture.siwa.url]).status != 0)
     }
+
+    @Test(
+        "kill -9 of siwa-worker while a Keycloak call hangs: the event is applied once after the restart, the identity moved and then unlinked"
+    )
+    func killedMidCall() throws {
+        let fixture = try AdapterFixture()
+        let fake = try HostedPlatformFake("keycloak")
+        _ = try fixture.siwa.value("SELECT siwa.remove_auth_adapter('supabase-main')", as: Bool.self)
+        try fixture.addHosted("kc", fake: fake)
+        let seeded = try fake.seed(email: "x@example.com", appleSub: "kc.old", sessions: 2)
+        // A team transfer meets the account's deletion: the transfer is in flight when the worker dies.
+        try fixture.insertChanges([
+            ("siwa.sub_transferred", "kc.new", "kc.old"), ("siwa.account_deleted", "kc.new", nil),
+        ])
+        try fake.faults(hang: 30)
+        let arguments = [
+            "--auth-adapters", "on", "--auth-adapter-timeout", "1", "--webhook-concurrency", "0",
+            "--log-level",
+            "info",
+        ]
+        let first = try WorkerProcess(arguments, databaseURL: fixture.siwa.url)
+        #expect(
+            waitUntil(timeout: .seconds(20)) {
+                (try? fixture.siwa.value(
+                    "SELECT count(*)::int FROM siwa.auth_adapter_events WHERE lease_owner IS NOT NULL",
+                    as: Int.self)) == 1
+            }, "\(first.log)")
+        first.send(SIGKILL)
+        #expect(first.waitForExit(timeout: .seconds(10)) == 128 + SIGKILL)
+        try fake.faults(hang: 0)
+        let second = try WorkerProcess(arguments, databaseURL: fixture.siwa.url)
+        defer {
+            second.send(SIGTERM)
+            _ = second.waitForExit(timeout: .seconds(20))
+        }
+        #expect(
+            waitUntil(timeout: .seconds(60)) { (try? fixture.rows().map(\.state)) == ["done", "done"] },
+            "\(second.log)")
+        let user = try #require(try fake.users().first { $0["id"] as? String == seeded["id"] as? String })
+        #expect((user["identities"] as? [Any])?.isEmpty == true)
+        #expect(user["disabled"] as? Bool == true && user["sessions"] as? Int == 0)
+        #expect(!second.log.contains(fake.credentials["client_secret"] ?? "-"))
+    }
 }

@@ -1,0 +1,115 @@
+import AuthAdapters
+import Foundation
+import Postgres
+import QueueConsumer
+import ServiceSupport
+import TestSupport
+import Testing
+
+/// The adapter lanes of hosted platforms, against the fake Keycloak: many users' interleaved events
+/// through the platform's faults, and a hanging platform beside a database one.
+@Suite("Auth adapters: hosted platforms through their admin API")
+struct HostedDispatcherTests {
+    /// A user of the fake with the given Apple sub: its neutral state.
+    func user(_ fake: HostedPlatformFake, id: String) throws -> [String: Any] {
+        try #require(try fake.users().first { $0["id"] as? String == id })
+    }
+
+    @Test(
+        "40 users' interleaved events through 429s and an outage: each user ends as the events say, every row done"
+    )
+    func interleaved() throws {
+        let fixture = try AdapterFixture()
+        let fake = try HostedPlatformFake("keycloak")
+        _ = try fixture.siwa.value("SELECT siwa.remove_auth_adapter('supabase-main')", as: Bool.self)
+        try fixture.addHosted("kc", fake: fake, arguments: ", p_on_forwarding_change => 'record'")
+        var ids: [String] = []
+        for index in 0..<40 {
+            let seeded = try fake.seed(
+                email: "u\(index)@example.com", appleSub: "kc.\(index)", password: index % 8 == 1, sessions: 2
+            )
+            ids.append(seeded["id"] as! String)
+        }
+        // Round-robin over the users, so each user's events are interleaved with the others'.
+        var queues: [[(String, String, String?)]] = (0..<40).map { index in
+            let sub = "kc.\(index)"
+            switch index % 4 {
+            case 0: return [("siwa.consent_revoked", sub, nil)]
+            case 1: return [("siwa.account_deleted", sub, nil)]
+            case 2:
+                return [
+                    ("siwa.sub_transferred", sub + ".new", sub), ("siwa.account_deleted", sub + ".new", nil),
+                ]
+            default: return [("siwa.email_disabled", sub, nil), ("siwa.consent_revoked", sub, nil)]
+            }
+        }
+        var changes: [(String, String, String?)] = []
+        while queues.contains(where: { !$0.isEmpty }) {
+            for index in queues.indices where !queues[index].isEmpty {
+                changes.append(queues[index].removeFirst())
+            }
+        }
+        try fixture.insertChanges(changes)
+        try fake.faults(rateLimit: 3, outage: 2)
+        let dispatcher = try fixture.dispatcher()
+        var outcomes: [String: Int] = [:]
+        #expect(
+            waitUntil(timeout: .seconds(60)) {
+                for outcome in (try? dispatcher.drainOnce()) ?? [] {
+                    outcomes[outcome.state, default: 0] += 1
+                }
+                return (try? fixture.rows().allSatisfy { $0.state != "pending" }) == true
+            })
+        #expect(try fixture.rows().map(\.state) == Array(repeating: "done", count: changes.count))
+        #expect(outcomes["rate_limited"] == 3 && outcomes["retry"] == 2, "\(outcomes)")
+        for (index, id) in ids.enumerated() {
+            let state = try user(fake, id: id)
+            let subs = (state["identities"] as? [[String: Any]] ?? []).compactMap { $0["user_id"] as? String }
+            let forwarding = (state["metadata"] as? [String: Any])?["siwa_email_forwarding"] as? [String]
+            switch index % 4 {
+            case 0:
+                #expect(
+                    subs == ["kc.\(index)"] && state["sessions"] as? Int == 0
+                        && state["disabled"] as? Bool == false)
+            case 1:
+                #expect(subs.isEmpty && state["sessions"] as? Int == 0)
+                #expect(
+                    state["disabled"] as? Bool == (index % 8 != 1), "a user with a password keeps signing in")
+            case 2:
+                #expect(subs.isEmpty && state["disabled"] as? Bool == true && state["sessions"] as? Int == 0)
+            default:
+                #expect(subs == ["kc.\(index)"] && forwarding == ["off"] && state["sessions"] as? Int == 0)
+            }
+        }
+        #expect(try fake.user(withIdentity: "apple", "kc.2.new") == nil)
+        print("keycloak: \(changes.count) events, \(try fake.calls().total) calls answered")
+    }
+
+    @Test("a hanging platform holds up its own lane only: the database adapter's change is applied meanwhile")
+    func hangingPlatform() throws {
+        let fixture = try AdapterFixture()
+        let fake = try HostedPlatformFake("keycloak")
+        try fixture.addHosted("kc", fake: fake)
+        try fake.seed(email: "x@example.com", appleSub: "001.a", sessions: 1)
+        try fake.faults(hang: 3)
+        let dispatcher = try fixture.dispatcher()
+        let lanes = JoinableThread(name: "adapter-lanes") { dispatcher.run() }
+        defer {
+            dispatcher.stop()
+            lanes.join()
+        }
+        try fixture.insertChanges([("siwa.consent_revoked", "001.a", nil)])
+        // Supabase's row is done while Keycloak's call still hangs.
+        #expect(
+            waitUntil(timeout: .seconds(3)) {
+                (try? fixture.siwa.value(
+                    """
+                    SELECT string_agg(a.name || ' ' || e.state, ',' ORDER BY a.name)
+                      FROM siwa.auth_adapter_events e JOIN siwa.auth_adapters a ON a.id = e.adapter_id
+                    """, as: String.self)) == "kc pending,supabase-main done"
+            })
+        #expect(try fixture.sessions(of: AdapterFixture.userA) == 0)
+        try fake.faults(hang: 0)
+        #expect(waitUntil(timeout: .seconds(20)) { (try? fixture.rows().map(\.state)) == ["done", "done"] })
+    }
+}
