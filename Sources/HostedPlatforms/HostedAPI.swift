@@ -62,7 +62,8 @@ public final class HostedAPI: @unchecked Sendable {
     /// Sends a request to `baseURL` + `path` (its segments already escaped with ``segment(_:)``) with
     /// the bearer token, and returns the answer when its status is one of `expecting`. Otherwise it
     /// throws: no answer or 5xx `unavailable`; 429 `rateLimited` (with the wait its headers give); 401
-    /// after a fresh token and 403 `credentialsRefused`; any other status `callFailed` (never the body).
+    /// after a fresh token and 403 `credentialsRefused` (unless expected: a platform that reads its 403s);
+    /// any other status `callFailed` (never the body).
     public func send(
         _ method: String, _ path: String, endpoint: String, query: [(String, String)] = [], json: Any? = nil,
         form: [(String, String)]? = nil, expecting: Set<Int>
@@ -101,7 +102,8 @@ public final class HostedAPI: @unchecked Sendable {
                 method, path, endpoint: endpoint, query: query, json: json, form: form, expecting: expecting)
         }
         switch response.status {
-        case 401, 403:
+        case 401,
+            403 where !expecting.contains(response.status):
             token = nil
             throw HostedCallError(
                 .credentialsRefused, platform: platform.name, endpoint: "\(method) \(endpoint)",
