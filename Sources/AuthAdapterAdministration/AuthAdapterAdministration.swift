@@ -26,10 +26,11 @@ public struct AuthAdapterAdministration {
         "auth0", "clerk", "keycloak",
     ]
 
-    /// The platform's own name for Apple in its identity tables: `apple-id` for python-social-auth
-    /// (django-social-auth), `apple` for the others.
+    /// The platform's own name for Apple: `apple-id` for python-social-auth (django-social-auth),
+    /// `apple.com` for Firebase, `oauth_apple` for Clerk, `apple` for the others.
     public static func defaultProvider(platform: String) -> String {
-        platform == "django-social-auth" ? "apple-id" : "apple"
+        ["django-social-auth": "apple-id", "firebase": "apple.com", "clerk": "oauth_apple"][platform]
+            ?? "apple"
     }
 
     /// What the caller gave that is refused before anything is written or read.

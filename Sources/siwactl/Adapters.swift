@@ -31,20 +31,27 @@ enum AdaptersVerb {
         name: "siwactl adapters add",
         abstract: """
             Add an auth adapter NAME: siwa-worker --auth-adapters on applies every change from now on in that
-            auth system's database, whose URL is read from --connection-file (absolute path, chmod 600; the
-            URL itself is never stored). A policy the platform cannot express is refused, naming the option.
+            auth system — in its database, whose URL is read from --connection-file, or through a hosted
+            platform's admin API, whose credentials (JSON) are read from it (absolute path, chmod 600; never
+            stored). A policy the platform cannot express is refused, naming the option.
             """,
         options: [
             .databaseURL,
             CommandOption(
                 "platform", valueName: "PLATFORM",
-                help: "supabase, better-auth, authjs or authjs-prisma.", isRequired: true),
+                help:
+                    "supabase, better-auth, authjs, authjs-prisma, django-allauth, django-social-auth; hosted: auth0, keycloak.",
+                isRequired: true),
             CommandOption(
                 "provider", valueName: "NAME",
-                help: "The platform's name for Apple (default: apple; apple-id for django-social-auth)."),
+                help:
+                    "The platform's name for Apple (default: apple; apple-id for django-social-auth, apple.com for firebase, oauth_apple for clerk)."
+            ),
             CommandOption(
                 "connection-file", valueName: "PATH",
-                help: "An owner-only file holding the auth database's URL (absolute path).", isRequired: true),
+                help:
+                    "An owner-only file holding the auth database's URL, or the hosted platform's credentials (absolute path).",
+                isRequired: true),
             CommandOption(
                 "option", valueName: "KEY=VALUE",
                 help: "A platform option, e.g. schema=auth_js or ban=true (Better Auth's admin plugin).",
@@ -64,7 +71,8 @@ enum AdaptersVerb {
             CommandOption(
                 "on-sub-transferred", valueName: "move|ignore", help: "On a team transfer.",
                 defaultValue: "move"),
-        ], flags: [CommandFlag("disabled", help: "Add it disabled (no change fans out to it).")],
+        ],
+        flags: [CommandFlag("disabled", help: "Add it disabled (paused: its changes queue until enabled).")],
         positionals: [nameArgument])
 
     /// The flag each policy is set by, for the platform's and the database's refusals.

@@ -223,4 +223,50 @@ struct AdaptersProcessTests {
         let usage = try run(["test", "supa"], database)
         #expect(usage.status == 2)
     }
+
+    @Test(
+        "a hosted platform (Keycloak): add checks the credentials file's fields; test gets a token and dry-runs each event, changing nothing; a wrong secret fails naming the token endpoint, never the secret"
+    )
+    func hostedDryRun() throws {
+        let database = try TestDatabase()
+        let fake = try HostedPlatformFake("keycloak")
+        try fake.seed(email: "x@example.com", appleSub: "kc.a", sessions: 2)
+        func credentials(_ fields: [String: String]) throws -> String {
+            try connectionFile(
+                String(decoding: try JSONSerialization.data(withJSONObject: fields), as: UTF8.self))
+        }
+        let missing = try run(
+            [
+                "add", "kc", "--platform", "keycloak", "--connection-file",
+                try credentials(fake.credentials.filter { $0.key != "realm" }),
+            ], database)
+        #expect(
+            missing.status == 2 && missing.standardError.contains("has no \"realm\""),
+            "\(missing.standardError)")
+        #expect(try count(database) == 0)
+        let file = try credentials(fake.credentials)
+        let added = try run(["add", "kc", "--platform", "keycloak", "--connection-file", file], database)
+        #expect(added.status == 0, "\(added.standardError)")
+        let before = try fake.users() as NSArray
+        let result = try run(["test", "kc", "--sub", "kc.a", "--new-sub", "kc.b"], database)
+        #expect(result.status == 0, "\(result.standardOutput)\(result.standardError)")
+        #expect(
+            result.standardOutput.contains("check: ok (a token from the credentials)"),
+            "\(result.standardOutput)")
+        #expect(result.standardOutput.contains("consent revoked (end-sessions): sessions_ended=2\n"))
+        #expect(
+            result.standardOutput.contains(
+                "account deleted (unlink, when it leaves no login: disable): users_disabled=1 identities_unlinked=1 sessions_ended=2\n"
+            ), "\(result.standardOutput)")
+        #expect(result.standardOutput.contains("sub transferred (move): identities_moved=1"))
+        #expect((try fake.users() as NSArray).isEqual(to: before as! [Any]))
+        var wrong = fake.credentials
+        wrong["client_secret"] = Self.password
+        try JSONSerialization.data(withJSONObject: wrong).write(to: URL(fileURLWithPath: file))
+        let refused = try run(["test", "kc", "--sub", "kc.a"], database)
+        #expect(
+            refused.status == 1 && refused.standardError.contains("openid-connect/token"),
+            "\(refused.standardError)")
+        noSecret(refused)
+    }
 }
