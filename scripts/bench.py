@@ -947,11 +947,14 @@ def webhooks(cluster, binaries, jwks_url, bodies, changes=20_000, subs=2_000, id
             "end_to_end_p99_ms": percentile(end_to_end, 99) if end_to_end else None}
 
 
-def outbox(cluster, binaries, workdir, events=20_000, subs=2_000, suppressions=10_000, adapter_users=2_000):
+def outbox(cluster, binaries, workdir, events=20_000, subs=2_000, suppressions=10_000, adapter_users=2_000,
+           hosted_users=500):
     """Each outbox consumer of siwa-worker alone against the same fast keep-alive endpoint
     (scripts/bench-endpoint.py): webhook lanes and Shared Signals push (8 lanes each, `events` changes of
     `subs` users), the SendGrid suppression outbox (its one lane per provider, `suppressions` addresses),
-    a Supabase Auth adapter (its one lane, a consent revoked for each of `adapter_users` users);
+    a Supabase Auth adapter (its one lane, a consent revoked for each of `adapter_users` users), a Keycloak
+    adapter against the fake Keycloak of Tests/Fixtures/hosted-platforms (`hosted_users` users, each
+    consent revoked: a lookup, a session count and a logout);
     the time from the worker's start to the last row finished."""
     db = "outbox"
     cluster.create_database(db)
@@ -985,6 +988,19 @@ def outbox(cluster, binaries, workdir, events=20_000, subs=2_000, suppressions=1
         SELECT gen_random_uuid(), ('00000000-0000-4000-8000-' || lpad(g::text, 12, '0'))::uuid, now()
           FROM generate_series(1, {adapter_users}) g, generate_series(1, 2)""")
     cluster.psql("outbox_auth", "VACUUM ANALYZE")
+    # The fake Keycloak (stdlib Python), a user with an Apple identity and one session per hosted event.
+    keycloak = subprocess.Popen([sys.executable, os.path.join(ROOT, "Tests", "Fixtures", "hosted-platforms",
+                                                              "serve.py"), "keycloak"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    keycloak_started = json.loads(keycloak.stdout.readline())
+    for g in range(1, hosted_users + 1):
+        request = urllib.request.Request(
+            keycloak_started["url"] + "/_fake/users", method="POST",
+            data=json.dumps({"email": f"k{g}@example.com", "apple_sub": f"kc-sub-{g}", "sessions": 1}).encode())
+        urllib.request.urlopen(request).read()
+    keycloak_file = os.path.join(workdir, "keycloak-credentials")
+    with open(os.open(keycloak_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        json.dump(keycloak_started["credentials"], f)
     adapter_url_file = os.path.join(workdir, "auth-adapter-url")
     with open(os.open(adapter_url_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         f.write(cluster.url("outbox_auth") + "\n")
@@ -1015,17 +1031,25 @@ def outbox(cluster, binaries, workdir, events=20_000, subs=2_000, suppressions=1
          f"""INSERT INTO siwa.changes (type, sub, event_time, applied_at, jti, audience, sessions_revoked)
              SELECT 'siwa.consent_revoked', 'ad-sub-' || g, now(), now(), 'ad-' || g, '{AUDIENCE}', 1
                FROM generate_series(1, {adapter_users}) g""",
+         "SELECT count(*) FROM siwa.auth_adapter_events WHERE state = 'pending'",
+         "SELECT siwa.remove_auth_adapter('bench')"),
+        ("auth adapter (Keycloak, fake)", hosted_users, ["--auth-adapters", "on"],
+         f"SELECT siwa.add_auth_adapter('bench-kc', 'keycloak', 'apple', 'file:{keycloak_file}')",
+         f"""INSERT INTO siwa.changes (type, sub, event_time, applied_at, jti, audience, sessions_revoked)
+             SELECT 'siwa.consent_revoked', 'kc-sub-' || g, now(), now(), 'kc-' || g, '{AUDIENCE}', 1
+               FROM generate_series(1, {hosted_users}) g""",
          "SELECT count(*) FROM siwa.auth_adapter_events WHERE state = 'pending'", None),
     ]
     found = {}
     try:
         for name, rows, flags, setup, seed, pending, teardown in consumers:
+            peer = keycloak if name.startswith("auth adapter (Keycloak") else endpoint
             cluster.psql(db, setup)
             cluster.psql(db, seed)
             cluster.psql(db, "VACUUM ANALYZE")
             idle_children = cluster.child_count()
             pg_before = cluster.cpu_seconds(settle_to=idle_children)
-            endpoint_before = process_cpu_seconds(endpoint.pid)
+            endpoint_before = process_cpu_seconds(peer.pid)
             started = time.monotonic()
             worker = subprocess.Popen(
                 [binaries["siwa-worker"], "--database-url", cluster.url(db), "--log-level", "error"] + flags,
@@ -1041,12 +1065,13 @@ def outbox(cluster, binaries, workdir, events=20_000, subs=2_000, suppressions=1
             pg_cpu = cluster.cpu_seconds(settle_to=idle_children) - pg_before
             found[name] = {"rows": rows, "seconds": elapsed, "per_second": rows / elapsed,
                            "worker_us": per_row_us(worker_cpu, rows), "postgres_us": per_row_us(pg_cpu, rows),
-                           "endpoint_us": per_row_us(process_cpu_seconds(endpoint.pid) - endpoint_before, rows)}
+                           "endpoint_us": per_row_us(process_cpu_seconds(peer.pid) - endpoint_before, rows)}
             if teardown:
                 cluster.psql(db, teardown)
     finally:
-        endpoint.terminate()
-        endpoint.wait()
+        for process in (endpoint, keycloak):
+            process.terminate()
+            process.wait()
     return found
 
 
@@ -1054,8 +1079,9 @@ def print_outbox(found, pgq):
     if not found:
         return
     print("Outboxes (each consumer of one siwa-worker alone against the same fast keep-alive endpoint: webhooks "
-          "and Shared Signals 8 lanes, suppressions one lane per provider; the auth adapter's one lane against "
-          "Supabase Auth's tables in the same cluster; CPU µs per row from /proc)")
+          "and Shared Signals 8 lanes, suppressions one lane per provider; each auth adapter's one lane against "
+          "Supabase Auth's tables in the same cluster, or the fake Keycloak, whose CPU is the endpoint's; CPU µs per "
+          "row from /proc)")
     for name, r in found.items():
         ratio = f" = {r['postgres_us'] / pgq['postgres_us_per_event']:.1f}× PgQueuer's per job" if pgq else ""
         print(f"  {name:<30} {r['per_second']:>7.0f} rows/s ({r['rows']:,} in {r['seconds']:.1f} s); worker "
