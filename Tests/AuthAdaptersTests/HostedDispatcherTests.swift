@@ -112,4 +112,26 @@ struct HostedDispatcherTests {
         try fake.faults(hang: 0)
         #expect(waitUntil(timeout: .seconds(20)) { (try? fixture.rows().map(\.state)) == ["done", "done"] })
     }
+
+    @Test(
+        "refused credentials are retried with the cause named and nothing marked done; the rotated file is used at the next attempt, no restart"
+    )
+    func rotatedCredentials() throws {
+        let fixture = try AdapterFixture()
+        let fake = try HostedPlatformFake("keycloak")
+        _ = try fixture.siwa.value("SELECT siwa.remove_auth_adapter('supabase-main')", as: Bool.self)
+        try fixture.addHosted("kc", fake: fake, extra: ["client_secret": "an-old-secret"])
+        try fake.seed(email: "x@example.com", appleSub: "kc.a", sessions: 1)
+        try fixture.insertChanges([("siwa.consent_revoked", "kc.a", nil)])
+        let dispatcher = try fixture.dispatcher()
+        #expect(try dispatcher.drainOnce().map(\.state) == ["retry"])
+        let failed = try #require(try fixture.rows().first)
+        #expect(failed.state == "pending")
+        #expect(failed.error?.contains("refused") == true && failed.error?.contains("an-old-secret") == false)
+        #expect(try fake.user(withIdentity: "apple", "kc.a")?["sessions"] as? Int == 1)
+        let file = fixture.connectionFile + "-kc"
+        try JSONSerialization.data(withJSONObject: fake.credentials).write(to: URL(fileURLWithPath: file))
+        #expect(waitUntil(timeout: .seconds(10)) { (try? dispatcher.drainOnce().map(\.state)) == ["done"] })
+        #expect(try fake.user(withIdentity: "apple", "kc.a")?["sessions"] as? Int == 0)
+    }
 }
