@@ -69,6 +69,38 @@ struct ClerkTests {
         #expect(try apply(.consentRevoked, "ck.a").counts == AuthCounts())
     }
 
+    @Test("more than a page of sessions is revoked to the last; a sub linked to two users is ambiguous")
+    func pagingAndAmbiguity() throws {
+        try fake.seed(email: "a@example.com", appleSub: "ck.a", sessions: 105)
+        var counts = AuthCounts()
+        // find 1 + two pages of sessions + 105 revokes.
+        #expect(try calls { counts = try apply(.consentRevoked, "ck.a").counts } == 108)
+        #expect(counts.sessionsEnded == 105)
+        #expect(try user("ck.a")?["sessions"] as? Int == 0)
+        try fake.seed(email: "b@example.com", appleSub: "ck.twice")
+        try fake.seed(email: "c@example.com", appleSub: "ck.twice")
+        let ambiguous = failure { _ = try apply(.accountDeleted, "ck.twice") }
+        #expect(ambiguous?.kind == .ambiguous && ambiguous?.description.contains("ck.twice") == false)
+        #expect(try fake.users().allSatisfy { $0["disabled"] as? Bool == false })
+    }
+
+    @Test("the calls per event, for docs/adapters.md")
+    func callsPerEvent() throws {
+        try fake.seed(email: "a@example.com", appleSub: "ck.a", sessions: 2)
+        try fake.seed(email: "b@example.com", appleSub: "ck.b", sessions: 2)
+        try fake.seed(email: "c@example.com", appleSub: "ck.c", password: true, sessions: 2)
+        let consent = try calls { _ = try apply(.consentRevoked, "ck.a") }
+        let transfer = try calls { _ = try apply(.subTransferred(from: "ck.a"), "ck.a2") }
+        let again = try calls { _ = try apply(.subTransferred(from: "ck.a"), "ck.a2") }
+        let appleOnly = try calls { _ = try apply(.accountDeleted, "ck.b") }
+        let withPassword = try calls { _ = try apply(.accountDeleted, "ck.c") }
+        print(
+            "clerk calls: consent revoked (2 sessions) \(consent), transfer \(transfer) (again \(again)),"
+                + " account deleted/unlink Apple-only \(appleOnly), with a password (2 sessions) \(withPassword)"
+        )
+        #expect([consent, transfer, again, appleOnly, withPassword] as [Int] == [4, 3, 2, 4, 5])
+    }
+
     @Test(
         "account deleted, unlink: an Apple-only user is banned, then unlinked; one with a password or another account is not"
     )
