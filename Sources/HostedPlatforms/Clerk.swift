@@ -9,7 +9,8 @@ public import HTTPClient
 /// A team transfer cannot move the link: Clerk's Backend API can only delete an external account, never
 /// add one or change its `provider_user_id`. The transfer is recorded in the user's `private_metadata`
 /// (`siwa_apple_sub`, `siwa_apple_previous_sub`) for the app's sign-in hook to match the next Sign in
-/// with Apple, and is counted as metadata recorded, never as an identity moved.
+/// with Apple, and is counted as metadata recorded, never as an identity moved. Until the app links
+/// the new `sub`, its events find no user (`no_user`); the old `sub`'s still find the user.
 public struct Clerk: HostedPlatform {
     public let name = "clerk"
     public let provider: String
@@ -85,7 +86,7 @@ struct ClerkAccounts: AccountOperations {
         guard found.allSatisfy({ accounts($0).contains { isApple($0, sub: sub) } }) else {
             throw HostedCallError(
                 .callFailed, platform: clerk.name, endpoint: "GET /users?provider&provider_user_id",
-                cause: "the user list ignored the provider filter: set a newer API version for the key")
+                cause: "the user list ignored the provider filter; nothing was changed")
         }
         guard found.count <= 1 else {
             throw HostedCallError(

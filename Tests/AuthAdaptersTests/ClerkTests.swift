@@ -170,6 +170,9 @@ struct ClerkTests {
         #expect(conflict?.kind == .conflict)
         #expect(privateMetadata(try user("ck.old"))?["siwa_apple_sub"] as? String == "ck.new")
         #expect(privateMetadata(try user("ck.taken"))?.isEmpty == true)
+        // The link is the old sub's until the app links the new one.
+        #expect(try apply(.consentRevoked, "ck.new") == .noUser)
+        #expect(try apply(.consentRevoked, "ck.old").counts.sessionsEnded == 1)
     }
 
     @Test("forwarding off/on recorded in private metadata, the other keys kept; ignored by default")
