@@ -27,9 +27,13 @@ public struct AuthAdapterAdministration {
     ]
 
     /// The platform's own name for Apple in its identity tables: `apple-id` for python-social-auth
-    /// (django-social-auth), `apple` for the others.
+    /// (django-social-auth), `apple.com` for Firebase's provider id, `apple` for the others.
     public static func defaultProvider(platform: String) -> String {
-        platform == "django-social-auth" ? "apple-id" : "apple"
+        switch platform {
+        case "django-social-auth": "apple-id"
+        case "firebase": "apple.com"
+        default: "apple"
+        }
     }
 
     /// What the caller gave that is refused before anything is written or read.

@@ -84,7 +84,7 @@ public struct AdapterSettings: Sendable, Hashable {
     }
 
     /// The hosted platforms (reached through their admin API; the connection file holds credentials).
-    public static let hostedPlatforms: Set<String> = ["keycloak"]
+    public static let hostedPlatforms: Set<String> = ["firebase", "keycloak"]
 
     /// Whether the platform is hosted: its connection file holds the admin API's credentials (JSON), not
     /// a database URL.
@@ -95,6 +95,8 @@ public struct AdapterSettings: Sendable, Hashable {
     public func makeHostedPlatform(credentials text: String) throws -> any HostedPlatform {
         let credentials = try HostedCredentials(text, platform: platform)
         switch platform {
+        case "firebase":
+            return try FirebaseAuth(provider: provider, credentials: credentials)
         case "keycloak":
             return try Keycloak(provider: provider, credentials: credentials)
         default:
