@@ -1,6 +1,6 @@
 public import AuthPlatforms
 import Crypto
-public import Foundation
+import Foundation
 public import HTTPClient
 
 /// Firebase Authentication (and Identity Platform) through the Identity Toolkit v1 admin API, with a

@@ -1,9 +1,10 @@
 import AuthPlatforms
 import Crypto
 import Foundation
-import HostedPlatforms
 import TestSupport
 import Testing
+
+@testable import HostedPlatforms
 
 /// The Firebase adapter against the fake Identity Toolkit (checked with firebase-admin: HostedFakeTests).
 @Suite("Firebase: Apple's events through Identity Toolkit v1")
@@ -210,6 +211,38 @@ struct FirebaseTests {
         #expect(unreadable?.kind == .invalidCredentials)
         #expect(unreadable?.description.contains("bm90LWEta2V5LXNlY3JldA") == false)
         #expect(try apply(.consentRevoked, "fb.a").counts.refreshTokensRevoked == 1)
+    }
+
+    @Test("Google's fixed error codes are read from error.message; free text never is")
+    func errorCodes() {
+        func code(_ message: String) -> String? { FirebaseAccounts.code(["error": ["message": message]]) }
+        #expect(code("USER_NOT_FOUND") == "USER_NOT_FOUND")
+        #expect(code("INVALID_ID_TOKEN : the token of a@example.com") == "INVALID_ID_TOKEN")
+        #expect(code("Quota exceeded for quota metric 'Account management requests'") == nil)
+        #expect(code("fb.a") == nil)
+        #expect(FirebaseAccounts.code(["error": "invalid_grant"]) == nil)
+    }
+
+    @Test("the assertion: RS256, the service account as iss, the token endpoint as aud, one hour")
+    func assertion() throws {
+        let firebase = try #require(api.platform as? FirebaseAuth)
+        let parts = try firebase.assertion(now: Date(timeIntervalSince1970: 1_800_000_000)).split(
+            separator: ".")
+        #expect(parts.count == 3 && !parts.joined().contains("=") && !parts.joined().contains("+"))
+        func object(_ part: Substring) throws -> [String: Any] {
+            var text = part.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+            text += String(repeating: "=", count: (4 - text.count % 4) % 4)
+            return try JSONSerialization.jsonObject(with: try #require(Data(base64Encoded: text)))
+                as? [String: Any]
+                ?? [:]
+        }
+        #expect(try object(parts[0])["alg"] as? String == "RS256")
+        let claims = try object(parts[1])
+        #expect(claims["iss"] as? String == "siwa-adapter@siwa-fake-project.iam.gserviceaccount.com")
+        #expect(claims["aud"] as? String == "\(fake.url)/token")
+        #expect(claims["iat"] as? Int == 1_800_000_000 && claims["exp"] as? Int == 1_800_003_600)
+        #expect(
+            (claims["scope"] as? String)?.contains("https://www.googleapis.com/auth/identitytoolkit") == true)
     }
 
     @Test("the calls each event makes, the token's once per API client")
