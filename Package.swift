@@ -293,7 +293,7 @@ let package = Package(
         .testTarget(
             name: "AuthAdaptersTests",
             dependencies: [
-                "AuthAdapters", "AuthPlatforms", "HostedPlatforms", "HTTPClient", "Postgres", "QueueConsumer",
+                "AuthAdapters", "AuthPlatforms", "Crypto", "HostedPlatforms", "HTTPClient", "Postgres", "QueueConsumer",
                 "ServiceSupport", "TestSupport",
             ]),
         .testTarget(

@@ -84,7 +84,7 @@ public struct AdapterSettings: Sendable, Hashable {
     }
 
     /// The hosted platforms (reached through their admin API; the connection file holds credentials).
-    public static let hostedPlatforms: Set<String> = ["auth0", "clerk", "keycloak"]
+    public static let hostedPlatforms: Set<String> = ["auth0", "clerk", "firebase", "keycloak"]
 
     /// Whether the platform is hosted: its connection file holds the admin API's credentials (JSON), not
     /// a database URL.
@@ -99,6 +99,8 @@ public struct AdapterSettings: Sendable, Hashable {
             return try Auth0(provider: provider, credentials: credentials)
         case "clerk":
             return try Clerk(provider: provider, credentials: credentials)
+        case "firebase":
+            return try FirebaseAuth(provider: provider, credentials: credentials)
         case "keycloak":
             return try Keycloak(provider: provider, credentials: credentials)
         default:

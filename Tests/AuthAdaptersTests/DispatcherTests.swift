@@ -125,7 +125,7 @@ struct AdapterSettingsTests {
         #expect(made.provider == "apple")
     }
 
-    @Test("a hosted platform is not applied by this worker: the error names it")
+    @Test("a hosted platform is no database platform: makePlatform's error names it")
     func hosted() throws {
         let settings = AdapterSettings(
             platform: "firebase", provider: "apple.com", connectionReference: "file:/nonexistent",
