@@ -185,6 +185,9 @@ def make_server(platform):
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # Headers and body go out in two writes: without this, Nagle's algorithm holds the body back until
+        # the client's delayed ACK (40 ms per keep-alive answer).
+        disable_nagle_algorithm = True
 
         def log_message(self, *args):
             pass
