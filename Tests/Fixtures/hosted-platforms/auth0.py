@@ -136,7 +136,7 @@ class FakePlatform(fakebase.Platform):
         return ({"statusCode": 429, "error": "Too Many Requests", "message": "Global limit has been reached",
                  "errorCode": "too_many_requests"},
                 {"x-ratelimit-limit": "50", "x-ratelimit-remaining": "0",
-                 "x-ratelimit-reset": str(int(time.time()) + 1)})
+                 "x-ratelimit-reset": str(int(time.time()) + 2)})
 
     def unauthorized(self):
         return 401, {"statusCode": 401, "error": "Unauthorized", "message": "Invalid token",
