@@ -947,14 +947,28 @@ def webhooks(cluster, binaries, jwks_url, bodies, changes=20_000, subs=2_000, id
             "end_to_end_p99_ms": percentile(end_to_end, 99) if end_to_end else None}
 
 
+# The hosted platforms the outbox bench runs against their fakes, with their names for Apple.
+HOSTED_PLATFORMS = [("keycloak", "apple"), ("firebase", "apple.com"), ("auth0", "apple"), ("clerk", "oauth_apple")]
+
+
+def hosted_credentials(platform, started):
+    """The credentials file of an adapter on a fake platform (what serve.py printed, as the adapter reads it)."""
+    credentials = started["credentials"]
+    if platform == "firebase":
+        return dict(json.loads(credentials["service_account_json"]), api_url=started["url"])
+    if platform == "auth0":
+        return dict(credentials, base_url=started["url"])
+    return credentials
+
+
 def outbox(cluster, binaries, workdir, events=20_000, subs=2_000, suppressions=10_000, adapter_users=2_000,
            hosted_users=500):
     """Each outbox consumer of siwa-worker alone against the same fast keep-alive endpoint
     (scripts/bench-endpoint.py): webhook lanes and Shared Signals push (8 lanes each, `events` changes of
     `subs` users), the SendGrid suppression outbox (its one lane per provider, `suppressions` addresses),
-    a Supabase Auth adapter (its one lane, a consent revoked for each of `adapter_users` users), a Keycloak
-    adapter against the fake Keycloak of Tests/Fixtures/hosted-platforms (`hosted_users` users, each
-    consent revoked: a lookup, a session count and a logout);
+    a Supabase Auth adapter (its one lane, a consent revoked for each of `adapter_users` users), and an
+    adapter of each hosted platform against its fake (Tests/Fixtures/hosted-platforms; `hosted_users`
+    users each, a consent revoked for each);
     the time from the worker's start to the last row finished."""
     db = "outbox"
     cluster.create_database(db)
@@ -988,19 +1002,26 @@ def outbox(cluster, binaries, workdir, events=20_000, subs=2_000, suppressions=1
         SELECT gen_random_uuid(), ('00000000-0000-4000-8000-' || lpad(g::text, 12, '0'))::uuid, now()
           FROM generate_series(1, {adapter_users}) g, generate_series(1, 2)""")
     cluster.psql("outbox_auth", "VACUUM ANALYZE")
-    # The fake Keycloak (stdlib Python), a user with an Apple identity and one session per hosted event.
-    keycloak = subprocess.Popen([sys.executable, os.path.join(ROOT, "Tests", "Fixtures", "hosted-platforms",
-                                                              "serve.py"), "keycloak"],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    keycloak_started = json.loads(keycloak.stdout.readline())
-    for g in range(1, hosted_users + 1):
-        request = urllib.request.Request(
-            keycloak_started["url"] + "/_fake/users", method="POST",
-            data=json.dumps({"email": f"k{g}@example.com", "apple_sub": f"kc-sub-{g}", "sessions": 1}).encode())
-        urllib.request.urlopen(request).read()
-    keycloak_file = os.path.join(workdir, "keycloak-credentials")
-    with open(os.open(keycloak_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        json.dump(keycloak_started["credentials"], f)
+    # The fake hosted platforms (Tests/Fixtures/hosted-platforms; Firebase's verifies RS256 with the
+    # platforms venv's cryptography), each with a user linked to Apple and one session per hosted event.
+    venv_python = os.path.join(ROOT, ".build", "platforms-venv", "bin", "python")
+    hosted = {}
+    for platform, provider in HOSTED_PLATFORMS:
+        process = subprocess.Popen(
+            [venv_python if os.path.exists(venv_python) else sys.executable,
+             os.path.join(ROOT, "Tests", "Fixtures", "hosted-platforms", "serve.py"), platform],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        started = json.loads(process.stdout.readline())
+        for g in range(1, hosted_users + 1):
+            urllib.request.urlopen(urllib.request.Request(
+                started["url"] + "/_fake/users", method="POST",
+                data=json.dumps({"email": f"{platform}{g}@example.com", "apple_sub": f"{platform}-sub-{g}",
+                                 "sessions": 1}).encode())).read()
+        credentials = hosted_credentials(platform, started)
+        path = os.path.join(workdir, f"{platform}-credentials")
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            json.dump(credentials, f)
+        hosted[platform] = (process, provider, path)
     adapter_url_file = os.path.join(workdir, "auth-adapter-url")
     with open(os.open(adapter_url_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         f.write(cluster.url("outbox_auth") + "\n")
@@ -1033,17 +1054,22 @@ def outbox(cluster, binaries, workdir, events=20_000, subs=2_000, suppressions=1
                FROM generate_series(1, {adapter_users}) g""",
          "SELECT count(*) FROM siwa.auth_adapter_events WHERE state = 'pending'",
          "SELECT siwa.remove_auth_adapter('bench')"),
-        ("auth adapter (Keycloak, fake)", hosted_users, ["--auth-adapters", "on"],
-         f"SELECT siwa.add_auth_adapter('bench-kc', 'keycloak', 'apple', 'file:{keycloak_file}')",
+    ] + [
+        (f"auth adapter ({platform}, fake)", hosted_users, ["--auth-adapters", "on"],
+         f"SELECT siwa.add_auth_adapter('bench-{platform}', '{platform}', '{provider}', 'file:{path}')",
          f"""INSERT INTO siwa.changes (type, sub, event_time, applied_at, jti, audience, sessions_revoked)
-             SELECT 'siwa.consent_revoked', 'kc-sub-' || g, now(), now(), 'kc-' || g, '{AUDIENCE}', 1
+             SELECT 'siwa.consent_revoked', '{platform}-sub-' || g, now(), now(), '{platform}-' || g,
+                    '{AUDIENCE}', 1
                FROM generate_series(1, {hosted_users}) g""",
-         "SELECT count(*) FROM siwa.auth_adapter_events WHERE state = 'pending'", None),
+         "SELECT count(*) FROM siwa.auth_adapter_events WHERE state = 'pending'",
+         f"SELECT siwa.remove_auth_adapter('bench-{platform}')")
+        for platform, (_, provider, path) in hosted.items()
     ]
     found = {}
     try:
         for name, rows, flags, setup, seed, pending, teardown in consumers:
-            peer = keycloak if name.startswith("auth adapter (Keycloak") else endpoint
+            peer = next((process for platform, (process, _, _) in hosted.items() if f"({platform}," in name),
+                        endpoint)
             cluster.psql(db, setup)
             cluster.psql(db, seed)
             cluster.psql(db, "VACUUM ANALYZE")
@@ -1069,7 +1095,7 @@ def outbox(cluster, binaries, workdir, events=20_000, subs=2_000, suppressions=1
             if teardown:
                 cluster.psql(db, teardown)
     finally:
-        for process in (endpoint, keycloak):
+        for process in [endpoint] + [process for process, _, _ in hosted.values()]:
             process.terminate()
             process.wait()
     return found
@@ -1080,7 +1106,7 @@ def print_outbox(found, pgq):
         return
     print("Outboxes (each consumer of one siwa-worker alone against the same fast keep-alive endpoint: webhooks "
           "and Shared Signals 8 lanes, suppressions one lane per provider; each auth adapter's one lane against "
-          "Supabase Auth's tables in the same cluster, or the fake Keycloak, whose CPU is the endpoint's; CPU µs per "
+          "Supabase Auth's tables in the same cluster, or a hosted platform's fake, whose CPU is the endpoint's; CPU µs per "
           "row from /proc)")
     for name, r in found.items():
         ratio = f" = {r['postgres_us'] / pgq['postgres_us_per_event']:.1f}× PgQueuer's per job" if pgq else ""

@@ -31,15 +31,7 @@ public struct FirebaseAuth: HostedPlatform {
         project = try credentials.string("project_id")
         clientEmail = try credentials.string("client_email")
         keyID = credentials.optional("private_key_id")
-        let uri = credentials.optional("token_uri") ?? "https://oauth2.googleapis.com/token"
-        guard let url = URL(string: uri), let host = url.host, !host.isEmpty,
-            url.scheme == "https" || (url.scheme == "http" && OutboundHTTP.isLoopback(host: host))
-        else {
-            throw HostedCallError(
-                .invalidCredentials, platform: "firebase",
-                cause: "\"token_uri\" is not an https URL (http only to loopback)")
-        }
-        tokenURI = uri
+        tokenURI = try credentials.baseURL("token_uri", default: "https://oauth2.googleapis.com/token")
         let pem = try credentials.string("private_key")
         do {
             privateKey = try RSA.PrivateKey(pem: pem)

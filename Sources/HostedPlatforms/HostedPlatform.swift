@@ -131,7 +131,7 @@ public struct HostedCredentials: Sendable {
     /// The field `key`, or nil when absent or empty.
     public func optional(_ key: String) -> String? { fields[key].flatMap { $0.isEmpty ? nil : $0 } }
 
-    /// The field `key` as an API base URL without a trailing slash: `https`, or `http` to loopback.
+    /// The field `key` (or `fallback`) as a URL without a trailing slash: `https`, or `http` to loopback.
     public func baseURL(_ key: String, default fallback: String? = nil) throws(HostedCallError) -> String {
         let value = optional(key) ?? fallback ?? ""
         guard let url = URL(string: value), let host = url.host, !host.isEmpty,
