@@ -293,8 +293,8 @@ let package = Package(
         .testTarget(
             name: "AuthAdaptersTests",
             dependencies: [
-                "AuthAdapters", "AuthPlatforms", "Crypto", "HostedPlatforms", "HTTPClient", "Postgres", "QueueConsumer",
-                "ServiceSupport", "TestSupport",
+                "AuthAdapters", "AuthPlatforms", "Crypto", "HostedPlatforms", "HTTPClient", "Postgres",
+                "QueueConsumer", "ServiceSupport", "TestSupport",
             ]),
         .testTarget(
             name: "BounceEventsTests",
