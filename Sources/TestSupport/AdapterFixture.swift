@@ -64,14 +64,14 @@ public struct AdapterFixture {
         }
     }
 
-    /// Adds the hosted adapter `name` on `fake` (``HostedPlatformFake``): its credentials, with `extra`
-    /// fields, in an owner-only file. `arguments` are more named arguments of `siwa.add_auth_adapter`.
+    /// Adds the hosted adapter `name` on `fake` (``HostedPlatformFake``): its credentials
+    /// (``HostedPlatformFake/adapterCredentials(_:)``, with `extra` fields) in an owner-only file. `arguments` are more named arguments of `siwa.add_auth_adapter`.
     @discardableResult
     public func addHosted(
         _ name: String, fake: HostedPlatformFake, extra: [String: String] = [:], arguments: String = ""
     ) throws -> Int {
         let file = connectionFile + "-" + name
-        let credentials = try JSONSerialization.data(withJSONObject: fake.credentials.merging(extra) { $1 })
+        let credentials = try fake.adapterCredentials(extra)
         FileManager.default.createFile(
             atPath: file, contents: credentials, attributes: [.posixPermissions: 0o600])
         return try siwa.value(

@@ -62,6 +62,26 @@ public final class HostedPlatformFake: Sendable {
 
     deinit { stop() }
 
+    /// The credentials file of an adapter on this fake, as JSON: what the fake printed, with the fake's
+    /// URL where the platform's file names its API (Firebase's service-account key file and `api_url`,
+    /// Auth0's `base_url`), and `extra` fields over them.
+    public func adapterCredentials(_ extra: [String: String] = [:]) throws -> Data {
+        var fields: [String: Any] = credentials
+        switch platform {
+        case "firebase":
+            fields =
+                try JSONSerialization.jsonObject(
+                    with: Data((credentials["service_account_json"] ?? "{}").utf8))
+                as? [String: Any] ?? [:]
+            fields["api_url"] = url
+        case "auth0":
+            fields["base_url"] = url
+        default:
+            break
+        }
+        return try JSONSerialization.data(withJSONObject: fields.merging(extra) { $1 })
+    }
+
     /// Stops the fake and removes its files.
     public func stop() {
         process.send(SIGTERM)

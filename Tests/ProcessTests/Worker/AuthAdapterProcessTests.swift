@@ -113,17 +113,17 @@ struct AuthAdapterProcessTests {
     }
 
     @Test(
-        "kill -9 of siwa-worker while a Keycloak call hangs: the event is applied once after the restart, the identity moved and then unlinked"
-    )
-    func killedMidCall() throws {
+        "kill -9 of siwa-worker while a hosted platform's call hangs: a transfer meeting the deletion is applied once after the restart, as the platform's policy table says",
+        arguments: ["keycloak", "firebase", "auth0", "clerk"])
+    func killedMidCall(platform: String) throws {
         let fixture = try AdapterFixture()
-        let fake = try HostedPlatformFake("keycloak")
+        let fake = try HostedPlatformFake(platform)
         _ = try fixture.siwa.value("SELECT siwa.remove_auth_adapter('supabase-main')", as: Bool.self)
-        try fixture.addHosted("kc", fake: fake)
-        let seeded = try fake.seed(email: "x@example.com", appleSub: "kc.old", sessions: 2)
+        try fixture.addHosted("hosted", fake: fake)
+        let seeded = try fake.seed(email: "x@example.com", appleSub: "s.old", sessions: 2)
         // A team transfer meets the account's deletion: the transfer is in flight when the worker dies.
         try fixture.insertChanges([
-            ("siwa.sub_transferred", "kc.new", "kc.old"), ("siwa.account_deleted", "kc.new", nil),
+            ("siwa.sub_transferred", "s.new", "s.old"), ("siwa.account_deleted", "s.new", nil),
         ])
         try fake.faults(hang: 30)
         let arguments = [
@@ -146,12 +146,27 @@ struct AuthAdapterProcessTests {
             second.send(SIGTERM)
             _ = second.waitForExit(timeout: .seconds(20))
         }
+        // Clerk cannot move the link nor search the metadata that records the move: the deletion of the
+        // new sub finds no user there (docs/adapters.md, Clerk).
+        let expected = platform == "clerk" ? ["done", "no_user"] : ["done", "done"]
         #expect(
-            waitUntil(timeout: .seconds(60)) { (try? fixture.rows().map(\.state)) == ["done", "done"] },
+            waitUntil(timeout: .seconds(60)) { (try? fixture.rows().map(\.state)) == expected },
             "\(second.log)")
         let user = try #require(try fake.users().first { $0["id"] as? String == seeded["id"] as? String })
-        #expect((user["identities"] as? [Any])?.isEmpty == true)
-        #expect(user["disabled"] as? Bool == true && user["sessions"] as? Int == 0)
-        #expect(!second.log.contains(fake.credentials["client_secret"] ?? "-"))
+        let subs = (user["identities"] as? [[String: Any]] ?? []).compactMap { $0["user_id"] as? String }
+        switch platform {
+        case "clerk":
+            #expect(subs == ["s.old"] && user["disabled"] as? Bool == false, "\(user)")
+        case "auth0":
+            #expect(
+                subs == ["s.old"] && user["disabled"] as? Bool == true && user["sessions"] as? Int == 0,
+                "\(user)")
+        default:
+            #expect(
+                subs.isEmpty && user["disabled"] as? Bool == true && user["sessions"] as? Int == 0, "\(user)")
+        }
+        for secret in fake.credentials.values where secret.count >= 16 {
+            #expect(!second.log.contains(secret) && !first.log.contains(secret))
+        }
     }
 }
