@@ -35,20 +35,13 @@ public struct Auth0: HostedPlatform {
             "grant_type": "client_credentials", "client_id": clientID, "client_secret": clientSecret,
             "audience": audience,
         ]
-        let response = try HostedAPI.perform(
+        return try HostedAPI.requestToken(
             OutboundHTTP.Request(
                 method: "POST", url: "\(baseURL)/oauth/token",
                 headers: [OutboundHTTP.Header("Content-Type", "application/json")],
                 body: Array((try? JSONSerialization.data(withJSONObject: body)) ?? Data())),
-            endpoint: endpoint, platform: name, http: http)
-        let object = (try? JSONSerialization.jsonObject(with: Data(response.body)) as? [String: Any]) ?? [:]
-        guard response.status == 200, let token = object["access_token"] as? String else {
-            throw HostedCallError(
-                .credentialsRefused, platform: name, endpoint: endpoint, status: response.status,
-                cause: "the token endpoint refused the client credentials or the audience")
-        }
-        let lifetime = (object["expires_in"] as? NSNumber)?.doubleValue ?? 60
-        return BearerToken(value: token, expiresAt: Date(timeIntervalSinceNow: lifetime))
+            endpoint: endpoint, platform: name, http: http,
+            refusal: "the token endpoint refused the client credentials or the audience")
     }
 
     public func apply(_ event: AuthEvent, sub: String, policy: AuthPolicy, api: HostedAPI)

@@ -49,7 +49,7 @@ public struct FirebaseAuth: HostedPlatform {
     public func obtainToken(_ http: OutboundHTTP.Session) throws(HostedCallError) -> BearerToken {
         let endpoint = "POST {token_uri}"
         let assertion = try self.assertion(now: Date())
-        let response = try HostedAPI.perform(
+        return try HostedAPI.requestToken(
             OutboundHTTP.Request(
                 method: "POST", url: tokenURI,
                 headers: [OutboundHTTP.Header("Content-Type", "application/x-www-form-urlencoded")],
@@ -58,16 +58,9 @@ public struct FirebaseAuth: HostedPlatform {
                         ("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer"),
                         ("assertion", assertion),
                     ]).utf8)),
-            endpoint: endpoint, platform: name, http: http)
-        let object = (try? JSONSerialization.jsonObject(with: Data(response.body)) as? [String: Any]) ?? [:]
-        guard response.status == 200, let token = object["access_token"] as? String else {
-            throw HostedCallError(
-                .credentialsRefused, platform: name, endpoint: endpoint, status: response.status,
-                cause:
-                    "the token endpoint refused the service account's key: rotate it in the credentials file")
-        }
-        let lifetime = (object["expires_in"] as? NSNumber)?.doubleValue ?? 60
-        return BearerToken(value: token, expiresAt: Date(timeIntervalSinceNow: lifetime))
+            endpoint: endpoint, platform: name, http: http,
+            refusal: "the token endpoint refused the service account's key: rotate it in the credentials file"
+        )
     }
 
     /// The signed assertion: `iss` the service account, `aud` the token endpoint, valid one hour.

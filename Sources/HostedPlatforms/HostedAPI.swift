@@ -156,6 +156,23 @@ public final class HostedAPI: @unchecked Sendable {
         }
     }
 
+    /// A bearer token from a token endpoint's OAuth 2.0 answer (RFC 6749 §5.1: `access_token`,
+    /// `expires_in`); any other answer is `credentialsRefused` with `refusal` as its cause.
+    public static func requestToken(
+        _ request: OutboundHTTP.Request, endpoint: String, platform: String, http: OutboundHTTP.Session,
+        refusal: String
+    ) throws(HostedCallError) -> BearerToken {
+        let response = try perform(request, endpoint: endpoint, platform: platform, http: http)
+        let object = (try? JSONSerialization.jsonObject(with: Data(response.body)) as? [String: Any]) ?? [:]
+        guard response.status == 200, let token = object["access_token"] as? String else {
+            throw HostedCallError(
+                .credentialsRefused, platform: platform, endpoint: endpoint, status: response.status,
+                cause: refusal)
+        }
+        let lifetime = (object["expires_in"] as? NSNumber)?.doubleValue ?? 60
+        return BearerToken(value: token, expiresAt: Date(timeIntervalSinceNow: lifetime))
+    }
+
     /// `value` as one path segment: everything but unreserved characters percent-encoded.
     public static func segment(_ value: String) -> String {
         var allowed = CharacterSet.alphanumerics

@@ -29,7 +29,7 @@ public struct Keycloak: HostedPlatform {
     /// The client credentials grant at the realm's token endpoint.
     public func obtainToken(_ http: OutboundHTTP.Session) throws(HostedCallError) -> BearerToken {
         let endpoint = "POST /realms/{realm}/protocol/openid-connect/token"
-        let response = try HostedAPI.perform(
+        return try HostedAPI.requestToken(
             OutboundHTTP.Request(
                 method: "POST",
                 url: "\(baseURL)/realms/\(HostedAPI.segment(realm))/protocol/openid-connect/token",
@@ -39,15 +39,8 @@ public struct Keycloak: HostedPlatform {
                         ("grant_type", "client_credentials"), ("client_id", clientID),
                         ("client_secret", clientSecret),
                     ]).utf8)),
-            endpoint: endpoint, platform: name, http: http)
-        let object = (try? JSONSerialization.jsonObject(with: Data(response.body)) as? [String: Any]) ?? [:]
-        guard response.status == 200, let token = object["access_token"] as? String else {
-            throw HostedCallError(
-                .credentialsRefused, platform: name, endpoint: endpoint, status: response.status,
-                cause: "the token endpoint refused the client credentials")
-        }
-        let lifetime = (object["expires_in"] as? NSNumber)?.doubleValue ?? 60
-        return BearerToken(value: token, expiresAt: Date(timeIntervalSinceNow: lifetime))
+            endpoint: endpoint, platform: name, http: http,
+            refusal: "the token endpoint refused the client credentials")
     }
 
     public func apply(_ event: AuthEvent, sub: String, policy: AuthPolicy, api: HostedAPI)

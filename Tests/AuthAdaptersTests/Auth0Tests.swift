@@ -38,15 +38,6 @@ struct Auth0Tests {
 
     func user(_ id: String) throws -> [String: Any]? { try fake.users().first { $0["id"] as? String == id } }
 
-    func failure(_ body: () throws -> Void) -> HostedCallError? {
-        do {
-            try body()
-            return nil
-        } catch {
-            return error as? HostedCallError
-        }
-    }
-
     @Test("consent revoked ends the user's sessions and refresh tokens; an unknown sub is no_user")
     func consentRevoked() throws {
         let a = try fake.seed(email: "a@example.com", appleSub: "a0.a", sessions: 2)
@@ -113,7 +104,9 @@ struct Auth0Tests {
         // A new sub already another user's: a conflict, nothing recorded.
         try fake.seed(email: "b@example.com", appleSub: "a0.b")
         try fake.seed(email: "c@example.com", appleSub: "a0.c")
-        #expect(failure { _ = try apply(.subTransferred(from: "a0.b"), "a0.c") }?.kind == .conflict)
+        #expect(
+            thrown(HostedCallError.self) { _ = try apply(.subTransferred(from: "a0.b"), "a0.c") }?.kind
+                == .conflict)
     }
 
     @Test("forwarding off/on recorded in app metadata; a dry run changes nothing")
@@ -140,7 +133,7 @@ struct Auth0Tests {
             "\(fake.url)/_fake/options", body: Array(#"{"sessions_api": false}"#.utf8))
         #expect(try apply(.consentRevoked, "a0.a") == .applied(AuthCounts()))
         let limited = try Self.api(fake, limited: true)
-        let refused = failure {
+        let refused = thrown(HostedCallError.self) {
             _ = try apply(.accountDeleted, "a0.a", AuthPolicy(onAccountDeleted: .delete), api: limited)
         }
         #expect(
@@ -151,11 +144,11 @@ struct Auth0Tests {
     func faults() throws {
         try fake.seed(email: "a@example.com", appleSub: "a0.a")
         try fake.faults(rateLimit: 1)
-        let limited = failure { _ = try apply(.consentRevoked, "a0.a") }
+        let limited = thrown(HostedCallError.self) { _ = try apply(.consentRevoked, "a0.a") }
         #expect(limited?.kind == .rateLimited)
         #expect(limited.flatMap(\.retryAfter).map { $0 > .zero && $0 <= .seconds(3) } == true)
         try fake.faults(revokeCredentials: true)
-        let revoked = failure { _ = try apply(.consentRevoked, "a0.a") }
+        let revoked = thrown(HostedCallError.self) { _ = try apply(.consentRevoked, "a0.a") }
         #expect(revoked?.kind == .credentialsRefused)
         #expect(revoked?.description.contains(fake.credentials["client_secret"] ?? "-") == false)
     }

@@ -79,7 +79,7 @@ struct ClerkTests {
         #expect(try user("ck.a")?["sessions"] as? Int == 0)
         try fake.seed(email: "b@example.com", appleSub: "ck.twice")
         try fake.seed(email: "c@example.com", appleSub: "ck.twice")
-        let ambiguous = failure { _ = try apply(.accountDeleted, "ck.twice") }
+        let ambiguous = thrown(HostedCallError.self) { _ = try apply(.accountDeleted, "ck.twice") }
         #expect(ambiguous?.kind == .ambiguous && ambiguous?.description.contains("ck.twice") == false)
         #expect(try fake.users().allSatisfy { $0["disabled"] as? Bool == false })
     }
@@ -166,7 +166,9 @@ struct ClerkTests {
         #expect(privateMetadata(recorded)?["siwa_apple_previous_sub"] as? String == "ck.old")
         // Applied again: the old sub still finds the user, the metadata is there already.
         #expect(try apply(.subTransferred(from: "ck.old"), "ck.new") == .applied(AuthCounts()))
-        let conflict = failure { _ = try apply(.subTransferred(from: "ck.old"), "ck.taken") }
+        let conflict = thrown(HostedCallError.self) {
+            _ = try apply(.subTransferred(from: "ck.old"), "ck.taken")
+        }
         #expect(conflict?.kind == .conflict)
         #expect(privateMetadata(try user("ck.old"))?["siwa_apple_sub"] as? String == "ck.new")
         #expect(privateMetadata(try user("ck.taken"))?.isEmpty == true)
@@ -211,39 +213,29 @@ struct ClerkTests {
         #expect((try fake.users() as NSArray).isEqual(to: before as! [Any]))
     }
 
-    /// The error `body` threw, as the adapter sees it.
-    func failure(_ body: () throws -> Void) -> HostedCallError? {
-        do {
-            try body()
-            return nil
-        } catch {
-            return error as? HostedCallError
-        }
-    }
-
     @Test(
         "429 is rate_limited with Retry-After; a wrong or revoked secret key is refused, never in the error"
     )
     func faults() throws {
         try fake.seed(email: "a@example.com", appleSub: "ck.a")
         try fake.faults(rateLimit: 1)
-        let limited = failure { _ = try apply(.consentRevoked, "ck.a") }
+        let limited = thrown(HostedCallError.self) { _ = try apply(.consentRevoked, "ck.a") }
         #expect(limited?.kind == .rateLimited && limited?.retryAfter == .seconds(1))
         let wrong = try Self.api(fake, secret: "sk_test_not-the-secret")
-        let refused = failure {
+        let refused = thrown(HostedCallError.self) {
             _ = try wrong.platform.apply(.consentRevoked, sub: "ck.a", policy: AuthPolicy(), api: wrong)
         }
         #expect(refused?.kind == .credentialsRefused && refused?.status == 401)
         #expect(refused?.description.contains("not-the-secret") == false)
         #expect(try apply(.consentRevoked, "ck.a").counts.sessionsEnded == 1)
         try fake.faults(revokeCredentials: true)
-        let revoked = failure { _ = try apply(.consentRevoked, "ck.a") }
+        let revoked = thrown(HostedCallError.self) { _ = try apply(.consentRevoked, "ck.a") }
         #expect(
             revoked?.kind == .credentialsRefused && revoked?.status == 401, "\(String(describing: revoked))")
         #expect(revoked?.description.contains(fake.credentials["secret_key"] ?? "-") == false)
         #expect(revoked?.description.contains("ck.a") == false)
         try fake.faults(outage: 1, revokeCredentials: false)
-        let down = failure { _ = try apply(.consentRevoked, "ck.a") }
+        let down = thrown(HostedCallError.self) { _ = try apply(.consentRevoked, "ck.a") }
         #expect(down?.kind == .unavailable && down?.status == 503)
         #expect(
             down?.description == "clerk: GET /users?provider&provider_user_id: the platform failed (HTTP 503)"

@@ -120,7 +120,9 @@ struct FirebaseTests {
         #expect(try user("fb.new")?["id"] as? String == a["id"] as? String)
         #expect(try user("fb.old") == nil)
         #expect(try apply(.subTransferred(from: "fb.old"), "fb.new") == .applied(AuthCounts()))
-        let taken = failure { _ = try apply(.subTransferred(from: "fb.new"), "fb.taken") }
+        let taken = thrown(HostedCallError.self) {
+            _ = try apply(.subTransferred(from: "fb.new"), "fb.taken")
+        }
         #expect(taken?.kind == .conflict)
         #expect(taken?.description.contains("fb.") == false)
         #expect(try user("fb.new")?["id"] as? String == a["id"] as? String)
@@ -143,7 +145,9 @@ struct FirebaseTests {
 
         let b = try fake.seed(email: "b@example.com", appleSub: "fb.b")
         try setClaims(b["id"] as! String, ["notes": String(repeating: "x", count: 980)])
-        let long = failure { _ = try apply(.forwardingChanged(on: false), "fb.b", record) }
+        let long = thrown(HostedCallError.self) {
+            _ = try apply(.forwardingChanged(on: false), "fb.b", record)
+        }
         #expect(long?.kind == .callFailed && long?.description.contains("1000") == true)
         #expect((try user("fb.b")?["metadata"] as? [String: Any])?["siwa_email_forwarding"] == nil)
     }
@@ -164,23 +168,13 @@ struct FirebaseTests {
         #expect((try fake.users() as NSArray).isEqual(to: before as! [Any]))
     }
 
-    /// The error `body` threw, as the adapter sees it.
-    func failure(_ body: () throws -> Void) -> HostedCallError? {
-        do {
-            try body()
-            return nil
-        } catch {
-            return error as? HostedCallError
-        }
-    }
-
     @Test(
         "429 is rate_limited (1 s: Google sends no Retry-After); revoked, wrong or broken keys are named, never quoted"
     )
     func faults() throws {
         try fake.seed(email: "a@example.com", appleSub: "fb.a")
         try fake.faults(rateLimit: 1)
-        let limited = failure { _ = try apply(.consentRevoked, "fb.a") }
+        let limited = thrown(HostedCallError.self) { _ = try apply(.consentRevoked, "fb.a") }
         #expect(limited?.kind == .rateLimited && limited?.retryAfter == .seconds(1))
         #expect(try apply(.consentRevoked, "fb.a").counts.refreshTokensRevoked == 1)
 
@@ -191,7 +185,7 @@ struct FirebaseTests {
         let secretLine = pem.split(separator: "\n").dropFirst().first.map(String.init) ?? "-"
 
         try fake.faults(revokeCredentials: true)
-        let revoked = failure { _ = try apply(.consentRevoked, "fb.a") }
+        let revoked = thrown(HostedCallError.self) { _ = try apply(.consentRevoked, "fb.a") }
         #expect(revoked?.kind == .credentialsRefused, "\(String(describing: revoked))")
         #expect(revoked?.endpoint == "POST {token_uri}")
         #expect(revoked?.description.contains(secretLine) == false)
@@ -199,7 +193,7 @@ struct FirebaseTests {
 
         let otherKey = try RSA.PrivateKey.generate().pkcs8PEM()
         let wrong = try Self.api(fake, privateKey: otherKey)
-        let refused = failure {
+        let refused = thrown(HostedCallError.self) {
             _ = try wrong.platform.apply(.consentRevoked, sub: "fb.a", policy: AuthPolicy(), api: wrong)
         }
         #expect(refused?.kind == .credentialsRefused && refused?.status == 400)
@@ -207,7 +201,7 @@ struct FirebaseTests {
         #expect(refused?.description.contains(otherLine) == false)
 
         let broken = "-----BEGIN PRIVATE KEY-----\nbm90LWEta2V5LXNlY3JldA==\n-----END PRIVATE KEY-----\n"
-        let unreadable = failure { _ = try Self.api(fake, privateKey: broken) }
+        let unreadable = thrown(HostedCallError.self) { _ = try Self.api(fake, privateKey: broken) }
         #expect(unreadable?.kind == .invalidCredentials)
         #expect(unreadable?.description.contains("bm90LWEta2V5LXNlY3JldA") == false)
         #expect(try apply(.consentRevoked, "fb.a").counts.refreshTokensRevoked == 1)

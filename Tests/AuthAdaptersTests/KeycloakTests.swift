@@ -125,39 +125,29 @@ struct KeycloakTests {
         #expect((try fake.users() as NSArray).isEqual(to: before as! [Any]))
     }
 
-    /// The error `body` threw, as the adapter sees it.
-    func failure(_ body: () throws -> Void) -> HostedCallError? {
-        do {
-            try body()
-            return nil
-        } catch {
-            return error as? HostedCallError
-        }
-    }
-
     @Test(
         "429 is rate_limited with Retry-After; refused or revoked credentials are named, no secret in the error"
     )
     func faults() throws {
         try fake.seed(email: "a@example.com", appleSub: "kc.a")
         try fake.faults(rateLimit: 1)
-        let limited = failure { _ = try apply(.consentRevoked, "kc.a") }
+        let limited = thrown(HostedCallError.self) { _ = try apply(.consentRevoked, "kc.a") }
         #expect(limited?.kind == .rateLimited && limited?.retryAfter == .seconds(1))
         let wrong = try Self.api(fake, secret: "not-the-secret")
-        let refused = failure {
+        let refused = thrown(HostedCallError.self) {
             _ = try wrong.platform.apply(.consentRevoked, sub: "kc.a", policy: AuthPolicy(), api: wrong)
         }
         #expect(refused?.kind == .credentialsRefused)
         #expect(refused?.description.contains("not-the-secret") == false)
         #expect(try apply(.consentRevoked, "kc.a").counts.sessionsEnded == 1)
         try fake.faults(revokeCredentials: true)
-        let revoked = failure { _ = try apply(.consentRevoked, "kc.a") }
+        let revoked = thrown(HostedCallError.self) { _ = try apply(.consentRevoked, "kc.a") }
         #expect(
             revoked?.kind == .credentialsRefused && revoked?.status == 401, "\(String(describing: revoked))")
         #expect(revoked?.description.contains(fake.credentials["client_secret"] ?? "-") == false)
         try fake.faults(outage: 1, revokeCredentials: false)
         // The token was dropped with the refusal: the new token's request meets the outage, and says so.
-        let down = failure { _ = try apply(.consentRevoked, "kc.a") }
+        let down = thrown(HostedCallError.self) { _ = try apply(.consentRevoked, "kc.a") }
         #expect(down?.kind == .unavailable && down?.status == 503)
         #expect(
             down?.description

@@ -15,7 +15,6 @@ import os
 import sys
 import threading
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE] + [HERE]
@@ -46,11 +45,7 @@ def expect_raises(name, exception_type, call):
     step(name, False, "raised nothing")
 
 
-def control(url, path, body=None):
-    request = urllib.request.Request(f"{url}/_fake/{path}", json.dumps(body).encode() if body is not None else None,
-                                     {"Content-Type": "application/json"}, method="POST" if body is not None else "GET")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())
+control = fakebase.control
 
 
 def main():

@@ -12,7 +12,6 @@ import json
 import os
 import sys
 import threading
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,12 +34,7 @@ def expect(condition, what):
         raise AssertionError(what)
 
 
-def control(url, path, body=None):
-    request = urllib.request.Request(f"{url}/_fake/{path}", data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"},
-                                     method="GET" if body is None else "POST")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())
+control = fakebase.control
 
 
 def expect_clerk_error(call, status, code, what):

@@ -14,7 +14,6 @@ import os
 import sys
 import threading
 import time
-import urllib.request
 
 # This directory's keycloak.py (the fake) would shadow the SDK's package `keycloak`: import the SDK with the
 # directory off the path, then load the fake under another name.
@@ -45,12 +44,7 @@ def expect(condition, what):
         raise AssertionError(what)
 
 
-def control(url, path, body=None):
-    request = urllib.request.Request(f"{url}/_fake/{path}", data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"},
-                                     method="GET" if body is None else "POST")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())
+control = fakebase.control
 
 
 def expect_error(call, kind, status, what):

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import urllib.request
 from urllib.parse import parse_qs, urlsplit
 
 
@@ -178,6 +179,15 @@ class Faults:
                 self.outage -= 1
                 return "outage"
             return None
+
+
+def control(url, path, body=None):
+    """A call of a running fake's control API (GET without `body`, else POST of it as JSON): its JSON answer."""
+    request = urllib.request.Request(f"{url}/_fake/{path}", data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"},
+                                     method="GET" if body is None else "POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
 
 
 def make_server(platform):

@@ -269,4 +269,27 @@ struct AdaptersProcessTests {
             "\(refused.standardError)")
         noSecret(refused)
     }
+
+    @Test(
+        "test on each hosted platform: a token from the credentials file, each event's lookups, no change sent",
+        arguments: ["firebase", "auth0", "clerk"])
+    func hostedPlatformsDryRun(platform: String) throws {
+        let database = try TestDatabase()
+        let fake = try HostedPlatformFake(platform)
+        try fake.seed(email: "x@example.com", appleSub: "s.a", sessions: 2)
+        let file = try connectionFile(String(decoding: try fake.adapterCredentials(), as: UTF8.self))
+        let added = try run(["add", "hosted", "--platform", platform, "--connection-file", file], database)
+        #expect(added.status == 0, "\(added.standardError)")
+        let before = try fake.users() as NSArray
+        let result = try run(["test", "hosted", "--sub", "s.a", "--new-sub", "s.b"], database)
+        let output = result.standardOutput
+        #expect(result.status == 0, "\(output)\(result.standardError)")
+        #expect(output.contains("check: ok (a token from the credentials)"), "\(output)")
+        #expect(output.contains("dry run (lookups only, no change sent):"), "\(output)")
+        #expect(
+            output.contains("account deleted (unlink, when it leaves no login: disable): users_disabled=1"),
+            "\(output)")
+        #expect(!output.contains("FAILED") && !output.contains("no user linked"), "\(output)")
+        #expect((try fake.users() as NSArray).isEqual(to: before as! [Any]))
+    }
 }
