@@ -231,6 +231,10 @@ public final class AuthAdapterDispatcher: Outbox {
             case .applied(let counts): return Attempt(event: event, outcome: "done", counts: counts)
             }
         } catch let error as HostedCallError {
+            // Found, then gone before the event's last call (deleted meanwhile): nothing left to apply.
+            if error.kind == .userGone {
+                return Attempt(event: event, outcome: "no_user", counts: AuthCounts())
+            }
             if error.kind == .rateLimited {
                 let wait = min(error.retryAfter ?? .seconds(1), .seconds(3600))
                 pauses.withLock { $0[lane.name] = ContinuousClock.now + wait }

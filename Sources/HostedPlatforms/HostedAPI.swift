@@ -63,7 +63,8 @@ public final class HostedAPI: @unchecked Sendable {
     /// the bearer token, and returns the answer when its status is one of `expecting`. Otherwise it
     /// throws: no answer or 5xx `unavailable`; 429 `rateLimited` (with the wait its headers give); 401
     /// after a fresh token and 403 `credentialsRefused` (unless expected: a platform that reads its 403s);
-    /// any other status `callFailed` (never the body).
+    /// 404 from a call about one user (`{id}`, `{user_id}` in `endpoint`) `userGone`; any other status
+    /// `callFailed` (never the body).
     public func send(
         _ method: String, _ path: String, endpoint: String, query: [(String, String)] = [], json: Any? = nil,
         form: [(String, String)]? = nil, expecting: Set<Int>
@@ -113,6 +114,10 @@ public final class HostedAPI: @unchecked Sendable {
                     : "the credentials lack the permission this call needs (docs/adapters.md)")
         case let status where expecting.contains(status):
             return HostedResponse(status: status, body: response.body)
+        case 404 where endpoint.contains("/{id}") || endpoint.contains("/{user_id}"):
+            throw HostedCallError(
+                .userGone, platform: platform.name, endpoint: "\(method) \(endpoint)", status: 404,
+                cause: "the user is no longer there")
         default:
             throw HostedCallError(
                 .callFailed, platform: platform.name, endpoint: "\(method) \(endpoint)",

@@ -67,6 +67,8 @@ public struct HostedCallError: Error, Sendable, Hashable, CustomStringConvertibl
         case ambiguous
         /// A transfer's new `sub` already belongs to another user.
         case conflict
+        /// A call about the user found answered 404: the platform no longer has them (deleted meanwhile).
+        case userGone = "user_gone"
     }
 
     /// The kind of failure.

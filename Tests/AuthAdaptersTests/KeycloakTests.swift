@@ -154,4 +154,21 @@ struct KeycloakTests {
                 == "keycloak: POST /realms/{realm}/protocol/openid-connect/token: the platform failed (HTTP 503)"
         )
     }
+
+    @Test(
+        "a 404 about the user found is user_gone (the adapter ends the row no_user); a 404 elsewhere is the call's failure"
+    )
+    func userGone() throws {
+        try fake.seed(email: "a@example.com", appleSub: "kc.a")
+        let gone = thrown(HostedCallError.self) {
+            _ = try api.read(
+                "/admin/realms/siwa/users/no-such-id", endpoint: "/admin/realms/{realm}/users/{id}")
+        }
+        #expect(gone?.kind == .userGone && gone?.status == 404)
+        let misconfigured = thrown(HostedCallError.self) {
+            _ = try api.read(
+                "/admin/realms/siwa/nothing-here", endpoint: "/admin/realms/{realm}/nothing-here")
+        }
+        #expect(misconfigured?.kind == .callFailed && misconfigured?.status == 404)
+    }
 }
