@@ -8,7 +8,8 @@ import Synchronization
 
 /// Applies each change of `siwa.changes` in the auth systems of `siwa.auth_adapters`
 /// (`siwa.auth_adapter_events`, schema/76-auth-adapters.sql): at least once, in order per user and
-/// adapter, each event one transaction on the auth system's own database (``AuthPlatform``).
+/// adapter, each event one transaction on the auth system's own database (``AuthPlatform``), or a few
+/// calls of a hosted platform's admin API (`HostedPlatform`: docs/adapters.md "Hosted platforms").
 ///
 /// An ``Outbox`` of one lane per adapter (``OutboxLanes``: its own thread, connection to siwa and
 /// connection to the auth database), so an auth system that is slow, down or refuses holds up no other
