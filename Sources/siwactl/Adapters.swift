@@ -40,7 +40,7 @@ enum AdaptersVerb {
             CommandOption(
                 "platform", valueName: "PLATFORM",
                 help:
-                    "supabase, better-auth, authjs, authjs-prisma, django-allauth, django-social-auth; hosted: auth0, keycloak.",
+                    "supabase, better-auth, authjs, authjs-prisma, django-allauth, django-social-auth; hosted: firebase, auth0, clerk, keycloak.",
                 isRequired: true),
             CommandOption(
                 "provider", valueName: "NAME",
