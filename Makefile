@@ -143,10 +143,11 @@ fuzz: deps
 # Fault drills (not part of `make test`): release binaries, a throwaway PostgreSQL, loopback only; PostgreSQL
 # restarts, kill -9 of receiver and workers, JWKS faults, pool exhaustion, disk full, failover to a
 # synchronous standby (and what asynchronous replication loses), the ESP suppression outbox against a
-# fake SendGrid (throughput; kill -9 mid-call, the ESP down), the auth adapters through kill -9. Exits 1 on any lost
+# fake SendGrid (throughput; kill -9 mid-call, the ESP down), the auth adapters through kill -9 (Supabase Auth,
+# and the hosted platforms' fakes, whose Firebase needs the platforms venv's cryptography). Exits 1 on any lost
 # acknowledged notification. Pass options with DRILLS_ARGS, e.g. `make drills DRILLS_ARGS=--quick`.
 .PHONY: drills
-drills: demo-deps
+drills: demo-deps platforms-venv
 	@./scripts/ensure-debian-packages postgresql-client
 	$(SWIFT) build -c release
 	python3 drills/drills.py $(DRILLS_ARGS)

@@ -30,6 +30,9 @@ when we are root) on loopback only, breaks something on purpose under load, and 
   8. Auth adapters (Supabase Auth): each user's events (consent revoked, a team transfer for every
      third, the account's deletion for every other) applied through the adapter while siwa-worker is
      killed -9 repeatedly: every row done once, no session left, each identity as the events say.
+  9. Hosted adapters (Firebase Auth, Auth0, Clerk, Keycloak) against their fakes on loopback
+     (Tests/Fixtures/hosted-platforms): the same events, with 429s, while siwa-worker is killed -9
+     repeatedly: every row finished, none dead, each user as its platform's policy table says.
 
 Each drill prints what it did and the counts it checked; the run ends with a summary table and exits 1 on
 any violation. Known limitations are reported as findings with their numbers (--strict makes them fail). Standard library only; reuses scripts/bench.py's helpers.
@@ -51,6 +54,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -1529,6 +1533,119 @@ def drill_auth_adapters(ctx):
     return result
 
 
+def drill_hosted_adapters(ctx):
+    """Each hosted platform through its adapter against its fake: drill 8's events per user, 429s at the
+    start, the worker killed -9 repeatedly; each user ends as the platform's policy table says (Auth0 and
+    Clerk record a transfer in metadata; Clerk cannot find the user by it)."""
+    result = Result("9 hosted adapters")
+    cluster, users = ctx.cluster, ctx.hosted_users
+    log(f"drill {result.name}: {users} users on each of {len(bench.HOSTED_PLATFORMS)} fake platforms; worker "
+        f"killed -9 {ctx.adapter_kills} times")
+    cluster.create_database("drill9")
+    venv_python = os.path.join(bench.ROOT, ".build", "platforms-venv", "bin", "python")
+    fakes = {}
+    try:
+        for platform, provider in bench.HOSTED_PLATFORMS:
+            process = subprocess.Popen(
+                [venv_python if os.path.exists(venv_python) else sys.executable,
+                 os.path.join(bench.ROOT, "Tests", "Fixtures", "hosted-platforms", "serve.py"), platform],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            started = json.loads(process.stdout.readline())
+            fakes[platform] = (process, started["url"])
+            for g in range(1, users + 1):
+                hosted_control(started["url"], "users", {"email": f"{platform}{g}@example.com",
+                                                         "apple_sub": f"{platform}-{g}", "sessions": 1})
+            path = os.path.join(ctx.workdir, f"drill9-{platform}")
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                json.dump(bench.hosted_credentials(platform, started), f)
+            cluster.psql("drill9", f"SELECT siwa.add_auth_adapter('{platform}', '{platform}', '{provider}', 'file:{path}')")
+            hosted_control(started["url"], "faults", {"rate_limit": 5})
+        cluster.psql("drill9", f"""
+            INSERT INTO siwa.changes (type, sub, old_sub, event_time, applied_at, jti)
+            SELECT e.type, e.sub, e.old_sub, now(), now(), 'drill9-' || p || '-' || g || '-' || e.n
+              FROM unnest(ARRAY['{"','".join(fakes)}']) p, generate_series(1, {users}) g
+             CROSS JOIN LATERAL (VALUES
+                   (1, 'siwa.consent_revoked', p || '-' || g, NULL),
+                   (2, CASE WHEN g % 3 = 0 THEN 'siwa.sub_transferred' END, p || '-n' || g, p || '-' || g),
+                   (3, CASE WHEN g % 2 = 0 THEN 'siwa.account_deleted' END,
+                       CASE WHEN g % 3 = 0 THEN p || '-n' ELSE p || '-' END || g, NULL)) AS e(n, type, sub, old_sub)
+             WHERE e.type IS NOT NULL
+             ORDER BY g, p, e.n""")
+        # Each change fans out to every adapter: only the rows of the adapter whose platform named the sub
+        # find a user; the others end no_user at once.
+        mine = "split_part(e.sub, '-', 1) = a.platform"
+        total = int(cluster.psql("drill9", "SELECT count(*) FROM siwa.auth_adapter_events"))
+        finished = lambda: int(cluster.psql(
+            "drill9", "SELECT count(*) FROM siwa.auth_adapter_events WHERE state <> 'pending'"))
+        worker = auth_adapter_worker(ctx, "drill9", "adapters")
+        kills, mid_run = 0, 0
+        started_at = time.monotonic()
+        try:
+            while kills < ctx.adapter_kills and finished() < total:
+                # Each worker makes progress before it is killed, a moment after (mid-batch, mid-call).
+                before = finished()
+                wait_until(lambda: finished() > before, "the restarted worker finishes rows",
+                           timeout=ctx.worker_timeout)
+                time.sleep(random.uniform(0, 0.3))
+                mid_run += 1 if 0 < finished() < total else 0
+                worker.send_signal(signal.SIGKILL)
+                worker.wait()
+                kills += 1
+                worker = auth_adapter_worker(ctx, "drill9", "adapters")
+            wait_until(lambda: finished() == total, "every hosted adapter row finished", timeout=ctx.worker_timeout * 3)
+            seconds = time.monotonic() - started_at
+        finally:
+            stop_process(worker)
+        dead, own_done, own_no_user = map(int, cluster.psql("drill9", f"""
+            SELECT count(*) FILTER (WHERE e.state = 'dead'),
+                   count(*) FILTER (WHERE e.state = 'done' AND {mine}),
+                   count(*) FILTER (WHERE e.state = 'no_user' AND {mine})
+              FROM siwa.auth_adapter_events e JOIN siwa.auth_adapters a ON a.id = e.adapter_id""").split("|"))
+        wrong = {}
+        for platform, (_, url) in fakes.items():
+            apple = dict(bench.HOSTED_PLATFORMS)[platform]
+            state = {u["email"]: u for u in hosted_control(url, "state")["users"]}
+            for g in range(1, users + 1):
+                user = state[f"{platform}{g}@example.com"]
+                subs = sorted(i["user_id"] for i in user["identities"] if i["provider"] == apple)
+                if hosted_expected(platform, g) != (subs, user["disabled"], user["sessions"]):
+                    wrong.setdefault(platform, []).append(g)
+        log(f"  {total} rows ({own_done} done and {own_no_user} no_user of their own platform) in {seconds:.1f} s "
+            f"through {kills} kill -9s; dead {dead}; users not as expected: {sum(map(len, wrong.values()))}")
+        result.counts.update({"sent": total, "stored": total - dead, "lost": dead})
+        result.notes.append(f"{kills} kills, {total / seconds:.0f} rows/s")
+        result.check(kills >= 2 and mid_run >= 1, f"the worker was killed while rows were pending ({mid_run} of {kills})")
+        result.check(dead == 0, f"every row finished, none dead ({dead})")
+        result.check(not wrong, "every user as the platform's policy table says "
+                                f"({', '.join(f'{p}: {g[:5]}' for p, g in wrong.items()) or 'all'})")
+    finally:
+        for process, _ in fakes.values():
+            process.terminate()
+            process.wait()
+    return result
+
+
+def hosted_control(url, path, body=None):
+    """A fake platform's control API (fakebase.py)."""
+    request = urllib.request.Request(f"{url}/_fake/{path}", data=None if body is None else json.dumps(body).encode(),
+                                     method="GET" if body is None else "POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def hosted_expected(platform, g):
+    """User g's (Apple subs, disabled, sessions) after drill 9's events (consent revoked; every third moved
+    to -nG; every other deleted, unlink policy, Apple its only login: disabled)."""
+    old, new = f"{platform}-{g}", f"{platform}-n{g}"
+    deleted, moved = g % 2 == 0, g % 3 == 0
+    if platform in ("keycloak", "firebase"):
+        return ([] if deleted else [new] if moved else [old]), deleted, 0
+    if platform == "auth0":  # the primary Apple identity cannot be unlinked nor renamed: blocked instead
+        return [old], deleted, 0
+    # Clerk: a moved user's deletion (under the new sub) finds no user.
+    return ([old] if moved or not deleted else []), deleted and not moved, 0
+
+
 class Context:
     pass
 
@@ -1585,6 +1702,7 @@ def main():
     ctx.esp_down_seconds = 3.0 if args.quick else 5.0
     ctx.adapter_users = 300 if args.quick else 1000
     ctx.adapter_kills = 3 if args.quick else 5
+    ctx.hosted_users = 60 if args.quick else 200
     only = {s.strip() for s in args.only.split(",") if s.strip()}
 
     ctx.workdir = tempfile.mkdtemp(prefix="siwa-drills-")
@@ -1618,6 +1736,7 @@ def main():
             ("6", lambda: drill_failover(ctx, synchronous=False)),
             ("7", lambda: drill_suppressions(ctx)),
             ("8", lambda: drill_auth_adapters(ctx)),
+            ("9", lambda: drill_hosted_adapters(ctx)),
         ]
         for number, drill in drills:
             if only and number not in only:
