@@ -114,7 +114,7 @@ django-venv: test-deps
 platforms-venv: test-deps
 	@./scripts/platforms-venv
 
-coverage: test-deps webhooks-venv
+coverage: test-deps webhooks-venv ssf-venv sigv4-venv django-venv platforms-venv
 	$(SWIFT) test --enable-code-coverage
 	"$$(dirname "$$(readlink -f "$$(command -v $(SWIFT))")")/llvm-cov" report \
 	  "$$($(SWIFT) build --show-bin-path)/siwa-notificationsPackageTests.xctest" \
