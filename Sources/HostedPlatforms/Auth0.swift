@@ -1,5 +1,5 @@
 public import AuthPlatforms
-public import Foundation
+import Foundation
 public import HTTPClient
 
 /// Auth0's Management API v2 with a machine-to-machine application's client credentials: credentials

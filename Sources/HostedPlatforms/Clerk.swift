@@ -1,5 +1,5 @@
 public import AuthPlatforms
-public import Foundation
+import Foundation
 public import HTTPClient
 
 /// Clerk's Backend API (users, their external accounts and sessions), with the instance's secret key:
@@ -16,6 +16,8 @@ public struct Clerk: HostedPlatform {
     public let provider: String
     public let baseURL: String
     let secretKey: String
+    /// The Backend API version the calls are written against (its answers' shapes), sent with each.
+    public let headers = [OutboundHTTP.Header("Clerk-API-Version", "2025-11-10")]
 
     /// Clerk with the credentials' `secret_key`, at `server_url` when given.
     public init(provider: String, credentials: HostedCredentials) throws(HostedCallError) {

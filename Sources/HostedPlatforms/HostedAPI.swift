@@ -1,4 +1,4 @@
-public import Foundation
+import Foundation
 public import HTTPClient
 
 /// One adapter's admin API client, used by one lane at a time: the base URL, a kept connection, the
@@ -43,6 +43,7 @@ public final class HostedAPI: @unchecked Sendable {
     }
 
     /// A call that only reads (a lookup), sent in a dry run too.
+    @discardableResult
     public func read(
         _ path: String, method: String = "GET", endpoint: String, query: [(String, String)] = [],
         json: Any? = nil, expecting: Set<Int> = [200]
@@ -51,6 +52,7 @@ public final class HostedAPI: @unchecked Sendable {
     }
 
     /// A call that changes something; in a dry run it is not sent and answers the first of `expecting`.
+    @discardableResult
     public func write(
         _ method: String, _ path: String, endpoint: String, query: [(String, String)] = [], json: Any? = nil,
         expecting: Set<Int> = [200, 201, 204]
@@ -65,6 +67,7 @@ public final class HostedAPI: @unchecked Sendable {
     /// after a fresh token and 403 `credentialsRefused` (unless expected: a platform that reads its 403s);
     /// 404 from a call about one user (`{id}`, `{user_id}` in `endpoint`) `userGone`; any other status
     /// `callFailed` (never the body).
+    @discardableResult
     public func send(
         _ method: String, _ path: String, endpoint: String, query: [(String, String)] = [], json: Any? = nil,
         form: [(String, String)]? = nil, expecting: Set<Int>
@@ -80,7 +83,7 @@ public final class HostedAPI: @unchecked Sendable {
             calls += 1
             fresh = true
         }
-        var headers = [OutboundHTTP.Header("Accept", "application/json")]
+        var headers = [OutboundHTTP.Header("Accept", "application/json")] + platform.headers
         var body: [UInt8]?
         if let json {
             headers.append(OutboundHTTP.Header("Content-Type", "application/json"))

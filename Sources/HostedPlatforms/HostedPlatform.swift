@@ -18,6 +18,10 @@ public protocol HostedPlatform: Sendable {
     /// Where its admin API is (`https://…`; `http` only to loopback, for tests).
     var baseURL: String { get }
 
+    /// Headers every admin API call carries besides the token (an API version the adapter was written
+    /// against); none by default.
+    var headers: [OutboundHTTP.Header] { get }
+
     /// Refuses a policy the platform cannot express, naming the choice.
     func validate(_ policy: AuthPolicy) throws(AuthPlatformError)
 
@@ -30,6 +34,10 @@ public protocol HostedPlatform: Sendable {
     /// the counts are what the event would change.
     func apply(_ event: AuthEvent, sub: String, policy: AuthPolicy, api: HostedAPI) throws(HostedCallError)
         -> AuthChange
+}
+
+extension HostedPlatform {
+    public var headers: [OutboundHTTP.Header] { [] }
 }
 
 /// An admin API's bearer token and when it stops being good.

@@ -1,5 +1,5 @@
 public import AuthPlatforms
-public import Foundation
+import Foundation
 public import HTTPClient
 
 /// Keycloak's Admin REST API (a realm's users, their federated identities and sessions), with a

@@ -67,6 +67,12 @@ struct ClerkTests {
         #expect(try user("ck.b")?["sessions"] as? Int == 1)
         #expect(try apply(.consentRevoked, "ck.nobody") == .noUser)
         #expect(try apply(.consentRevoked, "ck.a").counts == AuthCounts())
+        // Every call named the API version the adapter reads its answers as.
+        let versions = try TestHTTPClient.get("\(fake.url)/_fake/api_versions")
+        #expect(
+            (try JSONSerialization.jsonObject(with: versions.data) as? [String: Any])?["api_versions"]
+                as? [String]
+                == ["2025-11-10"])
     }
 
     @Test("more than a page of sessions is revoked to the last; a sub linked to two users is ambiguous")

@@ -129,6 +129,7 @@ class FakePlatform(fakebase.Platform):
 
     def __init__(self):
         super().__init__()
+        self.api_versions = set()
         self.secret_key = "sk_test_" + secrets.token_urlsafe(30)
         self.ended_sessions = {}  # session id -> Session object (revoked or ended), for GET answers
 
@@ -158,10 +159,17 @@ class FakePlatform(fakebase.Platform):
                          spec.get("metadata"))
         return self.store.neutral(user)
 
+    def control(self, request):
+        """GET /_fake/api_versions: the Clerk-API-Version headers the Backend API calls carried."""
+        if request.path == "/_fake/api_versions":
+            return 200, {"api_versions": sorted(self.api_versions)}
+        return None
+
     def route(self, request):
         for method, pattern, handler, template in TEMPLATES:
             match = pattern.match(request.path)
             if match and method == request.method:
+                self.api_versions.add(request.headers.get("Clerk-API-Version", "none"))
                 self._authenticate(request)
                 request.template = f"{method} {template}"
                 return getattr(self, handler)(request, **match.groupdict())
