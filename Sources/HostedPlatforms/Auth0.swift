@@ -52,12 +52,39 @@ public struct Auth0: HostedPlatform {
     }
 }
 
-/// The tenant's users through one ``HostedAPI``.
+/// The tenant's users through one ``HostedAPI``, for one event: the user objects read (by the lookup,
+/// or later) are kept, so an event reads each user once.
 struct Auth0Accounts: AccountOperations {
     let auth0: Auth0
     let api: HostedAPI
+    private let seen = Seen()
+
+    /// The user objects this event has read, by user id.
+    final class Seen {
+        var users: [String: [String: Any]] = [:]
+    }
+
+    init(auth0: Auth0, api: HostedAPI) {
+        self.auth0 = auth0
+        self.api = api
+    }
 
     func user(_ id: String) -> String { "/api/v2/users/\(HostedAPI.segment(id))" }
+
+    /// The user object, as this event read it, or read now.
+    func object(_ id: String) throws(HostedCallError) -> [String: Any] {
+        if let known = seen.users[id] { return known }
+        let read = try api.read(user(id), endpoint: "/api/v2/users/{id}").object
+        seen.users[id] = read
+        return read
+    }
+
+    /// The id of a found user object, kept for the event's later steps.
+    func keep(_ found: [String: Any]) -> String? {
+        guard let id = found["user_id"] as? String else { return nil }
+        seen.users[id] = found
+        return id
+    }
     func error(_ kind: HostedCallError.Kind, _ cause: String) -> HostedCallError {
         HostedCallError(kind, platform: auth0.name, cause: cause)
     }
@@ -67,7 +94,7 @@ struct Auth0Accounts: AccountOperations {
     func findUser(sub: String) throws(HostedCallError) -> String? {
         let primary = try api.read(
             user("\(auth0.provider)|\(sub)"), endpoint: "/api/v2/users/{id}", expecting: [200, 404])
-        if primary.status == 200 { return primary.object["user_id"] as? String }
+        if primary.status == 200 { return keep(primary.object) }
         let quoted =
             "\""
             + sub.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"")
@@ -78,9 +105,9 @@ struct Auth0Accounts: AccountOperations {
         ] {
             let found = try api.read(
                 "/api/v2/users", endpoint: "/api/v2/users?q", query: [("q", query), ("search_engine", "v3")]
-            ).objects.compactMap { $0["user_id"] as? String }
+            ).objects
             guard found.count <= 1 else { throw error(.ambiguous, "the sub is linked to more than one user") }
-            if let id = found.first { return id }
+            if let first = found.first { return keep(first) }
         }
         return nil
     }
@@ -88,8 +115,7 @@ struct Auth0Accounts: AccountOperations {
     /// Another connection's identity (a password, another social login); an Apple one, even of another
     /// sub (the one a transfer left), is no other login.
     func hasOtherLogin(user id: String, sub: String) throws(HostedCallError) -> Bool {
-        let identities =
-            try api.read(user(id), endpoint: "/api/v2/users/{id}").object["identities"] as? [[String: Any]]
+        let identities = try object(id)["identities"] as? [[String: Any]]
         return (identities ?? []).contains { $0["provider"] as? String != auth0.provider }
     }
 
@@ -119,7 +145,7 @@ struct Auth0Accounts: AccountOperations {
     /// the standalone user Auth0 makes of it deleted; a primary one cannot be unlinked (the user is the
     /// Apple identity; the policy's disable, when asked, is what ends it).
     func unlink(user id: String, sub: String, into counts: inout AuthCounts) throws(HostedCallError) {
-        let current = try api.read(user(id), endpoint: "/api/v2/users/{id}").object
+        let current = try object(id)
         let subs: Set<String> = [
             sub, (current["app_metadata"] as? [String: Any])?["siwa_apple_previous_sub"] as? String ?? sub,
         ]
@@ -144,9 +170,9 @@ struct Auth0Accounts: AccountOperations {
     }
 
     func disable(user id: String, into counts: inout AuthCounts) throws(HostedCallError) {
-        let current = try api.read(user(id), endpoint: "/api/v2/users/{id}").object
-        guard current["blocked"] as? Bool != true else { return }
+        guard try object(id)["blocked"] as? Bool != true else { return }
         try api.write("PATCH", user(id), endpoint: "/api/v2/users/{id}", json: ["blocked": true])
+        seen.users[id]?["blocked"] = true
         counts.usersDisabled += 1
     }
 

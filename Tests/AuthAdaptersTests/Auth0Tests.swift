@@ -56,13 +56,18 @@ struct Auth0Tests {
     func unlink() throws {
         let primary = try fake.seed(email: "a@example.com", appleSub: "a0.a")
         let linked = try fake.seed(email: "b@example.com", appleSub: "a0.b", password: true)
+        _ = try apply(.consentRevoked, "a0.nobody")  // the token, not counted below
+        let first = api.calls
         let a = try apply(.accountDeleted, "a0.a").counts
+        // The user read once: found, blocked, sessions and refresh tokens ended.
+        #expect(api.calls - first == 4)
         #expect(a.usersDisabled == 1 && a.identitiesUnlinked == 0)
         #expect(try user(primary["id"] as! String)?["disabled"] as? Bool == true)
         let before = api.calls
         let b = try apply(.accountDeleted, "a0.b").counts
         #expect(b.identitiesUnlinked == 1 && b.usersDisabled == 0)
-        print("auth0 calls, account deleted (linked identity, unlink): \(api.calls - before)")
+        // Found (a direct read, a search), sessions and refresh tokens, the identity and its standalone user.
+        #expect(api.calls - before == 6)
         let kept = try #require(try user(linked["id"] as! String))
         #expect(kept["disabled"] as? Bool == false)
         #expect((kept["identities"] as? [[String: Any]])?.map { $0["provider"] as? String } == ["auth0"])
