@@ -22,7 +22,7 @@ struct LeastPrivilegeEndToEndTests {
     static func contents(_ url: URL) -> String { (try? String(contentsOf: url, encoding: .utf8)) ?? "" }
 
     @Test(
-        "notifications are applied and reach webhooks, Shared Signals push and poll, the suppression list, the revoker, an auth adapter and the mail gate"
+        "notifications are applied and reach webhooks, Shared Signals push and poll, the suppression list, the revoker, auth adapters (Supabase Auth, a hosted Keycloak) and the mail gate"
     )
     func everyConsumer() throws {
         let database = try TestDatabase()
@@ -92,6 +92,20 @@ struct LeastPrivilegeEndToEndTests {
                 "--database-url", try database.url(asMemberOf: "siwa_admin"),
             ], environment: Self.clean)
         try #require(adapterAdded.status == 0, "\(adapterAdded.standardError)")
+        // And a hosted one, the fake Keycloak: Alice signs in with Apple only, Bob also with a password.
+        let keycloak = try HostedPlatformFake("keycloak")
+        try keycloak.seed(email: "alice@example.com", appleSub: alice, sessions: 1)
+        try keycloak.seed(email: "bob@example.com", appleSub: bob, password: true, sessions: 1)
+        let keycloakFile = directory.appendingPathComponent("keycloak-credentials")
+        try Self.write(String(decoding: try keycloak.adapterCredentials(), as: UTF8.self), to: keycloakFile)
+        let hostedAdded = try ExecutableLocator.run(
+            siwactl,
+            arguments: [
+                "adapters", "add", "keycloak", "--platform", "keycloak", "--connection-file",
+                keycloakFile.path,
+                "--database-url", try database.url(asMemberOf: "siwa_admin"),
+            ], environment: Self.clean)
+        try #require(hostedAdded.status == 0, "\(hostedAdded.standardError)")
         let apple = try LocalApple()
         let tokenKeys = try writeKeyFile([("k1", randomKey())], in: directory)
         let keys = try StaticHTTPServer(body: TestSigning.apple.jwksJSON())
@@ -235,20 +249,33 @@ struct LeastPrivilegeEndToEndTests {
         // The adapter applied every change in Supabase Auth: both users' sessions ended, Bob's Apple identity
         // unlinked (he keeps his password, so he is not banned), Alice's kept; Bob's erasure, after the
         // unlink, finds no user there.
-        func adapterRows() -> [String] {
-            (try? database.query("SELECT state || ' ' || type FROM siwa.auth_adapter_events ORDER BY id").map
-            {
-                try $0[0, as: String.self]
-            }) ?? []
+        func adapterRows(_ adapter: String) -> [String] {
+            (try? database.query(
+                """
+                SELECT e.state || ' ' || e.type FROM siwa.auth_adapter_events e
+                  JOIN siwa.auth_adapters a ON a.id = e.adapter_id WHERE a.name = $1 ORDER BY e.id
+                """, [.text(adapter)]
+            ).map { try $0[0, as: String.self] }) ?? []
         }
+        for adapter in ["supabase", "keycloak"] {
+            #expect(
+                waitUntil(timeout: .seconds(30)) {
+                    !adapterRows(adapter).contains { $0.hasPrefix("pending") }
+                },
+                "\(adapter): \(adapterRows(adapter)) \(worker.log.suffix(2000))")
+            #expect(
+                adapterRows(adapter) == [
+                    "done siwa.email_disabled", "done siwa.email_disabled", "done siwa.consent_revoked",
+                    "done siwa.account_deleted", "no_user siwa.personal_data_erased",
+                ], "\(adapter)")
+        }
+        // In Keycloak too: no session left, Bob's Apple link gone (his password keeps him enabled), Alice's kept.
         #expect(
-            waitUntil(timeout: .seconds(30)) { !adapterRows().contains { $0.hasPrefix("pending") } },
-            "auth adapter: \(adapterRows()) \(worker.log.suffix(2000))")
-        #expect(
-            adapterRows() == [
-                "done siwa.email_disabled", "done siwa.email_disabled", "done siwa.consent_revoked",
-                "done siwa.account_deleted", "no_user siwa.personal_data_erased",
-            ])
+            try keycloak.users().allSatisfy {
+                $0["sessions"] as? Int == 0 && $0["disabled"] as? Bool == false
+            })
+        #expect(try keycloak.user(withIdentity: "apple", alice) != nil)
+        #expect(try keycloak.user(withIdentity: "apple", bob) == nil)
         #expect(try auth.value("SELECT count(*)::int FROM auth.sessions", as: Int.self) == 0)
         #expect(
             try auth.query("SELECT provider_id FROM auth.identities WHERE provider = 'apple'").map {
